@@ -1,0 +1,65 @@
+"""Job states and the rules for moving between them.
+
+Why: events about one pod reach lockgate at least once and sometimes out of order (restarts,
+snapshots, several producers). Every consumer folds them through `advance`, which only moves a
+job forward, so duplicates and stale events are harmless. The single backward move, a release
+that never took effect going back to its queue, is explicit and tied to the decision it undoes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"  # gated, waiting for the fair scheduler
+    RELEASED = "released"  # the scheduler decided; the gate is being removed
+    UNGATED = "ungated"  # lockgate's gate is gone; kube-scheduler may bind it
+    BOUND = "bound"  # bound to a node
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DELETED = "deleted"  # deleted before finishing
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def holds_capacity(self) -> bool:
+        """Whether a job in this state occupies (or is about to occupy) room in its cluster."""
+        return self in CAPACITY_HOLDING_STATES
+
+
+_RANK: dict[JobState, int] = {
+    JobState.QUEUED: 0,
+    JobState.RELEASED: 1,
+    JobState.UNGATED: 2,
+    JobState.BOUND: 3,
+    JobState.RUNNING: 4,
+    JobState.SUCCEEDED: 5,
+    JobState.FAILED: 5,
+    JobState.DELETED: 5,
+}
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.DELETED})
+CAPACITY_HOLDING_STATES = frozenset(
+    {JobState.RELEASED, JobState.UNGATED, JobState.BOUND, JobState.RUNNING}
+)
+
+
+def advance(current: JobState | None, observed: JobState) -> JobState:
+    """The state after observing `observed`: never backwards, terminal states are final."""
+    if current is None:
+        return observed
+    if current.is_terminal:
+        return current
+    return observed if observed.rank > current.rank else current
+
+
+def can_return_to_queue(current: JobState) -> bool:
+    """A released job whose gate was never removed may go back to its queue."""
+    return current is JobState.RELEASED

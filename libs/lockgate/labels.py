@@ -1,0 +1,63 @@
+"""The names lockgate writes on Kubernetes objects, and validation of their values.
+
+Why: the webhook, the watcher and the ungater must agree on these strings exactly, and a user
+who sets an invalid value must get a message that says what to set instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+DOMAIN = "lockgate.io"
+SCHEDULING_GATE = f"{DOMAIN}/admission"
+MANAGED_NAMESPACE_LABEL = f"{DOMAIN}/managed"
+QUEUE_LABEL = f"{DOMAIN}/queue"
+JOBSET_LABEL = f"{DOMAIN}/jobset"
+PRIORITY_LABEL = f"{DOMAIN}/priority"
+# Annotation the webhook leaves so a pod says where its labels came from.
+LABEL_SOURCE_ANNOTATION = f"{DOMAIN}/labels-from"
+DEFAULT_JOBSET = "default"
+NEVER_MANAGED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class InvalidLabelError(ValueError):
+    """A lockgate label whose value Kubernetes or lockgate would not accept."""
+
+
+def validate_label_value(key: str, value: str) -> str:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise InvalidLabelError(
+            f"label {key}={value!r} is not a valid label value: use at most 63 characters, "
+            "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
+        )
+    return value
+
+
+def validate_queue_name(name: str) -> str:
+    if not _QUEUE_NAME.match(name):
+        raise InvalidLabelError(
+            f"queue name {name!r} is invalid: use 1-63 lowercase alphanumerics or '-', "
+            "starting and ending with an alphanumeric"
+        )
+    return name
+
+
+def is_managed_namespace(name: str, namespace_labels: Mapping[str, str]) -> bool:
+    if name in NEVER_MANAGED_NAMESPACES:
+        return False
+    return namespace_labels.get(MANAGED_NAMESPACE_LABEL) == "true"
+
+
+def resolve_label(
+    key: str, sources: Sequence[tuple[str, Mapping[str, str]]]
+) -> tuple[str, str] | None:
+    """The first value of `key` in `sources` (pod, then owners, then namespace) and its source."""
+    for source_name, labels in sources:
+        value = labels.get(key)
+        if value:
+            return validate_label_value(key, value), source_name
+    return None
