@@ -23,11 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from lockgate.jobs import JobState
 
 
-class _Event(BaseModel):
+class Event(BaseModel):
+    """Base of every event: immutable, and unknown fields are an error, not silence."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PodEvent(_Event):
+class PodEvent(Event):
     """What cluster-watcher observed of one managed pod: its state and what it asks for.
 
     State-carrying rather than delta-carrying: folding any subset of these through
@@ -53,7 +55,7 @@ class PodEvent(_Event):
     snapshot_id: str | None = None  # set when published as part of a (re)start snapshot
 
 
-class ClusterSnapshot(_Event):
+class ClusterSnapshot(Event):
     """Sent after cluster-watcher (re)listed a cluster: every managed, unfinished pod it saw.
 
     queue-store marks as deleted the unfinished jobs of this cluster that are not listed and were
@@ -67,7 +69,7 @@ class ClusterSnapshot(_Event):
     pod_uids: list[str]
 
 
-class NodeCapacity(_Event):
+class NodeCapacity(Event):
     name: str
     allocatable: dict[str, int]  # canonical units
     schedulable: bool = True
@@ -75,7 +77,7 @@ class NodeCapacity(_Event):
     unmanaged_usage: dict[str, int] = Field(default_factory=dict)
 
 
-class ClusterCapacity(_Event):
+class ClusterCapacity(Event):
     """The whole capacity picture of one cluster; the newest `observed_at` wins."""
 
     v: Literal[1] = 1
@@ -84,7 +86,7 @@ class ClusterCapacity(_Event):
     nodes: list[NodeCapacity]
 
 
-class ReleaseCommand(_Event):
+class ReleaseCommand(Event):
     """The fair scheduler's decision to release one pod; recorded in Postgres before it is sent."""
 
     v: Literal[1] = 1
@@ -103,7 +105,7 @@ class ReleaseOutcomeKind(StrEnum):
     FAILED = "failed"  # gave up; the job goes back to its queue
 
 
-class ReleaseOutcome(_Event):
+class ReleaseOutcome(Event):
     v: Literal[1] = 1
     decision_id: str
     cluster: str
@@ -113,7 +115,7 @@ class ReleaseOutcome(_Event):
     at: datetime
 
 
-class DeadLetter(_Event):
+class DeadLetter(Event):
     """A message a consumer could not process, with why, so nothing is lost silently."""
 
     v: Literal[1] = 1
@@ -127,7 +129,7 @@ class DeadLetter(_Event):
     at: datetime
 
 
-EventT = TypeVar("EventT", bound=_Event)
+EventT = TypeVar("EventT", bound=Event)
 
 
 @dataclass(frozen=True)

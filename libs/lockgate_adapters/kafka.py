@@ -1,0 +1,271 @@
+"""Kafka: typed publishing and batch consuming with commit-after-side-effect and dead letters.
+
+Why one module: every service talks through these two helpers, so the rules hold everywhere:
+- producers are idempotent with acks=all, and carry the trace context in headers;
+- consumers never auto-commit: a batch's offsets are committed only after the handler has made
+  its side effects durable, so a crash redelivers rather than loses;
+- a message that cannot be decoded, or that the handler rejects as permanently invalid, goes to
+  the dead-letter topic with its reason, and the consumer keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    CommitFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+)
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from pydantic import ValidationError
+
+from lockgate.events import ALL_TOPICS, DEAD_LETTERS, DeadLetter, Event, Topic
+from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.settings import RetryPolicy
+from lockgate_adapters.telemetry import extract_context, inject_headers
+
+log = logging.getLogger(__name__)
+E = TypeVar("E", bound=Event)
+
+
+class PermanentMessageError(Exception):
+    """Raised by a handler for a message that can never be processed: it is dead-lettered."""
+
+
+def is_retryable_kafka_error(error: BaseException) -> bool:
+    return isinstance(error, KafkaConnectionError | KafkaError | OSError | asyncio.TimeoutError)
+
+
+async def ensure_topics(
+    bootstrap: str, *, partitions: int = 4, topics: Sequence[Topic[Any]] = ALL_TOPICS
+) -> None:
+    """Create lockgate's topics if missing (idempotent)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name=t.name, num_partitions=partitions, replication_factor=1)
+            for t in topics
+            if t.name not in existing
+        ]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(missing)
+    finally:
+        await admin.close()
+
+
+def make_producer(bootstrap: str, *, client_id: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=256 * 1024,
+    )
+
+
+async def publish(producer: AIOKafkaProducer, topic: Topic[E], event: E) -> None:
+    """Send one event and wait until the broker has it."""
+    await producer.send_and_wait(
+        topic.name, topic.encode(event), key=topic.key_bytes(event), headers=inject_headers()
+    )
+
+
+async def publish_many(producer: AIOKafkaProducer, topic: Topic[E], events: Sequence[E]) -> None:
+    """Send events pipelined, then wait until the broker has all of them."""
+    headers = inject_headers()
+    futures = [
+        await producer.send(topic.name, topic.encode(e), key=topic.key_bytes(e), headers=headers)
+        for e in events
+    ]
+    if futures:
+        await asyncio.gather(*futures)
+
+
+@dataclass(frozen=True)
+class Received(Generic[E]):
+    """One decoded message, with where it came from and the trace context it carried."""
+
+    event: E
+    record: ConsumerRecord[bytes, bytes]
+    trace_context: Context
+
+
+@dataclass
+class BatchConsumer(Generic[E]):
+    """Consume one topic in batches; commit offsets only after `handle` returns.
+
+    `handle` receives the decoded events of a batch (possibly spanning partitions) and must make
+    their effects durable before it returns. If it raises a retryable error the same batch is
+    retried with backoff (nothing is committed); `PermanentMessageError` is not expected for whole
+    batches — a handler reports bad single messages through `reject`.
+    """
+
+    bootstrap: str
+    topic: Topic[E]
+    group_id: str
+    consumer_name: str
+    handle: Callable[[list[Received[E]], Callable[[Received[E], str], Awaitable[None]]],
+                     Awaitable[None]]
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    max_records: int = 2000
+    poll_timeout_ms: int = 200
+    on_ready: Callable[[bool, str], None] = lambda ready, detail: None
+    _producer: AIOKafkaProducer | None = None
+    _consumer: AIOKafkaConsumer | None = None
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Consume until `stopping` is set; (re)connect with backoff while Kafka is down."""
+        delays = BackoffIterator(self.retry_policy)
+        while not stopping.is_set():
+            try:
+                await self._start()
+                delays.reset()
+                self.on_ready(True, "consuming")
+                await self._consume(stopping)
+            except (KafkaError, OSError) as error:
+                delay = next(delays, self.retry_policy.max_seconds)
+                self.on_ready(False, f"kafka: {error}")
+                log.warning("consumer %s: %s; reconnecting in %.1fs", self.consumer_name,
+                            error, delay)
+                await _sleep_unless(stopping, delay)
+            finally:
+                await self._stop()
+
+    async def _start(self) -> None:
+        self._producer = make_producer(self.bootstrap, client_id=f"{self.consumer_name}-dlq")
+        self._consumer = AIOKafkaConsumer(
+            self.topic.name,
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            client_id=self.consumer_name,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.max_records,
+            isolation_level="read_committed",
+        )
+        await self._producer.start()
+        await self._consumer.start()
+
+    async def _stop(self) -> None:
+        consumer, producer = self._consumer, self._producer
+        self._consumer = self._producer = None
+        for client in (consumer, producer):
+            if client is not None:
+                try:
+                    await client.stop()
+                except (KafkaError, OSError) as error:
+                    log.warning("stopping kafka client: %s", error)
+
+    async def _consume(self, stopping: asyncio.Event) -> None:
+        assert self._consumer is not None
+        while not stopping.is_set():
+            by_partition = await self._consumer.getmany(
+                timeout_ms=self.poll_timeout_ms, max_records=self.max_records
+            )
+            if not by_partition:
+                continue
+            received: list[Received[E]] = []
+            for records in by_partition.values():
+                for record in records:
+                    decoded = await self._decode(record)
+                    if decoded is not None:
+                        received.append(decoded)
+            await self._handle_with_retry(received, stopping)
+            offsets = {tp: records[-1].offset + 1 for tp, records in by_partition.items()}
+            try:
+                await self._consumer.commit(offsets)
+            except CommitFailedError as error:
+                # The group rebalanced: another member redelivers; handlers are idempotent.
+                log.warning("commit after rebalance failed (%s); messages may be redelivered",
+                            error)
+
+    async def _handle_with_retry(self, received: list[Received[E]],
+                                 stopping: asyncio.Event) -> None:
+        delays = BackoffIterator(self.retry_policy)
+        while True:
+            try:
+                await self.handle(received, self.reject)
+                self.on_ready(True, "consuming")
+                return
+            except PermanentMessageError:
+                raise
+            except Exception as error:
+                # The side effect (a database write) failed as a whole: retry the same batch.
+                if stopping.is_set():
+                    raise
+                delay = next(delays, self.retry_policy.max_seconds)
+                self.on_ready(False, f"handler: {type(error).__name__}: {error}")
+                log.warning("consumer %s: handling %d messages failed: %s; retrying in %.1fs",
+                            self.consumer_name, len(received), error, delay)
+                await asyncio.sleep(delay)
+
+    async def _decode(self, record: ConsumerRecord[bytes, bytes]) -> Received[E] | None:
+        try:
+            event = self.topic.decode(record.value or b"")
+        except ValidationError as error:
+            await self._dead_letter(record, f"invalid {self.topic.model.__name__}: {error}")
+            return None
+        headers = list(record.headers or ())
+        return Received(event=event, record=record, trace_context=extract_context(headers))
+
+    async def reject(self, item: Received[E], reason: str) -> None:
+        """Dead-letter one message the handler cannot process; the batch goes on."""
+        await self._dead_letter(item.record, reason)
+
+    async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
+        assert self._producer is not None
+        log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
+                    record.offset, reason[:500])
+        letter = DeadLetter(
+            source_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key.decode(errors="replace") if record.key else None,
+            value=(record.value or b"").decode(errors="replace"),
+            reason=reason,
+            consumer=self.consumer_name,
+            at=datetime.now(UTC),
+        )
+        await publish(self._producer, DEAD_LETTERS, letter)
+
+
+def attach_trace(item: Received[Any]) -> object:
+    """Make the message's trace context current; returns a token for `detach_trace`."""
+    return otel_context.attach(item.trace_context)
+
+
+def detach_trace(token: object) -> None:
+    otel_context.detach(token)  # type: ignore[arg-type]
+
+
+async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), timeout=seconds)
+
+
+__all__ = [
+    "BatchConsumer",
+    "PermanentMessageError",
+    "Received",
+    "TopicPartition",
+    "ensure_topics",
+    "is_retryable_kafka_error",
+    "make_producer",
+    "publish",
+    "publish_many",
+]

@@ -1,0 +1,124 @@
+"""Postgres: connecting with retry, versioned migrations applied at start, change notification.
+
+Why: every service that touches Postgres needs the same three things, and the schema must be at
+the right version before any of them reads or writes. Migrations are plain SQL files named
+NNN_name.sql beside this module, applied in order in one transaction each, under an advisory lock
+so services starting together do not race.
+
+Change feed: writers bump `change_serial` on every row they change, while holding the
+transaction-level lock `CHANGE_FEED_LOCK` so serials become visible in commit order (no reader can
+see serial N+1 before N), then `NOTIFY lockgate_changes`. Readers (the fair scheduler) load once and
+then fetch rows with a serial above the last one they saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.settings import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_LOCK = 7_310_001
+CHANGE_FEED_LOCK = 7_310_002
+LEADER_LOCK = 7_310_003
+CHANGES_CHANNEL = "lockgate_changes"
+
+
+def is_retryable_postgres_error(error: BaseException) -> bool:
+    return isinstance(
+        error,
+        OSError
+        | asyncio.TimeoutError
+        | asyncpg.exceptions.ConnectionDoesNotExistError
+        | asyncpg.exceptions.CannotConnectNowError
+        | asyncpg.exceptions.TooManyConnectionsError
+        | asyncpg.exceptions.SerializationError
+        | asyncpg.exceptions.DeadlockDetectedError
+        | asyncpg.exceptions.InterfaceError
+        | asyncpg.exceptions.AdminShutdownError,
+    )
+
+
+async def connect_pool(
+    dsn: str, *, policy: RetryPolicy, min_size: int = 1, max_size: int = 10,
+    what: str = "postgres",
+) -> asyncpg.Pool:
+    """A pool, retried with backoff while Postgres is unreachable."""
+    delays = BackoffIterator(policy)
+    while True:
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
+                                             init=_init_connection)
+            assert pool is not None
+            return pool
+        except Exception as error:
+            if not is_retryable_postgres_error(error):
+                raise
+            delay = next(delays, policy.max_seconds)
+            log.warning("%s unreachable (%s); retrying in %.1fs", what, error, delay)
+            await asyncio.sleep(delay)
+
+
+async def _init_connection(connection: asyncpg.Connection) -> None:
+    import json
+
+    await connection.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
+                                    schema="pg_catalog")
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    found = []
+    for entry in resources.files("lockgate_adapters.migrations").iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(pool: asyncpg.Pool) -> list[str]:
+    """Apply pending migrations; returns the names applied. Safe to call from many services."""
+    applied: list[str] = []
+    async with pool.acquire() as connection:
+        await connection.execute("SELECT pg_advisory_lock($1)", MIGRATIONS_LOCK)
+        try:
+            await connection.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {row["version"] for row in
+                    await connection.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in _migrations():
+                if version in done:
+                    continue
+                async with connection.transaction():
+                    await connection.execute(sql)
+                    await connection.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                        version, name,
+                    )
+                applied.append(name)
+                log.info("applied migration %s", name)
+        finally:
+            await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATIONS_LOCK)
+    return applied
+
+
+async def hold_change_feed_lock(connection: asyncpg.Connection) -> None:
+    """Inside a transaction that bumps change_serial: serialise it with other such writers."""
+    await connection.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
+
+
+async def notify_changes(connection: asyncpg.Connection, payload: str = "") -> None:
+    await connection.execute("SELECT pg_notify($1, $2)", CHANGES_CHANNEL, payload)
+
+
+def record_to_dict(record: Any) -> dict[str, Any]:
+    return dict(record.items())

@@ -1,0 +1,57 @@
+"""Settings shared by every service; each service subclasses with its own env prefix.
+
+Why: a service must refuse to start with a typo in its configuration rather than silently run
+with defaults, so unknown LOCKGATE_* variables under a service's prefix are an error.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RetryPolicy(BaseModel):
+    """Exponential backoff with jitter for retryable errors (dependency down, conflicts)."""
+
+    initial_seconds: float = Field(default=0.2, gt=0)
+    max_seconds: float = Field(default=10.0, gt=0)
+    multiplier: float = Field(default=2.0, ge=1)
+    max_attempts: int = Field(default=0, ge=0, description="0 retries forever")
+
+
+class ServiceSettings(BaseSettings):
+    """Common settings. Subclasses set `model_config` with env_prefix, e.g. LOCKGATE_WATCHER_."""
+
+    model_config = SettingsConfigDict(env_prefix="LOCKGATE_", env_nested_delimiter="__",
+                                      extra="forbid")
+    service_name: ClassVar[str] = "lockgate"
+
+    kafka_bootstrap: str = Field(default="127.0.0.1:59092", description="Kafka bootstrap servers")
+    postgres_dsn: str = Field(
+        default="postgresql://lockgate:lockgate@127.0.0.1:55432/lockgate",
+        description="Postgres DSN",
+    )
+    http_host: str = Field(default="127.0.0.1", description="health/metrics bind address")
+    http_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint")
+    trace_console: bool = Field(default=False, description="print spans to stderr")
+    log_level: str = "INFO"
+    shutdown_grace_seconds: float = Field(default=20.0, gt=0)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_env(cls, data: Any) -> Any:
+        prefix = str(cls.model_config.get("env_prefix") or "")
+        if prefix and prefix != "LOCKGATE_":
+            known = {name.upper() for name in cls.model_fields}
+            unknown = sorted(
+                key for key in os.environ
+                if key.startswith(prefix) and key[len(prefix):].split("__")[0] not in known
+            )
+            if unknown:
+                raise ValueError(f"unknown settings in the environment: {', '.join(unknown)}")
+        return data
