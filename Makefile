@@ -1,0 +1,63 @@
+# lockgate — every target does its own setup, idempotently.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo bench clean
+
+help:
+	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
+	@echo "make test          lint, type-check, unit, integration and end-to-end tests (real stack)"
+	@echo "make unit          fast unit tests only (no stack)"
+	@echo "make bench         benchmarks; JSON lines, last line a summary"
+	@echo "make stack-up|stack-down|stack-status|stack-env"
+
+venv: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "lockgate needs Python 3.11+, found " + sys.version' 
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -U pip
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+stack-up: venv
+	$(BIN)/python -m devstack up
+
+stack-down: venv
+	$(BIN)/python -m devstack down
+
+stack-status: venv
+	$(BIN)/python -m devstack status
+
+stack-env: venv
+	@$(BIN)/python -m devstack env
+
+lint: venv
+	$(BIN)/ruff check libs services tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+integration: venv stack-up
+	$(BIN)/pytest -q tests/integration tests/e2e
+
+test: venv lint
+	$(BIN)/pytest -q tests/unit
+	$(BIN)/python -m devstack up
+	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
+
+demo: venv
+	$(BIN)/python -m devstack up
+	$(BIN)/python -m devstack demo
+
+bench: venv
+	$(BIN)/python -m devstack up
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
