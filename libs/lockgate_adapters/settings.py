@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,19 +26,34 @@ class ServiceSettings(BaseSettings):
     """Common settings. Subclasses set `model_config` with env_prefix, e.g. LOCKGATE_WATCHER_."""
 
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_", env_nested_delimiter="__",
-                                      extra="forbid")
+                                      extra="forbid", populate_by_name=True)
     service_name: ClassVar[str] = "lockgate"
 
-    kafka_bootstrap: str = Field(default="127.0.0.1:59092", description="Kafka bootstrap servers")
+    # Shared by every service (one Kafka, one Postgres, one tracing backend): read from
+    # LOCKGATE_<NAME> whatever the service's own prefix is.
+    kafka_bootstrap: str = Field(
+        default="127.0.0.1:59092", description="Kafka bootstrap servers",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_BOOTSTRAP", "kafka_bootstrap"),
+    )
     postgres_dsn: str = Field(
         default="postgresql://lockgate:lockgate@127.0.0.1:55432/lockgate",
         description="Postgres DSN",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_DSN", "postgres_dsn"),
     )
+    otlp_endpoint: str | None = Field(
+        default=None, description="OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318",
+        validation_alias=AliasChoices("LOCKGATE_OTLP_ENDPOINT", "otlp_endpoint"),
+    )
+    trace_console: bool = Field(
+        default=False, description="print spans to stderr",
+        validation_alias=AliasChoices("LOCKGATE_TRACE_CONSOLE", "trace_console"),
+    )
+    log_level: str = Field(
+        default="INFO", validation_alias=AliasChoices("LOCKGATE_LOG_LEVEL", "log_level")
+    )
+    # Per service, under the service's own prefix.
     http_host: str = Field(default="127.0.0.1", description="health/metrics bind address")
     http_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
-    otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint")
-    trace_console: bool = Field(default=False, description="print spans to stderr")
-    log_level: str = "INFO"
     shutdown_grace_seconds: float = Field(default=20.0, gt=0)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
 

@@ -1,0 +1,96 @@
+"""Settings, backoff and the service runner: the behaviour every service inherits."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+import pytest
+from pydantic import ValidationError
+from pydantic_settings import SettingsConfigDict
+
+from lockgate_adapters.retrying import BackoffIterator, retry
+from lockgate_adapters.service import Loop, ServiceContext, run_service
+from lockgate_adapters.settings import RetryPolicy, ServiceSettings
+
+
+class ExampleSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LOCKGATE_EXAMPLE_")
+    service_name: ClassVar[str] = "example"
+    clusters: dict[str, str] = {}
+
+
+def test_settings_read_shared_and_prefixed_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCKGATE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setenv("LOCKGATE_EXAMPLE_HTTP_PORT", "8081")
+    monkeypatch.setenv("LOCKGATE_EXAMPLE_CLUSTERS", '{"cluster-a": "/kube/a"}')
+    monkeypatch.setenv("LOCKGATE_EXAMPLE_RETRY__MAX_SECONDS", "3")
+    settings = ExampleSettings()
+    assert settings.kafka_bootstrap == "127.0.0.1:1"
+    assert settings.http_port == 8081
+    assert settings.clusters == {"cluster-a": "/kube/a"}
+    assert settings.retry.max_seconds == 3
+
+
+def test_unknown_settings_are_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCKGATE_EXAMPLE_CLUSTER", "typo")
+    with pytest.raises(ValidationError, match="LOCKGATE_EXAMPLE_CLUSTER"):
+        ExampleSettings()
+
+
+def test_backoff_grows_to_its_ceiling_and_stops_after_max_attempts() -> None:
+    policy = RetryPolicy(initial_seconds=1, max_seconds=4, multiplier=2, max_attempts=5)
+    delays = list(BackoffIterator(policy))
+    assert len(delays) == 5
+    ceilings = [1, 2, 4, 4, 4]
+    assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+
+
+async def test_retry_retries_only_retryable_errors() -> None:
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("down")
+        return "up"
+
+    policy = RetryPolicy(initial_seconds=0.001, max_seconds=0.002)
+    assert await retry(flaky, policy=policy, retryable=lambda e: isinstance(e, OSError),
+                       what="flaky") == "up"
+    assert len(calls) == 3
+
+    async def broken() -> str:
+        raise ValueError("permanent")
+
+    with pytest.raises(ValueError, match="permanent"):
+        await retry(broken, policy=policy, retryable=lambda e: isinstance(e, OSError),
+                    what="broken")
+
+
+async def test_service_stops_gracefully_and_cancels_what_hangs() -> None:
+    settings = ExampleSettings(shutdown_grace_seconds=0.2)
+    ctx = ServiceContext(settings)
+    finished: list[str] = []
+
+    async def polite(stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        finished.append("polite")
+
+    async def stubborn(stopping: asyncio.Event) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            finished.append("stubborn cancelled")
+            raise
+
+    async def compose(_: ServiceContext) -> list[Loop]:
+        return [polite, stubborn]
+
+    runner = asyncio.create_task(
+        run_service(settings, compose, install_signal_handlers=False, context=ctx)
+    )
+    await asyncio.sleep(0.05)
+    ctx.stopping.set()
+    await asyncio.wait_for(runner, timeout=5)
+    assert sorted(finished) == ["polite", "stubborn cancelled"]
