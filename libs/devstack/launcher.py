@@ -1,0 +1,189 @@
+"""Run lockgate's services as local processes against the local stack (demo, e2e tests, bench).
+
+Why a process per service: that is how they run in production, and only a real process can be
+killed with SIGKILL to prove nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+DEFAULT_LOG_DIR = Path(
+    os.environ.get("LOCKGATE_SERVICE_LOG_DIR")
+    or Path.home() / ".local/state/lockgate/service-logs"
+)
+
+
+class ServiceProcess:
+    """One `python -m <module>` service with its environment; output goes to a log file."""
+
+    def __init__(self, name: str, module: str, env: Mapping[str, str], *,
+                 health_port: int | None = None, log_dir: Path = DEFAULT_LOG_DIR) -> None:
+        self.name, self.module, self.health_port = name, module, health_port
+        self.env = {**os.environ, **env}
+        self.process: asyncio.subprocess.Process | None = None
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}.log"
+
+    async def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", self.module, env=self.env, stdout=log, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    async def kill(self) -> None:
+        """SIGKILL: no shutdown hooks run, as in a crash."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            await self.process.wait()
+
+    async def stop(self, grace_seconds: float = 25.0) -> int | None:
+        """SIGTERM, wait for a graceful exit, SIGKILL after the grace; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), grace_seconds)
+            except TimeoutError:
+                await self.kill()
+        return self.process.returncode
+
+    async def ready(self) -> bool:
+        if self.health_port is None:
+            return self.alive()
+        try:
+            async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{self.health_port}/readyz",
+                timeout=aiohttp.ClientTimeout(total=2),
+            ) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def wait_ready(self, within_seconds: float = 60.0) -> None:
+        deadline = time.monotonic() + within_seconds
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.process.returncode if self.process else None
+                raise RuntimeError(f"{self.name} exited ({code}); log {self.log_path}:\n"
+                                   f"{self.log_tail()}")
+            if await self.ready():
+                return
+            await asyncio.sleep(0.25)
+        raise RuntimeError(f"{self.name} not ready after {within_seconds:.0f}s; "
+                           f"log {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class ServicePorts:
+    """Loopback ports of the services' HTTP endpoints."""
+
+    webhook: int = 58443
+    admin_api: int = 58080
+    queue_store_health: int = 58101
+    watcher_health: int = 58102
+    scheduler_health: int = 58103
+    standby_scheduler_health: int = 58104
+    ungater_health: int = 58105
+    webhook_health: int = 58106
+
+
+@dataclass
+class Lockgate:
+    """All of lockgate's services for one stack, started in dependency order."""
+
+    kubeconfigs: Mapping[str, str]
+    kafka_bootstrap: str
+    postgres_dsn: str
+    ports: ServicePorts = field(default_factory=ServicePorts)
+    log_dir: Path = DEFAULT_LOG_DIR
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    standby_scheduler: bool = True
+    processes: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def _common_env(self) -> dict[str, str]:
+        return {
+            "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "LOCKGATE_POSTGRES_DSN": self.postgres_dsn,
+            **self.extra_env,
+        }
+
+    def definitions(self) -> list[tuple[str, str, dict[str, str], int]]:
+        clusters = json.dumps(dict(self.kubeconfigs))
+        p = self.ports
+        defs = [
+            ("queue-store", "queue_store", {
+                "LOCKGATE_QUEUE_STORE_HTTP_PORT": str(p.queue_store_health),
+                "LOCKGATE_QUEUE_STORE_ADMIN_PORT": str(p.admin_api),
+            }, p.queue_store_health),
+            ("admission-webhook", "admission_webhook", {
+                "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),
+                "LOCKGATE_WEBHOOK_PORT": str(p.webhook),
+                "LOCKGATE_WEBHOOK_CLUSTERS": clusters,
+            }, p.webhook_health),
+            ("cluster-watcher", "cluster_watcher", {
+                "LOCKGATE_WATCHER_HTTP_PORT": str(p.watcher_health),
+                "LOCKGATE_WATCHER_CLUSTERS": clusters,
+            }, p.watcher_health),
+            ("ungater", "ungater", {
+                "LOCKGATE_UNGATER_HTTP_PORT": str(p.ungater_health),
+                "LOCKGATE_UNGATER_CLUSTERS": clusters,
+            }, p.ungater_health),
+            ("fair-scheduler", "fair_scheduler", {
+                "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.scheduler_health),
+                "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-0",
+            }, p.scheduler_health),
+        ]
+        if self.standby_scheduler:
+            defs.append(("fair-scheduler-standby", "fair_scheduler", {
+                "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.standby_scheduler_health),
+                "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-1",
+            }, p.standby_scheduler_health))
+        return defs
+
+    async def start(self, only: Sequence[str] | None = None,
+                    within_seconds: float = 90.0) -> None:
+        for name, module, env, health in self.definitions():
+            if only is not None and name not in only:
+                continue
+            process = ServiceProcess(name, module, {**self._common_env(), **env},
+                                     health_port=health, log_dir=self.log_dir)
+            self.processes[name] = process
+            await process.start()
+            if name != "fair-scheduler-standby":  # a standby is never "ready" as leader
+                await process.wait_ready(within_seconds)
+
+    async def stop(self) -> dict[str, int | None]:
+        """Stop in reverse order; returns each exit code (0 is a graceful exit)."""
+        codes: dict[str, int | None] = {}
+        for name in reversed(list(self.processes)):
+            codes[name] = await self.processes[name].stop()
+        return codes
+
+    def crashed(self) -> list[str]:
+        return [name for name, p in self.processes.items() if not p.alive()]

@@ -1,0 +1,447 @@
+"""Folding a batch of ingested events into the row changes queue-store writes to Postgres.
+
+Why pure: queue-store's correctness (nothing moves backwards, nothing counts twice, a redelivered
+batch changes nothing) lives here, where it is tested without Kafka or Postgres. The adapter reads
+the current rows a batch touches (`rows_to_read`), this module computes the rows to write
+(`fold_batch`), and the adapter writes exactly those, bumping the change serial only on them.
+
+Rules:
+- A job's state only moves forward (`lockgate.jobs.advance`); duplicates and out-of-order pod
+  events are harmless. Milestone timestamps (released/ungated/running/finished) are set once.
+- A job's identity (namespace, name, queue, jobset, priority, requests, created_at) comes from
+  the first event stored for it: lockgate relies on what the webhook admitted, and a pod's
+  requests and labels are fixed from then on as far as lockgate is concerned.
+- A pod event whose queue does not exist (or was deleted) is still stored: the webhook vetted it
+  when the pod was created, and the queue may be created (again) later. The job simply waits, and
+  the fair scheduler does not consider it while its queue is missing; `lockgate jobs list` shows it.
+- Release outcomes apply only to the decision in force (`decision_id` on the job); outcomes of
+  stale decisions are recorded on their decision but do not touch the job. FAILED returns a
+  RELEASED job to its queue, the one backward move.
+- A cluster snapshot marks DELETED the unfinished jobs of its cluster that it does not list and
+  that were created before its cutoff (see `snapshot_cutoff`).
+- Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
+  marked not present. Node rows change (and take a new serial) only when their content changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from lockgate.events import (
+    ClusterCapacity,
+    ClusterSnapshot,
+    PodEvent,
+    ReleaseOutcome,
+    ReleaseOutcomeKind,
+)
+from lockgate.jobs import JobState, advance, can_return_to_queue
+from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
+
+IngestEvent = PodEvent | ClusterSnapshot | ClusterCapacity | ReleaseOutcome
+JobKey = tuple[str, str]  # (cluster, uid)
+NodeKey = tuple[str, str]  # (cluster, node)
+
+_INT32_MAX = 2**31 - 1
+_UNGATED_OR_LATER = frozenset({JobState.UNGATED, JobState.BOUND, JobState.RUNNING})
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One row of `jobs`, as far as ingest reads and writes it (serial is the database's)."""
+
+    cluster: str
+    uid: str
+    namespace: str
+    name: str
+    queue: str
+    jobset: str
+    priority: int
+    requests: Mapping[str, int]
+    state: JobState
+    node_name: str | None
+    created_at: datetime
+    state_changed_at: datetime
+    released_at: datetime | None = None
+    ungated_at: datetime | None = None
+    running_at: datetime | None = None
+    finished_at: datetime | None = None
+    decision_id: str | None = None
+    release_attempts: int = 0
+    last_reason: str = ""
+
+    @property
+    def key(self) -> JobKey:
+        return (self.cluster, self.uid)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """One row of `cluster_nodes`; `observed_at` is when this content was first reported."""
+
+    cluster: str
+    node: str
+    allocatable: Mapping[str, int]
+    unmanaged_usage: Mapping[str, int]
+    schedulable: bool
+    present: bool
+    observed_at: datetime
+
+    @property
+    def key(self) -> NodeKey:
+        return (self.cluster, self.node)
+
+    def same_content(self, other: NodeRow) -> bool:
+        return (
+            dict(self.allocatable) == dict(other.allocatable)
+            and dict(self.unmanaged_usage) == dict(other.unmanaged_usage)
+            and self.schedulable == other.schedulable
+            and self.present == other.present
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRow:
+    """One row of `clusters`: how fresh its capacity and its last snapshot are."""
+
+    name: str
+    capacity_observed_at: datetime | None = None
+    last_snapshot_id: str | None = None
+    last_snapshot_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionOutcome:
+    """What became of a release decision; only the first outcome of a decision is recorded."""
+
+    decision_id: str
+    outcome: ReleaseOutcomeKind
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobsetSighting:
+    cluster: str
+    queue: str
+    name: str
+    seen_at: datetime
+
+
+@dataclass(frozen=True)
+class RowsToRead:
+    """What the adapter must load (and lock) before folding a batch."""
+
+    job_keys: frozenset[JobKey]
+    # Per cluster, the cutoff of its oldest snapshot in the batch: load every unfinished job of
+    # the cluster created before it.
+    snapshot_cutoffs: Mapping[str, datetime]
+    capacity_clusters: frozenset[str]  # load all their nodes
+    clusters: frozenset[str]
+
+
+@dataclass
+class CurrentRows:
+    """The rows a batch may change, as read (and locked) from Postgres.
+
+    Contract: `jobs` holds every existing job of `RowsToRead.job_keys` and every unfinished job of
+    a snapshot cluster created before its cutoff; `nodes` holds every node of a capacity cluster;
+    `clusters` holds every existing cluster row asked for.
+    """
+
+    jobs: dict[JobKey, JobRow] = field(default_factory=dict)
+    nodes: dict[NodeKey, NodeRow] = field(default_factory=dict)
+    clusters: dict[str, ClusterRow] = field(default_factory=dict)
+
+
+@dataclass
+class IngestResult:
+    """Rows to write: only new or changed ones, so a redelivered batch writes nothing."""
+
+    jobs: list[JobRow] = field(default_factory=list)
+    nodes: list[NodeRow] = field(default_factory=list)
+    clusters: list[ClusterRow] = field(default_factory=list)
+    decision_outcomes: list[DecisionOutcome] = field(default_factory=list)
+    jobsets: list[JobsetSighting] = field(default_factory=list)
+    # Events that changed nothing on purpose (stale outcome, old capacity), with why.
+    ignored: list[tuple[IngestEvent, str]] = field(default_factory=list)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.jobs or self.nodes or self.clusters or self.decision_outcomes
+                    or self.jobsets)
+
+
+def invalid_reason(event: IngestEvent) -> str | None:
+    """Why a well-formed message is semantically unusable (it goes to the dead letters), or None.
+
+    These checks also keep values Postgres would refuse out of the batch write, so one bad message
+    cannot block the messages behind it.
+    """
+    match event:
+        case PodEvent():
+            return _pod_event_problem(event)
+        case ClusterSnapshot():
+            return (_blank("cluster", event.cluster) or _blank("snapshot_id", event.snapshot_id)
+                    or _naive("listed_at", event.listed_at)
+                    or next((f"pod_uids contains a blank uid ({uid!r})"
+                             for uid in event.pod_uids if not _text_ok(uid)), None))
+        case ClusterCapacity():
+            return _capacity_problem(event)
+        case ReleaseOutcome():
+            return (_blank("decision_id", event.decision_id) or _blank("cluster", event.cluster)
+                    or _blank("uid", event.uid) or _nul("reason", event.reason)
+                    or _naive("at", event.at))
+
+
+def _pod_event_problem(event: PodEvent) -> str | None:
+    for name, value in (("uid", event.uid), ("cluster", event.cluster),
+                        ("namespace", event.namespace), ("name", event.name)):
+        if problem := _blank(name, value):
+            return problem
+    try:
+        validate_queue_name(event.queue)
+        if not event.jobset:
+            return "jobset must not be empty"
+        validate_label_value("jobset", event.jobset)
+    except InvalidLabelError as error:
+        return str(error)
+    if not -_INT32_MAX <= event.priority <= _INT32_MAX:
+        return f"priority {event.priority} is outside the 32-bit range"
+    if problem := _amounts_problem("requests", event.requests):
+        return problem
+    return (_nul("node_name", event.node_name or "") or _nul("event_id", event.event_id)
+            or _nul("resource_version", event.resource_version)
+            or _naive("created_at", event.created_at) or _naive("observed_at", event.observed_at))
+
+
+def _capacity_problem(event: ClusterCapacity) -> str | None:
+    if problem := _blank("cluster", event.cluster) or _naive("observed_at", event.observed_at):
+        return problem
+    seen: set[str] = set()
+    for node in event.nodes:
+        if problem := _blank("node name", node.name):
+            return problem
+        if node.name in seen:
+            return f"node {node.name!r} is listed twice"
+        seen.add(node.name)
+        problem = (_amounts_problem(f"node {node.name} allocatable", node.allocatable)
+                   or _amounts_problem(f"node {node.name} unmanaged_usage", node.unmanaged_usage))
+        if problem:
+            return problem
+    return None
+
+
+def _text_ok(value: str) -> bool:
+    return bool(value.strip()) and "\x00" not in value
+
+
+def _blank(name: str, value: str) -> str | None:
+    if not value.strip():
+        return f"{name} must not be empty"
+    return _nul(name, value)
+
+
+def _nul(name: str, value: str) -> str | None:
+    return f"{name} contains a NUL character" if "\x00" in value else None
+
+
+def _naive(name: str, value: datetime) -> str | None:
+    return f"{name} has no time zone" if value.tzinfo is None else None
+
+
+def _amounts_problem(what: str, amounts: Mapping[str, int]) -> str | None:
+    for resource, amount in amounts.items():
+        if not _text_ok(resource):
+            return f"{what}: blank resource name"
+        if amount < 0:
+            return f"{what}: {resource} is negative ({amount})"
+    return None
+
+
+def snapshot_cutoff(snapshot: ClusterSnapshot) -> datetime:
+    """Jobs created before this instant and not listed by the snapshot are gone.
+
+    Kubernetes creationTimestamps have whole-second precision, so a pod created just after the
+    list (in the same second as `listed_at`) can carry a timestamp before `listed_at`. Only jobs
+    created before the start of that second are judged; later ones wait for the next snapshot.
+    """
+    return snapshot.listed_at.replace(microsecond=0)
+
+
+def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
+    job_keys: set[JobKey] = set()
+    cutoffs: dict[str, datetime] = {}
+    capacity_clusters: set[str] = set()
+    for event in events:
+        match event:
+            case PodEvent() | ReleaseOutcome():
+                job_keys.add((event.cluster, event.uid))
+            case ClusterSnapshot():
+                cutoff = snapshot_cutoff(event)
+                cutoffs[event.cluster] = max(cutoff, cutoffs.get(event.cluster, cutoff))
+            case ClusterCapacity():
+                capacity_clusters.add(event.cluster)
+    return RowsToRead(
+        job_keys=frozenset(job_keys),
+        snapshot_cutoffs=cutoffs,
+        capacity_clusters=frozenset(capacity_clusters),
+        clusters=frozenset(cutoffs) | frozenset(capacity_clusters),
+    )
+
+
+def fold_batch(current: CurrentRows, events: Sequence[IngestEvent]) -> IngestResult:
+    """The rows to write after applying `events`, in order, to `current`. Does not mutate it."""
+    folding = _Folding(current)
+    for event in events:
+        match event:
+            case PodEvent():
+                folding.pod_event(event)
+            case ReleaseOutcome():
+                folding.release_outcome(event)
+            case ClusterSnapshot():
+                folding.snapshot(event)
+            case ClusterCapacity():
+                folding.capacity(event)
+    return folding.result()
+
+
+class _Folding:
+    """Working copies of the rows, and which of them changed."""
+
+    def __init__(self, current: CurrentRows) -> None:
+        self._original = current
+        self.jobs = dict(current.jobs)
+        self.nodes = dict(current.nodes)
+        self.clusters = dict(current.clusters)
+        self.outcomes: dict[str, DecisionOutcome] = {}
+        self.jobsets: dict[tuple[str, str, str], JobsetSighting] = {}
+        self.ignored: list[tuple[IngestEvent, str]] = []
+
+    def pod_event(self, event: PodEvent) -> None:
+        sighting_key = (event.cluster, event.queue, event.jobset)
+        previous = self.jobsets.get(sighting_key)
+        if previous is None or previous.seen_at < event.observed_at:
+            self.jobsets[sighting_key] = JobsetSighting(
+                event.cluster, event.queue, event.jobset, event.observed_at)
+
+        row = self.jobs.get((event.cluster, event.uid))
+        if row is None:
+            row = JobRow(
+                cluster=event.cluster, uid=event.uid, namespace=event.namespace, name=event.name,
+                queue=event.queue, jobset=event.jobset, priority=event.priority,
+                requests=dict(event.requests), state=event.state, node_name=event.node_name,
+                created_at=event.created_at, state_changed_at=event.observed_at,
+            )
+            self.jobs[row.key] = _stamp_milestones(row, event.state, event.observed_at)
+            return
+        updated = _moved_to(row, advance(row.state, event.state), event.observed_at)
+        if updated.node_name is None and event.node_name:
+            updated = replace(updated, node_name=event.node_name)
+        self.jobs[row.key] = updated
+
+    def release_outcome(self, event: ReleaseOutcome) -> None:
+        if event.decision_id not in self.outcomes:
+            self.outcomes[event.decision_id] = DecisionOutcome(
+                event.decision_id, event.outcome, event.reason, event.at)
+        row = self.jobs.get((event.cluster, event.uid))
+        if row is None:
+            self.ignored.append((event, "no such job"))
+            return
+        if row.decision_id != event.decision_id:
+            self.ignored.append((event, f"stale decision (in force: {row.decision_id})"))
+            return
+        match event.outcome:
+            case ReleaseOutcomeKind.FAILED:
+                if not can_return_to_queue(row.state):
+                    self.ignored.append((event, f"job is {row.state}, not released"))
+                    return
+                self.jobs[row.key] = replace(
+                    row, state=JobState.QUEUED, state_changed_at=event.at, decision_id=None,
+                    released_at=None, release_attempts=row.release_attempts + 1,
+                    last_reason=event.reason or "release failed",
+                )
+            case ReleaseOutcomeKind.UNGATED:
+                updated = _moved_to(row, advance(row.state, JobState.UNGATED), event.at)
+                if updated.ungated_at is None:
+                    updated = replace(updated, ungated_at=event.at)
+                self.jobs[row.key] = updated
+            case ReleaseOutcomeKind.POD_GONE:
+                updated = _moved_to(row, advance(row.state, JobState.DELETED), event.at)
+                if updated is not row:
+                    updated = replace(updated, last_reason=event.reason or "pod gone")
+                self.jobs[row.key] = updated
+
+    def snapshot(self, event: ClusterSnapshot) -> None:
+        cutoff = snapshot_cutoff(event)
+        listed = set(event.pod_uids)
+        for key, row in list(self.jobs.items()):
+            if (row.cluster == event.cluster and not row.state.is_terminal
+                    and row.created_at < cutoff and row.uid not in listed):
+                self.jobs[key] = replace(
+                    _moved_to(row, JobState.DELETED, event.listed_at),
+                    last_reason=f"vanished: not listed by snapshot {event.snapshot_id}",
+                )
+        cluster = self.clusters.get(event.cluster) or ClusterRow(event.cluster)
+        if cluster.last_snapshot_at is None or cluster.last_snapshot_at < event.listed_at:
+            self.clusters[event.cluster] = replace(
+                cluster, last_snapshot_id=event.snapshot_id, last_snapshot_at=event.listed_at)
+
+    def capacity(self, event: ClusterCapacity) -> None:
+        cluster = self.clusters.get(event.cluster) or ClusterRow(event.cluster)
+        newest = cluster.capacity_observed_at
+        if newest is not None and event.observed_at <= newest:
+            self.ignored.append((event, f"older than the capacity observed at {newest}"))
+            return
+        self.clusters[event.cluster] = replace(cluster, capacity_observed_at=event.observed_at)
+        reported = set()
+        for node in event.nodes:
+            reported.add(node.name)
+            self._set_node(NodeRow(
+                cluster=event.cluster, node=node.name, allocatable=dict(node.allocatable),
+                unmanaged_usage=dict(node.unmanaged_usage), schedulable=node.schedulable,
+                present=True, observed_at=event.observed_at,
+            ))
+        for row in list(self.nodes.values()):
+            if row.cluster == event.cluster and row.present and row.node not in reported:
+                self._set_node(replace(row, present=False, observed_at=event.observed_at))
+
+    def _set_node(self, row: NodeRow) -> None:
+        existing = self.nodes.get(row.key)
+        if existing is None or not existing.same_content(row):
+            self.nodes[row.key] = row
+
+    def result(self) -> IngestResult:
+        original = self._original
+        return IngestResult(
+            jobs=[row for key, row in self.jobs.items() if original.jobs.get(key) != row],
+            nodes=[row for key, row in self.nodes.items() if original.nodes.get(key) != row],
+            clusters=[row for name, row in self.clusters.items()
+                      if original.clusters.get(name) != row],
+            decision_outcomes=list(self.outcomes.values()),
+            jobsets=list(self.jobsets.values()),
+            ignored=self.ignored,
+        )
+
+
+def _moved_to(row: JobRow, state: JobState, at: datetime) -> JobRow:
+    """`row` in `state` (the same object when nothing changes), with its milestones stamped."""
+    if state == row.state:
+        return row
+    return _stamp_milestones(replace(row, state=state, state_changed_at=at), state, at)
+
+
+def _stamp_milestones(row: JobRow, state: JobState, at: datetime) -> JobRow:
+    """Set the timestamps that reaching `state` implies, each only once."""
+
+    def once(stamp: datetime | None, reached: bool) -> datetime | None:
+        return at if stamp is None and reached else stamp
+
+    return replace(
+        row,
+        released_at=once(row.released_at, state is JobState.RELEASED),
+        ungated_at=once(row.ungated_at, state in _UNGATED_OR_LATER),
+        running_at=once(row.running_at, state is JobState.RUNNING),
+        finished_at=once(row.finished_at, state.is_terminal),
+    )

@@ -1,0 +1,375 @@
+"""Observing a cluster: what cluster-watcher reports about its pods and nodes, decided without I/O.
+
+Why pure: the watcher's correctness rests on a few decisions that must be testable without an
+apiserver — which pods lockgate manages, which state a pod is in, how much a pod asks for (as
+kube-scheduler counts it), how much room pods lockgate does not manage take on each node, and
+which changes are worth an event at all. The watcher feeds `ObservedCluster` with what it lists
+and watches; `ObservedCluster` answers with the events to publish.
+
+Pods and nodes are read in the apiserver's JSON form (camelCase keys, as a watch event's raw
+object or a list response's items), not as client models.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodEvent
+from lockgate.jobs import JobState
+from lockgate.labels import DEFAULT_JOBSET, JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.resources import Resources
+
+KubeObject = Mapping[str, Any]
+"""A Kubernetes object as the apiserver serialises it."""
+
+_FINISHED_PHASES: Mapping[str, JobState] = {
+    "Succeeded": JobState.SUCCEEDED,
+    "Failed": JobState.FAILED,
+}
+
+
+def _metadata(obj: KubeObject) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _spec(obj: KubeObject) -> Mapping[str, Any]:
+    return obj.get("spec") or {}
+
+
+def _status(obj: KubeObject) -> Mapping[str, Any]:
+    return obj.get("status") or {}
+
+
+def is_managed(pod: KubeObject) -> bool:
+    """Whether the webhook marked this pod as lockgate's: it carries the queue label.
+
+    The label, not the gate, is the mark: the gate is gone once lockgate released the pod, but
+    the pod stays lockgate's until it finishes.
+    """
+    labels = _metadata(pod).get("labels") or {}
+    return bool(labels.get(QUEUE_LABEL))
+
+
+def is_gated_by_lockgate(pod: KubeObject) -> bool:
+    gates = _spec(pod).get("schedulingGates") or ()
+    return any(gate.get("name") == SCHEDULING_GATE for gate in gates)
+
+
+def is_being_deleted(pod: KubeObject) -> bool:
+    return bool(_metadata(pod).get("deletionTimestamp"))
+
+
+def observed_state(pod: KubeObject, *, deleted: bool = False) -> JobState:
+    """The state a pod is seen in; `deleted` when the watch reported it DELETED.
+
+    A pod that finished keeps its outcome even when it is deleted afterwards: how it ended is
+    the more useful fact, and terminal states are final anyway.
+    """
+    phase = _status(pod).get("phase")
+    if phase in _FINISHED_PHASES:
+        return _FINISHED_PHASES[phase]
+    if deleted or is_being_deleted(pod):
+        return JobState.DELETED
+    if phase == "Running":
+        return JobState.RUNNING
+    if _spec(pod).get("nodeName"):
+        return JobState.BOUND
+    if is_gated_by_lockgate(pod):
+        return JobState.QUEUED
+    return JobState.UNGATED
+
+
+def _container_requests(container: Mapping[str, Any]) -> Resources:
+    return Resources.from_kubernetes((container.get("resources") or {}).get("requests"))
+
+
+def _max_per_resource(a: Resources, b: Resources) -> Resources:
+    return Resources({name: max(a[name], b[name]) for name in {*a, *b}})
+
+
+def pod_requests(pod: KubeObject) -> Resources:
+    """What the pod asks of a node, computed the way kube-scheduler decides whether it fits.
+
+    Regular containers run together, so their requests add up. Init containers run one after
+    the other before them, so the pod needs at least the largest one. Sidecars (init containers
+    with restartPolicy Always) keep running alongside everything started after them, so they add
+    to the regular containers and to every later init container. Pod overhead comes on top.
+    Pod-level requests, when set, replace the containers' total for the resources they name.
+    """
+    spec = _spec(pod)
+    running_total = Resources.sum(_container_requests(c) for c in spec.get("containers") or ())
+    sidecars_so_far = Resources()
+    init_peak = Resources()
+    for container in spec.get("initContainers") or ():
+        requests = _container_requests(container)
+        if container.get("restartPolicy") == "Always":
+            running_total = running_total + requests
+            sidecars_so_far = sidecars_so_far + requests
+            during_init = sidecars_so_far
+        else:
+            during_init = requests + sidecars_so_far
+        init_peak = _max_per_resource(init_peak, during_init)
+    effective = _max_per_resource(running_total, init_peak)
+    pod_level = Resources.from_kubernetes((spec.get("resources") or {}).get("requests"))
+    if pod_level:
+        effective = Resources({**effective.as_dict(), **pod_level.as_dict()})
+    return effective + Resources.from_kubernetes(spec.get("overhead"))
+
+
+def _timestamp(text: str | None, default: datetime) -> datetime:
+    if not text:
+        return default
+    return datetime.fromisoformat(text)
+
+
+def pod_event(
+    pod: KubeObject,
+    *,
+    cluster: str,
+    event_id: str,
+    observed_at: datetime,
+    deleted: bool = False,
+    snapshot_id: str | None = None,
+) -> PodEvent:
+    """The event that reports a managed pod as it is seen now."""
+    metadata = _metadata(pod)
+    labels = metadata.get("labels") or {}
+    spec = _spec(pod)
+    return PodEvent(
+        event_id=event_id,
+        cluster=cluster,
+        namespace=metadata.get("namespace", ""),
+        name=metadata.get("name", ""),
+        uid=metadata.get("uid", ""),
+        state=observed_state(pod, deleted=deleted),
+        queue=labels.get(QUEUE_LABEL, ""),
+        jobset=labels.get(JOBSET_LABEL) or DEFAULT_JOBSET,
+        priority=int(spec.get("priority") or 0),
+        requests=pod_requests(pod).as_dict(),
+        node_name=spec.get("nodeName") or None,
+        created_at=_timestamp(metadata.get("creationTimestamp"), observed_at),
+        observed_at=observed_at,
+        resource_version=metadata.get("resourceVersion", ""),
+        gated=is_gated_by_lockgate(pod),
+        snapshot_id=snapshot_id,
+    )
+
+
+def holds_node_room(pod: KubeObject, *, deleted: bool = False) -> bool:
+    """Whether the pod takes room on a node now: bound and not finished or gone.
+
+    A pod being deleted still holds its node until it is gone, as kube-scheduler counts it.
+    """
+    if deleted or not _spec(pod).get("nodeName"):
+        return False
+    return _status(pod).get("phase") not in _FINISHED_PHASES
+
+
+def is_node_schedulable(node: KubeObject) -> bool:
+    """Not cordoned, and its kubelet reports Ready."""
+    if _spec(node).get("unschedulable"):
+        return False
+    conditions = _status(node).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """What lockgate needs to know of a node, without the usage of pods on it."""
+
+    allocatable: Resources
+    schedulable: bool
+
+    @classmethod
+    def of(cls, node: KubeObject) -> NodeRoom:
+        return cls(
+            allocatable=Resources.from_kubernetes(_status(node).get("allocatable")),
+            schedulable=is_node_schedulable(node),
+        )
+
+
+def node_capacity(
+    name: str, room: NodeRoom, unmanaged_usage: Mapping[str, int] | None = None
+) -> NodeCapacity:
+    return NodeCapacity(
+        name=name,
+        allocatable=room.allocatable.as_dict(),
+        schedulable=room.schedulable,
+        unmanaged_usage=dict(unmanaged_usage or {}),
+    )
+
+
+@dataclass(frozen=True)
+class _Observation:
+    """The part of a managed pod whose change is worth a new event."""
+
+    state: JobState
+    node_name: str | None
+    gated: bool
+    requests: Resources
+
+    @classmethod
+    def of(cls, event: PodEvent) -> _Observation:
+        return cls(event.state, event.node_name, event.gated, Resources(event.requests))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What to publish after a (re)list: one event per managed pod, then the snapshot itself."""
+
+    pod_events: list[PodEvent]
+    cluster_snapshot: ClusterSnapshot
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ObservedCluster:
+    """Everything the watcher knows of one cluster, and the events that changes to it call for.
+
+    Managed pods: the last observation reported for each, so a MODIFIED event that changes
+    nothing lockgate cares about (a status condition, an annotation) publishes nothing.
+    Unmanaged pods and nodes: the capacity picture, with `capacity_revision` moving whenever the
+    picture changes, so the watcher knows when a new ClusterCapacity is due.
+    """
+
+    def __init__(
+        self,
+        cluster: str,
+        *,
+        now: Callable[[], datetime] = _utc_now,
+        new_id: Callable[[], str] = _new_id,
+    ) -> None:
+        self.cluster = cluster
+        self._now, self._new_id = now, new_id
+        self._managed: dict[str, _Observation] = {}
+        # uid -> (node, requests) of unmanaged pods that hold room on a node.
+        self._unmanaged: dict[str, tuple[str, Resources]] = {}
+        self._usage_by_node: dict[str, Resources] = {}
+        self._nodes: dict[str, NodeRoom] = {}
+        self.pods_listed = False
+        self.nodes_listed = False
+        self.capacity_revision = 0
+
+    # Pods
+
+    def relist_pods(self, pods: Iterable[KubeObject]) -> Snapshot:
+        """Replace what is known of pods with a fresh list; report every managed pod."""
+        snapshot_id = self._new_id()
+        listed_at = self._now()
+        self._managed.clear()
+        self._unmanaged.clear()
+        self._usage_by_node.clear()
+        events: list[PodEvent] = []
+        for pod in pods:
+            if is_managed(pod):
+                event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
+                                  observed_at=listed_at, snapshot_id=snapshot_id)
+                self._managed[event.uid] = _Observation.of(event)
+                events.append(event)
+            else:
+                self._track_unmanaged(pod, deleted=False)
+        self.pods_listed = True
+        self.capacity_revision += 1
+        unfinished = [e.uid for e in events if not e.state.is_terminal]
+        return Snapshot(
+            pod_events=events,
+            cluster_snapshot=ClusterSnapshot(snapshot_id=snapshot_id, cluster=self.cluster,
+                                             listed_at=listed_at, pod_uids=unfinished),
+        )
+
+    def observe_pod(self, pod: KubeObject, *, deleted: bool = False) -> PodEvent | None:
+        """Take in a watch event's pod; the event to publish when a managed pod changed."""
+        uid = _metadata(pod).get("uid", "")
+        if not is_managed(pod):
+            # A pod relabelled out of lockgate's hands is forgotten as managed.
+            self._managed.pop(uid, None)
+            self._track_unmanaged(pod, deleted=deleted)
+            return None
+        self._forget_unmanaged(uid)
+        event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
+                          observed_at=self._now(), deleted=deleted)
+        observation = _Observation.of(event)
+        previous = self._managed.get(uid)
+        if deleted:
+            self._managed.pop(uid, None)
+        else:
+            self._managed[uid] = observation
+        if previous == observation:
+            return None
+        return event
+
+    @property
+    def managed_pod_count(self) -> int:
+        return len(self._managed)
+
+    def _track_unmanaged(self, pod: KubeObject, *, deleted: bool) -> None:
+        uid = _metadata(pod).get("uid", "")
+        if not holds_node_room(pod, deleted=deleted):
+            self._forget_unmanaged(uid)
+            return
+        node = str(_spec(pod).get("nodeName"))
+        requests = pod_requests(pod)
+        if self._unmanaged.get(uid) == (node, requests):
+            return
+        self._forget_unmanaged(uid)
+        self._unmanaged[uid] = (node, requests)
+        self._usage_by_node[node] = self._usage_by_node.get(node, Resources()) + requests
+        self.capacity_revision += 1
+
+    def _forget_unmanaged(self, uid: str) -> None:
+        held = self._unmanaged.pop(uid, None)
+        if held is None:
+            return
+        node, requests = held
+        remaining = self._usage_by_node.get(node, Resources()) - requests
+        if remaining:
+            self._usage_by_node[node] = remaining
+        else:
+            self._usage_by_node.pop(node, None)
+        self.capacity_revision += 1
+
+    # Nodes
+
+    def relist_nodes(self, nodes: Iterable[KubeObject]) -> None:
+        self._nodes = {_metadata(node).get("name", ""): NodeRoom.of(node) for node in nodes}
+        self.nodes_listed = True
+        self.capacity_revision += 1
+
+    def observe_node(self, node: KubeObject, *, deleted: bool = False) -> None:
+        name = _metadata(node).get("name", "")
+        if deleted:
+            if self._nodes.pop(name, None) is not None:
+                self.capacity_revision += 1
+            return
+        room = NodeRoom.of(node)
+        if self._nodes.get(name) != room:
+            self._nodes[name] = room
+            self.capacity_revision += 1
+
+    # Capacity
+
+    @property
+    def capacity_known(self) -> bool:
+        """Both lists are in: before that, usage or nodes would be reported incomplete."""
+        return self.pods_listed and self.nodes_listed
+
+    def unmanaged_usage(self, node: str) -> Resources:
+        return self._usage_by_node.get(node, Resources())
+
+    def capacity(self) -> ClusterCapacity:
+        return ClusterCapacity(
+            cluster=self.cluster,
+            observed_at=self._now(),
+            nodes=[node_capacity(name, room, self.unmanaged_usage(name).as_dict())
+                   for name, room in sorted(self._nodes.items())],
+        )

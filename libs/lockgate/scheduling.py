@@ -1,0 +1,624 @@
+"""The scheduler's in-memory picture of queues, clusters and jobs, kept current one change at a time.
+
+Why it exists: a scheduling round must decide within a fraction of a second over a million queued
+jobs, so it cannot rebuild anything per round. `SchedulerState` is fed every change as it happens
+(a queue defined, a node's capacity observed, a job's state moved) and keeps, in O(log n) per
+change, exactly what a round needs: per queue a heap of its pending jobs in release order, its
+allocation and demand; per cluster its nodes and what managed jobs already hold on them.
+
+It mirrors what it is told and judges nothing: callers fold events through
+`lockgate.jobs.advance` first. The round that reads this state lives in `lockgate.fairness`; the two
+modules are one unit, so `fairness` reads the private records below directly.
+
+Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
+resource name on first sight (the axes only ever grow), and a job's requests are interned into a
+shared `_Shape` holding the nonzero (axis, amount) pairs, because a million jobs typically share
+a handful of request shapes and the hot loops stay on small tuples.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from lockgate.jobs import JobState
+from lockgate.queues import QueueSpec
+from lockgate.resources import Resources
+
+_QUEUED = JobState.QUEUED
+
+# A pending job's place in its queue's heap: higher priority first, then older, then by id.
+HeapEntry = tuple[int, float, str]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What one node offers: allocatable capacity, minus what pods lockgate does not manage use."""
+
+    allocatable: Resources
+    unmanaged_usage: Resources = field(default_factory=Resources)
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SchedJob:
+    """One job (pod) as the scheduler sees it.
+
+    A QUEUED job is pending. A job whose state holds capacity (released, ungated, bound, running)
+    counts towards its queue's allocation and its cluster's usage: on `node_name` when it is set
+    and known, otherwise against the cluster as a whole. Terminal jobs are dropped.
+    """
+
+    job_id: str
+    queue: str
+    cluster: str
+    requests: Resources
+    priority: int = 0
+    created_at: float = 0.0  # epoch seconds
+    state: JobState = JobState.QUEUED
+    node_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUsage:
+    """A queue's aggregates, as the state holds them right now."""
+
+    queued_jobs: int
+    unschedulable_jobs: int  # queued, but too big for every node of their cluster (parked)
+    allocated_jobs: int
+    allocation: Resources
+    pending_requests: Resources  # sum of requests of queued jobs that are not unschedulable
+
+
+class _Shape:
+    """An interned request vector: shared by every job that asks for exactly the same."""
+
+    __slots__ = ("key", "pairs", "refs", "requests")
+
+    def __init__(
+        self, key: frozenset[tuple[str, int]], requests: Resources, pairs: tuple[tuple[int, int], ...]
+    ) -> None:
+        self.key = key
+        self.requests = requests
+        self.pairs = pairs
+        self.refs = 0
+
+
+class _Job:
+    """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`."""
+
+    __slots__ = ("cluster", "created_at", "node_name", "parked", "priority", "queue", "shape", "state")
+
+    def __init__(
+        self,
+        queue: str,
+        cluster: str,
+        shape: _Shape,
+        priority: int,
+        created_at: float,
+        state: JobState,
+        node_name: str | None,
+    ) -> None:
+        self.queue = queue
+        self.cluster = cluster
+        self.shape = shape
+        self.priority = priority
+        self.created_at = created_at
+        self.state = state
+        self.node_name = node_name
+        # Parked: queued, but too big for every node of its cluster; kept out of the heap until
+        # the cluster gains a node of a new size.
+        self.parked = False
+
+
+class _Queue:
+    __slots__ = (
+        "allocated",
+        "allocation",
+        "demand",
+        "heap",
+        "keys",
+        "limit_pairs",
+        "name",
+        "parked",
+        "parked_entries",
+        "priority_factor",
+        "queued",
+        "spec",
+    )
+
+    def __init__(self, name: str, axes: int) -> None:
+        self.name = name
+        self.spec: QueueSpec | None = None  # None: jobs name a queue nobody defined (yet)
+        self.priority_factor = 1.0  # cost = share * priority_factor, i.e. share / weight
+        self.limit_pairs: tuple[tuple[int, int], ...] = ()
+        self.heap: list[HeapEntry] = []  # pending jobs, lazily deleted
+        self.queued = 0  # queued jobs, parked included
+        self.parked = 0
+        self.parked_entries: dict[str, list[HeapEntry]] = {}  # by cluster
+        # (cluster, shape) -> number of queued, unparked jobs: what the queue could still place.
+        self.keys: dict[tuple[str, _Shape], int] = {}
+        self.demand = [0] * axes  # requests of queued, unparked jobs
+        self.allocated = 0
+        self.allocation = [0] * axes  # requests of jobs holding capacity
+
+    @property
+    def weight(self) -> float:
+        return 1.0 / self.priority_factor
+
+    @property
+    def schedulable(self) -> bool:
+        return self.spec is not None and not self.spec.cordoned
+
+    def is_empty(self) -> bool:
+        return self.queued == 0 and self.allocated == 0
+
+
+class _Node:
+    __slots__ = ("allocatable", "info", "unmanaged")
+
+    def __init__(self, info: NodeInfo, allocatable: list[int], unmanaged: list[int]) -> None:
+        self.info = info
+        self.allocatable = allocatable
+        self.unmanaged = unmanaged
+
+
+class _Cluster:
+    __slots__ = (
+        "held_unbound",
+        "jobs_on_node",
+        "name",
+        "node_sizes",
+        "nodes",
+        "order",
+        "total",
+        "used_by_node",
+    )
+
+    def __init__(self, name: str, axes: int) -> None:
+        self.name = name
+        self.nodes: dict[str, _Node] = {}
+        self.order: list[str] = []  # schedulable node names, sorted: the first-fit order
+        self.total = [0] * axes  # allocatable of schedulable nodes
+        # How many schedulable nodes have each distinct allocatable vector. A job too big for
+        # all of them is parked; a size never seen before may let it fit, so it unparks.
+        self.node_sizes: dict[tuple[int, ...], int] = {}
+        # Requests of managed jobs holding capacity on a named node (the node may be unknown).
+        self.used_by_node: dict[str, list[int]] = {}
+        self.jobs_on_node: dict[str, int] = {}
+        # Jobs holding capacity without a node yet (released, ungated): job_id -> (shape, the
+        # node the round that released it had in mind, if any).
+        self.held_unbound: dict[str, tuple[_Shape, str | None]] = {}
+
+
+class SchedulerState:
+    """Queues, cluster capacity and jobs, each change applied incrementally in O(log n).
+
+    `lockgate.fairness.schedule_round` reads it and applies its own decisions to it (as RELEASED).
+    """
+
+    def __init__(self) -> None:
+        self._axes: dict[str, int] = {}
+        self._axis_names: list[str] = []
+        self._shapes: dict[frozenset[tuple[str, int]], _Shape] = {}
+        self._last_shape: tuple[Resources, _Shape] | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._queues: dict[str, _Queue] = {}
+        self._clusters: dict[str, _Cluster] = {}
+        self._pool_total: list[int] = []
+
+    # ---- queues ----------------------------------------------------------------------------
+
+    def upsert_queue(self, spec: QueueSpec) -> None:
+        queue = self._queue(spec.name)
+        queue.spec = spec
+        queue.priority_factor = spec.priority_factor
+        queue.limit_pairs = tuple(
+            (self._axis(name), amount) for name, amount in sorted(spec.limits.items())
+        )
+
+    def remove_queue(self, name: str) -> None:
+        """Forget a queue's definition. Its jobs stay, unscheduled, until it is defined again."""
+        queue = self._queues.get(name)
+        if queue is None:
+            return
+        queue.spec = None
+        queue.priority_factor = 1.0
+        queue.limit_pairs = ()
+        if queue.is_empty():
+            del self._queues[name]
+
+    def queue_names(self) -> list[str]:
+        return sorted(self._queues)
+
+    def queue_spec(self, name: str) -> QueueSpec | None:
+        queue = self._queues.get(name)
+        return None if queue is None else queue.spec
+
+    def queue_usage(self, name: str) -> QueueUsage:
+        queue = self._queues.get(name)
+        if queue is None:
+            return QueueUsage(0, 0, 0, Resources(), Resources())
+        return QueueUsage(
+            queued_jobs=queue.queued,
+            unschedulable_jobs=queue.parked,
+            allocated_jobs=queue.allocated,
+            allocation=self._resources(queue.allocation),
+            pending_requests=self._resources(queue.demand),
+        )
+
+    # ---- clusters --------------------------------------------------------------------------
+
+    def set_cluster(self, cluster: str, nodes: Mapping[str, NodeInfo]) -> None:
+        """Replace what is known of a cluster's nodes; unchanged nodes cost one comparison."""
+        state = self._cluster(cluster)
+        for name in [name for name in state.nodes if name not in nodes]:
+            self.set_node(cluster, name, None)
+        for name, info in nodes.items():
+            self.set_node(cluster, name, info)
+
+    def set_node(self, cluster: str, name: str, info: NodeInfo | None) -> None:
+        """Add, update or (with None) remove one node."""
+        state = self._cluster(cluster)
+        old = state.nodes.get(name)
+        if old is not None and old.info == info:
+            return
+        if old is not None:
+            del state.nodes[name]
+            if old.info.schedulable:
+                state.order.remove(name)
+                _subtract_into(state.total, old.allocatable)
+                _subtract_into(self._pool_total, old.allocatable)
+                size = tuple(old.allocatable)
+                state.node_sizes[size] -= 1
+                if state.node_sizes[size] == 0:
+                    del state.node_sizes[size]
+        if info is None:
+            return
+        node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage))
+        state.nodes[name] = node
+        if info.schedulable:
+            _insort(state.order, name)
+            _add_into(state.total, node.allocatable)
+            _add_into(self._pool_total, node.allocatable)
+            size = tuple(node.allocatable)
+            state.node_sizes[size] = state.node_sizes.get(size, 0) + 1
+            if state.node_sizes[size] == 1:
+                self._unpark(cluster)
+
+    def cluster_names(self) -> list[str]:
+        return sorted(self._clusters)
+
+    def pool_total(self) -> Resources:
+        """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
+        return self._resources(self._pool_total)
+
+    # ---- jobs ------------------------------------------------------------------------------
+
+    def upsert_job(self, job: SchedJob) -> None:
+        """Record a job as it now is. Repeating an upsert is a no-op; terminal states remove it."""
+        if job.state.is_terminal:
+            self.remove_job(job.job_id)
+            return
+        shape = self._intern(job.requests)
+        old = self._jobs.get(job.job_id)
+        if old is not None and (
+            old.state is job.state
+            and old.shape is shape
+            and old.queue == job.queue
+            and old.cluster == job.cluster
+            and old.priority == job.priority
+            and old.created_at == job.created_at
+            and old.node_name == job.node_name
+        ):
+            return
+        shape.refs += 1
+        new = _Job(
+            job.queue,
+            job.cluster,
+            shape,
+            job.priority,
+            job.created_at,
+            job.state,
+            job.node_name,
+        )
+        hint: str | None = None
+        in_heap = False
+        if old is not None:
+            hint = self._retract(job.job_id, old)
+            self._release_shape(old.shape)
+            if new.state is _QUEUED and old.state is _QUEUED and (
+                old.queue == new.queue
+                and old.priority == new.priority
+                and old.created_at == new.created_at
+            ):
+                # Its entry is still where it belongs (in the heap, or parked if nothing about
+                # its fit changed).
+                in_heap = True
+                new.parked = old.parked and old.cluster == new.cluster and old.shape is shape
+                if old.parked and not new.parked:
+                    in_heap = False
+        self._jobs[job.job_id] = new
+        self._apply(job.job_id, new, hint)
+        if new.state is _QUEUED and not in_heap:
+            heapq.heappush(
+                self._queues[new.queue].heap, (-new.priority, new.created_at, job.job_id)
+            )
+        if old is not None:
+            self._maybe_compact(self._queues.get(old.queue))
+
+    def upsert_jobs(self, jobs: Iterable[SchedJob]) -> None:
+        for job in jobs:
+            self.upsert_job(job)
+
+    def remove_job(self, job_id: str) -> None:
+        old = self._jobs.pop(job_id, None)
+        if old is None:
+            return
+        self._retract(job_id, old)
+        self._release_shape(old.shape)
+        self._maybe_compact(self._queues.get(old.queue))
+
+    def job(self, job_id: str) -> SchedJob | None:
+        record = self._jobs.get(job_id)
+        if record is None:
+            return None
+        return SchedJob(
+            job_id=job_id,
+            queue=record.queue,
+            cluster=record.cluster,
+            requests=record.shape.requests,
+            priority=record.priority,
+            created_at=record.created_at,
+            state=record.state,
+            node_name=record.node_name,
+        )
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    # ---- for the round (lockgate.fairness) -------------------------------------------------
+
+    def _mark_released(self, job_id: str, record: _Job, node_hint: str | None) -> None:
+        """The round decided to release this queued job: it now holds capacity."""
+        self._retract(job_id, record)
+        record.state = JobState.RELEASED
+        record.node_name = None
+        self._apply(job_id, record, node_hint)
+
+    def _park(self, queue: _Queue, record: _Job, entry: HeapEntry) -> None:
+        """Move a queued job that fits no node of its cluster out of the heap (already popped)."""
+        record.parked = True
+        queue.parked += 1
+        _subtract_pairs(queue.demand, record.shape.pairs)
+        self._forget_key(queue, (record.cluster, record.shape))
+        entries = queue.parked_entries.setdefault(record.cluster, [])
+        entries.append(entry)
+        if len(entries) > 2 * queue.parked + 64:
+            entries[:] = [e for e in _unique(entries) if self._is_parked_entry(queue, record.cluster, e)]
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _retract(self, job_id: str, record: _Job) -> str | None:
+        """Remove a record's contribution to every aggregate; returns its node hint, if any."""
+        hint: str | None = None
+        queue = self._queues[record.queue]
+        shape = record.shape
+        if record.state is _QUEUED:
+            queue.queued -= 1
+            if record.parked:
+                queue.parked -= 1
+            else:
+                _subtract_pairs(queue.demand, shape.pairs)
+                self._forget_key(queue, (record.cluster, shape))
+        else:
+            cluster = self._clusters[record.cluster]
+            queue.allocated -= 1
+            _subtract_pairs(queue.allocation, shape.pairs)
+            node = record.node_name
+            if node is None:
+                held = cluster.held_unbound.pop(job_id, None)
+                hint = None if held is None else held[1]
+            else:
+                _subtract_pairs(cluster.used_by_node[node], shape.pairs)
+                cluster.jobs_on_node[node] -= 1
+                if cluster.jobs_on_node[node] == 0:
+                    del cluster.jobs_on_node[node]
+                    del cluster.used_by_node[node]
+        if queue.spec is None and queue.is_empty():
+            del self._queues[queue.name]
+        return hint
+
+    def _apply(self, job_id: str, record: _Job, hint: str | None) -> None:
+        queue = self._queue(record.queue)
+        shape = record.shape
+        if record.state is _QUEUED:
+            self._cluster(record.cluster)
+            queue.queued += 1
+            if record.parked:
+                queue.parked += 1
+            else:
+                _add_pairs(queue.demand, shape.pairs)
+                key = (record.cluster, shape)
+                queue.keys[key] = queue.keys.get(key, 0) + 1
+        else:
+            cluster = self._cluster(record.cluster)
+            queue.allocated += 1
+            _add_pairs(queue.allocation, shape.pairs)
+            node = record.node_name
+            if node is None:
+                cluster.held_unbound[job_id] = (shape, hint)
+            else:
+                used = cluster.used_by_node.get(node)
+                if used is None:
+                    used = cluster.used_by_node[node] = [0] * len(self._axis_names)
+                    cluster.jobs_on_node[node] = 0
+                _add_pairs(used, shape.pairs)
+                cluster.jobs_on_node[node] += 1
+
+    @staticmethod
+    def _forget_key(queue: _Queue, key: tuple[str, _Shape]) -> None:
+        left = queue.keys[key] - 1
+        if left:
+            queue.keys[key] = left
+        else:
+            del queue.keys[key]
+
+    def _is_heap_entry(self, queue: _Queue, entry: HeapEntry) -> bool:
+        record = self._jobs.get(entry[2])
+        return (
+            record is not None
+            and record.state is _QUEUED
+            and not record.parked
+            and record.queue == queue.name
+            and record.priority == -entry[0]
+            and record.created_at == entry[1]
+        )
+
+    def _is_parked_entry(self, queue: _Queue, cluster: str, entry: HeapEntry) -> bool:
+        record = self._jobs.get(entry[2])
+        return (
+            record is not None
+            and record.state is _QUEUED
+            and record.parked
+            and record.cluster == cluster
+            and record.queue == queue.name
+            and record.priority == -entry[0]
+            and record.created_at == entry[1]
+        )
+
+    def _maybe_compact(self, queue: _Queue | None) -> None:
+        """Drop stale heap entries once they outnumber live ones, keeping lazy deletion O(1)."""
+        if queue is None or len(queue.heap) <= 2 * (queue.queued - queue.parked) + 64:
+            return
+        live = [e for e in _unique(queue.heap) if self._is_heap_entry(queue, e)]
+        heapq.heapify(live)
+        queue.heap = live
+
+    def _unpark(self, cluster: str) -> None:
+        """The cluster gained a node size: its parked jobs may fit now, so they queue again."""
+        for queue in self._queues.values():
+            entries = queue.parked_entries.pop(cluster, None)
+            if not entries:
+                continue
+            for entry in _unique(entries):
+                if not self._is_parked_entry(queue, cluster, entry):
+                    continue
+                record = self._jobs[entry[2]]
+                record.parked = False
+                queue.parked -= 1
+                _add_pairs(queue.demand, record.shape.pairs)
+                key = (cluster, record.shape)
+                queue.keys[key] = queue.keys.get(key, 0) + 1
+                heapq.heappush(queue.heap, entry)
+
+    def _queue(self, name: str) -> _Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = _Queue(name, len(self._axis_names))
+        return queue
+
+    def _cluster(self, name: str) -> _Cluster:
+        cluster = self._clusters.get(name)
+        if cluster is None:
+            cluster = self._clusters[name] = _Cluster(name, len(self._axis_names))
+        return cluster
+
+    def _intern(self, requests: Resources) -> _Shape:
+        last = self._last_shape
+        if last is not None and last[0] is requests:
+            return last[1]
+        amounts = requests.as_dict()
+        key = frozenset(amounts.items())
+        shape = self._shapes.get(key)
+        if shape is None:
+            if any(amount < 0 for amount in amounts.values()):
+                raise ValueError(f"negative resource request: {requests!r}")
+            pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
+            shape = self._shapes[key] = _Shape(key, Resources(amounts), pairs)
+        self._last_shape = (requests, shape)
+        return shape
+
+    def _release_shape(self, shape: _Shape) -> None:
+        shape.refs -= 1
+        if shape.refs == 0 and self._shapes.get(shape.key) is shape:
+            del self._shapes[shape.key]
+            last = self._last_shape
+            if last is not None and last[1] is shape:
+                self._last_shape = None
+
+    def _axis(self, name: str) -> int:
+        axis = self._axes.get(name)
+        if axis is None:
+            axis = self._axes[name] = len(self._axis_names)
+            self._axis_names.append(name)
+            self._grow_vectors()
+        return axis
+
+    def _grow_vectors(self) -> None:
+        """A resource never seen before: every dense vector gets a zero for it."""
+        axes = len(self._axis_names)
+        vectors: list[list[int]] = [self._pool_total]
+        for queue in self._queues.values():
+            vectors += (queue.demand, queue.allocation)
+        for cluster in self._clusters.values():
+            vectors.append(cluster.total)
+            vectors.extend(cluster.used_by_node.values())
+            for node in cluster.nodes.values():
+                vectors += (node.allocatable, node.unmanaged)
+            cluster.node_sizes = {
+                size + (0,) * (axes - len(size)): count for size, count in cluster.node_sizes.items()
+            }
+        for vector in vectors:
+            vector.extend([0] * (axes - len(vector)))
+
+    def _dense(self, resources: Resources) -> list[int]:
+        axes = [(self._axis(name), amount) for name, amount in resources.as_dict().items()]
+        vector = [0] * len(self._axis_names)
+        for axis, amount in axes:
+            vector[axis] = amount
+        return vector
+
+    def _resources(self, vector: list[int]) -> Resources:
+        return Resources(dict(zip(self._axis_names, vector, strict=False)))
+
+
+def _add_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
+    for axis, amount in pairs:
+        vector[axis] += amount
+
+
+def _subtract_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
+    for axis, amount in pairs:
+        vector[axis] -= amount
+
+
+def _add_into(vector: list[int], other: list[int]) -> None:
+    for axis, amount in enumerate(other):
+        vector[axis] += amount
+
+
+def _subtract_into(vector: list[int], other: list[int]) -> None:
+    for axis, amount in enumerate(other):
+        vector[axis] -= amount
+
+
+def _insort(names: list[str], name: str) -> None:
+    import bisect
+
+    bisect.insort(names, name)
+
+
+def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
+    """Entries without repeats of the same job (a job back in its queue may have two)."""
+    seen: set[str] = set()
+    unique: list[HeapEntry] = []
+    for entry in entries:
+        if entry[2] not in seen:
+            seen.add(entry[2])
+            unique.append(entry)
+    return unique

@@ -1,0 +1,64 @@
+"""The ungater's settings, from LOCKGATE_UNGATER_* variables."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from lockgate_adapters.settings import ServiceSettings
+
+
+class UngaterSettings(ServiceSettings):
+    """Which clusters this ungater serves, and how hard it tries before giving a release up.
+
+    Consumer groups: commands for every cluster share one topic. An ungater reads all of them in
+    the group `group_id` and skips commands for clusters it does not serve. The default group id
+    names the served clusters (`ungater-cluster-a` for one cluster), so one ungater per cluster —
+    or per set of clusters — each sees every command, while replicas serving the same set split
+    the partitions. Served sets must not overlap (a shared cluster would be ungated twice, which
+    is harmless but wasteful); a set served by no ungater has its commands never carried out.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LOCKGATE_UNGATER_", env_nested_delimiter="__",
+                                      extra="forbid")
+    service_name: ClassVar[str] = "ungater"
+
+    clusters: dict[str, str] = Field(
+        default_factory=dict,
+        description='cluster name → kubeconfig path, e.g. {"cluster-a": "/etc/lockgate/a.yaml"}',
+    )
+    group_id: str | None = Field(
+        default=None, description="Kafka consumer group; default ungater-<served clusters>"
+    )
+    max_in_flight_per_cluster: int = Field(
+        default=64, ge=1, le=1024, description="concurrent apiserver calls per cluster"
+    )
+    give_up_after_seconds: float = Field(
+        default=120.0, gt=0,
+        description="retry an unreachable or throttling apiserver this long, then report failed",
+    )
+    request_timeout_seconds: float = Field(default=10.0, gt=0, description="per apiserver call")
+    max_rereads: int = Field(
+        default=5, ge=1, description="re-reads after a rejected patch before reporting failed"
+    )
+    optimistic_first_patch: bool = Field(
+        default=True,
+        description="patch assuming lockgate's gate is the first one before reading the pod: "
+        "one round trip in the common case; a wrong guess fails its test and falls back",
+    )
+
+    @field_validator("clusters")
+    @classmethod
+    def _some_cluster(cls, clusters: dict[str, str]) -> dict[str, str]:
+        if not clusters:
+            raise ValueError(
+                'no clusters to serve: set LOCKGATE_UNGATER_CLUSTERS=\'{"<cluster>": '
+                '"<kubeconfig path>"}\''
+            )
+        return clusters
+
+    @property
+    def consumer_group(self) -> str:
+        return self.group_id or "ungater-" + "+".join(sorted(self.clusters))
