@@ -69,7 +69,7 @@ def observed_state(pod: KubeObject, *, deleted: bool = False) -> JobState:
     A pod that finished keeps its outcome even when it is deleted afterwards: how it ended is
     the more useful fact, and terminal states are final anyway.
     """
-    phase = _status(pod).get("phase")
+    phase = str(_status(pod).get("phase", ""))
     if phase in _FINISHED_PHASES:
         return _FINISHED_PHASES[phase]
     if deleted or is_being_deleted(pod):

@@ -18,6 +18,7 @@ a handful of request shapes and the hot loops stay on small tuples.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -279,7 +280,7 @@ class SchedulerState:
         node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage))
         state.nodes[name] = node
         if info.schedulable:
-            _insort(state.order, name)
+            bisect.insort(state.order, name)
             _add_into(state.total, node.allocatable)
             _add_into(self._pool_total, node.allocatable)
             size = tuple(node.allocatable)
@@ -324,29 +325,31 @@ class SchedulerState:
             job.node_name,
         )
         hint: str | None = None
-        in_heap = False
+        entry_in_place = False
         if old is not None:
             hint = self._retract(job.job_id, old)
             self._release_shape(old.shape)
-            if new.state is _QUEUED and old.state is _QUEUED and (
-                old.queue == new.queue
+            if (
+                old.state is _QUEUED
+                and new.state is _QUEUED
+                and old.queue == new.queue
                 and old.priority == new.priority
                 and old.created_at == new.created_at
             ):
-                # Its entry is still where it belongs (in the heap, or parked if nothing about
-                # its fit changed).
-                in_heap = True
-                new.parked = old.parked and old.cluster == new.cluster and old.shape is shape
-                if old.parked and not new.parked:
-                    in_heap = False
+                # Its entry is still valid where it is: in the heap, or among the parked ones
+                # if nothing that decides its fit changed.
+                if not old.parked:
+                    entry_in_place = True
+                elif old.cluster == new.cluster and old.shape is shape:
+                    new.parked = entry_in_place = True
         self._jobs[job.job_id] = new
         self._apply(job.job_id, new, hint)
-        if new.state is _QUEUED and not in_heap:
+        if new.state is _QUEUED and not entry_in_place:
             heapq.heappush(
                 self._queues[new.queue].heap, (-new.priority, new.created_at, job.job_id)
             )
         if old is not None:
-            self._maybe_compact(self._queues.get(old.queue))
+            self._tidy_queue(old.queue)
 
     def upsert_jobs(self, jobs: Iterable[SchedJob]) -> None:
         for job in jobs:
@@ -358,7 +361,7 @@ class SchedulerState:
             return
         self._retract(job_id, old)
         self._release_shape(old.shape)
-        self._maybe_compact(self._queues.get(old.queue))
+        self._tidy_queue(old.queue)
 
     def job(self, job_id: str) -> SchedJob | None:
         record = self._jobs.get(job_id)
@@ -399,7 +402,9 @@ class SchedulerState:
         entries = queue.parked_entries.setdefault(record.cluster, [])
         entries.append(entry)
         if len(entries) > 2 * queue.parked + 64:
-            entries[:] = [e for e in _unique(entries) if self._is_parked_entry(queue, record.cluster, e)]
+            entries[:] = _unique(
+                [e for e in entries if self._is_parked_entry(queue, record.cluster, e)]
+            )
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -429,8 +434,6 @@ class SchedulerState:
                 if cluster.jobs_on_node[node] == 0:
                     del cluster.jobs_on_node[node]
                     del cluster.used_by_node[node]
-        if queue.spec is None and queue.is_empty():
-            del self._queues[queue.name]
         return hint
 
     def _apply(self, job_id: str, record: _Job, hint: str | None) -> None:
@@ -491,13 +494,18 @@ class SchedulerState:
             and record.created_at == entry[1]
         )
 
-    def _maybe_compact(self, queue: _Queue | None) -> None:
-        """Drop stale heap entries once they outnumber live ones, keeping lazy deletion O(1)."""
-        if queue is None or len(queue.heap) <= 2 * (queue.queued - queue.parked) + 64:
+    def _tidy_queue(self, name: str) -> None:
+        """Forget an undefined queue with no jobs; compact a heap that is mostly stale entries."""
+        queue = self._queues.get(name)
+        if queue is None:
             return
-        live = [e for e in _unique(queue.heap) if self._is_heap_entry(queue, e)]
-        heapq.heapify(live)
-        queue.heap = live
+        if queue.spec is None and queue.is_empty():
+            del self._queues[name]
+        elif len(queue.heap) > 2 * (queue.queued - queue.parked) + 64:
+            # Lazy deletion leaves stale entries behind; dropping them once they outnumber the
+            # live ones keeps the heap O(live) at O(1) amortised cost per change.
+            queue.heap = _unique([e for e in queue.heap if self._is_heap_entry(queue, e)])
+            heapq.heapify(queue.heap)
 
     def _unpark(self, cluster: str) -> None:
         """The cluster gained a node size: its parked jobs may fit now, so they queue again."""
@@ -505,9 +513,7 @@ class SchedulerState:
             entries = queue.parked_entries.pop(cluster, None)
             if not entries:
                 continue
-            for entry in _unique(entries):
-                if not self._is_parked_entry(queue, cluster, entry):
-                    continue
+            for entry in _unique([e for e in entries if self._is_parked_entry(queue, cluster, e)]):
                 record = self._jobs[entry[2]]
                 record.parked = False
                 queue.parked -= 1
@@ -539,7 +545,7 @@ class SchedulerState:
             if any(amount < 0 for amount in amounts.values()):
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
-            shape = self._shapes[key] = _Shape(key, Resources(amounts), pairs)
+            shape = self._shapes[key] = _Shape(key, requests, pairs)
         self._last_shape = (requests, shape)
         return shape
 
@@ -607,14 +613,8 @@ def _subtract_into(vector: list[int], other: list[int]) -> None:
         vector[axis] -= amount
 
 
-def _insort(names: list[str], name: str) -> None:
-    import bisect
-
-    bisect.insort(names, name)
-
-
 def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
-    """Entries without repeats of the same job (a job back in its queue may have two)."""
+    """Valid entries without repeats: a job that left its queue and came back may have two."""
     seen: set[str] = set()
     unique: list[HeapEntry] = []
     for entry in entries:

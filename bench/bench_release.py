@@ -1,0 +1,331 @@
+"""Release path benchmarks on the local stack: latency and sustained throughput.
+
+- release latency: pod creation (client side, before the create call) to the moment a watch sees
+  lockgate's gate removed, one pod at a time with room to spare; p50 and p99.
+- sustained release throughput: N gated pods over Q queues and both clusters are created while
+  the fair-scheduler is stopped; then it starts and we time how fast the gates come off.
+  Reported as a ratio to the raw rate at which a tight kubernetes-asyncio client removes the
+  same gate from pods on the same apiservers, measured in the same run.
+
+Prints one JSON object per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+import devstack
+from devstack.launcher import Lockgate
+from lockgate.labels import (
+    JOBSET_LABEL,
+    MANAGED_NAMESPACE_LABEL,
+    QUEUE_LABEL,
+    SCHEDULING_GATE,
+)
+from lockgate_adapters.kube import api_client
+
+BENCH_NODE_LABEL = "lockgate.io/bench-node"
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+async def gather_bounded(coroutines: Iterable[Any], limit: int) -> list[Any]:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def run(coroutine: Any) -> Any:
+        async with semaphore:
+            return await coroutine
+
+    return await asyncio.gather(*(run(c) for c in coroutines))
+
+
+async def add_bench_nodes(api: client.ApiClient, cluster: str, count: int) -> list[str]:
+    """Extra kwok nodes with room for thousands of small pods, removed afterwards."""
+    core = client.CoreV1Api(api)
+    names = [f"{cluster}-bench-{i}" for i in range(count)]
+    capacity = {"cpu": "1000", "memory": "4Ti", "pods": "500"}
+
+    async def create(name: str) -> None:
+        body = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"type": "kwok", BENCH_NODE_LABEL: "true"},
+                         "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+        try:
+            await core.create_node(body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    await gather_bounded((create(n) for n in names), 16)
+    return names
+
+
+async def remove_bench_nodes(api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    await core.delete_collection_node(label_selector=f"{BENCH_NODE_LABEL}=true")
+
+
+def pod_body(name: str, *, gated: bool, queue: str | None = None,
+             jobset: str = "bench") -> dict[str, Any]:
+    labels = {"app": "lockgate-bench"}
+    if queue is not None:
+        labels[QUEUE_LABEL] = queue
+        labels[JOBSET_LABEL] = jobset
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "registry.invalid/bench:1",
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}],
+        "tolerations": [{"operator": "Exists"}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": spec}
+
+
+async def create_namespace(api: client.ApiClient, name: str, labels: dict[str, str]) -> None:
+    await client.CoreV1Api(api).create_namespace(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    )
+
+
+async def delete_namespace(api: client.ApiClient, name: str) -> None:
+    try:
+        await client.CoreV1Api(api).delete_namespace(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+async def raw_patch_rate(apis: dict[str, client.ApiClient], pods_per_cluster: int,
+                         concurrency: int) -> dict[str, Any]:
+    """The apiservers' own limit: a tight client removing the gate from pre-created pods."""
+    namespace = f"bench-raw-{uuid.uuid4().hex[:6]}"
+    for api in apis.values():
+        await create_namespace(api, namespace, {})
+    try:
+        for api in apis.values():
+            core = client.CoreV1Api(api)
+            await gather_bounded(
+                (core.create_namespaced_pod(namespace, pod_body(f"raw-{i}", gated=True))
+                 for i in range(pods_per_cluster)), concurrency)
+        patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": SCHEDULING_GATE},
+                 {"op": "remove", "path": "/spec/schedulingGates/0"}]
+        started = time.perf_counter()
+
+        async def ungate(api: client.ApiClient, name: str) -> None:
+            await client.CoreV1Api(api).patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/json-patch+json")
+
+        await gather_bounded(
+            (ungate(api, f"raw-{i}") for api in apis.values() for i in range(pods_per_cluster)),
+            concurrency * len(apis))
+        elapsed = time.perf_counter() - started
+    finally:
+        for api in apis.values():
+            await delete_namespace(api, namespace)
+    total = pods_per_cluster * len(apis)
+    return {"name": "raw_patch_rate", "pods": total, "concurrency": concurrency,
+            "seconds": round(elapsed, 3), "pods_per_second": round(total / elapsed, 1)}
+
+
+class GateWatcher:
+    """Records when each pod in a namespace was first seen without lockgate's gate."""
+
+    def __init__(self) -> None:
+        self.ungated_at: dict[str, float] = {}
+        self.changed = asyncio.Event()
+
+    async def run(self, api: client.ApiClient, namespace: str, cluster: str) -> None:
+        core = client.CoreV1Api(api)
+        resource_version = ""
+        while True:
+            stream = watch.Watch()
+            try:
+                async for event in stream.stream(core.list_namespaced_pod, namespace,
+                                                 resource_version=resource_version,
+                                                 timeout_seconds=300):
+                    pod = event["object"]
+                    resource_version = pod.metadata.resource_version
+                    gates = {g.name for g in (pod.spec.scheduling_gates or [])}
+                    key = f"{cluster}/{pod.metadata.name}"
+                    if SCHEDULING_GATE not in gates and key not in self.ungated_at \
+                            and event["type"] in ("ADDED", "MODIFIED"):
+                        self.ungated_at[key] = time.perf_counter()
+                        self.changed.set()
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                resource_version = ""
+            finally:
+                stream.stop()
+
+    async def wait_for(self, count: int, deadline: float) -> bool:
+        while len(self.ungated_at) < count:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
+        return True
+
+
+async def create_queues(admin_url: str, names: Iterable[str]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        for name in names:
+            async with session.post(f"{admin_url}/api/v1/queues",
+                                    json={"name": name, "priority_factor": 1.0}) as response:
+                if response.status not in (200, 201, 409):
+                    raise RuntimeError(f"creating queue {name}: {response.status} "
+                                       f"{await response.text()}")
+
+
+async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate, *,
+                           pods_per_cluster: int, queues: int, latency_pods: int,
+                           concurrency: int, deadline_seconds: float) -> list[dict[str, Any]]:
+    run = uuid.uuid4().hex[:6]
+    queue_names = [f"bench-{run}-{i}" for i in range(queues)]
+    namespace = f"bench-lg-{run}"
+    admin = f"http://127.0.0.1:{lockgate.ports.admin_api}"
+    await create_queues(admin, queue_names)
+    for api in apis.values():
+        await create_namespace(api, namespace, {MANAGED_NAMESPACE_LABEL: "true",
+                                                QUEUE_LABEL: queue_names[0]})
+    watcher = GateWatcher()
+    watch_tasks = [asyncio.create_task(watcher.run(api, namespace, cluster))
+                   for cluster, api in apis.items()]
+    results: list[dict[str, Any]] = []
+    try:
+        # Latency with room to spare: one pod at a time, all services running.
+        created_at: dict[str, float] = {}
+        clusters = list(apis)
+        for i in range(latency_pods):
+            cluster = clusters[i % len(clusters)]
+            name = f"lat-{i}"
+            body = pod_body(name, gated=False, queue=queue_names[i % queues])
+            created_at[f"{cluster}/{name}"] = time.perf_counter()
+            await client.CoreV1Api(apis[cluster]).create_namespaced_pod(namespace, body)
+            await asyncio.sleep(0.05)
+        ok = await watcher.wait_for(latency_pods, time.perf_counter() + 120)
+        latencies = sorted(watcher.ungated_at[k] - t for k, t in created_at.items()
+                           if k in watcher.ungated_at)
+        results.append({
+            "name": "release_latency", "pods": latency_pods, "complete": ok,
+            "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+            "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1)
+            if latencies else None,
+        })
+
+        # Sustained throughput: build a backlog with the scheduler stopped, then release it.
+        for name in ("fair-scheduler-standby", "fair-scheduler"):
+            if name in lockgate.processes:
+                await lockgate.processes[name].stop()
+        before = len(watcher.ungated_at)
+        started_creating = time.perf_counter()
+        for api in apis.values():
+            core = client.CoreV1Api(api)
+            await gather_bounded(
+                (core.create_namespaced_pod(
+                    namespace, pod_body(f"tp-{i}", gated=False, queue=queue_names[i % queues]))
+                 for i in range(pods_per_cluster)), concurrency)
+        creation_seconds = time.perf_counter() - started_creating
+        total = pods_per_cluster * len(apis)
+        # Let ingest catch up so the scheduler sees the whole backlog at once.
+        await wait_for_backlog(lockgate.postgres_dsn, queue_names, total,
+                               time.perf_counter() + deadline_seconds)
+        started = time.perf_counter()
+        await lockgate.start(only=["fair-scheduler"])
+        ok = await watcher.wait_for(before + total, started + deadline_seconds)
+        released = len(watcher.ungated_at) - before
+        times = sorted(watcher.ungated_at.values())[before:]
+        elapsed = (times[-1] - started) if times else float("nan")
+        results.append({
+            "name": "release_throughput", "pending_pods": total, "queues": queues,
+            "clusters": len(apis), "complete": ok, "released": released,
+            "seconds": round(elapsed, 3), "pods_per_second": round(released / elapsed, 1)
+            if times else 0.0, "pod_creation_seconds": round(creation_seconds, 1),
+        })
+    finally:
+        for task in watch_tasks:
+            task.cancel()
+        await asyncio.gather(*watch_tasks, return_exceptions=True)
+        for api in apis.values():
+            await delete_namespace(api, namespace)
+    return results
+
+
+async def wait_for_backlog(dsn: str, queues: list[str], count: int, deadline: float) -> None:
+    import asyncpg
+
+    connection = await asyncpg.connect(dsn)
+    try:
+        while time.perf_counter() < deadline:
+            queued = await connection.fetchval(
+                "SELECT count(*) FROM jobs WHERE queue = ANY($1::text[]) AND state = 'queued'",
+                queues)
+            if queued >= count:
+                return
+            await asyncio.sleep(0.5)
+        raise RuntimeError(f"only {queued} of {count} pods reached Postgres as queued jobs")
+    finally:
+        await connection.close()
+
+
+async def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pods-per-cluster", type=int, default=5000)
+    parser.add_argument("--queues", type=int, default=100)
+    parser.add_argument("--raw-pods-per-cluster", type=int, default=1000)
+    parser.add_argument("--latency-pods", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--bench-nodes-per-cluster", type=int, default=24)
+    parser.add_argument("--deadline-seconds", type=float, default=900)
+    args = parser.parse_args(argv)
+
+    info = devstack.ensure_up()
+    apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
+    lockgate = Lockgate(kubeconfigs=info.kubeconfigs, kafka_bootstrap=info.kafka_bootstrap,
+                        postgres_dsn=info.postgres_dsn, standby_scheduler=False)
+    try:
+        for cluster, api in apis.items():
+            await add_bench_nodes(api, cluster, args.bench_nodes_per_cluster)
+        raw = await raw_patch_rate(apis, args.raw_pods_per_cluster, args.concurrency)
+        emit(raw)
+        await lockgate.start()
+        for record in await lockgate_release(
+                apis, lockgate, pods_per_cluster=args.pods_per_cluster, queues=args.queues,
+                latency_pods=args.latency_pods, concurrency=args.concurrency,
+                deadline_seconds=args.deadline_seconds):
+            if record["name"] == "release_throughput" and record["pods_per_second"]:
+                record["ratio_to_raw_patch_rate"] = round(
+                    record["pods_per_second"] / raw["pods_per_second"], 3)
+            emit(record)
+    finally:
+        await lockgate.stop()
+        for api in apis.values():
+            await remove_bench_nodes(api)
+            await api.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

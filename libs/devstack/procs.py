@@ -1,0 +1,326 @@
+"""Starting, finding and stopping the stack's processes through pid files.
+
+A process is the stack's own only if its pid file exists, the pid is alive and its command line is
+exactly the one recorded when it was started; anything else is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devstack.errors import StackError
+
+HealthCheck = Callable[[], "str | None"]
+"""Returns None when healthy, else a short reason."""
+
+_LOG_ROTATE_BYTES = 64 * 1024 * 1024
+
+# Started by `python -c`: starts the real process in a new session as a grandchild of the caller,
+# writes its pid to the given fd and exits, so the caller never owns (nor reaps) the process.
+_SPAWNER = """
+import os, pwd, subprocess, sys
+fd, user, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+kw = {}
+if user:
+    pw = pwd.getpwnam(user)
+    kw = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+os.write(fd, str(p.pid).encode())
+os._exit(0)
+"""
+
+
+@dataclass
+class Component:
+    """One long-running process of the stack."""
+
+    name: str
+    argv: list[str]
+    cwd: Path
+    ports: list[int]
+    endpoint: str
+    health: HealthCheck
+    user: str | None = None
+    env: dict[str, str] | None = None
+    stop_signal: signal.Signals = signal.SIGTERM
+    stop_timeout: float = 20.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def file_name(self) -> str:
+        return self.name.replace("/", "-")
+
+
+@dataclass(frozen=True)
+class PidRecord:
+    pid: int
+    argv: list[str]
+    started_at: float
+
+
+@dataclass(frozen=True)
+class ProcState:
+    """What the pid file says about a component: running, stopped, or stale."""
+
+    state: str
+    pid: int | None
+    detail: str = ""
+
+
+class Processes:
+    """Pid files in `run_dir`, logs in `logs_dir`."""
+
+    def __init__(self, run_dir: Path, logs_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.logs_dir = logs_dir
+
+    def pid_path(self, comp: Component) -> Path:
+        return self.run_dir / f"{comp.file_name}.pid"
+
+    def log_path(self, comp: Component) -> Path:
+        return self.logs_dir / f"{comp.file_name}.log"
+
+    def read(self, comp: Component) -> PidRecord | None:
+        path = self.pid_path(comp)
+        try:
+            data = json.loads(path.read_text())
+            return PidRecord(int(data["pid"]), [str(a) for a in data["argv"]], data["started_at"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return PidRecord(-1, [], 0.0)
+
+    def inspect(self, comp: Component) -> ProcState:
+        rec = self.read(comp)
+        if rec is None:
+            return ProcState("stopped", None)
+        if rec.pid <= 0:
+            return ProcState("stale", None, f"unreadable pid file {self.pid_path(comp)}")
+        if not pid_alive(rec.pid):
+            return ProcState("stale", rec.pid, f"pid {rec.pid} is not running")
+        cmd = cmdline(rec.pid)
+        if cmd != rec.argv:
+            shown = " ".join(cmd or [])[:120]
+            return ProcState("stale", rec.pid, f"pid {rec.pid} is now another process: {shown}")
+        return ProcState("running", rec.pid)
+
+    def clear_stale(self, comp: Component, say: Callable[[str], None]) -> None:
+        st = self.inspect(comp)
+        if st.state == "stale":
+            say(f"{comp.name}: stale pid file {self.pid_path(comp)} ({st.detail}); removed")
+            self.pid_path(comp).unlink(missing_ok=True)
+
+    def start(self, comp: Component) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path(comp)
+        if log.exists() and log.stat().st_size > _LOG_ROTATE_BYTES:
+            log.replace(log.with_suffix(".log.1"))
+        env = dict(os.environ)
+        if comp.env:
+            env.update(comp.env)
+        user = comp.user if (comp.user and os.geteuid() == 0) else ""
+        read_fd, write_fd = os.pipe()
+        with open(log, "ab", buffering=0) as logf:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            logf.write(f"\n=== {stamp} devstack starts: {' '.join(comp.argv)}\n".encode())
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _SPAWNER, str(write_fd), user, *comp.argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    cwd=comp.cwd,
+                    env=env,
+                    pass_fds=(write_fd,),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            finally:
+                os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as rf:
+            raw = rf.read()
+        rc = proc.wait(timeout=30)
+        if rc != 0 or not raw.strip().isdigit():
+            raise StackError(
+                f"{comp.name}: could not start {comp.argv[0]} (exit {rc}); see {log}\n"
+                + tail(log)
+            )
+        pid = int(raw)
+        rec = {"pid": pid, "argv": comp.argv, "started_at": time.time()}
+        tmp = self.pid_path(comp).with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(self.pid_path(comp))
+        return pid
+
+    def stop(self, comp: Component, say: Callable[[str], None]) -> bool:
+        """Signals the component if it is ours; returns True if a process was signalled."""
+        st = self.inspect(comp)
+        if st.state == "stopped":
+            return False
+        if st.state == "stale" or st.pid is None:
+            say(f"{comp.name}: stale pid file {self.pid_path(comp)} ({st.detail}); removed")
+            self.pid_path(comp).unlink(missing_ok=True)
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(st.pid, comp.stop_signal)
+        return True
+
+    def wait_stopped(self, comp: Component, deadline: float, say: Callable[[str], None]) -> None:
+        rec = self.read(comp)
+        if rec is None or rec.pid <= 0:
+            return
+        while pid_alive(rec.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_alive(rec.pid) and cmdline(rec.pid) == rec.argv:
+            say(f"{comp.name}: pid {rec.pid} ignored {comp.stop_signal.name}; sending SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rec.pid, signal.SIGKILL)
+            end = time.monotonic() + 10
+            while pid_alive(rec.pid) and time.monotonic() < end:
+                time.sleep(0.1)
+        self.pid_path(comp).unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if the pid exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            return False
+        raise
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    if not raw:
+        return None
+    return raw.rstrip(b"\0").decode(errors="replace").split("\0")
+
+
+def port_busy(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something listens on the port (on host or on every address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def port_owner(port: int) -> str:
+    """Best-effort description of the process listening on a TCP port."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    if not inodes:
+        return "an unknown process"
+    targets = {f"socket:[{i}]" for i in inodes}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in targets:
+                    cmd = " ".join(cmdline(int(proc.name)) or ["?"])
+                    try:
+                        owner = pwd.getpwuid(proc.stat().st_uid).pw_name
+                    except KeyError:
+                        owner = str(proc.stat().st_uid)
+                    return f"pid {proc.name} (user {owner}): {cmd[:160]}"
+        except OSError:
+            continue
+    return "a process this user cannot see"
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return f"    (no log at {path})"
+    return "\n".join("    | " + line for line in data[-lines:])
+
+
+def wait_healthy(
+    comps: list[Component],
+    procs: Processes,
+    timeout: float,
+    extra: dict[str, HealthCheck] | None = None,
+    interval: float = 0.25,
+) -> None:
+    """Polls until every component (and extra named check) is healthy.
+
+    Fails fast when a component's process dies; on timeout names each laggard with its log tail.
+    """
+    pending: dict[str, tuple[Component | None, HealthCheck]] = {
+        c.name: (c, c.health) for c in comps
+    }
+    for name, check in (extra or {}).items():
+        pending[name] = (None, check)
+    reasons: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for name, (comp, check) in list(pending.items()):
+            if comp is not None and procs.inspect(comp).state != "running":
+                log = procs.log_path(comp)
+                raise StackError(
+                    f"{comp.name} exited during startup; last lines of {log}:\n{tail(log)}\n"
+                    f"Fix the cause, then run `python -m devstack up` again."
+                )
+            try:
+                reason = check()
+            except Exception as exc:  # noqa: BLE001 - any failure of a probe means "not yet"
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason is None:
+                del pending[name]
+            else:
+                reasons[name] = reason
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            parts = []
+            for name, (comp, _) in pending.items():
+                msg = f"- {name}: not healthy after {timeout:.0f}s ({reasons.get(name, '?')})"
+                if comp is not None:
+                    log = procs.log_path(comp)
+                    msg += f"\n  log {log}, last lines:\n{tail(log)}"
+                parts.append(msg)
+            raise StackError(
+                "components did not become healthy in time:\n"
+                + "\n".join(parts)
+                + "\nSee the logs above; `python -m devstack down` then `up` retries"
+                " (LOCKGATE_STACK_TIMEOUT raises the wait)."
+            )
+        time.sleep(interval)

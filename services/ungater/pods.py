@@ -1,0 +1,92 @@
+"""The two apiserver calls the ungater makes: read a pod's gates, and patch one away.
+
+Why raw responses: the ungater's throughput is measured against a tight client patching pods on
+the same apiserver, and turning every response into kubernetes-asyncio's models costs more CPU
+than the request itself. Responses are read as bytes; only a GET's body is parsed, as plain JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from lockgate.releasing import JsonPatch, PodGates
+
+
+class KubeCallError(Exception):
+    """An apiserver call that did not succeed; `status` is None when no answer came at all."""
+
+    def __init__(self, *, status: int | None, detail: str, retry_after: float | None = None,
+                 reading: bool = False) -> None:
+        super().__init__(f"{status or 'no answer'}: {detail}")
+        self.status = status
+        self.detail = detail
+        self.retry_after = retry_after
+        self.reading = reading
+
+
+class PodGateClient:
+    """Reads and patches pods in one cluster."""
+
+    def __init__(self, api: client.ApiClient, *, request_timeout: float) -> None:
+        self._core = client.CoreV1Api(api)
+        self._timeout = request_timeout
+
+    async def read(self, *, namespace: str, name: str) -> PodGates | None:
+        """The pod's gates, or None when there is no such pod."""
+        status, body, retry_after = await self._call(
+            self._core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                           _request_timeout=self._timeout),
+            reading=True,
+        )
+        if status == 404:
+            return None
+        if status >= 300:
+            raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after,
+                                reading=True)
+        return PodGates.from_json(json.loads(body))
+
+    async def patch(self, *, namespace: str, name: str, patch: JsonPatch) -> None:
+        """Apply a JSON patch (a list body makes kubernetes-asyncio send json-patch+json)."""
+        status, body, retry_after = await self._call(
+            self._core.patch_namespaced_pod(name, namespace, patch, _preload_content=False,
+                                            _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status >= 300:
+            raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after)
+
+    @staticmethod
+    async def _call(request: Any, *, reading: bool) -> tuple[int, bytes, float | None]:
+        try:
+            response: aiohttp.ClientResponse = await request
+            async with response:
+                body = await response.read()
+                return response.status, body, _retry_after(response.headers.get("Retry-After"))
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+            raise KubeCallError(status=None, detail=f"{type(error).__name__}: {error}",
+                                reading=reading) from error
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _message(body: bytes) -> str:
+    """The apiserver's Status message, or the start of whatever it sent."""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body[:300].decode(errors="replace")
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return body[:300].decode(errors="replace")

@@ -1,0 +1,227 @@
+"""Carrying out release commands: settle each one against its cluster, then publish the outcome.
+
+Why this shape: one batch of commands from Kafka fans out into one task per pod (commands for
+the same pod stay in order), bounded per cluster so a busy apiserver sees a steady number of
+requests in flight. Each command ends in exactly one outcome, published before the batch's
+offsets are committed; a crash in between redelivers the commands, which are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from aiokafka import AIOKafkaProducer
+from opentelemetry import trace
+from prometheus_client import Counter, Gauge, Histogram
+
+from lockgate.events import RELEASE_OUTCOMES, ReleaseCommand, ReleaseOutcomeKind
+from lockgate.releasing import (
+    FailureKind,
+    JsonPatch,
+    PatchNeeded,
+    PodGates,
+    Settled,
+    classify_failure,
+    outcome_of,
+    plan_release,
+    ungate_patch,
+)
+from lockgate_adapters.kafka import Received, publish
+from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.settings import RetryPolicy
+from ungater.pods import KubeCallError, PodGateClient
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("lockgate.ungater")
+
+RELEASES = Counter("lockgate_ungater_releases", "Release commands settled, by outcome",
+                   ["cluster", "outcome"])
+RELEASE_SECONDS = Histogram(
+    "lockgate_ungater_release_duration_seconds",
+    "Seconds from receiving a release command to its outcome",
+    ["cluster"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+)
+DECISION_TO_OUTCOME_SECONDS = Histogram(
+    "lockgate_ungater_decision_to_outcome_seconds",
+    "Seconds from the scheduler's decision to the release's outcome",
+    ["cluster"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+)
+APISERVER_FAILURES = Counter("lockgate_ungater_apiserver_failures",
+                             "Failed apiserver calls, by how they were handled",
+                             ["cluster", "kind"])
+IN_FLIGHT = Gauge("lockgate_ungater_apiserver_calls_in_flight",
+                  "Apiserver calls currently in flight (count)", ["cluster"])
+SKIPPED = Counter("lockgate_ungater_commands_skipped",
+                  "Commands for clusters this ungater does not serve")
+
+
+class ClusterReleaser:
+    """Settles release commands for one cluster: patch, re-read, retry, or give up."""
+
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        pods: PodGateClient,
+        retry_policy: RetryPolicy,
+        give_up_after: float,
+        max_in_flight: int,
+        max_rereads: int,
+        optimistic_first_patch: bool,
+        on_ready: Callable[[bool, str], None] = lambda ready, detail: None,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.cluster = cluster
+        self._pods = pods
+        self._policy = retry_policy
+        self._give_up_after = give_up_after
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._max_rereads = max_rereads
+        self._optimistic = optimistic_first_patch
+        self._on_ready = on_ready
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._reachable = True
+
+    async def settle(self, command: ReleaseCommand) -> Settled:
+        """Remove lockgate's gate from the command's pod, or say why that is not possible."""
+        deadline = self._monotonic() + self._give_up_after
+        delays = BackoffIterator(self._policy)
+        rereads = 0
+        # Guessing index 0 saves the read in the common case; the patch's tests make a wrong
+        # guess fail harmlessly (422), and then the pod is read.
+        patch: JsonPatch | None = (
+            ungate_patch(uid=command.uid, index=0) if self._optimistic else None
+        )
+        while True:
+            try:
+                if patch is None:
+                    plan = plan_release(uid=command.uid, pod=await self._read(command))
+                    if isinstance(plan, Settled):
+                        return plan
+                    assert isinstance(plan, PatchNeeded)
+                    patch = plan.patch
+                await self._patch(command, patch)
+                return Settled(ReleaseOutcomeKind.UNGATED, "gate removed")
+            except KubeCallError as error:
+                kind = classify_failure(error.status, reading=error.reading)
+                APISERVER_FAILURES.labels(self.cluster, kind.value).inc()
+                if kind is FailureKind.POD_GONE:
+                    return Settled(ReleaseOutcomeKind.POD_GONE, "pod not found")
+                if kind is FailureKind.PERMANENT:
+                    return Settled(ReleaseOutcomeKind.FAILED, f"apiserver refused: {error}")
+                if kind is FailureKind.REREAD:
+                    rereads += 1
+                    if rereads > self._max_rereads:
+                        return Settled(ReleaseOutcomeKind.FAILED,
+                                       f"patch rejected {rereads} times; last: {error}")
+                    patch = None
+                    continue
+                # Retryable. Keep the same patch: if the lost attempt did apply, the retry fails
+                # its test and the re-read finds the gate gone.
+                self._mark_reachable(False, str(error))
+                delay = error.retry_after if error.retry_after is not None else next(
+                    delays, self._policy.max_seconds)
+                if self._monotonic() + delay > deadline:
+                    return Settled(ReleaseOutcomeKind.FAILED,
+                                   f"gave up after {self._give_up_after:.0f}s: {error}")
+                await self._sleep(delay)
+
+    async def _read(self, command: ReleaseCommand) -> PodGates | None:
+        async with self._slots:
+            IN_FLIGHT.labels(self.cluster).inc()
+            try:
+                pod = await self._pods.read(namespace=command.namespace, name=command.name)
+            finally:
+                IN_FLIGHT.labels(self.cluster).dec()
+        self._mark_reachable(True, "apiserver answering")
+        return pod
+
+    async def _patch(self, command: ReleaseCommand, patch: JsonPatch) -> None:
+        async with self._slots:
+            IN_FLIGHT.labels(self.cluster).inc()
+            try:
+                await self._pods.patch(namespace=command.namespace, name=command.name,
+                                       patch=patch)
+            finally:
+                IN_FLIGHT.labels(self.cluster).dec()
+        self._mark_reachable(True, "apiserver answering")
+
+    def _mark_reachable(self, reachable: bool, detail: str) -> None:
+        if reachable != self._reachable:
+            self._reachable = reachable
+            self._on_ready(reachable, detail)
+
+
+class Ungater:
+    """Handles batches of release commands for the clusters it serves."""
+
+    def __init__(
+        self,
+        *,
+        releasers: dict[str, ClusterReleaser],
+        producer: AIOKafkaProducer,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._releasers = releasers
+        self._producer = producer
+        self._now = now
+
+    async def handle(
+        self,
+        batch: list[Received[ReleaseCommand]],
+        reject: Callable[[Received[ReleaseCommand], str], Awaitable[None]],
+    ) -> None:
+        """Settle every served command of the batch and publish its outcome; return when all are
+        published (the consumer commits the batch's offsets after that)."""
+        per_pod: dict[tuple[str, str], list[Received[ReleaseCommand]]] = {}
+        for item in batch:
+            if item.event.cluster not in self._releasers:
+                SKIPPED.inc()
+                continue
+            per_pod.setdefault((item.event.cluster, item.event.uid), []).append(item)
+        if not per_pod:
+            return
+        async with asyncio.TaskGroup() as group:
+            for items in per_pod.values():
+                group.create_task(self._release_in_order(items))
+
+    async def _release_in_order(self, items: list[Received[ReleaseCommand]]) -> None:
+        for item in items:
+            await self.release(item)
+
+    async def release(self, item: Received[ReleaseCommand]) -> None:
+        command = item.event
+        releaser = self._releasers[command.cluster]
+        started = time.monotonic()
+        with tracer.start_as_current_span(
+            "ungate",
+            context=item.trace_context,
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "lockgate.cluster": command.cluster,
+                "lockgate.namespace": command.namespace,
+                "lockgate.pod": command.name,
+                "lockgate.uid": command.uid,
+                "lockgate.decision_id": command.decision_id,
+                "lockgate.queue": command.queue,
+            },
+        ) as span:
+            settled = await releaser.settle(command)
+            span.set_attribute("lockgate.outcome", settled.outcome.value)
+            span.set_attribute("lockgate.reason", settled.reason)
+            outcome = outcome_of(command, settled, at=self._now())
+            # Inside the span, so the outcome's headers continue this trace.
+            await publish(self._producer, RELEASE_OUTCOMES, outcome)
+        RELEASES.labels(command.cluster, settled.outcome.value).inc()
+        RELEASE_SECONDS.labels(command.cluster).observe(time.monotonic() - started)
+        DECISION_TO_OUTCOME_SECONDS.labels(command.cluster).observe(
+            max(0.0, (outcome.at - command.decided_at).total_seconds()))
+        if settled.outcome is not ReleaseOutcomeKind.UNGATED:
+            log.info("release %s of %s/%s/%s: %s (%s)", command.decision_id, command.cluster,
+                     command.namespace, command.name, settled.outcome.value, settled.reason)

@@ -1,0 +1,349 @@
+"""The pure ingest fold: forward-only states, set-once milestones, requeue, snapshots, capacity."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from lockgate.events import (
+    ClusterCapacity,
+    ClusterSnapshot,
+    NodeCapacity,
+    PodEvent,
+    ReleaseOutcome,
+    ReleaseOutcomeKind,
+)
+from lockgate.ingest import (
+    ClusterRow,
+    CurrentRows,
+    IngestEvent,
+    JobRow,
+    NodeRow,
+    fold_batch,
+    invalid_reason,
+    rows_to_read,
+    snapshot_cutoff,
+)
+from lockgate.jobs import JobState
+
+T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+CLUSTER = "cluster-a"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def pod_event(uid: str = "u1", state: JobState = JobState.QUEUED, *, seen: float = 0,
+              created: float = -10, **fields: object) -> PodEvent:
+    values: dict[str, object] = {
+        "event_id": f"{uid}-{state}-{seen}", "cluster": CLUSTER, "namespace": "team",
+        "name": f"pod-{uid}", "uid": uid, "state": state, "queue": "research",
+        "jobset": "sweep", "requests": {"cpu": 500, "memory": 2**30},
+        "created_at": at(created), "observed_at": at(seen),
+    }
+    values.update(fields)
+    return PodEvent.model_validate(values)
+
+
+def job(uid: str = "u1", state: JobState = JobState.QUEUED, *, created: float = -10,
+        **fields: object) -> JobRow:
+    row = JobRow(cluster=CLUSTER, uid=uid, namespace="team", name=f"pod-{uid}",
+                 queue="research", jobset="sweep", priority=0,
+                 requests={"cpu": 500, "memory": 2**30}, state=state, node_name=None,
+                 created_at=at(created), state_changed_at=at(created))
+    return replace(row, **fields)  # type: ignore[arg-type]
+
+
+def outcome(kind: ReleaseOutcomeKind, decision: str = "d1", uid: str = "u1", *,
+            when: float = 5, reason: str = "") -> ReleaseOutcome:
+    return ReleaseOutcome(decision_id=decision, cluster=CLUSTER, uid=uid, outcome=kind,
+                          reason=reason, at=at(when))
+
+
+def rows(*jobs: JobRow, nodes: tuple[NodeRow, ...] = (),
+         clusters: tuple[ClusterRow, ...] = ()) -> CurrentRows:
+    return CurrentRows(jobs={j.key: j for j in jobs}, nodes={n.key: n for n in nodes},
+                       clusters={c.name: c for c in clusters})
+
+
+def only_job(current: CurrentRows, *events: IngestEvent) -> JobRow:
+    result = fold_batch(current, list(events))
+    assert len(result.jobs) == 1, result.jobs
+    return result.jobs[0]
+
+
+# Pod events ---------------------------------------------------------------------------------
+
+def test_a_new_pod_becomes_a_queued_job_with_what_it_asks_for() -> None:
+    row = only_job(rows(), pod_event("u1", priority=3))
+    assert (row.cluster, row.uid, row.queue, row.jobset, row.state) == (
+        CLUSTER, "u1", "research", "sweep", JobState.QUEUED)
+    assert row.requests == {"cpu": 500, "memory": 2**30}
+    assert row.priority == 3
+    assert row.created_at == at(-10)
+    assert (row.released_at, row.ungated_at, row.running_at, row.finished_at) == (None,) * 4
+
+
+def test_the_same_event_twice_changes_nothing_the_second_time() -> None:
+    first = only_job(rows(), pod_event("u1", JobState.RUNNING, node_name="n1"))
+    again = fold_batch(rows(first), [pod_event("u1", JobState.RUNNING, node_name="n1")])
+    assert again.jobs == []
+
+
+def test_an_older_state_never_moves_a_job_backwards() -> None:
+    running = job("u1", JobState.RUNNING, running_at=at(3), ungated_at=at(2))
+    result = fold_batch(rows(running), [pod_event("u1", JobState.QUEUED, seen=9),
+                                        pod_event("u1", JobState.UNGATED, seen=9)])
+    assert result.jobs == []
+
+
+def test_terminal_states_are_final() -> None:
+    done = job("u1", JobState.SUCCEEDED, finished_at=at(4))
+    assert fold_batch(rows(done), [pod_event("u1", JobState.DELETED, seen=8)]).jobs == []
+
+
+def test_any_order_of_a_pods_events_converges_to_its_furthest_state() -> None:
+    events = [pod_event("u1", state, seen=i, node_name="n1" if i >= 2 else None)
+              for i, state in enumerate([JobState.QUEUED, JobState.UNGATED, JobState.BOUND,
+                                         JobState.RUNNING])]
+    finals = set()
+    for order in itertools.permutations(events):
+        result = fold_batch(rows(), list(order))
+        (row,) = result.jobs
+        finals.add((row.state, row.node_name))
+    assert finals == {(JobState.RUNNING, "n1")}
+
+
+def test_milestones_are_stamped_once_when_first_reached() -> None:
+    row = only_job(rows(), pod_event("u1", JobState.QUEUED, seen=0),
+                   pod_event("u1", JobState.UNGATED, seen=2),
+                   pod_event("u1", JobState.RUNNING, seen=3),
+                   pod_event("u1", JobState.RUNNING, seen=7),
+                   pod_event("u1", JobState.SUCCEEDED, seen=9))
+    assert (row.ungated_at, row.running_at, row.finished_at) == (at(2), at(3), at(9))
+    assert row.state_changed_at == at(9)
+
+
+def test_identity_comes_from_the_first_event_stored() -> None:
+    stored = job("u1", JobState.QUEUED)
+    result = fold_batch(rows(stored), [pod_event("u1", JobState.QUEUED, queue="other",
+                                                 requests={"cpu": 9000})])
+    assert result.jobs == []
+
+
+def test_a_node_name_is_learnt_once_the_pod_is_bound() -> None:
+    row = only_job(rows(job("u1", JobState.UNGATED)),
+                   pod_event("u1", JobState.BOUND, seen=4, node_name="node-7"))
+    assert (row.state, row.node_name) == (JobState.BOUND, "node-7")
+
+
+def test_pods_of_unknown_queues_are_stored_like_any_other() -> None:
+    # The fold knows nothing of queues on purpose: see the module docstring.
+    row = only_job(rows(), pod_event("u1", queue="not-created-yet"))
+    assert row.queue == "not-created-yet"
+
+
+def test_jobsets_are_reported_once_per_batch_with_the_latest_sighting() -> None:
+    result = fold_batch(rows(), [pod_event("u1", seen=1), pod_event("u2", seen=5),
+                                 pod_event("u3", seen=3, jobset="other")])
+    sightings = {(s.name, s.seen_at) for s in result.jobsets}
+    assert sightings == {("sweep", at(5)), ("other", at(3))}
+
+
+# Release outcomes -----------------------------------------------------------------------------
+
+def released(decision: str = "d1", state: JobState = JobState.RELEASED,
+             **fields: object) -> JobRow:
+    return job("u1", state, decision_id=decision, released_at=at(1), **fields)
+
+
+def test_a_failed_release_returns_the_job_to_its_queue() -> None:
+    row = only_job(rows(released(release_attempts=1)),
+                   outcome(ReleaseOutcomeKind.FAILED, reason="apiserver said 422"))
+    assert row.state is JobState.QUEUED
+    assert row.decision_id is None and row.released_at is None
+    assert row.release_attempts == 2
+    assert row.last_reason == "apiserver said 422"
+    assert row.state_changed_at == at(5)
+
+
+def test_an_outcome_of_a_stale_decision_leaves_the_job_alone() -> None:
+    for kind in ReleaseOutcomeKind:
+        result = fold_batch(rows(released("d2")), [outcome(kind, "d1")])
+        assert result.jobs == [], kind
+        assert [o.decision_id for o in result.decision_outcomes] == ["d1"]
+        assert "stale" in result.ignored[0][1]
+
+
+def test_failed_does_not_requeue_a_job_that_got_further_than_released() -> None:
+    bound = job("u1", JobState.BOUND, decision_id="d1", released_at=at(1))
+    assert fold_batch(rows(bound), [outcome(ReleaseOutcomeKind.FAILED)]).jobs == []
+
+
+def test_failed_twice_requeues_once() -> None:
+    result = fold_batch(rows(released()), [outcome(ReleaseOutcomeKind.FAILED),
+                                           outcome(ReleaseOutcomeKind.FAILED)])
+    (row,) = result.jobs
+    assert row.release_attempts == 1
+    assert len(result.decision_outcomes) == 1
+
+
+def test_ungated_moves_a_released_job_forward_and_stamps_it() -> None:
+    row = only_job(rows(released()), outcome(ReleaseOutcomeKind.UNGATED, when=2))
+    assert (row.state, row.ungated_at, row.decision_id) == (JobState.UNGATED, at(2), "d1")
+
+
+def test_ungated_after_the_watcher_saw_it_running_keeps_it_running() -> None:
+    running = released(state=JobState.RUNNING, running_at=at(3), ungated_at=at(2))
+    assert fold_batch(rows(running), [outcome(ReleaseOutcomeKind.UNGATED, when=9)]).jobs == []
+
+
+def test_pod_gone_marks_the_job_deleted() -> None:
+    row = only_job(rows(released()), outcome(ReleaseOutcomeKind.POD_GONE, reason="404"))
+    assert (row.state, row.finished_at, row.last_reason) == (JobState.DELETED, at(5), "404")
+
+
+def test_an_outcome_for_an_unknown_job_is_recorded_on_its_decision_only() -> None:
+    result = fold_batch(rows(), [outcome(ReleaseOutcomeKind.UNGATED)])
+    assert result.jobs == [] and len(result.decision_outcomes) == 1
+
+
+# Snapshots ------------------------------------------------------------------------------------
+
+def snapshot(*uids: str, listed: float = 100, cluster: str = CLUSTER) -> ClusterSnapshot:
+    return ClusterSnapshot(snapshot_id="s1", cluster=cluster, listed_at=at(listed),
+                           pod_uids=list(uids))
+
+
+def test_a_snapshot_deletes_unfinished_jobs_it_does_not_list() -> None:
+    current = rows(job("kept"), job("gone"), job("running-gone", JobState.RUNNING),
+                   job("done", JobState.SUCCEEDED))
+    result = fold_batch(current, [snapshot("kept")])
+    deleted = {r.uid: r for r in result.jobs}
+    assert set(deleted) == {"gone", "running-gone"}
+    assert all(r.state is JobState.DELETED and r.finished_at == at(100)
+               for r in deleted.values())
+    assert "snapshot s1" in deleted["gone"].last_reason
+    (cluster,) = result.clusters
+    assert (cluster.last_snapshot_id, cluster.last_snapshot_at) == ("s1", at(100))
+
+
+def test_a_snapshot_spares_jobs_created_after_its_cutoff_and_other_clusters() -> None:
+    listed_at = T0.replace(microsecond=500_000) + timedelta(seconds=100)
+    same_second = job("same-second", created=100)  # creation timestamps are whole seconds
+    later = job("later", created=101)
+    elsewhere = replace(job("elsewhere"), cluster="cluster-b")
+    event = ClusterSnapshot(snapshot_id="s", cluster=CLUSTER, listed_at=listed_at, pod_uids=[])
+    assert snapshot_cutoff(event) == at(100)
+    assert fold_batch(rows(same_second, later, elsewhere), [event]).jobs == []
+
+
+def test_rows_to_read_asks_for_every_key_and_the_oldest_snapshot_cutoff() -> None:
+    needed = rows_to_read([pod_event("u1"), outcome(ReleaseOutcomeKind.FAILED, uid="u2"),
+                           snapshot(listed=50), snapshot(listed=20),
+                           ClusterCapacity(cluster="cluster-b", observed_at=T0, nodes=[])])
+    assert needed.job_keys == {(CLUSTER, "u1"), (CLUSTER, "u2")}
+    assert needed.snapshot_cutoffs == {CLUSTER: at(50)}
+    assert needed.capacity_clusters == {"cluster-b"}
+    assert needed.clusters == {CLUSTER, "cluster-b"}
+
+
+def test_an_event_after_a_snapshot_deletion_does_not_revive_the_job() -> None:
+    deleted = only_job(rows(job("u1")), snapshot())
+    assert fold_batch(rows(deleted), [pod_event("u1", JobState.RUNNING, seen=200)]).jobs == []
+
+
+# Capacity -------------------------------------------------------------------------------------
+
+def capacity(observed: float, *nodes: tuple[str, int]) -> ClusterCapacity:
+    return ClusterCapacity(
+        cluster=CLUSTER, observed_at=at(observed),
+        nodes=[NodeCapacity(name=name, allocatable={"cpu": cpu}) for name, cpu in nodes])
+
+
+def node_row(name: str, cpu: int, *, present: bool = True, observed: float = 0) -> NodeRow:
+    return NodeRow(cluster=CLUSTER, node=name, allocatable={"cpu": cpu}, unmanaged_usage={},
+                   schedulable=True, present=present, observed_at=at(observed))
+
+
+def test_capacity_upserts_nodes_and_marks_missing_ones_not_present() -> None:
+    current = rows(nodes=(node_row("n1", 4000), node_row("n2", 4000), node_row("n3", 1000)),
+                   clusters=(ClusterRow(CLUSTER, capacity_observed_at=at(0)),))
+    result = fold_batch(current, [capacity(10, ("n1", 4000), ("n2", 8000), ("n4", 2000))])
+    by_name = {n.node: n for n in result.nodes}
+    assert set(by_name) == {"n2", "n3", "n4"}  # n1 did not change
+    assert by_name["n2"].allocatable == {"cpu": 8000}
+    assert by_name["n3"].present is False
+    assert by_name["n4"].present is True
+    assert result.clusters == [ClusterRow(CLUSTER, capacity_observed_at=at(10))]
+
+
+def test_older_capacity_loses_to_newer() -> None:
+    current = rows(nodes=(node_row("n1", 4000),),
+                   clusters=(ClusterRow(CLUSTER, capacity_observed_at=at(10)),))
+    result = fold_batch(current, [capacity(5, ("n1", 1))])
+    assert (result.nodes, result.clusters) == ([], [])
+    within_batch = fold_batch(rows(), [capacity(20, ("n1", 2)), capacity(15, ("n1", 1))])
+    assert [n.allocatable for n in within_batch.nodes] == [{"cpu": 2}]
+
+
+def test_a_node_that_comes_back_is_present_again() -> None:
+    current = rows(nodes=(node_row("n1", 4000, present=False),),
+                   clusters=(ClusterRow(CLUSTER, capacity_observed_at=at(1)),))
+    (row,) = fold_batch(current, [capacity(2, ("n1", 4000))]).nodes
+    assert row.present is True
+
+
+# Validation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("event", "reason"), [
+    (pod_event("u1", requests={"cpu": -1}), "negative"),
+    (pod_event(""), "uid must not be empty"),
+    (pod_event("u1", queue="Not_A_Queue"), "queue name"),
+    (pod_event("u1", jobset=""), "jobset"),
+    (pod_event("u1", priority=2**40), "32-bit"),
+    (pod_event("u1", namespace="a\x00b"), "NUL"),
+    (pod_event("u1", created_at=datetime(2025, 1, 1)), "time zone"),
+    (ClusterCapacity(cluster=CLUSTER, observed_at=T0,
+                     nodes=[NodeCapacity(name="n", allocatable={"cpu": 1})] * 2), "twice"),
+    (ClusterCapacity(cluster=CLUSTER, observed_at=T0,
+                     nodes=[NodeCapacity(name="n", allocatable={"cpu": -4})]), "negative"),
+    (snapshot("u1", ""), "blank uid"),
+    (outcome(ReleaseOutcomeKind.FAILED, decision=""), "decision_id"),
+])
+def test_semantically_bad_events_are_refused_with_a_reason(event: IngestEvent,
+                                                            reason: str) -> None:
+    problem = invalid_reason(event)
+    assert problem is not None and reason in problem
+
+
+def test_good_events_pass_validation() -> None:
+    for event in (pod_event("u1"), snapshot("u1"), capacity(1, ("n1", 1)),
+                  outcome(ReleaseOutcomeKind.UNGATED)):
+        assert invalid_reason(event) is None
+
+
+# A property: whatever the batching, the end state is the same ---------------------------------
+
+def test_batching_does_not_change_the_outcome() -> None:
+    rng = random.Random(7)
+    states = list(JobState)
+    events: list[IngestEvent] = [
+        pod_event(f"u{rng.randrange(20)}", rng.choice(states), seen=i) for i in range(300)
+    ]
+
+    def apply_in_batches(size: int) -> dict[tuple[str, str], JobRow]:
+        current = rows()
+        for start in range(0, len(events), size):
+            for changed in fold_batch(current, events[start:start + size]).jobs:
+                current.jobs[changed.key] = changed
+        return current.jobs
+
+    whole = apply_in_batches(len(events))
+    assert apply_in_batches(1) == whole
+    assert apply_in_batches(17) == whole

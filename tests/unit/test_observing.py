@@ -1,0 +1,329 @@
+"""What cluster-watcher makes of pods and nodes: states, requests, dedupe, capacity."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from lockgate.jobs import JobState
+from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.observing import (
+    ObservedCluster,
+    holds_node_room,
+    is_managed,
+    is_node_schedulable,
+    observed_state,
+    pod_event,
+    pod_requests,
+)
+
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@dataclass
+class PodBuilder:
+    """`a_pod("p").in_queue("q").gated().requesting(cpu="1").obj()` reads like the pod it builds."""
+
+    name: str
+    namespace: str = "team-a"
+    uid: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    gates: list[str] = field(default_factory=list)
+    containers: list[dict[str, Any]] = field(default_factory=list)
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
+    extra_spec: dict[str, Any] = field(default_factory=dict)
+    phase: str = "Pending"
+    deletion_timestamp: str | None = None
+    resource_version: str = "1"
+
+    def in_queue(self, queue: str, jobset: str | None = None) -> PodBuilder:
+        self.labels[QUEUE_LABEL] = queue
+        if jobset is not None:
+            self.labels[JOBSET_LABEL] = jobset
+        return self
+
+    def gated(self, *gates: str) -> PodBuilder:
+        self.gates = list(gates or (SCHEDULING_GATE,))
+        return self
+
+    def requesting(self, **requests: str) -> PodBuilder:
+        self.containers.append({"name": f"c{len(self.containers)}",
+                                "resources": {"requests": requests}})
+        return self
+
+    def with_init(self, *, sidecar: bool = False, **requests: str) -> PodBuilder:
+        container: dict[str, Any] = {"name": f"i{len(self.init_containers)}",
+                                     "resources": {"requests": requests}}
+        if sidecar:
+            container["restartPolicy"] = "Always"
+        self.init_containers.append(container)
+        return self
+
+    def with_spec(self, **spec: Any) -> PodBuilder:
+        self.extra_spec.update(spec)
+        return self
+
+    def on_node(self, node: str) -> PodBuilder:
+        return self.with_spec(nodeName=node)
+
+    def in_phase(self, phase: str) -> PodBuilder:
+        self.phase = phase
+        return self
+
+    def being_deleted(self) -> PodBuilder:
+        self.deletion_timestamp = "2026-01-02T03:05:00Z"
+        return self
+
+    def at_version(self, resource_version: str) -> PodBuilder:
+        self.resource_version = resource_version
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        metadata: dict[str, Any] = {
+            "name": self.name, "namespace": self.namespace, "uid": self.uid or f"uid-{self.name}",
+            "labels": dict(self.labels), "creationTimestamp": "2026-01-02T03:00:00Z",
+            "resourceVersion": self.resource_version,
+        }
+        if self.deletion_timestamp:
+            metadata["deletionTimestamp"] = self.deletion_timestamp
+        spec: dict[str, Any] = {"containers": self.containers or [{"name": "main"}],
+                                **self.extra_spec}
+        if self.init_containers:
+            spec["initContainers"] = self.init_containers
+        if self.gates:
+            spec["schedulingGates"] = [{"name": g} for g in self.gates]
+        return {"metadata": metadata, "spec": spec, "status": {"phase": self.phase}}
+
+
+def a_pod(name: str) -> PodBuilder:
+    return PodBuilder(name)
+
+
+def a_node(name: str, *, cpu: str = "8", memory: str = "32Gi", ready: bool = True,
+           cordoned: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def a_cluster(name: str = "cluster-a") -> ObservedCluster:
+    ticks = itertools.count()
+    ids = itertools.count()
+    return ObservedCluster(name, now=lambda: T0 + timedelta(seconds=next(ticks)),
+                           new_id=lambda: f"id-{next(ids)}")
+
+
+# Which pods are lockgate's, and in which state
+
+
+def test_a_pod_is_managed_when_it_carries_the_queue_label_even_after_release() -> None:
+    assert is_managed(a_pod("p").in_queue("q").gated().obj())
+    assert is_managed(a_pod("p").in_queue("q").obj())
+    assert not is_managed(a_pod("p").gated().obj())
+
+
+@pytest.mark.parametrize(
+    ("pod", "deleted", "want"),
+    [
+        (a_pod("p").in_queue("q").gated(), False, JobState.QUEUED),
+        (a_pod("p").in_queue("q").gated("other.io/gate", SCHEDULING_GATE), False, JobState.QUEUED),
+        (a_pod("p").in_queue("q").gated("other.io/gate"), False, JobState.UNGATED),
+        (a_pod("p").in_queue("q"), False, JobState.UNGATED),
+        (a_pod("p").in_queue("q").on_node("n1"), False, JobState.BOUND),
+        (a_pod("p").in_queue("q").on_node("n1").in_phase("Running"), False, JobState.RUNNING),
+        (a_pod("p").in_queue("q").on_node("n1").in_phase("Succeeded"), False, JobState.SUCCEEDED),
+        (a_pod("p").in_queue("q").on_node("n1").in_phase("Failed"), False, JobState.FAILED),
+        (a_pod("p").in_queue("q").gated(), True, JobState.DELETED),
+        (a_pod("p").in_queue("q").on_node("n1").in_phase("Running").being_deleted(), False,
+         JobState.DELETED),
+        # How a pod ended is kept when it is deleted afterwards.
+        (a_pod("p").in_queue("q").on_node("n1").in_phase("Succeeded"), True, JobState.SUCCEEDED),
+    ],
+)
+def test_observed_state(pod: PodBuilder, deleted: bool, want: JobState) -> None:
+    assert observed_state(pod.obj(), deleted=deleted) is want
+
+
+# Requests as kube-scheduler counts them
+
+
+def test_requests_of_regular_containers_add_up_in_canonical_units() -> None:
+    pod = a_pod("p").requesting(cpu="500m", memory="1Gi").requesting(cpu="1", memory="512Mi")
+    assert pod_requests(pod.obj()) == {"cpu": 1500, "memory": 1536 * 2**20}
+
+
+def test_the_largest_init_container_wins_per_resource_when_above_the_running_total() -> None:
+    pod = (a_pod("p").requesting(cpu="1", memory="1Gi")
+           .with_init(cpu="2", memory="256Mi").with_init(cpu="500m", memory="2Gi"))
+    assert pod_requests(pod.obj()) == {"cpu": 2000, "memory": 2 * 2**30}
+
+
+def test_sidecars_add_to_the_running_containers_and_to_later_init_containers() -> None:
+    pod = (a_pod("p").requesting(cpu="1")
+           .with_init(sidecar=True, cpu="200m")
+           .with_init(cpu="3"))
+    # Running: 1 + 0.2; during the second init container: 3 + 0.2 (the sidecar runs alongside).
+    assert pod_requests(pod.obj()) == {"cpu": 3200}
+    early_init = a_pod("p").requesting(cpu="1").with_init(cpu="3").with_init(sidecar=True,
+                                                                            cpu="200m")
+    # The init container that runs before the sidecar starts does not overlap it.
+    assert pod_requests(early_init.obj()) == {"cpu": 3000}
+
+
+def test_overhead_comes_on_top_and_pod_level_requests_replace_the_containers_total() -> None:
+    with_overhead = a_pod("p").requesting(cpu="1").with_spec(overhead={"cpu": "250m"})
+    assert pod_requests(with_overhead.obj()) == {"cpu": 1250}
+    pod_level = (a_pod("p").requesting(cpu="1", memory="1Gi")
+                 .with_spec(resources={"requests": {"cpu": "4"}}))
+    assert pod_requests(pod_level.obj()) == {"cpu": 4000, "memory": 2**30}
+
+
+def test_a_pod_without_requests_asks_for_nothing() -> None:
+    assert pod_requests(a_pod("p").obj()) == {}
+
+
+# The event for a managed pod
+
+
+def test_pod_event_carries_queue_jobset_priority_requests_and_gate() -> None:
+    pod = (a_pod("p").in_queue("research", "sweep-1").gated().requesting(cpu="2", memory="1Gi")
+           .with_spec(priority=7).at_version("42").obj())
+    event = pod_event(pod, cluster="cluster-a", event_id="e1", observed_at=T0)
+    assert (event.cluster, event.namespace, event.name, event.uid) == (
+        "cluster-a", "team-a", "p", "uid-p")
+    assert (event.state, event.queue, event.jobset, event.priority) == (
+        JobState.QUEUED, "research", "sweep-1", 7)
+    assert event.requests == {"cpu": 2000, "memory": 2**30}
+    assert event.gated and event.node_name is None and event.snapshot_id is None
+    assert event.created_at == datetime(2026, 1, 2, 3, 0, tzinfo=UTC)
+    assert event.resource_version == "42"
+
+
+def test_pod_event_defaults_jobset_and_priority() -> None:
+    event = pod_event(a_pod("p").in_queue("q").obj(), cluster="c", event_id="e", observed_at=T0)
+    assert (event.jobset, event.priority) == ("default", 0)
+
+
+# Nodes
+
+
+def test_a_node_is_schedulable_when_ready_and_not_cordoned() -> None:
+    assert is_node_schedulable(a_node("n"))
+    assert not is_node_schedulable(a_node("n", ready=False))
+    assert not is_node_schedulable(a_node("n", cordoned=True))
+    assert not is_node_schedulable({"metadata": {"name": "n"}})
+
+
+def test_pods_hold_node_room_while_bound_and_unfinished() -> None:
+    assert holds_node_room(a_pod("p").on_node("n").in_phase("Running").obj())
+    assert holds_node_room(a_pod("p").on_node("n").in_phase("Running").being_deleted().obj())
+    assert not holds_node_room(a_pod("p").on_node("n").in_phase("Succeeded").obj())
+    assert not holds_node_room(a_pod("p").obj())
+    assert not holds_node_room(a_pod("p").on_node("n").obj(), deleted=True)
+
+
+# ObservedCluster: snapshots, dedupe, capacity
+
+
+def test_relist_reports_every_managed_pod_and_lists_the_unfinished_ones() -> None:
+    cluster = a_cluster()
+    snapshot = cluster.relist_pods([
+        a_pod("queued").in_queue("q").gated().obj(),
+        a_pod("done").in_queue("q").on_node("n1").in_phase("Succeeded").obj(),
+        a_pod("unmanaged").on_node("n1").in_phase("Running").requesting(cpu="1").obj(),
+    ])
+    assert [e.name for e in snapshot.pod_events] == ["queued", "done"]
+    sid = snapshot.cluster_snapshot.snapshot_id
+    assert all(e.snapshot_id == sid for e in snapshot.pod_events)
+    assert snapshot.cluster_snapshot.pod_uids == ["uid-queued"]
+    assert snapshot.cluster_snapshot.cluster == "cluster-a"
+    # Events carry distinct ids, and none reuses the snapshot's.
+    assert len({sid, *(e.event_id for e in snapshot.pod_events)}) == 3
+
+
+def test_only_changes_of_a_managed_pods_observation_are_reported() -> None:
+    cluster = a_cluster()
+    cluster.relist_pods([])
+    gated = a_pod("p").in_queue("q").gated().requesting(cpu="1")
+    first = cluster.observe_pod(gated.obj())
+    assert first is not None and first.state is JobState.QUEUED
+    # A MODIFIED event that changes nothing lockgate cares about (a new resourceVersion).
+    assert cluster.observe_pod(gated.at_version("2").obj()) is None
+    released = a_pod("p").in_queue("q").requesting(cpu="1")
+    states = [cluster.observe_pod(released.obj()),
+              cluster.observe_pod(released.on_node("n1").obj()),
+              cluster.observe_pod(released.in_phase("Running").obj()),
+              cluster.observe_pod(released.in_phase("Running").obj()),
+              cluster.observe_pod(released.obj(), deleted=True)]
+    assert [s.state if s else None for s in states] == [
+        JobState.UNGATED, JobState.BOUND, JobState.RUNNING, None, JobState.DELETED]
+    assert cluster.managed_pod_count == 0
+
+
+def test_unmanaged_pods_report_nothing_but_count_towards_their_nodes_usage() -> None:
+    cluster = a_cluster()
+    cluster.relist_nodes([a_node("n1"), a_node("n2", cpu="4", ready=False)])
+    cluster.relist_pods([a_pod("a").on_node("n1").in_phase("Running").requesting(cpu="1").obj()])
+    revision = cluster.capacity_revision
+    assert cluster.observe_pod(
+        a_pod("b").on_node("n1").requesting(cpu="500m", memory="1Gi").obj()) is None
+    assert cluster.observe_pod(a_pod("pending").requesting(cpu="9").obj()) is None
+    assert cluster.capacity_revision > revision
+
+    capacity = cluster.capacity()
+    assert capacity.cluster == "cluster-a"
+    by_name = {node.name: node for node in capacity.nodes}
+    assert by_name["n1"].unmanaged_usage == {"cpu": 1500, "memory": 2**30}
+    assert by_name["n1"].allocatable == {"cpu": 8000, "memory": 32 * 2**30, "pods": 110}
+    assert by_name["n1"].schedulable
+    assert by_name["n2"].unmanaged_usage == {} and not by_name["n2"].schedulable
+
+    # Finishing and deleting give the room back.
+    cluster.observe_pod(a_pod("a").on_node("n1").in_phase("Succeeded").requesting(cpu="1").obj())
+    cluster.observe_pod(a_pod("b").on_node("n1").requesting(cpu="500m", memory="1Gi").obj(),
+                        deleted=True)
+    assert cluster.unmanaged_usage("n1") == {}
+
+
+def test_managed_pods_never_count_as_unmanaged_usage() -> None:
+    cluster = a_cluster()
+    cluster.relist_nodes([a_node("n1")])
+    cluster.relist_pods([])
+    cluster.observe_pod(a_pod("m").in_queue("q").on_node("n1").requesting(cpu="2").obj())
+    assert cluster.unmanaged_usage("n1") == {}
+
+
+def test_capacity_moves_only_when_nodes_change_in_what_lockgate_reads() -> None:
+    cluster = a_cluster()
+    cluster.relist_pods([])
+    assert not cluster.capacity_known
+    cluster.relist_nodes([a_node("n1")])
+    assert cluster.capacity_known
+    revision = cluster.capacity_revision
+    cluster.observe_node(a_node("n1"))  # a heartbeat: same allocatable, still ready
+    assert cluster.capacity_revision == revision
+    cluster.observe_node(a_node("n1", cordoned=True))
+    assert cluster.capacity_revision == revision + 1
+    cluster.observe_node(a_node("n1"), deleted=True)
+    assert cluster.capacity().nodes == []
+
+
+def test_relist_forgets_pods_that_vanished_while_nobody_watched() -> None:
+    cluster = a_cluster()
+    cluster.relist_nodes([a_node("n1")])
+    cluster.relist_pods([a_pod("gone").on_node("n1").requesting(cpu="1").obj(),
+                         a_pod("m").in_queue("q").gated().obj()])
+    snapshot = cluster.relist_pods([])
+    assert snapshot.pod_events == [] and snapshot.cluster_snapshot.pod_uids == []
+    assert cluster.unmanaged_usage("n1") == {} and cluster.managed_pod_count == 0
+    # After a relist the next change of a managed pod is reported again.
+    assert cluster.observe_pod(a_pod("m").in_queue("q").gated().obj()) is not None
