@@ -53,7 +53,7 @@ test: venv lint
 
 demo: venv
 	$(BIN)/python -m devstack up
-	$(BIN)/python -m devstack demo
+	$(BIN)/python -m devstack.demo
 
 bench: venv
 	$(BIN)/python -m devstack up

@@ -130,13 +130,21 @@ class JobsetSighting:
 
 
 @dataclass(frozen=True)
+class SnapshotScope:
+    """The jobs one snapshot may delete: unfinished, of `cluster`, created before `cutoff`,
+    and not `listed`."""
+
+    cluster: str
+    cutoff: datetime
+    listed: frozenset[str]
+
+
+@dataclass(frozen=True)
 class RowsToRead:
     """What the adapter must load (and lock) before folding a batch."""
 
     job_keys: frozenset[JobKey]
-    # Per cluster, the cutoff of its oldest snapshot in the batch: load every unfinished job of
-    # the cluster created before it.
-    snapshot_cutoffs: Mapping[str, datetime]
+    snapshots: tuple[SnapshotScope, ...]
     capacity_clusters: frozenset[str]  # load all their nodes
     clusters: frozenset[str]
 
@@ -145,9 +153,9 @@ class RowsToRead:
 class CurrentRows:
     """The rows a batch may change, as read (and locked) from Postgres.
 
-    Contract: `jobs` holds every existing job of `RowsToRead.job_keys` and every unfinished job of
-    a snapshot cluster created before its cutoff; `nodes` holds every node of a capacity cluster;
-    `clusters` holds every existing cluster row asked for.
+    Contract: `jobs` holds every existing job of `RowsToRead.job_keys` and every job in the scope
+    of each of `RowsToRead.snapshots`; `nodes` holds every node of a capacity cluster; `clusters`
+    holds every existing cluster row asked for.
     """
 
     jobs: dict[JobKey, JobRow] = field(default_factory=dict)
@@ -272,22 +280,23 @@ def snapshot_cutoff(snapshot: ClusterSnapshot) -> datetime:
 
 def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
     job_keys: set[JobKey] = set()
-    cutoffs: dict[str, datetime] = {}
+    snapshots: list[SnapshotScope] = []
     capacity_clusters: set[str] = set()
     for event in events:
         match event:
             case PodEvent() | ReleaseOutcome():
                 job_keys.add((event.cluster, event.uid))
             case ClusterSnapshot():
-                cutoff = snapshot_cutoff(event)
-                cutoffs[event.cluster] = max(cutoff, cutoffs.get(event.cluster, cutoff))
+                snapshots.append(SnapshotScope(event.cluster, snapshot_cutoff(event),
+                                               frozenset(event.pod_uids)))
             case ClusterCapacity():
                 capacity_clusters.add(event.cluster)
+    snapshot_clusters = frozenset(scope.cluster for scope in snapshots)
     return RowsToRead(
         job_keys=frozenset(job_keys),
-        snapshot_cutoffs=cutoffs,
+        snapshots=tuple(snapshots),
         capacity_clusters=frozenset(capacity_clusters),
-        clusters=frozenset(cutoffs) | frozenset(capacity_clusters),
+        clusters=snapshot_clusters | capacity_clusters,
     )
 
 
@@ -375,7 +384,7 @@ class _Folding:
 
     def snapshot(self, event: ClusterSnapshot) -> None:
         cutoff = snapshot_cutoff(event)
-        listed = set(event.pod_uids)
+        listed = frozenset(event.pod_uids)
         for key, row in list(self.jobs.items()):
             if (row.cluster == event.cluster and not row.state.is_terminal
                     and row.created_at < cutoff and row.uid not in listed):

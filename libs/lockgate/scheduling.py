@@ -1,4 +1,4 @@
-"""The scheduler's in-memory picture of queues, clusters and jobs, kept current one change at a time.
+"""The scheduler's in-memory picture of queues, clusters and jobs, kept current change by change.
 
 Why it exists: a scheduling round must decide within a fraction of a second over a million queued
 jobs, so it cannot rebuild anything per round. `SchedulerState` is fed every change as it happens
@@ -78,7 +78,10 @@ class _Shape:
     __slots__ = ("key", "pairs", "refs", "requests")
 
     def __init__(
-        self, key: frozenset[tuple[str, int]], requests: Resources, pairs: tuple[tuple[int, int], ...]
+        self,
+        key: frozenset[tuple[str, int]],
+        requests: Resources,
+        pairs: tuple[tuple[int, int], ...],
     ) -> None:
         self.key = key
         self.requests = requests
@@ -89,7 +92,16 @@ class _Shape:
 class _Job:
     """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`."""
 
-    __slots__ = ("cluster", "created_at", "node_name", "parked", "priority", "queue", "shape", "state")
+    __slots__ = (
+        "cluster",
+        "created_at",
+        "node_name",
+        "parked",
+        "priority",
+        "queue",
+        "shape",
+        "state",
+    )
 
     def __init__(
         self,
@@ -577,7 +589,8 @@ class SchedulerState:
             for node in cluster.nodes.values():
                 vectors += (node.allocatable, node.unmanaged)
             cluster.node_sizes = {
-                size + (0,) * (axes - len(size)): count for size, count in cluster.node_sizes.items()
+                size + (0,) * (axes - len(size)): count
+                for size, count in cluster.node_sizes.items()
             }
         for vector in vectors:
             vector.extend([0] * (axes - len(vector)))

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from lockgate.events import ALL_TOPICS, DEAD_LETTERS, DeadLetter, Event, Topic
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
-from lockgate_adapters.telemetry import extract_context, inject_headers
+from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
 
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=Event)
@@ -85,12 +85,25 @@ async def publish(producer: AIOKafkaProducer, topic: Topic[E], event: E) -> None
     )
 
 
-async def publish_many(producer: AIOKafkaProducer, topic: Topic[E], events: Sequence[E]) -> None:
-    """Send events pipelined, then wait until the broker has all of them."""
-    headers = inject_headers()
+async def publish_many(
+    producer: AIOKafkaProducer,
+    topic: Topic[E],
+    events: Sequence[E],
+    *,
+    headers_per_event: Sequence[KafkaHeaders] | None = None,
+) -> None:
+    """Send events pipelined, then wait until the broker has all of them.
+
+    Every event carries the current trace context, unless `headers_per_event` gives each its own
+    (one entry per event, e.g. the context of a span about that event).
+    """
+    shared = inject_headers()
     futures = [
-        await producer.send(topic.name, topic.encode(e), key=topic.key_bytes(e), headers=headers)
-        for e in events
+        await producer.send(
+            topic.name, topic.encode(e), key=topic.key_bytes(e),
+            headers=list(headers_per_event[i]) if headers_per_event is not None else shared,
+        )
+        for i, e in enumerate(events)
     ]
     if futures:
         await asyncio.gather(*futures)

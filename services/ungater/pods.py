@@ -7,7 +7,6 @@ than the request itself. Responses are read as bytes; only a GET's body is parse
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -67,7 +66,7 @@ class PodGateClient:
             async with response:
                 body = await response.read()
                 return response.status, body, _retry_after(response.headers.get("Retry-After"))
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
             raise KubeCallError(status=None, detail=f"{type(error).__name__}: {error}",
                                 reading=reading) from error
 
@@ -90,3 +89,14 @@ def _message(body: bytes) -> str:
     if isinstance(status, dict) and status.get("message"):
         return str(status["message"])
     return body[:300].decode(errors="replace")
+
+
+async def probe(api: client.ApiClient, *, request_timeout: float) -> None:
+    """Raise KubeCallError unless the apiserver answers (GET /version)."""
+    status, body, retry_after = await PodGateClient._call(
+        client.VersionApi(api).get_code(_preload_content=False, _request_timeout=request_timeout),
+        reading=True,
+    )
+    if status >= 300:
+        raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after,
+                            reading=True)

@@ -23,6 +23,7 @@ from lockgate.ingest import (
     IngestEvent,
     JobRow,
     NodeRow,
+    SnapshotScope,
     fold_batch,
     invalid_reason,
     rows_to_read,
@@ -243,12 +244,13 @@ def test_a_snapshot_spares_jobs_created_after_its_cutoff_and_other_clusters() ->
     assert fold_batch(rows(same_second, later, elsewhere), [event]).jobs == []
 
 
-def test_rows_to_read_asks_for_every_key_and_the_oldest_snapshot_cutoff() -> None:
+def test_rows_to_read_asks_for_every_key_and_each_snapshots_scope() -> None:
     needed = rows_to_read([pod_event("u1"), outcome(ReleaseOutcomeKind.FAILED, uid="u2"),
-                           snapshot(listed=50), snapshot(listed=20),
+                           snapshot("u1", listed=50), snapshot(listed=20),
                            ClusterCapacity(cluster="cluster-b", observed_at=T0, nodes=[])])
     assert needed.job_keys == {(CLUSTER, "u1"), (CLUSTER, "u2")}
-    assert needed.snapshot_cutoffs == {CLUSTER: at(50)}
+    assert needed.snapshots == (SnapshotScope(CLUSTER, at(50), frozenset({"u1"})),
+                                SnapshotScope(CLUSTER, at(20), frozenset()))
     assert needed.capacity_clusters == {"cluster-b"}
     assert needed.clusters == {CLUSTER, "cluster-b"}
 

@@ -1,0 +1,395 @@
+"""One Kubernetes control plane per cluster: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok, all on loopback ports, plus kubeconfigs and fake nodes."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import ssl
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from devstack.config import HOST, Settings
+from devstack.errors import StackError
+from devstack.pki import ClusterPKI
+from devstack.procs import Component
+
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDRS = {"cluster-a": "10.244.0.1/16", "cluster-b": "10.245.0.1/16"}
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+class Cluster:
+    """Paths, files and components of one cluster."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.s = settings
+        self.name = name
+        self.ports = settings.cluster_ports[name]
+        self.dir = settings.cluster_dir(name)
+        self.pki = ClusterPKI(self.dir / "pki", name)
+        self.kubeconfig = settings.kubeconfig(name)
+
+    @property
+    def server(self) -> str:
+        return f"https://{HOST}:{self.ports.apiserver}"
+
+    def component_kubeconfig(self, who: str) -> Path:
+        return self.dir / f"{who}.kubeconfig"
+
+    # -- files --
+    def prepare(self) -> None:
+        """Writes certificates, kubeconfigs and component configs (idempotent)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "etcd").mkdir(exist_ok=True, mode=0o700)
+        self.pki.ensure()
+        _write_if_changed(self.kubeconfig, self._kubeconfig_text("admin", f"{self.name}-admin"))
+        for who in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            _write_if_changed(self.component_kubeconfig(who), self._kubeconfig_text(who, who))
+        sched = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {
+                "kubeconfig": str(self.component_kubeconfig("kube-scheduler")),
+                "qps": 500,
+                "burst": 1000,
+            },
+            "leaderElection": {"leaderElect": False},
+        }
+        _write_if_changed(self.dir / "kube-scheduler.yaml", json.dumps(sched, indent=2) + "\n")
+        stages = resources.files("devstack").joinpath("kwok-stages.yaml").read_text()
+        kwok_conf = (
+            "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
+            "kind: KwokConfiguration\n"
+            "options:\n"
+            "  podPlayStageParallelism: 16\n"
+            "  nodePlayStageParallelism: 4\n"
+            "---\n"
+        )
+        _write_if_changed(self.dir / "kwok.yaml", kwok_conf + stages)
+
+    def _kubeconfig_text(self, cert_name: str, user: str) -> str:
+        def b64(p: Path) -> str:
+            return base64.b64encode(p.read_bytes()).decode()
+
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": self.name,
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": b64(self.pki.ca_crt),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": b64(self.pki.crt(cert_name)),
+                        "client-key-data": b64(self.pki.key(cert_name)),
+                    },
+                }
+            ],
+            "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": user}}],
+            "current-context": self.name,
+            "preferences": {},
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+    # -- components --
+    def components(self) -> list[Component]:
+        b = self.s.bin_dir
+        p = self.ports
+        pki = self.pki
+        etcd_url = f"http://{HOST}:{p.etcd_client}"
+        etcd = Component(
+            name=f"{self.name}/etcd",
+            argv=[
+                str(b / "etcd"),
+                f"--name={self.name}",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://{HOST}:{p.etcd_peer}",
+                f"--initial-advertise-peer-urls=http://{HOST}:{p.etcd_peer}",
+                f"--initial-cluster={self.name}=http://{HOST}:{p.etcd_peer}",
+                "--initial-cluster-state=new",
+                # Test data only: skip fsync so etcd does not stall on a busy shared disk.
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--auto-compaction-mode=periodic",
+                "--auto-compaction-retention=5m",
+                "--log-level=warn",
+            ],
+            cwd=self.dir,
+            ports=[p.etcd_client, p.etcd_peer],
+            endpoint=f"{HOST}:{p.etcd_client}",
+            health=lambda: _etcd_health(p.etcd_client),
+        )
+        apiserver = Component(
+            name=f"{self.name}/kube-apiserver",
+            argv=[
+                str(b / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--bind-address={HOST}",
+                f"--advertise-address={HOST}",
+                f"--secure-port={p.apiserver}",
+                f"--tls-cert-file={pki.crt('apiserver')}",
+                f"--tls-private-key-file={pki.key('apiserver')}",
+                f"--client-ca-file={pki.ca_crt}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={SA_ISSUER}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                # Loopback is not a valid Endpoints address: do not publish `kubernetes` endpoints.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--max-requests-inflight=800",
+                "--max-mutating-requests-inflight=400",
+                "--event-ttl=30m",
+                f"--cert-dir={self.dir / 'apiserver-certs'}",
+            ],
+            cwd=self.dir,
+            ports=[p.apiserver],
+            endpoint=self.server,
+            health=lambda: self.get_health("/readyz"),
+        )
+        kcm = Component(
+            name=f"{self.name}/kube-controller-manager",
+            argv=[
+                str(b / "kube-controller-manager"),
+                f"--kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
+                f"--bind-address={HOST}",
+                f"--secure-port={p.controller_manager}",
+                f"--cert-dir={self.dir / 'kcm-certs'}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_crt}",
+                f"--cluster-signing-cert-file={pki.ca_crt}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--profiling=false",
+            ],
+            cwd=self.dir,
+            ports=[p.controller_manager],
+            endpoint=f"https://{HOST}:{p.controller_manager}",
+            health=lambda: _insecure_https_ok(p.controller_manager, "/healthz"),
+        )
+        scheduler = Component(
+            name=f"{self.name}/kube-scheduler",
+            argv=[
+                str(b / "kube-scheduler"),
+                f"--config={self.dir / 'kube-scheduler.yaml'}",
+                f"--bind-address={HOST}",
+                f"--secure-port={p.scheduler}",
+                f"--cert-dir={self.dir / 'scheduler-certs'}",
+                "--profiling=false",
+            ],
+            cwd=self.dir,
+            ports=[p.scheduler],
+            endpoint=f"https://{HOST}:{p.scheduler}",
+            health=lambda: _insecure_https_ok(p.scheduler, "/healthz"),
+        )
+        kwok = Component(
+            name=f"{self.name}/kwok",
+            argv=[
+                str(b / "kwok"),
+                f"--kubeconfig={self.component_kubeconfig('kwok')}",
+                f"--config={self.dir / 'kwok.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                f"--server-address={HOST}:{p.kwok}",
+                f"--cidr={POD_CIDRS.get(self.name, '10.250.0.1/16')}",
+                "--node-lease-duration-seconds=40",
+            ],
+            cwd=self.dir,
+            ports=[p.kwok],
+            endpoint=f"http://{HOST}:{p.kwok}",
+            health=lambda: _http_ok(p.kwok, "/healthz"),
+        )
+        return [etcd, apiserver, kcm, scheduler, kwok]
+
+    # -- API access (admin identity, verified TLS) --
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+        ctx.load_cert_chain(str(self.pki.crt("admin")), str(self.pki.key("admin")))
+        return ctx
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 5.0
+    ) -> tuple[int, Any]:
+        conn = http.client.HTTPSConnection(
+            HOST, self.ports.apiserver, context=self._ssl(), timeout=timeout
+        )
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Accept": "application/json"}
+            if payload is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            data = raw.decode(errors="replace")
+        return resp.status, data
+
+    def get_health(self, path: str) -> str | None:
+        try:
+            status, data = self.request("GET", path, timeout=3.0)
+        except (OSError, http.client.HTTPException) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if status == 200 else f"{path} -> {status} {str(data)[:200]}"
+
+    def node_names(self) -> list[str]:
+        return [f"{self.name}-node-{i}" for i in range(self.s.nodes_per_cluster)]
+
+    def ensure_nodes(self) -> int:
+        """Creates the missing fake nodes; returns how many were created."""
+        status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+        if status != 200:
+            raise StackError(f"{self.name}: listing nodes failed: {status} {data}")
+        have = {item["metadata"]["name"] for item in data.get("items", [])}
+        created = 0
+        resources_ = {
+            "cpu": self.s.node_cpu,
+            "memory": self.s.node_memory,
+            "pods": self.s.node_pods,
+        }
+        for node in self.node_names():
+            if node in have:
+                continue
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node,
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": node,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "lockgate.io/cluster": self.name,
+                    },
+                    "annotations": {
+                        KWOK_NODE_ANNOTATION: "fake",
+                        "node.alpha.kubernetes.io/ttl": "0",
+                    },
+                },
+                "spec": {},
+                "status": {"capacity": resources_, "allocatable": resources_},
+            }
+            status, data = self.request("POST", "/api/v1/nodes", body)
+            if status not in (201, 409):
+                raise StackError(f"{self.name}: creating node {node} failed: {status} {data}")
+            created += status == 201
+        return created
+
+    def readiness(self) -> str | None:
+        """None when the fake nodes are Ready and schedulable and kcm made the default SA."""
+        try:
+            status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+            if status != 200:
+                return f"listing nodes: {status}"
+            ready = 0
+            for item in data.get("items", []):
+                conds = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
+                taints = [t["key"] for t in item.get("spec", {}).get("taints", []) or []]
+                if conds.get("Ready") == "True" and not any(
+                    t.startswith("node.kubernetes.io/") for t in taints
+                ):
+                    ready += 1
+            want = self.s.nodes_per_cluster
+            if ready < want:
+                return f"{ready}/{want} nodes Ready and untainted"
+            status, _ = self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+            if status != 200:
+                return "kube-controller-manager has not created ServiceAccount default/default yet"
+        except (OSError, http.client.HTTPException) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def nodes_summary(self) -> str:
+        try:
+            status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+        except (OSError, http.client.HTTPException) as exc:
+            return f"apiserver unreachable ({type(exc).__name__})"
+        if status != 200:
+            return f"listing nodes failed ({status})"
+        items = data.get("items", [])
+        ready = sum(
+            1
+            for it in items
+            for c in it.get("status", {}).get("conditions", [])
+            if c["type"] == "Ready" and c["status"] == "True"
+        )
+        return f"{ready}/{len(items)} kwok nodes Ready"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _etcd_health(port: int) -> str | None:
+    conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        body = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    if resp.status == 200 and b'"health":"true"' in body.replace(b" ", b""):
+        return None
+    return f"/health -> {resp.status} {body[:100]!r}"
+
+
+def _http_ok(port: int, path: str) -> str | None:
+    conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return None if resp.status == 200 else f"{path} -> {resp.status}"
+
+
+def _insecure_https_ok(port: int, path: str) -> str | None:
+    # kube-controller-manager and kube-scheduler serve a self-signed certificate on loopback;
+    # this only asks whether they are alive.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    conn = http.client.HTTPSConnection(HOST, port, context=ctx, timeout=2.0)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return None if resp.status == 200 else f"{path} -> {resp.status}"

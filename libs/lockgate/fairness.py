@@ -1,0 +1,480 @@
+"""Fair scheduling: which queued jobs may run now, and how every queue stands against its share.
+
+Why it exists: lockgate releases gated pods under one global, fair policy across clusters. The
+policy follows Armada's dominant resource fairness. A queue's *share* is the largest, over
+resources, of its allocation divided by the pool's total (every schedulable node of every
+cluster); its *cost* is that share divided by its weight (1 / priority factor). A round fills
+progressively: it keeps giving the next job to the queue whose cost *after* taking that job would
+be lowest, so the queues furthest below their share are served first.
+
+What a round respects: a job runs only in the cluster it was created in, and only when one node
+there has room for all of it (allocatable, minus what unmanaged pods use, minus what managed jobs
+hold). Jobs released earlier but not yet on a node are first placed, virtually, on the node
+their release had in mind, else first-fit largest first; if one fits nowhere, the cluster gets
+no new releases this round rather than risk over-committing it. A job too big for every node of
+its cluster is reported unschedulable and parked off its queue until the cluster gains a node of
+a new size, so it never blocks the jobs behind it. Cordoned queues release nothing; queue limits
+cap a queue's allocation over all clusters.
+
+The round is pure computation on `SchedulerState` (no I/O, no clock) and *applies its own
+decisions*: every released job is RELEASED in the state when the round returns, so the next round
+accounts for it. A caller that fails to carry out a decision upserts the job as QUEUED again.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from lockgate.jobs import JobState
+from lockgate.scheduling import HeapEntry, SchedulerState, _Cluster, _Job, _Queue, _Shape
+
+# Adjusted fair share stops redistributing when less than this much of the pool is left over...
+_REDISTRIBUTION_THRESHOLD = 0.01
+# ...or after this many passes.
+_REDISTRIBUTION_PASSES = 10
+_QUEUED = JobState.QUEUED
+
+
+class SkipReason(StrEnum):
+    """Why a round looked at a queued job and did not release it."""
+
+    NO_NODE_WITH_ROOM = "no_node_with_room"  # no node of its cluster has room for it right now
+    QUEUE_LIMIT = "queue_limit"  # it would take its queue over the queue's resource limits
+    CLUSTER_OVERCOMMITTED = "cluster_overcommitted"  # released jobs there fit on no node yet
+    # Unschedulable: parked until the cluster gains a node of a new size.
+    TOO_BIG_FOR_ANY_NODE = "too_big_for_any_node"
+    NO_SCHEDULABLE_NODES = "no_schedulable_nodes"  # cluster unknown, empty or fully cordoned
+
+
+UNSCHEDULABLE_REASONS = frozenset(
+    {SkipReason.TOO_BIG_FOR_ANY_NODE, SkipReason.NO_SCHEDULABLE_NODES}
+)
+
+
+class QueueOutcome(StrEnum):
+    """Why a queue stopped taking part in a round."""
+
+    NOTHING_PENDING = "nothing_pending"  # nothing queued, or only unschedulable jobs
+    ALL_CONSIDERED = "all_considered"  # every pending job was released or skipped
+    NOTHING_FITS = "nothing_fits"  # every kind of job it has pending was skipped
+    LOOKBACK_EXCEEDED = "lookback_exceeded"  # skipped more jobs than max_lookback_per_queue
+    ROUND_LIMIT = "round_limit"  # the round reached max_decisions while it still had jobs
+    CORDONED = "cordoned"
+    UNDEFINED = "undefined"  # its jobs name a queue nobody has defined
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Release `job_id`. `node_hint` is where the round's snapshot placed it (advice only)."""
+
+    job_id: str
+    queue: str
+    cluster: str
+    node_hint: str
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """A queue's standing; shares are fractions of the whole pool's dominant resource."""
+
+    queue: str
+    weight: float
+    fair_share: float  # weight / sum of weights of active queues
+    adjusted_fair_share: float  # fair share, with what others cannot use redistributed
+    actual_share: float  # dominant share of its allocation
+    demand_share: float  # dominant share of allocation plus schedulable queued requests
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    share: FairShare  # after the round's decisions
+    queued: int
+    unschedulable: int
+    allocated: int
+    released: int  # in this round
+    skipped: Mapping[SkipReason, int]  # in this round
+    outcome: QueueOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    decisions: tuple[Decision, ...]
+    queues: Mapping[str, QueueReport]
+    skipped: Mapping[SkipReason, int]  # totals over all queues
+    skipped_jobs: Mapping[str, SkipReason]  # every job the round looked at and did not release
+    # Clusters that got no releases because released jobs there fit on no node: job counts.
+    overcommitted_clusters: Mapping[str, int]
+
+
+def adjusted_fair_shares(
+    weights: Mapping[str, float], demands: Mapping[str, float]
+) -> dict[str, float]:
+    """Divide the pool by weight, capping each queue at its demand and re-dividing the excess.
+
+    Passes repeat while at least 1% of the pool is left over, at most 10 times; what no queue
+    can use stays unallocated.
+    """
+    adjusted = dict.fromkeys(weights, 0.0)
+    uncapped = sorted(name for name, weight in weights.items() if weight > 0)
+    left = 1.0
+    for _ in range(_REDISTRIBUTION_PASSES):
+        if left < _REDISTRIBUTION_THRESHOLD or not uncapped:
+            break
+        total_weight = sum(weights[name] for name in uncapped)
+        excess = 0.0
+        still_uncapped: list[str] = []
+        for name in uncapped:
+            share = adjusted[name] + left * weights[name] / total_weight
+            demand = demands.get(name, 0.0)
+            if share >= demand:
+                excess += share - demand
+                share = demand
+            else:
+                still_uncapped.append(name)
+            adjusted[name] = share
+        uncapped = still_uncapped
+        left = excess
+    return adjusted
+
+
+def fair_shares(state: SchedulerState) -> dict[str, FairShare]:
+    """Every known queue's fair, adjusted fair, actual and demanded share, from current state."""
+    return _fair_shares(state, _inverse(state._pool_total))
+
+
+def schedule_round(
+    state: SchedulerState, *, max_decisions: int, max_lookback_per_queue: int
+) -> RoundResult:
+    """Decide which queued jobs to release now, and apply those decisions to `state`.
+
+    `max_decisions` caps releases in this round; each queue looks past at most
+    `max_lookback_per_queue` jobs that do not fit before it drops out of the round.
+    """
+    if max_decisions < 0 or max_lookback_per_queue < 0:
+        raise ValueError("max_decisions and max_lookback_per_queue must not be negative")
+    return _Round(state, max_lookback_per_queue).run(max_decisions)
+
+
+class _ClusterRound:
+    """One cluster's free room per schedulable node, as the round consumes it."""
+
+    __slots__ = ("cursor", "fits_cache", "free", "names", "overcommitted", "sizes")
+
+    def __init__(self, cluster: _Cluster, inverse_total: list[float]) -> None:
+        self.names = cluster.order
+        self.sizes = list(cluster.node_sizes)
+        self.fits_cache: dict[_Shape, bool] = {}
+        # First-fit resumes per shape where it last succeeded: free room only shrinks during a
+        # round, so nodes before that point cannot take that shape again.
+        self.cursor: dict[_Shape, int] = {}
+        self.free: list[list[int]] = []
+        for name in self.names:
+            node = cluster.nodes[name]
+            used = cluster.used_by_node.get(name)
+            if used is None:
+                free = [a - u for a, u in zip(node.allocatable, node.unmanaged, strict=True)]
+            else:
+                free = [
+                    a - u - m
+                    for a, u, m in zip(node.allocatable, node.unmanaged, used, strict=True)
+                ]
+            self.free.append(free)
+        self.overcommitted = self._place_held_unbound(cluster, inverse_total)
+
+    def _place_held_unbound(self, cluster: _Cluster, inverse_total: list[float]) -> int:
+        """Charge released-but-unbound jobs to nodes; returns how many fit nowhere."""
+        if not cluster.held_unbound:
+            return 0
+        index = {name: i for i, name in enumerate(self.names)}
+        without_room: list[_Shape] = []
+        for shape, hint in cluster.held_unbound.values():
+            i = index.get(hint) if hint is not None else None
+            if i is not None and _fits(self.free[i], shape):
+                _take(self.free[i], shape)
+            else:
+                without_room.append(shape)
+        without_room.sort(key=lambda shape: _dominant_pairs(shape, inverse_total), reverse=True)
+        return sum(1 for shape in without_room if self.place(shape) < 0)
+
+    def fits_some_node(self, shape: _Shape) -> bool:
+        """Whether some schedulable node could hold `shape` when empty."""
+        fits = self.fits_cache.get(shape)
+        if fits is None:
+            pairs = shape.pairs
+            fits = any(all(size[a] >= amount for a, amount in pairs) for size in self.sizes)
+            self.fits_cache[shape] = fits
+        return fits
+
+    def place(self, shape: _Shape) -> int:
+        """First-fit: the index of the node now holding `shape`, or -1 when none has room."""
+        free = self.free
+        count = len(free)
+        pairs = shape.pairs
+        i = self.cursor.get(shape, 0)
+        while i < count:
+            room = free[i]
+            for axis, amount in pairs:
+                if room[axis] < amount:
+                    break
+            else:
+                for axis, amount in pairs:
+                    room[axis] -= amount
+                self.cursor[shape] = i
+                return i
+            i += 1
+        self.cursor[shape] = count
+        return -1
+
+
+class _QueueRound:
+    """A queue's progress through one round."""
+
+    __slots__ = ("head", "outcome", "queue", "rejected", "released", "share", "skipped", "skips")
+
+    def __init__(self, queue: _Queue, share: float) -> None:
+        self.queue = queue
+        self.head: _Job | None = None  # the job at queue.heap[0], once validated
+        self.share = share  # dominant share of the allocation, kept current as jobs are taken
+        self.skips = 0
+        self.skipped: list[HeapEntry] = []  # popped this round; pushed back when it ends
+        self.rejected: set[tuple[str, _Shape]] = set()  # (cluster, shape) that cannot go now
+        self.released = 0
+        self.outcome = QueueOutcome.ALL_CONSIDERED
+
+
+class _Round:
+    def __init__(self, state: SchedulerState, max_lookback: int) -> None:
+        self.state = state
+        self.max_lookback = max_lookback
+        self.inverse_total = _inverse(state._pool_total)
+        self.clusters: dict[str, _ClusterRound] = {}
+        self.queue_rounds: dict[str, _QueueRound] = {}
+        self.skipped_jobs: dict[str, SkipReason] = {}
+
+    def run(self, max_decisions: int) -> RoundResult:
+        state = self.state
+        inverse = self.inverse_total
+        candidates: list[tuple[float, str, _QueueRound]] = []
+        for name, queue in state._queues.items():
+            if not queue.schedulable or queue.queued == queue.parked:
+                continue
+            progress = self.queue_rounds[name] = _QueueRound(
+                queue, _dominant(queue.allocation, inverse)
+            )
+            head = self._advance(progress)
+            if head is None:
+                progress.outcome = QueueOutcome.NOTHING_PENDING
+                continue
+            candidates.append((self._cost_after(progress, head.shape), name, progress))
+        heapq.heapify(candidates)
+
+        decisions: list[Decision] = []
+        skipped_jobs = self.skipped_jobs
+        max_lookback = self.max_lookback
+        while candidates:
+            if len(decisions) >= max_decisions:
+                for _, _, progress in candidates:
+                    progress.outcome = QueueOutcome.ROUND_LIMIT
+                break
+            _, name, progress = heapq.heappop(candidates)
+            queue = progress.queue
+            job = progress.head
+            assert job is not None  # a candidate always has a validated head
+            entry = heapq.heappop(queue.heap)
+            cluster = self.clusters[job.cluster]
+            shape = job.shape
+            node = -1
+            if queue.limit_pairs and _exceeds(queue.allocation, shape, queue.limit_pairs):
+                reason: SkipReason | None = SkipReason.QUEUE_LIMIT
+            elif cluster.overcommitted:
+                reason = SkipReason.CLUSTER_OVERCOMMITTED
+            else:
+                node = cluster.place(shape)
+                reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
+            if reason is None:
+                hint = cluster.names[node]
+                state._mark_released(entry[2], job, hint)
+                decisions.append(Decision(entry[2], name, job.cluster, hint))
+                progress.released += 1
+                allocation = queue.allocation
+                for axis, _amount in shape.pairs:
+                    share = allocation[axis] * inverse[axis]
+                    if share > progress.share:
+                        progress.share = share
+            else:
+                progress.skipped.append(entry)
+                skipped_jobs[entry[2]] = reason
+                progress.skips += 1
+                if progress.skips > max_lookback:
+                    progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
+                    continue
+                progress.rejected.add((job.cluster, shape))
+                if len(progress.rejected) >= len(queue.keys):
+                    progress.outcome = QueueOutcome.NOTHING_FITS
+                    continue
+            head = self._advance(progress)
+            if head is None:
+                continue
+            heapq.heappush(candidates, (self._cost_after(progress, head.shape), name, progress))
+
+        for progress in self.queue_rounds.values():
+            for entry in progress.skipped:
+                heapq.heappush(progress.queue.heap, entry)
+        return self._result(decisions)
+
+    def _advance(self, progress: _QueueRound) -> _Job | None:
+        """Validate the head of the queue's heap, dropping stale entries and parking jobs too big
+        for their cluster; returns the job now at heap[0], or None when nothing is pending."""
+        queue = progress.queue
+        heap = queue.heap
+        jobs = self.state._jobs
+        name = queue.name
+        skipped_jobs = self.skipped_jobs
+        while heap:
+            entry = heap[0]
+            job = jobs.get(entry[2])
+            if (
+                job is None
+                or job.state is not _QUEUED
+                or job.parked
+                or job.queue != name
+                or job.priority != -entry[0]
+                or job.created_at != entry[1]
+                or entry[2] in skipped_jobs  # a second entry for a job already looked at
+            ):
+                heapq.heappop(heap)
+                continue
+            cluster = self.clusters.get(job.cluster)
+            if cluster is None:
+                cluster = self.clusters[job.cluster] = _ClusterRound(
+                    self.state._clusters[job.cluster], self.inverse_total
+                )
+            if not cluster.fits_some_node(job.shape):
+                heapq.heappop(heap)
+                self.state._park(queue, job, entry)
+                skipped_jobs[entry[2]] = (
+                    SkipReason.TOO_BIG_FOR_ANY_NODE
+                    if cluster.sizes
+                    else SkipReason.NO_SCHEDULABLE_NODES
+                )
+                continue
+            progress.head = job
+            return job
+        progress.head = None
+        return None
+
+    def _cost_after(self, progress: _QueueRound, shape: _Shape) -> float:
+        share = progress.share
+        allocation = progress.queue.allocation
+        inverse = self.inverse_total
+        for axis, amount in shape.pairs:
+            after = (allocation[axis] + amount) * inverse[axis]
+            if after > share:
+                share = after
+        return share * progress.queue.priority_factor
+
+    def _result(self, decisions: list[Decision]) -> RoundResult:
+        shares = _fair_shares(self.state, self.inverse_total)
+        totals: dict[SkipReason, int] = {}
+        per_queue: dict[str, dict[SkipReason, int]] = {}
+        for job_id, reason in self.skipped_jobs.items():
+            totals[reason] = totals.get(reason, 0) + 1
+            record = self.state._jobs.get(job_id)
+            if record is not None:
+                counts = per_queue.setdefault(record.queue, {})
+                counts[reason] = counts.get(reason, 0) + 1
+        reports: dict[str, QueueReport] = {}
+        for name, queue in self.state._queues.items():
+            progress = self.queue_rounds.get(name)
+            if progress is not None:
+                outcome = progress.outcome
+            elif queue.spec is None:
+                outcome = QueueOutcome.UNDEFINED
+            elif queue.spec.cordoned:
+                outcome = QueueOutcome.CORDONED
+            else:
+                outcome = QueueOutcome.NOTHING_PENDING
+            reports[name] = QueueReport(
+                share=shares[name],
+                queued=queue.queued,
+                unschedulable=queue.parked,
+                allocated=queue.allocated,
+                released=0 if progress is None else progress.released,
+                skipped=per_queue.get(name, {}),
+                outcome=outcome,
+            )
+        return RoundResult(
+            decisions=tuple(decisions),
+            queues=reports,
+            skipped=totals,
+            skipped_jobs=self.skipped_jobs,
+            overcommitted_clusters={
+                name: cluster.overcommitted
+                for name, cluster in self.clusters.items()
+                if cluster.overcommitted
+            },
+        )
+
+
+def _fair_shares(state: SchedulerState, inverse: list[float]) -> dict[str, FairShare]:
+    weights: dict[str, float] = {}
+    demands: dict[str, float] = {}
+    actual: dict[str, float] = {}
+    for name, queue in state._queues.items():
+        actual[name] = _dominant(queue.allocation, inverse)
+        if queue.is_empty():
+            continue
+        weights[name] = queue.weight
+        demands[name] = (
+            _dominant_sum(queue.allocation, queue.demand, inverse)
+            if queue.schedulable
+            else actual[name]
+        )
+    total_weight = sum(weights.values())
+    adjusted = adjusted_fair_shares(weights, demands)
+    return {
+        name: FairShare(
+            queue=name,
+            weight=queue.weight,
+            fair_share=weights[name] / total_weight if name in weights else 0.0,
+            adjusted_fair_share=adjusted.get(name, 0.0),
+            actual_share=actual[name],
+            demand_share=demands.get(name, actual[name]),
+        )
+        for name, queue in state._queues.items()
+    }
+
+
+def _inverse(total: list[int]) -> list[float]:
+    return [1.0 / amount if amount > 0 else 0.0 for amount in total]
+
+
+def _dominant(vector: list[int], inverse: list[float]) -> float:
+    return max((amount * inv for amount, inv in zip(vector, inverse, strict=False)), default=0.0)
+
+
+def _dominant_sum(first: list[int], second: list[int], inverse: list[float]) -> float:
+    return max(
+        ((a + b) * inv for a, b, inv in zip(first, second, inverse, strict=False)), default=0.0
+    )
+
+
+def _dominant_pairs(shape: _Shape, inverse: list[float]) -> float:
+    return max((amount * inverse[axis] for axis, amount in shape.pairs), default=0.0)
+
+
+def _fits(room: list[int], shape: _Shape) -> bool:
+    return all(room[axis] >= amount for axis, amount in shape.pairs)
+
+
+def _take(room: list[int], shape: _Shape) -> None:
+    for axis, amount in shape.pairs:
+        room[axis] -= amount
+
+
+def _exceeds(allocation: list[int], shape: _Shape, limits: tuple[tuple[int, int], ...]) -> bool:
+    requested = dict(shape.pairs)
+    return any(allocation[axis] + requested.get(axis, 0) > limit for axis, limit in limits)

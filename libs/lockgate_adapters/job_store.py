@@ -1,0 +1,333 @@
+"""Postgres reads and writes of jobs, queues, jobsets, clusters and their nodes.
+
+Why one module: these tables are lockgate's shared truth, written by queue-store (ingest, queue
+admin) and the fair scheduler (decisions) and read by the scheduler and the admin API. Keeping
+every statement about them here keeps the change-feed rules in one place:
+
+- every writer runs in a transaction that first takes `postgres.hold_change_feed_lock`;
+- every changed row of jobs, queues or cluster_nodes gets `serial = nextval('change_serial')`;
+- the writer calls `postgres.notify_changes` before committing.
+
+Functions take a connection already inside a transaction where they write, so callers choose
+the transaction's extent (queue-store folds a whole batch in one). Bulk writes go through
+`unnest` of column arrays: one statement per table per batch, whatever the batch size.
+
+Sections: ingest (lock + read, write), queues, job views for operators.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import asyncpg
+
+from lockgate.ingest import (
+    ClusterRow,
+    CurrentRows,
+    IngestResult,
+    JobRow,
+    NodeRow,
+    RowsToRead,
+)
+from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.queues import QueueSpec
+from lockgate_adapters.postgres import hold_change_feed_lock, notify_changes
+
+_TERMINAL = [state.value for state in TERMINAL_STATES]
+
+# Ingest: read and lock ------------------------------------------------------------------------
+
+# Statements interpolate only these constant column lists, never input: hence the S608 (SQL
+# built from strings) suppressions below.
+_JOB_COLUMNS = (
+    "cluster, uid, namespace, name, queue, jobset, priority, requests, state, node_name, "
+    "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
+    "decision_id, release_attempts, last_reason"
+)
+_JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
+
+
+async def lock_current_rows(connection: asyncpg.Connection, needed: RowsToRead) -> CurrentRows:
+    """Read, `FOR UPDATE`, every row a batch may change (see `lockgate.ingest.CurrentRows`).
+
+    Call after `hold_change_feed_lock`: every writer takes that lock first, so the row locks
+    here never wait on each other in a cycle.
+    """
+    current = CurrentRows()
+    if needed.job_keys:
+        clusters, uids = zip(*sorted(needed.job_keys), strict=True)
+        records = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS_OF_J} FROM jobs j"  # noqa: S608
+            " JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid)"
+            " ON j.cluster = k.cluster AND j.uid = k.uid"
+            " ORDER BY j.cluster, j.uid FOR UPDATE OF j",
+            list(clusters), list(uids),
+        )
+        current.jobs.update((row.key, row) for row in map(_job_row, records))
+    for scope in needed.snapshots:
+        records = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
+            " WHERE cluster = $1 AND created_at < $2 AND state <> ALL($3::text[])"
+            " AND uid <> ALL($4::text[]) ORDER BY uid FOR UPDATE",
+            scope.cluster, scope.cutoff, _TERMINAL, sorted(scope.listed),
+        )
+        current.jobs.update((row.key, row) for row in map(_job_row, records))
+    if needed.capacity_clusters:
+        records = await connection.fetch(
+            "SELECT cluster, node, allocatable, unmanaged_usage, schedulable, present,"
+            " observed_at FROM cluster_nodes WHERE cluster = ANY($1::text[])"
+            " ORDER BY cluster, node FOR UPDATE",
+            sorted(needed.capacity_clusters),
+        )
+        for record in records:
+            node = NodeRow(**_as_dict(record))
+            current.nodes[node.key] = node
+    if needed.clusters:
+        records = await connection.fetch(
+            "SELECT name, capacity_observed_at, last_snapshot_id, last_snapshot_at"
+            " FROM clusters WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE",
+            sorted(needed.clusters),
+        )
+        for record in records:
+            cluster = ClusterRow(**_as_dict(record))
+            current.clusters[cluster.name] = cluster
+    return current
+
+
+def _job_row(record: asyncpg.Record) -> JobRow:
+    values = _as_dict(record)
+    values["state"] = JobState(values["state"])
+    return JobRow(**values)
+
+
+def _as_dict(record: asyncpg.Record) -> dict[str, Any]:
+    values = dict(record.items())
+    for key, value in values.items():
+        if isinstance(value, str) and key in ("requests", "allocatable", "unmanaged_usage"):
+            values[key] = json.loads(value)  # a connection without the pool's jsonb codec
+    return values
+
+
+# Ingest: write ------------------------------------------------------------------------------
+
+async def write_ingest(connection: asyncpg.Connection, result: IngestResult) -> None:
+    """Write a folded batch: new/changed rows only, each changed row taking a new serial."""
+    if result.jobs:
+        await upsert_jobs(connection, result.jobs)
+    if result.nodes:
+        await upsert_nodes(connection, result.nodes)
+    if result.clusters:
+        await upsert_clusters(connection, result.clusters)
+    if result.jobsets:
+        await connection.execute(
+            "INSERT INTO jobsets (cluster, queue, name, first_seen, last_seen)"
+            " SELECT c, q, n, s, s FROM unnest($1::text[], $2::text[], $3::text[],"
+            " $4::timestamptz[]) AS t(c, q, n, s)"
+            " ON CONFLICT (cluster, queue, name)"
+            " DO UPDATE SET last_seen = GREATEST(jobsets.last_seen, EXCLUDED.last_seen)",
+            *_columns(result.jobsets, "cluster", "queue", "name", "seen_at"),
+        )
+    if result.decision_outcomes:
+        await connection.execute(
+            "UPDATE release_decisions d SET outcome = t.outcome, outcome_at = t.at"
+            " FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS t(id, outcome, at)"
+            " WHERE d.decision_id = t.id AND d.outcome IS NULL",
+            [o.decision_id for o in result.decision_outcomes],
+            [o.outcome.value for o in result.decision_outcomes],
+            [o.at for o in result.decision_outcomes],
+        )
+
+
+async def upsert_jobs(connection: asyncpg.Connection, rows: Sequence[JobRow]) -> None:
+    """Insert or overwrite whole job rows (the caller read them FOR UPDATE and folded them)."""
+    columns = _columns(rows, *(c.strip() for c in _JOB_COLUMNS.split(",")))
+    columns[7] = [json.dumps(dict(r)) for r in columns[7]]  # requests
+    columns[8] = [JobState(s).value for s in columns[8]]  # state
+    await connection.execute(
+        f"INSERT INTO jobs ({_JOB_COLUMNS}, serial)"  # noqa: S608
+        " SELECT c, u, ns, n, q, js, p, r::jsonb, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr,"
+        " nextval('change_serial')"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
+        " $7::int[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],"
+        " $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],"
+        " $16::timestamptz[], $17::text[], $18::int[], $19::text[])"
+        " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr)"
+        " ON CONFLICT (cluster, uid) DO UPDATE SET"
+        " namespace = EXCLUDED.namespace, name = EXCLUDED.name, queue = EXCLUDED.queue,"
+        " jobset = EXCLUDED.jobset, priority = EXCLUDED.priority,"
+        " requests = EXCLUDED.requests, state = EXCLUDED.state,"
+        " node_name = EXCLUDED.node_name, created_at = EXCLUDED.created_at,"
+        " state_changed_at = EXCLUDED.state_changed_at, released_at = EXCLUDED.released_at,"
+        " ungated_at = EXCLUDED.ungated_at, running_at = EXCLUDED.running_at,"
+        " finished_at = EXCLUDED.finished_at, decision_id = EXCLUDED.decision_id,"
+        " release_attempts = EXCLUDED.release_attempts, last_reason = EXCLUDED.last_reason,"
+        " serial = EXCLUDED.serial",
+        *columns,
+    )
+
+
+async def upsert_nodes(connection: asyncpg.Connection, rows: Sequence[NodeRow]) -> None:
+    columns = _columns(rows, "cluster", "node", "allocatable", "unmanaged_usage",
+                       "schedulable", "present", "observed_at")
+    columns[2] = [json.dumps(dict(a)) for a in columns[2]]
+    columns[3] = [json.dumps(dict(u)) for u in columns[3]]
+    await connection.execute(
+        "INSERT INTO cluster_nodes (cluster, node, allocatable, unmanaged_usage, schedulable,"
+        " present, observed_at, serial)"
+        " SELECT c, n, a::jsonb, u::jsonb, s, p, o, nextval('change_serial')"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[],"
+        " $7::timestamptz[]) AS t(c, n, a, u, s, p, o)"
+        " ON CONFLICT (cluster, node) DO UPDATE SET allocatable = EXCLUDED.allocatable,"
+        " unmanaged_usage = EXCLUDED.unmanaged_usage, schedulable = EXCLUDED.schedulable,"
+        " present = EXCLUDED.present, observed_at = EXCLUDED.observed_at,"
+        " serial = EXCLUDED.serial",
+        *columns,
+    )
+
+
+async def upsert_clusters(connection: asyncpg.Connection, rows: Sequence[ClusterRow]) -> None:
+    await connection.execute(
+        "INSERT INTO clusters (name, capacity_observed_at, last_snapshot_id, last_snapshot_at)"
+        " SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::timestamptz[])"
+        " ON CONFLICT (name) DO UPDATE SET"
+        " capacity_observed_at = EXCLUDED.capacity_observed_at,"
+        " last_snapshot_id = EXCLUDED.last_snapshot_id,"
+        " last_snapshot_at = EXCLUDED.last_snapshot_at",
+        *_columns(rows, "name", "capacity_observed_at", "last_snapshot_id", "last_snapshot_at"),
+    )
+
+
+def _columns(rows: Sequence[object], *names: str) -> list[list[Any]]:
+    """Rows as one list per column, the shape `unnest` takes."""
+    return [[getattr(row, name) for row in rows] for name in names]
+
+
+# Queues ---------------------------------------------------------------------------------------
+
+class QueueNotFoundError(LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} does not exist")
+        self.name = name
+
+
+class QueueExistsError(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} already exists")
+        self.name = name
+
+
+_QUEUE_COLUMNS = "name, priority_factor, cordoned, resource_limits, created_at, updated_at"
+
+
+def _queue_spec(record: asyncpg.Record) -> QueueSpec:
+    values = dict(record.items())
+    if isinstance(values["resource_limits"], str):
+        values["resource_limits"] = json.loads(values["resource_limits"])
+    return QueueSpec.model_validate(values)
+
+
+async def list_queues(connection: asyncpg.Connection) -> list[QueueSpec]:
+    records = await connection.fetch(
+        f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE NOT deleted ORDER BY name")  # noqa: S608
+    return [_queue_spec(record) for record in records]
+
+
+async def get_queue(connection: asyncpg.Connection, name: str) -> QueueSpec | None:
+    record = await connection.fetchrow(
+        f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE name = $1 AND NOT deleted", name)  # noqa: S608
+    return None if record is None else _queue_spec(record)
+
+
+async def create_queue(connection: asyncpg.Connection, spec: QueueSpec) -> QueueSpec:
+    """Create a queue, or revive a deleted one under the same name; 409-worthy if it exists."""
+    async with connection.transaction():
+        await hold_change_feed_lock(connection)
+        existing = await connection.fetchrow(
+            "SELECT deleted FROM queues WHERE name = $1 FOR UPDATE", spec.name)
+        if existing is not None and not existing["deleted"]:
+            raise QueueExistsError(spec.name)
+        record = await connection.fetchrow(
+            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits)"
+            " VALUES ($1, $2, $3, $4::text::jsonb)"
+            " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
+            " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
+            " deleted = false, created_at = now(), updated_at = now(),"
+            " serial = nextval('change_serial')"
+            f" RETURNING {_QUEUE_COLUMNS}",  # noqa: S608
+            spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
+        )
+        await notify_changes(connection, "queues")
+    assert record is not None
+    return _queue_spec(record)
+
+
+async def update_queue(connection: asyncpg.Connection, name: str,
+                       edit: Callable[[QueueSpec], QueueSpec]) -> QueueSpec:
+    """Replace an existing queue's settings with `edit(current)`.
+
+    Read, edit and write happen in one transaction under the row lock, so concurrent updates do
+    not lose each other's fields. Raises QueueNotFoundError, or whatever `edit` raises (pydantic's
+    ValidationError for an invalid result). The name and creation time never change.
+    """
+    async with connection.transaction():
+        await hold_change_feed_lock(connection)
+        record = await connection.fetchrow(
+            f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE name = $1 AND NOT deleted FOR UPDATE",  # noqa: S608
+            name)
+        if record is None:
+            raise QueueNotFoundError(name)
+        current = _queue_spec(record)
+        updated = edit(current)
+        if (updated.priority_factor, updated.cordoned, updated.resource_limits) == (
+                current.priority_factor, current.cordoned, current.resource_limits):
+            return current
+        record = await connection.fetchrow(
+            "UPDATE queues SET priority_factor = $2, cordoned = $3,"
+            " resource_limits = $4::text::jsonb, updated_at = now(),"
+            " serial = nextval('change_serial')"
+            f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",  # noqa: S608
+            name, updated.priority_factor, updated.cordoned,
+            json.dumps(updated.resource_limits),
+        )
+        await notify_changes(connection, "queues")
+    assert record is not None
+    return _queue_spec(record)
+
+
+async def delete_queue(connection: asyncpg.Connection, name: str) -> None:
+    """Tombstone a queue (readers of the change feed must see it go); its jobs stay stored."""
+    async with connection.transaction():
+        await hold_change_feed_lock(connection)
+        status = await connection.execute(
+            "UPDATE queues SET deleted = true, updated_at = now(),"
+            " serial = nextval('change_serial') WHERE name = $1 AND NOT deleted", name)
+        if status != "UPDATE 1":
+            raise QueueNotFoundError(name)
+        await notify_changes(connection, "queues")
+
+
+# Job views for operators ----------------------------------------------------------------------
+
+async def list_jobs(
+    connection: asyncpg.Connection, *, queue: str | None = None, state: JobState | None = None,
+    cluster: str | None = None, limit: int = 100,
+) -> list[JobRow]:
+    """Jobs matching the filters, oldest first (the order a queue is served in, by default)."""
+    records = await connection.fetch(
+        f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
+        " WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2)"
+        " AND ($3::text IS NULL OR cluster = $3)"
+        " ORDER BY created_at, cluster, uid LIMIT $4",
+        queue, None if state is None else state.value, cluster, limit,
+    )
+    return [_job_row(record) for record in records]
+
+
+async def count_jobs_by_state(connection: asyncpg.Connection,
+                              *, cluster: str | None = None) -> dict[str, int]:
+    records = await connection.fetch(
+        "SELECT state, count(*) AS n FROM jobs WHERE ($1::text IS NULL OR cluster = $1)"
+        " GROUP BY state", cluster)
+    return {record["state"]: int(record["n"]) for record in records}

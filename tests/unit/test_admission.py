@@ -1,0 +1,393 @@
+"""Every path of the admission decision, table-driven, and the patch applied to real pod JSON."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from lockgate.admission import (
+    AdmissionRequest,
+    Decision,
+    MalformedReviewError,
+    Outcome,
+    OwnerLabels,
+    QueueLookup,
+    QueueStatus,
+    admission_response,
+    decide,
+    exemption,
+    needs_owner_labels,
+    queue_to_check,
+    webhook_configuration,
+)
+from lockgate.labels import JOBSET_LABEL, LABEL_SOURCE_ANNOTATION, QUEUE_LABEL, SCHEDULING_GATE
+
+NS = "team-a"
+MANAGED = {"lockgate.io/managed": "true"}
+OPEN = QueueLookup(QueueStatus.OPEN)
+
+
+def make_pod(
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    gates: list[str] | None = None,
+    node_name: str | None = None,
+    name: str = "worker-1",
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": NS}
+    if labels is not None:
+        metadata["labels"] = labels
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if gates is not None:
+        spec["schedulingGates"] = [{"name": gate} for gate in gates]
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def make_review(
+    pod: dict[str, Any] | None,
+    *,
+    operation: str = "CREATE",
+    namespace: str = NS,
+    kind: str = "Pod",
+    resource: str = "pods",
+    sub_resource: str | None = None,
+) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": "", "version": "v1", "kind": kind},
+        "resource": {"group": "", "version": "v1", "resource": resource},
+        "namespace": namespace,
+        "operation": operation,
+        "object": pod,
+    }
+    if sub_resource:
+        request["subResource"] = sub_resource
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def owner(kind: str, name: str, **labels: str) -> OwnerLabels:
+    return OwnerLabels(kind=kind, name=name, labels=labels)
+
+
+def unreadable(kind: str, name: str) -> OwnerLabels:
+    return OwnerLabels(kind=kind, name=name, labels=None, unreadable_reason="403 Forbidden")
+
+
+def apply_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 `add` only, which is all the webhook emits (any other op fails the test)."""
+    result = copy.deepcopy(document)
+    for operation in patch:
+        assert operation["op"] == "add", operation
+        *parents, last = [
+            token.replace("~1", "/").replace("~0", "~")
+            for token in operation["path"].split("/")[1:]
+        ]
+        target: Any = result
+        for token in parents:
+            target = target[token]
+        if isinstance(target, list):
+            assert last == "-", operation
+            target.append(operation["value"])
+        else:
+            target[last] = operation["value"]
+    return result
+
+
+@dataclass
+class Case:
+    id: str
+    pod: dict[str, Any] | None = field(default_factory=make_pod)
+    namespace_labels: dict[str, str] | None = field(default_factory=lambda: dict(MANAGED))
+    owners: list[OwnerLabels] = field(default_factory=list)
+    queue: QueueLookup | None = OPEN
+    review: dict[str, Any] = field(default_factory=dict)
+    namespace: str = NS
+    want_outcome: Outcome = Outcome.GATED
+    want_queue: str | None = None
+    want_jobset: str | None = None
+    want_sources: dict[str, Any] | None = None
+    want_message: list[str] = field(default_factory=list)
+
+
+CASES = [
+    Case("pod labels", pod=make_pod(labels={QUEUE_LABEL: "q1", JOBSET_LABEL: "js"}),
+         want_queue="q1", want_jobset="js", want_sources={"queue": "pod", "jobset": "pod"}),
+    Case("queue from pod, jobset falls back to the namespace name",
+         pod=make_pod(labels={QUEUE_LABEL: "q1"}), want_queue="q1", want_jobset=NS,
+         want_sources={"queue": "pod", "jobset": "default:namespace-name"}),
+    Case("labels from the Deployment through its ReplicaSet",
+         owners=[owner("ReplicaSet", "web-5d9c"),
+                 owner("Deployment", "web", **{QUEUE_LABEL: "q2", JOBSET_LABEL: "web"})],
+         want_queue="q2", want_jobset="web",
+         want_sources={"queue": "Deployment/web", "jobset": "Deployment/web"}),
+    Case("the nearest owner wins",
+         owners=[owner("Job", "j1", **{QUEUE_LABEL: "near"}),
+                 owner("CronJob", "c1", **{QUEUE_LABEL: "far", JOBSET_LABEL: "nightly"})],
+         want_queue="near", want_jobset="nightly",
+         want_sources={"queue": "Job/j1", "jobset": "CronJob/c1"}),
+    Case("labels from the namespace",
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nsq", JOBSET_LABEL: "nsjs"},
+         want_queue="nsq", want_jobset="nsjs",
+         want_sources={"queue": f"namespace/{NS}", "jobset": f"namespace/{NS}"}),
+    Case("pod labels win over owners and namespace",
+         pod=make_pod(labels={QUEUE_LABEL: "podq"}),
+         owners=[owner("StatefulSet", "db", **{QUEUE_LABEL: "ownerq", JOBSET_LABEL: "db"})],
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nsq", JOBSET_LABEL: "nsjs"},
+         want_queue="podq", want_jobset="db",
+         want_sources={"queue": "pod", "jobset": "StatefulSet/db"}),
+    Case("owners win over the namespace",
+         owners=[owner("Deployment", "web", **{QUEUE_LABEL: "ownerq"})],
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nsq", JOBSET_LABEL: "nsjs"},
+         want_queue="ownerq", want_jobset="nsjs",
+         want_sources={"queue": "Deployment/web", "jobset": f"namespace/{NS}"}),
+    Case("an empty label value counts as unset",
+         pod=make_pod(labels={QUEUE_LABEL: ""}),
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nsq"}, want_queue="nsq", want_jobset=NS),
+    Case("an unreadable owner is skipped and recorded",
+         owners=[unreadable("ReplicaSet", "web-5d9c")],
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nsq"}, want_queue="nsq", want_jobset=NS,
+         want_sources={"queue": f"namespace/{NS}", "jobset": "default:namespace-name",
+                       "unreadable": ["ReplicaSet/web-5d9c: 403 Forbidden"]}),
+    Case("no queue anywhere", want_outcome=Outcome.DENIED,
+         want_message=[f"pod {NS}/worker-1 has no queue: set label {QUEUE_LABEL} on the pod "
+                       f"or namespace {NS}"]),
+    Case("no queue anywhere, with owners", want_outcome=Outcome.DENIED,
+         owners=[owner("ReplicaSet", "web-5d9c"), owner("Deployment", "web")],
+         want_message=[f"set label {QUEUE_LABEL} on the pod, its Deployment/web, or namespace "
+                       f"{NS}"]),
+    Case("no queue, and an owner was unreadable", want_outcome=Outcome.DENIED,
+         owners=[unreadable("ReplicaSet", "web-5d9c")],
+         want_message=["has no queue", "lockgate could not read ReplicaSet/web-5d9c"]),
+    Case("unknown queue", pod=make_pod(labels={QUEUE_LABEL: "nope"}),
+         queue=QueueLookup(QueueStatus.MISSING, existing=("beta", "alpha")),
+         want_outcome=Outcome.DENIED,
+         want_message=['queue "nope" does not exist; create it with '
+                       "'lockgate queue create nope' or use one of: alpha, beta",
+                       f"({QUEUE_LABEL} from the pod)"]),
+    Case("unknown queue, none exist", queue=QueueLookup(QueueStatus.MISSING),
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nope"}, want_outcome=Outcome.DENIED,
+         want_message=["no queues exist yet", f"from namespace/{NS}"]),
+    Case("unknown queue, many exist: suggestions are bounded",
+         pod=make_pod(labels={QUEUE_LABEL: "nope"}),
+         queue=QueueLookup(QueueStatus.MISSING, existing=tuple(f"q{i:02}" for i in range(25))),
+         want_outcome=Outcome.DENIED, want_message=["q00, q01", "q09 (and 15 more)"]),
+    Case("cordoned queue", pod=make_pod(labels={QUEUE_LABEL: "frozen"}),
+         queue=QueueLookup(QueueStatus.CORDONED), want_outcome=Outcome.DENIED,
+         want_message=['queue "frozen" is cordoned', "lockgate queue uncordon frozen"]),
+    Case("queue could not be checked", pod=make_pod(labels={QUEUE_LABEL: "q1"}), queue=None,
+         want_outcome=Outcome.UNVERIFIABLE,
+         want_message=['lockgate cannot verify queue "q1" right now, retry']),
+    Case("namespace could not be read", namespace_labels=None, want_outcome=Outcome.UNVERIFIABLE,
+         want_message=[f"lockgate cannot verify the labels of namespace {NS} right now, retry"]),
+    Case("invalid queue label value on the pod",
+         pod=make_pod(labels={QUEUE_LABEL: "-bad-"}), want_outcome=Outcome.DENIED,
+         want_message=[f"label {QUEUE_LABEL}='-bad-' is not a valid label value",
+                       "(on the pod)"]),
+    Case("a valid label value that is no valid queue name",
+         namespace_labels={**MANAGED, QUEUE_LABEL: "Team_A"}, want_outcome=Outcome.DENIED,
+         want_message=["queue name 'Team_A' is invalid", f"(from namespace/{NS})"]),
+    Case("invalid jobset label value",
+         pod=make_pod(labels={QUEUE_LABEL: "q1", JOBSET_LABEL: "x" * 64}),
+         want_outcome=Outcome.DENIED, want_message=[f"label {JOBSET_LABEL}="]),
+    Case("unmanaged namespace", namespace_labels={}, want_outcome=Outcome.UNCHANGED,
+         want_message=[f"namespace {NS} is not managed"]),
+    Case("managed label not exactly true", namespace_labels={"lockgate.io/managed": "yes"},
+         want_outcome=Outcome.UNCHANGED),
+    Case("kube-system, even when labelled managed", namespace="kube-system",
+         review={"namespace": "kube-system"}, want_outcome=Outcome.UNCHANGED,
+         want_message=["namespace kube-system is never managed"]),
+    Case("kube-node-lease", review={"namespace": "kube-node-lease"},
+         namespace="kube-node-lease", want_outcome=Outcome.UNCHANGED),
+    Case("pod already bound to a node", pod=make_pod(node_name="node-1"),
+         want_outcome=Outcome.UNCHANGED, want_message=["already bound to node node-1"]),
+    Case("UPDATE is not mutated", review={"operation": "UPDATE"},
+         want_outcome=Outcome.UNCHANGED),
+    Case("DELETE carries no object", pod=None, review={"operation": "DELETE"},
+         want_outcome=Outcome.UNCHANGED),
+    Case("a pod subresource", review={"sub_resource": "binding"},
+         want_outcome=Outcome.UNCHANGED, want_message=["pods/binding"]),
+    Case("not a pod", review={"kind": "ConfigMap", "resource": "configmaps"},
+         want_outcome=Outcome.UNCHANGED),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_decision(case: Case) -> None:
+    request = AdmissionRequest.from_review(
+        make_review(case.pod, **{"namespace": case.namespace, **case.review})
+    )
+    decision = decide(request=request, namespace_labels=case.namespace_labels,
+                      owners=case.owners, queue=case.queue)
+
+    assert decision.outcome is case.want_outcome, decision.message
+    for fragment in case.want_message:
+        assert fragment in decision.message
+    if case.want_outcome is not Outcome.GATED:
+        assert decision.patch == ()
+        return
+    assert case.pod is not None
+    patched = apply_patch(case.pod, list(decision.patch))
+    assert patched["spec"]["schedulingGates"] == [{"name": SCHEDULING_GATE}]
+    labels = patched["metadata"]["labels"]
+    assert (labels[QUEUE_LABEL], labels[JOBSET_LABEL]) == (case.want_queue, case.want_jobset)
+    assert (decision.queue, decision.jobset) == (case.want_queue, case.want_jobset)
+    if case.want_sources is not None:
+        sources = json.loads(patched["metadata"]["annotations"][LABEL_SOURCE_ANNOTATION])
+        assert sources == case.want_sources
+
+
+def gate(pod: dict[str, Any], namespace_labels: dict[str, str] | None = None) -> Decision:
+    request = AdmissionRequest.from_review(make_review(pod))
+    return decide(request=request, namespace_labels=namespace_labels or dict(MANAGED),
+                  owners=[], queue=OPEN)
+
+
+def test_other_gates_are_kept_and_ours_appended() -> None:
+    pod = make_pod(labels={QUEUE_LABEL: "q1"}, gates=["example.com/other"])
+    patched = apply_patch(pod, list(gate(pod).patch))
+    assert patched["spec"]["schedulingGates"] == [
+        {"name": "example.com/other"}, {"name": SCHEDULING_GATE},
+    ]
+
+
+def test_gate_is_not_added_twice() -> None:
+    pod = make_pod(labels={QUEUE_LABEL: "q1"}, gates=[SCHEDULING_GATE, "example.com/other"])
+    patch = gate(pod).patch
+    assert not any(op["path"].startswith("/spec") for op in patch)
+
+
+def test_other_labels_and_annotations_are_kept() -> None:
+    pod = make_pod(labels={"app": "web", QUEUE_LABEL: "q1"}, annotations={"note": "keep"})
+    patched = apply_patch(pod, list(gate(pod).patch))
+    assert patched["metadata"]["labels"] == {"app": "web", QUEUE_LABEL: "q1", JOBSET_LABEL: NS}
+    assert patched["metadata"]["annotations"]["note"] == "keep"
+
+
+def test_reinvocation_changes_nothing() -> None:
+    """A second call (reinvocationPolicy IfNeeded) on our own output patches nothing."""
+    pod = make_pod(labels={"app": "web"})
+    namespace_labels = {**MANAGED, QUEUE_LABEL: "nsq"}
+    once = apply_patch(pod, list(gate(pod, namespace_labels).patch))
+    again = gate(once, namespace_labels)
+    assert again.outcome is Outcome.GATED
+    assert again.patch == ()
+    assert json.loads(once["metadata"]["annotations"][LABEL_SOURCE_ANNOTATION])["queue"] == (
+        f"namespace/{NS}"
+    )
+
+
+def test_label_key_is_escaped_in_the_patch_path() -> None:
+    pod = make_pod(labels={"app": "web"}, annotations={})
+    paths = {op["path"] for op in gate(pod, {**MANAGED, QUEUE_LABEL: "q"}).patch}
+    assert "/metadata/labels/lockgate.io~1queue" in paths
+    assert "/metadata/annotations/lockgate.io~1labels-from" in paths
+
+
+@pytest.mark.parametrize(
+    ("pod_labels", "namespace_labels", "want"),
+    [
+        ({}, MANAGED, True),
+        ({QUEUE_LABEL: "q"}, MANAGED, True),
+        ({QUEUE_LABEL: "q", JOBSET_LABEL: "j"}, MANAGED, False),
+        ({}, {}, False),
+    ],
+)
+def test_owner_labels_are_needed_only_when_the_pod_lacks_its_own(
+    pod_labels: dict[str, str], namespace_labels: dict[str, str], want: bool
+) -> None:
+    request = AdmissionRequest.from_review(make_review(make_pod(labels=pod_labels)))
+    assert needs_owner_labels(request, namespace_labels) is want
+
+
+def test_queue_to_check() -> None:
+    deployment = [owner("Deployment", "web", **{QUEUE_LABEL: "ownerq"})]
+    request = AdmissionRequest.from_review(make_review(make_pod()))
+    assert queue_to_check(request, MANAGED, deployment) == "ownerq"
+    assert queue_to_check(request, MANAGED, []) is None  # no queue: denied without a lookup
+    bound = AdmissionRequest.from_review(make_review(make_pod(node_name="n1")))
+    assert queue_to_check(bound, {**MANAGED, QUEUE_LABEL: "q"}, []) is None
+    assert exemption(bound) is not None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}},
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+         "request": {"uid": "u", "object": "not-an-object"}},
+    ],
+)
+def test_malformed_reviews_are_rejected(body: object) -> None:
+    with pytest.raises(MalformedReviewError):
+        AdmissionRequest.from_review(body)
+
+
+def test_response_for_a_gated_pod_carries_a_base64_json_patch() -> None:
+    pod = make_pod(labels={QUEUE_LABEL: "q1"})
+    decision = gate(pod)
+    response = admission_response("uid-1", decision)["response"]
+    assert response["uid"] == "uid-1" and response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(response["patch"])) == list(decision.patch)
+
+
+def test_response_for_unchanged_has_no_patch() -> None:
+    decision = gate(make_pod(), namespace_labels={"other": "x"})
+    response = admission_response("uid-2", decision)["response"]
+    assert response == {"uid": "uid-2", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("queue", "code", "reason"),
+    [(QueueLookup(QueueStatus.CORDONED), 403, "Forbidden"), (None, 503, "ServiceUnavailable")],
+)
+def test_response_for_refusals(queue: QueueLookup | None, code: int, reason: str) -> None:
+    request = AdmissionRequest.from_review(make_review(make_pod(labels={QUEUE_LABEL: "q"})))
+    decision = decide(request=request, namespace_labels=MANAGED, owners=[], queue=queue)
+    response = admission_response("uid-3", decision)["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == code
+    assert response["status"]["reason"] == reason
+    assert response["status"]["message"] == decision.message
+    assert "patch" not in response
+
+
+def test_response_warns_about_unreadable_owners() -> None:
+    request = AdmissionRequest.from_review(make_review(make_pod(labels={QUEUE_LABEL: "q"})))
+    decision = decide(request=request, namespace_labels=MANAGED,
+                      owners=[unreadable("ReplicaSet", "rs-1")], queue=OPEN)
+    warnings = admission_response("uid-4", decision)["response"]["warnings"]
+    assert warnings == ["lockgate could not read owner ReplicaSet/rs-1 (403 Forbidden); "
+                        "its labels were not considered"]
+
+
+def test_webhook_configuration_is_fail_closed_and_excludes_system_namespaces() -> None:
+    manifest = webhook_configuration(
+        name="lockgate", url="https://127.0.0.1:58443/mutate/cluster-a",
+        ca_bundle_pem=b"-----BEGIN CERTIFICATE-----\n", timeout_seconds=5,
+        extra_namespace_labels={"example.com/instance": "t1"},
+    )
+    (webhook,) = manifest["webhooks"]
+    assert webhook["failurePolicy"] == "Fail"
+    assert webhook["sideEffects"] == "None"
+    assert webhook["clientConfig"]["url"].endswith("/mutate/cluster-a")
+    assert base64.b64decode(webhook["clientConfig"]["caBundle"]).startswith(b"-----BEGIN")
+    assert webhook["rules"][0]["operations"] == ["CREATE"]
+    assert webhook["rules"][0]["resources"] == ["pods"]
+    selector = webhook["namespaceSelector"]
+    assert selector["matchLabels"] == {"lockgate.io/managed": "true", "example.com/instance": "t1"}
+    (expression,) = selector["matchExpressions"]
+    assert expression["operator"] == "NotIn"
+    assert {"kube-system", "kube-public", "kube-node-lease"} <= set(expression["values"])
