@@ -249,13 +249,13 @@ async def create_queue(connection: asyncpg.Connection, spec: QueueSpec) -> Queue
         if existing is not None and not existing["deleted"]:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
-            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits)"
+            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits)"  # noqa: S608
             " VALUES ($1, $2, $3, $4::text::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial')"
-            f" RETURNING {_QUEUE_COLUMNS}",  # noqa: S608
+            f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
         )
         await notify_changes(connection, "queues")
@@ -284,10 +284,10 @@ async def update_queue(connection: asyncpg.Connection, name: str,
                 current.priority_factor, current.cordoned, current.resource_limits):
             return current
         record = await connection.fetchrow(
-            "UPDATE queues SET priority_factor = $2, cordoned = $3,"
+            "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
             " resource_limits = $4::text::jsonb, updated_at = now(),"
             " serial = nextval('change_serial')"
-            f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",  # noqa: S608
+            f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
             json.dumps(updated.resource_limits),
         )

@@ -1,0 +1,72 @@
+"""`make bench`: every benchmark in one run; one JSON object per measurement, then a summary.
+
+Figures are reported beside a baseline measured in the same run (machines are noisy): the
+scheduler round against sorting the same number of tuples, ingest against a raw bulk insert, and
+release throughput against a tight client patching pods on the same apiservers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = [
+    ("scheduler_round", [sys.executable, str(HERE / "bench_scheduler_round.py")]),
+    ("ingest", [sys.executable, str(HERE / "bench_ingest.py")]),
+    ("release", [sys.executable, str(HERE / "bench_release.py")]),
+]
+
+
+def machine() -> dict[str, object]:
+    memory_kb = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "memory_gib": round(memory_kb / 2**20, 1),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def main() -> int:
+    only = set(sys.argv[1:])
+    records: list[dict[str, object]] = []
+    failed: list[str] = []
+    results_dir = HERE / "results"
+    results_dir.mkdir(exist_ok=True)
+    for name, command in BENCHES:
+        if only and name not in only:
+            continue
+        started = time.monotonic()
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        for line in completed.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                record = json.loads(line)
+                record.setdefault("bench", name)
+                records.append(record)
+                print(json.dumps(record), flush=True)
+        if completed.returncode != 0:
+            failed.append(name)
+            tail = completed.stderr[-3000:]
+            sys.stderr.write(f"{name} failed ({completed.returncode}):\n{tail}\n")
+        sys.stderr.write(f"{name}: {time.monotonic() - started:.0f}s\n")
+    summary = {"summary": True, "machine": machine(), "failed": failed,
+               "measurements": {r.get("name", r["bench"]): {k: v for k, v in r.items()
+                                                            if k not in ("name", "bench")}
+                                for r in records}}
+    (results_dir / "latest.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [*records, summary]) + "\n")
+    print(json.dumps(summary), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
