@@ -131,9 +131,7 @@ class Settings:
 
     @property
     def postgres_dsn(self) -> str:
-        return (
-            f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{self.postgres_port}/{PG_DATABASE}"
-        )
+        return f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{self.postgres_port}/{PG_DATABASE}"
 
     @property
     def kafka_bootstrap(self) -> str:

@@ -7,7 +7,6 @@ import base64
 import http.client
 import json
 import ssl
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +59,22 @@ class Cluster:
             "leaderElection": {"leaderElect": False},
         }
         _write_if_changed(self.dir / "kube-scheduler.yaml", json.dumps(sched, indent=2) + "\n")
-        stages = resources.files("devstack").joinpath("kwok-stages.yaml").read_text()
+        stages = Path(__file__).with_name("kwok-stages.yaml").read_text()
         kwok_conf = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
             "kind: KwokConfiguration\n"
+            # Options given in a file get no defaults: set every one that matters.
             "options:\n"
+            "  manageAllNodes: false\n"
+            "  enableDebuggingHandlers: true\n"
+            "  enableContentionProfiling: false\n"
+            "  enableProfilingHandler: false\n"
             "  podPlayStageParallelism: 16\n"
             "  nodePlayStageParallelism: 4\n"
+            "  nodeLeaseParallelism: 4\n"
+            "  podsOnNodeSyncParallelism: 2\n"
+            "  enablePodsOnNodeSyncListPager: true\n"
+            "  enablePodsOnNodeSyncStreamWatch: false\n"
             "---\n"
         )
         _write_if_changed(self.dir / "kwok.yaml", kwok_conf + stages)
@@ -212,6 +220,8 @@ class Cluster:
                 f"--server-address={HOST}:{p.kwok}",
                 f"--cidr={POD_CIDRS.get(self.name, '10.250.0.1/16')}",
                 "--node-lease-duration-seconds=40",
+                # Nothing connects to the fake nodes; loopback keeps any stray attempt local.
+                f"--node-ip={HOST}",
             ],
             cwd=self.dir,
             ports=[p.kwok],
@@ -307,7 +317,8 @@ class Cluster:
                 return f"listing nodes: {status}"
             ready = 0
             for item in data.get("items", []):
-                conds = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
+                conditions = item.get("status", {}).get("conditions", [])
+                conds = {c["type"]: c["status"] for c in conditions}
                 taints = [t["key"] for t in item.get("spec", {}).get("taints", []) or []]
                 if conds.get("Ready") == "True" and not any(
                     t.startswith("node.kubernetes.io/") for t in taints

@@ -155,8 +155,7 @@ class Processes:
         rc = proc.wait(timeout=30)
         if rc != 0 or not raw.strip().isdigit():
             raise StackError(
-                f"{comp.name}: could not start {comp.argv[0]} (exit {rc}); see {log}\n"
-                + tail(log)
+                f"{comp.name}: could not start {comp.argv[0]} (exit {rc}); see {log}\n" + tail(log)
             )
         pid = int(raw)
         rec = {"pid": pid, "argv": comp.argv, "started_at": time.time()}
@@ -229,9 +228,10 @@ def port_busy(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def port_owner(port: int) -> str:
-    """Best-effort description of the process listening on a TCP port."""
-    inodes: set[str] = set()
+def _sockets_on_port(port: int) -> tuple[set[str], set[str]]:
+    """Inodes of listening sockets, and of other sockets, whose local port is `port`."""
+    listening: set[str] = set()
+    other: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -239,11 +239,15 @@ def port_owner(port: int) -> str:
             continue
         for line in lines:
             parts = line.split()
-            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(parts[9])
-    if not inodes:
-        return "an unknown process"
-    targets = {f"socket:[{i}]" for i in inodes}
+            if len(parts) > 9 and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                (listening if parts[3] == "0A" else other).add(parts[9])
+    return listening, other
+
+
+def _pid_of_socket(inodes: set[str]) -> str | None:
+    targets = {f"socket:[{i}]" for i in inodes if i != "0"}
+    if not targets:
+        return None
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -258,7 +262,49 @@ def port_owner(port: int) -> str:
                     return f"pid {proc.name} (user {owner}): {cmd[:160]}"
         except OSError:
             continue
-    return "a process this user cannot see"
+    return None
+
+
+def port_owner(port: int) -> str:
+    """Best-effort description of what holds a TCP port."""
+    listening, other = _sockets_on_port(port)
+    if listening:
+        return _pid_of_socket(listening) or "a process this user cannot see"
+    if other:
+        who = _pid_of_socket(other) or "a process this user cannot see"
+        return (
+            f"the local end of an outgoing connection of {who} (the kernel picked the port from "
+            "its ephemeral range; it is free again once that connection closes)"
+        )
+    return "an unknown process"
+
+
+def reserve_ports(ports: list[int]) -> bool:
+    """Keeps the kernel from handing these ports to outgoing connections (root only).
+
+    The stack's ports lie inside Linux's default ephemeral range (32768-60999), so a client
+    connection could otherwise occupy one of them while the stack is down. Adds them to
+    net.ipv4.ip_local_reserved_ports (until reboot); returns True if anything was added.
+    """
+    path = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+    if os.geteuid() != 0:
+        return False
+    try:
+        current = path.read_text().strip()
+    except OSError:
+        return False
+    have: set[int] = set()
+    for part in filter(None, current.split(",")):
+        lo, _, hi = part.partition("-")
+        have.update(range(int(lo), int(hi or lo) + 1))
+    missing = sorted(set(ports) - have)
+    if not missing:
+        return False
+    try:
+        path.write_text(",".join(filter(None, [current, *map(str, missing)])) + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def tail(path: Path, lines: int = 25) -> str:

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lockgate.jobs import JobState
-from lockgate.scheduling import HeapEntry, SchedulerState, _Cluster, _Job, _Queue, _Shape
+from lockgate.scheduling import HeapEntry, SchedulerState, _Cluster, _Pending, _Queue, _Shape
 
 # Adjusted fair share stops redistributing when less than this much of the pool is left over...
 _REDISTRIBUTION_THRESHOLD = 0.01
 # ...or after this many passes.
 _REDISTRIBUTION_PASSES = 10
+# A queue with more distinct request shapes than this waiting in one cluster is not checked
+# shape by shape for whether any could still go there; its lookback bounds the cost instead.
+_SET_ASIDE_SHAPE_SCAN = 32
 _QUEUED = JobState.QUEUED
 
 
@@ -97,6 +100,9 @@ class QueueReport:
     released: int  # in this round
     skipped: Mapping[SkipReason, int]  # in this round
     outcome: QueueOutcome
+    # Clusters where none of its waiting jobs could go this round (no room, over its limits, or
+    # the cluster over-committed), so their jobs were not looked at one by one.
+    set_aside: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +167,7 @@ def schedule_round(
 class _ClusterRound:
     """One cluster's free room per schedulable node, as the round consumes it."""
 
-    __slots__ = ("cursor", "fits_cache", "free", "names", "overcommitted", "sizes")
+    __slots__ = ("cursor", "fits_cache", "free", "names", "overcommitted", "rejected", "sizes")
 
     def __init__(self, cluster: _Cluster, inverse_total: list[float]) -> None:
         self.names = cluster.order
@@ -170,6 +176,9 @@ class _ClusterRound:
         # First-fit resumes per shape where it last succeeded: free room only shrinks during a
         # round, so nodes before that point cannot take that shape again.
         self.cursor: dict[_Shape, int] = {}
+        # Shapes no node had room for: free room only shrinks, so they stay turned down until
+        # the round ends, for every queue.
+        self.rejected: set[_Shape] = set()
         self.free: list[list[int]] = []
         for name in self.names:
             node = cluster.nodes[name]
@@ -226,23 +235,56 @@ class _ClusterRound:
                 return i
             i += 1
         self.cursor[shape] = count
+        self.rejected.add(shape)
         return -1
 
 
 class _QueueRound:
     """A queue's progress through one round."""
 
-    __slots__ = ("head", "outcome", "queue", "rejected", "released", "share", "skipped", "skips")
+    __slots__ = (
+        "clusters",
+        "head",
+        "outcome",
+        "over_limit",
+        "queue",
+        "released",
+        "set_aside",
+        "share",
+        "skipped",
+        "skips",
+    )
 
     def __init__(self, queue: _Queue, share: float) -> None:
         self.queue = queue
-        self.head: _Job | None = None  # the job at queue.heap[0], once validated
+        # Its pending jobs per cluster still in play; each heap[0] is a validated job.
+        self.clusters: list[_Pending] = []
+        self.head: _Pending | None = None  # the one whose heap[0] goes next
         self.share = share  # dominant share of the allocation, kept current as jobs are taken
         self.skips = 0
-        self.skipped: list[HeapEntry] = []  # popped this round; pushed back when it ends
-        self.rejected: set[tuple[str, _Shape]] = set()  # (cluster, shape) that cannot go now
+        self.skipped: list[tuple[_Pending, HeapEntry]] = []  # popped; pushed back at the end
+        # Request shapes that would take the queue over its limits: allocation only grows during
+        # a round, so they stay over until it ends.
+        self.over_limit: set[_Shape] = set()
+        self.set_aside: list[str] = []  # clusters with room for none of its pending jobs
         self.released = 0
         self.outcome = QueueOutcome.ALL_CONSIDERED
+
+    def choose_head(self) -> _Pending | None:
+        clusters = self.clusters
+        if len(clusters) == 1:
+            self.head = clusters[0]
+        elif clusters:
+            self.head = min(clusters, key=_head_entry)
+        else:
+            self.head = None
+            if self.set_aside:
+                self.outcome = QueueOutcome.NOTHING_FITS
+        return self.head
+
+
+def _head_entry(pending: _Pending) -> HeapEntry:
+    return pending.heap[0]
 
 
 class _Round:
@@ -256,6 +298,7 @@ class _Round:
 
     def run(self, max_decisions: int) -> RoundResult:
         state = self.state
+        jobs = state._jobs
         inverse = self.inverse_total
         candidates: list[tuple[float, str, _QueueRound]] = []
         for name, queue in state._queues.items():
@@ -264,11 +307,15 @@ class _Round:
             progress = self.queue_rounds[name] = _QueueRound(
                 queue, _dominant(queue.allocation, inverse)
             )
-            head = self._advance(progress)
+            for in_cluster in queue.pending.values():
+                if in_cluster.live and self._validate_head(progress, in_cluster):
+                    progress.clusters.append(in_cluster)
+            head = progress.choose_head()
             if head is None:
                 progress.outcome = QueueOutcome.NOTHING_PENDING
                 continue
-            candidates.append((self._cost_after(progress, head.shape), name, progress))
+            cost = self._cost_after(progress, jobs[head.heap[0][2]].shape)
+            candidates.append((cost, name, progress))
         heapq.heapify(candidates)
 
         decisions: list[Decision] = []
@@ -281,57 +328,82 @@ class _Round:
                 break
             _, name, progress = heapq.heappop(candidates)
             queue = progress.queue
-            job = progress.head
-            assert job is not None  # a candidate always has a validated head
-            entry = heapq.heappop(queue.heap)
-            cluster = self.clusters[job.cluster]
+            pending = progress.head
+            assert pending is not None  # a candidate always has a head
+            entry = pending.heap[0]
+            job = jobs[entry[2]]
+            cluster = self.clusters[pending.cluster]
             shape = job.shape
-            node = -1
-            if queue.limit_pairs and _exceeds(queue.allocation, shape, queue.limit_pairs):
-                reason: SkipReason | None = SkipReason.QUEUE_LIMIT
-            elif cluster.overcommitted:
-                reason = SkipReason.CLUSTER_OVERCOMMITTED
+            if (
+                shape in cluster.rejected or shape in progress.over_limit or cluster.overcommitted
+            ) and self._nothing_can_go(progress, pending, cluster):
+                # Everything this queue has waiting in that cluster is of a kind already turned
+                # down there this round: set the cluster aside rather than look at each job.
+                progress.clusters.remove(pending)
+                progress.set_aside.append(pending.cluster)
             else:
-                node = cluster.place(shape)
-                reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
-            if reason is None:
-                hint = cluster.names[node]
-                state._mark_released(entry[2], job, hint)
-                decisions.append(Decision(entry[2], name, job.cluster, hint))
-                progress.released += 1
-                allocation = queue.allocation
-                for axis, _amount in shape.pairs:
-                    share = allocation[axis] * inverse[axis]
-                    if share > progress.share:
-                        progress.share = share
-            else:
-                progress.skipped.append(entry)
-                skipped_jobs[entry[2]] = reason
-                progress.skips += 1
-                if progress.skips > max_lookback:
-                    progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
-                    continue
-                progress.rejected.add((job.cluster, shape))
-                if len(progress.rejected) >= len(queue.keys):
-                    progress.outcome = QueueOutcome.NOTHING_FITS
-                    continue
-            head = self._advance(progress)
+                heapq.heappop(pending.heap)
+                node = -1
+                if queue.limit_pairs and _exceeds(queue.allocation, shape, queue.limit_pairs):
+                    reason: SkipReason | None = SkipReason.QUEUE_LIMIT
+                    progress.over_limit.add(shape)
+                elif cluster.overcommitted:
+                    reason = SkipReason.CLUSTER_OVERCOMMITTED
+                else:
+                    node = cluster.place(shape)
+                    reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
+                if reason is None:
+                    hint = cluster.names[node]
+                    state._mark_released(entry[2], job, hint)
+                    decisions.append(Decision(entry[2], name, pending.cluster, hint))
+                    progress.released += 1
+                    allocation = queue.allocation
+                    for axis, _amount in shape.pairs:
+                        share = allocation[axis] * inverse[axis]
+                        if share > progress.share:
+                            progress.share = share
+                else:
+                    progress.skipped.append((pending, entry))
+                    skipped_jobs[entry[2]] = reason
+                    progress.skips += 1
+                    if progress.skips > max_lookback:
+                        progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
+                        continue
+                if not self._validate_head(progress, pending):
+                    progress.clusters.remove(pending)
+            head = progress.choose_head()
             if head is None:
                 continue
-            heapq.heappush(candidates, (self._cost_after(progress, head.shape), name, progress))
+            cost = self._cost_after(progress, jobs[head.heap[0][2]].shape)
+            heapq.heappush(candidates, (cost, name, progress))
 
         for progress in self.queue_rounds.values():
-            for entry in progress.skipped:
-                heapq.heappush(progress.queue.heap, entry)
+            for pending, entry in progress.skipped:
+                heapq.heappush(pending.heap, entry)
         return self._result(decisions)
 
-    def _advance(self, progress: _QueueRound) -> _Job | None:
-        """Validate the head of the queue's heap, dropping stale entries and parking jobs too big
-        for their cluster; returns the job now at heap[0], or None when nothing is pending."""
-        queue = progress.queue
-        heap = queue.heap
+    @staticmethod
+    def _nothing_can_go(progress: _QueueRound, pending: _Pending, cluster: _ClusterRound) -> bool:
+        """Whether every kind of job the queue has waiting in this cluster was turned down."""
+        if cluster.overcommitted:
+            return True
+        shapes = pending.shapes
+        if len(shapes) > _SET_ASIDE_SHAPE_SCAN:
+            return False
+        no_room = cluster.rejected
+        over_limit = progress.over_limit
+        return all(
+            shape in no_room or shape in over_limit or not cluster.fits_some_node(shape)
+            for shape in shapes
+        )
+
+    def _validate_head(self, progress: _QueueRound, pending: _Pending) -> bool:
+        """Make heap[0] a job the round may consider: drop stale entries and park jobs too big
+        for every node of their cluster. False when nothing is left."""
+        heap = pending.heap
         jobs = self.state._jobs
-        name = queue.name
+        name = progress.queue.name
+        cluster_name = pending.cluster
         skipped_jobs = self.skipped_jobs
         while heap:
             entry = heap[0]
@@ -341,30 +413,29 @@ class _Round:
                 or job.state is not _QUEUED
                 or job.parked
                 or job.queue != name
+                or job.cluster != cluster_name
                 or job.priority != -entry[0]
                 or job.created_at != entry[1]
                 or entry[2] in skipped_jobs  # a second entry for a job already looked at
             ):
                 heapq.heappop(heap)
                 continue
-            cluster = self.clusters.get(job.cluster)
+            cluster = self.clusters.get(cluster_name)
             if cluster is None:
-                cluster = self.clusters[job.cluster] = _ClusterRound(
-                    self.state._clusters[job.cluster], self.inverse_total
+                cluster = self.clusters[cluster_name] = _ClusterRound(
+                    self.state._clusters[cluster_name], self.inverse_total
                 )
             if not cluster.fits_some_node(job.shape):
                 heapq.heappop(heap)
-                self.state._park(queue, job, entry)
+                self.state._park(progress.queue, pending, job, entry)
                 skipped_jobs[entry[2]] = (
                     SkipReason.TOO_BIG_FOR_ANY_NODE
                     if cluster.sizes
                     else SkipReason.NO_SCHEDULABLE_NODES
                 )
                 continue
-            progress.head = job
-            return job
-        progress.head = None
-        return None
+            return True
+        return False
 
     def _cost_after(self, progress: _QueueRound, shape: _Shape) -> float:
         share = progress.share
@@ -405,6 +476,7 @@ class _Round:
                 released=0 if progress is None else progress.released,
                 skipped=per_queue.get(name, {}),
                 outcome=outcome,
+                set_aside=() if progress is None else tuple(sorted(progress.set_aside)),
             )
         return RoundResult(
             decisions=tuple(decisions),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -120,6 +120,11 @@ def pod_requests(pod: KubeObject) -> Resources:
     return effective + Resources.from_kubernetes(spec.get("overhead"))
 
 
+def _qualified_name(pod: KubeObject) -> str:
+    metadata = _metadata(pod)
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
 def _timestamp(text: str | None, default: datetime) -> datetime:
     if not text:
         return default
@@ -219,10 +224,15 @@ class _Observation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What to publish after a (re)list: one event per managed pod, then the snapshot itself."""
+    """What to publish after a (re)list: one event per managed pod, then the snapshot itself.
+
+    `unreadable` names pods that could not be read (with why); a managed one is still listed in
+    the snapshot, so it is not taken for vanished.
+    """
 
     pod_events: list[PodEvent]
     cluster_snapshot: ClusterSnapshot
+    unreadable: list[str] = field(default_factory=list)
 
 
 def _new_id() -> str:
@@ -270,34 +280,48 @@ class ObservedCluster:
         self._unmanaged.clear()
         self._usage_by_node.clear()
         events: list[PodEvent] = []
+        unfinished: list[str] = []
+        unreadable: list[str] = []
         for pod in pods:
-            if is_managed(pod):
+            try:
+                if not is_managed(pod):
+                    self._track_unmanaged(pod, deleted=False)
+                    continue
                 event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
                                   observed_at=listed_at, snapshot_id=snapshot_id)
-                self._managed[event.uid] = _Observation.of(event)
-                events.append(event)
-            else:
-                self._track_unmanaged(pod, deleted=False)
+            except ValueError as error:
+                unreadable.append(f"{_qualified_name(pod)}: {error}")
+                if is_managed(pod):
+                    unfinished.append(_metadata(pod).get("uid", ""))
+                continue
+            self._managed[event.uid] = _Observation.of(event)
+            events.append(event)
+            if not event.state.is_terminal:
+                unfinished.append(event.uid)
         self.pods_listed = True
         self.capacity_revision += 1
-        unfinished = [e.uid for e in events if not e.state.is_terminal]
         return Snapshot(
             pod_events=events,
             cluster_snapshot=ClusterSnapshot(snapshot_id=snapshot_id, cluster=self.cluster,
                                              listed_at=listed_at, pod_uids=unfinished),
+            unreadable=unreadable,
         )
 
     def observe_pod(self, pod: KubeObject, *, deleted: bool = False) -> PodEvent | None:
-        """Take in a watch event's pod; the event to publish when a managed pod changed."""
+        """Take in a watch event's pod; the event to publish when a managed pod changed.
+
+        Raises ValueError for a pod it cannot read (which the apiserver's validation should make
+        impossible); what was known of the pod before is kept.
+        """
         uid = _metadata(pod).get("uid", "")
         if not is_managed(pod):
             # A pod relabelled out of lockgate's hands is forgotten as managed.
             self._managed.pop(uid, None)
             self._track_unmanaged(pod, deleted=deleted)
             return None
-        self._forget_unmanaged(uid)
         event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
                           observed_at=self._now(), deleted=deleted)
+        self._forget_unmanaged(uid)
         observation = _Observation.of(event)
         previous = self._managed.get(uid)
         if deleted:

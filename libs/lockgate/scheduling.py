@@ -3,8 +3,8 @@
 Why it exists: a scheduling round must decide within a fraction of a second over a million queued
 jobs, so it cannot rebuild anything per round. `SchedulerState` is fed every change as it happens
 (a queue defined, a node's capacity observed, a job's state moved) and keeps, in O(log n) per
-change, exactly what a round needs: per queue a heap of its pending jobs in release order, its
-allocation and demand; per cluster its nodes and what managed jobs already hold on them.
+change, exactly what a round needs: per queue and cluster a heap of its pending jobs in release
+order; per queue its allocation and demand; per cluster its nodes and what managed jobs hold.
 
 It mirrors what it is told and judges nothing: callers fold events through
 `lockgate.jobs.advance` first. The round that reads this state lives in `lockgate.fairness`; the two
@@ -125,17 +125,33 @@ class _Job:
         self.parked = False
 
 
+class _Pending:
+    """A queue's pending jobs in one cluster: a heap in release order, lazily deleted.
+
+    Split per cluster so that a round can set a whole cluster aside for a queue once that cluster
+    has no room for any kind of job the queue has waiting there.
+    """
+
+    __slots__ = ("cluster", "heap", "live", "parked", "parked_entries", "shapes")
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.heap: list[HeapEntry] = []
+        self.live = 0  # queued jobs not parked; each has at least one valid heap entry
+        self.shapes: dict[_Shape, int] = {}  # live jobs per request shape
+        self.parked = 0
+        self.parked_entries: list[HeapEntry] = []
+
+
 class _Queue:
     __slots__ = (
         "allocated",
         "allocation",
         "demand",
-        "heap",
-        "keys",
         "limit_pairs",
         "name",
         "parked",
-        "parked_entries",
+        "pending",
         "priority_factor",
         "queued",
         "spec",
@@ -146,12 +162,9 @@ class _Queue:
         self.spec: QueueSpec | None = None  # None: jobs name a queue nobody defined (yet)
         self.priority_factor = 1.0  # cost = share * priority_factor, i.e. share / weight
         self.limit_pairs: tuple[tuple[int, int], ...] = ()
-        self.heap: list[HeapEntry] = []  # pending jobs, lazily deleted
+        self.pending: dict[str, _Pending] = {}  # by cluster
         self.queued = 0  # queued jobs, parked included
         self.parked = 0
-        self.parked_entries: dict[str, list[HeapEntry]] = {}  # by cluster
-        # (cluster, shape) -> number of queued, unparked jobs: what the queue could still place.
-        self.keys: dict[tuple[str, _Shape], int] = {}
         self.demand = [0] * axes  # requests of queued, unparked jobs
         self.allocated = 0
         self.allocation = [0] * axes  # requests of jobs holding capacity
@@ -166,6 +179,12 @@ class _Queue:
 
     def is_empty(self) -> bool:
         return self.queued == 0 and self.allocated == 0
+
+    def pending_in(self, cluster: str) -> _Pending:
+        pending = self.pending.get(cluster)
+        if pending is None:
+            pending = self.pending[cluster] = _Pending(cluster)
+        return pending
 
 
 class _Node:
@@ -345,23 +364,23 @@ class SchedulerState:
                 old.state is _QUEUED
                 and new.state is _QUEUED
                 and old.queue == new.queue
+                and old.cluster == new.cluster
                 and old.priority == new.priority
                 and old.created_at == new.created_at
             ):
                 # Its entry is still valid where it is: in the heap, or among the parked ones
-                # if nothing that decides its fit changed.
+                # if its requests did not change.
                 if not old.parked:
                     entry_in_place = True
-                elif old.cluster == new.cluster and old.shape is shape:
+                elif old.shape is shape:
                     new.parked = entry_in_place = True
         self._jobs[job.job_id] = new
         self._apply(job.job_id, new, hint)
         if new.state is _QUEUED and not entry_in_place:
-            heapq.heappush(
-                self._queues[new.queue].heap, (-new.priority, new.created_at, job.job_id)
-            )
+            pending = self._queues[new.queue].pending[new.cluster]
+            heapq.heappush(pending.heap, (-new.priority, new.created_at, job.job_id))
         if old is not None:
-            self._tidy_queue(old.queue)
+            self._tidy(old.queue, old.cluster)
 
     def upsert_jobs(self, jobs: Iterable[SchedJob]) -> None:
         for job in jobs:
@@ -373,7 +392,7 @@ class SchedulerState:
             return
         self._retract(job_id, old)
         self._release_shape(old.shape)
-        self._tidy_queue(old.queue)
+        self._tidy(old.queue, old.cluster)
 
     def job(self, job_id: str) -> SchedJob | None:
         record = self._jobs.get(job_id)
@@ -405,18 +424,17 @@ class SchedulerState:
         record.node_name = None
         self._apply(job_id, record, node_hint)
 
-    def _park(self, queue: _Queue, record: _Job, entry: HeapEntry) -> None:
-        """Move a queued job that fits no node of its cluster out of the heap (already popped)."""
+    def _park(self, queue: _Queue, pending: _Pending, record: _Job, entry: HeapEntry) -> None:
+        """Set aside a queued job that fits no node of its cluster (its entry already popped)."""
         record.parked = True
         queue.parked += 1
+        pending.parked += 1
         _subtract_pairs(queue.demand, record.shape.pairs)
-        self._forget_key(queue, (record.cluster, record.shape))
-        entries = queue.parked_entries.setdefault(record.cluster, [])
+        self._forget_shape(pending, record.shape)
+        entries = pending.parked_entries
         entries.append(entry)
-        if len(entries) > 2 * queue.parked + 64:
-            entries[:] = _unique(
-                [e for e in entries if self._is_parked_entry(queue, record.cluster, e)]
-            )
+        if len(entries) > 2 * pending.parked + 64:
+            entries[:] = _unique([e for e in entries if self._is_parked_entry(queue, pending, e)])
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -427,11 +445,13 @@ class SchedulerState:
         shape = record.shape
         if record.state is _QUEUED:
             queue.queued -= 1
+            pending = queue.pending[record.cluster]
             if record.parked:
                 queue.parked -= 1
+                pending.parked -= 1
             else:
                 _subtract_pairs(queue.demand, shape.pairs)
-                self._forget_key(queue, (record.cluster, shape))
+                self._forget_shape(pending, shape)
         else:
             cluster = self._clusters[record.cluster]
             queue.allocated -= 1
@@ -454,12 +474,14 @@ class SchedulerState:
         if record.state is _QUEUED:
             self._cluster(record.cluster)
             queue.queued += 1
+            pending = queue.pending_in(record.cluster)
             if record.parked:
                 queue.parked += 1
+                pending.parked += 1
             else:
                 _add_pairs(queue.demand, shape.pairs)
-                key = (record.cluster, shape)
-                queue.keys[key] = queue.keys.get(key, 0) + 1
+                pending.live += 1
+                pending.shapes[shape] = pending.shapes.get(shape, 0) + 1
         else:
             cluster = self._cluster(record.cluster)
             queue.allocated += 1
@@ -476,63 +498,73 @@ class SchedulerState:
                 cluster.jobs_on_node[node] += 1
 
     @staticmethod
-    def _forget_key(queue: _Queue, key: tuple[str, _Shape]) -> None:
-        left = queue.keys[key] - 1
+    def _forget_shape(pending: _Pending, shape: _Shape) -> None:
+        pending.live -= 1
+        left = pending.shapes[shape] - 1
         if left:
-            queue.keys[key] = left
+            pending.shapes[shape] = left
         else:
-            del queue.keys[key]
+            del pending.shapes[shape]
 
-    def _is_heap_entry(self, queue: _Queue, entry: HeapEntry) -> bool:
+    def _is_heap_entry(self, queue: _Queue, pending: _Pending, entry: HeapEntry) -> bool:
         record = self._jobs.get(entry[2])
         return (
             record is not None
             and record.state is _QUEUED
             and not record.parked
             and record.queue == queue.name
+            and record.cluster == pending.cluster
             and record.priority == -entry[0]
             and record.created_at == entry[1]
         )
 
-    def _is_parked_entry(self, queue: _Queue, cluster: str, entry: HeapEntry) -> bool:
+    def _is_parked_entry(self, queue: _Queue, pending: _Pending, entry: HeapEntry) -> bool:
         record = self._jobs.get(entry[2])
         return (
             record is not None
             and record.state is _QUEUED
             and record.parked
-            and record.cluster == cluster
             and record.queue == queue.name
+            and record.cluster == pending.cluster
             and record.priority == -entry[0]
             and record.created_at == entry[1]
         )
 
-    def _tidy_queue(self, name: str) -> None:
-        """Forget an undefined queue with no jobs; compact a heap that is mostly stale entries."""
-        queue = self._queues.get(name)
+    def _tidy(self, queue_name: str, cluster: str) -> None:
+        """After a change: forget what is empty, compact a heap that is mostly stale entries."""
+        queue = self._queues.get(queue_name)
         if queue is None:
             return
+        pending = queue.pending.get(cluster)
+        if pending is not None:
+            if pending.live == 0 and pending.parked == 0:
+                del queue.pending[cluster]
+            elif len(pending.heap) > 2 * pending.live + 64:
+                # Lazy deletion leaves stale entries behind; dropping them once they outnumber
+                # the live ones keeps the heap O(live) at O(1) amortised cost per change.
+                live = [e for e in pending.heap if self._is_heap_entry(queue, pending, e)]
+                pending.heap = _unique(live)
+                heapq.heapify(pending.heap)
         if queue.spec is None and queue.is_empty():
-            del self._queues[name]
-        elif len(queue.heap) > 2 * (queue.queued - queue.parked) + 64:
-            # Lazy deletion leaves stale entries behind; dropping them once they outnumber the
-            # live ones keeps the heap O(live) at O(1) amortised cost per change.
-            queue.heap = _unique([e for e in queue.heap if self._is_heap_entry(queue, e)])
-            heapq.heapify(queue.heap)
+            del self._queues[queue_name]
 
     def _unpark(self, cluster: str) -> None:
         """The cluster gained a node size: its parked jobs may fit now, so they queue again."""
         for queue in self._queues.values():
-            entries = queue.parked_entries.pop(cluster, None)
-            if not entries:
+            pending = queue.pending.get(cluster)
+            if pending is None or not pending.parked_entries:
                 continue
-            for entry in _unique([e for e in entries if self._is_parked_entry(queue, cluster, e)]):
+            entries = pending.parked_entries
+            pending.parked_entries = []
+            for entry in _unique([e for e in entries if self._is_parked_entry(queue, pending, e)]):
                 record = self._jobs[entry[2]]
                 record.parked = False
                 queue.parked -= 1
+                pending.parked -= 1
                 _add_pairs(queue.demand, record.shape.pairs)
-                key = (cluster, record.shape)
-                queue.keys[key] = queue.keys.get(key, 0) + 1
-                heapq.heappush(queue.heap, entry)
+                pending.live += 1
+                pending.shapes[record.shape] = pending.shapes.get(record.shape, 0) + 1
+                heapq.heappush(pending.heap, entry)
 
     def _queue(self, name: str) -> _Queue:
         queue = self._queues.get(name)

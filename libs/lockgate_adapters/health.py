@@ -1,12 +1,14 @@
 """Liveness, readiness and Prometheus metrics over HTTP, one small server per service.
 
 Readiness is the conjunction of named checks that the service's loops flip: a service whose
-Postgres or Kafka is down reports not ready (and says which) while it retries.
+Postgres or Kafka is down reports not ready (and says which) while it retries. A service may also
+serve small read-only JSON views under /api/ (e.g. the scheduler's fairness report).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -45,12 +47,20 @@ class HealthServer:
         self._host, self._port = host, port
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
+        self._json_views: dict[str, Callable[[], object]] = {}
+
+    def add_json_view(self, path: str, view: Callable[[], object]) -> None:
+        """Serve `view()` as JSON at GET `path` (which starts with /api/), even once started."""
+        if not path.startswith("/api/"):
+            raise ValueError(f"JSON views live under /api/, not at {path!r}")
+        self._json_views[path] = view
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/{view:.*}", self._json_view)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -71,6 +81,12 @@ class HealthServer:
         return web.json_response(
             {"ready": self.readiness.ready, "checks": self.readiness.report()}, status=status
         )
+
+    async def _json_view(self, request: web.Request) -> web.Response:
+        view = self._json_views.get(request.path)
+        if view is None:
+            raise web.HTTPNotFound(text=f"no view at {request.path}")
+        return web.json_response(view())
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

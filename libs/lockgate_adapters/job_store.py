@@ -33,7 +33,7 @@ from lockgate.ingest import (
 )
 from lockgate.jobs import TERMINAL_STATES, JobState
 from lockgate.queues import QueueSpec
-from lockgate_adapters.postgres import hold_change_feed_lock, notify_changes
+from lockgate_adapters.postgres import AnyConnection, hold_change_feed_lock, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 
@@ -49,7 +49,7 @@ _JOB_COLUMNS = (
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
 
-async def lock_current_rows(connection: asyncpg.Connection, needed: RowsToRead) -> CurrentRows:
+async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> CurrentRows:
     """Read, `FOR UPDATE`, every row a batch may change (see `lockgate.ingest.CurrentRows`).
 
     Call after `hold_change_feed_lock`: every writer takes that lock first, so the row locks
@@ -112,7 +112,7 @@ def _as_dict(record: asyncpg.Record) -> dict[str, Any]:
 
 # Ingest: write ------------------------------------------------------------------------------
 
-async def write_ingest(connection: asyncpg.Connection, result: IngestResult) -> None:
+async def write_ingest(connection: AnyConnection, result: IngestResult) -> None:
     """Write a folded batch: new/changed rows only, each changed row taking a new serial."""
     if result.jobs:
         await upsert_jobs(connection, result.jobs)
@@ -140,7 +140,7 @@ async def write_ingest(connection: asyncpg.Connection, result: IngestResult) -> 
         )
 
 
-async def upsert_jobs(connection: asyncpg.Connection, rows: Sequence[JobRow]) -> None:
+async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None:
     """Insert or overwrite whole job rows (the caller read them FOR UPDATE and folded them)."""
     columns = _columns(rows, *(c.strip() for c in _JOB_COLUMNS.split(",")))
     columns[7] = [json.dumps(dict(r)) for r in columns[7]]  # requests
@@ -168,7 +168,7 @@ async def upsert_jobs(connection: asyncpg.Connection, rows: Sequence[JobRow]) ->
     )
 
 
-async def upsert_nodes(connection: asyncpg.Connection, rows: Sequence[NodeRow]) -> None:
+async def upsert_nodes(connection: AnyConnection, rows: Sequence[NodeRow]) -> None:
     columns = _columns(rows, "cluster", "node", "allocatable", "unmanaged_usage",
                        "schedulable", "present", "observed_at")
     columns[2] = [json.dumps(dict(a)) for a in columns[2]]
@@ -187,7 +187,7 @@ async def upsert_nodes(connection: asyncpg.Connection, rows: Sequence[NodeRow]) 
     )
 
 
-async def upsert_clusters(connection: asyncpg.Connection, rows: Sequence[ClusterRow]) -> None:
+async def upsert_clusters(connection: AnyConnection, rows: Sequence[ClusterRow]) -> None:
     await connection.execute(
         "INSERT INTO clusters (name, capacity_observed_at, last_snapshot_id, last_snapshot_at)"
         " SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::timestamptz[])"
@@ -228,19 +228,19 @@ def _queue_spec(record: asyncpg.Record) -> QueueSpec:
     return QueueSpec.model_validate(values)
 
 
-async def list_queues(connection: asyncpg.Connection) -> list[QueueSpec]:
+async def list_queues(connection: AnyConnection) -> list[QueueSpec]:
     records = await connection.fetch(
         f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE NOT deleted ORDER BY name")  # noqa: S608
     return [_queue_spec(record) for record in records]
 
 
-async def get_queue(connection: asyncpg.Connection, name: str) -> QueueSpec | None:
+async def get_queue(connection: AnyConnection, name: str) -> QueueSpec | None:
     record = await connection.fetchrow(
         f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE name = $1 AND NOT deleted", name)  # noqa: S608
     return None if record is None else _queue_spec(record)
 
 
-async def create_queue(connection: asyncpg.Connection, spec: QueueSpec) -> QueueSpec:
+async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
     """Create a queue, or revive a deleted one under the same name; 409-worthy if it exists."""
     async with connection.transaction():
         await hold_change_feed_lock(connection)
@@ -263,7 +263,7 @@ async def create_queue(connection: asyncpg.Connection, spec: QueueSpec) -> Queue
     return _queue_spec(record)
 
 
-async def update_queue(connection: asyncpg.Connection, name: str,
+async def update_queue(connection: AnyConnection, name: str,
                        edit: Callable[[QueueSpec], QueueSpec]) -> QueueSpec:
     """Replace an existing queue's settings with `edit(current)`.
 
@@ -296,7 +296,7 @@ async def update_queue(connection: asyncpg.Connection, name: str,
     return _queue_spec(record)
 
 
-async def delete_queue(connection: asyncpg.Connection, name: str) -> None:
+async def delete_queue(connection: AnyConnection, name: str) -> None:
     """Tombstone a queue (readers of the change feed must see it go); its jobs stay stored."""
     async with connection.transaction():
         await hold_change_feed_lock(connection)
@@ -311,7 +311,7 @@ async def delete_queue(connection: asyncpg.Connection, name: str) -> None:
 # Job views for operators ----------------------------------------------------------------------
 
 async def list_jobs(
-    connection: asyncpg.Connection, *, queue: str | None = None, state: JobState | None = None,
+    connection: AnyConnection, *, queue: str | None = None, state: JobState | None = None,
     cluster: str | None = None, limit: int = 100,
 ) -> list[JobRow]:
     """Jobs matching the filters, oldest first (the order a queue is served in, by default)."""
@@ -325,7 +325,7 @@ async def list_jobs(
     return [_job_row(record) for record in records]
 
 
-async def count_jobs_by_state(connection: asyncpg.Connection,
+async def count_jobs_by_state(connection: AnyConnection,
                               *, cluster: str | None = None) -> dict[str, int]:
     records = await connection.fetch(
         "SELECT state, count(*) AS n FROM jobs WHERE ($1::text IS NULL OR cluster = $1)"

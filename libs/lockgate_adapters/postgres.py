@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
@@ -29,6 +30,9 @@ MIGRATIONS_LOCK = 7_310_001
 CHANGE_FEED_LOCK = 7_310_002
 LEADER_LOCK = 7_310_003
 CHANGES_CHANNEL = "lockgate_changes"
+
+# A connection of its own or one borrowed from a pool (`async with pool.acquire()`).
+AnyConnection = asyncpg.Connection | PoolConnectionProxy
 
 
 def is_retryable_postgres_error(error: BaseException) -> bool:
@@ -111,12 +115,12 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
     return applied
 
 
-async def hold_change_feed_lock(connection: asyncpg.Connection) -> None:
+async def hold_change_feed_lock(connection: AnyConnection) -> None:
     """Inside a transaction that bumps change_serial: serialise it with other such writers."""
     await connection.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
 
 
-async def notify_changes(connection: asyncpg.Connection, payload: str = "") -> None:
+async def notify_changes(connection: AnyConnection, payload: str = "") -> None:
     await connection.execute("SELECT pg_notify($1, $2)", CHANGES_CHANNEL, payload)
 
 

@@ -46,11 +46,14 @@ async def run_service(
     if install_signal_handlers:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ctx.stopping.set)
+    # Not ready until the service has built its clients and declared its own checks.
+    ctx.readiness.set("started", False, "composing")
     await ctx.health.start()
     log.info("%s started; health on %s:%s", settings.service_name, settings.http_host,
              ctx.health.bound_port)
     try:
         loops = await compose(ctx)
+        ctx.readiness.set("started", True, "running")
         async with asyncio.TaskGroup() as group:
             tasks: list[asyncio.Task[None]] = [
                 group.create_task(run(ctx.stopping)) for run in loops

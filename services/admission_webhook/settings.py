@@ -33,7 +33,7 @@ class WebhookSettings(ServiceSettings):
         default_factory=dict,
         description='cluster name -> kubeconfig path, e.g. {"cluster-a": "/path/kubeconfig"}',
     )
-    register: bool = Field(default=True, description="create or update the webhook "
+    register_in_clusters: bool = Field(default=True, description="create or update the webhook "
                            "configuration in every cluster at start")
     configuration_name: str = Field(default="lockgate",
                                     description="name of the MutatingWebhookConfiguration")

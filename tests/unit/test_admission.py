@@ -1,15 +1,26 @@
-"""Every path of the admission decision, table-driven, and the patch applied to real pod JSON."""
+"""Every path of the admission decision, table-driven, and the patch applied to real pod JSON.
+
+Also the webhook service's parts that need no stack: its certificates, caches and settings.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import json
+import ssl
 from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
+from admission_webhook.certificates import RENEW_BEFORE, ensure_certificates, needs_renewal
+from admission_webhook.cluster_lookups import TtlCache
+from admission_webhook.settings import WebhookSettings
 from lockgate.admission import (
     AdmissionRequest,
     Decision,
@@ -391,3 +402,123 @@ def test_webhook_configuration_is_fail_closed_and_excludes_system_namespaces() -
     (expression,) = selector["matchExpressions"]
     assert expression["operator"] == "NotIn"
     assert {"kube-system", "kube-public", "kube-node-lease"} <= set(expression["values"])
+
+
+# ------------------------------------------------------------- the service's certificates
+
+
+def test_certificates_are_generated_once_and_serve_tls_for_loopback(tmp_path: Path) -> None:
+    certificates = ensure_certificates(tmp_path, hosts=["127.0.0.1", "localhost"])
+
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ca.key").stat().st_mode & 0o777 == 0o600
+    ca = x509.load_pem_x509_certificate(certificates.ca_pem)
+    serving = x509.load_pem_x509_certificate(certificates.cert_path.read_bytes())
+    serving.verify_directly_issued_by(ca)
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    again = ensure_certificates(tmp_path, hosts=["127.0.0.1", "localhost"])
+    assert again.ca_pem == certificates.ca_pem
+    assert again.cert_path.read_bytes() == certificates.cert_path.read_bytes()
+
+
+async def test_a_client_trusting_only_the_ca_completes_a_handshake(tmp_path: Path) -> None:
+    certificates = ensure_certificates(tmp_path, hosts=["127.0.0.1"])
+
+    async def greet(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(greet, "127.0.0.1", 0,
+                                        ssl=certificates.ssl_context())
+    port = server.sockets[0].getsockname()[1]
+    trust = ssl.create_default_context(cadata=certificates.ca_pem.decode())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=trust)
+        assert await reader.read() == b"hello"
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_expiring_serving_certificate_is_renewed_under_the_same_ca(tmp_path: Path) -> None:
+    first = ensure_certificates(tmp_path, hosts=["127.0.0.1"])
+    late = first.not_after - RENEW_BEFORE + timedelta(hours=1)
+    assert needs_renewal(first, late)
+
+    renewed = ensure_certificates(tmp_path, hosts=["127.0.0.1"], now=late)
+
+    assert renewed.ca_pem == first.ca_pem
+    assert renewed.not_after > first.not_after
+    assert not needs_renewal(renewed, late)
+
+
+def test_expiring_ca_is_replaced(tmp_path: Path) -> None:
+    first = ensure_certificates(tmp_path, hosts=["127.0.0.1"])
+    ca = x509.load_pem_x509_certificate(first.ca_pem)
+
+    replaced = ensure_certificates(tmp_path, hosts=["127.0.0.1"],
+                                   now=ca.not_valid_after_utc - timedelta(days=1))
+
+    assert replaced.ca_pem != first.ca_pem
+
+
+def test_a_new_host_gets_a_new_serving_certificate(tmp_path: Path) -> None:
+    first = ensure_certificates(tmp_path, hosts=["127.0.0.1"])
+    wider = ensure_certificates(tmp_path, hosts=["127.0.0.1", "webhook.local"])
+    assert wider.ca_pem == first.ca_pem
+    serving = x509.load_pem_x509_certificate(wider.cert_path.read_bytes())
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["webhook.local"]
+
+
+# ------------------------------------------------------------------ the service's caches
+
+
+async def test_cache_coalesces_concurrent_loads_and_expires() -> None:
+    now = [0.0]
+    cache: TtlCache[int] = TtlCache(ttl=2.0, clock=lambda: now[0])
+    calls = 0
+
+    async def load() -> int:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        return calls
+
+    assert await asyncio.gather(*(cache.get("rs", load) for _ in range(50))) == [1] * 50
+    assert await cache.get("rs", load) == 1
+    now[0] = 2.5
+    assert await cache.get("rs", load) == 2
+
+
+async def test_cache_does_not_keep_failures() -> None:
+    cache: TtlCache[str] = TtlCache(ttl=60.0)
+
+    async def fail() -> str:
+        raise LookupError("apiserver down")
+
+    async def succeed() -> str:
+        return "labels"
+
+    with pytest.raises(LookupError):
+        await cache.get("ns", fail)
+    assert await cache.get("ns", succeed) == "labels"
+
+
+def test_settings_refuse_an_answer_budget_beyond_the_apiserver_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOCKGATE_WEBHOOK_CLUSTERS", '{"cluster-a": "/kubeconfig"}')
+    monkeypatch.setenv("LOCKGATE_WEBHOOK_ANSWER_WITHIN_SECONDS", "6")
+    with pytest.raises(ValueError, match="answer_within_seconds must be below"):
+        WebhookSettings()
+    monkeypatch.setenv("LOCKGATE_WEBHOOK_ANSWER_WITHIN_SECONDS", "3")
+    assert WebhookSettings().clusters == {"cluster-a": "/kubeconfig"}
+    monkeypatch.setenv("LOCKGATE_WEBHOOK_CLUSTER", "typo")
+    with pytest.raises(ValueError, match="LOCKGATE_WEBHOOK_CLUSTER"):
+        WebhookSettings()

@@ -327,3 +327,14 @@ def test_relist_forgets_pods_that_vanished_while_nobody_watched() -> None:
     assert cluster.unmanaged_usage("n1") == {} and cluster.managed_pod_count == 0
     # After a relist the next change of a managed pod is reported again.
     assert cluster.observe_pod(a_pod("m").in_queue("q").gated().obj()) is not None
+
+
+def test_an_unreadable_pod_is_skipped_but_a_managed_one_is_not_taken_for_vanished() -> None:
+    cluster = a_cluster()
+    broken = a_pod("broken").in_queue("q").gated().requesting(cpu="lots").obj()
+    snapshot = cluster.relist_pods([broken, a_pod("fine").in_queue("q").gated().obj()])
+    assert [e.name for e in snapshot.pod_events] == ["fine"]
+    assert snapshot.cluster_snapshot.pod_uids == ["uid-broken", "uid-fine"]
+    assert len(snapshot.unreadable) == 1 and "team-a/broken" in snapshot.unreadable[0]
+    with pytest.raises(ValueError, match="lots"):
+        cluster.observe_pod(broken)

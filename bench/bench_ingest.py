@@ -1,0 +1,177 @@
+"""Ingest benchmark: how fast pod events get from Kafka into Postgres through queue-store.
+
+Measured in one run, on the local stack, each on a fresh database:
+- baseline: a raw `executemany` INSERT of the same job rows, no Kafka, no folding;
+- store only: queue-store's transaction (lock, read FOR UPDATE, fold, bulk write) called
+  directly in batches, no Kafka;
+- end to end: a burst of N pod events published to Kafka while queue-store runs as a process;
+  timed from the first publish to the last row visible in Postgres. Then the same N pods move
+  to RUNNING (updates instead of inserts).
+
+Prints one JSON object per measurement; rates are events per second, with the ratio to the
+baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+import devstack
+from devstack.launcher import ServiceProcess
+from lockgate.events import POD_EVENTS, PodEvent
+from lockgate.jobs import JobState
+from lockgate_adapters.kafka import make_producer, publish_many
+from lockgate_adapters.postgres import connect_pool, migrate
+from lockgate_adapters.settings import RetryPolicy
+from queue_store.ingesting import store_events
+from queue_store.testing import (
+    QueueStoreUnderTest,
+    create_database,
+    drop_database,
+    start_group_at_end,
+)
+
+MAX_EVENTS = 200_000
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def pod_events(cluster: str, count: int, state: JobState = JobState.QUEUED) -> list[PodEvent]:
+    now = datetime.now(UTC)
+    return [PodEvent(event_id=f"{cluster}-{i}-{state}", cluster=cluster, namespace="bench",
+                     name=f"pod-{i}", uid=f"{cluster}-{i}", state=state,
+                     queue=f"queue-{i % 8}", jobset=f"jobset-{i % 50}",
+                     requests={"cpu": 500, "memory": 2**30},
+                     created_at=now - timedelta(seconds=1), observed_at=now)
+            for i in range(count)]
+
+
+async def baseline_executemany(dsn: str, events: Sequence[PodEvent]) -> float:
+    """Seconds for a plain executemany of the same rows: the floor of any ingest path."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        rows = [(e.cluster, e.uid, e.namespace, e.name, e.queue, e.jobset, e.priority,
+                 json.dumps(e.requests), e.state.value, e.created_at) for e in events]
+        started = time.perf_counter()
+        async with connection.transaction():
+            await connection.executemany(
+                "INSERT INTO jobs (cluster, uid, namespace, name, queue, jobset, priority,"
+                " requests, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+                " $8::jsonb, $9, $10)", rows)
+        return time.perf_counter() - started
+    finally:
+        await connection.close()
+
+
+async def store_only(dsn: str, events: Sequence[PodEvent], batch: int) -> float:
+    pool = await connect_pool(dsn, policy=RetryPolicy())
+    try:
+        started = time.perf_counter()
+        for start in range(0, len(events), batch):
+            await store_events(pool, events[start:start + batch])
+        return time.perf_counter() - started
+    finally:
+        await pool.close()
+
+
+async def count_until(pool: asyncpg.Pool, sql: str, args: Sequence[Any], expected: int,
+                      started: float, within: float) -> float:
+    while True:
+        if await pool.fetchval(sql, *args) == expected:
+            return time.perf_counter() - started
+        if time.perf_counter() - started > within:
+            raise TimeoutError(f"not all {expected} rows after {within}s")
+        await asyncio.sleep(0.02)
+
+
+async def end_to_end(stack: devstack.StackInfo, dsn: str, count: int,
+                     max_batch: int) -> list[tuple[float, float]]:
+    """(seconds to publish, seconds to store) for `count` new pods, then for moving them all
+    to RUNNING."""
+    spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
+    await start_group_at_end(stack.kafka_bootstrap, spec.group_id)
+    process = ServiceProcess(f"queue-store-bench-{spec.group_id}", "queue_store",
+                             spec.env(max_batch=str(max_batch)), health_port=spec.health_port)
+    producer = make_producer(stack.kafka_bootstrap, client_id="bench-ingest")
+    await process.start()
+    pool = await connect_pool(dsn, policy=RetryPolicy())
+    try:
+        await process.wait_ready(60)
+        await producer.start()
+        cluster = f"bench-{uuid.uuid4().hex[:8]}"
+        timings = []
+        for state in (JobState.QUEUED, JobState.RUNNING):
+            events = pod_events(cluster, count, state)
+            started = time.perf_counter()
+            await publish_many(producer, POD_EVENTS, events)
+            published = time.perf_counter() - started
+            timings.append((published, await count_until(
+                pool, "SELECT count(*) FROM jobs WHERE cluster = $1 AND state = $2",
+                (cluster, state.value), count, started, within=max(60.0, count / 100))))
+        return timings
+    finally:
+        await producer.stop()
+        await pool.close()
+        await process.stop()
+
+
+async def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=2000, help="queue-store's max batch")
+    args = parser.parse_args(argv)
+    count = min(max(args.events, 100), MAX_EVENTS)
+    stack = devstack.ensure_up()
+
+    databases: list[str] = []
+
+    async def fresh_database() -> str:
+        dsn = await create_database(stack.postgres_dsn, prefix="bench_ingest")
+        databases.append(dsn)
+        pool = await connect_pool(dsn, policy=RetryPolicy())
+        try:
+            await migrate(pool)
+        finally:
+            await pool.close()
+        return dsn
+
+    try:
+        events = pod_events(f"bench-{uuid.uuid4().hex[:8]}", count)
+        baseline = count / await baseline_executemany(await fresh_database(), events)
+        emit({"name": "ingest_baseline_executemany", "events": count,
+              "events_per_second": round(baseline)})
+
+        seconds = await store_only(await fresh_database(), events, args.batch)
+        emit({"name": "ingest_store_only", "events": count, "batch": args.batch,
+              "seconds": round(seconds, 3), "events_per_second": round(count / seconds),
+              "ratio_to_baseline": round(count / seconds / baseline, 3)})
+
+        inserted, updated = await end_to_end(stack, await fresh_database(), count, args.batch)
+        for name, (publishing, seconds) in (("ingest_end_to_end_new_pods", inserted),
+                                            ("ingest_end_to_end_state_changes", updated)):
+            emit({"name": name, "events": count, "batch": args.batch,
+                  "seconds": round(seconds, 3), "events_per_second": round(count / seconds),
+                  # The producer in this process is part of the time: its own rate, for scale.
+                  "publish_events_per_second": round(count / publishing),
+                  "ratio_to_baseline": round(count / seconds / baseline, 3),
+                  "baseline": "ingest_baseline_executemany"})
+    finally:
+        for dsn in databases:
+            await drop_database(stack.postgres_dsn, dsn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

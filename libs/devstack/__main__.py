@@ -1,0 +1,50 @@
+"""`python -m devstack up | down [--purge] | status | env | build`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from devstack.errors import StackError
+from devstack.stack import Stack
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack",
+        description="lockgate's local stack: PostgreSQL, Kafka, two Kubernetes control planes.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="install/build what is missing, start everything, wait until healthy")
+    down = sub.add_parser("down", help="stop what the stack started (keeps data)")
+    down.add_argument("--purge", action="store_true", help="also delete the stack's data")
+    sub.add_parser("status", help="one line per component; exit 1 if anything is not healthy")
+    sub.add_parser("env", help='print shell exports: eval "$(python -m devstack env)"')
+    sub.add_parser("build", help="install/build what is missing without starting anything")
+    args = parser.parse_args(argv)
+    try:
+        stack = Stack()
+        if args.command == "up":
+            stack.up()
+        elif args.command == "down":
+            stack.down(purge=args.purge)
+        elif args.command == "status":
+            lines, ok = stack.status()
+            print("\n".join(lines))
+            return 0 if ok else 1
+        elif args.command == "env":
+            print("\n".join(stack.env_lines()))
+        elif args.command == "build":
+            stack.build()
+            print(f"everything is installed; binaries in {stack.s.bin_dir}")
+    except StackError as exc:
+        print(f"devstack: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("devstack: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

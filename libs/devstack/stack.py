@@ -1,0 +1,296 @@
+"""The whole local stack: bring it up, report on it, take it down."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from devstack import gobuild
+from devstack.config import CLUSTERS, Settings
+from devstack.errors import StackError
+from devstack.kafka import Kafka, java_bin
+from devstack.kube import Cluster
+from devstack.postgres import Postgres
+from devstack.procs import (
+    Component,
+    Processes,
+    port_busy,
+    port_owner,
+    reserve_ports,
+    wait_healthy,
+)
+
+_MARKER = ".lockgate-stack"
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """Where the running stack's services are."""
+
+    kubeconfigs: dict[str, str]
+    kafka_bootstrap: str
+    postgres_dsn: str
+    stack_dir: str = field(default="")
+
+    def env(self) -> dict[str, str]:
+        """The LOCKGATE_* environment variables that point at this stack."""
+        out = {
+            f"LOCKGATE_KUBECONFIG_{name.upper().replace('-', '_')}": path
+            for name, path in sorted(self.kubeconfigs.items())
+        }
+        out["LOCKGATE_KAFKA_BOOTSTRAP"] = self.kafka_bootstrap
+        out["LOCKGATE_POSTGRES_DSN"] = self.postgres_dsn
+        out["LOCKGATE_STACK_DIR"] = self.stack_dir
+        return out
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Stack:
+    def __init__(self, settings: Settings | None = None, say: Callable[[str], None] = _stderr):
+        self.s = settings or Settings.from_env()
+        self.say = say
+        self.procs = Processes(self.s.run_dir, self.s.logs_dir)
+        self.postgres = Postgres(self.s)
+        self.kafka = Kafka(self.s)
+        self.clusters = [Cluster(self.s, name) for name in CLUSTERS]
+
+    # -- description --
+    def info(self) -> StackInfo:
+        return StackInfo(
+            kubeconfigs={c.name: str(c.kubeconfig) for c in self.clusters},
+            kafka_bootstrap=self.s.kafka_bootstrap,
+            postgres_dsn=self.s.postgres_dsn,
+            stack_dir=str(self.s.stack_dir),
+        )
+
+    def components(self) -> list[Component]:
+        comps = [self.postgres.component(), self.kafka.component()]
+        for c in self.clusters:
+            comps += c.components()
+        return comps
+
+    def _by_kind(self, comps: list[Component], *kinds: str) -> list[Component]:
+        return [c for c in comps if c.name.rsplit("/", 1)[-1] in kinds]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.s.stack_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.s.stack_dir / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.say("another devstack command holds the stack lock; waiting for it")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    # -- health --
+    def problems(self) -> list[str]:
+        """Empty when every component runs and answers, and the clusters are ready."""
+        out = []
+        for comp in self.components():
+            st = self.procs.inspect(comp)
+            if st.state != "running":
+                out.append(f"{comp.name}: {st.state} {st.detail}".rstrip())
+                continue
+            reason = comp.health()
+            if reason is not None:
+                out.append(f"{comp.name}: unhealthy ({reason})")
+        if out:
+            return out
+        reason = self.postgres.query_ok("lockgate")
+        if reason is not None:
+            out.append(f"postgres: database lockgate: {reason}")
+        for c in self.clusters:
+            reason = c.readiness()
+            if reason is not None:
+                out.append(f"{c.name}: {reason}")
+        return out
+
+    # -- commands --
+    def build(self) -> None:
+        """Installs and builds everything missing, without starting anything."""
+        java_bin()
+        gobuild.ensure_binaries(self.s, self.say)
+        self.kafka.ensure_installed(self.say)
+        self.postgres.ensure_installed(self.say)
+
+    def up(self) -> StackInfo:
+        started = time.monotonic()
+        with self._locked():
+            all_ports = [port for comp in self.components() for port in comp.ports]
+            if reserve_ports(all_ports):
+                self.say(
+                    "reserved the stack's ports in net.ipv4.ip_local_reserved_ports so outgoing "
+                    "connections never take them (until reboot)"
+                )
+            if not self.problems():
+                self._summary(f"already up (checked in {time.monotonic() - started:.1f}s)")
+                return self.info()
+            (self.s.stack_dir / _MARKER).touch()
+            # Ports first: a clash is reported before anything is installed or initialised.
+            names_to_start = {c.name for c in self._check_before_start(self.components())}
+            self.build()
+            self.postgres.prepare(self.say)
+            self.kafka.prepare(self.say)
+            for c in self.clusters:
+                c.prepare()
+            comps = self.components()
+            to_start = [c for c in comps if c.name in names_to_start]
+
+            def start(group: list[Component]) -> None:
+                for comp in group:
+                    if comp in to_start:
+                        self.procs.start(comp)
+
+            timeout = self.s.timeout
+            etcds = self._by_kind(comps, "etcd")
+            apiservers = self._by_kind(comps, "kube-apiserver")
+            rest = self._by_kind(comps, "kube-controller-manager", "kube-scheduler", "kwok")
+            services = self._by_kind(comps, "postgres", "kafka")
+            if to_start:
+                self.say(f"starting {', '.join(c.name for c in to_start)}")
+            start(services + etcds)
+            wait_healthy(etcds, self.procs, timeout)
+            start(apiservers)
+            wait_healthy(apiservers, self.procs, timeout)
+            start(rest)
+            for c in self.clusters:
+                c.ensure_nodes()
+            wait_healthy(services + rest, self.procs, timeout)
+            self.postgres.bootstrap()
+            wait_healthy(
+                [],
+                self.procs,
+                timeout,
+                extra={f"{c.name} nodes and service accounts": c.readiness for c in self.clusters},
+            )
+            self._write_env_file()
+            self._summary(f"up in {time.monotonic() - started:.1f}s")
+            return self.info()
+
+    def _check_before_start(self, comps: list[Component]) -> list[Component]:
+        to_start = []
+        for comp in comps:
+            self.procs.clear_stale(comp, self.say)
+            st = self.procs.inspect(comp)
+            if st.state == "running":
+                rec = self.procs.read(comp)
+                if rec is not None and rec.argv != comp.argv:
+                    self.say(
+                        f"note: {comp.name} (pid {st.pid}) runs with other settings than this "
+                        "devstack would use; `python -m devstack down` then `up` applies them"
+                    )
+                continue
+            for port in comp.ports:
+                if port_busy(port):
+                    raise StackError(
+                        f"port {port} (for {comp.name}) is already in use by {port_owner(port)}, "
+                        "which this stack did not start. Stop that process, or give this stack "
+                        "other ports with LOCKGATE_STACK_PORT_OFFSET=<n> (added to every port)."
+                    )
+            to_start.append(comp)
+        return to_start
+
+    def down(self, purge: bool = False) -> None:
+        with self._locked():
+            comps = self.components()
+            tiers = [
+                self._by_kind(comps, "kwok", "kube-scheduler", "kube-controller-manager"),
+                self._by_kind(comps, "kube-apiserver"),
+                self._by_kind(comps, "etcd", "kafka", "postgres"),
+            ]
+            for tier in tiers:
+                stopping = []
+                for comp in tier:
+                    pid = self.procs.inspect(comp).pid
+                    if self.procs.stop(comp, self.say):
+                        stopping.append((comp, pid))
+                if not stopping:
+                    continue
+                deadline = time.monotonic() + max(c.stop_timeout for c, _ in stopping)
+                for comp, pid in stopping:
+                    self.procs.wait_stopped(comp, deadline, self.say)
+                    self.say(f"stopped {comp.name} (pid {pid})")
+            if purge:
+                self._purge()
+
+    def _purge(self) -> None:
+        self.postgres.purge()
+        d = self.s.stack_dir
+        names = ["logs", "run", "postgres", "kafka", "env.sh", ".lock", _MARKER, *CLUSTERS]
+        for name in names:
+            p = d / name
+            if p.is_symlink() or p.is_file():
+                p.unlink()
+            elif p.is_dir():
+                shutil.rmtree(p)
+        with contextlib.suppress(OSError):
+            d.rmdir()
+        self.say(f"purged {d}")
+
+    def status(self) -> tuple[list[str], bool]:
+        ok = True
+        lines = []
+        for comp in self.components():
+            st = self.procs.inspect(comp)
+            if st.state == "running":
+                reason = comp.health()
+                state = "running" if reason is None else "unhealthy"
+                note = "" if reason is None else f"  ({reason})"
+            else:
+                state, note = "stopped", (f"  (stale pid file: {st.detail})" if st.detail else "")
+            ok = ok and state == "running"
+            pid = str(st.pid) if st.pid and st.state == "running" else "-"
+            lines.append(
+                f"{comp.name:<34} {state:<9} pid {pid:<7} {comp.endpoint:<26} "
+                f"log {self.procs.log_path(comp)}{note}"
+            )
+        for c in self.clusters:
+            if self.procs.inspect(c.components()[1]).state == "running":
+                reason = c.readiness()
+                lines.append(
+                    f"{c.name + '/nodes':<34} {c.nodes_summary()}"
+                    + ("" if reason is None else f"  (not ready: {reason})")
+                )
+                ok = ok and reason is None
+        return lines, ok
+
+    def env_lines(self) -> list[str]:
+        return [f"export {k}={shlex.quote(v)}" for k, v in self.info().env().items()]
+
+    def _write_env_file(self) -> None:
+        path = self.s.stack_dir / "env.sh"
+        path.write_text("\n".join(self.env_lines()) + "\n")
+
+    def _summary(self, headline: str) -> None:
+        info = self.info()
+        out = [f"lockgate stack {headline}"]
+        out.append(f"  postgres   {info.postgres_dsn}")
+        out.append(f"  kafka      {info.kafka_bootstrap}")
+        for c in self.clusters:
+            out.append(f"  {c.name:<10} {c.server}  kubeconfig {c.kubeconfig}")
+        out.append(f"  logs       {self.s.logs_dir}")
+        out.append(f"  env        source {self.s.stack_dir / 'env.sh'}")
+        print("\n".join(out), flush=True)
+
+
+def stack_info(settings: Settings | None = None) -> StackInfo:
+    """Where the stack's services are (whether or not it is running)."""
+    return Stack(settings).info()
+
+
+def ensure_up(settings: Settings | None = None) -> StackInfo:
+    """Returns the running stack if it is healthy; otherwise brings it up (raises StackError)."""
+    stack = Stack(settings)
+    if not stack.problems():
+        return stack.info()
+    return stack.up()

@@ -1,0 +1,258 @@
+"""The `lockgate` command: manage queues and look at jobs through queue-store's admin API.
+
+Why a CLI over HTTP rather than over Postgres: the API validates every change and applies the
+change-feed rules in one place; the CLI only turns arguments into requests and answers into text.
+
+    lockgate queue create NAME [--priority-factor F] [--cordon] [--limit cpu=100 ...]
+    lockgate queue update NAME [--priority-factor F] [--cordon|--uncordon]
+                               [--limit memory=1Ti ...] [--remove-limit cpu ...]
+    lockgate queue delete NAME
+    lockgate queue get NAME [-o table|json]
+    lockgate queue list [-o table|json]
+    lockgate jobs list [--queue Q] [--state S] [--cluster C] [--limit N] [-o table|json]
+
+The API address comes from --api, else $LOCKGATE_API, else http://127.0.0.1:58080.
+Exit status: 0 on success, 1 when the API refuses or fails, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+DEFAULT_API = "http://127.0.0.1:58080"
+TIMEOUT_SECONDS = 30.0
+
+
+class CliError(Exception):
+    """A failure to report on stderr with exit status 1."""
+
+
+class AdminClient:
+    """A small JSON-over-HTTP client for the admin API (stdlib only, so the CLI starts fast)."""
+
+    def __init__(self, base_url: str) -> None:
+        parsed = urllib.parse.urlsplit(base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise CliError(f"--api must be an http(s) URL, not {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+
+    def request(self, method: str, path: str, body: object = None,
+                query: dict[str, str] | None = None) -> Any:
+        url = self.base_url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method,  # noqa: S310
+                                         headers={"Content-Type": "application/json",
+                                                  "Accept": "application/json"})
+        try:
+            # The scheme was checked to be http(s) in __init__ (S310 guards against file:).
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310
+                payload = response.read()
+        except urllib.error.HTTPError as error:
+            raise CliError(_error_message(error)) from error
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise CliError(f"cannot reach the lockgate API at {self.base_url}: {reason} "
+                           "(is queue-store running? set --api or LOCKGATE_API)") from error
+        return json.loads(payload) if payload else None
+
+
+def _error_message(error: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(error.read() or b"{}")
+        message = body.get("error") or error.reason
+    except (ValueError, AttributeError):
+        message = error.reason
+    return f"{message} (HTTP {error.code})"
+
+
+def _limits(pairs: Sequence[str]) -> dict[str, str]:
+    limits: dict[str, str] = {}
+    for pair in pairs:
+        resource, sep, quantity = pair.partition("=")
+        if not sep or not resource or not quantity:
+            raise argparse.ArgumentTypeError(
+                f"--limit takes RESOURCE=QUANTITY (e.g. cpu=100 or memory=1Ti), not {pair!r}")
+        limits[resource.strip()] = quantity.strip()
+    return limits
+
+
+def _queue_path(name: str) -> str:
+    return "/api/v1/queues/" + urllib.parse.quote(name, safe="")
+
+
+# Commands ---------------------------------------------------------------------------------
+
+def queue_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    body: dict[str, Any] = {"name": args.name, "cordoned": args.cordon,
+                            "resource_limits": _limits(args.limit)}
+    if args.priority_factor is not None:
+        body["priority_factor"] = args.priority_factor
+    queue = client.request("POST", "/api/v1/queues", body)
+    _print_queues([queue], args.output, out, single=True)
+
+
+def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    patch: dict[str, Any] = {}
+    if args.priority_factor is not None:
+        patch["priority_factor"] = args.priority_factor
+    if args.cordon is not None:
+        patch["cordoned"] = args.cordon
+    limits: dict[str, str | None] = dict(_limits(args.limit))
+    for resource in args.remove_limit:
+        limits[resource] = None  # merge patch: null removes
+    if limits:
+        patch["resource_limits"] = limits
+    if not patch:
+        raise CliError("nothing to update: give --priority-factor, --cordon/--uncordon, "
+                       "--limit or --remove-limit")
+    queue = client.request("PATCH", _queue_path(args.name), patch)
+    _print_queues([queue], args.output, out, single=True)
+
+
+def queue_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    client.request("DELETE", _queue_path(args.name))
+    print(f"queue {args.name} deleted", file=out)
+
+
+def queue_get(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    _print_queues([client.request("GET", _queue_path(args.name))], args.output, out,
+                  single=True)
+
+
+def queue_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    _print_queues(client.request("GET", "/api/v1/queues")["queues"], args.output, out)
+
+
+def jobs_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    query = {name: str(value) for name, value in (
+        ("queue", args.queue), ("state", args.state), ("cluster", args.cluster),
+        ("limit", args.limit)) if value is not None}
+    answer = client.request("GET", "/api/v1/jobs", query=query)
+    if args.output == "json":
+        json.dump(answer, out, indent=2)
+        print(file=out)
+        return
+    _print_table(out, ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE",
+                       "ATTEMPTS", "REASON"],
+                 [[j["cluster"], j["namespace"], j["name"], j["queue"], j["jobset"],
+                   j["state"], str(j["release_attempts"]), j["last_reason"]]
+                  for j in answer["jobs"]])
+    for hint in answer.get("hints", []):
+        print(f"note: {hint}", file=out)
+
+
+def _print_queues(queues: list[dict[str, Any]], output: str, out: TextIO,
+                  *, single: bool = False) -> None:
+    if output == "json":
+        json.dump(queues[0] if single else queues, out, indent=2)
+        print(file=out)
+        return
+    _print_table(out, ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS"],
+                 [[q["name"], f"{q['priority_factor']:g}", f"{q['weight']:.3g}",
+                   "yes" if q["cordoned"] else "no",
+                   ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-"]
+                  for q in queues])
+
+
+def _print_table(out: TextIO, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows,
+                                                                          strict=False)]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths,
+                                                                       strict=True)).rstrip(),
+              file=out)
+
+
+# Arguments --------------------------------------------------------------------------------
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from error
+    return value  # the API checks the range and says why
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lockgate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--api", default=os.environ.get("LOCKGATE_API", DEFAULT_API),
+                        help="admin API URL (env LOCKGATE_API; default %(default)s)")
+    nouns = parser.add_subparsers(dest="noun", required=True)
+
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("-o", "--output", choices=("table", "json"), default="table")
+
+    queue = nouns.add_parser("queue", help="manage queues").add_subparsers(dest="verb",
+                                                                          required=True)
+    create = queue.add_parser("create", parents=[output], help="create a queue")
+    create.add_argument("name")
+    create.add_argument("--priority-factor", type=_number,
+                        help="weight is 1/priority-factor; default 1")
+    create.add_argument("--cordon", action="store_true", help="create it cordoned")
+    create.add_argument("--limit", action="append", default=[], metavar="RESOURCE=QUANTITY",
+                        help="cap on what the queue holds at once, e.g. cpu=100, memory=1Ti")
+    create.set_defaults(run=queue_create)
+
+    update = queue.add_parser("update", parents=[output], help="change a queue")
+    update.add_argument("name")
+    update.add_argument("--priority-factor", type=_number)
+    cordoning = update.add_mutually_exclusive_group()
+    cordoning.add_argument("--cordon", dest="cordon", action="store_const", const=True)
+    cordoning.add_argument("--uncordon", dest="cordon", action="store_const", const=False)
+    update.add_argument("--limit", action="append", default=[], metavar="RESOURCE=QUANTITY",
+                        help="set a limit (others are kept)")
+    update.add_argument("--remove-limit", action="append", default=[], metavar="RESOURCE")
+    update.set_defaults(run=queue_update)
+
+    delete = queue.add_parser("delete", help="delete a queue (its jobs stay, unscheduled)")
+    delete.add_argument("name")
+    delete.set_defaults(run=queue_delete)
+
+    get = queue.add_parser("get", parents=[output], help="show one queue")
+    get.add_argument("name")
+    get.set_defaults(run=queue_get)
+
+    listing = queue.add_parser("list", parents=[output], help="list queues")
+    listing.set_defaults(run=queue_list)
+
+    jobs = nouns.add_parser("jobs", help="look at jobs").add_subparsers(dest="verb",
+                                                                        required=True)
+    jobs_listing = jobs.add_parser("list", parents=[output],
+                                   help="list jobs, oldest first (why isn't my job scheduled?)")
+    jobs_listing.add_argument("--queue")
+    jobs_listing.add_argument("--state", help="queued, released, ungated, bound, running, ...")
+    jobs_listing.add_argument("--cluster")
+    jobs_listing.add_argument("--limit", type=int, default=100)
+    jobs_listing.set_defaults(run=jobs_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
+         err: TextIO | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        client = AdminClient(args.api)
+        args.run(client, args, out)
+    except argparse.ArgumentTypeError as error:
+        print(f"lockgate: {error}", file=err)
+        return 2
+    except CliError as error:
+        print(f"lockgate: {error}", file=err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Postgres for the fair scheduler: leadership, the change feed it reads, the decisions it writes.
+
+Why one module: the scheduler's guarantees live in these statements.
+- Leadership is a session-level advisory lock (`postgres.LEADER_LOCK`) held by one dedicated
+  connection. Decisions are written on that same connection, so a scheduler that lost its
+  connection (and with it the lock) cannot write: the connection is the fence.
+- Reading: load queues, nodes and unfinished jobs once, in one snapshot, with the highest serial
+  that snapshot holds; afterwards fetch only rows with a higher serial. Writers bump serials
+  under `CHANGE_FEED_LOCK`, so serials become visible in order and nothing is skipped.
+- Writing a round: one transaction marks the decided jobs released — only those still queued,
+  so a job is never released twice — and records one `release_decisions` row per job actually
+  released, before any command is published. Publishing is recorded afterwards
+  (`published_at`), and what was recorded but not published, or published long ago without an
+  outcome, is found again by `decisions_to_republish`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.queues import QueueSpec
+from lockgate.resources import Resources
+from lockgate.scheduling import NodeInfo, SchedJob
+from lockgate_adapters.postgres import LEADER_LOCK, hold_change_feed_lock, notify_changes
+
+_TERMINAL = [state.value for state in TERMINAL_STATES]
+
+
+def job_id(cluster: str, uid: str) -> str:
+    """The scheduler's id of a job; cluster names never contain '/'."""
+    return f"{cluster}/{uid}"
+
+
+def split_job_id(value: str) -> tuple[str, str]:
+    cluster, uid = value.split("/", 1)
+    return cluster, uid
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChange:
+    name: str
+    spec: QueueSpec | None  # None: the queue was deleted
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    cluster: str
+    node: str
+    info: NodeInfo | None  # None: the node is gone
+
+
+@dataclass
+class Changes:
+    """Rows changed since a serial (or everything, for the first load), and the new serial."""
+
+    serial: int
+    queues: list[QueueChange] = field(default_factory=list)
+    nodes: list[NodeChange] = field(default_factory=list)
+    jobs: list[SchedJob] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.queues or self.nodes or self.jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRelease:
+    """A decision recorded in Postgres, with what a release command needs."""
+
+    decision_id: str
+    cluster: str
+    uid: str
+    namespace: str
+    name: str
+    queue: str
+    decided_at: datetime
+
+
+# Connections -----------------------------------------------------------------------------------
+
+async def connect(dsn: str) -> asyncpg.Connection:
+    """A dedicated connection (not from a pool): the leader's, or the listener's."""
+    connection: asyncpg.Connection = await asyncpg.connect(dsn)
+    return connection
+
+
+async def try_lead(connection: asyncpg.Connection) -> bool:
+    """Take leadership if nobody holds it; it lasts as long as this connection's session."""
+    return bool(await connection.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK))
+
+
+async def leader_pid(connection: asyncpg.Connection) -> int | None:
+    """The backend pid of the current leader's connection, for operators and tests."""
+    pid = await connection.fetchval(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid = 0 AND objid = $1 AND objsubid = 1",
+        LEADER_LOCK,
+    )
+    return None if pid is None else int(pid)
+
+
+# Reading ---------------------------------------------------------------------------------------
+
+_MAX_SERIAL = (
+    "SELECT GREATEST((SELECT max(serial) FROM jobs), (SELECT max(serial) FROM queues),"
+    " (SELECT max(serial) FROM cluster_nodes), 0)"
+)
+_QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
+                  " deleted, serial")
+_NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial")
+_JOB_COLUMNS = "cluster, uid, queue, priority, requests, state, node_name, created_at, serial"
+
+
+async def load_everything(connection: asyncpg.Connection) -> Changes:
+    """Live queues, present nodes and unfinished jobs, all from one snapshot."""
+    async with connection.transaction(isolation="repeatable_read", readonly=True):
+        serial = int(await connection.fetchval(_MAX_SERIAL))
+        queues = await connection.fetch(
+            f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE NOT deleted")  # noqa: S608
+        nodes = await connection.fetch(
+            f"SELECT {_NODE_COLUMNS} FROM cluster_nodes WHERE present")  # noqa: S608
+        jobs = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state <> ALL($1::text[])",  # noqa: S608
+            _TERMINAL)
+    return _changes(serial, queues, nodes, jobs)
+
+
+async def changes_since(connection: asyncpg.Connection, serial: int) -> Changes:
+    """Every queue, node and job row whose serial is above `serial`, from one snapshot."""
+    async with connection.transaction(isolation="repeatable_read", readonly=True):
+        queues = await connection.fetch(
+            f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE serial > $1", serial)  # noqa: S608
+        nodes = await connection.fetch(
+            f"SELECT {_NODE_COLUMNS} FROM cluster_nodes WHERE serial > $1",  # noqa: S608
+            serial)
+        jobs = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE serial > $1", serial)  # noqa: S608
+    newest = max((int(r["serial"]) for rows in (queues, nodes, jobs) for r in rows),
+                 default=serial)
+    return _changes(newest, queues, nodes, jobs)
+
+
+def _changes(serial: int, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
+             jobs: Sequence[asyncpg.Record]) -> Changes:
+    return Changes(
+        serial=serial,
+        queues=[_queue_change(r) for r in sorted(queues, key=_serial)],
+        nodes=[_node_change(r) for r in sorted(nodes, key=_serial)],
+        jobs=[_sched_job(r) for r in sorted(jobs, key=_serial)],
+    )
+
+
+def _serial(record: asyncpg.Record) -> int:
+    return int(record["serial"])
+
+
+def _json(value: Any) -> Any:
+    """jsonb arrives decoded or as text, depending on the connection's codecs."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _queue_change(record: asyncpg.Record) -> QueueChange:
+    if record["deleted"]:
+        return QueueChange(record["name"], None)
+    spec = QueueSpec(
+        name=record["name"],
+        priority_factor=record["priority_factor"],
+        cordoned=record["cordoned"],
+        resource_limits=_json(record["resource_limits"]) or {},
+        created_at=record["created_at"],
+        updated_at=record["updated_at"],
+    )
+    return QueueChange(spec.name, spec)
+
+
+def _node_change(record: asyncpg.Record) -> NodeChange:
+    if not record["present"]:
+        return NodeChange(record["cluster"], record["node"], None)
+    info = NodeInfo(
+        allocatable=Resources(_json(record["allocatable"]) or {}),
+        unmanaged_usage=Resources(_json(record["unmanaged_usage"]) or {}),
+        schedulable=record["schedulable"],
+    )
+    return NodeChange(record["cluster"], record["node"], info)
+
+
+def _sched_job(record: asyncpg.Record) -> SchedJob:
+    return SchedJob(
+        job_id=job_id(record["cluster"], record["uid"]),
+        queue=record["queue"],
+        cluster=record["cluster"],
+        requests=Resources(_json(record["requests"]) or {}),
+        priority=record["priority"],
+        created_at=record["created_at"].timestamp(),
+        state=JobState(record["state"]),
+        node_name=record["node_name"],
+    )
+
+
+# Writing decisions -----------------------------------------------------------------------------
+
+async def record_releases(
+    connection: asyncpg.Connection,
+    *,
+    decisions: Sequence[tuple[str, str, str]],
+    decided_at: datetime,
+    decided_by: str,
+) -> list[RecordedRelease]:
+    """Release the jobs still queued among `decisions` ((decision_id, cluster, uid) each) and
+    record their decisions, in one transaction; returns the releases actually recorded.
+
+    Must run on the leader's connection: if it lost the session (and the leader lock), this
+    fails instead of writing.
+    """
+    if not decisions:
+        return []
+    ids, clusters, uids = (list(column) for column in zip(*decisions, strict=True))
+    async with connection.transaction():
+        await hold_change_feed_lock(connection)
+        rows = await connection.fetch(
+            "WITH released AS ("
+            " UPDATE jobs j SET state = 'released', decision_id = d.decision_id,"
+            " released_at = $4, state_changed_at = $4,"
+            " release_attempts = j.release_attempts + 1, serial = nextval('change_serial')"
+            " FROM unnest($1::text[], $2::text[], $3::text[]) AS d(decision_id, cluster, uid)"
+            " WHERE j.cluster = d.cluster AND j.uid = d.uid AND j.state = 'queued'"
+            " RETURNING d.decision_id, j.cluster, j.uid, j.namespace, j.name, j.queue"
+            "), recorded AS ("
+            " INSERT INTO release_decisions (decision_id, cluster, uid, queue, decided_at,"
+            " decided_by)"
+            " SELECT decision_id, cluster, uid, queue, $4, $5 FROM released"
+            ")"
+            " SELECT decision_id, cluster, uid, namespace, name, queue FROM released",
+            ids, clusters, uids, decided_at, decided_by,
+        )
+        if rows:
+            await notify_changes(connection, "jobs")
+    return [RecordedRelease(decided_at=decided_at, **dict(row.items())) for row in rows]
+
+
+async def mark_published(connection: asyncpg.Connection, decision_ids: Sequence[str],
+                         at: datetime) -> None:
+    await connection.execute(
+        "UPDATE release_decisions SET published_at = $2 WHERE decision_id = ANY($1::text[])",
+        list(decision_ids), at,
+    )
+
+
+async def decisions_to_republish(
+    connection: asyncpg.Connection, *, unanswered_for: timedelta, now: datetime,
+    include_unpublished: bool, limit: int = 10_000,
+) -> list[RecordedRelease]:
+    """Decisions in force whose job is still only released: never published (when
+    `include_unpublished`: a previous leader died in between), or published more than
+    `unanswered_for` ago without the job moving on (a command or outcome went missing)."""
+    rows = await connection.fetch(
+        "SELECT d.decision_id, d.cluster, d.uid, j.namespace, j.name, d.queue, d.decided_at"
+        " FROM jobs j JOIN release_decisions d ON d.decision_id = j.decision_id"
+        " WHERE j.state = 'released' AND d.outcome IS NULL"
+        " AND ((d.published_at IS NULL AND $1) OR d.published_at < $2)"
+        " ORDER BY d.decided_at LIMIT $3",
+        include_unpublished, now - unanswered_for, limit,
+    )
+    return [RecordedRelease(**dict(row.items())) for row in rows]

@@ -1,0 +1,186 @@
+"""Reading, from one cluster's API, the labels a pod inherits: its namespace's and its owners'.
+
+Why: a pod created by a Deployment, a Job or an operator's custom resource rarely carries
+lockgate's labels itself; the user sets them on the object they wrote. The webhook walks the
+pod's controlling ownerReferences (ReplicaSet → Deployment, Job → CronJob, any kind through API
+discovery) a bounded number of steps. Reads are cached briefly and coalesced, because a
+Deployment scaled to 500 replicas sends 500 reviews naming the same ReplicaSet at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from lockgate.admission import OwnerLabels
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Beyond this many entries, expired ones are dropped on the next insert.
+CACHE_PRUNE_SIZE = 4096
+
+
+class TtlCache(Generic[T]):
+    """Values kept for `ttl` seconds; concurrent loads of one key share a single call."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl, self._clock = ttl, clock
+        self._values: dict[Hashable, tuple[float, T]] = {}
+        self._loading: dict[Hashable, asyncio.Task[T]] = {}
+
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+        cached = self._values.get(key)
+        if cached is not None and cached[0] > self._clock():
+            return cached[1]
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.create_task(self._load(key, load))
+            # Retrieve the error even if every waiter gave up, so it is not reported as lost.
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self._loading[key] = task
+        # shield: one caller giving up (its review timed out) must not cancel the others' load.
+        return await asyncio.shield(task)
+
+    async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+        try:
+            value = await load()
+        finally:
+            self._loading.pop(key, None)
+        if len(self._values) >= CACHE_PRUNE_SIZE:
+            now = self._clock()
+            self._values = {k: v for k, v in self._values.items() if v[0] > now}
+        self._values[key] = (self._clock() + self._ttl, value)
+        return value
+
+
+@dataclass(frozen=True)
+class _ApiResource:
+    plural: str
+    namespaced: bool
+
+
+class ClusterLookups:
+    """Namespace labels and controlling-owner labels from one cluster, with short caches."""
+
+    def __init__(
+        self,
+        cluster: str,
+        api: client.ApiClient,
+        *,
+        timeout: float,
+        namespace_ttl: float,
+        owner_ttl: float,
+        max_owner_depth: int,
+    ) -> None:
+        self.cluster = cluster
+        self._api = api
+        self._timeout = timeout
+        self._max_depth = max_owner_depth
+        self._namespaces: TtlCache[dict[str, str]] = TtlCache(namespace_ttl)
+        self._owners: TtlCache[dict[str, Any]] = TtlCache(owner_ttl)
+        # API discovery rarely changes while we run; a kind is looked up once per apiVersion.
+        self._resources: dict[str, dict[str, _ApiResource]] = {}
+
+    async def namespace_labels(self, namespace: str) -> dict[str, str]:
+        async def load() -> dict[str, str]:
+            found = await self._get(f"/api/v1/namespaces/{namespace}")
+            return dict((found.get("metadata") or {}).get("labels") or {})
+
+        return await self._namespaces.get(namespace, load)
+
+    async def controlling_owners(
+        self, namespace: str, pod_metadata: Mapping[str, Any]
+    ) -> list[OwnerLabels]:
+        """The pod's controller, its controller's controller, ... nearest first.
+
+        An owner that cannot be read ends the walk and is returned with `labels=None`, so the
+        decision falls back to the namespace and says why.
+        """
+        owners: list[OwnerLabels] = []
+        metadata = pod_metadata
+        for _ in range(self._max_depth):
+            reference = _controller_reference(metadata)
+            if reference is None:
+                break
+            kind, name = str(reference.get("kind", "")), str(reference.get("name", ""))
+            try:
+                found = await self._owner(namespace, reference)
+            except Exception as error:  # noqa: BLE001 - any failure: fall back, say why
+                reason = _describe(error)
+                log.warning("%s: cannot read owner %s/%s in %s: %s", self.cluster, kind, name,
+                            namespace, reason)
+                owners.append(OwnerLabels(kind=kind, name=name, labels=None,
+                                          unreadable_reason=reason))
+                break
+            metadata = found.get("metadata") or {}
+            owners.append(OwnerLabels(kind=kind, name=name,
+                                      labels=dict(metadata.get("labels") or {})))
+        return owners
+
+    async def _owner(self, namespace: str, reference: Mapping[str, Any]) -> dict[str, Any]:
+        api_version, kind = str(reference["apiVersion"]), str(reference["kind"])
+        name = str(reference["name"])
+
+        async def load() -> dict[str, Any]:
+            resource = await self._resource(api_version, kind)
+            base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            scope = f"/namespaces/{namespace}" if resource.namespaced else ""
+            return await self._get(f"{base}{scope}/{resource.plural}/{name}")
+
+        key = (api_version, kind, namespace, name, reference.get("uid"))
+        return await self._owners.get(key, load)
+
+    async def _resource(self, api_version: str, kind: str) -> _ApiResource:
+        kinds = self._resources.get(api_version)
+        if kinds is None or kind not in kinds:
+            path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            listing = await self._get(path)
+            kinds = {
+                str(entry["kind"]): _ApiResource(plural=str(entry["name"]),
+                                                 namespaced=bool(entry.get("namespaced")))
+                for entry in listing.get("resources") or []
+                if "/" not in str(entry.get("name", ""))  # skip subresources such as pods/log
+            }
+            self._resources[api_version] = kinds
+        if kind not in kinds:
+            raise LookupError(f"the API has no kind {kind} in {api_version}")
+        return kinds[kind]
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        async with asyncio.timeout(self._timeout):
+            found = await self._api.call_api(
+                path, "GET",
+                header_params={"Accept": "application/json"},
+                response_types_map={200: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=self._timeout,
+            )
+        if not isinstance(found, dict):
+            raise LookupError(f"GET {path} returned no object")
+        return found
+
+
+def _controller_reference(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for reference in metadata.get("ownerReferences") or []:
+        if isinstance(reference, Mapping) and reference.get("controller") is True and all(
+            reference.get(field) for field in ("apiVersion", "kind", "name")
+        ):
+            return reference
+    return None
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

@@ -1,0 +1,61 @@
+"""cluster-watcher's composition root: one watcher per cluster, one publisher for them all."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cluster_watcher.publishing import KafkaPublisher, Outbox
+from cluster_watcher.settings import WatcherSettings
+from cluster_watcher.watching import ClusterWatcher, WatchOptions
+from lockgate_adapters.kube import api_clients
+from lockgate_adapters.service import Loop, ServiceContext
+
+log = logging.getLogger(__name__)
+
+KAFKA_CHECK = "kafka"
+
+
+async def compose(ctx: ServiceContext) -> list[Loop]:
+    settings = ctx.settings
+    assert isinstance(settings, WatcherSettings)
+    readiness = ctx.readiness
+    outbox = Outbox(max_pending=settings.max_pending_events)
+    publisher = KafkaPublisher(
+        bootstrap=settings.kafka_bootstrap,
+        outbox=outbox,
+        retry_policy=settings.retry,
+        set_ready=lambda ok, detail: readiness.set(KAFKA_CHECK, ok, detail),
+        batch_size=settings.publish_batch_size,
+        send_timeout_seconds=settings.kafka_send_timeout_seconds,
+    )
+    options = WatchOptions(timeout_seconds=settings.watch_timeout_seconds,
+                           page_size=settings.list_page_size, retry=settings.retry)
+    apis = await api_clients(settings.clusters)
+    watchers = [
+        ClusterWatcher(
+            cluster=name, api=api, outbox=outbox, set_ready=readiness.set, options=options,
+            capacity_min_interval=settings.capacity_min_interval_seconds,
+            capacity_refresh=settings.capacity_refresh_seconds,
+        )
+        for name, api in apis.items()
+    ]
+    readiness.declare(KAFKA_CHECK, *(check for w in watchers
+                                     for check in (w.pods_check, w.nodes_check)))
+
+    async def watch_and_publish(stopping: asyncio.Event) -> None:
+        """Watchers stop on `stopping`; the publisher then sends what they left, and stops."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(publisher.run(), name="publish to kafka")
+                async with asyncio.TaskGroup() as watching:
+                    for watcher in watchers:
+                        watching.create_task(watcher.run(stopping),
+                                             name=f"watch {watcher.cluster}")
+                log.info("watchers stopped; publishing the %d events left", len(outbox))
+                outbox.close()
+        finally:
+            for api in apis.values():
+                await api.close()
+
+    return [watch_and_publish]

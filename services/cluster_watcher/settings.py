@@ -1,0 +1,66 @@
+"""cluster-watcher's settings, from LOCKGATE_WATCHER_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from lockgate_adapters.settings import ServiceSettings
+
+
+class WatcherSettings(ServiceSettings):
+    """Which clusters to watch, how long one watch request lasts, and how events are batched."""
+
+    model_config = SettingsConfigDict(env_prefix="LOCKGATE_WATCHER_", env_nested_delimiter="__",
+                                      extra="forbid")
+    service_name: ClassVar[str] = "cluster-watcher"
+
+    # Clusters
+    clusters: dict[str, str] = Field(
+        default_factory=dict,
+        description='cluster name → kubeconfig path, e.g. {"cluster-a": "/etc/lockgate/a.yaml"}',
+    )
+    watch_timeout_seconds: int = Field(
+        default=300, ge=1,
+        description="server-side length of one watch request; the next resumes where it ended",
+    )
+    list_page_size: int = Field(default=500, ge=1, description="objects per page when listing")
+
+    # Capacity
+    capacity_min_interval_seconds: float = Field(
+        default=0.5, ge=0,
+        description="at most one ClusterCapacity per cluster this often: changes are coalesced",
+    )
+    capacity_refresh_seconds: float = Field(
+        default=30.0, gt=0,
+        description="publish ClusterCapacity this often even when nothing changed",
+    )
+
+    # Publishing
+    publish_batch_size: int = Field(
+        default=5000, ge=1, description="events handed to the Kafka producer at once"
+    )
+    max_pending_events: int = Field(
+        default=100_000, ge=1,
+        description="events waiting for Kafka before watching pauses (Kafka down or slow)",
+    )
+    kafka_send_timeout_seconds: float = Field(
+        default=15.0, gt=0, description="a batch not acknowledged by then is sent again"
+    )
+
+    @field_validator("clusters")
+    @classmethod
+    def _clusters_with_kubeconfigs(cls, clusters: dict[str, str]) -> dict[str, str]:
+        if not clusters:
+            raise ValueError(
+                'no clusters to watch: set LOCKGATE_WATCHER_CLUSTERS=\'{"<cluster>": '
+                '"<kubeconfig path>"}\''
+            )
+        missing = [f"{name}: {path}" for name, path in clusters.items()
+                   if not Path(path).is_file()]
+        if missing:
+            raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
+        return clusters

@@ -1,0 +1,296 @@
+"""Listing and watching one cluster's pods and nodes, and turning what is seen into events.
+
+Split as kopf splits it. `ResourceWatcher.run` is the infinite part and is trivial: whatever goes
+wrong (apiserver down or restarting, throttling, a broken stream), report not ready, back off,
+start over. `ResourceWatcher.list_then_watch` is the part worth testing: list (in pages), then
+watch from the list's resourceVersion, request after request — each ends after a server-side
+timeout and the next resumes from the newest resourceVersion seen, bookmarks included — until the
+apiserver answers 410 Gone because that version is no longer kept; then it returns to relist.
+
+`ClusterWatcher` runs a pod watcher and a node watcher for one cluster, feeds both into its
+`ObservedCluster`, puts the resulting events into the outbox and publishes the cluster's capacity
+when it changed, coalesced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+from prometheus_client import Counter
+
+from cluster_watcher.publishing import (
+    Outbox,
+    capacity_message,
+    pod_event_message,
+    snapshot_message,
+)
+from lockgate.observing import KubeObject, ObservedCluster
+from lockgate_adapters.kube import is_retryable_kube_error, retry_after_seconds
+from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.settings import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+RELISTS = Counter("lockgate_watcher_lists_total",
+                  "Full lists of a resource (at start, after 410 Gone or an outage)",
+                  ["cluster", "resource"])
+WATCH_EVENTS = Counter("lockgate_watcher_watch_events_total",
+                       "Watch events received", ["cluster", "resource", "type"])
+WATCH_FAILURES = Counter("lockgate_watcher_watch_failures_total",
+                         "Lists or watches that failed and were retried after a backoff",
+                         ["cluster", "resource"])
+
+ListCall = Callable[..., Awaitable[Any]]
+GONE = 410
+
+
+class WatchExpired(Exception):
+    """The apiserver no longer keeps the resourceVersion a watch started from: relist."""
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    timeout_seconds: int = 300
+    page_size: int = 500
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+class ResourceWatcher:
+    """Lists then watches one kind of object in one cluster, handing what it sees on."""
+
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        resource: str,
+        list_call: ListCall,
+        on_list: Callable[[list[KubeObject]], Awaitable[None]],
+        on_event: Callable[[str, KubeObject], Awaitable[None]],
+        set_ready: Callable[[bool, str], None],
+        options: WatchOptions,
+    ) -> None:
+        self.cluster, self.resource = cluster, resource
+        self._list_call = list_call
+        self._on_list, self._on_event = on_list, on_event
+        self._set_ready = set_ready
+        self._options = options
+        self._delays = BackoffIterator(options.retry)
+
+    async def run(self) -> None:
+        """List and watch forever (until cancelled), starting over after any failure."""
+        while True:
+            try:
+                await self.list_then_watch()
+            except Exception as error:
+                WATCH_FAILURES.labels(self.cluster, self.resource).inc()
+                delay = retry_after_seconds(error) or next(self._delays,
+                                                           self._options.retry.max_seconds)
+                self._set_ready(False, f"{type(error).__name__}: {error}")
+                if is_retryable_kube_error(error):
+                    log.warning("%s %s: %r; listing again in %.1fs", self.cluster,
+                                self.resource, error, delay)
+                else:
+                    log.exception("%s %s: unexpected failure; listing again in %.1fs",
+                                  self.cluster, self.resource, delay)
+                await asyncio.sleep(delay)
+
+    async def list_then_watch(self) -> None:
+        """List, then watch from the list's resourceVersion until it expires (410 Gone)."""
+        resource_version = await self.relist()
+        self._delays.reset()
+        self._set_ready(True, "watching")
+        while True:
+            try:
+                resource_version = await self.watch_from(resource_version)
+            except WatchExpired as expired:
+                log.info("%s %s: %s; listing again", self.cluster, self.resource, expired)
+                return
+
+    async def relist(self) -> str:
+        """List every object (in pages), hand them on; the list's resourceVersion."""
+        while True:
+            try:
+                items, resource_version = await self.list_all()
+            except WatchExpired:
+                continue  # the continue token expired between pages: start the list over
+            RELISTS.labels(self.cluster, self.resource).inc()
+            await self._on_list(items)
+            return resource_version
+
+    async def list_all(self) -> tuple[list[KubeObject], str]:
+        items: list[KubeObject] = []
+        continue_token: str | None = None
+        while True:
+            page = await self._get_page(continue_token)
+            items.extend(page.get("items") or ())
+            metadata = page.get("metadata") or {}
+            continue_token = metadata.get("continue")
+            if not continue_token:
+                return items, str(metadata.get("resourceVersion", ""))
+
+    async def _get_page(self, continue_token: str | None) -> dict[str, Any]:
+        # The raw JSON, not client models: much faster for thousands of pods, and the pure core
+        # reads the apiserver's own field names.
+        kwargs: dict[str, Any] = {"limit": self._options.page_size, "_preload_content": False,
+                                  "_request_timeout": 60}
+        if continue_token:
+            kwargs["_continue"] = continue_token
+        response = await self._list_call(**kwargs)
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+        if response.status == GONE and continue_token:
+            raise WatchExpired(body.decode(errors="replace")[:300])
+        if response.status != 200:
+            error = ApiException(status=response.status,
+                                 reason=body.decode(errors="replace")[:300])
+            error.headers = response.headers  # keeps Retry-After for the backoff
+            raise error
+        page: dict[str, Any] = json.loads(body)
+        return page
+
+    async def watch_from(self, resource_version: str) -> str:
+        """One watch request; the newest resourceVersion seen when the server ended it."""
+        timeout = self._options.timeout_seconds
+        # return_type "object" keeps the objects as the apiserver's JSON instead of client models.
+        watch = Watch(return_type="object")
+        try:
+            async with watch:
+                stream = watch.stream(
+                    self._list_call,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=timeout,
+                    # A silent, half-open connection must not hang the watcher forever.
+                    _request_timeout=timeout + 30,
+                )
+                async for event in stream:
+                    kind = event["type"]
+                    WATCH_EVENTS.labels(self.cluster, self.resource, kind).inc()
+                    if kind != "BOOKMARK":  # a bookmark only moves the resourceVersion on
+                        await self._on_event(kind, event["raw_object"])
+        except ApiException as error:
+            if error.status == GONE:
+                raise WatchExpired(str(error.reason)) from error
+            raise
+        return str(watch.resource_version or resource_version)
+
+
+class ClusterWatcher:
+    """Watches one cluster's pods and nodes and publishes what lockgate must know of them."""
+
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        api: client.ApiClient,
+        outbox: Outbox,
+        set_ready: Callable[[str, bool, str], None],
+        options: WatchOptions,
+        capacity_min_interval: float = 0.5,
+        capacity_refresh: float = 30.0,
+        observed: ObservedCluster | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.observed = observed or ObservedCluster(cluster)
+        self._outbox = outbox
+        self._capacity_min_interval = capacity_min_interval
+        self._capacity_refresh = capacity_refresh
+        self._capacity_changed = asyncio.Event()
+        self._capacity_revision_seen = -1
+        core = client.CoreV1Api(api)
+        self.pods = ResourceWatcher(
+            cluster=cluster, resource="pods", list_call=core.list_pod_for_all_namespaces,
+            on_list=self._pods_listed, on_event=self._pod_changed,
+            set_ready=lambda ok, detail: set_ready(self.pods_check, ok, detail),
+            options=options,
+        )
+        self.nodes = ResourceWatcher(
+            cluster=cluster, resource="nodes", list_call=core.list_node,
+            on_list=self._nodes_listed, on_event=self._node_changed,
+            set_ready=lambda ok, detail: set_ready(self.nodes_check, ok, detail),
+            options=options,
+        )
+
+    @property
+    def pods_check(self) -> str:
+        return f"{self.cluster}/pods"
+
+    @property
+    def nodes_check(self) -> str:
+        return f"{self.cluster}/nodes"
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(self.pods.run(), name=f"watch {self.cluster} pods"),
+                group.create_task(self.nodes.run(), name=f"watch {self.cluster} nodes"),
+                group.create_task(self._publish_capacity(), name=f"{self.cluster} capacity"),
+            ]
+            await stopping.wait()
+            for task in tasks:
+                task.cancel()
+
+    # Pods
+
+    async def _pods_listed(self, pods: list[KubeObject]) -> None:
+        snapshot = self.observed.relist_pods(pods)
+        log.info("%s: listed %d pods, %d managed", self.cluster, len(pods),
+                 len(snapshot.pod_events))
+        for problem in snapshot.unreadable:
+            log.error("%s: cannot read pod %s", self.cluster, problem)
+        messages = [pod_event_message(e) for e in snapshot.pod_events]
+        # The snapshot goes after its pods' events: a reader that has it has seen them all.
+        messages.append(snapshot_message(snapshot.cluster_snapshot))
+        await self._outbox.put(messages)
+        self._note_capacity()
+
+    async def _pod_changed(self, kind: str, pod: KubeObject) -> None:
+        try:
+            event = self.observed.observe_pod(pod, deleted=kind == "DELETED")
+        except ValueError as error:
+            metadata = pod.get("metadata") or {}
+            log.error("%s: cannot read pod %s/%s (%s); its change is skipped", self.cluster,
+                      metadata.get("namespace"), metadata.get("name"), error)
+            return
+        if event is not None:
+            await self._outbox.put([pod_event_message(event)])
+        self._note_capacity()
+
+    # Nodes
+
+    async def _nodes_listed(self, nodes: list[KubeObject]) -> None:
+        self.observed.relist_nodes(nodes)
+        self._note_capacity()
+
+    async def _node_changed(self, kind: str, node: KubeObject) -> None:
+        self.observed.observe_node(node, deleted=kind == "DELETED")
+        self._note_capacity()
+
+    # Capacity
+
+    def _note_capacity(self) -> None:
+        if self.observed.capacity_revision != self._capacity_revision_seen:
+            self._capacity_revision_seen = self.observed.capacity_revision
+            self._capacity_changed.set()
+
+    async def _publish_capacity(self) -> None:
+        """Publish capacity when it changed — at most once per interval — or to refresh it."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._capacity_changed.wait(), self._capacity_refresh)
+            self._capacity_changed.clear()
+            if not self.observed.capacity_known:
+                continue
+            self._outbox.put_capacity(capacity_message(self.observed.capacity()))
+            await asyncio.sleep(self._capacity_min_interval)

@@ -1,0 +1,151 @@
+"""The fair scheduler's composition root: the schema, a producer, and the leader election loop.
+
+Election: one dedicated connection per instance tries `pg_try_advisory_lock(LEADER_LOCK)`; a
+standby retries every `standby_retry_seconds` on the same connection. The lock lives as long as
+the session, so a leader that crashes, is killed or loses its connection frees it at once and a
+standby takes over within about a second. Readiness is true only while leading (a standby is
+healthy but not ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from fair_scheduler.leading import Leader, LeadershipLostError
+from fair_scheduler.reporting import FairnessReport
+from fair_scheduler.settings import SchedulerSettings
+from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS
+from lockgate_adapters import scheduler_store as store
+from lockgate_adapters.kafka import ensure_topics, is_retryable_kafka_error, make_producer
+from lockgate_adapters.postgres import connect_pool, migrate
+from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.service import Loop, ServiceContext
+
+log = logging.getLogger(__name__)
+
+FAIRNESS_PATH = "/api/v1/fairness"
+# What ends a term of leadership (or prevents one): Postgres unreachable or the session lost.
+_POSTGRES_TROUBLE = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                     LeadershipLostError)
+
+
+async def compose(ctx: ServiceContext) -> list[Loop]:
+    settings = ctx.settings
+    assert isinstance(settings, SchedulerSettings)
+    ctx.readiness.declare("postgres", "kafka", "leader")
+    report = FairnessReport(instance_id=settings.instance_id)
+    ctx.health.add_json_view(FAIRNESS_PATH, report.as_json)
+
+    async def schedule(stopping: asyncio.Event) -> None:
+        await _migrate(settings)
+        producer = await _start_producer(settings, ctx, stopping)
+        if producer is None:
+            return
+        try:
+            await _lead_when_elected(settings, ctx, producer, report, stopping)
+        finally:
+            await producer.stop()
+
+    return [schedule]
+
+
+async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
+                             producer: AIOKafkaProducer, report: FairnessReport,
+                             stopping: asyncio.Event) -> None:
+    delays = BackoffIterator(settings.retry)
+    while not stopping.is_set():
+        connection: asyncpg.Connection | None = None
+        trouble: BaseException | None = None
+        try:
+            connection = await store.connect(settings.postgres_dsn)
+            ctx.readiness.set("postgres", True, "connected")
+            if not await _wait_for_lock(settings, ctx, connection, stopping):
+                return
+            delays.reset()
+            log.info("%s is the leader", settings.instance_id)
+            report.set_leader(True)
+            ctx.readiness.set("leader", True, "leading")
+            await Leader(settings=settings, connection=connection, producer=producer,
+                         report=report, readiness=ctx.readiness).run(stopping)
+        except _POSTGRES_TROUBLE as error:
+            trouble = error
+        finally:
+            if report.leader:
+                log.info("%s stepped down", settings.instance_id)
+            report.set_leader(False)
+            ctx.readiness.set("leader", False, "not leading")
+            if connection is not None:
+                await _close(connection)
+        if trouble is not None:
+            delay = next(delays, settings.retry.max_seconds)
+            ctx.readiness.set("postgres", False, f"{type(trouble).__name__}: {trouble}")
+            log.warning("%s: postgres trouble (%s: %s); retrying in %.1fs",
+                        settings.instance_id, type(trouble).__name__, trouble, delay)
+            await _sleep_unless(stopping, delay)
+
+
+async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,
+                         connection: asyncpg.Connection, stopping: asyncio.Event) -> bool:
+    """Block until this connection holds the leader lock (True) or we are stopping (False)."""
+    announced = False
+    while not stopping.is_set():
+        if await store.try_lead(connection):
+            return True
+        if not announced:
+            pid = await store.leader_pid(connection)
+            log.info("%s is a standby (leader's backend pid %s)", settings.instance_id, pid)
+            ctx.readiness.set("leader", False, "standby")
+            announced = True
+        await _sleep_unless(stopping, settings.standby_retry_seconds)
+    return False
+
+
+async def _migrate(settings: SchedulerSettings) -> None:
+    pool = await connect_pool(settings.postgres_dsn, policy=settings.retry, min_size=1,
+                              max_size=1, what="postgres (migrations)")
+    try:
+        await migrate(pool)
+    finally:
+        await pool.close()
+
+
+async def _start_producer(settings: SchedulerSettings, ctx: ServiceContext,
+                          stopping: asyncio.Event) -> AIOKafkaProducer | None:
+    """A started producer for release commands, once Kafka answers; None if stopped first."""
+    delays = BackoffIterator(settings.retry)
+    while not stopping.is_set():
+        producer = make_producer(settings.kafka_bootstrap,
+                                 client_id=f"fair-scheduler-{settings.instance_id}")
+        try:
+            await ensure_topics(settings.kafka_bootstrap, topics=(RELEASE_COMMANDS, DEAD_LETTERS))
+            await producer.start()
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            if not is_retryable_kafka_error(error):
+                raise
+            delay = next(delays, settings.retry.max_seconds)
+            ctx.readiness.set("kafka", False, f"{type(error).__name__}: {error}")
+            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay)
+            await _sleep_unless(stopping, delay)
+            continue
+        ctx.readiness.set("kafka", True, "producer started")
+        return producer
+    return None
+
+
+async def _close(connection: asyncpg.Connection) -> None:
+    try:
+        await connection.close(timeout=2)
+    except Exception:  # noqa: BLE001 - whatever the reason, the session must end
+        connection.terminate()
+
+
+async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)

@@ -1,0 +1,300 @@
+"""What the leader does while it leads: keep the state current, run rounds, record, publish.
+
+Why this shape: a round must start within milliseconds of a change that could release something
+(a pod queued, capacity freed, a queue changed), not at the next periodic tick. The leader LISTENs
+on `lockgate_changes` on its own connection; a notification wakes it, it waits a few
+milliseconds for more, fetches only the rows changed since the last serial it saw, applies them
+to the in-memory `SchedulerState` and runs a round. A periodic round is the safety net for lost
+notifications, and the moment to re-publish releases that went unanswered.
+
+Every decision is recorded (leader connection, one transaction) before its command is published.
+If anything about the leader's connection fails, `run` raises and the caller steps down: the
+in-memory state is thrown away with the leadership, and the next leader loads afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from opentelemetry import trace
+from prometheus_client import Counter as MetricCounter
+
+from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
+from fair_scheduler.settings import SchedulerSettings
+from lockgate.events import RELEASE_COMMANDS, ReleaseCommand
+from lockgate.fairness import schedule_round
+from lockgate.scheduling import SchedJob, SchedulerState
+from lockgate_adapters import scheduler_store as store
+from lockgate_adapters.health import Readiness
+from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
+from lockgate_adapters.postgres import CHANGES_CHANNEL
+from lockgate_adapters.retrying import BackoffIterator
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("lockgate.fair_scheduler")
+
+DECISIONS = MetricCounter("lockgate_scheduler_decisions",
+                          "Releases recorded and published, by queue", ["queue"])
+DROPPED_DECISIONS = MetricCounter(
+    "lockgate_scheduler_dropped_decisions",
+    "Decisions not recorded because the job was no longer queued in Postgres")
+REPUBLISHED = MetricCounter("lockgate_scheduler_republished",
+                            "Release commands published again (unpublished or unanswered)")
+ROUNDS = MetricCounter("lockgate_scheduler_rounds", "Scheduling rounds run, by trigger",
+                       ["trigger"])
+
+
+class LeadershipLostError(Exception):
+    """The leader's connection (and with it the leader lock) is gone."""
+
+
+class Leader:
+    """One term of leadership, from loading the state to stepping down."""
+
+    def __init__(
+        self,
+        *,
+        settings: SchedulerSettings,
+        connection: asyncpg.Connection,
+        producer: AIOKafkaProducer,
+        report: FairnessReport,
+        readiness: Readiness,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        new_decision_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self._settings = settings
+        self._connection = connection
+        self._producer = producer
+        self._report = report
+        self._readiness = readiness
+        self._now = now
+        self._new_decision_id = new_decision_id
+        self._state = SchedulerState()
+        self._phases: dict[str, Counter[str]] = {}
+        self._serial = 0
+        self._wake = asyncio.Event()
+        self._lost = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Lead until `stopping` is set; raises LeadershipLostError or a Postgres error."""
+        self._stopping = stopping
+        self._connection.add_termination_listener(self._on_leader_connection_lost)
+        watcher = asyncio.create_task(self._wake_on(stopping), name="wake-on-stop")
+        listener: asyncpg.Connection | None = None
+        try:
+            # Listen before loading, so no change between the two goes unnoticed.
+            listener = await self._listen(None)
+            await self._load()
+            await self._republish(include_unpublished=True)
+            await self._serve(stopping, listener)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self._connection.remove_termination_listener(self._on_leader_connection_lost)
+            if listener is not None:
+                await _close_quietly(listener)
+
+    async def _serve(self, stopping: asyncio.Event, listener: asyncpg.Connection | None) -> None:
+        settings = self._settings
+        more_to_do = True  # the first round runs at once
+        next_safety_round = time.monotonic() + settings.safety_round_seconds
+        while not stopping.is_set():
+            if not more_to_do:
+                timeout = max(0.0, next_safety_round - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                if stopping.is_set():
+                    return
+                if self._wake.is_set() and settings.debounce_seconds:
+                    await asyncio.sleep(settings.debounce_seconds)
+            self._check_leadership()
+            self._wake.clear()
+            listener = await self._listen(listener)
+            changed = self._apply(await store.changes_since(self._connection, self._serial))
+            safety_due = time.monotonic() >= next_safety_round
+            if safety_due:
+                next_safety_round = time.monotonic() + settings.safety_round_seconds
+                await self._republish(include_unpublished=False)
+            if changed or more_to_do or safety_due:
+                trigger = "more" if more_to_do else "change" if changed else "periodic"
+                more_to_do = await self._round(trigger)
+
+    # ---- state ----------------------------------------------------------------------------
+
+    async def _load(self) -> None:
+        started = time.monotonic()
+        everything = await store.load_everything(self._connection)
+        self._apply(everything)
+        log.info("loaded %d queues, %d nodes, %d unfinished jobs up to serial %d in %.2fs",
+                 len(everything.queues), len(everything.nodes), len(everything.jobs),
+                 everything.serial, time.monotonic() - started)
+
+    def _apply(self, changes: store.Changes) -> bool:
+        """Apply changed rows; returns whether any could let a round release something new."""
+        state = self._state
+        changed = bool(changes.queues or changes.nodes)
+        for queue in changes.queues:
+            if queue.spec is None:
+                state.remove_queue(queue.name)
+            else:
+                state.upsert_queue(queue.spec)
+        for node in changes.nodes:
+            state.set_node(node.cluster, node.node, node.info)
+        for job in changes.jobs:
+            old = state.job(job.job_id)
+            if old is None and job.state.is_terminal:
+                continue
+            # Our own decisions come back through the feed unchanged: not news.
+            if old != job:
+                changed = True
+                self._count(old, -1)
+                self._count(job, +1)
+                state.upsert_job(job)
+        self._serial = max(self._serial, changes.serial)
+        return changed
+
+    def _count(self, job: SchedJob | None, delta: int) -> None:
+        if job is None:
+            return
+        phase = PHASE_OF_STATE.get(job.state)
+        if phase is not None:
+            self._phases.setdefault(job.queue, Counter())[phase] += delta
+
+    # ---- rounds ---------------------------------------------------------------------------
+
+    async def _round(self, trigger: str) -> bool:
+        """Run one round; returns whether it stopped at its decision limit (more may fit)."""
+        settings = self._settings
+        started = time.perf_counter()
+        ROUNDS.labels(trigger).inc()
+        with tracer.start_as_current_span("schedule-round") as span:
+            result = schedule_round(self._state,
+                                    max_decisions=settings.max_decisions_per_round,
+                                    max_lookback_per_queue=settings.max_lookback_per_queue)
+            decided_at = self._now()
+            planned: list[tuple[str, str, str]] = []
+            for decision in result.decisions:
+                cluster, uid = store.split_job_id(decision.job_id)
+                planned.append((self._new_decision_id(), cluster, uid))
+                phases = self._phases.setdefault(decision.queue, Counter())
+                phases["queued"] -= 1
+                phases["released"] += 1
+            recorded = await store.record_releases(
+                self._connection, decisions=planned, decided_at=decided_at,
+                decided_by=settings.instance_id)
+            span.set_attribute("lockgate.decisions", len(recorded))
+            span.set_attribute("lockgate.trigger", trigger)
+            if len(recorded) < len(planned):
+                # Changed in Postgres since we read it; the change feed brings the truth.
+                DROPPED_DECISIONS.inc(len(planned) - len(recorded))
+            if recorded:
+                await self._publish(recorded)
+        seconds = time.perf_counter() - started
+        self._report.record_round(result, phases=self._phases, at=decided_at, seconds=seconds,
+                                  decisions=len(recorded))
+        if recorded:
+            log.info("round (%s): released %d of %d decided in %.1f ms", trigger, len(recorded),
+                     len(planned), seconds * 1000)
+        else:
+            log.debug("round (%s): nothing to release (%.1f ms)", trigger, seconds * 1000)
+        return len(result.decisions) >= settings.max_decisions_per_round
+
+    # ---- publishing -----------------------------------------------------------------------
+
+    async def _publish(self, releases: list[store.RecordedRelease]) -> None:
+        """Publish release commands, retrying while Kafka is down; then note them published.
+
+        If we stop (or lose the lead) before Kafka takes them, they stay unpublished in
+        Postgres and the next leader publishes them.
+        """
+        commands = [
+            ReleaseCommand(decision_id=r.decision_id, cluster=r.cluster, namespace=r.namespace,
+                           name=r.name, uid=r.uid, queue=r.queue, decided_at=r.decided_at)
+            for r in releases
+        ]
+        delays = BackoffIterator(self._settings.retry)
+        while True:
+            self._check_leadership()
+            try:
+                await publish_many(self._producer, RELEASE_COMMANDS, commands)
+                break
+            except Exception as error:
+                if not is_retryable_kafka_error(error):
+                    raise
+                delay = next(delays, self._settings.retry.max_seconds)
+                self._readiness.set("kafka", False, f"publishing: {error}")
+                log.warning("publishing %d release commands failed (%s); retrying in %.1fs",
+                            len(commands), error, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                if self._stopping.is_set():
+                    return
+        self._readiness.set("kafka", True, "publishing")
+        for release in releases:
+            DECISIONS.labels(release.queue).inc()
+        await store.mark_published(self._connection, [r.decision_id for r in releases],
+                                   self._now())
+
+    async def _republish(self, *, include_unpublished: bool) -> None:
+        stale = await store.decisions_to_republish(
+            self._connection,
+            unanswered_for=timedelta(seconds=self._settings.republish_after_seconds),
+            now=self._now(), include_unpublished=include_unpublished)
+        if stale:
+            log.warning("re-publishing %d release commands (unpublished or unanswered)",
+                        len(stale))
+            REPUBLISHED.inc(len(stale))
+            await self._publish(stale)
+
+    # ---- leadership and wake-ups ----------------------------------------------------------
+
+    async def _listen(self, listener: asyncpg.Connection | None) -> asyncpg.Connection | None:
+        """The LISTEN connection, (re)connected if needed; None while that fails (the periodic
+        round then keeps the state current)."""
+        if listener is not None and not listener.is_closed():
+            return listener
+        try:
+            listener = await store.connect(self._settings.postgres_dsn)
+            await listener.add_listener(CHANGES_CHANNEL, self._on_notification)
+            listener.add_termination_listener(self._on_listener_lost)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            log.warning("cannot LISTEN for changes (%s); relying on periodic rounds", error)
+            return None
+        self._wake.set()  # notifications may have been missed while not listening
+        return listener
+
+    def _on_notification(self, *_: object) -> None:
+        self._wake.set()
+
+    def _on_listener_lost(self, _: object) -> None:
+        self._wake.set()
+
+    def _on_leader_connection_lost(self, _: object) -> None:
+        self._lost.set()
+        self._wake.set()
+
+    def _check_leadership(self) -> None:
+        if self._lost.is_set() or self._connection.is_closed():
+            raise LeadershipLostError("the leader connection closed")
+
+    async def _wake_on(self, stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        self._wake.set()
+
+
+async def _close_quietly(connection: asyncpg.Connection) -> None:
+    try:
+        await connection.close(timeout=2)
+    except Exception:  # noqa: BLE001 - a connection that cannot close cleanly is terminated
+        connection.terminate()

@@ -1,0 +1,115 @@
+"""How every queue stands: Prometheus gauges and the JSON behind GET /api/v1/fairness.
+
+Why: "why isn't my job released?" is the first question users ask of a fair scheduler. After
+every round the leader publishes each queue's fair share, adjusted fair share (what it can
+actually use), actual share, and its jobs by phase, so the answer is one request away.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import Gauge, Histogram
+
+from lockgate.fairness import RoundResult
+from lockgate.jobs import JobState
+
+IS_LEADER = Gauge("lockgate_scheduler_is_leader",
+                  "1 while this instance holds the leader lock, else 0")
+ROUND_SECONDS = Histogram(
+    "lockgate_scheduler_round_duration_seconds",
+    "Seconds per scheduling round, from computing to publishing its releases",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+SHARE = Gauge("lockgate_scheduler_queue_share",
+              "A queue's share of the pool's dominant resource (ratio), by kind: fair, "
+              "adjusted_fair, actual", ["queue", "kind"])
+QUEUE_JOBS = Gauge("lockgate_scheduler_queue_jobs",
+                   "A queue's unfinished jobs (count), by phase: queued, released (gate being "
+                   "removed or removed), running (bound or running)", ["queue", "phase"])
+
+# Which phase of the report each unfinished job state counts in.
+PHASE_OF_STATE: dict[JobState, str] = {
+    JobState.QUEUED: "queued",
+    JobState.RELEASED: "released",
+    JobState.UNGATED: "released",
+    JobState.BOUND: "running",
+    JobState.RUNNING: "running",
+}
+PHASES = ("queued", "released", "running")
+
+
+@dataclass
+class FairnessReport:
+    """The newest round's view, kept by the leader and read by the HTTP endpoint."""
+
+    instance_id: str
+    leader: bool = False
+    last_round_at: datetime | None = None
+    last_round_decisions: int = 0
+    last_round_seconds: float = 0.0
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    _labelled: set[str] = field(default_factory=set)
+
+    def set_leader(self, leader: bool) -> None:
+        self.leader = leader
+        IS_LEADER.set(1 if leader else 0)
+        if not leader:
+            self.queues = []
+            self._forget_queues(set())
+
+    def record_round(self, result: RoundResult, *, phases: dict[str, Counter[str]],
+                     at: datetime, seconds: float, decisions: int) -> None:
+        self.last_round_at = at
+        self.last_round_decisions = decisions
+        self.last_round_seconds = seconds
+        ROUND_SECONDS.observe(seconds)
+        queues: list[dict[str, Any]] = []
+        for name, report in sorted(result.queues.items()):
+            counts = phases.get(name, Counter())
+            share = report.share
+            queues.append({
+                "name": name,
+                "weight": share.weight,
+                "fair_share": share.fair_share,
+                "adjusted_fair_share": share.adjusted_fair_share,
+                "actual_share": share.actual_share,
+                "demand_share": share.demand_share,
+                "queued": counts["queued"],
+                "unschedulable": report.unschedulable,
+                "released": counts["released"],
+                "running": counts["running"],
+                "allocated": report.allocated,
+                "released_last_round": report.released,
+                "outcome_last_round": report.outcome.value,
+            })
+            SHARE.labels(name, "fair").set(share.fair_share)
+            SHARE.labels(name, "adjusted_fair").set(share.adjusted_fair_share)
+            SHARE.labels(name, "actual").set(share.actual_share)
+            for phase in PHASES:
+                QUEUE_JOBS.labels(name, phase).set(counts[phase])
+        self.queues = queues
+        self._forget_queues({entry["name"] for entry in queues})
+
+    def _forget_queues(self, current: set[str]) -> None:
+        for name in self._labelled - current:
+            for kind in ("fair", "adjusted_fair", "actual"):
+                SHARE.remove(name, kind)
+            for phase in PHASES:
+                QUEUE_JOBS.remove(name, phase)
+        self._labelled = current
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "leader": self.leader,
+            "last_round": None if self.last_round_at is None else {
+                "at": self.last_round_at.isoformat(),
+                "decisions": self.last_round_decisions,
+                "duration_ms": round(self.last_round_seconds * 1000, 3),
+            },
+            "queues": self.queues,
+        }

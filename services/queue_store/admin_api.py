@@ -1,0 +1,252 @@
+"""The admin HTTP API: queues (create, update, delete, list) and read-only job views.
+
+Why in queue-store: queues must exist before pods are admitted to them, and queue-store already
+owns these tables and their change-feed rules. The `lockgate` CLI is the usual client.
+
+    GET    /api/v1/queues              {"queues": [queue, ...]}
+    POST   /api/v1/queues              queue spec -> 201 queue; 409 if it exists
+    GET    /api/v1/queues/{name}       queue; 404
+    PUT    /api/v1/queues/{name}       whole spec (omitted fields take defaults) -> queue; 404
+    PATCH  /api/v1/queues/{name}       JSON merge patch (RFC 7386; null removes) -> queue; 404
+    DELETE /api/v1/queues/{name}       204; 404
+    GET    /api/v1/jobs?queue=&state=&cluster=&limit=   {"jobs": [...], "hints": [...]}
+
+A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
+"resource_limits" (Kubernetes quantities), "created_at", "updated_at" (read-only)}. Errors are
+{"error": message, "details": [...]}, with 400 for invalid input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from pydantic import ValidationError
+
+from lockgate.ingest import JobRow
+from lockgate.jobs import JobState
+from lockgate.queues import QueueSpec
+from lockgate_adapters import job_store
+from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_error
+
+log = logging.getLogger(__name__)
+
+READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at"})
+EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits")
+MAX_JOBS_LISTED = 10_000
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, details: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.details = status, message, details or []
+
+
+def queue_json(spec: QueueSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "priority_factor": spec.priority_factor,
+        "weight": spec.weight,
+        "cordoned": spec.cordoned,
+        "resource_limits": dict(spec.resource_limits),
+        "created_at": spec.created_at.isoformat() if spec.created_at else None,
+        "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
+    }
+
+
+def job_json(row: JobRow) -> dict[str, Any]:
+    return {
+        "cluster": row.cluster, "uid": row.uid, "namespace": row.namespace, "name": row.name,
+        "queue": row.queue, "jobset": row.jobset, "priority": row.priority,
+        "requests": dict(row.requests), "state": row.state.value, "node_name": row.node_name,
+        "created_at": row.created_at.isoformat(),
+        "state_changed_at": row.state_changed_at.isoformat(),
+        "decision_id": row.decision_id, "release_attempts": row.release_attempts,
+        "last_reason": row.last_reason,
+    }
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge recursively, null removes, the rest replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
+def spec_from_body(name: str, body: dict[str, Any]) -> QueueSpec:
+    """A QueueSpec from a request body, refusing a name that contradicts the URL."""
+    if body.get("name", name) != name:
+        raise ApiError(400, f"the body names queue {body['name']!r} but the URL names {name!r}")
+    fields = {k: v for k, v in body.items() if k not in READ_ONLY_QUEUE_FIELDS}
+    return _validated(lambda: QueueSpec.model_validate({**fields, "name": name}))
+
+
+def _validated(build: Callable[[], QueueSpec]) -> QueueSpec:
+    try:
+        return build()
+    except ValidationError as error:
+        details = [_describe(e) for e in error.errors()]
+        raise ApiError(400, "invalid queue: " + "; ".join(details), details) from error
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    message = str(error.get("msg", "invalid"))
+    message = message.removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+class AdminApi:
+    """The aiohttp application over a Postgres pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors])
+        app.router.add_get("/api/v1/queues", self.list_queues)
+        app.router.add_post("/api/v1/queues", self.create_queue)
+        app.router.add_get("/api/v1/queues/{name}", self.get_queue)
+        app.router.add_put("/api/v1/queues/{name}", self.replace_queue)
+        app.router.add_patch("/api/v1/queues/{name}", self.patch_queue)
+        app.router.add_delete("/api/v1/queues/{name}", self.delete_queue)
+        app.router.add_get("/api/v1/jobs", self.list_jobs)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as error:
+            return _error(error.status, error.message, error.details)
+        except job_store.QueueNotFoundError as error:
+            return _error(404, str(error))
+        except job_store.QueueExistsError as error:
+            return _error(409, str(error))
+        except web.HTTPException:
+            raise
+        except Exception as error:
+            if is_retryable_postgres_error(error):
+                log.warning("admin API: postgres unavailable: %s", error)
+                return _error(503, f"postgres is unavailable, retry later ({error})")
+            log.exception("admin API: %s %s failed", request.method, request.path)
+            return _error(500, f"internal error: {type(error).__name__}")
+
+    async def list_queues(self, _: web.Request) -> web.Response:
+        async with self.pool.acquire() as connection:
+            queues = await job_store.list_queues(connection)
+        return web.json_response({"queues": [queue_json(q) for q in queues]})
+
+    async def get_queue(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        async with self.pool.acquire() as connection:
+            spec = await job_store.get_queue(connection, name)
+        if spec is None:
+            raise job_store.QueueNotFoundError(name)
+        return web.json_response(queue_json(spec))
+
+    async def create_queue(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if not isinstance(body.get("name"), str):
+            raise ApiError(400, "invalid queue: name: a queue name is required")
+        spec = spec_from_body(body["name"], body)
+        async with self.pool.acquire() as connection:
+            created = await job_store.create_queue(connection, spec)
+        log.info("queue %s created (priority factor %s)", created.name, created.priority_factor)
+        return web.json_response(queue_json(created), status=201)
+
+    async def replace_queue(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        replacement = spec_from_body(name, await _json_object(request))
+        return await self._update(name, lambda _: replacement)
+
+    async def patch_queue(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        patch = await _json_object(request)
+        spec_from_body(name, {})  # a valid name, or 400 before touching the database
+        if patch.get("name", name) != name:
+            raise ApiError(400, "a queue cannot be renamed")
+        unknown = set(patch) - set(EDITABLE_QUEUE_FIELDS) - READ_ONLY_QUEUE_FIELDS - {"name"}
+        if unknown:
+            raise ApiError(400, f"invalid queue: unknown fields {sorted(unknown)}; "
+                                f"editable are {list(EDITABLE_QUEUE_FIELDS)}")
+        editable_patch = {k: v for k, v in patch.items() if k in EDITABLE_QUEUE_FIELDS}
+
+        def apply(current: QueueSpec) -> QueueSpec:
+            editable = current.model_dump(include=set(EDITABLE_QUEUE_FIELDS))
+            return spec_from_body(name, merge_patch(editable, editable_patch))
+
+        return await self._update(name, apply)
+
+    async def _update(self, name: str, edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
+        async with self.pool.acquire() as connection:
+            updated = await job_store.update_queue(connection, name, edit)
+        log.info("queue %s updated", name)
+        return web.json_response(queue_json(updated))
+
+    async def delete_queue(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        async with self.pool.acquire() as connection:
+            await job_store.delete_queue(connection, name)
+        log.info("queue %s deleted", name)
+        return web.Response(status=204)
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        query = request.query
+        queue, cluster = query.get("queue") or None, query.get("cluster") or None
+        try:
+            state = JobState(query["state"]) if query.get("state") else None
+        except ValueError as error:
+            raise ApiError(400, f"unknown state {query['state']!r}; states are "
+                                f"{[s.value for s in JobState]}") from error
+        try:
+            limit = int(query.get("limit", "100"))
+        except ValueError as error:
+            raise ApiError(400, "limit must be an integer") from error
+        if not 1 <= limit <= MAX_JOBS_LISTED:
+            raise ApiError(400, f"limit must be between 1 and {MAX_JOBS_LISTED}")
+        async with self.pool.acquire() as connection:
+            jobs = await job_store.list_jobs(connection, queue=queue, state=state,
+                                             cluster=cluster, limit=limit)
+            hints = await self._hints(connection, queue, jobs)
+        return web.json_response({"jobs": [job_json(j) for j in jobs], "hints": hints})
+
+    async def _hints(self, connection: AnyConnection, queue: str | None,
+                     jobs: list[JobRow]) -> list[str]:
+        """Answers to "why isn't my job scheduled?" that the job rows alone do not give."""
+        hints = []
+        waiting_queues = sorted({j.queue for j in jobs if j.state is JobState.QUEUED}
+                                | ({queue} if queue else set()))
+        for name in waiting_queues:
+            spec = await job_store.get_queue(connection, name)
+            if spec is None:
+                hints.append(f"queue {name!r} does not exist: its jobs wait until it is created")
+            elif spec.cordoned:
+                hints.append(f"queue {name!r} is cordoned: none of its jobs are released")
+        return hints
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"the request body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _error(status: int, message: str, details: list[str] | None = None) -> web.Response:
+    return web.json_response({"error": message, "details": details or []}, status=status)

@@ -1,0 +1,104 @@
+"""queue-store's composition root: Postgres (migrated), one consumer per topic, the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from lockgate.events import (
+    CLUSTER_CAPACITY,
+    CLUSTER_SNAPSHOTS,
+    DEAD_LETTERS,
+    POD_EVENTS,
+    RELEASE_OUTCOMES,
+    Topic,
+)
+from lockgate_adapters.kafka import BatchConsumer, ensure_topics, is_retryable_kafka_error
+from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
+from lockgate_adapters.retrying import retry
+from lockgate_adapters.service import Loop, ServiceContext
+from queue_store.admin_api import AdminApi
+from queue_store.ingesting import BatchStore
+from queue_store.settings import QueueStoreSettings
+
+log = logging.getLogger(__name__)
+
+CONSUMED_TOPICS: tuple[Topic[Any], ...] = (
+    POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES,
+)
+POSTGRES_CHECK = "postgres"
+ADMIN_CHECK = "admin-api"
+
+
+async def compose(ctx: ServiceContext) -> list[Loop]:
+    settings = ctx.settings
+    assert isinstance(settings, QueueStoreSettings)
+    readiness = ctx.readiness
+    readiness.declare(POSTGRES_CHECK, ADMIN_CHECK,
+                      *(f"consume {topic.name}" for topic in CONSUMED_TOPICS))
+
+    pool = await connect_pool(settings.postgres_dsn, policy=settings.retry,
+                              max_size=settings.postgres_pool_size, what="queue-store postgres")
+    applied = await retry(lambda: migrate(pool), policy=settings.retry,
+                          retryable=is_retryable_postgres_error, what="migrating postgres")
+    if applied:
+        log.info("applied migrations: %s", ", ".join(applied))
+    readiness.set(POSTGRES_CHECK, True, "migrated")
+    await retry(lambda: ensure_topics(settings.kafka_bootstrap,
+                                      topics=(*CONSUMED_TOPICS, DEAD_LETTERS)),
+                policy=settings.retry, retryable=is_retryable_kafka_error,
+                what="ensuring kafka topics")
+
+    def postgres_ready(ready: bool, detail: str) -> None:
+        readiness.set(POSTGRES_CHECK, ready, detail)
+
+    consumers = [
+        BatchConsumer(
+            bootstrap=settings.kafka_bootstrap,
+            topic=topic,
+            group_id=settings.group_id,
+            consumer_name=f"{settings.service_name}:{topic.name}",
+            handle=BatchStore[Any](pool=pool, topic_name=topic.name,
+                                   on_postgres=postgres_ready).handle,
+            retry_policy=settings.retry,
+            max_records=settings.max_batch,
+            poll_timeout_ms=settings.poll_timeout_ms,
+            on_ready=_reporter(ctx, f"consume {topic.name}"),
+        )
+        for topic in CONSUMED_TOPICS
+    ]
+    admin = AdminApi(pool)
+
+    async def serve_admin(stopping: asyncio.Event) -> None:
+        runner = web.AppRunner(admin.app(), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
+            log.info("admin API on http://%s:%s", settings.admin_host,
+                     runner.addresses[0][1] if runner.addresses else settings.admin_port)
+            readiness.set(ADMIN_CHECK, True, "serving")
+            await stopping.wait()
+        finally:
+            await runner.cleanup()
+
+    async def run(stopping: asyncio.Event) -> None:
+        """Consumers and the admin API share the pool, which closes after both stopped."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(serve_admin(stopping), name="admin API")
+                for consumer in consumers:
+                    group.create_task(consumer.run(stopping), name=consumer.consumer_name)
+        finally:
+            await pool.close()
+
+    return [run]
+
+
+def _reporter(ctx: ServiceContext, check: str) -> Callable[[bool, str], None]:
+    def report(ready: bool, detail: str) -> None:
+        ctx.readiness.set(check, ready, detail)
+    return report

@@ -1,0 +1,148 @@
+"""Storing batches of events: validate, fold in one transaction, and only then let offsets go.
+
+Why here: this is queue-store's one hop between Kafka and Postgres. The `BatchConsumer` calls
+`BatchStore.handle` per batch and commits the batch's offsets only after it returns, so the
+transaction commit below is the point after which a message is durable. A crash before it makes
+Kafka redeliver; the fold is idempotent, so redelivery changes nothing twice.
+
+A message Postgres refuses outright (a value no check anticipated) would block every message
+behind it if the batch were retried as a whole forever; instead the batch is retried one message
+at a time and only the refused ones are dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import asyncpg
+from opentelemetry import trace
+from opentelemetry.trace import Link
+from prometheus_client import Counter, Histogram
+
+from lockgate.events import Event
+from lockgate.ingest import IngestEvent, IngestResult, fold_batch, invalid_reason, rows_to_read
+from lockgate_adapters import job_store
+from lockgate_adapters.kafka import Received
+from lockgate_adapters.postgres import hold_change_feed_lock, notify_changes
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("queue_store")
+
+EVENTS = Counter("lockgate_queue_store_events_total",
+                 "Messages handled by queue-store, by topic and outcome", ["topic", "outcome"])
+ROWS = Counter("lockgate_queue_store_rows_written_total",
+               "Rows written by queue-store's ingest, by table", ["table"])
+BATCH_SECONDS = Histogram("lockgate_queue_store_batch_seconds",
+                          "Time to fold and commit one batch, in seconds", ["topic"],
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+# Postgres refuses these for the data in the statement; retrying the same data cannot help.
+_REFUSED_DATA = (asyncpg.exceptions.DataError,
+                 asyncpg.exceptions.IntegrityConstraintViolationError)
+_MAX_TRACE_LINKS = 64  # a batch span links to the traces of its first messages
+
+E = TypeVar("E", bound=Event)
+
+
+async def store_events(pool: asyncpg.Pool, events: Sequence[IngestEvent]) -> IngestResult:
+    """Fold `events` into Postgres in one transaction (the change-feed rules included)."""
+    async with pool.acquire() as connection, connection.transaction():
+        await hold_change_feed_lock(connection)
+        current = await job_store.lock_current_rows(connection, rows_to_read(events))
+        result = fold_batch(current, events)
+        await job_store.write_ingest(connection, result)
+        if result.jobs or result.nodes:
+            await notify_changes(connection, _changed_tables(result))
+    return result
+
+
+def _changed_tables(result: IngestResult) -> str:
+    return ",".join(name for name, rows in (("jobs", result.jobs), ("cluster_nodes",
+                                                                    result.nodes)) if rows)
+
+
+@dataclass
+class BatchStore(Generic[E]):
+    """The `BatchConsumer` handler of one topic."""
+
+    pool: asyncpg.Pool
+    topic_name: str
+    on_postgres: Callable[[bool, str], None] = lambda ready, detail: None
+    # Messages already dead-lettered in the batch being (re)tried, so a retry does not repeat it.
+    _rejected: set[tuple[int, int]] = field(default_factory=set)
+
+    async def handle(self, batch: list[Received[E]],
+                     reject: Callable[[Received[E], str], Awaitable[None]]) -> None:
+        started = time.perf_counter()
+        links = [Link(trace.get_current_span(item.trace_context).get_span_context())
+                 for item in batch[:_MAX_TRACE_LINKS]]
+        with tracer.start_as_current_span(f"queue-store store {self.topic_name}",
+                                          links=links) as span:
+            span.set_attribute("messaging.batch.message_count", len(batch))
+            valid: list[Received[E]] = []
+            for item in batch:
+                assert isinstance(item.event, IngestEvent)
+                reason = invalid_reason(item.event)
+                if reason is None:
+                    valid.append(item)
+                else:
+                    await self._reject_once(item, reason, reject)
+            try:
+                result = await self._store(valid, reject)
+            except Exception as error:
+                self.on_postgres(False, f"{type(error).__name__}: {error}")
+                span.record_exception(error)
+                raise
+            self.on_postgres(True, "writing")
+            self._rejected.clear()
+            span.set_attribute("lockgate.rows.jobs", len(result.jobs))
+        for table, rows in (("jobs", result.jobs), ("cluster_nodes", result.nodes),
+                            ("clusters", result.clusters)):
+            if rows:
+                ROWS.labels(table).inc(len(rows))
+        EVENTS.labels(self.topic_name, "stored").inc(len(valid))
+        if result.ignored:
+            EVENTS.labels(self.topic_name, "ignored").inc(len(result.ignored))
+            log.debug("ignored %d events: %s", len(result.ignored),
+                      "; ".join(reason for _, reason in result.ignored[:5]))
+        BATCH_SECONDS.labels(self.topic_name).observe(time.perf_counter() - started)
+
+    async def _store(self, items: list[Received[E]],
+                     reject: Callable[[Received[E], str], Awaitable[None]]) -> IngestResult:
+        events = [self._event(item) for item in items]
+        if not events:
+            return IngestResult()
+        try:
+            return await store_events(self.pool, events)
+        except _REFUSED_DATA as error:
+            if len(items) == 1:
+                await self._reject_once(items[0], f"postgres refused it: {error}", reject)
+                return IngestResult()
+            log.warning("postgres refused a batch of %d (%s); storing one by one",
+                        len(items), error)
+        merged = IngestResult()
+        for item in items:
+            single = await self._store([item], reject)
+            merged.jobs += single.jobs
+            merged.nodes += single.nodes
+            merged.clusters += single.clusters
+            merged.ignored += single.ignored
+        return merged
+
+    async def _reject_once(self, item: Received[E], reason: str,
+                           reject: Callable[[Received[E], str], Awaitable[None]]) -> None:
+        where = (item.record.partition, item.record.offset)
+        if where in self._rejected:
+            return
+        await reject(item, reason)
+        self._rejected.add(where)
+        EVENTS.labels(self.topic_name, "rejected").inc()
+
+    @staticmethod
+    def _event(item: Received[E]) -> IngestEvent:
+        assert isinstance(item.event, IngestEvent)
+        return item.event

@@ -1,0 +1,168 @@
+"""Shared pytest setup.
+
+- Tests under tests/integration and tests/e2e are marked `stack` automatically.
+- Stack fixtures (`stack`, `kube_clients`, `kafka_bootstrap`, `pg_dsn`, `pg_pool`,
+  `make_namespace`) import devstack and the clients lazily, only when a test asks for them, so
+  tests/unit runs alone, fast, without the stack and without importing devstack.
+- Every test fails if it leaves asyncio tasks running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    import asyncpg
+    from kubernetes_asyncio.client import ApiClient
+
+    from devstack import StackInfo
+
+_TESTS_DIR = Path(__file__).resolve().parent
+_STACK_DIRS = {"integration", "e2e"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            relative = Path(str(item.path)).resolve().relative_to(_TESTS_DIR)
+        except ValueError:
+            continue
+        if relative.parts and relative.parts[0] in _STACK_DIRS:
+            item.add_marker(pytest.mark.stack)
+
+
+# ---------------------------------------------------------------- the local stack
+
+
+@pytest.fixture(scope="session")
+def stack() -> StackInfo:
+    """The local stack: reused when healthy, else brought up (`python -m devstack up`).
+
+    If it cannot come up, every test that needs it FAILS with devstack's message (never skips).
+    A cold machine builds the Kubernetes binaries first (10-25 min): run
+    `python -m devstack up` once before pytest so test timeouts do not cover that build.
+    """
+    import devstack
+
+    try:
+        return devstack.ensure_up()
+    except devstack.StackError as exc:
+        problem = str(exc)
+    pytest.fail(f"the local stack is not available:\n{problem}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: StackInfo) -> str:
+    return stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(stack: StackInfo) -> str:
+    return stack.postgres_dsn
+
+
+@pytest.fixture(scope="session")
+async def kube_clients(stack: StackInfo) -> AsyncIterator[dict[str, ApiClient]]:
+    """cluster name ("cluster-a", "cluster-b") -> kubernetes_asyncio ApiClient (admin)."""
+    from kubernetes_asyncio import config
+
+    clients: dict[str, ApiClient] = {}
+    try:
+        for name, path in stack.kubeconfigs.items():
+            clients[name] = await config.new_client_from_config(
+                config_file=path, persist_config=False
+            )
+        yield clients
+    finally:
+        for api in clients.values():
+            await api.close()
+
+
+@pytest.fixture(scope="session")
+async def pg_pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    import asyncpg
+
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=10)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+MakeNamespace = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def make_namespace(kube_clients: dict[str, ApiClient]) -> AsyncIterator[MakeNamespace]:
+    """`await make_namespace("cluster-a", prefix="t", labels=None)` -> a new namespace's name.
+
+    Waits until kube-controller-manager has created its `default` ServiceAccount (pods are
+    rejected before that) and deletes the namespaces after the test (without waiting).
+    """
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    created: list[tuple[str, str]] = []
+
+    async def make(cluster: str, prefix: str = "t", labels: dict[str, str] | None = None) -> str:
+        core = client.CoreV1Api(kube_clients[cluster])
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        metadata = {"name": name, "labels": dict(labels or {})}
+        await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+        created.append((cluster, name))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while True:
+            try:
+                await core.read_namespaced_service_account("default", name)
+                return name
+            except ApiException as exc:
+                if exc.status != 404 or loop.time() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
+
+    yield make
+    for cluster, name in created:
+        try:
+            await client.CoreV1Api(kube_clients[cluster]).delete_namespace(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+# ---------------------------------------------------------------- asyncio hygiene
+
+
+def _describe(task: asyncio.Task[object]) -> str:
+    coro = task.get_coro()
+    where = getattr(coro, "__qualname__", repr(coro))
+    return f"{task.get_name()} ({where})"
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_asyncio_tasks() -> AsyncIterator[None]:
+    """Fails the test if it leaves asyncio tasks running (cancels them first)."""
+    before = set(asyncio.all_tasks())
+    yield
+    me = asyncio.current_task()
+
+    def leftovers() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if t not in before and t is not me and not t.done()]
+
+    # Tasks cancelled during teardown get a moment to finish.
+    for _ in range(20):
+        if not leftovers():
+            return
+        await asyncio.sleep(0.01)
+    leaked = leftovers()
+    names = ", ".join(_describe(t) for t in leaked)
+    for task in leaked:
+        task.cancel()
+    await asyncio.gather(*leaked, return_exceptions=True)
+    pytest.fail(f"the test left {len(leaked)} asyncio task(s) running: {names}", pytrace=False)

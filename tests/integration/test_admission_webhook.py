@@ -1,0 +1,692 @@
+"""The admission webhook on the real stack: registered in both clusters, queues in Postgres.
+
+The webhook runs as a real `python -m admission_webhook` process. It registers under a unique
+configuration name and only for namespaces carrying this module's instance label, so it never
+intercepts other tests' pods; queues get unique names in the stack's database and are
+tombstoned afterwards. The fixture always removes the registration: a fail-closed webhook left
+registered with no server would refuse every pod in the namespaces it selects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from admission_webhook.registration import (
+    apply_webhook_configuration,
+    delete_webhook_configuration,
+)
+from devstack.stack import StackInfo
+from e2e.processes import ServiceProcess
+from lockgate.admission import webhook_configuration
+from lockgate.labels import (
+    JOBSET_LABEL,
+    LABEL_SOURCE_ANNOTATION,
+    MANAGED_NAMESPACE_LABEL,
+    QUEUE_LABEL,
+    SCHEDULING_GATE,
+)
+from lockgate_adapters.postgres import hold_change_feed_lock, migrate, notify_changes
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+
+RUN = uuid.uuid4().hex[:8]
+Kube = dict[str, client.ApiClient]
+INSTANCE_LABEL = "lockgate-test.io/admission-webhook"
+CLUSTERS = ("cluster-a", "cluster-b")
+READY_WITHIN_SECONDS = 60.0
+CACHE_TTL_SECONDS = 120.0
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{RUN}-{uuid.uuid4().hex[:6]}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+async def pg(pg_pool: asyncpg.Pool) -> asyncpg.Pool:
+    await migrate(pg_pool)
+    return pg_pool
+
+
+class Queues:
+    """Queue rows written the way lockgate's writers do: serial bumped, change notified."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self.created: list[str] = []
+
+    async def create(self, *, cordoned: bool = False) -> str:
+        name = unique("lg-adm-q")
+        await self._write(
+            "INSERT INTO queues (name, cordoned) VALUES ($1, $2)", name, cordoned)
+        self.created.append(name)
+        return name
+
+    async def cordon(self, name: str) -> None:
+        await self._write(
+            "UPDATE queues SET cordoned = true, updated_at = now(),"
+            " serial = nextval('change_serial') WHERE name = $1", name)
+
+    async def tombstone_all(self) -> None:
+        for name in self.created:
+            await self._write(
+                "UPDATE queues SET deleted = true, updated_at = now(),"
+                " serial = nextval('change_serial') WHERE name = $1", name)
+
+    async def _write(self, sql: str, *args: object) -> None:
+        async with self._pool.acquire() as connection, connection.transaction():
+            await hold_change_feed_lock(connection)
+            await connection.execute(sql, *args)
+            await notify_changes(connection, "queues")
+
+
+@pytest.fixture(scope="module")
+async def queues(pg: asyncpg.Pool) -> AsyncIterator[Queues]:
+    book = Queues(pg)
+    yield book
+    await book.tombstone_all()
+
+
+@dataclass
+class Webhook:
+    process: ServiceProcess
+    health_port: int
+    port: int
+    cert_dir: Path
+
+    async def readiness(self) -> tuple[int, dict[str, Any]]:
+        async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{self.health_port}/readyz"
+        ) as response:
+            return response.status, await response.json()
+
+    async def post_review(self, cluster: str, review: dict[str, Any]) -> dict[str, Any]:
+        """Send a review the way an apiserver does, trusting only the webhook's own CA."""
+        trust = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
+        async with aiohttp.ClientSession() as session, session.post(
+            f"https://127.0.0.1:{self.port}/mutate/{cluster}", json=review, ssl=trust
+        ) as response:
+            assert response.status == 200, await response.text()
+            body: dict[str, Any] = await response.json()
+            return body
+
+
+async def start_webhook(
+    name: str, env: dict[str, str], tmp_path: Path
+) -> Webhook:
+    webhook = Webhook(
+        process=ServiceProcess(name, "admission_webhook", {}),
+        health_port=free_port(),
+        port=int(env.get("LOCKGATE_WEBHOOK_PORT") or free_port()),
+        cert_dir=tmp_path / "certs",
+    )
+    webhook.process.env.update({
+        "LOCKGATE_WEBHOOK_PORT": str(webhook.port),
+        "LOCKGATE_WEBHOOK_HTTP_PORT": str(webhook.health_port),
+        "LOCKGATE_WEBHOOK_CERT_DIR": str(webhook.cert_dir),
+        "LOCKGATE_WEBHOOK_LOG_LEVEL": "DEBUG",
+        **env,
+    })
+    await webhook.process.start()
+    return webhook
+
+
+async def wait_until_ready(webhook: Webhook) -> None:
+    deadline = asyncio.get_running_loop().time() + READY_WITHIN_SECONDS
+    last: object = "no answer"
+    while asyncio.get_running_loop().time() < deadline:
+        assert webhook.process.alive(), (
+            f"the webhook exited:\n{webhook.process.log_tail()}")
+        try:
+            status, body = await webhook.readiness()
+            if status == 200:
+                return
+            last = body
+        except aiohttp.ClientError as error:
+            last = error
+        await asyncio.sleep(0.3)
+    pytest.fail(f"the webhook was not ready within {READY_WITHIN_SECONDS}s ({last}):\n"
+                f"{webhook.process.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+async def webhook(
+    stack: StackInfo, kube_clients: Kube, queues: Queues,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Webhook]:
+    configuration = f"lockgate-test-{RUN}"
+    running = await start_webhook(f"admission-webhook-{RUN}", {
+        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
+        "LOCKGATE_WEBHOOK_POSTGRES_DSN": stack.postgres_dsn,
+        "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
+        "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
+        # Long enough that only LISTEN/NOTIFY can explain a cordon seen within seconds.
+        "LOCKGATE_WEBHOOK_QUEUE_CACHE_TTL_SECONDS": str(CACHE_TTL_SECONDS),
+    }, tmp_path_factory.mktemp("admission-webhook"))
+    try:
+        await wait_until_ready(running)
+        yield running
+    finally:
+        await running.process.stop()
+        # Always unregister, even if the start failed half-way.
+        for api in kube_clients.values():
+            await delete_webhook_configuration(api, configuration)
+
+
+Factory = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+def namespaces(make_namespace: Callable[..., Awaitable[str]]) -> Factory:
+    """`await namespaces(cluster, managed=True, **labels)`: a namespace this webhook serves."""
+
+    async def make(cluster: str, *, managed: bool = True, **labels: str) -> str:
+        all_labels = {INSTANCE_LABEL: RUN, **labels}
+        if managed:
+            all_labels[MANAGED_NAMESPACE_LABEL] = "true"
+        return await make_namespace(cluster, prefix="lg-adm", labels=all_labels)
+
+    return make
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def pod_manifest(
+    name: str, labels: dict[str, str] | None = None, **metadata: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}, **metadata},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+                                 "resources": {"requests": {"cpu": "100m"}}}]},
+    }
+
+
+def review_for(namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod CREATE review as an apiserver sends it, for tests that call the webhook directly."""
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "operation": "CREATE", "namespace": namespace,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "object": pod}}
+
+
+def gates_of(pod: client.V1Pod) -> list[str]:
+    return [gate.name for gate in pod.spec.scheduling_gates or []]
+
+
+def sources_of(pod: client.V1Pod) -> dict[str, Any]:
+    annotation: str = (pod.metadata.annotations or {})[LABEL_SOURCE_ANNOTATION]
+    loaded: dict[str, Any] = json.loads(annotation)
+    return loaded
+
+
+def rejection_message(error: ApiException) -> str:
+    message: str = json.loads(error.body)["message"]
+    return message
+
+
+async def pods_of(api: client.ApiClient, namespace: str, count: int) -> list[client.V1Pod]:
+    """The namespace's pods once there are `count` of them (controllers create them)."""
+    core = client.CoreV1Api(api)
+    for _ in range(120):
+        found = (await core.list_namespaced_pod(namespace)).items
+        if len(found) >= count:
+            return list(found)
+        await asyncio.sleep(0.25)
+    pytest.fail(f"{namespace}: expected {count} pods, found {len(found)}")
+
+
+def deployment_manifest(
+    name: str, labels: dict[str, str], template_labels: dict[str, str] | None = None,
+    replicas: int = 2,
+) -> dict[str, Any]:
+    selector = {"app": name}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**selector, **(template_labels or {})}},
+                "spec": pod_manifest("unused")["spec"],
+            },
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+async def test_pod_in_managed_namespace_is_gated_and_labelled(
+    cluster: str, webhook: Webhook, kube_clients: Kube, queues: Queues,
+    namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces(cluster)
+    core = client.CoreV1Api(kube_clients[cluster])
+
+    pod = await core.create_namespaced_pod(
+        namespace, pod_manifest("worker", {QUEUE_LABEL: queue, "app": "demo"}))
+
+    assert gates_of(pod) == [SCHEDULING_GATE]
+    assert pod.metadata.labels == {QUEUE_LABEL: queue, JOBSET_LABEL: namespace, "app": "demo"}
+    assert sources_of(pod) == {"queue": "pod", "jobset": "default:namespace-name"}
+    scheduled = next(c for c in pod.status.conditions or [] if c.type == "PodScheduled")
+    assert (scheduled.status, scheduled.reason) == ("False", "SchedulingGated")
+
+
+async def test_pod_keeps_other_gates(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces("cluster-b")
+    manifest = pod_manifest("two-gates", {QUEUE_LABEL: queue})
+    manifest["spec"]["schedulingGates"] = [{"name": "example.com/other"},
+                                           {"name": SCHEDULING_GATE}]
+
+    pod = await client.CoreV1Api(kube_clients["cluster-b"]).create_namespaced_pod(
+        namespace, manifest)
+
+    assert gates_of(pod) == ["example.com/other", SCHEDULING_GATE]
+
+
+async def test_deployment_pods_inherit_from_the_deployment_through_its_replicaset(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces("cluster-a")
+    await client.AppsV1Api(kube_clients["cluster-a"]).create_namespaced_deployment(
+        namespace, deployment_manifest("web", {QUEUE_LABEL: queue, JOBSET_LABEL: "web-js"}))
+
+    pods = await pods_of(kube_clients["cluster-a"], namespace, 2)
+
+    for pod in pods:
+        assert gates_of(pod) == [SCHEDULING_GATE]
+        assert (pod.metadata.labels[QUEUE_LABEL], pod.metadata.labels[JOBSET_LABEL]) == (
+            queue, "web-js")
+        assert sources_of(pod) == {"queue": "Deployment/web", "jobset": "Deployment/web"}
+        assert pod.metadata.owner_references[0].kind == "ReplicaSet"
+
+
+async def test_pod_inherits_from_any_owner_kind(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    """An owner kind lockgate has no special case for is found through API discovery."""
+    queue = await queues.create()
+    namespace = await namespaces("cluster-b")
+    core = client.CoreV1Api(kube_clients["cluster-b"])
+    owner = await core.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "operator-state", "labels": {QUEUE_LABEL: queue}}})
+    reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "operator-state",
+                 "uid": owner.metadata.uid, "controller": True}
+
+    pod = await core.create_namespaced_pod(
+        namespace, pod_manifest("managed-by-operator", ownerReferences=[reference]))
+
+    assert gates_of(pod) == [SCHEDULING_GATE]
+    assert pod.metadata.labels[QUEUE_LABEL] == queue
+    assert sources_of(pod)["queue"] == "ConfigMap/operator-state"
+
+
+async def test_unreadable_owner_falls_back_to_the_namespace_and_says_so(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces("cluster-a", **{QUEUE_LABEL: queue})
+    ghost = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "ghost",
+             "uid": str(uuid.uuid4()), "controller": True}
+
+    pod = await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_pod(
+        namespace, pod_manifest("orphan", ownerReferences=[ghost]))
+
+    assert gates_of(pod) == [SCHEDULING_GATE]
+    assert pod.metadata.labels[QUEUE_LABEL] == queue
+    sources = sources_of(pod)
+    assert sources["queue"] == f"namespace/{namespace}"
+    assert sources["unreadable"] == ["ReplicaSet/ghost: 404 Not Found"]
+
+
+async def test_pod_inherits_from_namespace_labels(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces("cluster-b", **{QUEUE_LABEL: queue, JOBSET_LABEL: "team-js"})
+
+    pod = await client.CoreV1Api(kube_clients["cluster-b"]).create_namespaced_pod(
+        namespace, pod_manifest("plain"))
+
+    assert gates_of(pod) == [SCHEDULING_GATE]
+    assert (pod.metadata.labels[QUEUE_LABEL], pod.metadata.labels[JOBSET_LABEL]) == (
+        queue, "team-js")
+    assert sources_of(pod) == {"queue": f"namespace/{namespace}",
+                               "jobset": f"namespace/{namespace}"}
+
+
+async def test_pod_labels_win_over_owner_and_namespace(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    namespace_queue, owner_queue, pod_queue = [await queues.create() for _ in range(3)]
+    namespace = await namespaces("cluster-a", **{QUEUE_LABEL: namespace_queue,
+                                                 JOBSET_LABEL: "ns-js"})
+    await client.AppsV1Api(kube_clients["cluster-a"]).create_namespaced_deployment(
+        namespace, deployment_manifest(
+            "mixed", {QUEUE_LABEL: owner_queue, JOBSET_LABEL: "deploy-js"},
+            template_labels={QUEUE_LABEL: pod_queue}, replicas=1))
+
+    (pod,) = await pods_of(kube_clients["cluster-a"], namespace, 1)
+
+    assert (pod.metadata.labels[QUEUE_LABEL], pod.metadata.labels[JOBSET_LABEL]) == (
+        pod_queue, "deploy-js")
+    assert sources_of(pod) == {"queue": "pod", "jobset": "Deployment/mixed"}
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+async def test_unknown_queue_is_rejected_with_what_to_do(
+    cluster: str, webhook: Webhook, kube_clients: Kube, queues: Queues,
+    namespaces: Factory,
+) -> None:
+    await queues.create()  # at least one queue to suggest
+    namespace = await namespaces(cluster)
+    missing = unique("lg-adm-missing")
+
+    with pytest.raises(ApiException) as rejected:
+        await client.CoreV1Api(kube_clients[cluster]).create_namespaced_pod(
+            namespace, pod_manifest("lost", {QUEUE_LABEL: missing}))
+
+    assert rejected.value.status == 403
+    message = rejection_message(rejected.value)
+    assert f'queue "{missing}" does not exist; create it with ' \
+           f"'lockgate queue create {missing}' or use one of: " in message
+    assert queues.created[-1] in message or "more)" in message
+
+
+async def test_pod_without_any_queue_is_rejected_with_where_to_set_it(
+    webhook: Webhook, kube_clients: Kube, namespaces: Factory,
+) -> None:
+    namespace = await namespaces("cluster-a")
+
+    with pytest.raises(ApiException) as rejected:
+        await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_pod(
+            namespace, pod_manifest("nowhere"))
+
+    assert rejected.value.status == 403
+    assert (f"pod {namespace}/nowhere has no queue: set label {QUEUE_LABEL} on the pod or "
+            f"namespace {namespace}") in rejection_message(rejected.value)
+
+
+async def test_cordoned_queue_is_rejected(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create(cordoned=True)
+    namespace = await namespaces("cluster-b")
+
+    with pytest.raises(ApiException) as rejected:
+        await client.CoreV1Api(kube_clients["cluster-b"]).create_namespaced_pod(
+            namespace, pod_manifest("frozen", {QUEUE_LABEL: queue}))
+
+    assert rejected.value.status == 403
+    assert f'queue "{queue}" is cordoned and accepts no new pods' in rejection_message(
+        rejected.value)
+
+
+async def test_cordon_applies_within_moments_through_the_change_notification(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces("cluster-a")
+    core = client.CoreV1Api(kube_clients["cluster-a"])
+    await core.create_namespaced_pod(namespace, pod_manifest("before", {QUEUE_LABEL: queue}))
+
+    await queues.cordon(queue)
+    started = asyncio.get_running_loop().time()
+    for attempt in range(40):
+        try:
+            await core.create_namespaced_pod(
+                namespace, pod_manifest(f"after-{attempt}", {QUEUE_LABEL: queue}))
+        except ApiException as error:
+            assert f'queue "{queue}" is cordoned' in rejection_message(error)
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail("pods were still admitted to the cordoned queue")
+    assert asyncio.get_running_loop().time() - started < CACHE_TTL_SECONDS / 10
+
+
+async def test_unmanaged_namespace_is_untouched(
+    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    queue = await queues.create()
+    namespace = await namespaces("cluster-a", managed=False)
+
+    pod = await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_pod(
+        namespace, pod_manifest("free", {QUEUE_LABEL: queue}))
+
+    assert gates_of(pod) == []
+    assert JOBSET_LABEL not in pod.metadata.labels
+    assert LABEL_SOURCE_ANNOTATION not in (pod.metadata.annotations or {})
+
+
+async def test_kube_system_pods_are_untouched(
+    webhook: Webhook, kube_clients: Kube, queues: Queues,
+) -> None:
+    queue = await queues.create()
+    core = client.CoreV1Api(kube_clients["cluster-b"])
+    name = unique("lg-adm-sys")
+    pod = await core.create_namespaced_pod(
+        "kube-system", pod_manifest(name, {QUEUE_LABEL: queue}))
+    try:
+        assert gates_of(pod) == []
+        assert LABEL_SOURCE_ANNOTATION not in (pod.metadata.annotations or {})
+        # Even a review that reaches the webhook for kube-system is answered unchanged.
+        review = review_for("kube-system", pod_manifest(name, {QUEUE_LABEL: queue}))
+        answer = (await webhook.post_review("cluster-b", review))["response"]
+        assert answer == {"uid": review["request"]["uid"], "allowed": True}
+    finally:
+        await core.delete_namespaced_pod(name, "kube-system", grace_period_seconds=0)
+
+
+async def test_non_pod_objects_are_created_immediately(
+    webhook: Webhook, kube_clients: Kube, namespaces: Factory,
+) -> None:
+    namespace = await namespaces("cluster-a")
+
+    created = await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_config_map(
+        namespace, {"metadata": {"name": "settings"}, "data": {"k": "v"}})
+
+    assert created.data == {"k": "v"}
+    assert not created.metadata.labels
+
+
+async def test_webhook_refuses_and_is_not_ready_when_postgres_is_unreachable(
+    stack: StackInfo, kube_clients: Kube, namespaces: Factory,
+    tmp_path: Path,
+) -> None:
+    """Fail-closed: a queue that cannot be checked refuses the pod and asks to retry."""
+    namespace = await namespaces("cluster-a")
+    unreachable = f"postgresql://lockgate:lockgate@127.0.0.1:{free_port()}/lockgate"
+    blind = await start_webhook(f"admission-webhook-blind-{RUN}", {
+        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({"cluster-a": stack.kubeconfigs["cluster-a"]}),
+        "LOCKGATE_WEBHOOK_POSTGRES_DSN": unreachable,
+        "LOCKGATE_WEBHOOK_REGISTER_IN_CLUSTERS": "false",
+        "LOCKGATE_WEBHOOK_QUEUE_CHECK_TIMEOUT_SECONDS": "0.5",
+    }, tmp_path)
+    try:
+        review = review_for(namespace, pod_manifest("blind", {QUEUE_LABEL: "any-queue"}))
+        answer: dict[str, Any] = {}
+        for _ in range(100):  # until its certificates are written and its HTTPS server is up
+            try:
+                answer = (await blind.post_review("cluster-a", review))["response"]
+                break
+            except (aiohttp.ClientConnectionError, FileNotFoundError):
+                assert blind.process.alive(), blind.process.log_tail()
+                await asyncio.sleep(0.2)
+
+        assert answer["allowed"] is False, answer
+        assert answer["status"]["code"] == 503
+        assert 'lockgate cannot verify queue "any-queue" right now, retry' in (
+            answer["status"]["message"])
+        status, body = await blind.readiness()
+        assert status == 503
+        assert body["checks"]["queues"]["ready"] is False
+    finally:
+        await blind.process.stop()
+
+
+async def test_registration_is_created_then_updated_then_removed(
+    kube_clients: Kube,
+) -> None:
+    api = kube_clients["cluster-a"]
+    name = unique("lockgate-test-registration")
+    # Selects no namespace (no namespace carries this label), so it can never block a pod.
+    manifest = webhook_configuration(
+        name=name, url="https://127.0.0.1:9/mutate/cluster-a", ca_bundle_pem=b"ca-1",
+        extra_namespace_labels={INSTANCE_LABEL: f"nobody-{RUN}"})
+    try:
+        assert await apply_webhook_configuration(api, manifest) == "created"
+        manifest["webhooks"][0]["clientConfig"]["url"] = "https://127.0.0.1:10/mutate/cluster-a"
+        assert await apply_webhook_configuration(api, manifest) == "updated"
+        stored = await client.AdmissionregistrationV1Api(
+            api).read_mutating_webhook_configuration(name)
+        (hook,) = stored.webhooks
+        assert hook.client_config.url == "https://127.0.0.1:10/mutate/cluster-a"
+        assert (hook.failure_policy, hook.side_effects, hook.timeout_seconds) == (
+            "Fail", "None", 5)
+    finally:
+        assert await delete_webhook_configuration(api, name) is True
+    assert await delete_webhook_configuration(api, name) is False
+
+
+async def test_pods_are_refused_while_the_webhook_is_down_and_gated_after_restart(
+    stack: StackInfo, kube_clients: Kube, queues: Queues, make_namespace: Factory,
+    tmp_path: Path,
+) -> None:
+    """Fail-closed: with the webhook registered but not running, no pod escapes ungated."""
+    instance = f"restart-{RUN}"
+    configuration = f"lockgate-test-{instance}"
+    queue = await queues.create()
+    namespace = await make_namespace("cluster-b", prefix="lg-adm", labels={
+        MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: instance})
+    env = {
+        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({"cluster-b": stack.kubeconfigs["cluster-b"]}),
+        "LOCKGATE_WEBHOOK_POSTGRES_DSN": stack.postgres_dsn,
+        "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
+        "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: instance}),
+    }
+    core = client.CoreV1Api(kube_clients["cluster-b"])
+    first = await start_webhook(f"admission-webhook-{instance}", env, tmp_path)
+    second: Webhook | None = None
+    try:
+        await wait_until_ready(first)
+        ca_before = (first.cert_dir / "ca.crt").read_bytes()
+        await first.process.kill()
+
+        with pytest.raises(ApiException) as refused:
+            await core.create_namespaced_pod(namespace, pod_manifest("while-down",
+                                                                     {QUEUE_LABEL: queue}))
+        assert refused.value.status == 500
+        assert "failed calling webhook" in rejection_message(refused.value)
+        assert not (await core.list_namespaced_pod(namespace)).items
+
+        # Same port and certificate directory, as a restarted service would have.
+        env["LOCKGATE_WEBHOOK_PORT"] = str(first.port)
+        second = await start_webhook(f"admission-webhook-{instance}", env, tmp_path)
+        await wait_until_ready(second)
+        pod = await core.create_namespaced_pod(namespace, pod_manifest("after-restart",
+                                                                       {QUEUE_LABEL: queue}))
+        assert gates_of(pod) == [SCHEDULING_GATE]
+        assert (second.cert_dir / "ca.crt").read_bytes() == ca_before
+    finally:
+        for running in (first, second):
+            if running is not None:
+                await running.process.stop()
+        await delete_webhook_configuration(kube_clients["cluster-b"], configuration)
+
+
+@pytest.fixture
+async def own_database(pg_dsn: str) -> AsyncIterator[str]:
+    """A fresh, migrated database: this test locks its tables, which must block no one else."""
+    name = f"lg_adm_{RUN}_{uuid.uuid4().hex[:6]}"
+    dsn = urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{name}"))
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+        assert pool is not None
+        try:
+            await migrate(pool)
+        finally:
+            await pool.close()
+        yield dsn
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def test_review_is_answered_in_time_when_postgres_is_slow_and_recovers(
+    stack: StackInfo, own_database: str, namespaces: Factory, tmp_path: Path,
+) -> None:
+    namespace = await namespaces("cluster-a")
+    check_timeout = 0.5
+    webhook = await start_webhook(f"admission-webhook-slow-{RUN}", {
+        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({"cluster-a": stack.kubeconfigs["cluster-a"]}),
+        "LOCKGATE_WEBHOOK_POSTGRES_DSN": own_database,
+        "LOCKGATE_WEBHOOK_REGISTER_IN_CLUSTERS": "false",
+        "LOCKGATE_WEBHOOK_QUEUE_CHECK_TIMEOUT_SECONDS": str(check_timeout),
+        "LOCKGATE_WEBHOOK_QUEUE_CACHE_TTL_SECONDS": "1",
+    }, tmp_path)
+    blocker = await asyncpg.connect(own_database)
+    try:
+        await wait_until_ready(webhook)
+        review = review_for(namespace, pod_manifest("slow", {QUEUE_LABEL: "not-cached"}))
+
+        # Readers of `queues` now wait for this transaction: Postgres is "slow".
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("LOCK TABLE queues IN ACCESS EXCLUSIVE MODE")
+        started = asyncio.get_running_loop().time()
+        answer = (await webhook.post_review("cluster-a", review))["response"]
+        elapsed = asyncio.get_running_loop().time() - started
+
+        assert answer["allowed"] is False
+        assert answer["status"]["code"] == 503
+        assert 'lockgate cannot verify queue "not-cached" right now, retry' in (
+            answer["status"]["message"])
+        assert elapsed < check_timeout + 1.0  # far inside the apiserver's 5 s
+        status, body = await webhook.readiness()
+        assert (status, body["checks"]["queues"]["ready"]) == (503, False)
+
+        await transaction.rollback()
+        await wait_until_ready(webhook)
+        answer = (await webhook.post_review("cluster-a", review))["response"]
+        assert answer["status"]["code"] == 403
+        assert 'queue "not-cached" does not exist' in answer["status"]["message"]
+    finally:
+        await blocker.close()
+        await webhook.process.stop()

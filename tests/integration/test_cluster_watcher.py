@@ -1,0 +1,689 @@
+"""cluster-watcher against the real stack: two kube-apiservers with kwok nodes, and Kafka.
+
+Pods are created as the admission webhook would have left them (lockgate's gate, queue and
+jobset labels), in a namespace of this module's own. Each watcher started here watches the real
+clusters under names unique to this module ("cluster-a-<suffix>"), so what it publishes cannot be
+mistaken for another test's; assertions read the watcher's output from Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiokafka import AIOKafkaConsumer
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from cluster_watcher.app import compose
+from cluster_watcher.settings import WatcherSettings
+from cluster_watcher.watching import ResourceWatcher, WatchExpired, WatchOptions
+from devstack.launcher import ServiceProcess
+from lockgate.events import (
+    CLUSTER_CAPACITY,
+    CLUSTER_SNAPSHOTS,
+    POD_EVENTS,
+    ClusterCapacity,
+    ClusterSnapshot,
+    Event,
+    PodEvent,
+)
+from lockgate.jobs import JobState
+from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.resources import Resources
+from lockgate_adapters.kafka import ensure_topics
+from lockgate_adapters.kube import api_client
+from lockgate_adapters.service import ServiceContext, run_service
+from lockgate_adapters.settings import RetryPolicy
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+
+SUFFIX = uuid.uuid4().hex[:8]
+NAMESPACE = f"lockgate-watcher-{SUFFIX}"
+QUEUE = f"watcher-q-{SUFFIX}"
+FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+TOPICS = (POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY)
+
+
+# Reading what the watcher published
+
+
+@dataclass
+class Published:
+    event: Event
+    headers: dict[str, bytes]
+    received_at: float
+
+
+@dataclass
+class KafkaTail:
+    """Everything published on the watcher's topics from the moment the tail started."""
+
+    bootstrap: str
+    messages: list[Published] = field(default_factory=list)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _consumer: AIOKafkaConsumer | None = None
+    _task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await ensure_topics(self.bootstrap)
+        self._consumer = AIOKafkaConsumer(
+            *(topic.name for topic in TOPICS), bootstrap_servers=self.bootstrap,
+            group_id=f"test-watcher-{uuid.uuid4().hex}", enable_auto_commit=False,
+            auto_offset_reset="latest",
+        )
+        await self._consumer.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not self._consumer.assignment():
+                assert time.monotonic() < deadline, "no partitions assigned within 30s"
+                await asyncio.sleep(0.05)
+            partitions = sorted(self._consumer.assignment())
+            await self._consumer.seek_to_end(*partitions)
+            for partition in partitions:  # resolve the end offsets before anything is produced
+                await self._consumer.position(partition)
+        except BaseException:
+            await self._consumer.stop()
+            raise
+        self._task = asyncio.create_task(self._collect())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _collect(self) -> None:
+        assert self._consumer is not None
+        models = {topic.name: topic for topic in TOPICS}
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    event = models[record.topic].decode(record.value or b"")
+                    self.messages.append(Published(event, dict(record.headers or ()),
+                                                   time.monotonic()))
+            if batches:
+                self._arrived.set()
+
+    def matching(self, predicate: Callable[[Any], bool]) -> list[Any]:
+        return [m.event for m in self.messages if predicate(m.event)]
+
+    def index_of(self, event: Event) -> int:
+        return next(i for i, m in enumerate(self.messages) if m.event is event)
+
+    async def wait_for(self, predicate: Callable[[Any], bool], *, within: float = 30.0,
+                       what: str = "an event", after: int = -1) -> Any:
+        """The first matching event (received after message number `after`)."""
+        deadline = time.monotonic() + within
+        while True:
+            found = [m.event for m in self.messages[after + 1:] if predicate(m.event)]
+            if found:
+                return found[0]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {what} within {within}s")
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), min(remaining, 1.0))
+
+
+def pod_events(cluster: str, uid: str) -> Callable[[Any], bool]:
+    return lambda e: isinstance(e, PodEvent) and e.cluster == cluster and e.uid == uid
+
+
+def pod_event_in(cluster: str, uid: str, state: JobState) -> Callable[[Any], bool]:
+    return lambda e: pod_events(cluster, uid)(e) and e.state is state
+
+
+def capacity_of(cluster: str, check: Callable[[ClusterCapacity], bool] = lambda c: True
+                ) -> Callable[[Any], bool]:
+    return lambda e: isinstance(e, ClusterCapacity) and e.cluster == cluster and check(e)
+
+
+# Running the watcher in this process
+
+
+@contextlib.asynccontextmanager
+async def running_watcher(clusters: Mapping[str, str], kafka_bootstrap: str,
+                          *, wait_ready: bool = True) -> AsyncIterator[ServiceContext]:
+    settings = WatcherSettings(
+        clusters=dict(clusters), kafka_bootstrap=kafka_bootstrap, http_port=0,
+        retry=FAST_RETRY, capacity_min_interval_seconds=0.2, watch_timeout_seconds=30,
+        kafka_send_timeout_seconds=5,
+    )
+    ctx = ServiceContext(settings)
+    task = asyncio.create_task(
+        run_service(settings, compose, install_signal_handlers=False, context=ctx))
+    try:
+        if wait_ready:
+            checks = {f"{cluster}/{kind}" for cluster in clusters for kind in ("pods", "nodes")}
+            # Readiness holds trivially until compose declared the watcher's checks.
+            await until(lambda: (checks <= set(ctx.readiness.report()) and ctx.readiness.ready)
+                        or task.done(), within=60,
+                        what=lambda: f"watcher ready: {ctx.readiness.report()}")
+            if task.done():
+                task.result()
+        yield ctx
+    finally:
+        ctx.stopping.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def until(condition: Callable[[], bool], *, within: float,
+                what: Callable[[], str]) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what()}")
+        await asyncio.sleep(0.05)
+
+
+# Pods as the webhook leaves them
+
+
+def gated_pod(name: str, *, jobset: str = "js", cpu: str = "250m",
+              memory: str = "64Mi") -> dict[str, Any]:
+    return pod(name, labels={QUEUE_LABEL: QUEUE, JOBSET_LABEL: jobset},
+               gates=[SCHEDULING_GATE], requests={"cpu": cpu, "memory": memory})
+
+
+def pod(name: str, *, labels: dict[str, str] | None = None, gates: list[str] | None = None,
+        requests: dict[str, str] | None = None, limits: dict[str, str] | None = None,
+        node: str | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/sleep:1",
+                                 "resources": {"requests": requests or {},
+                                               "limits": limits or {}}}
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "automountServiceAccountToken": False,
+        "tolerations": [{"key": KWOK_NODE_ANNOTATION, "operator": "Exists"}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels or {}},
+            "spec": spec}
+
+
+async def create_pod(core: client.CoreV1Api, manifest: dict[str, Any]) -> str:
+    created = await core.create_namespaced_pod(NAMESPACE, manifest)
+    return str(created.metadata.uid)
+
+
+async def remove_lockgate_gate(core: client.CoreV1Api, name: str) -> None:
+    patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": SCHEDULING_GATE},
+             {"op": "remove", "path": "/spec/schedulingGates/0"}]
+    await core.patch_namespaced_pod(name, NAMESPACE, patch,
+                                    _content_type="application/json-patch+json")
+
+
+async def delete_pod(core: client.CoreV1Api, name: str) -> None:
+    with contextlib.suppress(ApiException):
+        await core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+async def cores(kube_clients: dict[str, client.ApiClient]
+                ) -> AsyncIterator[dict[str, client.CoreV1Api]]:
+    """A CoreV1Api per real cluster, with this module's namespace in each."""
+    if not kube_clients:
+        pytest.fail("the stack has no clusters")
+    cores = {name: client.CoreV1Api(api) for name, api in kube_clients.items()}
+    for core in cores.values():
+        await core.create_namespace({"metadata": {"name": NAMESPACE}})
+        with contextlib.suppress(ApiException):  # the controller may have made it already
+            await core.create_namespaced_service_account(
+                NAMESPACE, {"metadata": {"name": "default"}})
+    yield cores
+    for core in cores.values():
+        with contextlib.suppress(ApiException):
+            await core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+        with contextlib.suppress(ApiException):
+            await core.delete_namespace(NAMESPACE)
+
+
+def watched_as(stack: Any, tag: str) -> dict[str, str]:
+    """The real clusters under names of this test's own: "cluster-a" → "cluster-a-<tag>"."""
+    return {f"{name}-{tag}": path for name, path in stack.kubeconfigs.items()}
+
+
+@pytest.fixture
+async def tail(stack: Any) -> AsyncIterator[KafkaTail]:
+    tail = KafkaTail(stack.kafka_bootstrap)
+    await tail.start()
+    yield tail
+    await tail.stop()
+
+
+@pytest.fixture
+async def watcher(stack: Any, cores: Any, tail: KafkaTail) -> AsyncIterator[dict[str, str]]:
+    """A watcher of both clusters (started after `tail`, which so sees all it publishes).
+
+    Yields real cluster name → the name the watcher reports it under.
+    """
+    tag = f"{SUFFIX}-{uuid.uuid4().hex[:4]}"
+    async with running_watcher(watched_as(stack, tag), stack.kafka_bootstrap):
+        yield {name: f"{name}-{tag}" for name in stack.kubeconfigs}
+
+
+# Lifecycle
+
+
+async def test_gated_pods_are_reported_queued_then_released_running_and_deleted_in_each_cluster(
+    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: KafkaTail
+) -> None:
+    for real_cluster, core in cores.items():
+        cluster = watcher[real_cluster]
+        name = f"lifecycle-{uuid.uuid4().hex[:6]}"
+        uid = await create_pod(core, gated_pod(name, jobset="sweep-1", cpu="1500m",
+                                               memory="256Mi"))
+
+        queued: PodEvent = await tail.wait_for(
+            pod_event_in(cluster, uid, JobState.QUEUED), what=f"QUEUED for {name}")
+        assert (queued.namespace, queued.name, queued.queue, queued.jobset) == (
+            NAMESPACE, name, QUEUE, "sweep-1")
+        assert queued.requests == {"cpu": 1500, "memory": 256 * 2**20}
+        assert queued.gated and queued.node_name is None and queued.snapshot_id is None
+
+        await remove_lockgate_gate(core, name)
+        await tail.wait_for(pod_event_in(cluster, uid, JobState.UNGATED),
+                                   what=f"UNGATED for {name}")
+        running: PodEvent = await tail.wait_for(
+            pod_event_in(cluster, uid, JobState.RUNNING), what=f"RUNNING for {name}")
+        assert running.node_name and not running.gated
+
+        await delete_pod(core, name)
+        await tail.wait_for(pod_event_in(cluster, uid, JobState.DELETED),
+                                   what=f"DELETED for {name}")
+
+        states = [e.state for e in tail.matching(pod_events(cluster, uid))]
+        assert states == sorted(states, key=lambda s: s.rank), states
+        assert states[0] is JobState.QUEUED and states[-1] is JobState.DELETED
+        assert len(states) == len(set(states)), f"unchanged states published twice: {states}"
+
+
+async def test_a_pods_events_carry_a_trace_whose_id_is_the_pod_uid(
+    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: KafkaTail
+) -> None:
+    core = cores["cluster-a"]
+    uid = await create_pod(core, gated_pod(f"traced-{uuid.uuid4().hex[:6]}"))
+    await tail.wait_for(pod_event_in(watcher["cluster-a"], uid, JobState.QUEUED))
+    published = next(m for m in tail.messages
+                     if pod_event_in(watcher["cluster-a"], uid, JobState.QUEUED)(m.event))
+    traceparent = published.headers["traceparent"].decode()
+    assert traceparent.split("-")[1] == uid.replace("-", "")
+
+
+async def test_unmanaged_pods_publish_no_pod_event_but_count_in_their_nodes_usage(
+    stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str],
+    tail: KafkaTail,
+) -> None:
+    core = cores["cluster-b"]
+    cluster = watcher["cluster-b"]
+    node = (await kwok_nodes(core))[0]
+    # An extended resource of this test's own makes the usage exactly attributable to it.
+    marker = f"lockgate-test.io/w{SUFFIX}"
+    requests = {"cpu": "1237m", marker: "3"}
+    name = f"unmanaged-{uuid.uuid4().hex[:6]}"
+    uid = await create_pod(core, pod(name, requests=requests, limits={marker: "3"}, node=node))
+
+    def uses_marker(amount: int) -> Callable[[ClusterCapacity], bool]:
+        def check(capacity: ClusterCapacity) -> bool:
+            usage = {n.name: n.unmanaged_usage for n in capacity.nodes}.get(node, {})
+            return usage.get(marker, 0) == amount and (amount == 0 or usage["cpu"] >= 1237)
+        return check
+
+    with_pod = await tail.wait_for(capacity_of(cluster, uses_marker(3)),
+                                          what="capacity with the unmanaged pod's usage")
+    await delete_pod(core, name)
+    await tail.wait_for(capacity_of(cluster, uses_marker(0)),
+                               after=tail.index_of(with_pod),
+                               what="capacity without the deleted pod's usage")
+    assert tail.matching(lambda e: isinstance(e, PodEvent) and e.uid == uid) == []
+
+
+async def kwok_nodes(core: client.CoreV1Api) -> list[str]:
+    nodes = await core.list_node()
+    names = sorted(n.metadata.name for n in nodes.items
+                   if (n.metadata.annotations or {}).get(KWOK_NODE_ANNOTATION) == "fake")
+    assert names, "the stack's cluster has no kwok nodes"
+    return names
+
+
+async def test_capacity_lists_each_clusters_kwok_nodes_with_their_allocatable(
+    stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str],
+    tail: KafkaTail,
+) -> None:
+    for real_cluster, core in cores.items():
+        nodes = (await core.list_node()).items
+        kwok = {n.metadata.name: n for n in nodes
+                if (n.metadata.annotations or {}).get(KWOK_NODE_ANNOTATION) == "fake"}
+        assert len(kwok) == 4, f"{real_cluster}: expected the stack's 4 kwok nodes, got {kwok}"
+        capacity: ClusterCapacity = await tail.wait_for(
+            capacity_of(watcher[real_cluster]), what=f"capacity of {real_cluster}")
+        published = {n.name: n for n in capacity.nodes}
+        assert set(kwok) <= set(published)
+        for name, node in kwok.items():
+            assert published[name].allocatable == Resources.from_kubernetes(
+                node.status.allocatable).as_dict()
+            assert published[name].allocatable["cpu"] > 0
+            assert published[name].schedulable is not bool(node.spec.unschedulable)
+
+
+# Restart: snapshots
+
+
+async def test_a_restarted_watcher_publishes_a_snapshot_of_the_managed_pods(
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail
+) -> None:
+    core = cores["cluster-a"]
+    clusters = watched_as(stack, f"rs-{SUFFIX}")
+    cluster = f"cluster-a-rs-{SUFFIX}"
+    kept, vanished = (f"kept-{uuid.uuid4().hex[:6]}", f"vanished-{uuid.uuid4().hex[:6]}")
+    async with running_watcher(clusters, stack.kafka_bootstrap):
+        kept_uid = await create_pod(core, gated_pod(kept))
+        vanished_uid = await create_pod(core, gated_pod(vanished))
+        for uid in (kept_uid, vanished_uid):
+            await tail.wait_for(pod_event_in(cluster, uid, JobState.QUEUED))
+    await delete_pod(core, vanished)  # while no watcher looks
+
+    async with running_watcher(clusters, stack.kafka_bootstrap):
+        snapshot: ClusterSnapshot = await tail.wait_for(
+            lambda e: isinstance(e, ClusterSnapshot) and e.cluster == cluster
+            and kept_uid in e.pod_uids, what="a snapshot listing the kept pod")
+        assert vanished_uid not in snapshot.pod_uids
+        from_snapshot: PodEvent = await tail.wait_for(
+            lambda e: pod_events(cluster, kept_uid)(e) and e.snapshot_id is not None)
+        assert from_snapshot.snapshot_id == snapshot.snapshot_id
+        assert from_snapshot.state is JobState.QUEUED
+    assert not tail.matching(lambda e: pod_events(cluster, vanished_uid)(e)
+                             and e.snapshot_id is not None)
+    await delete_pod(core, kept)
+
+
+async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail
+) -> None:
+    cluster = f"cluster-b-proc-{SUFFIX}"
+    health_port = free_port()
+    process = ServiceProcess("cluster-watcher-test", "cluster_watcher", {
+        "LOCKGATE_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "LOCKGATE_WATCHER_CLUSTERS": json.dumps({cluster: stack.kubeconfigs["cluster-b"]}),
+        "LOCKGATE_WATCHER_HTTP_PORT": str(health_port),
+        "LOCKGATE_WATCHER_RETRY__INITIAL_SECONDS": "0.05",
+        "LOCKGATE_WATCHER_RETRY__MAX_SECONDS": "0.5",
+    }, health_port=health_port)
+    core = cores["cluster-b"]
+    before, during = f"before-kill-{uuid.uuid4().hex[:6]}", f"while-dead-{uuid.uuid4().hex[:6]}"
+    try:
+        await process.start()
+        await process.wait_ready(within_seconds=60)
+        before_uid = await create_pod(core, gated_pod(before))
+        await tail.wait_for(pod_event_in(cluster, before_uid, JobState.QUEUED))
+
+        await process.kill()
+        during_uid = await create_pod(core, gated_pod(during))
+        await remove_lockgate_gate(core, before)
+
+        await process.start()
+        await process.wait_ready(within_seconds=60)
+        snapshot: ClusterSnapshot = await tail.wait_for(
+            lambda e: isinstance(e, ClusterSnapshot) and e.cluster == cluster
+            and during_uid in e.pod_uids, what="the snapshot after the restart")
+        assert before_uid in snapshot.pod_uids
+        missed: PodEvent = await tail.wait_for(
+            lambda e: pod_events(cluster, during_uid)(e) and e.snapshot_id is not None)
+        assert (missed.state, missed.snapshot_id) == (JobState.QUEUED, snapshot.snapshot_id)
+        released: PodEvent = await tail.wait_for(
+            lambda e: pod_events(cluster, before_uid)(e) and e.snapshot_id is not None)
+        assert released.state is not JobState.QUEUED and not released.gated
+
+        assert await process.stop() == 0, process.log_tail()
+    finally:
+        await process.kill()
+        for name in (before, during):
+            await delete_pod(core, name)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# Outages
+
+
+class TcpForwarder:
+    """A loopback port that forwards to `target`; `sever` drops every connection, as an outage."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+
+    async def sever(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _forward(self, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+
+def kubeconfig_through(path: str, port: int, out: Path) -> str:
+    """A copy of a kubeconfig whose server is 127.0.0.1:`port` (same TLS identity)."""
+    config = yaml.safe_load(Path(path).read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    out.write_text(yaml.safe_dump(config))
+    return str(out)
+
+
+def server_port(path: str) -> int:
+    config = yaml.safe_load(Path(path).read_text())
+    return int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
+
+
+async def test_an_apiserver_outage_makes_the_watcher_unready_then_it_relists_what_it_missed(
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail, tmp_path: Path
+) -> None:
+    real = stack.kubeconfigs["cluster-a"]
+    forwarder = TcpForwarder("127.0.0.1", server_port(real))
+    await forwarder.start()
+    cluster = f"cluster-a-out-{SUFFIX}"
+    kubeconfig = kubeconfig_through(real, forwarder.port, tmp_path / "kubeconfig")
+    core = cores["cluster-a"]
+    try:
+        async with running_watcher({cluster: kubeconfig}, stack.kafka_bootstrap) as ctx:
+            first: ClusterSnapshot = await tail.wait_for(
+                lambda e: isinstance(e, ClusterSnapshot) and e.cluster == cluster)
+            await forwarder.sever()
+            await until(lambda: not ctx.readiness.ready, within=30,
+                        what=lambda: "the watcher to notice the outage")
+            assert not ctx.readiness.report()[f"{cluster}/pods"]["ready"]
+            name = f"during-outage-{uuid.uuid4().hex[:6]}"
+            uid = await create_pod(core, gated_pod(name))
+            await asyncio.sleep(1)  # a few failed reconnects
+            await forwarder.start()
+            queued: PodEvent = await tail.wait_for(pod_event_in(cluster, uid, JobState.QUEUED),
+                                                   what="the pod created during the outage")
+            assert queued.snapshot_id is not None and queued.snapshot_id != first.snapshot_id
+            await until(lambda: ctx.readiness.ready, within=30,
+                        what=lambda: f"ready again: {ctx.readiness.report()}")
+            await delete_pod(core, name)
+    finally:
+        await forwarder.sever()
+
+
+async def test_while_kafka_is_unreachable_the_watcher_keeps_what_it_saw_and_sends_it_later(
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail
+) -> None:
+    host, port = stack.kafka_bootstrap.rsplit(":", 1)
+    # Nothing listens on the forwarder's port until it starts: Kafka is "down". Once it listens,
+    # the client bootstraps through it and then talks to the broker it advertises.
+    forwarder = TcpForwarder(host, int(port))
+    cluster = f"cluster-b-kd-{SUFFIX}"
+    core = cores["cluster-b"]
+    name = f"kafka-down-{uuid.uuid4().hex[:6]}"
+    try:
+        async with running_watcher({cluster: stack.kubeconfigs["cluster-b"]},
+                                   f"127.0.0.1:{forwarder.port}", wait_ready=False) as ctx:
+            await until(lambda: ctx.readiness.report().get(f"{cluster}/pods", {}).get("ready")
+                        is True, within=30, what=lambda: "pods watched")
+            uid = await create_pod(core, gated_pod(name))
+            await asyncio.sleep(2)
+            report = ctx.readiness.report()
+            assert not ctx.readiness.ready and not report["kafka"]["ready"], report
+            assert not tail.matching(pod_events(cluster, uid))
+
+            await forwarder.start()
+            # The snapshot of the list made before Kafka was reachable, then the watched change.
+            await tail.wait_for(lambda e: isinstance(e, ClusterSnapshot) and e.cluster == cluster,
+                                what="the snapshot listed while kafka was down")
+            queued: PodEvent = await tail.wait_for(pod_event_in(cluster, uid, JobState.QUEUED),
+                                                   what="the event seen while kafka was down")
+            assert queued.snapshot_id is None
+            await until(lambda: ctx.readiness.ready, within=30,
+                        what=lambda: f"ready again: {ctx.readiness.report()}")
+    finally:
+        await forwarder.sever()
+        await delete_pod(core, name)
+
+
+# The inner loop's answer to an expired resourceVersion
+
+
+async def test_watching_from_an_expired_resource_version_returns_to_relist(
+    stack: Any, cores: dict[str, client.CoreV1Api]
+) -> None:
+    api = await api_client(stack.kubeconfigs["cluster-a"])
+    listed: list[int] = []
+    seen: list[str] = []
+
+    async def on_list(items: list[Any]) -> None:
+        listed.append(len(items))
+
+    async def on_event(kind: str, obj: Any) -> None:
+        seen.append(kind)
+
+    class StartingFromAnAncientVersion(ResourceWatcher):
+        async def relist(self) -> str:
+            await super().relist()
+            return "1"  # long compacted away: the apiserver answers 410 Gone
+
+    try:
+        core = client.CoreV1Api(api)
+        options = WatchOptions(timeout_seconds=20, page_size=2, retry=FAST_RETRY)
+        readiness: list[bool] = []
+        watcher = StartingFromAnAncientVersion(
+            cluster="cluster-a", resource="nodes", list_call=core.list_node, on_list=on_list,
+            on_event=on_event, set_ready=lambda ok, _: readiness.append(ok), options=options)
+        with pytest.raises(WatchExpired):
+            await watcher.watch_from("1")
+        # list_then_watch returns (to be relisted by run) rather than raising or hanging.
+        await asyncio.wait_for(watcher.list_then_watch(), 15)
+        # Paging: 4+ nodes in pages of 2 still lists them all.
+        assert listed and listed[-1] >= 4
+        assert readiness == [True]
+    finally:
+        await api.close()
+
+
+# Bursts
+
+
+async def test_a_burst_of_gated_pods_is_published_promptly_and_so_is_their_snapshot(
+    stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: KafkaTail,
+) -> None:
+    count, concurrency = 1000, 32
+    core = cores["cluster-a"]
+    cluster = watcher["cluster-a"]
+    jobset = f"burst-{uuid.uuid4().hex[:6]}"
+    names = [f"{jobset}-{i}" for i in range(count)]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def create(name: str) -> None:
+        async with gate:
+            await create_pod(core, gated_pod(name, jobset=jobset))
+
+    def burst_events(cluster: str) -> list[PodEvent]:
+        return tail.matching(lambda e: isinstance(e, PodEvent) and e.cluster == cluster
+                             and e.jobset == jobset and e.state is JobState.QUEUED)
+
+    try:
+        started = time.monotonic()
+        await asyncio.gather(*(create(n) for n in names))
+        created = time.monotonic()
+        await until(lambda: len({e.name for e in burst_events(cluster)}) == count, within=60,
+                    what=lambda: f"{count} QUEUED events, have {len(burst_events(cluster))}")
+        lag = time.monotonic() - created
+        print(f"\n{count} pods created in {created - started:.2f}s; "
+              f"all published {lag:.2f}s after the last creation")
+        assert lag < 5.0, f"publishing lagged {lag:.2f}s behind a burst of {count} pods"
+
+        # A watcher starting now lists them all and publishes its snapshot promptly.
+        relisted_as = f"cluster-a-relist-{SUFFIX}"
+        started = time.monotonic()
+        async with running_watcher({relisted_as: stack.kubeconfigs["cluster-a"]},
+                                   stack.kafka_bootstrap):
+            snapshot: ClusterSnapshot = await tail.wait_for(
+                lambda e: isinstance(e, ClusterSnapshot) and e.cluster == relisted_as,
+                what="the snapshot of the burst")
+            took = time.monotonic() - started
+        print(f"snapshot of {len(snapshot.pod_uids)} pods published {took:.2f}s after start")
+        in_snapshot = burst_events(relisted_as)
+        assert len(in_snapshot) == count
+        assert {e.snapshot_id for e in in_snapshot} == {snapshot.snapshot_id}
+        assert {e.uid for e in in_snapshot} <= set(snapshot.pod_uids)
+        assert took < 10.0, f"a snapshot of {len(snapshot.pod_uids)} pods took {took:.2f}s"
+    finally:
+        with contextlib.suppress(ApiException):
+            await core.delete_collection_namespaced_pod(
+                NAMESPACE, label_selector=f"{JOBSET_LABEL}={jobset}", grace_period_seconds=0)

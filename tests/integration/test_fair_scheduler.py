@@ -1,0 +1,535 @@
+"""The fair scheduler against real Postgres and Kafka.
+
+Each test gets a fresh database, cloned from a template this module migrates once, and writes
+queues, nodes and jobs into it the way queue-store does (change-feed lock, new serial per changed
+row, NOTIFY). Cluster names are unique to this module, so the release commands it makes cannot
+be mistaken for (or acted on as) another test's; assertions read them back from Kafka.
+Schedulers run in this process (or, to be SIGKILLed, as a subprocess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from devstack.launcher import ServiceProcess
+from fair_scheduler.app import FAIRNESS_PATH, compose
+from fair_scheduler.settings import SchedulerSettings
+from lockgate.events import RELEASE_COMMANDS, ReleaseCommand
+from lockgate_adapters.kafka import ensure_topics
+from lockgate_adapters.postgres import (
+    CHANGE_FEED_LOCK,
+    CHANGES_CHANNEL,
+    LEADER_LOCK,
+    connect_pool,
+    migrate,
+)
+from lockgate_adapters.service import ServiceContext, run_service
+from lockgate_adapters.settings import RetryPolicy
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+
+SUFFIX = uuid.uuid4().hex[:8]
+FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
+CPU = 1000  # millicores
+GIB = 2**30
+# Long enough that every release a test sees was triggered by a change, not by the safety net.
+SAFETY_ROUND_SECONDS = 60.0
+
+
+# ---------------------------------------------------------------- a database per test
+
+
+def database_dsn(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@pytest.fixture(scope="module")
+async def template_database(pg_dsn: str) -> AsyncIterator[str]:
+    name = f"lg_sched_tmpl_{SUFFIX}"
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        pool = await connect_pool(database_dsn(pg_dsn, name), policy=FAST_RETRY)
+        try:
+            await migrate(pool)
+        finally:
+            await pool.close()
+        yield name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@dataclass
+class Store:
+    """Writes rows as queue-store would, and reads what the scheduler wrote."""
+
+    dsn: str
+    pool: asyncpg.Pool
+    cluster_prefix: str
+
+    def cluster(self, name: str) -> str:
+        return f"{self.cluster_prefix}-{name}"
+
+    async def _write(self, statement: str, *args: Any) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as connection, connection.transaction():
+            await connection.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
+            rows: list[asyncpg.Record] = await connection.fetch(statement, *args)
+            await connection.execute("SELECT pg_notify($1, 'test')", CHANGES_CHANNEL)
+            return rows
+
+    async def queue(self, name: str, *, priority_factor: float = 1.0) -> None:
+        await self._write("INSERT INTO queues (name, priority_factor) VALUES ($1, $2)",
+                          name, priority_factor)
+
+    async def node(self, cluster: str, node: str, *, cpu: int = 4 * CPU,
+                   memory: int = 16 * GIB) -> None:
+        await self._write(
+            "INSERT INTO cluster_nodes (cluster, node, allocatable, observed_at)"
+            " VALUES ($1, $2, $3::text::jsonb, now())"
+            " ON CONFLICT (cluster, node) DO UPDATE SET allocatable = EXCLUDED.allocatable,"
+            " present = true, serial = nextval('change_serial')",
+            cluster, node, json.dumps({"cpu": cpu, "memory": memory}))
+
+    async def jobs(self, cluster: str, queue: str, count: int, *, cpu: int = CPU,
+                   memory: int = GIB) -> list[str]:
+        """`count` queued jobs; returns their uids, oldest first."""
+        uids = [str(uuid.uuid4()) for _ in range(count)]
+        now = time.time()
+        await self._write(
+            "INSERT INTO jobs (cluster, uid, namespace, name, queue, jobset, requests, state,"
+            " created_at)"
+            " SELECT $1, u, 'ns', 'pod-' || u, $2, 'js', $3::text::jsonb, 'queued',"
+            " to_timestamp($4 + i * 0.001)"
+            " FROM unnest($5::text[]) WITH ORDINALITY AS t(u, i)",
+            cluster, queue, json.dumps({"cpu": cpu, "memory": memory}), now, uids)
+        return uids
+
+    async def set_state(self, cluster: str, uids: list[str], state: str) -> None:
+        await self._write(
+            "UPDATE jobs SET state = $3, state_changed_at = now(),"
+            " serial = nextval('change_serial') WHERE cluster = $1 AND uid = ANY($2::text[])",
+            cluster, uids, state)
+
+    async def states(self, cluster: str) -> dict[str, str]:
+        rows = await self.pool.fetch("SELECT uid, state FROM jobs WHERE cluster = $1", cluster)
+        return {row["uid"]: row["state"] for row in rows}
+
+    async def released(self, cluster: str) -> set[str]:
+        return {uid for uid, state in (await self.states(cluster)).items()
+                if state == "released"}
+
+    async def decisions_per_job(self) -> dict[tuple[str, str], int]:
+        rows = await self.pool.fetch(
+            "SELECT cluster, uid, count(*) AS n FROM release_decisions GROUP BY cluster, uid")
+        return {(row["cluster"], row["uid"]): row["n"] for row in rows}
+
+    async def leader_backend(self) -> int | None:
+        pid = await self.pool.fetchval(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = 0 AND objid = $1 AND objsubid = 1", LEADER_LOCK)
+        return None if pid is None else int(pid)
+
+
+@pytest.fixture
+async def store(pg_dsn: str, template_database: str) -> AsyncIterator[Store]:
+    name = f"lg_sched_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+        dsn = database_dsn(pg_dsn, name)
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
+        try:
+            yield Store(dsn, pool, f"fs-{SUFFIX}-{uuid.uuid4().hex[:4]}")
+        finally:
+            await pool.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+# ---------------------------------------------------------------- release commands from Kafka
+
+
+@dataclass
+class Published:
+    command: ReleaseCommand
+    decision_recorded_first: bool  # the decision row existed when the command arrived
+    received_at: float
+
+
+@dataclass
+class CommandTail:
+    """Release commands for one test's clusters, from the moment the tail started."""
+
+    bootstrap: str
+    store: Store
+    commands: list[Published] = field(default_factory=list)
+    _consumer: AIOKafkaConsumer | None = None
+    _task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await ensure_topics(self.bootstrap)
+        consumer = AIOKafkaConsumer(
+            RELEASE_COMMANDS.name, bootstrap_servers=self.bootstrap,
+            group_id=f"test-commands-{uuid.uuid4().hex}", enable_auto_commit=False,
+            auto_offset_reset="latest")
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not consumer.assignment():
+                assert time.monotonic() < deadline, "no partitions assigned within 30s"
+                await asyncio.sleep(0.05)
+            partitions = sorted(consumer.assignment())
+            await consumer.seek_to_end(*partitions)
+            for partition in partitions:
+                await consumer.position(partition)
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._collect(), name="command-tail")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _collect(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    command = RELEASE_COMMANDS.decode(record.value or b"")
+                    if not command.cluster.startswith(self.store.cluster_prefix):
+                        continue
+                    recorded = await self.store.pool.fetchval(
+                        "SELECT count(*) FROM release_decisions d JOIN jobs j"
+                        " ON j.decision_id = d.decision_id AND j.state <> 'queued'"
+                        " WHERE d.decision_id = $1", command.decision_id)
+                    self.commands.append(Published(command, recorded == 1, time.monotonic()))
+
+    def uids(self) -> list[str]:
+        return [p.command.uid for p in self.commands]
+
+    async def wait_for_count(self, count: int, *, within: float = 30.0) -> None:
+        await until(lambda: len(self.commands) >= count, within=within,
+                    what=lambda: f"{count} release commands (have {len(self.commands)})")
+
+
+@pytest.fixture
+async def commands(kafka_bootstrap: str, store: Store) -> AsyncIterator[CommandTail]:
+    tail = CommandTail(kafka_bootstrap, store)
+    await tail.start()
+    try:
+        yield tail
+    finally:
+        await tail.stop()
+
+
+# ---------------------------------------------------------------- running schedulers
+
+
+def scheduler_settings(store: Store, kafka_bootstrap: str, instance_id: str,
+                       **overrides: Any) -> SchedulerSettings:
+    values: dict[str, Any] = {
+        "postgres_dsn": store.dsn, "kafka_bootstrap": kafka_bootstrap,
+        "instance_id": instance_id, "http_port": 0, "retry": FAST_RETRY,
+        "safety_round_seconds": SAFETY_ROUND_SECONDS, "standby_retry_seconds": 0.2,
+        **overrides,
+    }
+    return SchedulerSettings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running_scheduler(settings: SchedulerSettings) -> AsyncIterator[ServiceContext]:
+    ctx = ServiceContext(settings)
+    task = asyncio.create_task(
+        run_service(settings, compose, install_signal_handlers=False, context=ctx),
+        name=f"scheduler-{settings.instance_id}")
+    try:
+        await until(lambda: "leader" in ctx.readiness.report() or task.done(), within=30,
+                    what=lambda: "the scheduler to start")
+        if task.done():
+            task.result()
+        yield ctx
+    finally:
+        ctx.stopping.set()
+        await asyncio.wait_for(task, 30)
+
+
+def leading(ctx: ServiceContext) -> bool:
+    return ctx.readiness.report().get("leader", {}).get("ready") is True
+
+
+async def until(condition: Callable[[], bool], *, within: float,
+                what: Callable[[], str]) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what()}")
+        await asyncio.sleep(0.02)
+
+
+async def until_async(condition: Callable[[], Any], *, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def fairness_report(ctx: ServiceContext) -> dict[str, Any]:
+    port = ctx.health.bound_port
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{port}{FAIRNESS_PATH}") as response:
+        assert response.status == 200
+        report: dict[str, Any] = await response.json()
+        return report
+
+
+# ---------------------------------------------------------------- tests
+
+
+async def test_releases_within_capacity_recording_each_decision_before_publishing(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=4 * CPU)
+    await store.node(cluster, "n2", cpu=4 * CPU)
+    uids = await store.jobs(cluster, "q1", 12)
+
+    async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
+        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await commands.wait_for_count(8)
+        await asyncio.sleep(0.5)  # nothing more may come: the pool holds 8 such jobs
+
+    assert len(commands.commands) == 8
+    assert all(p.decision_recorded_first for p in commands.commands), commands.commands
+    # The oldest jobs first, and exactly the jobs marked released in Postgres.
+    assert set(commands.uids()) == set(uids[:8]) == await store.released(cluster)
+    assert set(await store.decisions_per_job()) == {(cluster, uid) for uid in uids[:8]}
+    assert all(n == 1 for n in (await store.decisions_per_job()).values())
+    unpublished = await store.pool.fetchval(
+        "SELECT count(*) FROM release_decisions WHERE published_at IS NULL")
+    assert unpublished == 0
+    for published in commands.commands:
+        command = published.command
+        assert (command.cluster, command.namespace, command.name, command.queue) == (
+            cluster, "ns", f"pod-{command.uid}", "q1")
+
+
+async def test_rounds_follow_changes_within_milliseconds(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=2 * CPU)
+    first = await store.jobs(cluster, "q1", 3)
+
+    async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
+        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await commands.wait_for_count(2)
+        assert set(commands.uids()) == set(first[:2])
+
+        # A job completes: its capacity goes to the next queued job, long before a safety round.
+        await store.set_state(cluster, [first[0]], "succeeded")
+        freed_at = time.monotonic()
+        await commands.wait_for_count(3, within=5)
+        assert commands.commands[2].command.uid == first[2]
+        assert commands.commands[2].received_at - freed_at < 2.0
+
+        # New capacity and a new queued job: released at once as well.
+        await store.node(cluster, "n2", cpu=1 * CPU)
+        late = await store.jobs(cluster, "q1", 1)
+        queued_at = time.monotonic()
+        await commands.wait_for_count(4, within=5)
+        assert commands.commands[3].command.uid == late[0]
+        assert commands.commands[3].received_at - queued_at < 2.0
+
+    assert all(n == 1 for n in (await store.decisions_per_job()).values())
+
+
+async def test_weights_and_the_fairness_report(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    cluster = store.cluster("a")
+    await store.queue("light", priority_factor=1.0)
+    await store.queue("heavy", priority_factor=0.5)  # weight 2
+    await store.node(cluster, "n1", cpu=6 * CPU, memory=64 * GIB)
+    await store.jobs(cluster, "light", 10)
+    await store.jobs(cluster, "heavy", 10)
+
+    async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
+        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await commands.wait_for_count(6)
+        await asyncio.sleep(0.3)
+        report = await fairness_report(ctx)
+
+    by_queue = {p.command.queue: 0 for p in commands.commands}
+    for published in commands.commands:
+        by_queue[published.command.queue] += 1
+    assert by_queue == {"light": 2, "heavy": 4}
+    assert report["leader"] is True and report["instance_id"] == "s1"
+    queues = {q["name"]: q for q in report["queues"]}
+    assert queues["light"]["fair_share"] == pytest.approx(1 / 3)
+    assert queues["heavy"]["fair_share"] == pytest.approx(2 / 3)
+    assert queues["light"]["actual_share"] == pytest.approx(2 / 6)
+    assert queues["heavy"]["actual_share"] == pytest.approx(4 / 6)
+    assert (queues["light"]["queued"], queues["light"]["released"]) == (8, 2)
+    assert (queues["heavy"]["queued"], queues["heavy"]["released"]) == (6, 4)
+
+
+async def test_unpublished_decisions_are_published_by_the_next_leader(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    # A previous leader recorded this release and died before publishing it.
+    (uid,) = await store.jobs(cluster, "q1", 1)
+    await store.set_state(cluster, [uid], "released")
+    await store.pool.execute(
+        "INSERT INTO release_decisions (decision_id, cluster, uid, queue, decided_at, decided_by)"
+        " VALUES ('d-orphan', $1, $2, 'q1', now(), 'gone')", cluster, uid)
+    await store.pool.execute("UPDATE jobs SET decision_id = 'd-orphan' WHERE uid = $1", uid)
+
+    async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
+        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await commands.wait_for_count(1)
+        await until_async(lambda: store.pool.fetchval(
+            "SELECT published_at IS NOT NULL FROM release_decisions"
+            " WHERE decision_id = 'd-orphan'"), within=10, what="published_at")
+
+    assert [p.command.decision_id for p in commands.commands] == ["d-orphan"]
+    assert await store.decisions_per_job() == {(cluster, uid): 1}
+
+
+async def test_a_standby_takes_over_when_the_leaders_connection_dies(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=4 * CPU)
+    first = await store.jobs(cluster, "q1", 6)
+
+    # The first leader, once thrown out, waits before it contests again: the standby wins.
+    slow_to_return = RetryPolicy(initial_seconds=5, max_seconds=5)
+    async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "one",
+                                                    retry=slow_to_return)) as one:
+        await until(lambda: leading(one), within=30, what=lambda: "the first leader")
+        async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "two")) as two:
+            await commands.wait_for_count(4)
+            await asyncio.sleep(0.5)
+            assert not leading(two), "two leaders at once"
+            assert {p.command.uid for p in commands.commands} == set(first[:4])
+
+            backend = await store.leader_backend()
+            assert backend is not None
+            await store.pool.execute("SELECT pg_terminate_backend($1)", backend)
+            await until(lambda: leading(two), within=15, what=lambda: "the standby to lead")
+            assert not leading(one)
+            await until_async(lambda: _leader_changed(store, backend), within=15,
+                              what="a new leader backend")
+
+            # The new leader carries on: freed capacity goes to the queued jobs.
+            await store.set_state(cluster, first[:2], "succeeded")
+            await commands.wait_for_count(6, within=10)
+            await asyncio.sleep(0.5)
+
+    assert sorted(commands.uids()) == sorted(first)
+    assert len(commands.commands) == 6
+    assert all(n == 1 for n in (await store.decisions_per_job()).values())
+    decided_by = dict(await store.pool.fetch("SELECT uid, decided_by FROM release_decisions"))
+    assert [decided_by[uid] for uid in first] == ["one"] * 4 + ["two"] * 2
+
+
+async def _leader_changed(store: Store, old_backend: int) -> bool:
+    backend = await store.leader_backend()
+    return backend is not None and backend != old_backend
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_standby_takes_over_from_a_killed_leader_process(
+        store: Store, commands: CommandTail, kafka_bootstrap: str,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=3 * CPU)
+    first = await store.jobs(cluster, "q1", 5)
+    env: Mapping[str, str] = {
+        "LOCKGATE_POSTGRES_DSN": store.dsn,
+        "LOCKGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LOCKGATE_SCHEDULER_INSTANCE_ID": "process",
+        "LOCKGATE_SCHEDULER_HTTP_PORT": str(free_port()),
+        "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": str(SAFETY_ROUND_SECONDS),
+    }
+    process = ServiceProcess("fair-scheduler-test", "fair_scheduler", env,
+                             health_port=int(env["LOCKGATE_SCHEDULER_HTTP_PORT"]),
+                             log_dir=tmp_path_factory.mktemp("logs"))
+    await process.start()
+    try:
+        await process.wait_ready(60)
+        await commands.wait_for_count(3)
+        async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "standby")) as ctx:
+            await asyncio.sleep(0.5)
+            assert not leading(ctx)
+            await process.kill()
+            await until(lambda: leading(ctx), within=15, what=lambda: "the standby to lead")
+            await store.set_state(cluster, first[:2], "succeeded")
+            await commands.wait_for_count(5, within=10)
+            await asyncio.sleep(0.5)
+    finally:
+        await process.kill()
+
+    assert sorted(commands.uids()) == sorted(first)
+    decided_by = dict(await store.pool.fetch(
+        "SELECT uid, decided_by FROM release_decisions"))
+    assert {decided_by[uid] for uid in first[:3]} == {"process"}
+    assert {decided_by[uid] for uid in first[3:]} == {"standby"}
+    assert all(n == 1 for n in (await store.decisions_per_job()).values())
+
+
+async def test_a_job_changed_since_the_round_is_not_released(
+        store: Store, kafka_bootstrap: str) -> None:
+    """The write releases only jobs still queued in Postgres (here: one deleted meanwhile)."""
+    from lockgate_adapters import scheduler_store
+
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    kept, deleted = await store.jobs(cluster, "q1", 2)
+    await store.set_state(cluster, [deleted], "deleted")
+    connection = await scheduler_store.connect(store.dsn)
+    try:
+        recorded = await scheduler_store.record_releases(
+            connection, decisions=[("d-kept", cluster, kept), ("d-deleted", cluster, deleted)],
+            decided_at=datetime.now(UTC), decided_by="test")
+        again = await scheduler_store.record_releases(
+            connection, decisions=[("d-kept-again", cluster, kept)],
+            decided_at=datetime.now(UTC), decided_by="test")
+    finally:
+        await connection.close()
+    assert [r.decision_id for r in recorded] == ["d-kept"]
+    assert again == []
+    assert await store.decisions_per_job() == {(cluster, kept): 1}
+    assert await store.states(cluster) == {kept: "released", deleted: "deleted"}

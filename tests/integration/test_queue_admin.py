@@ -1,0 +1,330 @@
+"""Queues before pods: the admin API served by queue-store, and the `lockgate` CLI over it.
+
+queue-store runs as a real process on a fresh database of this module; the API is exercised
+over HTTP with aiohttp and the CLI as the installed `lockgate` command. Each test uses queue
+names of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from devstack.launcher import ServiceProcess
+from lockgate.events import POD_EVENTS, PodEvent
+from lockgate.jobs import JobState
+from lockgate_adapters.kafka import make_producer, publish_many
+from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
+from queue_store.testing import (
+    FAST_RETRY,
+    QueueStoreUnderTest,
+    create_database,
+    drop_database,
+    start_group_at_end,
+)
+
+pytestmark = [pytest.mark.timeout(180)]
+
+LOCKGATE_CLI = Path(sys.executable).parent / "lockgate"
+
+
+@pytest.fixture(scope="module")
+async def admin(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreUnderTest]:
+    dsn = await create_database(pg_dsn, prefix="queue_admin_it")
+    spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
+    await start_group_at_end(kafka_bootstrap, spec.group_id)
+    process = ServiceProcess(f"queue-store-admin-{spec.group_id}", "queue_store", spec.env(),
+                             health_port=spec.health_port)
+    await process.start()
+    try:
+        await process.wait_ready(60)
+        yield spec
+    finally:
+        code = await process.stop()
+        await drop_database(pg_dsn, dsn)
+    assert code == 0, process.log_tail()
+
+
+@pytest.fixture(scope="module")
+async def db(admin: QueueStoreUnderTest) -> AsyncIterator[asyncpg.Pool]:
+    pool = await connect_pool(admin.postgres_dsn, policy=FAST_RETRY)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"q-{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+
+
+async def call(admin: QueueStoreUnderTest, method: str, path: str,
+               body: Any = None, *, raw: bytes | None = None) -> Reply:
+    async with aiohttp.ClientSession() as session, session.request(
+            method, admin.admin_url + path,
+            data=raw if raw is not None else (None if body is None else json.dumps(body)),
+            headers={"Content-Type": "application/json"}) as response:
+        text = await response.text()
+        return Reply(response.status, json.loads(text) if text else None)
+
+
+# The HTTP API ---------------------------------------------------------------------------------
+
+async def test_create_get_list_update_and_delete_a_queue(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    created = await call(admin, "POST", "/api/v1/queues", {
+        "name": queue_name, "priority_factor": 0.5, "resource_limits": {"cpu": "100",
+                                                                        "memory": "1Ti"}})
+    assert created.status == 201, created.body
+    assert created.body["weight"] == 2.0
+    assert created.body["resource_limits"] == {"cpu": "100", "memory": "1Ti"}
+    assert created.body["cordoned"] is False
+
+    fetched = await call(admin, "GET", f"/api/v1/queues/{queue_name}")
+    assert (fetched.status, fetched.body["priority_factor"]) == (200, 0.5)
+    listed = await call(admin, "GET", "/api/v1/queues")
+    assert queue_name in [q["name"] for q in listed.body["queues"]]
+
+    patched = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}", {
+        "cordoned": True, "resource_limits": {"memory": None, "nvidia.com/gpu": "8"}})
+    assert patched.status == 200, patched.body
+    assert patched.body["cordoned"] is True
+    assert patched.body["priority_factor"] == 0.5  # untouched by the patch
+    assert patched.body["resource_limits"] == {"cpu": "100", "nvidia.com/gpu": "8"}
+
+    replaced = await call(admin, "PUT", f"/api/v1/queues/{queue_name}",
+                          {"priority_factor": 4})
+    assert replaced.status == 200, replaced.body
+    assert (replaced.body["priority_factor"], replaced.body["weight"],
+            replaced.body["cordoned"], replaced.body["resource_limits"]) == (4, 0.25, False, {})
+
+    deleted = await call(admin, "DELETE", f"/api/v1/queues/{queue_name}")
+    assert deleted.status == 204
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).status == 404
+    listed = await call(admin, "GET", "/api/v1/queues")
+    assert queue_name not in [q["name"] for q in listed.body["queues"]]
+
+
+async def test_queue_writes_follow_the_change_feed_rules(
+        admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name: str) -> None:
+    notified: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(admin.postgres_dsn)
+    try:
+        await listener.add_listener(CHANGES_CHANNEL,
+                                    lambda *args: notified.put_nowait(str(args[-1])))
+        serials = []
+        for method, path, body in (
+                ("POST", "/api/v1/queues", {"name": queue_name}),
+                ("PATCH", f"/api/v1/queues/{queue_name}", {"priority_factor": 3}),
+                ("DELETE", f"/api/v1/queues/{queue_name}", None)):
+            reply = await call(admin, method, path, body)
+            assert reply.status < 300, reply.body
+            assert await asyncio.wait_for(notified.get(), timeout=10) == "queues"
+            serials.append(await db.fetchval("SELECT serial FROM queues WHERE name = $1",
+                                             queue_name))
+        assert serials == sorted(set(serials)), "each change takes a new, higher serial"
+        tombstone = await db.fetchrow("SELECT deleted FROM queues WHERE name = $1", queue_name)
+        assert tombstone["deleted"] is True
+
+        unchanged = await call(admin, "POST", "/api/v1/queues", {"name": queue_name})
+        assert unchanged.status == 201, "a deleted queue's name can be used again"
+        assert unchanged.body["priority_factor"] == 1.0
+    finally:
+        await listener.close()
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"priority_factor": 0}, "priority_factor: Input should be greater than 0"),
+    ({"priority_factor": -2}, "priority_factor"),
+    ({"priority_factor": "fast"}, "priority_factor"),
+    ({"resource_limits": {"cpu": "lots"}}, "resource limit cpu: invalid quantity 'lots'"),
+    ({"colour": "blue"}, "colour"),
+])
+async def test_invalid_queues_are_refused_with_a_message(
+        admin: QueueStoreUnderTest, queue_name: str, body: dict[str, Any],
+        message: str) -> None:
+    reply = await call(admin, "POST", "/api/v1/queues", {"name": queue_name, **body})
+    assert reply.status == 400, reply.body
+    assert message in reply.body["error"], reply.body
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).status == 404
+
+
+async def test_bad_names_bodies_duplicates_and_unknown_queues(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    bad_name = await call(admin, "POST", "/api/v1/queues", {"name": "Not_Valid"})
+    assert bad_name.status == 400 and "queue name 'Not_Valid' is invalid" in bad_name.body["error"]
+    no_name = await call(admin, "POST", "/api/v1/queues", {"priority_factor": 2})
+    assert no_name.status == 400 and "name" in no_name.body["error"]
+    not_json = await call(admin, "POST", "/api/v1/queues", raw=b"{nope")
+    assert not_json.status == 400 and "not valid JSON" in not_json.body["error"]
+
+    assert (await call(admin, "POST", "/api/v1/queues", {"name": queue_name})).status == 201
+    duplicate = await call(admin, "POST", "/api/v1/queues", {"name": queue_name})
+    assert duplicate.status == 409
+    assert duplicate.body["error"] == f"queue '{queue_name}' already exists"
+    renamed = await call(admin, "PUT", f"/api/v1/queues/{queue_name}", {"name": "other"})
+    assert renamed.status == 400
+    bad_patch = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                           {"resource_limits": {"memory": "1Xi"}})
+    assert bad_patch.status == 400 and "memory" in bad_patch.body["error"]
+
+    missing = f"{queue_name}-missing"
+    for method, body in (("GET", None), ("PUT", {}), ("PATCH", {"cordoned": True}),
+                         ("DELETE", None)):
+        reply = await call(admin, method, f"/api/v1/queues/{missing}", body)
+        assert reply.status == 404, (method, reply.body)
+        assert reply.body["error"] == f"queue '{missing}' does not exist"
+
+
+# Jobs view ------------------------------------------------------------------------------------
+
+async def three_jobs_of(admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name: str) -> None:
+    """pod-0 (running), pod-1 and pod-2 (queued) of `queue_name`, created in that order."""
+    cluster = f"admin-{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+    events = [PodEvent(event_id=uuid.uuid4().hex, cluster=cluster, namespace="team",
+                       name=f"pod-{i}", uid=f"{cluster}-{i}",
+                       state=JobState.RUNNING if i == 0 else JobState.QUEUED,
+                       queue=queue_name, jobset="js", requests={"cpu": 100},
+                       created_at=now - timedelta(seconds=10 - i), observed_at=now)
+               for i in range(3)]
+    producer = make_producer(admin.kafka_bootstrap, client_id="queue-admin-it")
+    await producer.start()
+    try:
+        await publish_many(producer, POD_EVENTS, events)
+    finally:
+        await producer.stop()
+
+    async def stored() -> int:
+        return int(await db.fetchval("SELECT count(*) FROM jobs WHERE queue = $1", queue_name))
+
+    for _ in range(300):
+        if await stored() == 3:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"only {await stored()} of 3 jobs stored within 30s")
+
+
+async def test_jobs_can_be_listed_by_queue_and_state_with_hints(
+        admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name: str) -> None:
+    await three_jobs_of(admin, db, queue_name)
+    queued = await call(admin, "GET", f"/api/v1/jobs?queue={queue_name}&state=queued")
+    assert queued.status == 200
+    assert [j["name"] for j in queued.body["jobs"]] == ["pod-1", "pod-2"]
+    assert queued.body["hints"] == [
+        f"queue '{queue_name}' does not exist: its jobs wait until it is created"]
+
+    await call(admin, "POST", "/api/v1/queues", {"name": queue_name, "cordoned": True})
+    everything = await call(admin, "GET", f"/api/v1/jobs?queue={queue_name}&limit=2")
+    assert [j["name"] for j in everything.body["jobs"]] == ["pod-0", "pod-1"]
+    assert everything.body["hints"] == [
+        f"queue '{queue_name}' is cordoned: none of its jobs are released"]
+
+    bad_state = await call(admin, "GET", "/api/v1/jobs?state=sleeping")
+    assert bad_state.status == 400 and "unknown state 'sleeping'" in bad_state.body["error"]
+
+
+# The CLI --------------------------------------------------------------------------------------
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+async def lockgate(admin: QueueStoreUnderTest, *args: str) -> Ran:
+    assert LOCKGATE_CLI.exists(), f"the lockgate command is not installed at {LOCKGATE_CLI}"
+    process = await asyncio.create_subprocess_exec(
+        str(LOCKGATE_CLI), *args, env={"LOCKGATE_API": admin.admin_url, "PATH": "/usr/bin"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return Ran(process.returncode, out.decode(), err.decode())
+
+
+async def test_the_cli_creates_updates_lists_and_deletes_queues(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    created = await lockgate(admin, "queue", "create", queue_name, "--priority-factor", "0.5",
+                             "--limit", "cpu=100", "--limit", "memory=1Ti")
+    assert created.code == 0, created.err
+    assert queue_name in created.out and "cpu=100,memory=1Ti" in created.out
+
+    updated = await lockgate(admin, "queue", "update", queue_name, "--cordon",
+                             "--remove-limit", "memory", "--limit", "cpu=200", "-o", "json")
+    assert updated.code == 0, updated.err
+    queue = json.loads(updated.out)
+    assert (queue["cordoned"], queue["resource_limits"], queue["weight"]) == (
+        True, {"cpu": "200"}, 2.0)
+
+    listed = await lockgate(admin, "queue", "list", "-o", "json")
+    assert listed.code == 0, listed.err
+    assert queue_name in [q["name"] for q in json.loads(listed.out)]
+    table = await lockgate(admin, "queue", "list")
+    header, *rows = table.out.splitlines()
+    assert header.split() == ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS"]
+    assert [queue_name, "0.5", "2", "yes", "cpu=200"] in [row.split() for row in rows]
+
+    got = await lockgate(admin, "queue", "get", queue_name, "-o", "json")
+    assert json.loads(got.out)["name"] == queue_name
+
+    deleted = await lockgate(admin, "queue", "delete", queue_name)
+    assert (deleted.code, deleted.out.strip()) == (0, f"queue {queue_name} deleted")
+    gone = await lockgate(admin, "queue", "get", queue_name)
+    assert gone.code == 1
+    assert f"queue '{queue_name}' does not exist (HTTP 404)" in gone.err
+
+
+async def test_the_cli_reports_validation_errors_and_conflicts(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    bad_factor = await lockgate(admin, "queue", "create", queue_name, "--priority-factor", "0")
+    assert bad_factor.code == 1
+    assert "priority_factor: Input should be greater than 0 (HTTP 400)" in bad_factor.err
+    bad_quantity = await lockgate(admin, "queue", "create", queue_name, "--limit", "cpu=lots")
+    assert bad_quantity.code == 1 and "invalid quantity 'lots'" in bad_quantity.err
+    bad_limit = await lockgate(admin, "queue", "create", queue_name, "--limit", "cpu")
+    assert bad_limit.code == 2 and "RESOURCE=QUANTITY" in bad_limit.err
+
+    assert (await lockgate(admin, "queue", "create", queue_name)).code == 0
+    duplicate = await lockgate(admin, "queue", "create", queue_name)
+    assert duplicate.code == 1
+    assert f"queue '{queue_name}' already exists (HTTP 409)" in duplicate.err
+    nothing = await lockgate(admin, "queue", "update", queue_name)
+    assert nothing.code == 1 and "nothing to update" in nothing.err
+    unknown = await lockgate(admin, "queue", "delete", f"{queue_name}-missing")
+    assert unknown.code == 1 and "(HTTP 404)" in unknown.err
+
+
+async def test_the_cli_says_where_it_could_not_reach_the_api(
+        admin: QueueStoreUnderTest) -> None:
+    unreachable = await lockgate(admin, "--api", "http://127.0.0.1:9", "queue", "list")
+    assert unreachable.code == 1
+    assert "cannot reach the lockgate API at http://127.0.0.1:9" in unreachable.err
+
+
+async def test_the_cli_lists_jobs_of_a_queue(
+        admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name: str) -> None:
+    await three_jobs_of(admin, db, queue_name)
+    await call(admin, "POST", "/api/v1/queues", {"name": queue_name, "cordoned": True})
+    listed = await lockgate(admin, "jobs", "list", "--queue", queue_name, "--state", "queued")
+    assert listed.code == 0, listed.err
+    lines = listed.out.splitlines()
+    assert lines[0].split()[:6] == ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE"]
+    assert [line.split()[2] for line in lines[1:3]] == ["pod-1", "pod-2"]
+    assert lines[-1] == f"note: queue '{queue_name}' is cordoned: none of its jobs are released"

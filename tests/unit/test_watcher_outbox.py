@@ -1,0 +1,103 @@
+"""cluster-watcher's outbox: order kept, capacity coalesced, watchers held back when it is full."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from opentelemetry import trace
+
+from cluster_watcher.publishing import (
+    Outbox,
+    Outgoing,
+    capacity_message,
+    pod_event_message,
+    pod_trace_parent,
+    runs_by_topic,
+    snapshot_message,
+)
+from lockgate.events import (
+    CLUSTER_CAPACITY,
+    CLUSTER_SNAPSHOTS,
+    POD_EVENTS,
+    ClusterCapacity,
+    ClusterSnapshot,
+    PodEvent,
+)
+from lockgate.jobs import JobState
+
+T0 = datetime(2026, 1, 2, tzinfo=UTC)
+UID = "0b6d3c2e-1f4a-4c1b-9a8e-2d3c4b5a6f70"
+
+
+def a_pod_event(name: str, state: JobState = JobState.QUEUED) -> Outgoing:
+    return pod_event_message(PodEvent(
+        event_id=f"e-{name}-{state}", cluster="c", namespace="ns", name=name, uid=f"uid-{name}",
+        state=state, queue="q", jobset="js", created_at=T0, observed_at=T0))
+
+
+def a_capacity(cluster: str = "c") -> Outgoing:
+    return capacity_message(ClusterCapacity(cluster=cluster, observed_at=T0, nodes=[]))
+
+
+def a_snapshot() -> Outgoing:
+    return snapshot_message(ClusterSnapshot(snapshot_id="s", cluster="c", listed_at=T0,
+                                            pod_uids=[]))
+
+
+async def test_messages_leave_in_the_order_they_were_seen_and_capacity_comes_last() -> None:
+    outbox = Outbox(max_pending=100)
+    first, second = a_pod_event("a"), a_pod_event("a", JobState.UNGATED)
+    capacity, snapshot = a_capacity(), a_snapshot()
+    await outbox.put([first, second])
+    outbox.put_capacity(capacity)
+    await outbox.put([snapshot])
+    assert outbox.peek(10) == [first, second, snapshot, capacity]
+    assert outbox.peek(1) == [first, capacity]
+    assert [[m.topic for m in run] for run in runs_by_topic(outbox.peek(10))] == [
+        [POD_EVENTS, POD_EVENTS], [CLUSTER_SNAPSHOTS], [CLUSTER_CAPACITY]]
+
+    outbox.acknowledge(outbox.peek(1))
+    assert outbox.peek(10) == [second, snapshot]
+    assert len(outbox) == 2
+
+
+async def test_only_the_newest_unsent_capacity_of_a_cluster_is_kept() -> None:
+    outbox = Outbox(max_pending=100)
+    old, other_cluster = a_capacity("c"), a_capacity("d")
+    outbox.put_capacity(old)
+    outbox.put_capacity(other_cluster)
+    in_flight = outbox.peek(10)
+    newer = a_capacity("c")
+    outbox.put_capacity(newer)  # arrives while the older one is being sent
+    outbox.acknowledge(in_flight)
+    assert outbox.peek(10) == [newer], "acknowledging the older one must not drop the newer"
+
+
+async def test_a_full_outbox_holds_watchers_back_until_kafka_acknowledges() -> None:
+    outbox = Outbox(max_pending=2)
+    a, b, c = a_pod_event("a"), a_pod_event("b"), a_pod_event("c")
+    await outbox.put([a, b])
+    blocked = asyncio.create_task(outbox.put([c]))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    outbox.acknowledge(outbox.peek(1))
+    await asyncio.wait_for(blocked, 1)
+    assert [m.event for m in outbox.peek(10)] == [b.event, c.event]
+
+
+async def test_a_closed_outbox_wakes_the_publisher() -> None:
+    outbox = Outbox(max_pending=2)
+    waiting = asyncio.create_task(outbox.wait_for_messages())
+    await asyncio.sleep(0)
+    outbox.close()
+    await asyncio.wait_for(waiting, 1)
+    assert outbox.closed and not outbox
+
+
+def test_a_pods_trace_id_is_its_uid() -> None:
+    parent = trace.get_current_span(pod_trace_parent(UID)).get_span_context()
+    assert format(parent.trace_id, "032x") == UID.replace("-", "")
+    assert parent.span_id != 0 and parent.is_remote
+    # Not a UUID: a trace of its own rather than an error.
+    assert not trace.get_current_span(pod_trace_parent("x")).get_span_context().is_valid
