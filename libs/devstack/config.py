@@ -79,10 +79,14 @@ class Settings:
         if not 1 <= nodes <= 1000:
             raise StackError("LOCKGATE_STACK_NODES must be between 1 and 1000")
         return cls(
-            cache_dir=Path(env.get("LOCKGATE_CACHE_DIR") or home / ".cache" / "lockgate"),
+            cache_dir=Path(env.get("LOCKGATE_CACHE_DIR") or home / ".cache" / "lockgate")
+            .expanduser()
+            .absolute(),
             stack_dir=Path(
                 env.get("LOCKGATE_STACK_DIR") or home / ".local" / "state" / "lockgate" / "stack"
-            ),
+            )
+            .expanduser()
+            .absolute(),
             k8s_version=env.get("LOCKGATE_K8S_VERSION", K8S_VERSION),
             etcd_version=env.get("LOCKGATE_ETCD_VERSION", ETCD_VERSION),
             kwok_version=env.get("LOCKGATE_KWOK_VERSION", KWOK_VERSION),

@@ -58,6 +58,8 @@ logger.state.name = state.change.logger
 logger.state.level = WARN
 logger.clients.name = org.apache.kafka.clients
 logger.clients.level = WARN
+logger.groups.name = org.apache.kafka.coordinator.group
+logger.groups.level = WARN
 """
 
 

@@ -204,15 +204,3 @@ def _leaf(
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return builder.sign(ca_key, hashes.SHA256())
 
-
-def make_serving_cert(
-    ca_crt: Path, ca_key: Path, out_crt: Path, out_key: Path, dns: list[str], ips: list[str]
-) -> None:
-    """Issues a serving certificate from the cluster CA (for example for a webhook under test)."""
-    ca_cert = x509.load_pem_x509_certificate(ca_crt.read_bytes())
-    key_obj = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
-    assert isinstance(key_obj, ec.EllipticCurvePrivateKey)
-    key = _new_key()
-    cert = _leaf(ca_cert, key_obj, key, dns[0] if dns else ips[0], [], dns, ips, True)
-    _write_private(out_key, _key_pem(key))
-    _write_public(out_crt, cert.public_bytes(serialization.Encoding.PEM))

@@ -162,6 +162,7 @@ class Postgres:
             "log_destination = 'stderr'\n"
             "log_line_prefix = '%m [%p] '\n"
             "log_min_messages = warning\n"
+            "log_checkpoints = off\n"
             "fsync = on\n"
         )
         conf_path = data / "lockgate.conf"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from devstack.errors import StackError
@@ -56,7 +56,6 @@ class Component:
     env: dict[str, str] | None = None
     stop_signal: signal.Signals = signal.SIGTERM
     stop_timeout: float = 20.0
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def file_name(self) -> str:
@@ -133,10 +132,10 @@ class Processes:
             env.update(comp.env)
         user = comp.user if (comp.user and os.geteuid() == 0) else ""
         read_fd, write_fd = os.pipe()
-        with open(log, "ab", buffering=0) as logf:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            logf.write(f"\n=== {stamp} devstack starts: {' '.join(comp.argv)}\n".encode())
-            try:
+        try:
+            with open(log, "ab", buffering=0) as logf:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                logf.write(f"\n=== {stamp} devstack starts: {' '.join(comp.argv)}\n".encode())
                 proc = subprocess.Popen(
                     [sys.executable, "-c", _SPAWNER, str(write_fd), user, *comp.argv],
                     stdin=subprocess.DEVNULL,
@@ -148,8 +147,11 @@ class Processes:
                     start_new_session=True,
                     close_fds=True,
                 )
-            finally:
-                os.close(write_fd)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
         with os.fdopen(read_fd, "rb") as rf:
             raw = rf.read()
         rc = proc.wait(timeout=30)

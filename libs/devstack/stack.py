@@ -158,23 +158,38 @@ class Stack:
             services = self._by_kind(comps, "postgres", "kafka")
             if to_start:
                 self.say(f"starting {', '.join(c.name for c in to_start)}")
+            phases: list[str] = []
+            mark = time.monotonic()
+
+            def phase(name: str) -> None:
+                nonlocal mark
+                now = time.monotonic()
+                phases.append(f"{name} {now - mark:.1f}s")
+                mark = now
+
+            phase("install+prepare")
             start(services + etcds)
             wait_healthy(etcds, self.procs, timeout)
+            phase("etcd")
             start(apiservers)
             wait_healthy(apiservers, self.procs, timeout)
+            phase("apiservers")
             start(rest)
             for c in self.clusters:
                 c.ensure_nodes()
             wait_healthy(services + rest, self.procs, timeout)
             self.postgres.bootstrap()
+            phase("controllers+kafka+postgres")
             wait_healthy(
                 [],
                 self.procs,
                 timeout,
                 extra={f"{c.name} nodes and service accounts": c.readiness for c in self.clusters},
             )
+            phase("nodes")
             self._write_env_file()
-            self._summary(f"up in {time.monotonic() - started:.1f}s")
+            total = time.monotonic() - started
+            self._summary(f"up in {total:.1f}s ({', '.join(phases)})")
             return self.info()
 
     def _check_before_start(self, comps: list[Component]) -> list[Component]:

@@ -248,7 +248,7 @@ def decide(
                        f"'lockgate queue create {plan.queue}' or {_suggest(queue.existing)}")
     if queue.status is QueueStatus.CORDONED:
         return _denied(plan, f'queue "{plan.queue}" is cordoned and accepts no new pods; '
-                       f"uncordon it with 'lockgate queue uncordon {plan.queue}' or "
+                       f"uncordon it with 'lockgate queue update {plan.queue} --uncordon' or "
                        "use another queue")
     return Decision(
         Outcome.GATED,
@@ -284,19 +284,39 @@ def admission_response(uid: str, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
+@dataclass(frozen=True)
+class ServiceReference:
+    """Where the apiserver reaches a webhook that runs inside the cluster, as a Service."""
+
+    namespace: str
+    name: str
+    path: str
+    port: int = 443
+
+
 def webhook_configuration(
     *,
     name: str,
-    url: str,
     ca_bundle_pem: bytes,
+    url: str | None = None,
+    service: ServiceReference | None = None,
     timeout_seconds: int = 5,
     extra_namespace_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration that sends pod creations in managed namespaces to `url`.
+    """The MutatingWebhookConfiguration that sends pod creations in managed namespaces to the
+    webhook at `url` (beside the apiserver) or behind `service` (inside the cluster).
 
     failurePolicy Fail: a pod admitted ungated while the webhook is down would bypass the global
     queue for good (gates cannot be added later), so an outage refuses pods instead.
     """
+    if service is not None and url is None:
+        target: dict[str, Any] = {"service": {"namespace": service.namespace,
+                                              "name": service.name, "path": service.path,
+                                              "port": service.port}}
+    elif url is not None and service is None:
+        target = {"url": url}
+    else:
+        raise ValueError("give exactly one of url and service")
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -305,7 +325,7 @@ def webhook_configuration(
             {
                 "name": "pods.lockgate.io",
                 "clientConfig": {
-                    "url": url,
+                    **target,
                     "caBundle": base64.b64encode(ca_bundle_pem).decode(),
                 },
                 "rules": [

@@ -62,7 +62,8 @@ class QueueOutcome(StrEnum):
 
     NOTHING_PENDING = "nothing_pending"  # nothing queued, or only unschedulable jobs
     ALL_CONSIDERED = "all_considered"  # every pending job was released or skipped
-    NOTHING_FITS = "nothing_fits"  # every kind of job it has pending was skipped
+    # What it still has pending is of kinds turned down this round in every cluster it uses.
+    NOTHING_FITS = "nothing_fits"
     LOOKBACK_EXCEEDED = "lookback_exceeded"  # skipped more jobs than max_lookback_per_queue
     ROUND_LIMIT = "round_limit"  # the round reached max_decisions while it still had jobs
     CORDONED = "cordoned"
@@ -93,6 +94,8 @@ class FairShare:
 
 @dataclass(frozen=True, slots=True)
 class QueueReport:
+    """One queue after a round: the answer to "why isn't my job released?"."""
+
     share: FairShare  # after the round's decisions
     queued: int
     unschedulable: int
@@ -107,6 +110,12 @@ class QueueReport:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
+    """What a round decided (already applied to the state) and how every queue fared.
+
+    `skipped_jobs` names each job the round looked at and passed over, with the reason; jobs
+    parked as unschedulable in earlier rounds are only counted, in `QueueReport.unschedulable`.
+    """
+
     decisions: tuple[Decision, ...]
     queues: Mapping[str, QueueReport]
     skipped: Mapping[SkipReason, int]  # totals over all queues

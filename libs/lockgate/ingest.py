@@ -17,8 +17,9 @@ Rules:
 - Release outcomes apply only to the decision in force (`decision_id` on the job); outcomes of
   stale decisions are recorded on their decision but do not touch the job. FAILED returns a
   RELEASED job to its queue, the one backward move.
-- A cluster snapshot marks DELETED the unfinished jobs of its cluster that it does not list and
-  that were created before its cutoff (see `snapshot_cutoff`).
+- A cluster snapshot marks DELETED the unfinished jobs of its cluster that it does not list,
+  that were created before its cutoff (see `snapshot_cutoff`) and whose state last changed
+  before it was listed (see `SnapshotScope`).
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -131,12 +132,26 @@ class JobsetSighting:
 
 @dataclass(frozen=True)
 class SnapshotScope:
-    """The jobs one snapshot may delete: unfinished, of `cluster`, created before `cutoff`,
-    and not `listed`."""
+    """The jobs one snapshot may delete: unfinished, of `cluster`, not `listed`, created before
+    `cutoff`, and last changed before `listed_at`.
+
+    The last condition protects pods created while the list was running: the watch that follows
+    the list reports them, possibly before queue-store reads the snapshot (another topic), and
+    such a report stamps the job after `listed_at` (the watcher's own clock on both sides). A
+    job seen alive after the list began is never judged by it; a wrong deletion would be final,
+    while a missed one is settled by the next snapshot, a watch event, or the ungater's POD_GONE.
+    """
 
     cluster: str
     cutoff: datetime
+    listed_at: datetime
     listed: frozenset[str]
+
+    def judges(self, row: JobRow) -> bool:
+        """Whether `row` vanished according to this snapshot."""
+        return (row.cluster == self.cluster and not row.state.is_terminal
+                and row.created_at < self.cutoff and row.state_changed_at < self.listed_at
+                and row.uid not in self.listed)
 
 
 @dataclass(frozen=True)
@@ -278,6 +293,11 @@ def snapshot_cutoff(snapshot: ClusterSnapshot) -> datetime:
     return snapshot.listed_at.replace(microsecond=0)
 
 
+def _scope(snapshot: ClusterSnapshot) -> SnapshotScope:
+    return SnapshotScope(cluster=snapshot.cluster, cutoff=snapshot_cutoff(snapshot),
+                         listed_at=snapshot.listed_at, listed=frozenset(snapshot.pod_uids))
+
+
 def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
     job_keys: set[JobKey] = set()
     snapshots: list[SnapshotScope] = []
@@ -287,8 +307,7 @@ def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
             case PodEvent() | ReleaseOutcome():
                 job_keys.add((event.cluster, event.uid))
             case ClusterSnapshot():
-                snapshots.append(SnapshotScope(event.cluster, snapshot_cutoff(event),
-                                               frozenset(event.pod_uids)))
+                snapshots.append(_scope(event))
             case ClusterCapacity():
                 capacity_clusters.add(event.cluster)
     snapshot_clusters = frozenset(scope.cluster for scope in snapshots)
@@ -383,11 +402,9 @@ class _Folding:
                 self.jobs[row.key] = updated
 
     def snapshot(self, event: ClusterSnapshot) -> None:
-        cutoff = snapshot_cutoff(event)
-        listed = frozenset(event.pod_uids)
+        scope = _scope(event)
         for key, row in list(self.jobs.items()):
-            if (row.cluster == event.cluster and not row.state.is_terminal
-                    and row.created_at < cutoff and row.uid not in listed):
+            if scope.judges(row):
                 self.jobs[key] = replace(
                     _moved_to(row, JobState.DELETED, event.listed_at),
                     last_reason=f"vanished: not listed by snapshot {event.snapshot_id}",

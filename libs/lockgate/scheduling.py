@@ -29,6 +29,9 @@ from lockgate.resources import Resources
 
 _QUEUED = JobState.QUEUED
 
+# How many request objects `_intern` remembers by identity before starting over.
+_SHAPE_OBJECT_CACHE = 1024
+
 # A pending job's place in its queue's heap: higher priority first, then older, then by id.
 HeapEntry = tuple[int, float, str]
 
@@ -47,8 +50,10 @@ class SchedJob:
     """One job (pod) as the scheduler sees it.
 
     A QUEUED job is pending. A job whose state holds capacity (released, ungated, bound, running)
-    counts towards its queue's allocation and its cluster's usage: on `node_name` when it is set
-    and known, otherwise against the cluster as a whole. Terminal jobs are dropped.
+    counts towards its queue's allocation and uses room in its cluster: on `node_name` once it
+    is bound there, before that wherever a round can fit it (see `lockgate.fairness`). A node
+    the state does not know offers no room, so jobs bound to it take none from other nodes.
+    Terminal jobs are dropped.
     """
 
     job_id: str
@@ -234,7 +239,7 @@ class SchedulerState:
         self._axes: dict[str, int] = {}
         self._axis_names: list[str] = []
         self._shapes: dict[frozenset[tuple[str, int]], _Shape] = {}
-        self._last_shape: tuple[Resources, _Shape] | None = None
+        self._shape_of_object: dict[int, tuple[Resources, _Shape]] = {}
         self._jobs: dict[str, _Job] = {}
         self._queues: dict[str, _Queue] = {}
         self._clusters: dict[str, _Cluster] = {}
@@ -308,6 +313,8 @@ class SchedulerState:
                     del state.node_sizes[size]
         if info is None:
             return
+        for resource in (*info.allocatable, *info.unmanaged_usage):
+            self._axis(resource)  # every axis first: a new one would leave a vector short
         node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage))
         state.nodes[name] = node
         if info.schedulable:
@@ -346,41 +353,48 @@ class SchedulerState:
         ):
             return
         shape.refs += 1
-        new = _Job(
-            job.queue,
-            job.cluster,
-            shape,
-            job.priority,
-            job.created_at,
-            job.state,
-            job.node_name,
+        if old is None:
+            record = self._jobs[job.job_id] = _Job(
+                job.queue,
+                job.cluster,
+                shape,
+                job.priority,
+                job.created_at,
+                job.state,
+                job.node_name,
+            )
+            self._apply(job.job_id, record, None)
+            if record.state is _QUEUED:
+                self._push(record, job.job_id)
+            return
+        # A change: the record is updated in place (a new object per change would pile up in
+        # the collector's oldest generation at a million jobs).
+        old_queue, old_cluster, old_shape = old.queue, old.cluster, old.shape
+        entry_in_place = (
+            old.state is _QUEUED
+            and job.state is _QUEUED
+            and old_queue == job.queue
+            and old_cluster == job.cluster
+            and old.priority == job.priority
+            and old.created_at == job.created_at
         )
-        hint: str | None = None
-        entry_in_place = False
-        if old is not None:
-            hint = self._retract(job.job_id, old)
-            self._release_shape(old.shape)
-            if (
-                old.state is _QUEUED
-                and new.state is _QUEUED
-                and old.queue == new.queue
-                and old.cluster == new.cluster
-                and old.priority == new.priority
-                and old.created_at == new.created_at
-            ):
-                # Its entry is still valid where it is: in the heap, or among the parked ones
-                # if its requests did not change.
-                if not old.parked:
-                    entry_in_place = True
-                elif old.shape is shape:
-                    new.parked = entry_in_place = True
-        self._jobs[job.job_id] = new
-        self._apply(job.job_id, new, hint)
-        if new.state is _QUEUED and not entry_in_place:
-            pending = self._queues[new.queue].pending[new.cluster]
-            heapq.heappush(pending.heap, (-new.priority, new.created_at, job.job_id))
-        if old is not None:
-            self._tidy(old.queue, old.cluster)
+        # A parked job's entry stays valid among the parked ones if its requests did not change.
+        stays_parked = entry_in_place and old.parked and old_shape is shape
+        entry_in_place = entry_in_place and (not old.parked or stays_parked)
+        hint = self._retract(job.job_id, old)
+        self._release_shape(old_shape)
+        old.queue = job.queue
+        old.cluster = job.cluster
+        old.shape = shape
+        old.priority = job.priority
+        old.created_at = job.created_at
+        old.state = job.state
+        old.node_name = job.node_name
+        old.parked = stays_parked
+        self._apply(job.job_id, old, hint)
+        if old.state is _QUEUED and not entry_in_place:
+            self._push(old, job.job_id)
+        self._tidy(old_queue, old_cluster)
 
     def upsert_jobs(self, jobs: Iterable[SchedJob]) -> None:
         for job in jobs:
@@ -438,6 +452,10 @@ class SchedulerState:
 
     # ---- internals -------------------------------------------------------------------------
 
+    def _push(self, record: _Job, job_id: str) -> None:
+        pending = self._queues[record.queue].pending[record.cluster]
+        heapq.heappush(pending.heap, (-record.priority, record.created_at, job_id))
+
     def _retract(self, job_id: str, record: _Job) -> str | None:
         """Remove a record's contribution to every aggregate; returns its node hint, if any."""
         hint: str | None = None
@@ -469,19 +487,24 @@ class SchedulerState:
         return hint
 
     def _apply(self, job_id: str, record: _Job, hint: str | None) -> None:
-        queue = self._queue(record.queue)
+        # The hot path of loading a million jobs: lookups inlined on purpose.
+        queue = self._queues.get(record.queue) or self._queue(record.queue)
         shape = record.shape
         if record.state is _QUEUED:
-            self._cluster(record.cluster)
+            if record.cluster not in self._clusters:
+                self._cluster(record.cluster)
             queue.queued += 1
-            pending = queue.pending_in(record.cluster)
+            pending = queue.pending.get(record.cluster) or queue.pending_in(record.cluster)
             if record.parked:
                 queue.parked += 1
                 pending.parked += 1
             else:
-                _add_pairs(queue.demand, shape.pairs)
+                demand = queue.demand
+                for axis, amount in shape.pairs:
+                    demand[axis] += amount
                 pending.live += 1
-                pending.shapes[shape] = pending.shapes.get(shape, 0) + 1
+                shapes = pending.shapes
+                shapes[shape] = shapes.get(shape, 0) + 1
         else:
             cluster = self._cluster(record.cluster)
             queue.allocated += 1
@@ -579,9 +602,11 @@ class SchedulerState:
         return cluster
 
     def _intern(self, requests: Resources) -> _Shape:
-        last = self._last_shape
-        if last is not None and last[0] is requests:
-            return last[1]
+        # Callers usually share one Resources object per distinct request (the ingest path
+        # decodes the same JSON again and again), so look the object itself up first.
+        seen = self._shape_of_object.get(id(requests))
+        if seen is not None and seen[0] is requests and seen[1].refs > 0:
+            return seen[1]  # (a shape nobody uses any more may be gone from the table)
         amounts = requests.as_dict()
         key = frozenset(amounts.items())
         shape = self._shapes.get(key)
@@ -590,16 +615,16 @@ class SchedulerState:
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
             shape = self._shapes[key] = _Shape(key, requests, pairs)
-        self._last_shape = (requests, shape)
+        if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
+            self._shape_of_object.clear()
+        # Holding `requests` keeps its id from being reused while the entry exists.
+        self._shape_of_object[id(requests)] = (requests, shape)
         return shape
 
     def _release_shape(self, shape: _Shape) -> None:
         shape.refs -= 1
         if shape.refs == 0 and self._shapes.get(shape.key) is shape:
             del self._shapes[shape.key]
-            last = self._last_shape
-            if last is not None and last[1] is shape:
-                self._last_shape = None
 
     def _axis(self, name: str) -> int:
         axis = self._axes.get(name)
@@ -628,10 +653,10 @@ class SchedulerState:
             vector.extend([0] * (axes - len(vector)))
 
     def _dense(self, resources: Resources) -> list[int]:
-        axes = [(self._axis(name), amount) for name, amount in resources.as_dict().items()]
+        """A dense vector over the current axes; every resource in it must have an axis."""
         vector = [0] * len(self._axis_names)
-        for axis, amount in axes:
-            vector[axis] = amount
+        for name, amount in resources.as_dict().items():
+            vector[self._axes[name]] = amount
         return vector
 
     def _resources(self, vector: list[int]) -> Resources:

@@ -6,6 +6,7 @@ change-feed rules in one place; the CLI only turns arguments into requests and a
     lockgate queue create NAME [--priority-factor F] [--cordon] [--limit cpu=100 ...]
     lockgate queue update NAME [--priority-factor F] [--cordon|--uncordon]
                                [--limit memory=1Ti ...] [--remove-limit cpu ...]
+    lockgate queue cordon NAME / lockgate queue uncordon NAME
     lockgate queue delete NAME
     lockgate queue get NAME [-o table|json]
     lockgate queue list [-o table|json]
@@ -119,6 +120,11 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     _print_queues([queue], args.output, out, single=True)
 
 
+def queue_cordon(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    queue = client.request("PATCH", _queue_path(args.name), {"cordoned": args.cordon})
+    _print_queues([queue], args.output, out, single=True)
+
+
 def queue_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     client.request("DELETE", _queue_path(args.name))
     print(f"queue {args.name} deleted", file=out)
@@ -213,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="set a limit (others are kept)")
     update.add_argument("--remove-limit", action="append", default=[], metavar="RESOURCE")
     update.set_defaults(run=queue_update)
+
+    for verb, cordon, what in (("cordon", True, "stop admitting and releasing its pods"),
+                               ("uncordon", False, "admit and release its pods again")):
+        cordoning_verb = queue.add_parser(verb, parents=[output], help=what)
+        cordoning_verb.add_argument("name")
+        cordoning_verb.set_defaults(run=queue_cordon, cordon=cordon)
 
     delete = queue.add_parser("delete", help="delete a queue (its jobs stay, unscheduled)")
     delete.add_argument("name")

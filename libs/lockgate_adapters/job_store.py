@@ -69,9 +69,9 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
     for scope in needed.snapshots:
         records = await connection.fetch(
             f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
-            " WHERE cluster = $1 AND created_at < $2 AND state <> ALL($3::text[])"
-            " AND uid <> ALL($4::text[]) ORDER BY uid FOR UPDATE",
-            scope.cluster, scope.cutoff, _TERMINAL, sorted(scope.listed),
+            " WHERE cluster = $1 AND created_at < $2 AND state_changed_at < $3"
+            " AND state <> ALL($4::text[]) AND uid <> ALL($5::text[]) ORDER BY uid FOR UPDATE",
+            scope.cluster, scope.cutoff, scope.listed_at, _TERMINAL, sorted(scope.listed),
         )
         current.jobs.update((row.key, row) for row in map(_job_row, records))
     if needed.capacity_clusters:

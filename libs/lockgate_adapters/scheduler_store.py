@@ -99,6 +99,7 @@ async def leader_pid(connection: asyncpg.Connection) -> int | None:
     """The backend pid of the current leader's connection, for operators and tests."""
     pid = await connection.fetchval(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         " AND classid = 0 AND objid = $1 AND objsubid = 1",
         LEADER_LOCK,
     )

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 
 from admission_webhook.certificates import ensure_certificates, needs_renewal
 from admission_webhook.cluster_lookups import ClusterLookups
@@ -15,10 +15,10 @@ from admission_webhook.queue_directory import READINESS_CHECK as QUEUES_CHECK
 from admission_webhook.queue_directory import QueueDirectory
 from admission_webhook.registration import apply_webhook_configuration
 from admission_webhook.server import AdmissionServer
-from admission_webhook.settings import WebhookSettings
-from lockgate.admission import webhook_configuration
+from admission_webhook.settings import IN_CLUSTER, WebhookSettings
+from lockgate.admission import ServiceReference, webhook_configuration
 from lockgate_adapters.health import Readiness
-from lockgate_adapters.kube import api_clients
+from lockgate_adapters.kube import api_client
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.service import Loop, ServiceContext
 
@@ -41,7 +41,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                          '\'{"cluster-a": "/path/to/kubeconfig"}\'')
     certificates = await asyncio.to_thread(ensure_certificates, settings.cert_dir,
                                            hosts=settings.cert_hosts)
-    apis = await api_clients(settings.clusters)
+    apis = {name: await _api_client(kubeconfig) for name, kubeconfig in settings.clusters.items()}
     queues = QueueDirectory(
         settings.postgres_dsn, ttl=settings.queue_cache_ttl_seconds,
         check_timeout=settings.queue_check_timeout_seconds, retry=settings.retry,
@@ -102,9 +102,15 @@ class _Registrar:
         settings = self._settings
         failed: dict[str, str] = {}
         for cluster, api in self._apis.items():
+            path = f"/mutate/{cluster}"
+            service = None
+            if settings.service is not None:
+                namespace, name = settings.service.split("/")
+                service = ServiceReference(namespace=namespace, name=name, path=path)
             manifest = webhook_configuration(
                 name=settings.configuration_name,
-                url=f"https://{settings.url_host}:{self._port}/mutate/{cluster}",
+                url=None if service else f"https://{settings.url_host}:{self._port}{path}",
+                service=service,
                 ca_bundle_pem=ca_pem,
                 timeout_seconds=settings.apiserver_timeout_seconds,
                 extra_namespace_labels=settings.extra_namespace_labels,
@@ -129,3 +135,11 @@ class _Registrar:
 async def _wait(stopping: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), seconds)
+
+
+async def _api_client(kubeconfig: str) -> client.ApiClient:
+    if kubeconfig != IN_CLUSTER:
+        return await api_client(kubeconfig)
+    configuration = client.Configuration()
+    config.load_incluster_config(client_configuration=configuration)
+    return client.ApiClient(configuration)

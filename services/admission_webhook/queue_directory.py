@@ -112,10 +112,15 @@ class QueueDirectory:
             lost.set()
             changed.set()
 
+        def on_notification(_: object, __: int, ___: str, payload: object) -> None:
+            # Writers name the tables they changed; job churn must not reload queues each time.
+            if not payload or "queues" in str(payload).split(","):
+                changed.set()
+
         listener = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
         try:
             listener.add_termination_listener(on_termination)
-            await listener.add_listener(CHANGES_CHANNEL, lambda *_: changed.set())
+            await listener.add_listener(CHANGES_CHANNEL, on_notification)
             await self.reload()
             while not stopping.is_set():
                 await _wait_any((changed, stopping), seconds=self._ttl / 2)

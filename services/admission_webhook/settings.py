@@ -10,6 +10,9 @@ from pydantic_settings import SettingsConfigDict
 
 from lockgate_adapters.settings import ServiceSettings
 
+# The kubeconfig "path" that means: use the pod's service account.
+IN_CLUSTER = "in-cluster"
+
 
 class WebhookSettings(ServiceSettings):
     """Where the webhook listens, which clusters it registers in, and its time budgets."""
@@ -31,7 +34,8 @@ class WebhookSettings(ServiceSettings):
     # Clusters and registration.
     clusters: dict[str, str] = Field(
         default_factory=dict,
-        description='cluster name -> kubeconfig path, e.g. {"cluster-a": "/path/kubeconfig"}',
+        description='cluster name -> kubeconfig path, e.g. {"cluster-a": "/path/kubeconfig"}, '
+        f'or "{IN_CLUSTER}" for the service account of a webhook running inside the cluster',
     )
     register_in_clusters: bool = Field(default=True, description="create or update the webhook "
                            "configuration in every cluster at start")
@@ -39,6 +43,11 @@ class WebhookSettings(ServiceSettings):
                                     description="name of the MutatingWebhookConfiguration")
     url_host: str = Field(default="127.0.0.1",
                           description="host the apiservers use to reach this webhook")
+    service: str | None = Field(
+        default=None, pattern=r"^[a-z0-9-]+/[a-z0-9-]+$",
+        description="namespace/name of the Service in front of this webhook when it runs inside "
+        "the cluster; registered instead of a URL on url_host",
+    )
     extra_namespace_labels: dict[str, str] = Field(
         default_factory=dict,
         description="labels a namespace must carry besides lockgate.io/managed=true for the "

@@ -143,6 +143,7 @@ class Store:
     async def leader_backend(self) -> int | None:
         pid = await self.pool.fetchval(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND classid = 0 AND objid = $1 AND objsubid = 1", LEADER_LOCK)
         return None if pid is None else int(pid)
 
@@ -233,8 +234,14 @@ class CommandTail:
         return [p.command.uid for p in self.commands]
 
     async def wait_for_count(self, count: int, *, within: float = 30.0) -> None:
-        await until(lambda: len(self.commands) >= count, within=within,
+        await until(lambda: len(self.commands) >= count or self._failed(), within=within,
                     what=lambda: f"{count} release commands (have {len(self.commands)})")
+        if self._failed():
+            assert self._task is not None
+            self._task.result()
+
+    def _failed(self) -> bool:
+        return self._task is not None and self._task.done()
 
 
 @pytest.fixture

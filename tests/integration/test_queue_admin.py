@@ -283,6 +283,10 @@ async def test_the_cli_creates_updates_lists_and_deletes_queues(
 
     got = await lockgate(admin, "queue", "get", queue_name, "-o", "json")
     assert json.loads(got.out)["name"] == queue_name
+    uncordoned = await lockgate(admin, "queue", "uncordon", queue_name, "-o", "json")
+    assert json.loads(uncordoned.out)["cordoned"] is False
+    cordoned = await lockgate(admin, "queue", "cordon", queue_name, "-o", "json")
+    assert json.loads(cordoned.out)["cordoned"] is True
 
     deleted = await lockgate(admin, "queue", "delete", queue_name)
     assert (deleted.code, deleted.out.strip()) == (0, f"queue {queue_name} deleted")

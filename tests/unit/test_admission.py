@@ -29,6 +29,7 @@ from lockgate.admission import (
     OwnerLabels,
     QueueLookup,
     QueueStatus,
+    ServiceReference,
     admission_response,
     decide,
     exemption,
@@ -172,6 +173,9 @@ CASES = [
     Case("no queue anywhere", want_outcome=Outcome.DENIED,
          want_message=[f"pod {NS}/worker-1 has no queue: set label {QUEUE_LABEL} on the pod "
                        f"or namespace {NS}"]),
+    Case("a pod named by generateName is described by its prefix",
+         pod={**make_pod(), "metadata": {"generateName": "web-5d9c-"}},
+         want_outcome=Outcome.DENIED, want_message=[f"pod {NS}/web-5d9c-* has no queue"]),
     Case("no queue anywhere, with owners", want_outcome=Outcome.DENIED,
          owners=[owner("ReplicaSet", "web-5d9c"), owner("Deployment", "web")],
          want_message=[f"set label {QUEUE_LABEL} on the pod, its Deployment/web, or namespace "
@@ -194,7 +198,7 @@ CASES = [
          want_outcome=Outcome.DENIED, want_message=["q00, q01", "q09 (and 15 more)"]),
     Case("cordoned queue", pod=make_pod(labels={QUEUE_LABEL: "frozen"}),
          queue=QueueLookup(QueueStatus.CORDONED), want_outcome=Outcome.DENIED,
-         want_message=['queue "frozen" is cordoned', "lockgate queue uncordon frozen"]),
+         want_message=['queue "frozen" is cordoned', "lockgate queue update frozen --uncordon"]),
     Case("queue could not be checked", pod=make_pod(labels={QUEUE_LABEL: "q1"}), queue=None,
          want_outcome=Outcome.UNVERIFIABLE,
          want_message=['lockgate cannot verify queue "q1" right now, retry']),
@@ -522,3 +526,16 @@ def test_settings_refuse_an_answer_budget_beyond_the_apiserver_timeout(
     monkeypatch.setenv("LOCKGATE_WEBHOOK_CLUSTER", "typo")
     with pytest.raises(ValueError, match="LOCKGATE_WEBHOOK_CLUSTER"):
         WebhookSettings()
+
+
+def test_webhook_configuration_for_a_webhook_inside_the_cluster() -> None:
+    manifest = webhook_configuration(
+        name="lockgate", ca_bundle_pem=b"ca",
+        service=ServiceReference(namespace="lockgate-system", name="lockgate-webhook",
+                                 path="/mutate/local"))
+    assert manifest["webhooks"][0]["clientConfig"]["service"] == {
+        "namespace": "lockgate-system", "name": "lockgate-webhook", "path": "/mutate/local",
+        "port": 443}
+    assert "url" not in manifest["webhooks"][0]["clientConfig"]
+    with pytest.raises(ValueError, match="exactly one"):
+        webhook_configuration(name="lockgate", ca_bundle_pem=b"ca")

@@ -934,3 +934,16 @@ def _assert_books_match(state: SchedulerState, model: _Model) -> None:
         assert usage.queued_jobs == sum(1 for j in mine if j.state is JobState.QUEUED)
         assert usage.allocated_jobs == len(held)
         assert usage.allocation == Resources.sum(j.requests for j in held)
+
+
+def test_a_node_whose_unmanaged_usage_names_a_new_resource() -> None:
+    node = a_node(cpu="4", memory="16Gi").with_unmanaged_usage(cpu="1", **{"example.com/foo": 1})
+    state = (
+        a_state()
+        .with_queues("a")
+        .with_cluster("cluster-a", node.times(1))
+        .with_jobs(a_job("a").requesting(cpu="3"), a_job("a").requesting(cpu="1"))
+        .build()
+    )
+
+    assert len(run_round(state).decisions) == 1

@@ -244,13 +244,24 @@ def test_a_snapshot_spares_jobs_created_after_its_cutoff_and_other_clusters() ->
     assert fold_batch(rows(same_second, later, elsewhere), [event]).jobs == []
 
 
+def test_a_snapshot_spares_jobs_seen_changing_after_it_was_listed() -> None:
+    # Created just before the list finished, reported by the watch that followed it, and that
+    # report stored before the snapshot: the pod exists, the list merely missed it.
+    seen_after_listing = job("during-list", created=99.0, state_changed_at=at(100.2))
+    seen_before_listing = job("gone", created=99.0, state_changed_at=at(99.5))
+    listed_at = at(100.1)
+    event = ClusterSnapshot(snapshot_id="s", cluster=CLUSTER, listed_at=listed_at, pod_uids=[])
+    (deleted,) = fold_batch(rows(seen_after_listing, seen_before_listing), [event]).jobs
+    assert deleted.uid == "gone"
+
+
 def test_rows_to_read_asks_for_every_key_and_each_snapshots_scope() -> None:
     needed = rows_to_read([pod_event("u1"), outcome(ReleaseOutcomeKind.FAILED, uid="u2"),
                            snapshot("u1", listed=50), snapshot(listed=20),
                            ClusterCapacity(cluster="cluster-b", observed_at=T0, nodes=[])])
     assert needed.job_keys == {(CLUSTER, "u1"), (CLUSTER, "u2")}
-    assert needed.snapshots == (SnapshotScope(CLUSTER, at(50), frozenset({"u1"})),
-                                SnapshotScope(CLUSTER, at(20), frozenset()))
+    assert needed.snapshots == (SnapshotScope(CLUSTER, at(50), at(50), frozenset({"u1"})),
+                                SnapshotScope(CLUSTER, at(20), at(20), frozenset()))
     assert needed.capacity_clusters == {"cluster-b"}
     assert needed.clusters == {CLUSTER, "cluster-b"}
 

@@ -1,0 +1,343 @@
+"""The ingest path end to end: pod → admission webhook → cluster-watcher → Kafka → queue-store.
+
+Everything runs as real processes on the local stack: queue-store on a database of this module
+(its admin API creates the queue first, as an operator would), the admission webhook registered
+under a unique name for namespaces carrying this module's label only, and a cluster-watcher of
+both clusters. Pods are created plain, in managed namespaces of both clusters; the webhook gates
+and labels them. The last test SIGKILLs and restarts the watcher and queue-store in the middle of
+a stream of pod creations and deletions and then compares Postgres with the apiservers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import asyncpg
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from admission_webhook.registration import delete_webhook_configuration
+from devstack.launcher import ServiceProcess
+from devstack.stack import StackInfo
+from lockgate.jobs import JobState
+from lockgate.labels import (
+    JOBSET_LABEL,
+    MANAGED_NAMESPACE_LABEL,
+    QUEUE_LABEL,
+    SCHEDULING_GATE,
+)
+from lockgate.observing import observed_state
+from lockgate_adapters.postgres import connect_pool
+from queue_store.testing import (
+    FAST_RETRY,
+    QueueStoreUnderTest,
+    create_database,
+    drop_database,
+    free_port,
+    start_group_at_end,
+)
+
+pytestmark = [pytest.mark.timeout(420)]
+
+T = TypeVar("T")
+RUN = uuid.uuid4().hex[:8]
+INSTANCE_LABEL = "lockgate-test.io/ingest-path"
+QUEUE = f"e2e-ingest-{RUN}"
+CLUSTERS = ("cluster-a", "cluster-b")
+SHOW_UP_WITHIN_SECONDS = 10.0
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float,
+                     what: Callable[[], str]) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        result = await probe()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:.0f}s: {what()}")
+        await asyncio.sleep(0.1)
+
+
+# The system under test ------------------------------------------------------------------------
+
+@dataclass
+class IngestPath:
+    stack: StackInfo
+    store: QueueStoreUnderTest
+    queue_store: ServiceProcess
+    watcher: ServiceProcess
+    webhook: ServiceProcess
+    db: asyncpg.Pool
+    cores: dict[str, client.CoreV1Api]
+    namespaces: dict[str, str]  # cluster → this module's managed namespace there
+    processes: list[ServiceProcess] = field(default_factory=list)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}"
+                         for p in self.processes)
+
+
+def watcher_process(stack: StackInfo) -> ServiceProcess:
+    health = free_port()
+    return ServiceProcess(f"cluster-watcher-e2e-{RUN}", "cluster_watcher", {
+        "LOCKGATE_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "LOCKGATE_WATCHER_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
+        "LOCKGATE_WATCHER_HTTP_PORT": str(health),
+        "LOCKGATE_WATCHER_RETRY__INITIAL_SECONDS": "0.05",
+        "LOCKGATE_WATCHER_RETRY__MAX_SECONDS": "0.5",
+    }, health_port=health)
+
+
+def webhook_process(stack: StackInfo, dsn: str, cert_dir: Path) -> ServiceProcess:
+    health = free_port()
+    return ServiceProcess(f"admission-webhook-e2e-{RUN}", "admission_webhook", {
+        "LOCKGATE_POSTGRES_DSN": dsn,
+        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
+        "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": f"lockgate-e2e-ingest-{RUN}",
+        "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
+        "LOCKGATE_WEBHOOK_PORT": str(free_port()),
+        "LOCKGATE_WEBHOOK_HTTP_PORT": str(health),
+        "LOCKGATE_WEBHOOK_CERT_DIR": str(cert_dir),
+    }, health_port=health)
+
+
+async def managed_namespace(core: client.CoreV1Api) -> str:
+    """A namespace the webhook manages, whose pods default to QUEUE; waits for its SA."""
+    name = f"e2e-ingest-{RUN}-{uuid.uuid4().hex[:4]}"
+    await core.create_namespace({"metadata": {"name": name, "labels": {
+        MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: RUN, QUEUE_LABEL: QUEUE}}})
+
+    async def has_service_account() -> bool:
+        try:
+            await core.read_namespaced_service_account("default", name)
+            return True
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return False
+
+    await eventually(has_service_account, within=30,
+                     what=lambda: f"the default ServiceAccount of {name}")
+    return name
+
+
+@pytest.fixture(scope="module")
+async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
+               tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[IngestPath]:
+    dsn = await create_database(stack.postgres_dsn, prefix="e2e_ingest")
+    store = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
+    await start_group_at_end(stack.kafka_bootstrap, store.group_id)
+    cores = {name: client.CoreV1Api(kube_clients[name]) for name in CLUSTERS}
+    processes: list[ServiceProcess] = []
+    namespaces: dict[str, str] = {}
+    db: asyncpg.Pool | None = None
+    try:
+        queue_store = ServiceProcess(f"queue-store-e2e-{RUN}", "queue_store", store.env(),
+                                     health_port=store.health_port)
+        processes.append(queue_store)
+        await queue_store.start()
+        await queue_store.wait_ready(60)
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{store.admin_url}/api/v1/queues", json={"name": QUEUE}) as reply:
+            assert reply.status == 201, await reply.text()
+
+        webhook = webhook_process(stack, dsn, tmp_path_factory.mktemp("webhook-certs"))
+        watcher = watcher_process(stack)
+        processes += [webhook, watcher]
+        for process in (webhook, watcher):
+            await process.start()
+        for process in (webhook, watcher):
+            await process.wait_ready(90)
+        for cluster, core in cores.items():
+            namespaces[cluster] = await managed_namespace(core)
+        db = await connect_pool(dsn, policy=FAST_RETRY)
+        yield IngestPath(stack, store, queue_store, watcher, webhook, db, cores, namespaces,
+                         processes)
+    finally:
+        for process in reversed(processes):
+            await process.stop()
+        for cluster, core in cores.items():
+            await delete_webhook_configuration(kube_clients[cluster],
+                                               f"lockgate-e2e-ingest-{RUN}")
+            if cluster in namespaces:
+                with contextlib.suppress(ApiException):
+                    await core.delete_collection_namespaced_pod(
+                        namespaces[cluster], grace_period_seconds=0)
+                with contextlib.suppress(ApiException):
+                    await core.delete_namespace(namespaces[cluster])
+        if db is not None:
+            await db.close()
+        await drop_database(stack.postgres_dsn, dsn)
+
+
+# Pods -----------------------------------------------------------------------------------------
+
+def plain_pod(name: str, *, jobset: str | None = None) -> dict[str, Any]:
+    """A pod as a user or operator writes it: no gate, no lockgate labels (the webhook adds)."""
+    labels = {JOBSET_LABEL: jobset} if jobset else {}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "main", "image": "registry.invalid/sleep:1",
+                                     "resources": {"requests": {"cpu": "250m",
+                                                                "memory": "64Mi"}}}],
+                     "automountServiceAccountToken": False,
+                     "terminationGracePeriodSeconds": 0}}
+
+
+async def create_pod(path: IngestPath, cluster: str, name: str,
+                     jobset: str | None = None) -> Any:
+    return await path.cores[cluster].create_namespaced_pod(
+        path.namespaces[cluster], plain_pod(name, jobset=jobset))
+
+
+async def delete_pod(path: IngestPath, cluster: str, name: str) -> None:
+    with contextlib.suppress(ApiException):
+        await path.cores[cluster].delete_namespaced_pod(name, path.namespaces[cluster],
+                                                        grace_period_seconds=0)
+
+
+async def job_states(path: IngestPath) -> dict[tuple[str, str], str]:
+    rows = await path.db.fetch("SELECT cluster, uid, state FROM jobs WHERE namespace = ANY($1)",
+                               list(path.namespaces.values()))
+    return {(r["cluster"], r["uid"]): r["state"] for r in rows}
+
+
+async def apiserver_truth(path: IngestPath) -> dict[tuple[str, str], JobState]:
+    """(cluster, uid) → state, for every unfinished pod of this module in both clusters."""
+    truth: dict[tuple[str, str], JobState] = {}
+    for cluster, core in path.cores.items():
+        response = await core.list_namespaced_pod(path.namespaces[cluster],
+                                                  _preload_content=False)
+        for pod in json.loads(await response.read())["items"]:  # the apiserver's JSON form
+            state = observed_state(pod)
+            if not state.is_terminal:
+                truth[(cluster, pod["metadata"]["uid"])] = state
+    return truth
+
+
+# Tests ----------------------------------------------------------------------------------------
+
+async def test_pods_created_in_both_clusters_show_up_as_queued_jobs_within_seconds(
+        path: IngestPath) -> None:
+    created: dict[tuple[str, str], float] = {}
+    for cluster in CLUSTERS:
+        for i in range(5):
+            pod = await create_pod(path, cluster, f"appear-{i}", jobset="sweep-7")
+            assert SCHEDULING_GATE in [g.name for g in pod.spec.scheduling_gates or ()], (
+                f"the webhook did not gate the pod:\n{path.logs()}")
+            assert pod.metadata.labels[QUEUE_LABEL] == QUEUE
+            created[(cluster, pod.metadata.uid)] = time.monotonic()
+
+    latencies: dict[tuple[str, str], float] = {}
+
+    async def all_queued() -> bool:
+        states = await job_states(path)
+        for key, since in created.items():
+            if key not in latencies and states.get(key) == JobState.QUEUED:
+                latencies[key] = time.monotonic() - since
+        return len(latencies) == len(created)
+
+    await eventually(all_queued, within=30, what=lambda: (
+        f"{len(latencies)}/{len(created)} jobs queued\n{path.logs()}"))
+    slowest = max(latencies.values())
+    print(f"slowest pod creation → queued job in Postgres: {slowest:.2f}s")
+    assert slowest < SHOW_UP_WITHIN_SECONDS
+
+    rows = await path.db.fetch(
+        "SELECT cluster, queue, jobset, requests FROM jobs WHERE uid = ANY($1)",
+        [uid for _, uid in created])
+    assert {r["cluster"] for r in rows} == set(CLUSTERS)
+    assert {(r["queue"], r["jobset"]) for r in rows} == {(QUEUE, "sweep-7")}
+    assert all(r["requests"] == {"cpu": 250, "memory": 64 * 2**20} for r in rows)
+
+
+async def test_deleting_a_gated_pod_marks_its_job_deleted(path: IngestPath) -> None:
+    pod = await create_pod(path, "cluster-b", "short-lived")
+    key = ("cluster-b", pod.metadata.uid)
+
+    async def in_state(state: JobState) -> bool:
+        return (await job_states(path)).get(key) == state
+
+    await eventually(lambda: in_state(JobState.QUEUED), within=30,
+                     what=lambda: f"the job to be queued\n{path.logs()}")
+    await delete_pod(path, "cluster-b", "short-lived")
+    await eventually(lambda: in_state(JobState.DELETED), within=30,
+                     what=lambda: f"the job to be deleted\n{path.logs()}")
+
+
+STREAM_PODS = 90
+STREAM_SECONDS = 12.0
+
+
+async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_counts_nothing_twice(
+        path: IngestPath) -> None:
+    created: list[tuple[str, str, str, float]] = []  # cluster, name, uid, when
+    deleted: set[tuple[str, str]] = set()
+
+    async def stream() -> None:
+        pause = STREAM_SECONDS / STREAM_PODS
+        next_to_delete = 0
+        for i in range(STREAM_PODS):
+            cluster = CLUSTERS[i % 2]
+            pod = await create_pod(path, cluster, f"stream-{i}")
+            created.append((cluster, pod.metadata.name, pod.metadata.uid, time.monotonic()))
+            # Every third pod is deleted once it is 2s old (older than a snapshot's rounding).
+            old_cluster, old_name, old_uid, when = created[next_to_delete]
+            if time.monotonic() - when > 2:
+                await delete_pod(path, old_cluster, old_name)
+                deleted.add((old_cluster, old_uid))
+                next_to_delete += 3
+            await asyncio.sleep(pause)
+
+    async def crashes() -> None:
+        await asyncio.sleep(STREAM_SECONDS * 0.25)
+        await path.watcher.kill()
+        await path.watcher.start()
+        await asyncio.sleep(STREAM_SECONDS * 0.25)
+        await path.queue_store.kill()
+        await path.queue_store.start()
+        await asyncio.sleep(STREAM_SECONDS * 0.2)
+        await path.watcher.kill()  # and once more while queue-store is still rejoining
+        await path.watcher.start()
+
+    await asyncio.gather(stream(), crashes())
+    await path.watcher.wait_ready(90)
+    await path.queue_store.wait_ready(90)
+
+    async def converged() -> bool:
+        truth = await apiserver_truth(path)
+        stored = await job_states(path)
+        unfinished = {key: state for key, state in stored.items()
+                      if not JobState(state).is_terminal}
+        return unfinished == truth
+
+    await eventually(converged, within=120, what=lambda: f"Postgres to match the apiservers\n"
+                                                          f"{path.logs()}")
+    truth = await apiserver_truth(path)
+    stored = await job_states(path)
+    stream_uids = {(cluster, uid) for cluster, _, uid, _ in created}
+    assert stream_uids - set(deleted) <= set(truth), "every pod still there is in the truth"
+    wrongly_kept = {key: stored[key] for key in deleted
+                    if key in stored and stored[key] != JobState.DELETED}
+    assert not wrongly_kept, f"deleted pods not marked deleted: {wrongly_kept}"
+    stream_rows = {key: state for key, state in stored.items() if key in stream_uids}
+    # A pod created and deleted while no watcher ran was never seen; every other one was stored.
+    assert stream_uids - deleted <= set(stream_rows), "every living pod of the stream is stored"
+    assert len(stream_rows) >= len(stream_uids) - len(deleted)
+    attempts = await path.db.fetchval(
+        "SELECT coalesce(sum(release_attempts), 0) FROM jobs WHERE namespace = ANY($1)",
+        list(path.namespaces.values()))
+    assert attempts == 0
+    print(f"stream: {len(created)} pods created, {len(deleted)} deleted, "
+          f"{sum(1 for s in stream_rows.values() if s == JobState.QUEUED)} queued at the end")
