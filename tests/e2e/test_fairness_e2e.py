@@ -1,15 +1,15 @@
 """Fairness end to end: every lockgate service as a process, pods created through the API.
 
 Three queues with weights 1:1:2 ask for more than both clusters hold. The test checks what a user
-would: once full, each queue runs its weighted share (within one job); capacity freed by pods
+would see: once full, each queue runs its weighted share (within one job); capacity freed by pods
 that complete goes to the most under-served queue; a pod too big for any node waits without
-blocking the others; and when the leading scheduler is SIGKILLed mid-run the standby carries on
-and no pod is released twice.
+holding up the others; and when the leading scheduler is SIGKILLed mid-run the standby carries
+on and no pod is released twice.
 
-Isolation on the shared stack: a database of its own, the real clusters under names of its own
-(so other runs' commands and events are not confused with these), its own webhook registration
-that only serves namespaces carrying this run's label, consumer groups that start at the current
-end of the topics, and free ports.
+Isolation on the shared stack: a database of its own; the real clusters under names of its own
+(so other runs' commands and events cannot be confused with these); its own webhook registration,
+serving only namespaces that carry this run's label; consumer groups that start at the current
+end of the topics; free ports.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,9 +44,391 @@ from lockgate.events import (
     ReleaseOutcomeKind,
 )
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.resources import Resources
 from lockgate_adapters.kafka import ensure_topics
 from lockgate_adapters.kube import api_client
-from lockgate_adapters.service import ServiceContext  # noqa: F401 - keeps the import surface honest
-from webhook_registration import delete_registration
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
+
+RUN = uuid.uuid4().hex[:6]
+INSTANCE_LABEL = "lockgate-test.io/e2e-fairness"
+# Aliases of the real clusters, unique to this run.
+CLUSTERS = {f"e2e-{RUN}-a": "cluster-a", f"e2e-{RUN}-b": "cluster-b"}
+LIGHT1, LIGHT2, HEAVY = f"light1-{RUN}", f"light2-{RUN}", f"heavy-{RUN}"
+PRIORITY_FACTORS = {LIGHT1: 1.0, LIGHT2: 1.0, HEAVY: 0.5}  # weights 1:1:2
+WEIGHTS = {queue: 1 / factor for queue, factor in PRIORITY_FACTORS.items()}
+POD_CPU, POD_MEMORY = "4", "1Gi"
+TOO_BIG_CPU = "1000"  # more than any node has
+COMPLETE_ANNOTATION = "lockgate.io/complete-after"
+LEADER, STANDBY = "fair-scheduler", "fair-scheduler-standby"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+async def consumer_at_end(bootstrap: str, topics: list[str], *, group_id: str
+                          ) -> AIOKafkaConsumer:
+    """A started consumer of `topics` in `group_id`, positioned at their current end."""
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id,
+                                enable_auto_commit=False, auto_offset_reset="latest")
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len({tp.topic for tp in consumer.assignment()}) < len(topics):
+            assert time.monotonic() < deadline, "partitions not assigned within 30s"
+            await asyncio.sleep(0.05)
+        partitions = sorted(consumer.assignment())
+        await consumer.seek_to_end(*partitions)
+        for partition in partitions:
+            await consumer.position(partition)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
+
+
+async def start_group_at_end(bootstrap: str, topics: list[str], group_id: str) -> None:
+    """A new consumer group reads only what this run produces, not the topics' history."""
+    consumer = await consumer_at_end(bootstrap, topics, group_id=group_id)
+    try:
+        await consumer.commit({tp: await consumer.position(tp) for tp in consumer.assignment()})
+    finally:
+        await consumer.stop()
+
+
+@dataclass
+class OutcomeTail:
+    """Release outcomes for this run's clusters, from the moment the tail started."""
+
+    consumer: AIOKafkaConsumer
+    outcomes: list[ReleaseOutcome] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    async def collect(self) -> None:
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    outcome = RELEASE_OUTCOMES.decode(record.value or b"")
+                    if outcome.cluster in CLUSTERS:
+                        self.outcomes.append(outcome)
+
+
+@dataclass
+class Run:
+    lockgate: Lockgate
+    apis: dict[str, client.ApiClient]  # by alias
+    namespaces: dict[str, str]  # alias -> namespace
+    pool: asyncpg.Pool
+    outcomes: OutcomeTail
+
+    def scheduler(self, name: str) -> int:
+        port = self.lockgate.processes[name].health_port
+        assert port is not None
+        return port
+
+
+@pytest.fixture
+async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
+    database = f"lockgate_e2e_{RUN}"
+    admin = await asyncpg.connect(stack.postgres_dsn)
+    await admin.execute(f'CREATE DATABASE "{database}"')
+    dsn = with_database(stack.postgres_dsn, database)
+    kubeconfigs = {alias: stack.kubeconfigs[real] for alias, real in CLUSTERS.items()}
+    apis = {alias: await api_client(path) for alias, path in kubeconfigs.items()}
+    bootstrap = stack.kafka_bootstrap
+    await ensure_topics(bootstrap)
+    queue_store_group = f"queue-store-e2e-{RUN}"
+    await start_group_at_end(bootstrap, [POD_EVENTS.name, CLUSTER_SNAPSHOTS.name,
+                                         CLUSTER_CAPACITY.name, RELEASE_OUTCOMES.name],
+                             queue_store_group)
+    await start_group_at_end(bootstrap, [RELEASE_COMMANDS.name],
+                             "ungater-" + "+".join(sorted(CLUSTERS)))
+    outcomes = OutcomeTail(await consumer_at_end(bootstrap, [RELEASE_OUTCOMES.name],
+                                                 group_id=f"e2e-outcomes-{RUN}"))
+    outcomes.task = asyncio.create_task(outcomes.collect(), name="e2e-outcomes")
+    configuration = f"lockgate-e2e-{RUN}"
+    ports = ServicePorts(**{name: free_port() for name in ServicePorts.__dataclass_fields__})
+    lockgate = Lockgate(
+        kubeconfigs=kubeconfigs, kafka_bootstrap=bootstrap, postgres_dsn=dsn, ports=ports,
+        log_dir=tmp_path_factory.mktemp("service-logs"),
+        extra_env={
+            "LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group,
+            "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
+            "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
+            "LOCKGATE_WEBHOOK_CERT_DIR": str(tmp_path_factory.mktemp("webhook-certs")),
+        },
+    )
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    namespaces: dict[str, str] = {}
+    try:
+        # The schedulers start later, once the whole backlog is queued (see the test).
+        await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
+                                   "ungater"])
+        admin_url = f"http://127.0.0.1:{ports.admin_api}/api/v1/queues"
+        async with aiohttp.ClientSession() as session:
+            for queue, factor in PRIORITY_FACTORS.items():
+                async with session.post(admin_url, json={"name": queue,
+                                                         "priority_factor": factor}) as response:
+                    assert response.status in (200, 201), await response.text()
+        for alias, api in apis.items():
+            name = f"e2e-fair-{RUN}"
+            await client.CoreV1Api(api).create_namespace({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {MANAGED_NAMESPACE_LABEL: "true",
+                                                      INSTANCE_LABEL: RUN}}})
+            namespaces[alias] = name
+        for alias, api in apis.items():
+            await wait_for_default_service_account(api, namespaces[alias])
+        yield Run(lockgate, apis, namespaces, pool, outcomes)
+    finally:
+        codes = await lockgate.stop()
+        for alias, api in apis.items():
+            with contextlib.suppress(ApiException):
+                await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
+                    configuration)
+            if alias in namespaces:
+                with contextlib.suppress(ApiException):
+                    await client.CoreV1Api(api).delete_namespace(namespaces[alias])
+            await api.close()
+        outcomes.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await outcomes.task
+        await outcomes.consumer.stop()
+        await pool.close()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
+    unclean = {name: code for name, code in codes.items()
+               if code not in (0, None) and name != LEADER}  # the leader was SIGKILLed
+    assert not unclean, f"services did not stop gracefully: {unclean}"
+
+
+async def wait_for_default_service_account(api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await core.read_namespaced_service_account("default", namespace)
+            return
+        except ApiException as error:
+            if error.status != 404 or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+# ---------------------------------------------------------------- pods
+
+
+def pod(name: str, queue: str, *, cpu: str = POD_CPU) -> dict[str, Any]:
+    """A pod as a user writes it: no gate, just the queue label (the webhook does the rest)."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "registry.invalid/work:1",
+                            "resources": {"requests": {"cpu": cpu, "memory": POD_MEMORY}}}],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class PodView:
+    alias: str
+    name: str
+    uid: str
+    queue: str
+    gated: bool
+    phase: str
+
+
+async def pods_of(run: Run) -> list[PodView]:
+    views = []
+    for alias, api in run.apis.items():
+        listed = await client.CoreV1Api(api).list_namespaced_pod(run.namespaces[alias])
+        for item in listed.items:
+            gates = {gate.name for gate in item.spec.scheduling_gates or ()}
+            views.append(PodView(alias, item.metadata.name, item.metadata.uid,
+                                 (item.metadata.labels or {}).get(QUEUE_LABEL, ""),
+                                 SCHEDULING_GATE in gates, item.status.phase or ""))
+    return views
+
+
+def released_per_queue(pods: list[PodView]) -> Counter[str]:
+    """Pods lockgate let go (gate removed) that still hold room: pending to bind, or running."""
+    return Counter(p.queue for p in pods if not p.gated and p.phase in ("Pending", "Running"))
+
+
+async def create_pods(run: Run, per_queue_and_cluster: int, *, first: int = 0) -> None:
+    for i in range(first, first + per_queue_and_cluster):
+        for alias, api in run.apis.items():
+            for queue in PRIORITY_FACTORS:
+                await client.CoreV1Api(api).create_namespaced_pod(
+                    run.namespaces[alias], pod(f"{queue}-{i}", queue))
+
+
+async def pool_capacity_in_pods(apis: Mapping[str, client.ApiClient]) -> int:
+    """How many of this test's pods all schedulable nodes hold when empty (cpu decides)."""
+    per_pod = Resources.from_kubernetes({"cpu": POD_CPU})["cpu"]
+    total = 0
+    for api in apis.values():
+        for node in (await client.CoreV1Api(api).list_node()).items:
+            if node.spec.unschedulable:
+                continue
+            total += Resources.from_kubernetes(node.status.allocatable)["cpu"] // per_pod
+    return total
+
+
+async def wait_until_steady(run: Run, *, quiet_seconds: float, within: float) -> list[PodView]:
+    """Pods once no gate has been removed for `quiet_seconds`."""
+    deadline = time.monotonic() + within
+    last_released: frozenset[str] = frozenset()
+    since = time.monotonic()
+    while True:
+        pods = await pods_of(run)
+        released = frozenset(p.uid for p in pods if not p.gated)
+        if released != last_released:
+            last_released, since = released, time.monotonic()
+        elif time.monotonic() - since >= quiet_seconds:
+            return pods
+        assert time.monotonic() < deadline, "releases did not settle"
+        await asyncio.sleep(0.5)
+
+
+async def scheduler_ready(port: int) -> bool:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{port}/readyz", timeout=aiohttp.ClientTimeout(total=2)
+        ) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def fairness_report(port: int) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{port}/api/v1/fairness") as response:
+        assert response.status == 200
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+# ---------------------------------------------------------------- the scenario
+
+
+async def describe(run: Run, pods: list[PodView]) -> str:
+    """What Kubernetes and Postgres say, for assertion messages."""
+    phases = Counter((p.queue, "gated" if p.gated else p.phase) for p in pods)
+    rows = await run.pool.fetch(
+        "SELECT queue, state, count(*) AS n FROM jobs WHERE queue = ANY($1::text[])"
+        " GROUP BY queue, state", list(PRIORITY_FACTORS))
+    nodes = await run.pool.fetch(
+        "SELECT cluster, count(*) AS n FROM cluster_nodes WHERE present GROUP BY cluster")
+    return (f"pods {dict(phases)}; jobs {[tuple(r) for r in rows]}; "
+            f"nodes {[tuple(r) for r in nodes]}")
+
+
+async def wait_for_queued_jobs(run: Run, count: int, *, within: float) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        queued = await run.pool.fetchval(
+            "SELECT count(*) FROM jobs WHERE queue = ANY($1::text[]) AND state = 'queued'",
+            list(PRIORITY_FACTORS))
+        if queued >= count:
+            return
+        assert time.monotonic() < deadline, f"only {queued} of {count} pods queued in Postgres"
+        await asyncio.sleep(0.3)
+
+
+async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: Run) -> None:
+    capacity = await pool_capacity_in_pods(run.apis)
+    # Every queue asks for more than the heaviest share of the pool, split over both clusters.
+    per_queue_and_cluster = capacity // 4 + 3
+    big_alias = next(iter(run.apis))
+    await client.CoreV1Api(run.apis[big_alias]).create_namespaced_pod(
+        run.namespaces[big_alias], pod("too-big", LIGHT2, cpu=TOO_BIG_CPU))
+    await create_pods(run, per_queue_and_cluster)
+    created = 1 + per_queue_and_cluster * len(run.apis) * len(PRIORITY_FACTORS)
+    pods = await pods_of(run)
+    assert len(pods) == created and all(p.gated for p in pods), "the webhook did not gate"
+
+    # The backlog is complete before any scheduler runs, so the first rounds divide a
+    # contended pool (releasing as pods trickle in would hand it out first come first served).
+    await wait_for_queued_jobs(run, created, within=120)
+    await run.lockgate.start(only=[LEADER, STANDBY])
+
+    # Full: each queue holds its weighted share of what was released, within one job.
+    pods = await wait_until_steady(run, quiet_seconds=4, within=180)
+    released = released_per_queue(pods)
+    gated = Counter(p.queue for p in pods if p.gated and p.name != "too-big")
+    assert all(gated[queue] > 0 for queue in PRIORITY_FACTORS), (
+        f"not every queue still waits, so the pool is not contended: {gated}")
+    total = sum(released.values())
+    state = await describe(run, pods)
+    assert total >= capacity // 2, f"only {total} of ~{capacity} pods released; {state}"
+    for queue, weight in WEIGHTS.items():
+        fair = total * weight / sum(WEIGHTS.values())
+        assert abs(released[queue] - fair) <= 1, (queue, dict(released), fair, state)
+    # The pod too big for any node waits, and its queue got its share regardless.
+    too_big = next(p for p in pods if p.name == "too-big")
+    assert too_big.gated, "a pod too big for every node was released"
+    report = await fairness_report(run.scheduler(LEADER))
+    assert report["leader"] is True
+    by_queue = {q["name"]: q for q in report["queues"]}
+    assert by_queue[LIGHT2]["unschedulable"] == 1, report
+    assert by_queue[HEAVY]["fair_share"] == pytest.approx(0.5)
+    assert by_queue[LIGHT1]["fair_share"] == pytest.approx(0.25)
+
+    # The leader dies; the standby takes over.
+    await run.lockgate.processes[LEADER].kill()
+    killed_at = time.monotonic()
+    while not await scheduler_ready(run.scheduler(STANDBY)):
+        assert time.monotonic() - killed_at < 30, "the standby did not take over within 30s"
+        await asyncio.sleep(0.2)
+
+    # Freed capacity goes to the most under-served queue: complete three of light1's pods.
+    before = {p.uid for p in pods if not p.gated}
+    finishing = [p for p in pods if p.queue == LIGHT1 and p.phase == "Running"][:3]
+    assert len(finishing) == 3, "light1 has fewer than three running pods"
+    for finished in finishing:
+        await client.CoreV1Api(run.apis[finished.alias]).patch_namespaced_pod(
+            finished.name, run.namespaces[finished.alias],
+            {"metadata": {"annotations": {COMPLETE_ANNOTATION: "1s"}}})
+    deadline = time.monotonic() + 60
+    while True:
+        pods = await pods_of(run)
+        newly = [p for p in pods if not p.gated and p.uid not in before]
+        if len(newly) >= 3:
+            break
+        assert time.monotonic() < deadline, f"freed capacity not reused: {newly}"
+        await asyncio.sleep(0.2)
+    assert [p.queue for p in newly] == [LIGHT1] * 3, newly
+    pods = await wait_until_steady(run, quiet_seconds=3, within=60)
+
+    # Nothing released twice, across the failover: one decision per released pod, and every
+    # gate removed exactly once.
+    ungated_uids = {p.uid for p in pods if not p.gated}
+    decisions = await run.pool.fetch(
+        "SELECT uid, count(*) AS n, min(decided_by) AS by FROM release_decisions GROUP BY uid")
+    assert {row["uid"] for row in decisions} == ungated_uids
+    assert all(row["n"] == 1 for row in decisions), [dict(r) for r in decisions if r["n"] > 1]
+    deciders = Counter(row["by"] for row in decisions)
+    assert deciders["scheduler-0"] > 0 and deciders["scheduler-1"] == 3, deciders
+    deadline = time.monotonic() + 30
+    while len({o.uid for o in run.outcomes.outcomes}) < len(ungated_uids):
+        assert time.monotonic() < deadline, "not every release has an outcome"
+        await asyncio.sleep(0.2)
+    removed = Counter(o.uid for o in run.outcomes.outcomes
+                      if o.outcome is ReleaseOutcomeKind.UNGATED and o.reason == "gate removed")
+    assert set(removed) == ungated_uids
+    assert all(n == 1 for n in removed.values()), removed
+    assert not [o for o in run.outcomes.outcomes if o.outcome is ReleaseOutcomeKind.FAILED]
+    assert run.lockgate.crashed() == [LEADER], run.lockgate.crashed()

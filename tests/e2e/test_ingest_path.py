@@ -315,15 +315,21 @@ async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_coun
     await path.watcher.wait_ready(90)
     await path.queue_store.wait_ready(90)
 
+    differences: list[str] = []
+
     async def converged() -> bool:
         truth = await apiserver_truth(path)
         stored = await job_states(path)
-        unfinished = {key: state for key, state in stored.items()
+        unfinished = {key: JobState(state) for key, state in stored.items()
                       if not JobState(state).is_terminal}
-        return unfinished == truth
+        differences[:] = [f"{key}: apiserver {truth.get(key)}, postgres {stored.get(key)}"
+                          for key in sorted(set(truth) | set(unfinished))
+                          if truth.get(key) != unfinished.get(key)]
+        return not differences
 
-    await eventually(converged, within=120, what=lambda: f"Postgres to match the apiservers\n"
-                                                          f"{path.logs()}")
+    await eventually(converged, within=120, what=lambda: (
+        "Postgres to match the apiservers; differences:\n" + "\n".join(differences[:20])
+        + f"\n{path.logs()}"))
     truth = await apiserver_truth(path)
     stored = await job_states(path)
     stream_uids = {(cluster, uid) for cluster, _, uid, _ in created}

@@ -705,6 +705,19 @@ def test_a_new_resource_name_extends_every_vector() -> None:
     assert state.queue_usage("a").allocation == {"cpu": 2000, "nvidia.com/gpu": 2}
 
 
+def test_a_node_whose_unmanaged_usage_names_a_new_resource() -> None:
+    node = a_node(cpu="4", memory="16Gi").with_unmanaged_usage(cpu="1", **{"example.com/foo": 1})
+    state = (
+        a_state()
+        .with_queues("a")
+        .with_cluster("cluster-a", node.times(1))
+        .with_jobs(a_job("a").requesting(cpu="3"), a_job("a").requesting(cpu="1"))
+        .build()
+    )
+
+    assert len(run_round(state).decisions) == 1
+
+
 # ---- against a naive reference ---------------------------------------------------------------
 #
 # The round's heaps, caches and set-asides must not change what it decides. The reference below
@@ -898,6 +911,17 @@ def test_rounds_decide_exactly_what_a_naive_reference_decides(seed: int) -> None
                 .created_at(clock)
                 .build()
             )
+        if rng.random() < 0.2:  # operators change queues between rounds
+            name = rng.choice("abcd")
+            queue = queues[name].with_priority_factor(rng.choice([0.5, 1.0, 2.0]))
+            queue = queue.cordoned() if rng.random() < 0.3 else replace(queue, is_cordoned=False)
+            queues[name] = queue
+            model.specs[name] = queue.build()
+            state.upsert_queue(model.specs[name])
+        if rng.random() < 0.15 and "a-big" not in nodes["cluster-a"]:  # a node of a new size
+            big = a_node(cpu="16", memory="8Gi").build()
+            nodes["cluster-a"]["a-big"] = big
+            state.set_node("cluster-a", "a-big", big)
         max_decisions = rng.choice([3, 10, 1000])
         lookback = rng.choice([0, 1, 3, 1000])
 
@@ -934,16 +958,3 @@ def _assert_books_match(state: SchedulerState, model: _Model) -> None:
         assert usage.queued_jobs == sum(1 for j in mine if j.state is JobState.QUEUED)
         assert usage.allocated_jobs == len(held)
         assert usage.allocation == Resources.sum(j.requests for j in held)
-
-
-def test_a_node_whose_unmanaged_usage_names_a_new_resource() -> None:
-    node = a_node(cpu="4", memory="16Gi").with_unmanaged_usage(cpu="1", **{"example.com/foo": 1})
-    state = (
-        a_state()
-        .with_queues("a")
-        .with_cluster("cluster-a", node.times(1))
-        .with_jobs(a_job("a").requesting(cpu="3"), a_job("a").requesting(cpu="1"))
-        .build()
-    )
-
-    assert len(run_round(state).decisions) == 1
