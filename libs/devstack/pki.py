@@ -203,4 +203,3 @@ def _leaf(
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return builder.sign(ca_key, hashes.SHA256())
-

@@ -270,7 +270,8 @@ class Stack:
                 f"log {self.procs.log_path(comp)}{note}"
             )
         for c in self.clusters:
-            if self.procs.inspect(c.components()[1]).state == "running":
+            apiserver = self._by_kind(c.components(), "kube-apiserver")[0]
+            if self.procs.inspect(apiserver).state == "running":
                 reason = c.readiness()
                 lines.append(
                     f"{c.name + '/nodes':<34} {c.nodes_summary()}"

@@ -19,7 +19,9 @@ Rules:
   RELEASED job to its queue, the one backward move.
 - A cluster snapshot marks DELETED the unfinished jobs of its cluster that it does not list,
   that were created before its cutoff (see `snapshot_cutoff`) and whose state last changed
-  before it was listed (see `SnapshotScope`).
+  before it was listed (see `SnapshotScope`). Snapshots and pod events travel on different
+  topics, so a pod event observed before the latest snapshot may be stored after it: a job first
+  stored from such a late event is judged by that snapshot too (its listing is kept for this).
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -170,12 +172,14 @@ class CurrentRows:
 
     Contract: `jobs` holds every existing job of `RowsToRead.job_keys` and every job in the scope
     of each of `RowsToRead.snapshots`; `nodes` holds every node of a capacity cluster; `clusters`
-    holds every existing cluster row asked for.
+    holds every existing cluster row asked for; `listed_by_latest_snapshot` holds those of
+    `RowsToRead.job_keys` that the latest stored snapshot of their cluster listed.
     """
 
     jobs: dict[JobKey, JobRow] = field(default_factory=dict)
     nodes: dict[NodeKey, NodeRow] = field(default_factory=dict)
     clusters: dict[str, ClusterRow] = field(default_factory=dict)
+    listed_by_latest_snapshot: set[JobKey] = field(default_factory=set)
 
 
 @dataclass
@@ -187,13 +191,15 @@ class IngestResult:
     clusters: list[ClusterRow] = field(default_factory=list)
     decision_outcomes: list[DecisionOutcome] = field(default_factory=list)
     jobsets: list[JobsetSighting] = field(default_factory=list)
+    # cluster → the pods its new latest snapshot listed (replaces the stored listing).
+    snapshot_listings: dict[str, frozenset[str]] = field(default_factory=dict)
     # Events that changed nothing on purpose (stale outcome, old capacity), with why.
     ignored: list[tuple[IngestEvent, str]] = field(default_factory=list)
 
     @property
     def changes_anything(self) -> bool:
         return bool(self.jobs or self.nodes or self.clusters or self.decision_outcomes
-                    or self.jobsets)
+                    or self.jobsets or self.snapshot_listings)
 
 
 def invalid_reason(event: IngestEvent) -> str | None:
@@ -290,7 +296,11 @@ def snapshot_cutoff(snapshot: ClusterSnapshot) -> datetime:
     list (in the same second as `listed_at`) can carry a timestamp before `listed_at`. Only jobs
     created before the start of that second are judged; later ones wait for the next snapshot.
     """
-    return snapshot.listed_at.replace(microsecond=0)
+    return _cutoff(snapshot.listed_at)
+
+
+def _cutoff(listed_at: datetime) -> datetime:
+    return listed_at.replace(microsecond=0)
 
 
 def _scope(snapshot: ClusterSnapshot) -> SnapshotScope:
@@ -302,9 +312,13 @@ def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
     job_keys: set[JobKey] = set()
     snapshots: list[SnapshotScope] = []
     capacity_clusters: set[str] = set()
+    pod_clusters: set[str] = set()
     for event in events:
         match event:
-            case PodEvent() | ReleaseOutcome():
+            case PodEvent():
+                job_keys.add((event.cluster, event.uid))
+                pod_clusters.add(event.cluster)  # its latest snapshot may judge a late event
+            case ReleaseOutcome():
                 job_keys.add((event.cluster, event.uid))
             case ClusterSnapshot():
                 snapshots.append(_scope(event))
@@ -315,7 +329,7 @@ def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
         job_keys=frozenset(job_keys),
         snapshots=tuple(snapshots),
         capacity_clusters=frozenset(capacity_clusters),
-        clusters=snapshot_clusters | capacity_clusters,
+        clusters=snapshot_clusters | capacity_clusters | pod_clusters,
     )
 
 
@@ -343,6 +357,7 @@ class _Folding:
         self.jobs = dict(current.jobs)
         self.nodes = dict(current.nodes)
         self.clusters = dict(current.clusters)
+        self.listings: dict[str, frozenset[str]] = {}  # new latest snapshots, by cluster
         self.outcomes: dict[str, DecisionOutcome] = {}
         self.jobsets: dict[tuple[str, str, str], JobsetSighting] = {}
         self.ignored: list[tuple[IngestEvent, str]] = []
@@ -362,7 +377,8 @@ class _Folding:
                 requests=dict(event.requests), state=event.state, node_name=event.node_name,
                 created_at=event.created_at, state_changed_at=event.observed_at,
             )
-            self.jobs[row.key] = _stamp_milestones(row, event.state, event.observed_at)
+            row = _stamp_milestones(row, event.state, event.observed_at)
+            self.jobs[row.key] = self._judged_by_latest_snapshot(row)
             return
         updated = _moved_to(row, advance(row.state, event.state), event.observed_at)
         if updated.node_name is None and event.node_name:
@@ -413,6 +429,25 @@ class _Folding:
         if cluster.last_snapshot_at is None or cluster.last_snapshot_at < event.listed_at:
             self.clusters[event.cluster] = replace(
                 cluster, last_snapshot_id=event.snapshot_id, last_snapshot_at=event.listed_at)
+            self.listings[event.cluster] = scope.listed
+
+    def _judged_by_latest_snapshot(self, row: JobRow) -> JobRow:
+        """A job first stored now, from an event older than the cluster's latest snapshot:
+        deleted if that snapshot says it was gone."""
+        cluster = self.clusters.get(row.cluster)
+        if cluster is None or cluster.last_snapshot_at is None:
+            return row
+        if row.cluster in self.listings:
+            listed = row.uid in self.listings[row.cluster]
+        else:
+            listed = row.key in self._original.listed_by_latest_snapshot
+        scope = SnapshotScope(cluster=row.cluster, cutoff=_cutoff(cluster.last_snapshot_at),
+                              listed_at=cluster.last_snapshot_at,
+                              listed=frozenset({row.uid}) if listed else frozenset())
+        if not scope.judges(row):
+            return row
+        return replace(_moved_to(row, JobState.DELETED, cluster.last_snapshot_at),
+                       last_reason=f"vanished: not listed by snapshot {cluster.last_snapshot_id}")
 
     def capacity(self, event: ClusterCapacity) -> None:
         cluster = self.clusters.get(event.cluster) or ClusterRow(event.cluster)
@@ -447,6 +482,7 @@ class _Folding:
                       if original.clusters.get(name) != row],
             decision_outcomes=list(self.outcomes.values()),
             jobsets=list(self.jobsets.values()),
+            snapshot_listings=self.listings,
             ignored=self.ignored,
         )
 

@@ -148,13 +148,21 @@ def jobs_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> Non
         json.dump(answer, out, indent=2)
         print(file=out)
         return
+    if not answer["jobs"]:
+        filters = ", ".join(f"{k}={v}" for k, v in query.items() if k != "limit")
+        print(f"no jobs{' with ' + filters if filters else ''}", file=out)
+    else:
+        _print_jobs(answer["jobs"], out)
+    for hint in answer.get("hints", []):
+        print(f"note: {hint}", file=out)
+
+
+def _print_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
     _print_table(out, ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE",
                        "ATTEMPTS", "REASON"],
                  [[j["cluster"], j["namespace"], j["name"], j["queue"], j["jobset"],
                    j["state"], str(j["release_attempts"]), j["last_reason"]]
-                  for j in answer["jobs"]])
-    for hint in answer.get("hints", []):
-        print(f"note: {hint}", file=out)
+                  for j in jobs])
 
 
 def _print_queues(queues: list[dict[str, Any]], output: str, out: TextIO,

@@ -18,7 +18,7 @@ Sections: ingest (lock + read, write), queues, job views for operators.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import asyncpg
@@ -66,6 +66,13 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
             list(clusters), list(uids),
         )
         current.jobs.update((row.key, row) for row in map(_job_row, records))
+        listed = await connection.fetch(
+            "SELECT p.cluster, p.uid FROM cluster_snapshot_pods p"
+            " JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid)"
+            " ON p.cluster = k.cluster AND p.uid = k.uid",
+            list(clusters), list(uids),
+        )
+        current.listed_by_latest_snapshot = {(r["cluster"], r["uid"]) for r in listed}
     for scope in needed.snapshots:
         records = await connection.fetch(
             f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
@@ -120,6 +127,8 @@ async def write_ingest(connection: AnyConnection, result: IngestResult) -> None:
         await upsert_nodes(connection, result.nodes)
     if result.clusters:
         await upsert_clusters(connection, result.clusters)
+    for cluster, listed in result.snapshot_listings.items():
+        await replace_snapshot_listing(connection, cluster, listed)
     if result.jobsets:
         await connection.execute(
             "INSERT INTO jobsets (cluster, queue, name, first_seen, last_seen)"
@@ -197,6 +206,16 @@ async def upsert_clusters(connection: AnyConnection, rows: Sequence[ClusterRow])
         " last_snapshot_at = EXCLUDED.last_snapshot_at",
         *_columns(rows, "name", "capacity_observed_at", "last_snapshot_id", "last_snapshot_at"),
     )
+
+
+async def replace_snapshot_listing(connection: AnyConnection, cluster: str,
+                                   listed: Iterable[str]) -> None:
+    """Keep the pods listed by `cluster`'s latest snapshot (see migration 002)."""
+    await connection.execute("DELETE FROM cluster_snapshot_pods WHERE cluster = $1", cluster)
+    await connection.execute(
+        "INSERT INTO cluster_snapshot_pods (cluster, uid)"
+        " SELECT $1, uid FROM unnest($2::text[]) AS t(uid) ON CONFLICT DO NOTHING",
+        cluster, sorted(listed))
 
 
 def _columns(rows: Sequence[object], *names: str) -> list[list[Any]]:

@@ -5,7 +5,7 @@ Why this shape: a round must start within milliseconds of a change that could re
 on `lockgate_changes` on its own connection; a notification wakes it, it waits a few
 milliseconds for more, fetches only the rows changed since the last serial it saw, applies them
 to the in-memory `SchedulerState` and runs a round. A periodic round is the safety net for lost
-notifications, and the moment to re-publish releases that went unanswered.
+notifications; now and then the leader also re-publishes releases that went unanswered.
 
 Every decision is recorded (leader connection, one transaction) before its command is published.
 If anything about the leader's connection fails, `run` raises and the caller steps down: the
@@ -109,9 +109,12 @@ class Leader:
         settings = self._settings
         more_to_do = True  # the first round runs at once
         next_safety_round = time.monotonic() + settings.safety_round_seconds
+        # Finding unanswered releases scans the unfinished jobs: not every safety round.
+        republish_every = settings.republish_after_seconds / 2
+        next_republish = time.monotonic() + republish_every
         while not stopping.is_set():
             if not more_to_do:
-                timeout = max(0.0, next_safety_round - time.monotonic())
+                timeout = max(0.0, min(next_safety_round, next_republish) - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if stopping.is_set():
@@ -122,9 +125,12 @@ class Leader:
             self._wake.clear()
             listener = await self._listen(listener)
             changed = self._apply(await store.changes_since(self._connection, self._serial))
-            safety_due = time.monotonic() >= next_safety_round
+            now = time.monotonic()
+            safety_due = now >= next_safety_round
             if safety_due:
-                next_safety_round = time.monotonic() + settings.safety_round_seconds
+                next_safety_round = now + settings.safety_round_seconds
+            if now >= next_republish:
+                next_republish = now + republish_every
                 await self._republish(include_unpublished=False)
             if changed or more_to_do or safety_due:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
@@ -196,8 +202,7 @@ class Leader:
             span.set_attribute("lockgate.decisions", len(recorded))
             span.set_attribute("lockgate.trigger", trigger)
             if len(recorded) < len(planned):
-                # Changed in Postgres since we read it; the change feed brings the truth.
-                DROPPED_DECISIONS.inc(len(planned) - len(recorded))
+                await self._undo_dropped(planned, recorded)
             if recorded:
                 await self._publish(recorded)
         seconds = time.perf_counter() - started
@@ -209,6 +214,27 @@ class Leader:
         else:
             log.debug("round (%s): nothing to release (%.1f ms)", trigger, seconds * 1000)
         return len(result.decisions) >= settings.max_decisions_per_round
+
+    async def _undo_dropped(self, planned: list[tuple[str, str, str]],
+                            recorded: list[store.RecordedRelease]) -> None:
+        """Jobs the round released that were no longer queued in Postgres: take them as they
+        are there now (the change feed would bring most of them anyway, but not a vanished
+        row)."""
+        kept = {(r.cluster, r.uid) for r in recorded}
+        dropped = [(cluster, uid) for _, cluster, uid in planned if (cluster, uid) not in kept]
+        DROPPED_DECISIONS.inc(len(dropped))
+        current = {job.job_id: job for job in
+                   await store.current_jobs(self._connection, dropped)}
+        for cluster, uid in dropped:
+            job_id = store.job_id(cluster, uid)
+            self._count(self._state.job(job_id), -1)
+            now = current.get(job_id)
+            if now is None:
+                self._state.remove_job(job_id)
+            else:
+                self._count(now, +1)
+                self._state.upsert_job(now)
+        log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
 
     # ---- publishing -----------------------------------------------------------------------
 

@@ -77,10 +77,10 @@ class BatchStore(Generic[E]):
 
     async def handle(self, batch: list[Received[E]],
                      reject: Callable[[Received[E], str], Awaitable[None]]) -> None:
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         links = [Link(trace.get_current_span(item.trace_context).get_span_context())
                  for item in batch[:_MAX_TRACE_LINKS]]
-        with tracer.start_as_current_span(f"queue-store store {self.topic_name}",
+        with tracer.start_as_current_span(f"queue-store batch {self.topic_name}",
                                           links=links) as span:
             span.set_attribute("messaging.batch.message_count", len(batch))
             valid: list[Received[E]] = []
@@ -100,6 +100,7 @@ class BatchStore(Generic[E]):
             self.on_postgres(True, "writing")
             self._rejected.clear()
             span.set_attribute("lockgate.rows.jobs", len(result.jobs))
+        self._trace_each(valid, started_ns, span.get_span_context())
         for table, rows in (("jobs", result.jobs), ("cluster_nodes", result.nodes),
                             ("clusters", result.clusters)):
             if rows:
@@ -110,6 +111,19 @@ class BatchStore(Generic[E]):
             log.debug("ignored %d events: %s", len(result.ignored),
                       "; ".join(reason for _, reason in result.ignored[:5]))
         BATCH_SECONDS.labels(self.topic_name).observe(time.perf_counter() - started)
+
+    def _trace_each(self, stored: list[Received[E]], started_ns: int,
+                    batch: trace.SpanContext) -> None:
+        """One span per stored message, in the trace its producer started (from its headers), so
+        a pod's journey shows the moment it became durable; linked to the batch's span."""
+        for item in stored:
+            tracer.start_span(
+                f"queue-store store {self.topic_name}", context=item.trace_context,
+                start_time=started_ns, links=[Link(batch)],
+                attributes={"messaging.destination.name": self.topic_name,
+                            "messaging.kafka.partition": item.record.partition,
+                            "messaging.kafka.offset": item.record.offset},
+            ).end()
 
     async def _store(self, items: list[Received[E]],
                      reject: Callable[[Received[E], str], Awaitable[None]]) -> IngestResult:

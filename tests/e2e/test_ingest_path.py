@@ -208,8 +208,14 @@ async def delete_pod(path: IngestPath, cluster: str, name: str) -> None:
 
 
 async def job_states(path: IngestPath) -> dict[tuple[str, str], str]:
-    rows = await path.db.fetch("SELECT cluster, uid, state FROM jobs WHERE namespace = ANY($1)",
-                               list(path.namespaces.values()))
+    """(cluster, uid) → state of this module's jobs.
+
+    Only the real cluster names count: a watcher of another test may watch the same clusters
+    under names of its own, and what it reports lands in this database too.
+    """
+    rows = await path.db.fetch(
+        "SELECT cluster, uid, state FROM jobs WHERE namespace = ANY($1) AND cluster = ANY($2)",
+        list(path.namespaces.values()), list(CLUSTERS))
     return {(r["cluster"], r["uid"]): r["state"] for r in rows}
 
 
@@ -255,8 +261,8 @@ async def test_pods_created_in_both_clusters_show_up_as_queued_jobs_within_secon
     assert slowest < SHOW_UP_WITHIN_SECONDS
 
     rows = await path.db.fetch(
-        "SELECT cluster, queue, jobset, requests FROM jobs WHERE uid = ANY($1)",
-        [uid for _, uid in created])
+        "SELECT cluster, queue, jobset, requests FROM jobs WHERE uid = ANY($1)"
+        " AND cluster = ANY($2)", [uid for _, uid in created], list(CLUSTERS))
     assert {r["cluster"] for r in rows} == set(CLUSTERS)
     assert {(r["queue"], r["jobset"]) for r in rows} == {(QUEUE, "sweep-7")}
     assert all(r["requests"] == {"cpu": 250, "memory": 64 * 2**20} for r in rows)
@@ -342,8 +348,8 @@ async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_coun
     assert stream_uids - deleted <= set(stream_rows), "every living pod of the stream is stored"
     assert len(stream_rows) >= len(stream_uids) - len(deleted)
     attempts = await path.db.fetchval(
-        "SELECT coalesce(sum(release_attempts), 0) FROM jobs WHERE namespace = ANY($1)",
-        list(path.namespaces.values()))
+        "SELECT coalesce(sum(release_attempts), 0) FROM jobs WHERE namespace = ANY($1)"
+        " AND cluster = ANY($2)", list(path.namespaces.values()), list(CLUSTERS))
     assert attempts == 0
     print(f"stream: {len(created)} pods created, {len(deleted)} deleted, "
           f"{sum(1 for s in stream_rows.values() if s == JobState.QUEUED)} queued at the end")

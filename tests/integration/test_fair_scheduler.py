@@ -315,6 +315,13 @@ async def fairness_report(ctx: ServiceContext) -> dict[str, Any]:
         return report
 
 
+async def prometheus_text(ctx: ServiceContext) -> str:
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{ctx.health.bound_port}/metrics") as response:
+        assert response.status == 200
+        return await response.text()
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -346,7 +353,7 @@ async def test_releases_within_capacity_recording_each_decision_before_publishin
             cluster, "ns", f"pod-{command.uid}", "q1")
 
 
-async def test_rounds_follow_changes_within_milliseconds(
+async def test_rounds_follow_changes_not_the_periodic_round(
         store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
     cluster = store.cluster("a")
     await store.queue("q1")
@@ -390,6 +397,7 @@ async def test_weights_and_the_fairness_report(
         await commands.wait_for_count(6)
         await asyncio.sleep(0.3)
         report = await fairness_report(ctx)
+        metrics = await prometheus_text(ctx)
 
     by_queue = {p.command.queue: 0 for p in commands.commands}
     for published in commands.commands:
@@ -403,6 +411,13 @@ async def test_weights_and_the_fairness_report(
     assert queues["heavy"]["actual_share"] == pytest.approx(4 / 6)
     assert (queues["light"]["queued"], queues["light"]["released"]) == (8, 2)
     assert (queues["heavy"]["queued"], queues["heavy"]["released"]) == (6, 4)
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in metrics.splitlines() if line.startswith("lockgate_scheduler_queue")}
+    assert samples['lockgate_scheduler_queue_share{kind="fair",queue="heavy"}'] == \
+        pytest.approx(2 / 3)
+    assert samples['lockgate_scheduler_queue_share{kind="actual",queue="light"}'] == \
+        pytest.approx(2 / 6)
+    assert samples['lockgate_scheduler_queue_jobs{phase="queued",queue="light"}'] == 8
 
 
 async def test_unpublished_decisions_are_published_by_the_next_leader(
@@ -426,6 +441,31 @@ async def test_unpublished_decisions_are_published_by_the_next_leader(
 
     assert [p.command.decision_id for p in commands.commands] == ["d-orphan"]
     assert await store.decisions_per_job() == {(cluster, uid): 1}
+
+
+async def test_a_release_left_unanswered_is_published_again(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    answered, unanswered = await store.jobs(cluster, "q1", 2)
+    await store.set_state(cluster, [unanswered], "released")
+    await store.set_state(cluster, [answered], "ungated")
+    for decision, uid in (("d-unanswered", unanswered), ("d-answered", answered)):
+        await store.pool.execute(
+            "INSERT INTO release_decisions (decision_id, cluster, uid, queue, decided_at,"
+            " decided_by, published_at) VALUES ($1, $2, $3, 'q1', now() - interval '1 hour',"
+            " 'earlier', now() - interval '1 hour')", decision, cluster, uid)
+        await store.pool.execute("UPDATE jobs SET decision_id = $1 WHERE uid = $2",
+                                 decision, uid)
+
+    settings = scheduler_settings(store, kafka_bootstrap, "s1", republish_after_seconds=1.0)
+    async with running_scheduler(settings) as ctx:
+        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await commands.wait_for_count(2, within=10)  # once on taking over, once a while later
+        await asyncio.sleep(0.3)
+
+    assert {p.command.decision_id for p in commands.commands} == {"d-unanswered"}
+    assert await store.decisions_per_job() == {(cluster, unanswered): 1, (cluster, answered): 1}
 
 
 async def test_a_standby_takes_over_when_the_leaders_connection_dies(
@@ -515,6 +555,46 @@ async def test_a_standby_takes_over_from_a_killed_leader_process(
     assert {decided_by[uid] for uid in first[:3]} == {"process"}
     assert {decided_by[uid] for uid in first[3:]} == {"standby"}
     assert all(n == 1 for n in (await store.decisions_per_job()).values())
+
+
+async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    """The round decides on a job that another writer deleted in a transaction still open; the
+    write then finds it not queued, and the scheduler must not go on counting it as released.
+
+    To make the race certain, the node that lets the round decide is written *without* the
+    change-feed lock (breaking the writers' rule on purpose), so the feed moves past the
+    deletion's serial and never delivers it: only re-reading the dropped job repairs the state.
+    """
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    (doomed,) = await store.jobs(cluster, "q1", 1)
+
+    async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
+        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await asyncio.sleep(0.3)  # loaded; the job waits: its cluster has no node yet
+        async with store.pool.acquire() as deleting:
+            deleting_transaction = deleting.transaction()
+            await deleting_transaction.start()
+            try:
+                await deleting.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
+                await deleting.execute(
+                    "UPDATE jobs SET state = 'deleted', serial = nextval('change_serial')"
+                    " WHERE uid = $1", doomed)
+                await store.pool.execute(
+                    "INSERT INTO cluster_nodes (cluster, node, allocatable, observed_at)"
+                    " VALUES ($1, 'n1', $2::text::jsonb, now())",
+                    cluster, json.dumps({"cpu": CPU, "memory": 16 * GIB}))
+                await store.pool.execute("SELECT pg_notify($1, 'node')", CHANGES_CHANNEL)
+                await asyncio.sleep(0.5)  # the round decided, and its write waits for the lock
+            finally:
+                await deleting_transaction.commit()
+        # The room the doomed job would have taken goes to the next job.
+        (successor,) = await store.jobs(cluster, "q1", 1)
+        await commands.wait_for_count(1, within=10)
+
+    assert commands.uids() == [successor]
+    assert await store.decisions_per_job() == {(cluster, successor): 1}
 
 
 async def test_a_job_changed_since_the_round_is_not_released(

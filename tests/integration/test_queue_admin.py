@@ -332,3 +332,8 @@ async def test_the_cli_lists_jobs_of_a_queue(
     assert lines[0].split()[:6] == ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE"]
     assert [line.split()[2] for line in lines[1:3]] == ["pod-1", "pod-2"]
     assert lines[-1] == f"note: queue '{queue_name}' is cordoned: none of its jobs are released"
+
+    nothing = await lockgate(admin, "jobs", "list", "--queue", f"{queue_name}-x")
+    assert nothing.out.splitlines() == [
+        f"no jobs with queue={queue_name}-x",
+        f"note: queue '{queue_name}-x' does not exist: its jobs wait until it is created"]

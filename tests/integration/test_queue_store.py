@@ -69,9 +69,11 @@ class RunningQueueStore:
     process: ServiceProcess
 
 
-async def start_queue_store(spec: QueueStoreUnderTest, name: str) -> RunningQueueStore:
+async def start_queue_store(spec: QueueStoreUnderTest, name: str,
+                            **env: str) -> RunningQueueStore:
     await start_group_at_end(spec.kafka_bootstrap, spec.group_id)
-    process = ServiceProcess(name, "queue_store", spec.env(), health_port=spec.health_port)
+    process = ServiceProcess(name, "queue_store", {**spec.env(), **env},
+                             health_port=spec.health_port)
     await process.start()
     try:
         await process.wait_ready(60)
@@ -325,6 +327,32 @@ async def test_changes_take_new_serials_and_are_notified(
         await listener.close()
 
 
+async def test_each_stored_message_gets_a_span_in_the_trace_its_headers_carried(
+        own_dsn: str, kafka_bootstrap: str, producer: AIOKafkaProducer, cluster: str) -> None:
+    spec = QueueStoreUnderTest(postgres_dsn=own_dsn, kafka_bootstrap=kafka_bootstrap)
+    running = await start_queue_store(spec, f"queue-store-trace-{cluster}",
+                                      LOCKGATE_TRACE_CONSOLE="true")
+    pool = await connect_pool(own_dsn, policy=FAST_RETRY)
+    try:
+        trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+        event = pod_event(cluster, "traced")
+        await producer.send_and_wait(
+            POD_EVENTS.name, POD_EVENTS.encode(event), key=POD_EVENTS.key_bytes(event),
+            headers=[("traceparent", f"00-{trace_id}-{parent_id}-01".encode())])
+        await job_in_state(pool, cluster, "traced", JobState.QUEUED)
+
+        async def span_logged() -> bool:
+            text = running.process.log_path.read_text(errors="replace")
+            return f'"trace_id": "0x{trace_id}"' in text and f'"parent_id": "0x{parent_id}"' in text
+
+        await eventually(span_logged, within=10, what="the store span in the message's trace")
+        text = running.process.log_path.read_text(errors="replace")
+        assert f'"name": "queue-store store {POD_EVENTS.name}"' in text
+    finally:
+        await pool.close()
+        assert await running.process.stop() == 0, running.process.log_tail()
+
+
 # Malformed messages ---------------------------------------------------------------------------
 
 async def test_malformed_messages_are_dead_lettered_with_a_reason_and_later_ones_stored(
@@ -391,6 +419,22 @@ async def test_a_snapshot_marks_jobs_that_vanished_unseen_as_deleted(
     recorded = await db.fetchrow("SELECT * FROM clusters WHERE name = $1", cluster)
     assert (recorded["last_snapshot_id"], recorded["last_snapshot_at"]) == (
         "snap-1", NOW + timedelta(seconds=10))
+
+
+async def test_a_pod_event_stored_after_a_newer_snapshot_is_judged_by_that_snapshot(
+        queue_store: RunningQueueStore, db: asyncpg.Pool, producer: AIOKafkaProducer,
+        cluster: str) -> None:
+    # The snapshot (its own topic) is applied before pod events observed earlier than it.
+    await wait_processed(queue_store, await publish(producer, CLUSTER_SNAPSHOTS, ClusterSnapshot(
+        snapshot_id="snap-late", cluster=cluster, listed_at=NOW + timedelta(seconds=10),
+        pod_uids=["listed"])))
+    await publish(producer, POD_EVENTS,
+                  pod_event(cluster, "listed", seen=5), pod_event(cluster, "gone", seen=5),
+                  pod_event(cluster, "seen-after", seen=20))
+    gone = await job_in_state(db, cluster, "gone", JobState.DELETED)
+    assert gone["last_reason"] == "vanished: not listed by snapshot snap-late"
+    await job_in_state(db, cluster, "listed", JobState.QUEUED)
+    await job_in_state(db, cluster, "seen-after", JobState.QUEUED)
 
 
 # Capacity -------------------------------------------------------------------------------------

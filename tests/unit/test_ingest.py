@@ -255,6 +255,42 @@ def test_a_snapshot_spares_jobs_seen_changing_after_it_was_listed() -> None:
     assert deleted.uid == "gone"
 
 
+def after_snapshot(listed: set[str], *, listed_at: float = 100) -> CurrentRows:
+    """Rows as stored once snapshot s1 (listing `listed`) of CLUSTER was applied."""
+    current = rows(clusters=(ClusterRow(CLUSTER, last_snapshot_id="s1",
+                                        last_snapshot_at=at(listed_at)),))
+    current.listed_by_latest_snapshot = {(CLUSTER, uid) for uid in listed}
+    return current
+
+
+def test_a_late_event_of_a_pod_the_latest_snapshot_did_not_list_stores_it_deleted() -> None:
+    # Seen queued at 50 by a watcher that then died; the pod went; the restarted watcher's
+    # snapshot (100) did not list it, and was applied before this event (another topic).
+    row = only_job(after_snapshot({"other"}), pod_event("u1", seen=50, created=40))
+    assert (row.state, row.finished_at) == (JobState.DELETED, at(100))
+    assert row.last_reason == "vanished: not listed by snapshot s1"
+
+
+def test_a_late_event_of_a_listed_pod_or_a_pod_seen_after_the_snapshot_is_stored_as_is() -> None:
+    listed = only_job(after_snapshot({"u1"}), pod_event("u1", seen=50, created=40))
+    seen_later = only_job(after_snapshot(set()), pod_event("u2", seen=120, created=40))
+    created_later = only_job(after_snapshot(set()), pod_event("u3", seen=99, created=100.5))
+    assert [r.state for r in (listed, seen_later, created_later)] == [JobState.QUEUED] * 3
+
+
+def test_a_snapshot_earlier_in_the_batch_judges_late_events_after_it() -> None:
+    result = fold_batch(rows(), [snapshot("u1", listed=100), pod_event("u1", seen=50),
+                                 pod_event("u2", seen=50)])
+    states = {r.uid: r.state for r in result.jobs}
+    assert states == {"u1": JobState.QUEUED, "u2": JobState.DELETED}
+    assert result.snapshot_listings == {CLUSTER: frozenset({"u1"})}
+
+
+def test_an_older_snapshot_does_not_replace_the_latest_listing() -> None:
+    result = fold_batch(after_snapshot({"u1"}), [snapshot("u2", listed=90)])
+    assert result.snapshot_listings == {} and result.clusters == []
+
+
 def test_rows_to_read_asks_for_every_key_and_each_snapshots_scope() -> None:
     needed = rows_to_read([pod_event("u1"), outcome(ReleaseOutcomeKind.FAILED, uid="u2"),
                            snapshot("u1", listed=50), snapshot(listed=20),
