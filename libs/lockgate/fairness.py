@@ -506,7 +506,9 @@ def _fair_shares(state: SchedulerState, inverse: list[float]) -> dict[str, FairS
     actual: dict[str, float] = {}
     for name, queue in state._queues.items():
         actual[name] = _dominant(queue.allocation, inverse)
-        if queue.is_empty():
+        # Only defined queues share the pool: jobs naming a queue nobody defined (or one since
+        # deleted) still hold what they hold, but do not dilute the others' fair shares.
+        if queue.is_empty() or queue.spec is None:
             continue
         weights[name] = queue.weight
         demands[name] = (

@@ -441,6 +441,22 @@ def test_jobs_of_an_undefined_queue_wait_for_it() -> None:
     assert result.queues["nobody"].outcome is QueueOutcome.ALL_CONSIDERED
 
 
+def test_undefined_queues_do_not_dilute_the_fair_shares_of_defined_ones() -> None:
+    state = (
+        a_state()
+        .with_queues("a", "b")
+        .with_cluster("cluster-a", a_node(cpu="4", memory="16Gi").times(1))
+        .with_jobs(a_job("a").times(2), a_job("b").times(2), a_job("nobody").times(2))
+        .build()
+    )
+
+    shares = fair_shares(state)
+
+    assert shares["a"].fair_share == pytest.approx(0.5)
+    assert shares["b"].fair_share == pytest.approx(0.5)
+    assert shares["nobody"].fair_share == 0.0
+
+
 def test_queue_limits_hold_across_clusters() -> None:
     state = (
         a_state()
