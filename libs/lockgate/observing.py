@@ -272,10 +272,15 @@ class ObservedCluster:
 
     # Pods
 
-    def relist_pods(self, pods: Iterable[KubeObject]) -> Snapshot:
-        """Replace what is known of pods with a fresh list; report every managed pod."""
+    def relist_pods(self, pods: Iterable[KubeObject], *,
+                    listed_at: datetime | None = None) -> Snapshot:
+        """Replace what is known of pods with a fresh list; report every managed pod.
+
+        `listed_at` is when the list *started*: a pod missing from it was gone by then, while a
+        pod created during a long, paged list may be missing without being gone.
+        """
         snapshot_id = self._new_id()
-        listed_at = self._now()
+        listed_at = listed_at or self._now()
         self._managed.clear()
         self._unmanaged.clear()
         self._usage_by_node.clear()

@@ -20,6 +20,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -73,7 +74,7 @@ class ResourceWatcher:
         cluster: str,
         resource: str,
         list_call: ListCall,
-        on_list: Callable[[list[KubeObject]], Awaitable[None]],
+        on_list: Callable[[list[KubeObject], datetime], Awaitable[None]],
         on_event: Callable[[str, KubeObject], Awaitable[None]],
         set_ready: Callable[[bool, str], None],
         options: WatchOptions,
@@ -118,12 +119,13 @@ class ResourceWatcher:
     async def relist(self) -> str:
         """List every object (in pages), hand them on; the list's resourceVersion."""
         while True:
+            started_at = datetime.now(UTC)
             try:
                 items, resource_version = await self.list_all()
             except WatchExpired:
                 continue  # the continue token expired between pages: start the list over
             RELISTS.labels(self.cluster, self.resource).inc()
-            await self._on_list(items)
+            await self._on_list(items, started_at)
             return resource_version
 
     async def list_all(self) -> tuple[list[KubeObject], str]:
@@ -243,8 +245,8 @@ class ClusterWatcher:
 
     # Pods
 
-    async def _pods_listed(self, pods: list[KubeObject]) -> None:
-        snapshot = self.observed.relist_pods(pods)
+    async def _pods_listed(self, pods: list[KubeObject], started_at: datetime) -> None:
+        snapshot = self.observed.relist_pods(pods, listed_at=started_at)
         log.info("%s: listed %d pods, %d managed", self.cluster, len(pods),
                  len(snapshot.pod_events))
         for problem in snapshot.unreadable:
@@ -269,7 +271,7 @@ class ClusterWatcher:
 
     # Nodes
 
-    async def _nodes_listed(self, nodes: list[KubeObject]) -> None:
+    async def _nodes_listed(self, nodes: list[KubeObject], _started_at: datetime) -> None:
         self.observed.relist_nodes(nodes)
         self._note_capacity()
 

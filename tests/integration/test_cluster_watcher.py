@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -607,7 +608,7 @@ async def test_watching_from_an_expired_resource_version_returns_to_relist(
     listed: list[int] = []
     seen: list[str] = []
 
-    async def on_list(items: list[Any]) -> None:
+    async def on_list(items: list[Any], _started_at: datetime) -> None:
         listed.append(len(items))
 
     async def on_event(kind: str, obj: Any) -> None:
