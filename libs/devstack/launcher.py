@@ -18,6 +18,16 @@ from pathlib import Path
 
 import aiohttp
 
+from lockgate.events import (
+    CLUSTER_CAPACITY,
+    CLUSTER_SNAPSHOTS,
+    POD_EVENTS,
+    RELEASE_COMMANDS,
+    RELEASE_OUTCOMES,
+)
+from lockgate_adapters.kafka import commit_group_at_end
+
+RUN_LABEL = "lockgate.io/run"
 DEFAULT_LOG_DIR = Path(
     os.environ.get("LOCKGATE_SERVICE_LOG_DIR")
     or Path.home() / ".local/state/lockgate/service-logs"
@@ -124,14 +134,37 @@ class Lockgate:
     log_dir: Path = DEFAULT_LOG_DIR
     extra_env: Mapping[str, str] = field(default_factory=dict)
     standby_scheduler: bool = True
+    # Isolates this run from others sharing the stack (tests, an earlier demo): consumer groups
+    # of its own that start at the topics' end, and a webhook registration of its own that
+    # serves only namespaces labelled `lockgate.io/run=<run_id>`.
+    run_id: str | None = None
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
+    @property
+    def run_namespace_labels(self) -> dict[str, str]:
+        return {RUN_LABEL: self.run_id} if self.run_id else {}
+
     def _common_env(self) -> dict[str, str]:
-        return {
+        env = {
             "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "LOCKGATE_POSTGRES_DSN": self.postgres_dsn,
-            **self.extra_env,
         }
+        if self.run_id:
+            env.update({
+                "LOCKGATE_QUEUE_STORE_GROUP_ID": f"queue-store-{self.run_id}",
+                "LOCKGATE_UNGATER_GROUP_ID": f"ungater-{self.run_id}",
+                "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": f"lockgate-{self.run_id}",
+                "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
+            })
+        return {**env, **self.extra_env}
+
+    async def _isolate_consumer_groups(self) -> None:
+        if not self.run_id:
+            return
+        await commit_group_at_end(self.kafka_bootstrap, f"queue-store-{self.run_id}", [
+            POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
+        await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}",
+                                  [RELEASE_COMMANDS])
 
     def definitions(self) -> list[tuple[str, str, dict[str, str], int]]:
         clusters = json.dumps(dict(self.kubeconfigs))
@@ -168,6 +201,8 @@ class Lockgate:
 
     async def start(self, only: Sequence[str] | None = None,
                     within_seconds: float = 90.0) -> None:
+        if not self.processes:
+            await self._isolate_consumer_groups()
         for name, module, env, health in self.definitions():
             if only is not None and name not in only:
                 continue

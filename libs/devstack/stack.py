@@ -159,7 +159,7 @@ class Stack:
             if to_start:
                 self.say(f"starting {', '.join(c.name for c in to_start)}")
             phases: list[str] = []
-            mark = time.monotonic()
+            mark = started
 
             def phase(name: str) -> None:
                 nonlocal mark
@@ -174,6 +174,9 @@ class Stack:
             start(apiservers)
             wait_healthy(apiservers, self.procs, timeout)
             phase("apiservers")
+            for cluster, kwok in zip(self.clusters, self._by_kind(comps, "kwok"), strict=True):
+                if kwok in to_start:
+                    cluster.release_node_leases()
             start(rest)
             for c in self.clusters:
                 c.ensure_nodes()

@@ -67,6 +67,33 @@ async def ensure_topics(
         await admin.close()
 
 
+async def commit_group_at_end(
+    bootstrap: str, group_id: str, topics: Sequence[Topic[Any]]
+) -> None:
+    """Commit `group_id`'s offsets at the current end of `topics` (creating them if missing).
+
+    A new consumer group then reads only what is published from now on, not the topics' whole
+    history: for a deployment that must skip a backlog, and for runs sharing one Kafka.
+    """
+    await ensure_topics(bootstrap, topics=topics)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic.name for topic in topics])
+    finally:
+        await admin.close()
+    partitions = [TopicPartition(entry["topic"], p["partition"])
+                  for entry in described for p in entry["partitions"]]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(partitions)
+        await consumer.commit(dict(await consumer.end_offsets(partitions)))
+    finally:
+        await consumer.stop()
+
+
 def make_producer(bootstrap: str, *, client_id: str) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
@@ -276,6 +303,7 @@ __all__ = [
     "PermanentMessageError",
     "Received",
     "TopicPartition",
+    "commit_group_at_end",
     "ensure_topics",
     "is_retryable_kafka_error",
     "make_producer",

@@ -19,11 +19,9 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from lockgate.events import Topic
-from lockgate_adapters.kafka import ensure_topics
+from lockgate_adapters.kafka import commit_group_at_end
 from lockgate_adapters.settings import RetryPolicy
 from queue_store.app import CONSUMED_TOPICS
 
@@ -58,25 +56,8 @@ async def drop_database(dsn: str, database_dsn: str) -> None:
 
 async def start_group_at_end(bootstrap: str, group_id: str,
                              topics: Sequence[Topic[Any]] = CONSUMED_TOPICS) -> None:
-    """Commit `group_id`'s offsets at the current end of `topics` (creating them if missing)."""
-    await ensure_topics(bootstrap, topics=topics)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic.name for topic in topics])
-    finally:
-        await admin.close()
-    partitions = [TopicPartition(entry["topic"], p["partition"])
-                  for entry in described for p in entry["partitions"]]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id,
-                                enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        await consumer.commit(dict(ends))
-    finally:
-        await consumer.stop()
+    """Commit `group_id`'s offsets at the current end of the topics queue-store consumes."""
+    await commit_group_at_end(bootstrap, group_id, topics)
 
 
 def free_port() -> int:

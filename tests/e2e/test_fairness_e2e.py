@@ -48,7 +48,7 @@ from lockgate.events import (
 )
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.resources import Resources
-from lockgate_adapters.kafka import ensure_topics
+from lockgate_adapters.kafka import commit_group_at_end, ensure_topics
 from lockgate_adapters.kube import api_client
 from lockgate_adapters.postgres import migrate
 
@@ -98,15 +98,6 @@ async def consumer_at_end(bootstrap: str, topics: list[str], *, group_id: str
     return consumer
 
 
-async def start_group_at_end(bootstrap: str, topics: list[str], group_id: str) -> None:
-    """A new consumer group reads only what this run produces, not the topics' history."""
-    consumer = await consumer_at_end(bootstrap, topics, group_id=group_id)
-    try:
-        await consumer.commit({tp: await consumer.position(tp) for tp in consumer.assignment()})
-    finally:
-        await consumer.stop()
-
-
 @dataclass
 class OutcomeTail:
     """Release outcomes for this run's clusters, from the moment the tail started."""
@@ -151,11 +142,10 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     bootstrap = stack.kafka_bootstrap
     await ensure_topics(bootstrap)
     queue_store_group = f"queue-store-e2e-{RUN}"
-    await start_group_at_end(bootstrap, [POD_EVENTS.name, CLUSTER_SNAPSHOTS.name,
-                                         CLUSTER_CAPACITY.name, RELEASE_OUTCOMES.name],
-                             queue_store_group)
-    await start_group_at_end(bootstrap, [RELEASE_COMMANDS.name],
-                             "ungater-" + "+".join(sorted(CLUSTERS)))
+    await commit_group_at_end(bootstrap, queue_store_group,
+                              [POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
+    await commit_group_at_end(bootstrap, "ungater-" + "+".join(sorted(CLUSTERS)),
+                              [RELEASE_COMMANDS])
     outcomes = OutcomeTail(await consumer_at_end(bootstrap, [RELEASE_OUTCOMES.name],
                                                  group_id=f"e2e-outcomes-{RUN}"))
     outcomes.task = asyncio.create_task(outcomes.collect(), name="e2e-outcomes")

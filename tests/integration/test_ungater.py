@@ -39,7 +39,7 @@ from lockgate.events import (
     ReleaseOutcomeKind,
 )
 from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
-from lockgate_adapters.kafka import ensure_topics, make_producer, publish
+from lockgate_adapters.kafka import commit_group_at_end, ensure_topics, make_producer, publish
 from lockgate_adapters.service import ServiceContext, run_service
 from lockgate_adapters.settings import RetryPolicy
 from ungater.app import compose
@@ -128,16 +128,6 @@ async def consumer_at_end(bootstrap: str, topic: str, *, group_id: str) -> AIOKa
     return consumer
 
 
-async def start_group_at_end(bootstrap: str, group_id: str) -> None:
-    """Commit the group's offsets at the end of the commands topic, so a new ungater in that
-    group reads only what this module publishes, not the topic's whole history."""
-    consumer = await consumer_at_end(bootstrap, RELEASE_COMMANDS.name, group_id=group_id)
-    try:
-        await consumer.commit({tp: await consumer.position(tp) for tp in consumer.assignment()})
-    finally:
-        await consumer.stop()
-
-
 # ---------------------------------------------------------------- fixtures
 
 
@@ -203,7 +193,7 @@ async def ungater(served_clusters: dict[str, str], kafka_bootstrap: str,
         give_up_after_seconds=GIVE_UP_AFTER, request_timeout_seconds=5,
     )
     await ensure_topics(kafka_bootstrap)
-    await start_group_at_end(kafka_bootstrap, settings.consumer_group)
+    await commit_group_at_end(kafka_bootstrap, settings.consumer_group, [RELEASE_COMMANDS])
     tail = OutcomeTail(kafka_bootstrap)
     await tail.start()
     producer = make_producer(kafka_bootstrap, client_id=f"test-ungater-{SUFFIX}")
