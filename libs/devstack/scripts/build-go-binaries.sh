@@ -43,8 +43,13 @@ if [ ${#k8s_cmds[@]} -gt 0 ]; then
   echo "building Kubernetes $k8s_version: ${k8s_cmds[*]} (cold build: 10-25 minutes on 2 cores)"
   mkdir -p "$work/k8s" && cd "$work/k8s"
   go mod init lockgate.local/k8s-build >/dev/null 2>&1
-  gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [ -n "$gomod" ] || { echo "error: cannot download k8s.io/kubernetes@$k8s_version" >&2; exit 4; }
+  if ! info=$(go mod download -json "k8s.io/kubernetes@$k8s_version" 2>&1); then
+    echo "error: cannot download k8s.io/kubernetes@$k8s_version:" >&2
+    printf '%s\n' "$info" >&2
+    exit 4
+  fi
+  gomod=$(printf '%s\n' "$info" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$gomod" ] || { echo "error: no go.mod for k8s.io/kubernetes@$k8s_version" >&2; exit 4; }
   minor=${k8s_version#v1.}
   staging_version="v0.${minor}"
   grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | while read -r mod; do
