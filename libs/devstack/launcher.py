@@ -178,6 +178,8 @@ class Lockgate:
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),
                 "LOCKGATE_WEBHOOK_PORT": str(p.webhook),
                 "LOCKGATE_WEBHOOK_CLUSTERS": clusters,
+                # A local run must not leave a fail-closed registration behind it.
+                "LOCKGATE_WEBHOOK_UNREGISTER_ON_SHUTDOWN": "true",
             }, p.webhook_health),
             ("cluster-watcher", "cluster_watcher", {
                 "LOCKGATE_WATCHER_HTTP_PORT": str(p.watcher_health),

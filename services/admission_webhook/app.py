@@ -13,7 +13,7 @@ from admission_webhook.certificates import ensure_certificates, needs_renewal
 from admission_webhook.cluster_lookups import ClusterLookups
 from admission_webhook.queue_directory import READINESS_CHECK as QUEUES_CHECK
 from admission_webhook.queue_directory import QueueDirectory
-from admission_webhook.registration import apply_webhook_configuration
+from admission_webhook.registration import apply_webhook_configuration, delete_webhook_configuration
 from admission_webhook.server import AdmissionServer
 from admission_webhook.settings import IN_CLUSTER, WebhookSettings
 from lockgate.admission import ServiceReference, webhook_configuration
@@ -81,6 +81,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                     wait = await registrar.register(certificates.ca_pem)
                 await _wait(stopping, min(wait, CERTIFICATE_CHECK_SECONDS))
         finally:
+            if settings.register_in_clusters and settings.unregister_on_shutdown:
+                await _unregister(settings, apis)
             await server.stop()
             for api in apis.values():
                 await api.close()
@@ -130,6 +132,14 @@ class _Registrar:
         self._readiness.set(REGISTRATION_CHECK, True,
                             f"registered in {', '.join(self._apis)}")
         return settings.reregister_interval_seconds
+
+
+async def _unregister(settings: WebhookSettings, apis: Mapping[str, client.ApiClient]) -> None:
+    for cluster, api in apis.items():
+        try:
+            await delete_webhook_configuration(api, settings.configuration_name)
+        except Exception as error:  # noqa: BLE001 - best effort on the way out
+            log.warning("%s: cannot remove the webhook registration: %r", cluster, error)
 
 
 async def _wait(stopping: asyncio.Event, seconds: float) -> None:

@@ -53,6 +53,11 @@ class WebhookSettings(ServiceSettings):
         description="labels a namespace must carry besides lockgate.io/managed=true for the "
         "apiserver to call this instance (isolates test instances sharing a cluster)",
     )
+    unregister_on_shutdown: bool = Field(
+        default=False,
+        description="delete the registration on a graceful stop. Only for local, single-replica "
+                    "runs (demo, tests): in production a rolling restart must stay fail-closed, "
+                    "or pods created meanwhile would bypass the queue")
     reregister_interval_seconds: float = Field(
         default=300.0, gt=0, description="how often the registration is re-asserted")
 
