@@ -27,6 +27,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
+from devstack.demo import fresh_database
 from devstack.launcher import Lockgate
 from lockgate.labels import (
     JOBSET_LABEL,
@@ -209,7 +210,8 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
     await create_queues(admin, queue_names)
     for api in apis.values():
         await create_namespace(api, namespace, {MANAGED_NAMESPACE_LABEL: "true",
-                                                QUEUE_LABEL: queue_names[0]})
+                                                QUEUE_LABEL: queue_names[0],
+                                                **lockgate.run_namespace_labels})
     watcher = GateWatcher()
     watch_tasks = [asyncio.create_task(watcher.run(api, namespace, cluster))
                    for cluster, api in apis.items()]
@@ -303,8 +305,11 @@ async def main(argv: list[str] | None = None) -> int:
 
     info = devstack.ensure_up()
     apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
+    # A database and consumer groups of its own: earlier runs on this stack must not count.
+    dsn = await fresh_database(info.postgres_dsn, "lockgate_bench")
     lockgate = Lockgate(kubeconfigs=info.kubeconfigs, kafka_bootstrap=info.kafka_bootstrap,
-                        postgres_dsn=info.postgres_dsn, standby_scheduler=False)
+                        postgres_dsn=dsn, standby_scheduler=False,
+                        run_id=f"bench-{uuid.uuid4().hex[:5]}")
     try:
         for cluster, api in apis.items():
             await add_bench_nodes(api, cluster, args.bench_nodes_per_cluster)

@@ -105,6 +105,35 @@ def make_producer(bootstrap: str, *, client_id: str) -> AIOKafkaProducer:
     )
 
 
+async def start_producer(
+    bootstrap: str, *, client_id: str, topics: Sequence[Topic[Any]], policy: RetryPolicy,
+    stopping: asyncio.Event, on_unreachable: Callable[[Exception], None],
+) -> AIOKafkaProducer | None:
+    """A started producer once Kafka answers and `topics` exist; None if stopped first.
+
+    While Kafka is unreachable each failed attempt goes to `on_unreachable` (to report
+    readiness) and is retried with backoff; any other error is raised.
+    """
+    delays = BackoffIterator(policy)
+    while not stopping.is_set():
+        producer = make_producer(bootstrap, client_id=client_id)
+        try:
+            await ensure_topics(bootstrap, topics=topics)
+            await producer.start()
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            if not is_retryable_kafka_error(error):
+                raise
+            delay = next(delays, policy.max_seconds)
+            on_unreachable(error)
+            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay)
+            await sleep_unless_stopped(stopping, delay)
+            continue
+        return producer
+    return None
+
+
 async def publish(producer: AIOKafkaProducer, topic: Topic[E], event: E) -> None:
     """Send one event and wait until the broker has it."""
     await producer.send_and_wait(
@@ -182,7 +211,7 @@ class BatchConsumer(Generic[E]):
                 self.on_ready(False, f"kafka: {error}")
                 log.warning("consumer %s: %s; reconnecting in %.1fs", self.consumer_name,
                             error, delay)
-                await _sleep_unless(stopping, delay)
+                await sleep_unless_stopped(stopping, delay)
             finally:
                 await self._stop()
 
@@ -293,11 +322,6 @@ def detach_trace(token: object) -> None:
     otel_context.detach(token)  # type: ignore[arg-type]
 
 
-async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), timeout=seconds)
-
-
 __all__ = [
     "BatchConsumer",
     "PermanentMessageError",
@@ -309,4 +333,5 @@ __all__ = [
     "make_producer",
     "publish",
     "publish_many",
+    "start_producer",
 ]

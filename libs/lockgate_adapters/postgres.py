@@ -9,6 +9,9 @@ Change feed: writers bump `change_serial` on every row they change, while holdin
 transaction-level lock `CHANGE_FEED_LOCK` so serials become visible in commit order (no reader can
 see serial N+1 before N), then `NOTIFY lockgate_changes`. Readers (the fair scheduler) load once and
 then fetch rows with a serial above the last one they saw.
+
+Databases of their own: tests, the demo and benchmarks share one Postgres server, and each runs
+in a database it creates (`create_database`) and drops afterwards (`drop_database`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import logging
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -126,3 +130,41 @@ async def notify_changes(connection: AnyConnection, payload: str = "") -> None:
 
 def record_to_dict(record: Any) -> dict[str, Any]:
     return dict(record.items())
+
+
+# ---------------------------------------------------------------- databases of their own
+
+
+def with_database(dsn: str, database: str) -> str:
+    """`dsn` pointing at another database on the same server (user, host and options kept)."""
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+def database_of(dsn: str) -> str:
+    return urlsplit(dsn).path.lstrip("/")
+
+
+async def create_database(dsn: str, database: str, *, template: str | None = None,
+                          replace: bool = False) -> str:
+    """Create `database` on `dsn`'s server, empty or as a copy of `template`; returns its DSN.
+
+    `replace` drops a database of that name first (its connections are closed).
+    """
+    connection = await asyncpg.connect(dsn)
+    try:
+        if replace:
+            await connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        copy = f' TEMPLATE "{template}"' if template else ""
+        await connection.execute(f'CREATE DATABASE "{database}"{copy}')
+    finally:
+        await connection.close()
+    return with_database(dsn, database)
+
+
+async def drop_database(dsn: str, database: str) -> None:
+    """Drop `database` on `dsn`'s server if it exists, closing its connections."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    finally:
+        await connection.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -58,3 +59,9 @@ async def retry(
             log.warning("%s failed (%s: %s); retrying in %.2fs", what,
                         type(error).__name__, error, delay)
             await asyncio.sleep(delay)
+
+
+async def sleep_unless_stopped(stopping: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less if `stopping` is set meanwhile: a backoff never delays shutdown."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), timeout=seconds)
