@@ -27,19 +27,13 @@ from typing import Any
 import asyncpg
 
 import devstack
-from devstack.launcher import ServiceProcess
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState
 from lockgate_adapters.kafka import make_producer, publish_many
-from lockgate_adapters.postgres import connect_pool, migrate
+from lockgate_adapters.postgres import connect_pool, create_database, drop_database, migrate
 from lockgate_adapters.settings import RetryPolicy
 from queue_store.ingesting import store_events
-from queue_store.testing import (
-    QueueStoreUnderTest,
-    create_database,
-    drop_database,
-    start_group_at_end,
-)
+from queue_store.testing import QueueStoreUnderTest
 
 MAX_EVENTS = 200_000
 
@@ -101,14 +95,11 @@ async def end_to_end(stack: devstack.StackInfo, dsn: str, count: int,
     """(seconds to publish, seconds to store) for `count` new pods, then for moving them all
     to RUNNING."""
     spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
-    await start_group_at_end(stack.kafka_bootstrap, spec.group_id)
-    process = ServiceProcess(f"queue-store-bench-{spec.group_id}", "queue_store",
-                             spec.env(max_batch=str(max_batch)), health_port=spec.health_port)
+    process = await spec.start(f"queue-store-bench-{spec.group_id}",
+                               {"LOCKGATE_QUEUE_STORE_MAX_BATCH": str(max_batch)})
     producer = make_producer(stack.kafka_bootstrap, client_id="bench-ingest")
-    await process.start()
     pool = await connect_pool(dsn, policy=RetryPolicy())
     try:
-        await process.wait_ready(60)
         await producer.start()
         cluster = f"bench-{uuid.uuid4().hex[:8]}"
         timings = []
@@ -138,8 +129,9 @@ async def main(argv: list[str] | None = None) -> int:
     databases: list[str] = []
 
     async def fresh_database() -> str:
-        dsn = await create_database(stack.postgres_dsn, prefix="bench_ingest")
-        databases.append(dsn)
+        database = f"bench_ingest_{uuid.uuid4().hex[:12]}"
+        dsn = await create_database(stack.postgres_dsn, database)
+        databases.append(database)
         pool = await connect_pool(dsn, policy=RetryPolicy())
         try:
             await migrate(pool)
@@ -168,8 +160,8 @@ async def main(argv: list[str] | None = None) -> int:
                   "ratio_to_baseline": round(count / seconds / baseline, 3),
                   "baseline": "ingest_baseline_executemany"})
     finally:
-        for dsn in databases:
-            await drop_database(stack.postgres_dsn, dsn)
+        for database in databases:
+            await drop_database(stack.postgres_dsn, database)
     return 0
 
 

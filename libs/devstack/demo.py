@@ -26,7 +26,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
@@ -38,7 +37,7 @@ from devstack.launcher import Lockgate
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.resources import Resources
 from lockgate_adapters.kube import api_client
-from lockgate_adapters.postgres import connect_pool
+from lockgate_adapters.postgres import connect_pool, create_database
 from lockgate_adapters.settings import RetryPolicy
 
 QUEUES = {"dask": 1.0, "etl": 1.0, "analytics": 0.5}  # priority factors: weights 1:1:2
@@ -46,20 +45,9 @@ POD_CPU, POD_MEMORY = "2", "2Gi"
 COMPLETE_ANNOTATION = "lockgate.io/complete-after"
 
 
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 async def fresh_database(dsn: str, database: str) -> str:
     """The demo runs in its own database, recreated each time, so earlier runs don't show."""
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        await connection.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await connection.close()
-    return with_database(dsn, database)
+    return await create_database(dsn, database, replace=True)
 
 
 def worker_pod(name: str, *, labels: dict[str, str] | None = None,

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,13 @@ DEFAULT_LOG_DIR = Path(
     os.environ.get("LOCKGATE_SERVICE_LOG_DIR")
     or Path.home() / ".local/state/lockgate/service-logs"
 )
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (for a service about to start)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 class ServiceProcess:
@@ -121,6 +129,11 @@ class ServicePorts:
     standby_scheduler_health: int = 58104
     ungater_health: int = 58105
     webhook_health: int = 58106
+
+    @classmethod
+    def free(cls) -> ServicePorts:
+        """Ports nothing listens on now, for a run beside others on the same machine."""
+        return cls(**{name: free_port() for name in cls.__dataclass_fields__})
 
 
 @dataclass

@@ -54,8 +54,8 @@ class ClusterPKI:
         self.dir.mkdir(parents=True, exist_ok=True)
         now = dt.datetime.now(dt.UTC)
         if not (self.ca_crt.exists() and self.ca_key.exists()):
-            ca_cert, ca_key = new_ca(f"lockgate-{self.cluster}-ca", now=now, valid_for=_VALID)
-            write_certificate_and_key(self.ca_crt, ca_cert, self.ca_key, ca_key)
+            made_cert, made_key = new_ca(f"lockgate-{self.cluster}-ca", now=now, valid_for=_VALID)
+            write_certificate_and_key(self.ca_crt, made_cert, self.ca_key, made_key)
         ca_cert, ca_key = read_certificate_and_key(self.ca_crt, self.ca_key)
         assert ca_cert is not None and ca_key is not None, f"unreadable CA in {self.dir}"
         if not (self.sa_key.exists() and self.sa_pub.exists()):

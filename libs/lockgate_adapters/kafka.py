@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from pydantic import ValidationError
 
 from lockgate.events import ALL_TOPICS, DEAD_LETTERS, DeadLetter, Event, Topic
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
 from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
 

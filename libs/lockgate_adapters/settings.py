@@ -7,6 +7,7 @@ with defaults, so unknown LOCKGATE_* variables under a service's prefix are an e
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import AliasChoices, BaseModel, Field, model_validator
@@ -70,3 +71,19 @@ class ServiceSettings(BaseSettings):
             if unknown:
                 raise ValueError(f"unknown settings in the environment: {', '.join(unknown)}")
         return data
+
+
+def require_kubeconfigs(clusters: dict[str, str], *, variable: str, purpose: str) -> dict[str, str]:
+    """Validates a `clusters` setting (cluster name → kubeconfig path): at least one cluster,
+    and every kubeconfig file present, so a service refuses to start rather than fail later.
+
+    `variable` is the environment variable that sets it, `purpose` says what the clusters are
+    for ("to watch"), both for the error message.
+    """
+    if not clusters:
+        raise ValueError(
+            f"no clusters {purpose}: set {variable}='{{\"<cluster>\": \"<kubeconfig path>\"}}'")
+    missing = [f"{name}: {path}" for name, path in clusters.items() if not Path(path).is_file()]
+    if missing:
+        raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
+    return clusters

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 KafkaHeaders = Sequence[tuple[str, bytes]]
 
@@ -48,6 +49,27 @@ def setup_tracing(
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def pod_trace_parent(uid: str) -> otel_context.Context:
+    """A context whose trace id is the pod's uid, so every span about one pod shares a trace.
+
+    A pod uid is a UUID: its 128 bits are exactly a trace id. The parent span id is derived from
+    it too; that span is never recorded — it stands for the pod itself. Each service that acts on
+    a pod (watcher, scheduler) starts its span under this parent, so a pod's whole journey is one
+    trace without any service having to pass the context through Postgres.
+    """
+    hex_digits = uid.replace("-", "")
+    try:
+        trace_id = int(hex_digits, 16) if len(hex_digits) == 32 else 0
+    except ValueError:
+        trace_id = 0
+    if trace_id == 0:
+        return trace.set_span_in_context(trace.INVALID_SPAN)  # a new trace of its own
+    span_id = (trace_id & 0xFFFF_FFFF_FFFF_FFFF) or 1
+    parent = SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True,
+                         trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
 def inject_headers() -> list[tuple[str, bytes]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -19,7 +18,7 @@ from admission_webhook.settings import IN_CLUSTER, WebhookSettings
 from lockgate.admission import ServiceReference, webhook_configuration
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kube import api_client
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 wait = settings.reregister_interval_seconds
                 if settings.register_in_clusters:
                     wait = await registrar.register(certificates.ca_pem)
-                await _wait(stopping, min(wait, CERTIFICATE_CHECK_SECONDS))
+                await sleep_unless_stopped(stopping, min(wait, CERTIFICATE_CHECK_SECONDS))
         finally:
             if settings.register_in_clusters and settings.unregister_on_shutdown:
                 await _unregister(settings, apis)
@@ -140,11 +139,6 @@ async def _unregister(settings: WebhookSettings, apis: Mapping[str, client.ApiCl
             await delete_webhook_configuration(api, settings.configuration_name)
         except Exception as error:  # noqa: BLE001 - best effort on the way out
             log.warning("%s: cannot remove the webhook registration: %r", cluster, error)
-
-
-async def _wait(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)
 
 
 async def _api_client(kubeconfig: str) -> client.ApiClient:

@@ -12,7 +12,6 @@ service reports not ready.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ import asyncpg
 from lockgate.admission import QueueLookup, QueueStatus
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.postgres import CHANGES_CHANNEL
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,7 @@ class QueueDirectory:
                     self._readiness.set(READINESS_CHECK, False, repr(error))
                     delay = next(delays, self._retry.max_seconds)
                     log.warning("queue directory: %r; retrying in %.1fs", error, delay)
-                    await _wait(stopping, delay)
+                    await sleep_unless_stopped(stopping, delay)
         finally:
             if self._pool is not None:
                 await self._pool.close()
@@ -151,11 +150,6 @@ class QueueDirectory:
     def _open_queues(self) -> tuple[str, ...]:
         return tuple(sorted(name for name, cordoned in self._cordoned_by_name.items()
                             if not cordoned))
-
-
-async def _wait(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)
 
 
 async def _wait_any(events: tuple[asyncio.Event, ...], *, seconds: float) -> None:

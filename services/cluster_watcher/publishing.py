@@ -26,14 +26,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import (
-    NonRecordingSpan,
     Span,
-    SpanContext,
     Status,
     StatusCode,
-    TraceFlags,
 )
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -55,7 +51,7 @@ from lockgate_adapters.kafka import (
 )
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
-from lockgate_adapters.telemetry import inject_headers
+from lockgate_adapters.telemetry import inject_headers, pod_trace_parent
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cluster_watcher")
@@ -89,25 +85,6 @@ class Outgoing:
     def superseded(self) -> None:
         self.span.set_attribute("lockgate.superseded", True)
         self.span.end()
-
-
-def pod_trace_parent(uid: str) -> Context:
-    """A context whose trace id is the pod's uid, so every span about one pod shares a trace.
-
-    A pod uid is a UUID: its 128 bits are exactly a trace id. The parent span id is derived from
-    it too; that span is never recorded — it stands for the pod itself.
-    """
-    hex_digits = uid.replace("-", "")
-    try:
-        trace_id = int(hex_digits, 16) if len(hex_digits) == 32 else 0
-    except ValueError:
-        trace_id = 0
-    if trace_id == 0:
-        return trace.set_span_in_context(trace.INVALID_SPAN)  # a new trace of its own
-    span_id = (trace_id & 0xFFFF_FFFF_FFFF_FFFF) or 1
-    parent = SpanContext(trace_id=trace_id, span_id=span_id, is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
 def _traced(topic: Topic[Any], event: Event, span: Span) -> Outgoing:

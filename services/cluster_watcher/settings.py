@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from lockgate_adapters.settings import ServiceSettings
+from lockgate_adapters.settings import ServiceSettings, require_kubeconfigs
 
 
 class WatcherSettings(ServiceSettings):
@@ -54,13 +53,5 @@ class WatcherSettings(ServiceSettings):
     @field_validator("clusters")
     @classmethod
     def _clusters_with_kubeconfigs(cls, clusters: dict[str, str]) -> dict[str, str]:
-        if not clusters:
-            raise ValueError(
-                'no clusters to watch: set LOCKGATE_WATCHER_CLUSTERS=\'{"<cluster>": '
-                '"<kubeconfig path>"}\''
-            )
-        missing = [f"{name}: {path}" for name, path in clusters.items()
-                   if not Path(path).is_file()]
-        if missing:
-            raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
-        return clusters
+        return require_kubeconfigs(clusters, variable="LOCKGATE_WATCHER_CLUSTERS",
+                                   purpose="to watch")

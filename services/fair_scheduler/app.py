@@ -10,7 +10,6 @@ healthy but not ready).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import asyncpg
@@ -21,9 +20,9 @@ from fair_scheduler.reporting import FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS
 from lockgate_adapters import scheduler_store as store
-from lockgate_adapters.kafka import ensure_topics, is_retryable_kafka_error, make_producer
+from lockgate_adapters.kafka import start_producer
 from lockgate_adapters.postgres import connect_pool, migrate
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
 
 log = logging.getLogger(__name__)
@@ -43,9 +42,14 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 
     async def schedule(stopping: asyncio.Event) -> None:
         await _migrate(settings)
-        producer = await _start_producer(settings, ctx, stopping)
+        producer = await start_producer(
+            settings.kafka_bootstrap, client_id=f"fair-scheduler-{settings.instance_id}",
+            topics=(RELEASE_COMMANDS, DEAD_LETTERS), policy=settings.retry, stopping=stopping,
+            on_unreachable=lambda error: ctx.readiness.set(
+                "kafka", False, f"{type(error).__name__}: {error}"))
         if producer is None:
             return
+        ctx.readiness.set("kafka", True, "producer started")
         try:
             await _lead_when_elected(settings, ctx, producer, report, stopping)
         finally:
@@ -86,7 +90,7 @@ async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
             ctx.readiness.set("postgres", False, f"{type(trouble).__name__}: {trouble}")
             log.warning("%s: postgres trouble (%s: %s); retrying in %.1fs",
                         settings.instance_id, type(trouble).__name__, trouble, delay)
-            await _sleep_unless(stopping, delay)
+            await sleep_unless_stopped(stopping, delay)
 
 
 async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,
@@ -101,7 +105,7 @@ async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,
             log.info("%s is a standby (leader's backend pid %s)", settings.instance_id, pid)
             ctx.readiness.set("leader", False, "standby")
             announced = True
-        await _sleep_unless(stopping, settings.standby_retry_seconds)
+        await sleep_unless_stopped(stopping, settings.standby_retry_seconds)
     return False
 
 
@@ -114,38 +118,8 @@ async def _migrate(settings: SchedulerSettings) -> None:
         await pool.close()
 
 
-async def _start_producer(settings: SchedulerSettings, ctx: ServiceContext,
-                          stopping: asyncio.Event) -> AIOKafkaProducer | None:
-    """A started producer for release commands, once Kafka answers; None if stopped first."""
-    delays = BackoffIterator(settings.retry)
-    while not stopping.is_set():
-        producer = make_producer(settings.kafka_bootstrap,
-                                 client_id=f"fair-scheduler-{settings.instance_id}")
-        try:
-            await ensure_topics(settings.kafka_bootstrap, topics=(RELEASE_COMMANDS, DEAD_LETTERS))
-            await producer.start()
-        except Exception as error:
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            if not is_retryable_kafka_error(error):
-                raise
-            delay = next(delays, settings.retry.max_seconds)
-            ctx.readiness.set("kafka", False, f"{type(error).__name__}: {error}")
-            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay)
-            await _sleep_unless(stopping, delay)
-            continue
-        ctx.readiness.set("kafka", True, "producer started")
-        return producer
-    return None
-
-
 async def _close(connection: asyncpg.Connection) -> None:
     try:
         await connection.close(timeout=2)
     except Exception:  # noqa: BLE001 - whatever the reason, the session must end
         connection.terminate()
-
-
-async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)

@@ -37,7 +37,8 @@ from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.telemetry import inject_headers, pod_trace_parent
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("lockgate.fair_scheduler")
@@ -55,6 +56,22 @@ ROUNDS = MetricCounter("lockgate_scheduler_rounds", "Scheduling rounds run, by t
 
 class LeadershipLostError(Exception):
     """The leader's connection (and with it the leader lock) is gone."""
+
+
+def _release_span_headers(command: ReleaseCommand) -> list[tuple[str, bytes]]:
+    """A "release decided" span in the pod's own trace, linked to the round that decided it.
+
+    The ungater continues this trace, so one trace shows the pod observed, stored, released and
+    ungated.
+    """
+    round_link = trace.Link(trace.get_current_span().get_span_context())
+    with tracer.start_as_current_span(
+        "release decided", context=pod_trace_parent(command.uid), links=[round_link],
+        attributes={"lockgate.cluster": command.cluster, "lockgate.namespace": command.namespace,
+                    "lockgate.pod": command.name, "lockgate.uid": command.uid,
+                    "lockgate.queue": command.queue, "lockgate.decision_id": command.decision_id},
+    ):
+        return inject_headers()
 
 
 class Leader:
@@ -249,11 +266,13 @@ class Leader:
                            name=r.name, uid=r.uid, queue=r.queue, decided_at=r.decided_at)
             for r in releases
         ]
+        headers = [_release_span_headers(command) for command in commands]
         delays = BackoffIterator(self._settings.retry)
         while True:
             self._check_leadership()
             try:
-                await publish_many(self._producer, RELEASE_COMMANDS, commands)
+                await publish_many(self._producer, RELEASE_COMMANDS, commands,
+                                   headers_per_event=headers)
                 break
             except Exception as error:
                 if not is_retryable_kafka_error(error):
@@ -262,8 +281,7 @@ class Leader:
                 self._readiness.set("kafka", False, f"publishing: {error}")
                 log.warning("publishing %d release commands failed (%s); retrying in %.1fs",
                             len(commands), error, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                await sleep_unless_stopped(self._stopping, delay)
                 if self._stopping.is_set():
                     return
         self._readiness.set("kafka", True, "publishing")

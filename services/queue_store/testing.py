@@ -1,8 +1,9 @@
 """Running a real, isolated queue-store in tests: its own database and consumer group.
 
 Why: integration and end-to-end tests need the real service on the real Kafka and Postgres, but
-isolated from other tests sharing the stack. Isolation comes from a fresh database (migrated by
-the service at start) and a consumer group of its own that starts at the topics' current end, so
+isolated from other tests sharing the stack. Isolation comes from a fresh database (made with
+`lockgate_adapters.postgres.create_database`, migrated by the service at start) and a consumer
+group of its own that starts at the topics' current end, so
 it neither steals partitions from another queue-store nor replays every message other tests ever
 published. The service runs as a process (`python -m queue_store` with `QueueStoreUnderTest.env`)
 so it can be killed like a crashed pod. (kopf's `kopf.testing` is the model.)
@@ -11,15 +12,14 @@ so it can be killed like a crashed pod. (kopf's `kopf.testing` is the model.)
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import asyncpg
 
+from devstack.launcher import ServiceProcess, free_port
 from lockgate.events import Topic
 from lockgate_adapters.kafka import commit_group_at_end
 from lockgate_adapters.settings import RetryPolicy
@@ -28,42 +28,10 @@ from queue_store.app import CONSUMED_TOPICS
 FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
 
 
-def with_database(dsn: str, database: str) -> str:
-    """`dsn` pointing at another database on the same server."""
-    base, _, _ = dsn.rpartition("/")
-    return f"{base}/{database}"
-
-
-async def create_database(dsn: str, *, prefix: str = "lockgate_test") -> str:
-    """Create an empty database on `dsn`'s server; returns its DSN."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await connection.close()
-    return with_database(dsn, name)
-
-
-async def drop_database(dsn: str, database_dsn: str) -> None:
-    name = database_dsn.rpartition("/")[2]
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await connection.close()
-
-
 async def start_group_at_end(bootstrap: str, group_id: str,
                              topics: Sequence[Topic[Any]] = CONSUMED_TOPICS) -> None:
     """Commit `group_id`'s offsets at the current end of the topics queue-store consumes."""
     await commit_group_at_end(bootstrap, group_id, topics)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -98,6 +66,23 @@ class QueueStoreUnderTest:
             f"{prefix}SHUTDOWN_GRACE_SECONDS": "10",
             **{f"{prefix}{key.upper()}": value for key, value in extra.items()},
         }
+
+    def process(self, name: str, env: Mapping[str, str] | None = None) -> ServiceProcess:
+        """The service as a process (not started); `env` adds or overrides variables."""
+        return ServiceProcess(name, "queue_store", {**self.env(), **(env or {})},
+                              health_port=self.health_port)
+
+    async def start(self, name: str, env: Mapping[str, str] | None = None) -> ServiceProcess:
+        """Its consumer group put at the topics' end, then the process started and ready."""
+        await start_group_at_end(self.kafka_bootstrap, self.group_id)
+        process = self.process(name, env)
+        await process.start()
+        try:
+            await process.wait_ready(60)
+        except BaseException:
+            await process.stop()
+            raise
+        return process
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
         """(ready, the checks) from /readyz; (False, {}) while it does not answer."""

@@ -4,7 +4,6 @@ outcomes, and the release-command consumer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -12,14 +11,9 @@ from aiokafka import AIOKafkaProducer
 from kubernetes_asyncio import client
 
 from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS, RELEASE_OUTCOMES
-from lockgate_adapters.kafka import (
-    BatchConsumer,
-    ensure_topics,
-    is_retryable_kafka_error,
-    make_producer,
-)
+from lockgate_adapters.kafka import BatchConsumer, start_producer
 from lockgate_adapters.kube import api_clients
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
 from ungater.pods import KubeCallError, PodGateClient, probe
 from ungater.settings import UngaterSettings
@@ -51,7 +45,11 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     async def consume_commands(stopping: asyncio.Event) -> None:
         producer: AIOKafkaProducer | None = None
         try:
-            producer = await _start_producer(settings, stopping, ctx)
+            producer = await start_producer(
+                settings.kafka_bootstrap, client_id=f"{settings.consumer_group}-outcomes",
+                topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, DEAD_LETTERS), policy=settings.retry,
+                stopping=stopping,
+                on_unreachable=lambda error: ctx.readiness.set("kafka", False, f"kafka: {error}"))
             if producer is None:
                 return
             ungater = Ungater(releasers=releasers, producer=producer)
@@ -84,31 +82,6 @@ def _readiness_setter(ctx: ServiceContext, name: str) -> Callable[[bool, str], N
     return set_ready
 
 
-async def _start_producer(settings: UngaterSettings, stopping: asyncio.Event,
-                          ctx: ServiceContext) -> AIOKafkaProducer | None:
-    """A started producer for outcomes, once Kafka answers; None if stopped meanwhile."""
-    delays = BackoffIterator(settings.retry)
-    while not stopping.is_set():
-        producer = make_producer(settings.kafka_bootstrap,
-                                 client_id=f"{settings.consumer_group}-outcomes")
-        try:
-            await ensure_topics(settings.kafka_bootstrap,
-                                topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, DEAD_LETTERS))
-            await producer.start()
-            return producer
-        except Exception as error:
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            if not is_retryable_kafka_error(error):
-                raise
-            delay = next(delays, settings.retry.max_seconds)
-            ctx.readiness.set("kafka", False, f"kafka: {error}")
-            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
-    return None
-
-
 def _prober(ctx: ServiceContext, name: str, api: client.ApiClient,
             settings: UngaterSettings) -> Loop:
     """Until the apiserver first answers, keep readiness false and say why."""
@@ -123,7 +96,6 @@ def _prober(ctx: ServiceContext, name: str, api: client.ApiClient,
             except KubeCallError as error:
                 delay = next(delays, settings.retry.max_seconds)
                 ctx.readiness.set(f"apiserver:{name}", False, str(error))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), delay)
+                await sleep_unless_stopped(stopping, delay)
 
     return probe_until_reachable

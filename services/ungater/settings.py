@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from lockgate_adapters.settings import ServiceSettings
+from lockgate_adapters.settings import ServiceSettings, require_kubeconfigs
 
 
 class UngaterSettings(ServiceSettings):
@@ -51,13 +51,9 @@ class UngaterSettings(ServiceSettings):
 
     @field_validator("clusters")
     @classmethod
-    def _some_cluster(cls, clusters: dict[str, str]) -> dict[str, str]:
-        if not clusters:
-            raise ValueError(
-                'no clusters to serve: set LOCKGATE_UNGATER_CLUSTERS=\'{"<cluster>": '
-                '"<kubeconfig path>"}\''
-            )
-        return clusters
+    def _clusters_with_kubeconfigs(cls, clusters: dict[str, str]) -> dict[str, str]:
+        return require_kubeconfigs(clusters, variable="LOCKGATE_UNGATER_CLUSTERS",
+                                   purpose="to serve")
 
     @property
     def consumer_group(self) -> str:

@@ -12,7 +12,6 @@ from cluster_watcher.publishing import (
     Outgoing,
     capacity_message,
     pod_event_message,
-    pod_trace_parent,
     runs_by_topic,
     snapshot_message,
 )
@@ -25,6 +24,7 @@ from lockgate.events import (
     PodEvent,
 )
 from lockgate.jobs import JobState
+from lockgate_adapters.telemetry import pod_trace_parent
 
 T0 = datetime(2026, 1, 2, tzinfo=UTC)
 UID = "0b6d3c2e-1f4a-4c1b-9a8e-2d3c4b5a6f70"

@@ -1,0 +1,161 @@
+"""Reading what lockgate publishes: consumers at the topics' end, and tails that collect.
+
+Why: a test on the shared stack must see only what is published after it starts (never the
+topics' history, nor other tests' past messages), so its consumer joins a group of its own and
+is positioned at the current end before the test acts. A tail collects in the background and
+waits for what the test expects, failing with what never came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from lockgate.events import Topic
+from lockgate_adapters.kafka import ensure_topics
+
+Predicate = Callable[[Any], bool]
+
+
+async def consumer_at_end(bootstrap: str, *topics: str,
+                          group_id: str | None = None) -> AIOKafkaConsumer:
+    """A started consumer of `topics` in a group of its own (unless `group_id` names one),
+    positioned at their current end: it reads what is published from now on."""
+    consumer = AIOKafkaConsumer(
+        *topics, bootstrap_servers=bootstrap, group_id=group_id or f"test-{uuid.uuid4().hex}",
+        enable_auto_commit=False, auto_offset_reset="latest")
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while {partition.topic for partition in consumer.assignment()} < set(topics):
+            assert time.monotonic() < deadline, "partitions not assigned within 30s"
+            await asyncio.sleep(0.05)
+        partitions = sorted(consumer.assignment())
+        await consumer.seek_to_end(*partitions)
+        for partition in partitions:  # resolve the end offsets before anything is produced
+            await consumer.position(partition)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
+
+
+@dataclass(frozen=True)
+class Published:
+    event: Any
+    headers: dict[str, bytes]
+    received_at: float  # time.monotonic() when the tail received it
+
+
+class TopicTail:
+    """Every event published on `topics` from the moment it started, decoded, in arrival order.
+
+    Only events `keep` accepts are collected; a subclass may override `accept` to look closer
+    (at the moment each message arrives). Use as `async with TopicTail(...) as tail:`, or
+    start() and stop().
+    """
+
+    def __init__(self, bootstrap: str, topics: Sequence[Topic[Any]], *,
+                 keep: Predicate = lambda event: True) -> None:
+        self.bootstrap = bootstrap
+        self.topics = {topic.name: topic for topic in topics}
+        self.keep = keep
+        self.messages: list[Published] = []
+        self._arrived = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await ensure_topics(self.bootstrap, topics=list(self.topics.values()))
+        self._consumer = await consumer_at_end(self.bootstrap, *self.topics)
+        self._task = asyncio.create_task(self._collect(), name="topic-tail")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def __aenter__(self) -> TopicTail:
+        await self.start()
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.stop()
+
+    async def accept(self, message: Published) -> bool:
+        return self.keep(message.event)
+
+    async def _collect(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    event = self.topics[record.topic].decode(record.value or b"")
+                    message = Published(event, dict(record.headers or ()), time.monotonic())
+                    if await self.accept(message):
+                        self.messages.append(message)
+            if batches:
+                self._arrived.set()
+
+    def events(self, predicate: Predicate = lambda event: True) -> list[Any]:
+        return [m.event for m in self.messages if predicate(m.event)]
+
+    def index_of(self, event: object) -> int:
+        return next(i for i, m in enumerate(self.messages) if m.event is event)
+
+    async def wait_for_message(self, predicate: Predicate, *, within: float = 30.0,
+                               what: str = "an event", after: int = -1) -> Published:
+        """The first matching message received after message number `after`."""
+
+        def first() -> Published | None:
+            return next((m for m in self.messages[after + 1:] if predicate(m.event)), None)
+
+        return await self._wait(first, within=within, what=lambda: what)
+
+    async def wait_for(self, predicate: Predicate, *, within: float = 30.0,
+                       what: str = "an event", after: int = -1) -> Any:
+        """The first matching event received after message number `after`."""
+        message = await self.wait_for_message(predicate, within=within, what=what, after=after)
+        return message.event
+
+    async def wait_for_count(self, count: int, *, within: float = 30.0) -> None:
+        """Until `count` events have been collected."""
+
+        def enough() -> Published | None:
+            return self.messages[count - 1] if len(self.messages) >= count else None
+
+        await self._wait(enough, within=within,
+                         what=lambda: f"{count} events (have {len(self.messages)})")
+
+    async def _wait(self, found: Callable[[], Published | None], *, within: float,
+                    what: Callable[[], str]) -> Published:
+        deadline = time.monotonic() + within
+        while True:
+            self._raise_if_collecting_failed()
+            self._arrived.clear()  # before looking: what arrives after the look wakes us
+            message = found()
+            if message is not None:
+                return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {what()} within {within}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), min(remaining, 1.0))
+
+    def _raise_if_collecting_failed(self) -> None:
+        if self._task is not None and self._task.done():
+            self._task.result()
+            raise AssertionError("the tail stopped collecting")

@@ -1,0 +1,66 @@
+"""A loopback TCP relay that a test can sever, to make a dependency unreachable on purpose.
+
+Why: outage tests point a service at the relay instead of Postgres, Kafka or an apiserver;
+`sever` closes the listening socket and drops every relayed connection (as a network outage
+would), `start` lets connections through again. Its port is known before it first listens, so a
+service can be started while the dependency is still "down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from devstack.launcher import free_port
+
+
+class TcpRelay:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    async def sever(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()  # a severed link drops, it does not say goodbye
+        for pipe in list(self._pipes):
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        pipes = [asyncio.create_task(_pipe(reader, upstream_writer)),
+                 asyncio.create_task(_pipe(upstream_reader, writer))]
+        self._pipes.update(pipes)
+        self._writers.update((writer, upstream_writer))
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+            self._pipes.difference_update(pipes)
+            self._writers.difference_update((writer, upstream_writer))
+            for stream in (writer, upstream_writer):
+                stream.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
