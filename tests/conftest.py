@@ -2,8 +2,9 @@
 
 - Tests under tests/integration and tests/e2e are marked `stack` automatically.
 - Stack fixtures (`stack`, `kube_clients`, `kafka_bootstrap`, `pg_dsn`, `pg_pool`,
-  `make_namespace`) import devstack and the clients lazily, only when a test asks for them, so
-  tests/unit runs alone, fast, without the stack and without importing devstack.
+  `make_namespace`) import devstack, the clients and `helpers` (tests/helpers, shared by the
+  integration and end-to-end tests) lazily, only when a test asks for them, so tests/unit runs
+  alone, fast, without the stack and without importing devstack.
 - Every test fails if it leaves asyncio tasks running.
 """
 
@@ -105,35 +106,16 @@ async def make_namespace(kube_clients: dict[str, ApiClient]) -> AsyncIterator[Ma
     Waits until kube-controller-manager has created its `default` ServiceAccount (pods are
     rejected before that) and deletes the namespaces after the test (without waiting).
     """
-    from kubernetes_asyncio import client
-    from kubernetes_asyncio.client.exceptions import ApiException
+    from helpers.kube import temporary_namespaces
 
-    created: list[tuple[str, str]] = []
+    async with temporary_namespaces(kube_clients) as namespaces:
 
-    async def make(cluster: str, prefix: str = "t", labels: dict[str, str] | None = None) -> str:
-        core = client.CoreV1Api(kube_clients[cluster])
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        metadata = {"name": name, "labels": dict(labels or {})}
-        await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
-        created.append((cluster, name))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while True:
-            try:
-                await core.read_namespaced_service_account("default", name)
-                return name
-            except ApiException as exc:
-                if exc.status != 404 or loop.time() > deadline:
-                    raise
-            await asyncio.sleep(0.05)
+        async def make(cluster: str, prefix: str = "t",
+                       labels: dict[str, str] | None = None) -> str:
+            return await namespaces.create(cluster, f"{prefix}-{uuid.uuid4().hex[:8]}",
+                                           labels=labels)
 
-    yield make
-    for cluster, name in created:
-        try:
-            await client.CoreV1Api(kube_clients[cluster]).delete_namespace(name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        yield make
 
 
 # ---------------------------------------------------------------- asyncio hygiene

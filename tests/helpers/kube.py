@@ -50,6 +50,9 @@ class PodBuilder:
     owners: tuple[Mapping[str, Any], ...] = ()
     image: str = "registry.invalid/sleep:1"
 
+    def named(self, name: str) -> PodBuilder:
+        return replace(self, name=name)
+
     def in_namespace(self, namespace: str) -> PodBuilder:
         return replace(self, namespace=namespace)
 
@@ -232,10 +235,11 @@ class Namespaces:
 
 
 async def _unless_gone(call: Awaitable[object]) -> None:
+    """Deleting what is gone (404) or already being deleted (409) is done already."""
     try:
         await call
     except ApiException as error:
-        if error.status != 404:
+        if error.status not in (404, 409):
             raise
 
 

@@ -9,8 +9,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import pytest
@@ -19,53 +18,15 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from helpers.kube import a_deployment, a_pod, remove_first_gate
+from helpers.waiting import eventually
+
 pytestmark = [pytest.mark.timeout(240)]
 
 CLUSTERS = ["cluster-a", "cluster-b"]
 GATE = "lockgate.io/smoke-test"
-COMPLETE_AFTER = "lockgate.io/complete-after"
-FAIL = "lockgate.io/fail"
-
-T = TypeVar("T")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], what: str, within: float = 60.0
-) -> T:
-    """Polls `probe` until it returns something other than None."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
-def pod_manifest(
-    name: str, *, gates: tuple[str, ...] = (), annotations: dict[str, str] | None = None
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.invalid/smoke:1",
-                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            }
-        ],
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 0,
-    }
-    if gates:
-        spec["schedulingGates"] = [{"name": g} for g in gates]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": spec,
-    }
+# Pods of a run-to-completion workload (the deployment's replicas restart as they must).
+SMOKE_POD = a_pod("smoke").requesting(cpu="100m", memory="64Mi").never_restarted()
 
 
 # ---------------------------------------------------------------- Kubernetes
@@ -77,7 +38,7 @@ async def test_gated_pod_waits_until_the_gate_is_removed_then_binds_and_runs(
 ) -> None:
     core = client.CoreV1Api(kube_clients[cluster])
     ns = await make_namespace(cluster, "smoke-gate")
-    await core.create_namespaced_pod(ns, pod_manifest("gated", gates=(GATE,)))
+    await core.create_namespaced_pod(ns, SMOKE_POD.named("gated").gated(GATE).manifest())
 
     async def gated_condition() -> client.V1PodCondition | None:
         pod = await core.read_namespaced_pod("gated", ns)
@@ -86,24 +47,22 @@ async def test_gated_pod_waits_until_the_gate_is_removed_then_binds_and_runs(
                 return cond
         return None
 
-    cond = await eventually(gated_condition, "the PodScheduled condition")
+    cond = await eventually(gated_condition, within=60, every=0.1,
+                            what="the PodScheduled condition")
     assert (cond.status, cond.reason) == ("False", "SchedulingGated")
     await asyncio.sleep(1.0)  # time enough for kube-scheduler to bind it, were it not gated
     pod = await core.read_namespaced_pod("gated", ns)
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"
 
-    patch = [
-        {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
-        {"op": "remove", "path": "/spec/schedulingGates/0"},
-    ]
-    await core.patch_namespaced_pod("gated", ns, patch, _content_type="application/json-patch+json")
+    await remove_first_gate(core, ns, "gated", GATE)
 
     async def running() -> client.V1Pod | None:
         pod = await core.read_namespaced_pod("gated", ns)
         return pod if pod.spec.node_name and pod.status.phase == "Running" else None
 
-    pod = await eventually(running, "the ungated pod to be bound and Running")
+    pod = await eventually(running, within=60, every=0.1,
+                           what="the ungated pod to be bound and Running")
     assert pod.spec.node_name.startswith(f"{cluster}-node-")
     assert not pod.spec.scheduling_gates
 
@@ -115,27 +74,15 @@ async def test_deployment_creates_pods_and_namespace_deletion_completes(
     api = kube_clients[cluster]
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = await make_namespace(cluster, "smoke-deploy")
-    template = pod_manifest("unused")
-    template["spec"].pop("restartPolicy")
     await apps.create_namespaced_deployment(
-        ns,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web"},
-            "spec": {
-                "replicas": 3,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": {"metadata": {"labels": {"app": "web"}}, "spec": template["spec"]},
-            },
-        },
-    )
+        ns, a_deployment("web").with_replicas(3).of(
+            a_pod("web").requesting(cpu="100m", memory="64Mi")).manifest())
 
     async def ready() -> int | None:
         dep = await apps.read_namespaced_deployment("web", ns)
         return dep.status.ready_replicas if dep.status.ready_replicas == 3 else None
 
-    await eventually(ready, "3 ready replicas")
+    await eventually(ready, within=60, every=0.1, what="3 ready replicas")
     pods = (await core.list_namespaced_pod(ns, label_selector="app=web")).items
     assert len(pods) == 3
     for pod in pods:
@@ -154,7 +101,7 @@ async def test_deployment_creates_pods_and_namespace_deletion_completes(
             raise
         return None
 
-    await eventually(gone, f"namespace {ns} to be deleted", within=90)
+    await eventually(gone, within=90, every=0.1, what=f"namespace {ns} to be deleted")
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
@@ -163,19 +110,20 @@ async def test_pods_with_the_complete_annotation_finish(
 ) -> None:
     core = client.CoreV1Api(kube_clients[cluster])
     ns = await make_namespace(cluster, "smoke-complete")
-    await core.create_namespaced_pod(ns, pod_manifest("ok", annotations={COMPLETE_AFTER: "1s"}))
+    await core.create_namespaced_pod(ns, SMOKE_POD.named("ok").completing_after("1s").manifest())
     await core.create_namespaced_pod(
-        ns, pod_manifest("broken", annotations={COMPLETE_AFTER: "500ms", FAIL: "true"})
-    )
-    await core.create_namespaced_pod(ns, pod_manifest("forever"))
+        ns, SMOKE_POD.named("broken").completing_after("500ms", failing=True).manifest())
+    await core.create_namespaced_pod(ns, SMOKE_POD.named("forever").manifest())
 
     async def phase_of(name: str, want: str) -> client.V1Pod | None:
         pod = await core.read_namespaced_pod(name, ns)
         return pod if pod.status.phase == want else None
 
-    ok = await eventually(lambda: phase_of("ok", "Succeeded"), "pod ok to succeed")
+    ok = await eventually(lambda: phase_of("ok", "Succeeded"), within=60, every=0.1,
+                          what="pod ok to succeed")
     assert ok.status.container_statuses[0].state.terminated.exit_code == 0
-    broken = await eventually(lambda: phase_of("broken", "Failed"), "pod broken to fail")
+    broken = await eventually(lambda: phase_of("broken", "Failed"), within=60, every=0.1,
+                              what="pod broken to fail")
     assert broken.status.container_statuses[0].state.terminated.exit_code == 1
     forever = await core.read_namespaced_pod("forever", ns)
     assert forever.status.phase == "Running"

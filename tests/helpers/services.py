@@ -1,0 +1,106 @@
+"""lockgate's services in tests: in this process (to read their readiness and spans directly), or
+as real processes (to SIGKILL them), isolated from other tests sharing the stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from devstack.launcher import ServiceProcess, free_port
+from helpers.waiting import until
+from lockgate_adapters.service import Loop, ServiceContext, run_service
+from lockgate_adapters.settings import RetryPolicy, ServiceSettings
+
+# Dependencies that come back are noticed within a fraction of a second.
+FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
+
+Compose = Callable[[ServiceContext], Awaitable[list[Loop]]]
+
+
+@contextlib.asynccontextmanager
+async def service_in_process(
+    settings: ServiceSettings, compose: Compose, *, name: str,
+    ready: Callable[[ServiceContext], bool] | None, within: float = 60.0,
+) -> AsyncIterator[ServiceContext]:
+    """The service running in this process while the block runs, then stopped gracefully.
+
+    Enters once `ready(ctx)` holds (at once if `ready` is None); if the service ends before
+    that, its error is raised.
+    """
+    ctx = ServiceContext(settings)
+    task = asyncio.create_task(
+        run_service(settings, compose, install_signal_handlers=False, context=ctx), name=name)
+    try:
+        if ready is not None:
+            await until(lambda: ready(ctx) or task.done(), within=within,
+                        what=lambda: f"{name} to be ready: {ctx.readiness.report()}")
+            if task.done():
+                task.result()
+        yield ctx
+    finally:
+        ctx.stopping.set()
+        await asyncio.wait_for(task, 30)
+
+
+def watcher_process(name: str, *, clusters: Mapping[str, str],
+                    kafka_bootstrap: str) -> ServiceProcess:
+    """`python -m cluster_watcher` of `clusters` (name → kubeconfig), with fast retries."""
+    health_port = free_port()
+    return ServiceProcess(name, "cluster_watcher", {
+        "LOCKGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LOCKGATE_WATCHER_CLUSTERS": json.dumps(dict(clusters)),
+        "LOCKGATE_WATCHER_HTTP_PORT": str(health_port),
+        "LOCKGATE_WATCHER_RETRY__INITIAL_SECONDS": str(FAST_RETRY.initial_seconds),
+        "LOCKGATE_WATCHER_RETRY__MAX_SECONDS": str(FAST_RETRY.max_seconds),
+    }, health_port=health_port)
+
+
+@dataclass
+class WebhookProcess:
+    """`python -m admission_webhook` on free loopback ports, its certificates in `cert_dir`."""
+
+    process: ServiceProcess
+    port: int
+    cert_dir: Path
+
+    async def readiness(self) -> tuple[int, dict[str, Any]]:
+        async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{self.process.health_port}/readyz"
+        ) as response:
+            return response.status, await response.json()
+
+    async def post_review(self, cluster: str, review: dict[str, Any]) -> dict[str, Any]:
+        """Send a review the way an apiserver does, trusting only the webhook's own CA."""
+        trust = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
+        async with aiohttp.ClientSession() as session, session.post(
+            f"https://127.0.0.1:{self.port}/mutate/{cluster}", json=review, ssl=trust
+        ) as response:
+            assert response.status == 200, await response.text()
+            body: dict[str, Any] = await response.json()
+            return body
+
+
+def webhook_process(name: str, *, cert_dir: Path, env: Mapping[str, str],
+                    port: int | None = None) -> WebhookProcess:
+    """The webhook's process (not started); `env` says which clusters, Postgres, registration.
+
+    A restarted webhook is given the `port` and `cert_dir` of the one it replaces.
+    """
+    port = port or free_port()
+    health_port = free_port()
+    process = ServiceProcess(name, "admission_webhook", {
+        "LOCKGATE_WEBHOOK_PORT": str(port),
+        "LOCKGATE_WEBHOOK_HTTP_PORT": str(health_port),
+        "LOCKGATE_WEBHOOK_CERT_DIR": str(cert_dir),
+        **env,
+    }, health_port=health_port)
+    return WebhookProcess(process, port, cert_dir)
