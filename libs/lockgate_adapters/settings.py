@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import AliasChoices, BaseModel, Field, model_validator
+from pydantic import AliasChoices, BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,17 +73,30 @@ class ServiceSettings(BaseSettings):
         return data
 
 
-def require_kubeconfigs(clusters: dict[str, str], *, variable: str, purpose: str) -> dict[str, str]:
-    """Validates a `clusters` setting (cluster name → kubeconfig path): at least one cluster,
-    and every kubeconfig file present, so a service refuses to start rather than fail later.
 
-    `variable` is the environment variable that sets it, `purpose` says what the clusters are
-    for ("to watch"), both for the error message.
+class ClusterServiceSettings(ServiceSettings):
+    """Settings of a service that acts on Kubernetes clusters, each given by a kubeconfig file.
+
+    At least one cluster, and every kubeconfig present: the service refuses to start rather
+    than fail on its first call. Subclasses say what the clusters are for in `clusters_purpose`.
     """
-    if not clusters:
-        raise ValueError(
-            f"no clusters {purpose}: set {variable}='{{\"<cluster>\": \"<kubeconfig path>\"}}'")
-    missing = [f"{name}: {path}" for name, path in clusters.items() if not Path(path).is_file()]
-    if missing:
-        raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
-    return clusters
+
+    clusters_purpose: ClassVar[str] = "configured"
+
+    clusters: dict[str, str] = Field(
+        default_factory=dict,
+        description='cluster name → kubeconfig path, e.g. {"cluster-a": "/etc/lockgate/a.yaml"}',
+    )
+
+    @field_validator("clusters")
+    @classmethod
+    def _clusters_with_kubeconfigs(cls, clusters: dict[str, str]) -> dict[str, str]:
+        if not clusters:
+            variable = f"{cls.model_config.get('env_prefix') or ''}CLUSTERS"
+            raise ValueError(f"no clusters {cls.clusters_purpose}: "
+                             f"set {variable}='{{\"<cluster>\": \"<kubeconfig path>\"}}'")
+        missing = [f"{name}: {path}" for name, path in clusters.items()
+                   if not Path(path).is_file()]
+        if missing:
+            raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
+        return clusters

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from lockgate_adapters.settings import ServiceSettings, require_kubeconfigs
+from lockgate_adapters.settings import ClusterServiceSettings
 
 
-class WatcherSettings(ServiceSettings):
+class WatcherSettings(ClusterServiceSettings):
     """Which clusters to watch, how long one watch request lasts, and how events are batched."""
 
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_WATCHER_", env_nested_delimiter="__",
                                       extra="forbid")
     service_name: ClassVar[str] = "cluster-watcher"
+    clusters_purpose: ClassVar[str] = "to watch"
 
-    # Clusters
-    clusters: dict[str, str] = Field(
-        default_factory=dict,
-        description='cluster name → kubeconfig path, e.g. {"cluster-a": "/etc/lockgate/a.yaml"}',
-    )
+    # Clusters: `clusters` (name → kubeconfig) comes from ClusterServiceSettings.
     watch_timeout_seconds: int = Field(
         default=300, ge=1,
         description="server-side length of one watch request; the next resumes where it ended",
@@ -49,9 +46,3 @@ class WatcherSettings(ServiceSettings):
     kafka_send_timeout_seconds: float = Field(
         default=15.0, gt=0, description="a batch not acknowledged by then is sent again"
     )
-
-    @field_validator("clusters")
-    @classmethod
-    def _clusters_with_kubeconfigs(cls, clusters: dict[str, str]) -> dict[str, str]:
-        return require_kubeconfigs(clusters, variable="LOCKGATE_WATCHER_CLUSTERS",
-                                   purpose="to watch")

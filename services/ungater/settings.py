@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from lockgate_adapters.settings import ServiceSettings, require_kubeconfigs
+from lockgate_adapters.settings import ClusterServiceSettings
 
 
-class UngaterSettings(ServiceSettings):
+class UngaterSettings(ClusterServiceSettings):
     """Which clusters this ungater serves, and how hard it tries before giving a release up.
 
     Consumer groups: commands for every cluster share one topic. An ungater reads all of them in
@@ -24,11 +24,8 @@ class UngaterSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_UNGATER_", env_nested_delimiter="__",
                                       extra="forbid")
     service_name: ClassVar[str] = "ungater"
+    clusters_purpose: ClassVar[str] = "to serve"
 
-    clusters: dict[str, str] = Field(
-        default_factory=dict,
-        description='cluster name → kubeconfig path, e.g. {"cluster-a": "/etc/lockgate/a.yaml"}',
-    )
     group_id: str | None = Field(
         default=None, description="Kafka consumer group; default ungater-<served clusters>"
     )
@@ -48,12 +45,6 @@ class UngaterSettings(ServiceSettings):
         description="patch assuming lockgate's gate is the first one before reading the pod: "
         "one round trip in the common case; a wrong guess fails its test and falls back",
     )
-
-    @field_validator("clusters")
-    @classmethod
-    def _clusters_with_kubeconfigs(cls, clusters: dict[str, str]) -> dict[str, str]:
-        return require_kubeconfigs(clusters, variable="LOCKGATE_UNGATER_CLUSTERS",
-                                   purpose="to serve")
 
     @property
     def consumer_group(self) -> str:

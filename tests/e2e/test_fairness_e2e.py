@@ -18,39 +18,38 @@ watchers did not exist.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import Lockgate, ServicePorts
+from helpers.kafka import TopicTail
+from helpers.kube import COMPLETE_ANNOTATION, Namespaces, a_pod
+from helpers.postgres import fresh_database, migrate_database
+from helpers.services import fairness_report
+from helpers.waiting import eventually, until
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
     POD_EVENTS,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
-    ReleaseOutcome,
     ReleaseOutcomeKind,
 )
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.resources import Resources
 from lockgate_adapters.kafka import commit_group_at_end, ensure_topics
 from lockgate_adapters.kube import api_client
-from lockgate_adapters.postgres import migrate
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
@@ -63,57 +62,7 @@ PRIORITY_FACTORS = {LIGHT1: 1.0, LIGHT2: 1.0, HEAVY: 0.5}  # weights 1:1:2
 WEIGHTS = {queue: 1 / factor for queue, factor in PRIORITY_FACTORS.items()}
 POD_CPU, POD_MEMORY = "4", "1Gi"
 TOO_BIG_CPU = "1000"  # more than any node has
-COMPLETE_ANNOTATION = "lockgate.io/complete-after"
 LEADER, STANDBY = "fair-scheduler", "fair-scheduler-standby"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def with_database(dsn: str, database: str) -> str:
-    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
-
-
-async def consumer_at_end(bootstrap: str, topics: list[str], *, group_id: str
-                          ) -> AIOKafkaConsumer:
-    """A started consumer of `topics` in `group_id`, positioned at their current end."""
-    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id,
-                                enable_auto_commit=False, auto_offset_reset="latest")
-    await consumer.start()
-    try:
-        deadline = time.monotonic() + 30
-        while len({tp.topic for tp in consumer.assignment()}) < len(topics):
-            assert time.monotonic() < deadline, "partitions not assigned within 30s"
-            await asyncio.sleep(0.05)
-        partitions = sorted(consumer.assignment())
-        await consumer.seek_to_end(*partitions)
-        for partition in partitions:
-            await consumer.position(partition)
-    except BaseException:
-        await consumer.stop()
-        raise
-    return consumer
-
-
-@dataclass
-class OutcomeTail:
-    """Release outcomes for this run's clusters, from the moment the tail started."""
-
-    consumer: AIOKafkaConsumer
-    outcomes: list[ReleaseOutcome] = field(default_factory=list)
-    task: asyncio.Task[None] | None = None
-
-    async def collect(self) -> None:
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    outcome = RELEASE_OUTCOMES.decode(record.value or b"")
-                    if outcome.cluster in CLUSTERS:
-                        self.outcomes.append(outcome)
 
 
 @dataclass
@@ -122,7 +71,7 @@ class Run:
     apis: dict[str, client.ApiClient]  # by alias
     namespaces: dict[str, str]  # alias -> namespace
     pool: asyncpg.Pool
-    outcomes: OutcomeTail
+    outcomes: TopicTail  # release outcomes for this run's clusters
 
     def scheduler(self, name: str) -> int:
         port = self.lockgate.processes[name].health_port
@@ -132,74 +81,63 @@ class Run:
 
 @pytest.fixture
 async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
-    database = f"lockgate_e2e_{RUN}"
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    await admin.execute(f'CREATE DATABASE "{database}"')
-    dsn = with_database(stack.postgres_dsn, database)
-    await keep_only_our_clusters(dsn)
-    kubeconfigs = {alias: stack.kubeconfigs[real] for alias, real in CLUSTERS.items()}
-    apis = {alias: await api_client(path) for alias, path in kubeconfigs.items()}
-    bootstrap = stack.kafka_bootstrap
-    await ensure_topics(bootstrap)
-    queue_store_group = f"queue-store-e2e-{RUN}"
-    await commit_group_at_end(bootstrap, queue_store_group,
-                              [POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
-    await commit_group_at_end(bootstrap, "ungater-" + "+".join(sorted(CLUSTERS)),
-                              [RELEASE_COMMANDS])
-    outcomes = OutcomeTail(await consumer_at_end(bootstrap, [RELEASE_OUTCOMES.name],
-                                                 group_id=f"e2e-outcomes-{RUN}"))
-    outcomes.task = asyncio.create_task(outcomes.collect(), name="e2e-outcomes")
-    configuration = f"lockgate-e2e-{RUN}"
-    ports = ServicePorts(**{name: free_port() for name in ServicePorts.__dataclass_fields__})
-    lockgate = Lockgate(
-        kubeconfigs=kubeconfigs, kafka_bootstrap=bootstrap, postgres_dsn=dsn, ports=ports,
-        log_dir=tmp_path_factory.mktemp("service-logs"),
-        extra_env={
-            "LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group,
-            "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
-            "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
-            "LOCKGATE_WEBHOOK_CERT_DIR": str(tmp_path_factory.mktemp("webhook-certs")),
-        },
-    )
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-    namespaces: dict[str, str] = {}
-    try:
-        # The schedulers start later, once the whole backlog is queued (see the test).
-        await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
-                                   "ungater"])
-        admin_url = f"http://127.0.0.1:{ports.admin_api}/api/v1/queues"
-        async with aiohttp.ClientSession() as session:
-            for queue, factor in PRIORITY_FACTORS.items():
-                async with session.post(admin_url, json={"name": queue,
-                                                         "priority_factor": factor}) as response:
-                    assert response.status in (200, 201), await response.text()
-        for alias, api in apis.items():
-            name = f"e2e-fair-{RUN}"
-            await client.CoreV1Api(api).create_namespace({
-                "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": name, "labels": {MANAGED_NAMESPACE_LABEL: "true",
-                                                      INSTANCE_LABEL: RUN}}})
-            namespaces[alias] = name
-        for alias, api in apis.items():
-            await wait_for_default_service_account(api, namespaces[alias])
-        yield Run(lockgate, apis, namespaces, pool, outcomes)
-    finally:
-        codes = await lockgate.stop()
-        for alias, api in apis.items():
-            with contextlib.suppress(ApiException):
-                await client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(
-                    configuration)
-            if alias in namespaces:
-                with contextlib.suppress(ApiException):
-                    await client.CoreV1Api(api).delete_namespace(namespaces[alias])
-            await api.close()
-        outcomes.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await outcomes.task
-        await outcomes.consumer.stop()
-        await pool.close()
-        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        await admin.close()
+    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_e2e_{RUN}") as dsn:
+        await keep_only_our_clusters(dsn)
+        kubeconfigs = {alias: stack.kubeconfigs[real] for alias, real in CLUSTERS.items()}
+        apis = {alias: await api_client(path) for alias, path in kubeconfigs.items()}
+        bootstrap = stack.kafka_bootstrap
+        await ensure_topics(bootstrap)
+        queue_store_group = f"queue-store-e2e-{RUN}"
+        await commit_group_at_end(bootstrap, queue_store_group, [
+            POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
+        await commit_group_at_end(bootstrap, "ungater-" + "+".join(sorted(CLUSTERS)),
+                                  [RELEASE_COMMANDS])
+        outcomes = TopicTail(bootstrap, [RELEASE_OUTCOMES],
+                             keep=lambda outcome: outcome.cluster in CLUSTERS)
+        await outcomes.start()
+        configuration = f"lockgate-e2e-{RUN}"
+        ports = ServicePorts.free()
+        lockgate = Lockgate(
+            kubeconfigs=kubeconfigs, kafka_bootstrap=bootstrap, postgres_dsn=dsn, ports=ports,
+            log_dir=tmp_path_factory.mktemp("service-logs"),
+            extra_env={
+                "LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group,
+                "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
+                "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
+                "LOCKGATE_WEBHOOK_CERT_DIR": str(tmp_path_factory.mktemp("webhook-certs")),
+            },
+        )
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+        namespaces = Namespaces(apis)
+        try:
+            # The schedulers start later, once the whole backlog is queued (see the test).
+            await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
+                                       "ungater"])
+            admin_url = f"http://127.0.0.1:{ports.admin_api}/api/v1/queues"
+            async with aiohttp.ClientSession() as session:
+                for queue, factor in PRIORITY_FACTORS.items():
+                    async with session.post(admin_url, json={
+                            "name": queue, "priority_factor": factor}) as response:
+                        assert response.status in (200, 201), await response.text()
+            for alias in apis:
+                await namespaces.create(alias, f"e2e-fair-{RUN}", labels={
+                    MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: RUN})
+            yield Run(lockgate, apis, {alias: f"e2e-fair-{RUN}" for alias in apis}, pool,
+                      outcomes)
+        finally:
+            codes = await lockgate.stop()
+            for api in apis.values():
+                try:
+                    await client.AdmissionregistrationV1Api(
+                        api).delete_mutating_webhook_configuration(configuration)
+                except ApiException as error:
+                    if error.status != 404:
+                        raise
+            await namespaces.delete_all()
+            for api in apis.values():
+                await api.close()
+            await outcomes.stop()
+            await pool.close()
     unclean = {name: code for name, code in codes.items()
                if code not in (0, None) and name != LEADER}  # the leader was SIGKILLed
     assert not unclean, f"services did not stop gracefully: {unclean}"
@@ -207,32 +145,19 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
 
 async def keep_only_our_clusters(dsn: str) -> None:
     """Migrate, then drop rows about clusters this run does not know (see the docstring)."""
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    await migrate_database(dsn)
+    connection = await asyncpg.connect(dsn)
     try:
-        await migrate(pool)
-        await pool.execute(
+        await connection.execute(
             "CREATE FUNCTION only_our_clusters() RETURNS trigger AS $$ BEGIN"
             " IF NEW.cluster = ANY(TG_ARGV) THEN RETURN NEW; END IF; RETURN NULL;"
             " END $$ LANGUAGE plpgsql")
         for table in ("jobs", "cluster_nodes"):
-            await pool.execute(
+            await connection.execute(
                 f"CREATE TRIGGER only_our_clusters BEFORE INSERT ON {table} FOR EACH ROW"
                 f" EXECUTE FUNCTION only_our_clusters({', '.join(map(repr, CLUSTERS))})")
     finally:
-        await pool.close()
-
-
-async def wait_for_default_service_account(api: client.ApiClient, namespace: str) -> None:
-    core = client.CoreV1Api(api)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            await core.read_namespaced_service_account("default", namespace)
-            return
-        except ApiException as error:
-            if error.status != 404 or time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.1)
+        await connection.close()
 
 
 # ---------------------------------------------------------------- pods
@@ -240,16 +165,8 @@ async def wait_for_default_service_account(api: client.ApiClient, namespace: str
 
 def pod(name: str, queue: str, *, cpu: str = POD_CPU) -> dict[str, Any]:
     """A pod as a user writes it: no gate, just the queue label (the webhook does the rest)."""
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": "registry.invalid/work:1",
-                            "resources": {"requests": {"cpu": cpu, "memory": POD_MEMORY}}}],
-        },
-    }
+    return (a_pod(name).in_queue(queue).never_restarted()
+            .requesting(cpu=cpu, memory=POD_MEMORY).manifest())
 
 
 @dataclass(frozen=True)
@@ -315,24 +232,6 @@ async def wait_until_steady(run: Run, *, quiet_seconds: float, within: float) ->
         await asyncio.sleep(0.5)
 
 
-async def scheduler_ready(port: int) -> bool:
-    try:
-        async with aiohttp.ClientSession() as session, session.get(
-                f"http://127.0.0.1:{port}/readyz", timeout=aiohttp.ClientTimeout(total=2)
-        ) as response:
-            return response.status == 200
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-
-
-async def fairness_report(port: int) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{port}/api/v1/fairness") as response:
-        assert response.status == 200
-        body: dict[str, Any] = await response.json()
-        return body
-
-
 # ---------------------------------------------------------------- the scenario
 
 
@@ -349,15 +248,16 @@ async def describe(run: Run, pods: list[PodView]) -> str:
 
 
 async def wait_for_queued_jobs(run: Run, count: int, *, within: float) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        queued = await run.pool.fetchval(
+    queued: list[int] = []
+
+    async def all_queued() -> bool:
+        queued.append(await run.pool.fetchval(
             "SELECT count(*) FROM jobs WHERE queue = ANY($1::text[]) AND state = 'queued'",
-            list(PRIORITY_FACTORS))
-        if queued >= count:
-            return
-        assert time.monotonic() < deadline, f"only {queued} of {count} pods queued in Postgres"
-        await asyncio.sleep(0.3)
+            list(PRIORITY_FACTORS)))
+        return queued[-1] >= count
+
+    await eventually(all_queued, within=within, every=0.3,
+                     what=lambda: f"{count} pods queued in Postgres (have {queued[-1]})")
 
 
 async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: Run) -> None:
@@ -402,10 +302,8 @@ async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: 
 
     # The leader dies; the standby takes over.
     await run.lockgate.processes[LEADER].kill()
-    killed_at = time.monotonic()
-    while not await scheduler_ready(run.scheduler(STANDBY)):
-        assert time.monotonic() - killed_at < 30, "the standby did not take over within 30s"
-        await asyncio.sleep(0.2)
+    await eventually(run.lockgate.processes[STANDBY].ready, within=30, every=0.2,
+                     what="the standby to take over")
 
     # Freed capacity goes to the most under-served queue: complete three of light1's pods.
     before = {p.uid for p in pods if not p.gated}
@@ -415,14 +313,14 @@ async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: 
         await client.CoreV1Api(run.apis[finished.alias]).patch_namespaced_pod(
             finished.name, run.namespaces[finished.alias],
             {"metadata": {"annotations": {COMPLETE_ANNOTATION: "1s"}}})
-    deadline = time.monotonic() + 60
-    while True:
-        pods = await pods_of(run)
-        newly = [p for p in pods if not p.gated and p.uid not in before]
-        if len(newly) >= 3:
-            break
-        assert time.monotonic() < deadline, f"freed capacity not reused: {newly}"
-        await asyncio.sleep(0.2)
+    newly: list[PodView] = []
+
+    async def three_released() -> bool:
+        newly[:] = [p for p in await pods_of(run) if not p.gated and p.uid not in before]
+        return len(newly) >= 3
+
+    await eventually(three_released, within=60, every=0.2,
+                     what=lambda: f"freed capacity to be reused: {newly}")
     assert [p.queue for p in newly] == [LIGHT1] * 3, newly
     pods = await wait_until_steady(run, quiet_seconds=3, within=60)
 
@@ -435,13 +333,11 @@ async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: 
     assert all(row["n"] == 1 for row in decisions), [dict(r) for r in decisions if r["n"] > 1]
     deciders = Counter(row["by"] for row in decisions)
     assert deciders["scheduler-0"] > 0 and deciders["scheduler-1"] == 3, deciders
-    deadline = time.monotonic() + 30
-    while len({o.uid for o in run.outcomes.outcomes}) < len(ungated_uids):
-        assert time.monotonic() < deadline, "not every release has an outcome"
-        await asyncio.sleep(0.2)
-    removed = Counter(o.uid for o in run.outcomes.outcomes
+    await until(lambda: len({o.uid for o in run.outcomes.events()}) >= len(ungated_uids),
+                within=30, every=0.2, what="an outcome of every release")
+    removed = Counter(o.uid for o in run.outcomes.events()
                       if o.outcome is ReleaseOutcomeKind.UNGATED and o.reason == "gate removed")
     assert set(removed) == ungated_uids
     assert all(n == 1 for n in removed.values()), removed
-    assert not [o for o in run.outcomes.outcomes if o.outcome is ReleaseOutcomeKind.FAILED]
+    assert not run.outcomes.events(lambda o: o.outcome is ReleaseOutcomeKind.FAILED)
     assert run.lockgate.crashed() == [LEADER], run.lockgate.crashed()

@@ -15,10 +15,9 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -29,44 +28,24 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from admission_webhook.registration import delete_webhook_configuration
 from devstack.launcher import ServiceProcess
 from devstack.stack import StackInfo
+from helpers.kube import Namespaces, a_pod
+from helpers.postgres import fresh_database
+from helpers.services import watcher_process, webhook_process
+from helpers.waiting import eventually
 from lockgate.jobs import JobState
-from lockgate.labels import (
-    JOBSET_LABEL,
-    MANAGED_NAMESPACE_LABEL,
-    QUEUE_LABEL,
-    SCHEDULING_GATE,
-)
+from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.observing import observed_state
 from lockgate_adapters.postgres import connect_pool
-from queue_store.testing import (
-    FAST_RETRY,
-    QueueStoreUnderTest,
-    create_database,
-    drop_database,
-    free_port,
-    start_group_at_end,
-)
+from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(420)]
 
-T = TypeVar("T")
 RUN = uuid.uuid4().hex[:8]
 INSTANCE_LABEL = "lockgate-test.io/ingest-path"
 QUEUE = f"e2e-ingest-{RUN}"
 CLUSTERS = ("cluster-a", "cluster-b")
 SHOW_UP_WITHIN_SECONDS = 10.0
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float,
-                     what: Callable[[], str]) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        result = await probe()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s: {what()}")
-        await asyncio.sleep(0.1)
+WEBHOOK_CONFIGURATION = f"lockgate-e2e-ingest-{RUN}"
 
 
 # The system under test ------------------------------------------------------------------------
@@ -88,117 +67,67 @@ class IngestPath:
                          for p in self.processes)
 
 
-def watcher_process(stack: StackInfo) -> ServiceProcess:
-    health = free_port()
-    return ServiceProcess(f"cluster-watcher-e2e-{RUN}", "cluster_watcher", {
-        "LOCKGATE_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
-        "LOCKGATE_WATCHER_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
-        "LOCKGATE_WATCHER_HTTP_PORT": str(health),
-        "LOCKGATE_WATCHER_RETRY__INITIAL_SECONDS": "0.05",
-        "LOCKGATE_WATCHER_RETRY__MAX_SECONDS": "0.5",
-    }, health_port=health)
-
-
-def webhook_process(stack: StackInfo, dsn: str, cert_dir: Path) -> ServiceProcess:
-    health = free_port()
-    return ServiceProcess(f"admission-webhook-e2e-{RUN}", "admission_webhook", {
-        "LOCKGATE_POSTGRES_DSN": dsn,
-        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
-        "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": f"lockgate-e2e-ingest-{RUN}",
-        "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
-        "LOCKGATE_WEBHOOK_PORT": str(free_port()),
-        "LOCKGATE_WEBHOOK_HTTP_PORT": str(health),
-        "LOCKGATE_WEBHOOK_CERT_DIR": str(cert_dir),
-    }, health_port=health)
-
-
-async def managed_namespace(core: client.CoreV1Api) -> str:
-    """A namespace the webhook manages, whose pods default to QUEUE; waits for its SA."""
-    name = f"e2e-ingest-{RUN}-{uuid.uuid4().hex[:4]}"
-    await core.create_namespace({"metadata": {"name": name, "labels": {
-        MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: RUN, QUEUE_LABEL: QUEUE}}})
-
-    async def has_service_account() -> bool:
-        try:
-            await core.read_namespaced_service_account("default", name)
-            return True
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            return False
-
-    await eventually(has_service_account, within=30,
-                     what=lambda: f"the default ServiceAccount of {name}")
-    return name
-
-
 @pytest.fixture(scope="module")
 async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[IngestPath]:
-    dsn = await create_database(stack.postgres_dsn, prefix="e2e_ingest")
-    store = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
-    await start_group_at_end(stack.kafka_bootstrap, store.group_id)
     cores = {name: client.CoreV1Api(kube_clients[name]) for name in CLUSTERS}
+    clusters = {c: stack.kubeconfigs[c] for c in CLUSTERS}
     processes: list[ServiceProcess] = []
-    namespaces: dict[str, str] = {}
+    made = Namespaces(kube_clients)
     db: asyncpg.Pool | None = None
-    try:
-        queue_store = ServiceProcess(f"queue-store-e2e-{RUN}", "queue_store", store.env(),
-                                     health_port=store.health_port)
-        processes.append(queue_store)
-        await queue_store.start()
-        await queue_store.wait_ready(60)
-        async with aiohttp.ClientSession() as session, session.post(
-                f"{store.admin_url}/api/v1/queues", json={"name": QUEUE}) as reply:
-            assert reply.status == 201, await reply.text()
+    async with fresh_database(stack.postgres_dsn, prefix="e2e_ingest") as dsn:
+        store = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
+        try:
+            queue_store = await store.start(f"queue-store-e2e-{RUN}")
+            processes.append(queue_store)
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"{store.admin_url}/api/v1/queues", json={"name": QUEUE}) as reply:
+                assert reply.status == 201, await reply.text()
 
-        webhook = webhook_process(stack, dsn, tmp_path_factory.mktemp("webhook-certs"))
-        watcher = watcher_process(stack)
-        processes += [webhook, watcher]
-        for process in (webhook, watcher):
-            await process.start()
-        for process in (webhook, watcher):
-            await process.wait_ready(90)
-        for cluster, core in cores.items():
-            namespaces[cluster] = await managed_namespace(core)
-        db = await connect_pool(dsn, policy=FAST_RETRY)
-        yield IngestPath(stack, store, queue_store, watcher, webhook, db, cores, namespaces,
-                         processes)
-    finally:
-        for process in reversed(processes):
-            await process.stop()
-        for cluster, core in cores.items():
-            await delete_webhook_configuration(kube_clients[cluster],
-                                               f"lockgate-e2e-ingest-{RUN}")
-            if cluster in namespaces:
-                with contextlib.suppress(ApiException):
-                    await core.delete_collection_namespaced_pod(
-                        namespaces[cluster], grace_period_seconds=0)
-                with contextlib.suppress(ApiException):
-                    await core.delete_namespace(namespaces[cluster])
-        if db is not None:
-            await db.close()
-        await drop_database(stack.postgres_dsn, dsn)
+            webhook = webhook_process(
+                f"admission-webhook-e2e-{RUN}",
+                cert_dir=tmp_path_factory.mktemp("webhook-certs"), env={
+                    "LOCKGATE_POSTGRES_DSN": dsn,
+                    "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps(clusters),
+                    "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": WEBHOOK_CONFIGURATION,
+                    "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
+                }).process
+            watcher = watcher_process(f"cluster-watcher-e2e-{RUN}", clusters=clusters,
+                                      kafka_bootstrap=stack.kafka_bootstrap)
+            processes += [webhook, watcher]
+            for process in (webhook, watcher):
+                await process.start()
+            for process in (webhook, watcher):
+                await process.wait_ready(90)
+            # Namespaces the webhook manages, whose pods default to QUEUE.
+            namespaces = {
+                cluster: await made.create(cluster, f"e2e-ingest-{RUN}-{uuid.uuid4().hex[:4]}",
+                                           labels={MANAGED_NAMESPACE_LABEL: "true",
+                                                   INSTANCE_LABEL: RUN, QUEUE_LABEL: QUEUE})
+                for cluster in CLUSTERS}
+            db = await connect_pool(dsn, policy=FAST_RETRY)
+            yield IngestPath(stack, store, queue_store, watcher, webhook, db, cores, namespaces,
+                             processes)
+        finally:
+            for process in reversed(processes):
+                await process.stop()
+            for cluster in CLUSTERS:
+                await delete_webhook_configuration(kube_clients[cluster], WEBHOOK_CONFIGURATION)
+            await made.delete_all()
+            if db is not None:
+                await db.close()
 
 
 # Pods -----------------------------------------------------------------------------------------
 
-def plain_pod(name: str, *, jobset: str | None = None) -> dict[str, Any]:
-    """A pod as a user or operator writes it: no gate, no lockgate labels (the webhook adds)."""
-    labels = {JOBSET_LABEL: jobset} if jobset else {}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"containers": [{"name": "main", "image": "registry.invalid/sleep:1",
-                                     "resources": {"requests": {"cpu": "250m",
-                                                                "memory": "64Mi"}}}],
-                     "automountServiceAccountToken": False,
-                     "terminationGracePeriodSeconds": 0}}
-
-
 async def create_pod(path: IngestPath, cluster: str, name: str,
                      jobset: str | None = None) -> Any:
-    return await path.cores[cluster].create_namespaced_pod(
-        path.namespaces[cluster], plain_pod(name, jobset=jobset))
+    """A pod as a user or operator writes it: no gate, no queue (the webhook adds them)."""
+    pod = a_pod(name).requesting(cpu="250m", memory="64Mi")
+    if jobset:
+        pod = pod.in_jobset(jobset)
+    return await path.cores[cluster].create_namespaced_pod(path.namespaces[cluster],
+                                                           pod.manifest())
 
 
 async def delete_pod(path: IngestPath, cluster: str, name: str) -> None:
@@ -254,7 +183,7 @@ async def test_pods_created_in_both_clusters_show_up_as_queued_jobs_within_secon
                 latencies[key] = time.monotonic() - since
         return len(latencies) == len(created)
 
-    await eventually(all_queued, within=30, what=lambda: (
+    await eventually(all_queued, within=30, every=0.1, what=lambda: (
         f"{len(latencies)}/{len(created)} jobs queued\n{path.logs()}"))
     slowest = max(latencies.values())
     print(f"slowest pod creation → queued job in Postgres: {slowest:.2f}s")
@@ -275,10 +204,10 @@ async def test_deleting_a_gated_pod_marks_its_job_deleted(path: IngestPath) -> N
     async def in_state(state: JobState) -> bool:
         return (await job_states(path)).get(key) == state
 
-    await eventually(lambda: in_state(JobState.QUEUED), within=30,
+    await eventually(lambda: in_state(JobState.QUEUED), within=30, every=0.1,
                      what=lambda: f"the job to be queued\n{path.logs()}")
     await delete_pod(path, "cluster-b", "short-lived")
-    await eventually(lambda: in_state(JobState.DELETED), within=30,
+    await eventually(lambda: in_state(JobState.DELETED), within=30, every=0.1,
                      what=lambda: f"the job to be deleted\n{path.logs()}")
 
 
@@ -333,7 +262,7 @@ async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_coun
                           if truth.get(key) != unfinished.get(key)]
         return not differences
 
-    await eventually(converged, within=120, what=lambda: (
+    await eventually(converged, within=120, every=0.1, what=lambda: (
         "Postgres to match the apiservers; differences:\n" + "\n".join(differences[:20])
         + f"\n{path.logs()}"))
     truth = await apiserver_truth(path)

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from devstack.launcher import ServiceProcess, free_port
+from fair_scheduler.app import FAIRNESS_PATH
 from helpers.waiting import until
 from lockgate_adapters.service import Loop, ServiceContext, run_service
 from lockgate_adapters.settings import RetryPolicy, ServiceSettings
@@ -104,3 +105,12 @@ def webhook_process(name: str, *, cert_dir: Path, env: Mapping[str, str],
         **env,
     }, health_port=health_port)
     return WebhookProcess(process, port, cert_dir)
+
+
+async def fairness_report(health_port: int) -> dict[str, Any]:
+    """A fair scheduler's fairness report, from its health endpoint's port."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{health_port}{FAIRNESS_PATH}") as response:
+        assert response.status == 200
+        report: dict[str, Any] = await response.json()
+        return report

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
@@ -30,8 +26,12 @@ from admission_webhook.registration import (
     apply_webhook_configuration,
     delete_webhook_configuration,
 )
+from devstack.launcher import free_port
 from devstack.stack import StackInfo
-from e2e.processes import ServiceProcess
+from helpers.kube import PodBuilder, a_deployment, a_pod, gates_of
+from helpers.postgres import fresh_database
+from helpers.services import WebhookProcess, webhook_process
+from helpers.waiting import eventually
 from lockgate.admission import webhook_configuration
 from lockgate.labels import (
     JOBSET_LABEL,
@@ -54,12 +54,6 @@ CACHE_TTL_SECONDS = 120.0
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{RUN}-{uuid.uuid4().hex[:6]}"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -110,73 +104,20 @@ async def queues(pg: asyncpg.Pool) -> AsyncIterator[Queues]:
     await book.tombstone_all()
 
 
-@dataclass
-class Webhook:
-    process: ServiceProcess
-    health_port: int
-    port: int
-    cert_dir: Path
-
-    async def readiness(self) -> tuple[int, dict[str, Any]]:
-        async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{self.health_port}/readyz"
-        ) as response:
-            return response.status, await response.json()
-
-    async def post_review(self, cluster: str, review: dict[str, Any]) -> dict[str, Any]:
-        """Send a review the way an apiserver does, trusting only the webhook's own CA."""
-        trust = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
-        async with aiohttp.ClientSession() as session, session.post(
-            f"https://127.0.0.1:{self.port}/mutate/{cluster}", json=review, ssl=trust
-        ) as response:
-            assert response.status == 200, await response.text()
-            body: dict[str, Any] = await response.json()
-            return body
-
-
-async def start_webhook(
-    name: str, env: dict[str, str], tmp_path: Path
-) -> Webhook:
-    webhook = Webhook(
-        process=ServiceProcess(name, "admission_webhook", {}),
-        health_port=free_port(),
-        port=int(env.get("LOCKGATE_WEBHOOK_PORT") or free_port()),
-        cert_dir=tmp_path / "certs",
-    )
-    webhook.process.env.update({
-        "LOCKGATE_WEBHOOK_PORT": str(webhook.port),
-        "LOCKGATE_WEBHOOK_HTTP_PORT": str(webhook.health_port),
-        "LOCKGATE_WEBHOOK_CERT_DIR": str(webhook.cert_dir),
-        "LOCKGATE_WEBHOOK_LOG_LEVEL": "DEBUG",
-        **env,
-    })
+async def start_webhook(name: str, env: dict[str, str], directory: Path, *,
+                        port: int | None = None) -> WebhookProcess:
+    """A webhook process started (not yet ready), its certificates under `directory`."""
+    webhook = webhook_process(name, cert_dir=directory / "certs", port=port,
+                              env={"LOCKGATE_WEBHOOK_LOG_LEVEL": "DEBUG", **env})
     await webhook.process.start()
     return webhook
-
-
-async def wait_until_ready(webhook: Webhook) -> None:
-    deadline = asyncio.get_running_loop().time() + READY_WITHIN_SECONDS
-    last: object = "no answer"
-    while asyncio.get_running_loop().time() < deadline:
-        assert webhook.process.alive(), (
-            f"the webhook exited:\n{webhook.process.log_tail()}")
-        try:
-            status, body = await webhook.readiness()
-            if status == 200:
-                return
-            last = body
-        except aiohttp.ClientError as error:
-            last = error
-        await asyncio.sleep(0.3)
-    pytest.fail(f"the webhook was not ready within {READY_WITHIN_SECONDS}s ({last}):\n"
-                f"{webhook.process.log_tail()}")
 
 
 @pytest.fixture(scope="module")
 async def webhook(
     stack: StackInfo, kube_clients: Kube, queues: Queues,
     tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Webhook]:
+) -> AsyncIterator[WebhookProcess]:
     configuration = f"lockgate-test-{RUN}"
     running = await start_webhook(f"admission-webhook-{RUN}", {
         "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
@@ -187,7 +128,7 @@ async def webhook(
         "LOCKGATE_WEBHOOK_QUEUE_CACHE_TTL_SECONDS": str(CACHE_TTL_SECONDS),
     }, tmp_path_factory.mktemp("admission-webhook"))
     try:
-        await wait_until_ready(running)
+        await running.process.wait_ready(READY_WITHIN_SECONDS)
         yield running
     finally:
         await running.process.stop()
@@ -215,15 +156,9 @@ def namespaces(make_namespace: Callable[..., Awaitable[str]]) -> Factory:
 # ----------------------------------------------------------------------------------- helpers
 
 
-def pod_manifest(
-    name: str, labels: dict[str, str] | None = None, **metadata: Any
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}, **metadata},
-        "spec": {"containers": [{"name": "main", "image": "busybox",
-                                 "resources": {"requests": {"cpu": "100m"}}}]},
-    }
+def user_pod(name: str) -> PodBuilder:
+    """A pod as a user writes it: no gate, lockgate labels only where the test says."""
+    return a_pod(name).requesting(cpu="100m")
 
 
 def review_for(namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
@@ -233,10 +168,6 @@ def review_for(namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"},
         "object": pod}}
-
-
-def gates_of(pod: client.V1Pod) -> list[str]:
-    return [gate.name for gate in pod.spec.scheduling_gates or []]
 
 
 def sources_of(pod: client.V1Pod) -> dict[str, Any]:
@@ -253,31 +184,13 @@ def rejection_message(error: ApiException) -> str:
 async def pods_of(api: client.ApiClient, namespace: str, count: int) -> list[client.V1Pod]:
     """The namespace's pods once there are `count` of them (controllers create them)."""
     core = client.CoreV1Api(api)
-    for _ in range(120):
+
+    async def enough() -> list[client.V1Pod] | None:
         found = (await core.list_namespaced_pod(namespace)).items
-        if len(found) >= count:
-            return list(found)
-        await asyncio.sleep(0.25)
-    pytest.fail(f"{namespace}: expected {count} pods, found {len(found)}")
+        return list(found) if len(found) >= count else None
 
-
-def deployment_manifest(
-    name: str, labels: dict[str, str], template_labels: dict[str, str] | None = None,
-    replicas: int = 2,
-) -> dict[str, Any]:
-    selector = {"app": name}
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {"labels": {**selector, **(template_labels or {})}},
-                "spec": pod_manifest("unused")["spec"],
-            },
-        },
-    }
+    return await eventually(enough, within=30, every=0.25,
+                            what=f"{count} pods in {namespace}")
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -285,7 +198,7 @@ def deployment_manifest(
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
 async def test_pod_in_managed_namespace_is_gated_and_labelled(
-    cluster: str, webhook: Webhook, kube_clients: Kube, queues: Queues,
+    cluster: str, webhook: WebhookProcess, kube_clients: Kube, queues: Queues,
     namespaces: Factory,
 ) -> None:
     queue = await queues.create()
@@ -293,7 +206,7 @@ async def test_pod_in_managed_namespace_is_gated_and_labelled(
     core = client.CoreV1Api(kube_clients[cluster])
 
     pod = await core.create_namespaced_pod(
-        namespace, pod_manifest("worker", {QUEUE_LABEL: queue, "app": "demo"}))
+        namespace, user_pod("worker").in_queue(queue).labelled(app="demo").manifest())
 
     assert gates_of(pod) == [SCHEDULING_GATE]
     assert pod.metadata.labels == {QUEUE_LABEL: queue, JOBSET_LABEL: namespace, "app": "demo"}
@@ -303,13 +216,12 @@ async def test_pod_in_managed_namespace_is_gated_and_labelled(
 
 
 async def test_pod_keeps_other_gates(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create()
     namespace = await namespaces("cluster-b")
-    manifest = pod_manifest("two-gates", {QUEUE_LABEL: queue})
-    manifest["spec"]["schedulingGates"] = [{"name": "example.com/other"},
-                                           {"name": SCHEDULING_GATE}]
+    manifest = (user_pod("two-gates").in_queue(queue)
+                .gated("example.com/other", SCHEDULING_GATE).manifest())
 
     pod = await client.CoreV1Api(kube_clients["cluster-b"]).create_namespaced_pod(
         namespace, manifest)
@@ -318,12 +230,13 @@ async def test_pod_keeps_other_gates(
 
 
 async def test_deployment_pods_inherit_from_the_deployment_through_its_replicaset(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create()
     namespace = await namespaces("cluster-a")
     await client.AppsV1Api(kube_clients["cluster-a"]).create_namespaced_deployment(
-        namespace, deployment_manifest("web", {QUEUE_LABEL: queue, JOBSET_LABEL: "web-js"}))
+        namespace, a_deployment("web").labelled({QUEUE_LABEL: queue, JOBSET_LABEL: "web-js"})
+        .with_replicas(2).of(user_pod("web")).manifest())
 
     pods = await pods_of(kube_clients["cluster-a"], namespace, 2)
 
@@ -336,7 +249,7 @@ async def test_deployment_pods_inherit_from_the_deployment_through_its_replicase
 
 
 async def test_pod_inherits_from_any_owner_kind(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     """An owner kind lockgate has no special case for is found through API discovery."""
     queue = await queues.create()
@@ -348,7 +261,7 @@ async def test_pod_inherits_from_any_owner_kind(
                  "uid": owner.metadata.uid, "controller": True}
 
     pod = await core.create_namespaced_pod(
-        namespace, pod_manifest("managed-by-operator", ownerReferences=[reference]))
+        namespace, user_pod("managed-by-operator").owned_by(reference).manifest())
 
     assert gates_of(pod) == [SCHEDULING_GATE]
     assert pod.metadata.labels[QUEUE_LABEL] == queue
@@ -356,7 +269,7 @@ async def test_pod_inherits_from_any_owner_kind(
 
 
 async def test_unreadable_owner_falls_back_to_the_namespace_and_says_so(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create()
     namespace = await namespaces("cluster-a", **{QUEUE_LABEL: queue})
@@ -364,7 +277,7 @@ async def test_unreadable_owner_falls_back_to_the_namespace_and_says_so(
              "uid": str(uuid.uuid4()), "controller": True}
 
     pod = await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_pod(
-        namespace, pod_manifest("orphan", ownerReferences=[ghost]))
+        namespace, user_pod("orphan").owned_by(ghost).manifest())
 
     assert gates_of(pod) == [SCHEDULING_GATE]
     assert pod.metadata.labels[QUEUE_LABEL] == queue
@@ -374,13 +287,13 @@ async def test_unreadable_owner_falls_back_to_the_namespace_and_says_so(
 
 
 async def test_pod_inherits_from_namespace_labels(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create()
     namespace = await namespaces("cluster-b", **{QUEUE_LABEL: queue, JOBSET_LABEL: "team-js"})
 
     pod = await client.CoreV1Api(kube_clients["cluster-b"]).create_namespaced_pod(
-        namespace, pod_manifest("plain"))
+        namespace, user_pod("plain").manifest())
 
     assert gates_of(pod) == [SCHEDULING_GATE]
     assert (pod.metadata.labels[QUEUE_LABEL], pod.metadata.labels[JOBSET_LABEL]) == (
@@ -390,15 +303,15 @@ async def test_pod_inherits_from_namespace_labels(
 
 
 async def test_pod_labels_win_over_owner_and_namespace(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     namespace_queue, owner_queue, pod_queue = [await queues.create() for _ in range(3)]
     namespace = await namespaces("cluster-a", **{QUEUE_LABEL: namespace_queue,
                                                  JOBSET_LABEL: "ns-js"})
     await client.AppsV1Api(kube_clients["cluster-a"]).create_namespaced_deployment(
-        namespace, deployment_manifest(
-            "mixed", {QUEUE_LABEL: owner_queue, JOBSET_LABEL: "deploy-js"},
-            template_labels={QUEUE_LABEL: pod_queue}, replicas=1))
+        namespace, a_deployment("mixed").labelled({QUEUE_LABEL: owner_queue,
+                                                   JOBSET_LABEL: "deploy-js"})
+        .of(user_pod("mixed").in_queue(pod_queue)).manifest())
 
     (pod,) = await pods_of(kube_clients["cluster-a"], namespace, 1)
 
@@ -409,7 +322,7 @@ async def test_pod_labels_win_over_owner_and_namespace(
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
 async def test_unknown_queue_is_rejected_with_what_to_do(
-    cluster: str, webhook: Webhook, kube_clients: Kube, queues: Queues,
+    cluster: str, webhook: WebhookProcess, kube_clients: Kube, queues: Queues,
     namespaces: Factory,
 ) -> None:
     await queues.create()  # at least one queue to suggest
@@ -418,7 +331,7 @@ async def test_unknown_queue_is_rejected_with_what_to_do(
 
     with pytest.raises(ApiException) as rejected:
         await client.CoreV1Api(kube_clients[cluster]).create_namespaced_pod(
-            namespace, pod_manifest("lost", {QUEUE_LABEL: missing}))
+            namespace, user_pod("lost").in_queue(missing).manifest())
 
     assert rejected.value.status == 403
     message = rejection_message(rejected.value)
@@ -428,13 +341,13 @@ async def test_unknown_queue_is_rejected_with_what_to_do(
 
 
 async def test_pod_without_any_queue_is_rejected_with_where_to_set_it(
-    webhook: Webhook, kube_clients: Kube, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, namespaces: Factory,
 ) -> None:
     namespace = await namespaces("cluster-a")
 
     with pytest.raises(ApiException) as rejected:
         await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_pod(
-            namespace, pod_manifest("nowhere"))
+            namespace, user_pod("nowhere").manifest())
 
     assert rejected.value.status == 403
     assert (f"pod {namespace}/nowhere has no queue: set label {QUEUE_LABEL} on the pod or "
@@ -442,14 +355,14 @@ async def test_pod_without_any_queue_is_rejected_with_where_to_set_it(
 
 
 async def test_cordoned_queue_is_rejected(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create(cordoned=True)
     namespace = await namespaces("cluster-b")
 
     with pytest.raises(ApiException) as rejected:
         await client.CoreV1Api(kube_clients["cluster-b"]).create_namespaced_pod(
-            namespace, pod_manifest("frozen", {QUEUE_LABEL: queue}))
+            namespace, user_pod("frozen").in_queue(queue).manifest())
 
     assert rejected.value.status == 403
     assert f'queue "{queue}" is cordoned and accepts no new pods' in rejection_message(
@@ -457,19 +370,19 @@ async def test_cordoned_queue_is_rejected(
 
 
 async def test_cordon_applies_within_moments_through_the_change_notification(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create()
     namespace = await namespaces("cluster-a")
     core = client.CoreV1Api(kube_clients["cluster-a"])
-    await core.create_namespaced_pod(namespace, pod_manifest("before", {QUEUE_LABEL: queue}))
+    await core.create_namespaced_pod(namespace, user_pod("before").in_queue(queue).manifest())
 
     await queues.cordon(queue)
     started = asyncio.get_running_loop().time()
     for attempt in range(40):
         try:
             await core.create_namespaced_pod(
-                namespace, pod_manifest(f"after-{attempt}", {QUEUE_LABEL: queue}))
+                namespace, user_pod(f"after-{attempt}").in_queue(queue).manifest())
         except ApiException as error:
             assert f'queue "{queue}" is cordoned' in rejection_message(error)
             break
@@ -480,13 +393,13 @@ async def test_cordon_applies_within_moments_through_the_change_notification(
 
 
 async def test_unmanaged_namespace_is_untouched(
-    webhook: Webhook, kube_clients: Kube, queues: Queues, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     queue = await queues.create()
     namespace = await namespaces("cluster-a", managed=False)
 
     pod = await client.CoreV1Api(kube_clients["cluster-a"]).create_namespaced_pod(
-        namespace, pod_manifest("free", {QUEUE_LABEL: queue}))
+        namespace, user_pod("free").in_queue(queue).manifest())
 
     assert gates_of(pod) == []
     assert JOBSET_LABEL not in pod.metadata.labels
@@ -494,18 +407,18 @@ async def test_unmanaged_namespace_is_untouched(
 
 
 async def test_kube_system_pods_are_untouched(
-    webhook: Webhook, kube_clients: Kube, queues: Queues,
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues,
 ) -> None:
     queue = await queues.create()
     core = client.CoreV1Api(kube_clients["cluster-b"])
     name = unique("lg-adm-sys")
     pod = await core.create_namespaced_pod(
-        "kube-system", pod_manifest(name, {QUEUE_LABEL: queue}))
+        "kube-system", user_pod(name).in_queue(queue).manifest())
     try:
         assert gates_of(pod) == []
         assert LABEL_SOURCE_ANNOTATION not in (pod.metadata.annotations or {})
         # Even a review that reaches the webhook for kube-system is answered unchanged.
-        review = review_for("kube-system", pod_manifest(name, {QUEUE_LABEL: queue}))
+        review = review_for("kube-system", user_pod(name).in_queue(queue).manifest())
         answer = (await webhook.post_review("cluster-b", review))["response"]
         assert answer == {"uid": review["request"]["uid"], "allowed": True}
     finally:
@@ -513,7 +426,7 @@ async def test_kube_system_pods_are_untouched(
 
 
 async def test_non_pod_objects_are_created_immediately(
-    webhook: Webhook, kube_clients: Kube, namespaces: Factory,
+    webhook: WebhookProcess, kube_clients: Kube, namespaces: Factory,
 ) -> None:
     namespace = await namespaces("cluster-a")
 
@@ -538,7 +451,7 @@ async def test_webhook_refuses_and_is_not_ready_when_postgres_is_unreachable(
         "LOCKGATE_WEBHOOK_QUEUE_CHECK_TIMEOUT_SECONDS": "0.5",
     }, tmp_path)
     try:
-        review = review_for(namespace, pod_manifest("blind", {QUEUE_LABEL: "any-queue"}))
+        review = review_for(namespace, user_pod("blind").in_queue("any-queue").manifest())
         answer: dict[str, Any] = {}
         for _ in range(100):  # until its certificates are written and its HTTPS server is up
             try:
@@ -601,25 +514,25 @@ async def test_pods_are_refused_while_the_webhook_is_down_and_gated_after_restar
     }
     core = client.CoreV1Api(kube_clients["cluster-b"])
     first = await start_webhook(f"admission-webhook-{instance}", env, tmp_path)
-    second: Webhook | None = None
+    second: WebhookProcess | None = None
     try:
-        await wait_until_ready(first)
+        await first.process.wait_ready(READY_WITHIN_SECONDS)
         ca_before = (first.cert_dir / "ca.crt").read_bytes()
         await first.process.kill()
 
         with pytest.raises(ApiException) as refused:
-            await core.create_namespaced_pod(namespace, pod_manifest("while-down",
-                                                                     {QUEUE_LABEL: queue}))
+            await core.create_namespaced_pod(
+                namespace, user_pod("while-down").in_queue(queue).manifest())
         assert refused.value.status == 500
         assert "failed calling webhook" in rejection_message(refused.value)
         assert not (await core.list_namespaced_pod(namespace)).items
 
         # Same port and certificate directory, as a restarted service would have.
-        env["LOCKGATE_WEBHOOK_PORT"] = str(first.port)
-        second = await start_webhook(f"admission-webhook-{instance}", env, tmp_path)
-        await wait_until_ready(second)
-        pod = await core.create_namespaced_pod(namespace, pod_manifest("after-restart",
-                                                                       {QUEUE_LABEL: queue}))
+        second = await start_webhook(f"admission-webhook-{instance}", env, tmp_path,
+                                     port=first.port)
+        await second.process.wait_ready(READY_WITHIN_SECONDS)
+        pod = await core.create_namespaced_pod(
+            namespace, user_pod("after-restart").in_queue(queue).manifest())
         assert gates_of(pod) == [SCHEDULING_GATE]
         assert (second.cert_dir / "ca.crt").read_bytes() == ca_before
     finally:
@@ -632,21 +545,8 @@ async def test_pods_are_refused_while_the_webhook_is_down_and_gated_after_restar
 @pytest.fixture
 async def own_database(pg_dsn: str) -> AsyncIterator[str]:
     """A fresh, migrated database: this test locks its tables, which must block no one else."""
-    name = f"lg_adm_{RUN}_{uuid.uuid4().hex[:6]}"
-    dsn = urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{name}"))
-    admin = await asyncpg.connect(pg_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-        assert pool is not None
-        try:
-            await migrate(pool)
-        finally:
-            await pool.close()
+    async with fresh_database(pg_dsn, prefix=f"lg_adm_{RUN}", migrated=True) as dsn:
         yield dsn
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 async def test_review_is_answered_in_time_when_postgres_is_slow_and_recovers(
@@ -663,8 +563,8 @@ async def test_review_is_answered_in_time_when_postgres_is_slow_and_recovers(
     }, tmp_path)
     blocker = await asyncpg.connect(own_database)
     try:
-        await wait_until_ready(webhook)
-        review = review_for(namespace, pod_manifest("slow", {QUEUE_LABEL: "not-cached"}))
+        await webhook.process.wait_ready(READY_WITHIN_SECONDS)
+        review = review_for(namespace, user_pod("slow").in_queue("not-cached").manifest())
 
         # Readers of `queues` now wait for this transaction: Postgres is "slow".
         transaction = blocker.transaction()
@@ -683,7 +583,7 @@ async def test_review_is_answered_in_time_when_postgres_is_slow_and_recovers(
         assert (status, body["checks"]["queues"]["ready"]) == (503, False)
 
         await transaction.rollback()
-        await wait_until_ready(webhook)
+        await webhook.process.wait_ready(READY_WITHIN_SECONDS)
         answer = (await webhook.post_review("cluster-a", review))["response"]
         assert answer["status"]["code"] == 403
         assert 'queue "not-cached" does not exist' in answer["status"]["message"]

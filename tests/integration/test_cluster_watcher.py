@@ -10,136 +10,56 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from aiokafka import AIOKafkaConsumer
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from cluster_watcher.app import compose
 from cluster_watcher.settings import WatcherSettings
 from cluster_watcher.watching import ResourceWatcher, WatchExpired, WatchOptions
-from devstack.launcher import ServiceProcess
+from helpers.kafka import TopicTail
+from helpers.kube import (
+    KWOK_NODE_ANNOTATION,
+    PodBuilder,
+    a_pod,
+    kubeconfig_through,
+    remove_first_gate,
+    server_port,
+    temporary_namespaces,
+)
+from helpers.network import TcpRelay
+from helpers.services import FAST_RETRY, service_in_process, watcher_process
+from helpers.waiting import until
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
     POD_EVENTS,
     ClusterCapacity,
     ClusterSnapshot,
-    Event,
     PodEvent,
 )
 from lockgate.jobs import JobState
-from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import JOBSET_LABEL
 from lockgate.resources import Resources
-from lockgate_adapters.kafka import ensure_topics
 from lockgate_adapters.kube import api_client
-from lockgate_adapters.service import ServiceContext, run_service
-from lockgate_adapters.settings import RetryPolicy
+from lockgate_adapters.service import ServiceContext
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 
 SUFFIX = uuid.uuid4().hex[:8]
 NAMESPACE = f"lockgate-watcher-{SUFFIX}"
 QUEUE = f"watcher-q-{SUFFIX}"
-FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 TOPICS = (POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY)
 
 
 # Reading what the watcher published
-
-
-@dataclass
-class Published:
-    event: Event
-    headers: dict[str, bytes]
-    received_at: float
-
-
-@dataclass
-class KafkaTail:
-    """Everything published on the watcher's topics from the moment the tail started."""
-
-    bootstrap: str
-    messages: list[Published] = field(default_factory=list)
-    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    _consumer: AIOKafkaConsumer | None = None
-    _task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await ensure_topics(self.bootstrap)
-        self._consumer = AIOKafkaConsumer(
-            *(topic.name for topic in TOPICS), bootstrap_servers=self.bootstrap,
-            group_id=f"test-watcher-{uuid.uuid4().hex}", enable_auto_commit=False,
-            auto_offset_reset="latest",
-        )
-        await self._consumer.start()
-        try:
-            deadline = time.monotonic() + 30
-            while not self._consumer.assignment():
-                assert time.monotonic() < deadline, "no partitions assigned within 30s"
-                await asyncio.sleep(0.05)
-            partitions = sorted(self._consumer.assignment())
-            await self._consumer.seek_to_end(*partitions)
-            for partition in partitions:  # resolve the end offsets before anything is produced
-                await self._consumer.position(partition)
-        except BaseException:
-            await self._consumer.stop()
-            raise
-        self._task = asyncio.create_task(self._collect())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def _collect(self) -> None:
-        assert self._consumer is not None
-        models = {topic.name: topic for topic in TOPICS}
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    event = models[record.topic].decode(record.value or b"")
-                    self.messages.append(Published(event, dict(record.headers or ()),
-                                                   time.monotonic()))
-            if batches:
-                self._arrived.set()
-
-    def matching(self, predicate: Callable[[Any], bool]) -> list[Any]:
-        return [m.event for m in self.messages if predicate(m.event)]
-
-    def index_of(self, event: Event) -> int:
-        return next(i for i, m in enumerate(self.messages) if m.event is event)
-
-    async def wait_for(self, predicate: Callable[[Any], bool], *, within: float = 30.0,
-                       what: str = "an event", after: int = -1) -> Any:
-        """The first matching event (received after message number `after`)."""
-        deadline = time.monotonic() + within
-        while True:
-            found = [m.event for m in self.messages[after + 1:] if predicate(m.event)]
-            if found:
-                return found[0]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {what} within {within}s")
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), min(remaining, 1.0))
 
 
 def pod_events(cluster: str, uid: str) -> Callable[[Any], bool]:
@@ -166,73 +86,33 @@ async def running_watcher(clusters: Mapping[str, str], kafka_bootstrap: str,
         retry=FAST_RETRY, capacity_min_interval_seconds=0.2, watch_timeout_seconds=30,
         kafka_send_timeout_seconds=5,
     )
-    ctx = ServiceContext(settings)
-    task = asyncio.create_task(
-        run_service(settings, compose, install_signal_handlers=False, context=ctx))
-    try:
-        if wait_ready:
-            checks = {f"{cluster}/{kind}" for cluster in clusters for kind in ("pods", "nodes")}
-            # Readiness holds trivially until compose declared the watcher's checks.
-            await until(lambda: (checks <= set(ctx.readiness.report()) and ctx.readiness.ready)
-                        or task.done(), within=60,
-                        what=lambda: f"watcher ready: {ctx.readiness.report()}")
-            if task.done():
-                task.result()
+    checks = {f"{cluster}/{kind}" for cluster in clusters for kind in ("pods", "nodes")}
+
+    def ready(ctx: ServiceContext) -> bool:
+        # Readiness holds trivially until compose declared the watcher's checks.
+        return checks <= set(ctx.readiness.report()) and ctx.readiness.ready
+
+    async with service_in_process(settings, compose, name="cluster-watcher-under-test",
+                                  ready=ready if wait_ready else None) as ctx:
         yield ctx
-    finally:
-        ctx.stopping.set()
-        await asyncio.wait_for(task, 30)
-
-
-async def until(condition: Callable[[], bool], *, within: float,
-                what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what()}")
-        await asyncio.sleep(0.05)
 
 
 # Pods as the webhook leaves them
 
 
+def a_managed_pod(name: str) -> PodBuilder:
+    return a_pod(name).in_namespace(NAMESPACE).tolerating_kwok_nodes()
+
+
 def gated_pod(name: str, *, jobset: str = "js", cpu: str = "250m",
               memory: str = "64Mi") -> dict[str, Any]:
-    return pod(name, labels={QUEUE_LABEL: QUEUE, JOBSET_LABEL: jobset},
-               gates=[SCHEDULING_GATE], requests={"cpu": cpu, "memory": memory})
-
-
-def pod(name: str, *, labels: dict[str, str] | None = None, gates: list[str] | None = None,
-        requests: dict[str, str] | None = None, limits: dict[str, str] | None = None,
-        node: str | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/sleep:1",
-                                 "resources": {"requests": requests or {},
-                                               "limits": limits or {}}}
-    spec: dict[str, Any] = {
-        "containers": [container],
-        "automountServiceAccountToken": False,
-        "tolerations": [{"key": KWOK_NODE_ANNOTATION, "operator": "Exists"}],
-        "terminationGracePeriodSeconds": 0,
-    }
-    if gates:
-        spec["schedulingGates"] = [{"name": g} for g in gates]
-    if node:
-        spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels or {}},
-            "spec": spec}
+    return (a_managed_pod(name).in_queue(QUEUE).in_jobset(jobset).gated()
+            .requesting(cpu=cpu, memory=memory).manifest())
 
 
 async def create_pod(core: client.CoreV1Api, manifest: dict[str, Any]) -> str:
     created = await core.create_namespaced_pod(NAMESPACE, manifest)
     return str(created.metadata.uid)
-
-
-async def remove_lockgate_gate(core: client.CoreV1Api, name: str) -> None:
-    patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": SCHEDULING_GATE},
-             {"op": "remove", "path": "/spec/schedulingGates/0"}]
-    await core.patch_namespaced_pod(name, NAMESPACE, patch,
-                                    _content_type="application/json-patch+json")
 
 
 async def delete_pod(core: client.CoreV1Api, name: str) -> None:
@@ -249,18 +129,10 @@ async def cores(kube_clients: dict[str, client.ApiClient]
     """A CoreV1Api per real cluster, with this module's namespace in each."""
     if not kube_clients:
         pytest.fail("the stack has no clusters")
-    cores = {name: client.CoreV1Api(api) for name, api in kube_clients.items()}
-    for core in cores.values():
-        await core.create_namespace({"metadata": {"name": NAMESPACE}})
-        with contextlib.suppress(ApiException):  # the controller may have made it already
-            await core.create_namespaced_service_account(
-                NAMESPACE, {"metadata": {"name": "default"}})
-    yield cores
-    for core in cores.values():
-        with contextlib.suppress(ApiException):
-            await core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
-        with contextlib.suppress(ApiException):
-            await core.delete_namespace(NAMESPACE)
+    async with temporary_namespaces(kube_clients) as namespaces:
+        for cluster in kube_clients:
+            await namespaces.create(cluster, NAMESPACE)
+        yield {name: client.CoreV1Api(api) for name, api in kube_clients.items()}
 
 
 def watched_as(stack: Any, tag: str) -> dict[str, str]:
@@ -269,15 +141,14 @@ def watched_as(stack: Any, tag: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def tail(stack: Any) -> AsyncIterator[KafkaTail]:
-    tail = KafkaTail(stack.kafka_bootstrap)
-    await tail.start()
-    yield tail
-    await tail.stop()
+async def tail(stack: Any) -> AsyncIterator[TopicTail]:
+    """Everything published on the watcher's topics from the moment the test started."""
+    async with TopicTail(stack.kafka_bootstrap, TOPICS) as tail:
+        yield tail
 
 
 @pytest.fixture
-async def watcher(stack: Any, cores: Any, tail: KafkaTail) -> AsyncIterator[dict[str, str]]:
+async def watcher(stack: Any, cores: Any, tail: TopicTail) -> AsyncIterator[dict[str, str]]:
     """A watcher of both clusters (started after `tail`, which so sees all it publishes).
 
     Yields real cluster name → the name the watcher reports it under.
@@ -291,7 +162,7 @@ async def watcher(stack: Any, cores: Any, tail: KafkaTail) -> AsyncIterator[dict
 
 
 async def test_gated_pods_are_reported_queued_then_released_running_and_deleted_in_each_cluster(
-    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: KafkaTail
+    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: TopicTail
 ) -> None:
     for real_cluster, core in cores.items():
         cluster = watcher[real_cluster]
@@ -306,7 +177,7 @@ async def test_gated_pods_are_reported_queued_then_released_running_and_deleted_
         assert queued.requests == {"cpu": 1500, "memory": 256 * 2**20}
         assert queued.gated and queued.node_name is None and queued.snapshot_id is None
 
-        await remove_lockgate_gate(core, name)
+        await remove_first_gate(core, NAMESPACE, name)
         await tail.wait_for(pod_event_in(cluster, uid, JobState.UNGATED),
                                    what=f"UNGATED for {name}")
         running: PodEvent = await tail.wait_for(
@@ -317,36 +188,35 @@ async def test_gated_pods_are_reported_queued_then_released_running_and_deleted_
         await tail.wait_for(pod_event_in(cluster, uid, JobState.DELETED),
                                    what=f"DELETED for {name}")
 
-        states = [e.state for e in tail.matching(pod_events(cluster, uid))]
+        states = [e.state for e in tail.events(pod_events(cluster, uid))]
         assert states == sorted(states, key=lambda s: s.rank), states
         assert states[0] is JobState.QUEUED and states[-1] is JobState.DELETED
         assert len(states) == len(set(states)), f"unchanged states published twice: {states}"
 
 
 async def test_a_pods_events_carry_a_trace_whose_id_is_the_pod_uid(
-    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: KafkaTail
+    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: TopicTail
 ) -> None:
     core = cores["cluster-a"]
     uid = await create_pod(core, gated_pod(f"traced-{uuid.uuid4().hex[:6]}"))
-    await tail.wait_for(pod_event_in(watcher["cluster-a"], uid, JobState.QUEUED))
-    published = next(m for m in tail.messages
-                     if pod_event_in(watcher["cluster-a"], uid, JobState.QUEUED)(m.event))
+    published = await tail.wait_for_message(
+        pod_event_in(watcher["cluster-a"], uid, JobState.QUEUED))
     traceparent = published.headers["traceparent"].decode()
     assert traceparent.split("-")[1] == uid.replace("-", "")
 
 
 async def test_unmanaged_pods_publish_no_pod_event_but_count_in_their_nodes_usage(
     stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str],
-    tail: KafkaTail,
+    tail: TopicTail,
 ) -> None:
     core = cores["cluster-b"]
     cluster = watcher["cluster-b"]
     node = (await kwok_nodes(core))[0]
     # An extended resource of this test's own makes the usage exactly attributable to it.
     marker = f"lockgate-test.io/w{SUFFIX}"
-    requests = {"cpu": "1237m", marker: "3"}
     name = f"unmanaged-{uuid.uuid4().hex[:6]}"
-    uid = await create_pod(core, pod(name, requests=requests, limits={marker: "3"}, node=node))
+    uid = await create_pod(core, a_managed_pod(name).requesting(cpu="1237m", **{marker: "3"})
+                           .limited_to(**{marker: "3"}).on_node(node).manifest())
 
     def uses_marker(amount: int) -> Callable[[ClusterCapacity], bool]:
         def check(capacity: ClusterCapacity) -> bool:
@@ -360,7 +230,7 @@ async def test_unmanaged_pods_publish_no_pod_event_but_count_in_their_nodes_usag
     await tail.wait_for(capacity_of(cluster, uses_marker(0)),
                                after=tail.index_of(with_pod),
                                what="capacity without the deleted pod's usage")
-    assert tail.matching(lambda e: isinstance(e, PodEvent) and e.uid == uid) == []
+    assert tail.events(lambda e: isinstance(e, PodEvent) and e.uid == uid) == []
 
 
 async def kwok_nodes(core: client.CoreV1Api) -> list[str]:
@@ -373,7 +243,7 @@ async def kwok_nodes(core: client.CoreV1Api) -> list[str]:
 
 async def test_capacity_lists_each_clusters_kwok_nodes_with_their_allocatable(
     stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str],
-    tail: KafkaTail,
+    tail: TopicTail,
 ) -> None:
     for real_cluster, core in cores.items():
         nodes = (await core.list_node()).items
@@ -397,7 +267,7 @@ async def test_capacity_lists_each_clusters_kwok_nodes_with_their_allocatable(
 
 
 async def test_a_restarted_watcher_publishes_a_snapshot_of_the_managed_pods(
-    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail
 ) -> None:
     core = cores["cluster-a"]
     clusters = watched_as(stack, f"rs-{SUFFIX}")
@@ -419,23 +289,17 @@ async def test_a_restarted_watcher_publishes_a_snapshot_of_the_managed_pods(
             lambda e: pod_events(cluster, kept_uid)(e) and e.snapshot_id is not None)
         assert from_snapshot.snapshot_id == snapshot.snapshot_id
         assert from_snapshot.state is JobState.QUEUED
-    assert not tail.matching(lambda e: pod_events(cluster, vanished_uid)(e)
+    assert not tail.events(lambda e: pod_events(cluster, vanished_uid)(e)
                              and e.snapshot_id is not None)
     await delete_pod(core, kept)
 
 
 async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
-    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail
 ) -> None:
     cluster = f"cluster-b-proc-{SUFFIX}"
-    health_port = free_port()
-    process = ServiceProcess("cluster-watcher-test", "cluster_watcher", {
-        "LOCKGATE_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
-        "LOCKGATE_WATCHER_CLUSTERS": json.dumps({cluster: stack.kubeconfigs["cluster-b"]}),
-        "LOCKGATE_WATCHER_HTTP_PORT": str(health_port),
-        "LOCKGATE_WATCHER_RETRY__INITIAL_SECONDS": "0.05",
-        "LOCKGATE_WATCHER_RETRY__MAX_SECONDS": "0.5",
-    }, health_port=health_port)
+    process = watcher_process("cluster-watcher-test", kafka_bootstrap=stack.kafka_bootstrap,
+                              clusters={cluster: stack.kubeconfigs["cluster-b"]})
     core = cores["cluster-b"]
     before, during = f"before-kill-{uuid.uuid4().hex[:6]}", f"while-dead-{uuid.uuid4().hex[:6]}"
     try:
@@ -446,7 +310,7 @@ async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
 
         await process.kill()
         during_uid = await create_pod(core, gated_pod(during))
-        await remove_lockgate_gate(core, before)
+        await remove_first_gate(core, NAMESPACE, before)
 
         await process.start()
         await process.wait_ready(within_seconds=60)
@@ -468,77 +332,14 @@ async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
             await delete_pod(core, name)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 # Outages
 
 
-class TcpForwarder:
-    """A loopback port that forwards to `target`; `sever` drops every connection, as an outage."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
-
-    async def sever(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
-
-    async def _forward(self, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self._writers |= {writer, up_writer}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        self._writers -= {writer, up_writer}
-
-
-def kubeconfig_through(path: str, port: int, out: Path) -> str:
-    """A copy of a kubeconfig whose server is 127.0.0.1:`port` (same TLS identity)."""
-    config = yaml.safe_load(Path(path).read_text())
-    for entry in config["clusters"]:
-        entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
-    out.write_text(yaml.safe_dump(config))
-    return str(out)
-
-
-def server_port(path: str) -> int:
-    config = yaml.safe_load(Path(path).read_text())
-    return int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
-
-
 async def test_an_apiserver_outage_makes_the_watcher_unready_then_it_relists_what_it_missed(
-    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail, tmp_path: Path
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail, tmp_path: Path
 ) -> None:
     real = stack.kubeconfigs["cluster-a"]
-    forwarder = TcpForwarder("127.0.0.1", server_port(real))
+    forwarder = TcpRelay("127.0.0.1", server_port(real))
     await forwarder.start()
     cluster = f"cluster-a-out-{SUFFIX}"
     kubeconfig = kubeconfig_through(real, forwarder.port, tmp_path / "kubeconfig")
@@ -549,7 +350,7 @@ async def test_an_apiserver_outage_makes_the_watcher_unready_then_it_relists_wha
                 lambda e: isinstance(e, ClusterSnapshot) and e.cluster == cluster)
             await forwarder.sever()
             await until(lambda: not ctx.readiness.ready, within=30,
-                        what=lambda: "the watcher to notice the outage")
+                        what="the watcher to notice the outage")
             assert not ctx.readiness.report()[f"{cluster}/pods"]["ready"]
             name = f"during-outage-{uuid.uuid4().hex[:6]}"
             uid = await create_pod(core, gated_pod(name))
@@ -566,12 +367,12 @@ async def test_an_apiserver_outage_makes_the_watcher_unready_then_it_relists_wha
 
 
 async def test_while_kafka_is_unreachable_the_watcher_keeps_what_it_saw_and_sends_it_later(
-    stack: Any, cores: dict[str, client.CoreV1Api], tail: KafkaTail
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail
 ) -> None:
     host, port = stack.kafka_bootstrap.rsplit(":", 1)
     # Nothing listens on the forwarder's port until it starts: Kafka is "down". Once it listens,
     # the client bootstraps through it and then talks to the broker it advertises.
-    forwarder = TcpForwarder(host, int(port))
+    forwarder = TcpRelay(host, int(port))
     cluster = f"cluster-b-kd-{SUFFIX}"
     core = cores["cluster-b"]
     name = f"kafka-down-{uuid.uuid4().hex[:6]}"
@@ -579,12 +380,12 @@ async def test_while_kafka_is_unreachable_the_watcher_keeps_what_it_saw_and_send
         async with running_watcher({cluster: stack.kubeconfigs["cluster-b"]},
                                    f"127.0.0.1:{forwarder.port}", wait_ready=False) as ctx:
             await until(lambda: ctx.readiness.report().get(f"{cluster}/pods", {}).get("ready")
-                        is True, within=30, what=lambda: "pods watched")
+                        is True, within=30, what="pods watched")
             uid = await create_pod(core, gated_pod(name))
             await asyncio.sleep(2)
             report = ctx.readiness.report()
             assert not ctx.readiness.ready and not report["kafka"]["ready"], report
-            assert not tail.matching(pod_events(cluster, uid))
+            assert not tail.events(pod_events(cluster, uid))
 
             await forwarder.start()
             # The snapshot of the list made before Kafka was reachable, then the watched change.
@@ -643,7 +444,7 @@ async def test_watching_from_an_expired_resource_version_returns_to_relist(
 
 
 async def test_a_burst_of_gated_pods_is_published_promptly_and_so_is_their_snapshot(
-    stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: KafkaTail,
+    stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: TopicTail,
 ) -> None:
     count, concurrency = 1000, 32
     core = cores["cluster-a"]
@@ -657,7 +458,7 @@ async def test_a_burst_of_gated_pods_is_published_promptly_and_so_is_their_snaps
             await create_pod(core, gated_pod(name, jobset=jobset))
 
     def burst_events(cluster: str) -> list[PodEvent]:
-        return tail.matching(lambda e: isinstance(e, PodEvent) and e.cluster == cluster
+        return tail.events(lambda e: isinstance(e, PodEvent) and e.cluster == cluster
                              and e.jobset == jobset and e.state is JobState.QUEUED)
 
     try:

@@ -12,39 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from devstack.launcher import ServiceProcess
-from fair_scheduler.app import FAIRNESS_PATH, compose
+from devstack.launcher import ServiceProcess, free_port
+from fair_scheduler.app import compose
 from fair_scheduler.settings import SchedulerSettings
-from lockgate.events import RELEASE_COMMANDS, ReleaseCommand
-from lockgate_adapters.kafka import ensure_topics
-from lockgate_adapters.postgres import (
-    CHANGE_FEED_LOCK,
-    CHANGES_CHANNEL,
-    LEADER_LOCK,
-    connect_pool,
-    migrate,
-)
-from lockgate_adapters.service import ServiceContext, run_service
+from helpers.kafka import Published, TopicTail
+from helpers.postgres import fresh_database
+from helpers.services import FAST_RETRY, fairness_report, service_in_process
+from helpers.waiting import eventually, until
+from lockgate.events import RELEASE_COMMANDS
+from lockgate_adapters.postgres import CHANGE_FEED_LOCK, CHANGES_CHANNEL, LEADER_LOCK
+from lockgate_adapters.service import ServiceContext
 from lockgate_adapters.settings import RetryPolicy
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 
 SUFFIX = uuid.uuid4().hex[:8]
-FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
 CPU = 1000  # millicores
 GIB = 2**30
 # Long enough that every release a test sees was triggered by a change, not by the safety net.
@@ -54,26 +47,11 @@ SAFETY_ROUND_SECONDS = 60.0
 # ---------------------------------------------------------------- a database per test
 
 
-def database_dsn(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 @pytest.fixture(scope="module")
 async def template_database(pg_dsn: str) -> AsyncIterator[str]:
-    name = f"lg_sched_tmpl_{SUFFIX}"
-    admin = await asyncpg.connect(pg_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        pool = await connect_pool(database_dsn(pg_dsn, name), policy=FAST_RETRY)
-        try:
-            await migrate(pool)
-        finally:
-            await pool.close()
-        yield name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    """A migrated database, cloned for each test (much faster than migrating each); its DSN."""
+    async with fresh_database(pg_dsn, prefix=f"lg_sched_tmpl_{SUFFIX}", migrated=True) as dsn:
+        yield dsn
 
 
 @dataclass
@@ -150,108 +128,50 @@ class Store:
 
 @pytest.fixture
 async def store(pg_dsn: str, template_database: str) -> AsyncIterator[Store]:
-    name = f"lg_sched_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
-        dsn = database_dsn(pg_dsn, name)
+    async with fresh_database(pg_dsn, prefix="lg_sched", template=template_database) as dsn:
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
         try:
             yield Store(dsn, pool, f"fs-{SUFFIX}-{uuid.uuid4().hex[:4]}")
         finally:
             await pool.close()
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 # ---------------------------------------------------------------- release commands from Kafka
 
 
-@dataclass
-class Published:
-    command: ReleaseCommand
-    decision_recorded_first: bool  # the decision row existed when the command arrived
-    received_at: float
+class CommandTail(TopicTail):
+    """Release commands for one test's clusters, from the moment the tail started; notes for
+    each whether its decision was already recorded in Postgres when the command arrived."""
 
+    def __init__(self, bootstrap: str, store: Store) -> None:
+        super().__init__(bootstrap, [RELEASE_COMMANDS],
+                         keep=lambda command: command.cluster.startswith(store.cluster_prefix))
+        self.store = store
+        self.recorded_first: dict[str, bool] = {}
 
-@dataclass
-class CommandTail:
-    """Release commands for one test's clusters, from the moment the tail started."""
+    async def accept(self, message: Published) -> bool:
+        if not await super().accept(message):
+            return False
+        command = message.event
+        recorded = await self.store.pool.fetchval(
+            "SELECT count(*) FROM release_decisions d JOIN jobs j"
+            " ON j.decision_id = d.decision_id AND j.state <> 'queued'"
+            " WHERE d.decision_id = $1", command.decision_id)
+        self.recorded_first[command.decision_id] = recorded == 1
+        return True
 
-    bootstrap: str
-    store: Store
-    commands: list[Published] = field(default_factory=list)
-    _consumer: AIOKafkaConsumer | None = None
-    _task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await ensure_topics(self.bootstrap)
-        consumer = AIOKafkaConsumer(
-            RELEASE_COMMANDS.name, bootstrap_servers=self.bootstrap,
-            group_id=f"test-commands-{uuid.uuid4().hex}", enable_auto_commit=False,
-            auto_offset_reset="latest")
-        await consumer.start()
-        try:
-            deadline = time.monotonic() + 30
-            while not consumer.assignment():
-                assert time.monotonic() < deadline, "no partitions assigned within 30s"
-                await asyncio.sleep(0.05)
-            partitions = sorted(consumer.assignment())
-            await consumer.seek_to_end(*partitions)
-            for partition in partitions:
-                await consumer.position(partition)
-        except BaseException:
-            await consumer.stop()
-            raise
-        self._consumer = consumer
-        self._task = asyncio.create_task(self._collect(), name="command-tail")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def _collect(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
-            for records in batches.values():
-                for record in records:
-                    command = RELEASE_COMMANDS.decode(record.value or b"")
-                    if not command.cluster.startswith(self.store.cluster_prefix):
-                        continue
-                    recorded = await self.store.pool.fetchval(
-                        "SELECT count(*) FROM release_decisions d JOIN jobs j"
-                        " ON j.decision_id = d.decision_id AND j.state <> 'queued'"
-                        " WHERE d.decision_id = $1", command.decision_id)
-                    self.commands.append(Published(command, recorded == 1, time.monotonic()))
+    @property
+    def commands(self) -> list[Any]:
+        return self.events()
 
     def uids(self) -> list[str]:
-        return [p.command.uid for p in self.commands]
-
-    async def wait_for_count(self, count: int, *, within: float = 30.0) -> None:
-        await until(lambda: len(self.commands) >= count or self._failed(), within=within,
-                    what=lambda: f"{count} release commands (have {len(self.commands)})")
-        if self._failed():
-            assert self._task is not None
-            self._task.result()
-
-    def _failed(self) -> bool:
-        return self._task is not None and self._task.done()
+        return [command.uid for command in self.commands]
 
 
 @pytest.fixture
 async def commands(kafka_bootstrap: str, store: Store) -> AsyncIterator[CommandTail]:
-    tail = CommandTail(kafka_bootstrap, store)
-    await tail.start()
-    try:
+    async with CommandTail(kafka_bootstrap, store) as tail:
         yield tail
-    finally:
-        await tail.stop()
 
 
 # ---------------------------------------------------------------- running schedulers
@@ -270,49 +190,14 @@ def scheduler_settings(store: Store, kafka_bootstrap: str, instance_id: str,
 
 @contextlib.asynccontextmanager
 async def running_scheduler(settings: SchedulerSettings) -> AsyncIterator[ServiceContext]:
-    ctx = ServiceContext(settings)
-    task = asyncio.create_task(
-        run_service(settings, compose, install_signal_handlers=False, context=ctx),
-        name=f"scheduler-{settings.instance_id}")
-    try:
-        await until(lambda: "leader" in ctx.readiness.report() or task.done(), within=30,
-                    what=lambda: "the scheduler to start")
-        if task.done():
-            task.result()
+    async with service_in_process(settings, compose, name=f"scheduler-{settings.instance_id}",
+                                  ready=lambda ctx: "leader" in ctx.readiness.report(),
+                                  within=30) as ctx:
         yield ctx
-    finally:
-        ctx.stopping.set()
-        await asyncio.wait_for(task, 30)
 
 
 def leading(ctx: ServiceContext) -> bool:
     return ctx.readiness.report().get("leader", {}).get("ready") is True
-
-
-async def until(condition: Callable[[], bool], *, within: float,
-                what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what()}")
-        await asyncio.sleep(0.02)
-
-
-async def until_async(condition: Callable[[], Any], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def fairness_report(ctx: ServiceContext) -> dict[str, Any]:
-    port = ctx.health.bound_port
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{port}{FAIRNESS_PATH}") as response:
-        assert response.status == 200
-        report: dict[str, Any] = await response.json()
-        return report
 
 
 async def prometheus_text(ctx: ServiceContext) -> str:
@@ -334,12 +219,12 @@ async def test_releases_within_capacity_recording_each_decision_before_publishin
     uids = await store.jobs(cluster, "q1", 12)
 
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
-        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(8)
         await asyncio.sleep(0.5)  # nothing more may come: the pool holds 8 such jobs
 
     assert len(commands.commands) == 8
-    assert all(p.decision_recorded_first for p in commands.commands), commands.commands
+    assert all(commands.recorded_first.values()), commands.recorded_first
     # The oldest jobs first, and exactly the jobs marked released in Postgres.
     assert set(commands.uids()) == set(uids[:8]) == await store.released(cluster)
     assert set(await store.decisions_per_job()) == {(cluster, uid) for uid in uids[:8]}
@@ -347,8 +232,7 @@ async def test_releases_within_capacity_recording_each_decision_before_publishin
     unpublished = await store.pool.fetchval(
         "SELECT count(*) FROM release_decisions WHERE published_at IS NULL")
     assert unpublished == 0
-    for published in commands.commands:
-        command = published.command
+    for command in commands.commands:
         assert (command.cluster, command.namespace, command.name, command.queue) == (
             cluster, "ns", f"pod-{command.uid}", "q1")
 
@@ -361,7 +245,7 @@ async def test_rounds_follow_changes_not_the_periodic_round(
     first = await store.jobs(cluster, "q1", 3)
 
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
-        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(2)
         assert set(commands.uids()) == set(first[:2])
 
@@ -369,16 +253,16 @@ async def test_rounds_follow_changes_not_the_periodic_round(
         await store.set_state(cluster, [first[0]], "succeeded")
         freed_at = time.monotonic()
         await commands.wait_for_count(3, within=5)
-        assert commands.commands[2].command.uid == first[2]
-        assert commands.commands[2].received_at - freed_at < 2.0
+        assert commands.commands[2].uid == first[2]
+        assert commands.messages[2].received_at - freed_at < 2.0
 
         # New capacity and a new queued job: released at once as well.
         await store.node(cluster, "n2", cpu=1 * CPU)
         late = await store.jobs(cluster, "q1", 1)
         queued_at = time.monotonic()
         await commands.wait_for_count(4, within=5)
-        assert commands.commands[3].command.uid == late[0]
-        assert commands.commands[3].received_at - queued_at < 2.0
+        assert commands.commands[3].uid == late[0]
+        assert commands.messages[3].received_at - queued_at < 2.0
 
     assert all(n == 1 for n in (await store.decisions_per_job()).values())
 
@@ -393,15 +277,15 @@ async def test_weights_and_the_fairness_report(
     await store.jobs(cluster, "heavy", 10)
 
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
-        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(6)
         await asyncio.sleep(0.3)
-        report = await fairness_report(ctx)
+        report = await fairness_report(ctx.health.bound_port)
         metrics = await prometheus_text(ctx)
 
-    by_queue = {p.command.queue: 0 for p in commands.commands}
-    for published in commands.commands:
-        by_queue[published.command.queue] += 1
+    by_queue = {p.queue: 0 for p in commands.commands}
+    for command in commands.commands:
+        by_queue[command.queue] += 1
     assert by_queue == {"light": 2, "heavy": 4}
     assert report["leader"] is True and report["instance_id"] == "s1"
     queues = {q["name"]: q for q in report["queues"]}
@@ -433,13 +317,13 @@ async def test_unpublished_decisions_are_published_by_the_next_leader(
     await store.pool.execute("UPDATE jobs SET decision_id = 'd-orphan' WHERE uid = $1", uid)
 
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
-        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(1)
-        await until_async(lambda: store.pool.fetchval(
+        await eventually(lambda: store.pool.fetchval(
             "SELECT published_at IS NOT NULL FROM release_decisions"
             " WHERE decision_id = 'd-orphan'"), within=10, what="published_at")
 
-    assert [p.command.decision_id for p in commands.commands] == ["d-orphan"]
+    assert [p.decision_id for p in commands.commands] == ["d-orphan"]
     assert await store.decisions_per_job() == {(cluster, uid): 1}
 
 
@@ -460,11 +344,11 @@ async def test_a_release_left_unanswered_is_published_again(
 
     settings = scheduler_settings(store, kafka_bootstrap, "s1", republish_after_seconds=1.0)
     async with running_scheduler(settings) as ctx:
-        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(2, within=10)  # once on taking over, once a while later
         await asyncio.sleep(0.3)
 
-    assert {p.command.decision_id for p in commands.commands} == {"d-unanswered"}
+    assert {p.decision_id for p in commands.commands} == {"d-unanswered"}
     assert await store.decisions_per_job() == {(cluster, unanswered): 1, (cluster, answered): 1}
 
 
@@ -479,19 +363,19 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
     slow_to_return = RetryPolicy(initial_seconds=5, max_seconds=5)
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "one",
                                                     retry=slow_to_return)) as one:
-        await until(lambda: leading(one), within=30, what=lambda: "the first leader")
+        await until(lambda: leading(one), within=30, what="the first leader")
         async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "two")) as two:
             await commands.wait_for_count(4)
             await asyncio.sleep(0.5)
             assert not leading(two), "two leaders at once"
-            assert {p.command.uid for p in commands.commands} == set(first[:4])
+            assert {p.uid for p in commands.commands} == set(first[:4])
 
             backend = await store.leader_backend()
             assert backend is not None
             await store.pool.execute("SELECT pg_terminate_backend($1)", backend)
-            await until(lambda: leading(two), within=15, what=lambda: "the standby to lead")
+            await until(lambda: leading(two), within=15, what="the standby to lead")
             assert not leading(one)
-            await until_async(lambda: _leader_changed(store, backend), within=15,
+            await eventually(lambda: _leader_changed(store, backend), within=15,
                               what="a new leader backend")
 
             # The new leader carries on: freed capacity goes to the queued jobs.
@@ -509,12 +393,6 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
 async def _leader_changed(store: Store, old_backend: int) -> bool:
     backend = await store.leader_backend()
     return backend is not None and backend != old_backend
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_a_standby_takes_over_from_a_killed_leader_process(
@@ -542,7 +420,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_process(
             await asyncio.sleep(0.5)
             assert not leading(ctx)
             await process.kill()
-            await until(lambda: leading(ctx), within=15, what=lambda: "the standby to lead")
+            await until(lambda: leading(ctx), within=15, what="the standby to lead")
             await store.set_state(cluster, first[:2], "succeeded")
             await commands.wait_for_count(5, within=10)
             await asyncio.sleep(0.5)
@@ -571,7 +449,7 @@ async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
     (doomed,) = await store.jobs(cluster, "q1", 1)
 
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
-        await until(lambda: leading(ctx), within=30, what=lambda: "leadership")
+        await until(lambda: leading(ctx), within=30, what="leadership")
         await asyncio.sleep(0.3)  # loaded; the job waits: its cluster has no node yet
         async with store.pool.acquire() as deleting:
             deleting_transaction = deleting.transaction()

@@ -21,18 +21,13 @@ import aiohttp
 import asyncpg
 import pytest
 
-from devstack.launcher import ServiceProcess
+from helpers.postgres import fresh_database
+from helpers.waiting import eventually
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState
 from lockgate_adapters.kafka import make_producer, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
-from queue_store.testing import (
-    FAST_RETRY,
-    QueueStoreUnderTest,
-    create_database,
-    drop_database,
-    start_group_at_end,
-)
+from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -41,18 +36,13 @@ LOCKGATE_CLI = Path(sys.executable).parent / "lockgate"
 
 @pytest.fixture(scope="module")
 async def admin(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreUnderTest]:
-    dsn = await create_database(pg_dsn, prefix="queue_admin_it")
-    spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
-    await start_group_at_end(kafka_bootstrap, spec.group_id)
-    process = ServiceProcess(f"queue-store-admin-{spec.group_id}", "queue_store", spec.env(),
-                             health_port=spec.health_port)
-    await process.start()
-    try:
-        await process.wait_ready(60)
-        yield spec
-    finally:
-        code = await process.stop()
-        await drop_database(pg_dsn, dsn)
+    async with fresh_database(pg_dsn, prefix="queue_admin_it") as dsn:
+        spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
+        process = await spec.start(f"queue-store-admin-{spec.group_id}")
+        try:
+            yield spec
+        finally:
+            code = await process.stop()
     assert code == 0, process.log_tail()
 
 
@@ -211,14 +201,15 @@ async def three_jobs_of(admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name
     finally:
         await producer.stop()
 
-    async def stored() -> int:
-        return int(await db.fetchval("SELECT count(*) FROM jobs WHERE queue = $1", queue_name))
+    stored: list[int] = []
 
-    for _ in range(300):
-        if await stored() == 3:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"only {await stored()} of 3 jobs stored within 30s")
+    async def all_stored() -> bool:
+        stored.append(int(await db.fetchval("SELECT count(*) FROM jobs WHERE queue = $1",
+                                            queue_name)))
+        return stored[-1] == 3
+
+    await eventually(all_stored, within=30, every=0.1,
+                     what=lambda: f"3 jobs stored (have {stored[-1]})")
 
 
 async def test_jobs_can_be_listed_by_queue_and_state_with_hints(

@@ -11,22 +11,25 @@ Postgres (`wait_processed`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import RecordMetadata
 
 from devstack.launcher import ServiceProcess
+from helpers.kafka import TopicTail
+from helpers.network import TcpRelay
+from helpers.postgres import fresh_database
+from helpers.waiting import eventually
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
@@ -46,18 +49,10 @@ from lockgate.events import (
 from lockgate.jobs import JobState
 from lockgate_adapters.kafka import make_producer
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
-from queue_store.testing import (
-    FAST_RETRY,
-    QueueStoreUnderTest,
-    create_database,
-    drop_database,
-    free_port,
-    start_group_at_end,
-)
+from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(300)]
 
-T = TypeVar("T")
 NOW = datetime.now(UTC).replace(microsecond=0)
 
 
@@ -71,31 +66,20 @@ class RunningQueueStore:
 
 async def start_queue_store(spec: QueueStoreUnderTest, name: str,
                             **env: str) -> RunningQueueStore:
-    await start_group_at_end(spec.kafka_bootstrap, spec.group_id)
-    process = ServiceProcess(name, "queue_store", {**spec.env(), **env},
-                             health_port=spec.health_port)
-    await process.start()
-    try:
-        await process.wait_ready(60)
-    except BaseException:
-        await process.stop()
-        raise
-    return RunningQueueStore(spec, process)
+    return RunningQueueStore(spec, await spec.start(name, env))
 
 
 @pytest.fixture(scope="module")
 async def store_dsn(pg_dsn: str) -> AsyncIterator[str]:
-    dsn = await create_database(pg_dsn, prefix="queue_store_it")
-    yield dsn
-    await drop_database(pg_dsn, dsn)
+    async with fresh_database(pg_dsn, prefix="queue_store_it") as dsn:
+        yield dsn
 
 
 @pytest.fixture
 async def own_dsn(pg_dsn: str) -> AsyncIterator[str]:
     """A database for a test's own queue-store, which the module's instance does not write."""
-    dsn = await create_database(pg_dsn, prefix="queue_store_it")
-    yield dsn
-    await drop_database(pg_dsn, dsn)
+    async with fresh_database(pg_dsn, prefix="queue_store_it") as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
@@ -155,18 +139,6 @@ async def publish_raw(producer: AIOKafkaProducer, topic: str, key: str,
     return await producer.send_and_wait(topic, value, key=key.encode())
 
 
-async def eventually(probe: Callable[[], Awaitable[T | None]], *, within: float = 30,
-                     what: str) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        result = await probe()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def wait_processed(running: RunningQueueStore, landed: list[RecordMetadata],
                          within: float = 30) -> None:
     """Until queue-store's group has committed past every message in `landed`."""
@@ -198,45 +170,6 @@ async def job_in_state(db: asyncpg.Pool, cluster: str, uid: str, state: JobState
         return row if row is not None and row["state"] == state else None
 
     return await eventually(probe, within=within, what=f"job {uid} {state}")
-
-
-@contextlib.asynccontextmanager
-async def dead_letters(bootstrap: str) -> AsyncIterator[list[DeadLetter]]:
-    """Dead letters published from now on, collected in the background."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    collected: list[DeadLetter] = []
-    try:
-        partitions = await _partitions(bootstrap)
-        consumer.assign(partitions)
-        await consumer.seek_to_end(*partitions)
-        for tp in partitions:
-            await consumer.position(tp)
-
-        async def collect() -> None:
-            while True:
-                for records in (await consumer.getmany(timeout_ms=100)).values():
-                    collected.extend(DEAD_LETTERS.decode(r.value or b"") for r in records)
-
-        task = asyncio.create_task(collect())
-        try:
-            yield collected
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    finally:
-        await consumer.stop()
-
-
-async def _partitions(bootstrap: str) -> list[TopicPartition]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([DEAD_LETTERS.name])
-    finally:
-        await admin.close()
-    return [TopicPartition(DEAD_LETTERS.name, p["partition"]) for p in described["partitions"]]
 
 
 # Pod events -----------------------------------------------------------------------------------
@@ -361,7 +294,7 @@ async def test_malformed_messages_are_dead_lettered_with_a_reason_and_later_ones
     bad_json_key = f"{cluster}-bad-json"
     negative = pod_event(cluster, f"{cluster}-negative", requests={"cpu": -500})
     blank_uid = pod_event(cluster, "   ", name="blank")
-    async with dead_letters(kafka_bootstrap) as letters:
+    async with TopicTail(kafka_bootstrap, [DEAD_LETTERS]) as letters:
         await publish_raw(producer, POD_EVENTS.name, bad_json_key, b'{"v": 1, "uid": ')
         await publish(producer, POD_EVENTS, negative, blank_uid)
         await publish(producer, POD_EVENTS, pod_event(cluster, "good-after"))
@@ -369,8 +302,8 @@ async def test_malformed_messages_are_dead_lettered_with_a_reason_and_later_ones
         await job_in_state(db, cluster, "good-after", JobState.QUEUED)
 
         def mine(key: str) -> list[DeadLetter]:
-            return [d for d in letters if d.key == key
-                    and d.consumer.endswith(POD_EVENTS.name)]
+            return letters.events(lambda d: d.key == key
+                                  and d.consumer.endswith(POD_EVENTS.name))
 
         async def all_three() -> bool:
             return bool(mine(bad_json_key) and mine(negative.uid) and mine(blank_uid.uid))
@@ -584,65 +517,17 @@ async def test_queue_store_killed_mid_stream_loses_nothing_and_counts_nothing_tw
         assert await running.process.stop() == 0, running.process.log_tail()
 
 
-class PostgresLink:
-    """A TCP relay between queue-store and Postgres that the test can cut, like an outage."""
-
-    def __init__(self, target_port: int) -> None:
-        self.port = free_port()
-        self._target_port = target_port
-        self._server: asyncio.Server | None = None
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def connect(self) -> None:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
-
-    async def cut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for pipe in list(self._pipes):
-            pipe.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(
-                "127.0.0.1", self._target_port)
-        except OSError:
-            writer.close()
-            return
-        pipes = [asyncio.create_task(_pipe(reader, upstream_writer)),
-                 asyncio.create_task(_pipe(upstream_reader, writer))]
-        self._pipes.update(pipes)
-        try:
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for pipe in pipes:
-                pipe.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
-            self._pipes.difference_update(pipes)
-            for w in (writer, upstream_writer):
-                w.close()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while chunk := await reader.read(65536):
-        writer.write(chunk)
-        await writer.drain()
-
-
 async def test_postgres_outage_makes_it_unready_and_loses_nothing(
         own_dsn: str, kafka_bootstrap: str, producer: AIOKafkaProducer, cluster: str) -> None:
     target = int(own_dsn.rsplit(":", 1)[1].split("/", 1)[0])
-    link = PostgresLink(target)
-    await link.connect()
+    link = TcpRelay("127.0.0.1", target)
+    await link.start()
     relayed = own_dsn.replace(f":{target}/", f":{link.port}/")
     spec = QueueStoreUnderTest(postgres_dsn=relayed, kafka_bootstrap=kafka_bootstrap)
     running = await start_queue_store(spec, f"queue-store-outage-{cluster}")
     pool = await connect_pool(own_dsn, policy=FAST_RETRY)
     try:
-        await link.cut()
+        await link.sever()
         events = [pod_event(cluster, f"o-{i}") for i in range(300)]
         await publish(producer, POD_EVENTS, *events)
 
@@ -659,7 +544,7 @@ async def test_postgres_outage_makes_it_unready_and_loses_nothing(
         assert await pool.fetchval("SELECT count(*) FROM jobs WHERE cluster = $1",
                                    cluster) == 0
 
-        await link.connect()
+        await link.start()
 
         async def all_stored() -> bool:
             count = await pool.fetchval("SELECT count(*) FROM jobs WHERE cluster = $1",
@@ -671,4 +556,4 @@ async def test_postgres_outage_makes_it_unready_and_loses_nothing(
     finally:
         await pool.close()
         assert await running.process.stop() == 0, running.process.log_tail()
-        await link.cut()
+        await link.sever()

@@ -11,26 +11,27 @@ read back from Kafka.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
-import yaml
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from devstack.launcher import free_port
+from helpers.kafka import TopicTail
+from helpers.kube import a_pod, gates_of, kubeconfig_through, temporary_namespaces
+from helpers.services import FAST_RETRY, service_in_process
+from helpers.waiting import eventually, until
 from lockgate.events import (
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
@@ -38,10 +39,9 @@ from lockgate.events import (
     ReleaseOutcome,
     ReleaseOutcomeKind,
 )
-from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import SCHEDULING_GATE
 from lockgate_adapters.kafka import commit_group_at_end, ensure_topics, make_producer, publish
-from lockgate_adapters.service import ServiceContext, run_service
-from lockgate_adapters.settings import RetryPolicy
+from lockgate_adapters.service import ServiceContext
 from ungater.app import compose
 from ungater.settings import UngaterSettings
 
@@ -49,7 +49,6 @@ pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 
 SUFFIX = uuid.uuid4().hex[:8]
 OTHER_GATE = "example.com/other"
-FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
 GIVE_UP_AFTER = 3.0
 # The module's names for the real clusters, and one whose apiserver never answers.
 ALIAS = {"cluster-a": f"ug-{SUFFIX}-a", "cluster-b": f"ug-{SUFFIX}-b"}
@@ -59,89 +58,25 @@ DEAD_CLUSTER = f"ug-{SUFFIX}-dead"
 # ---------------------------------------------------------------- reading outcomes from Kafka
 
 
-@dataclass
-class OutcomeTail:
-    """Every release outcome published from the moment the tail started, by decision id."""
+class OutcomeTail(TopicTail):
+    """Every release outcome published from the moment the tail started."""
 
-    bootstrap: str
-    outcomes: dict[str, list[tuple[ReleaseOutcome, dict[str, bytes]]]] = field(
-        default_factory=dict)
-    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    _consumer: AIOKafkaConsumer | None = None
-    _task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._consumer = await consumer_at_end(self.bootstrap, RELEASE_OUTCOMES.name,
-                                               group_id=f"test-outcomes-{uuid.uuid4().hex}")
-        self._task = asyncio.create_task(self._collect(), name="outcome-tail")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def _collect(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    outcome = RELEASE_OUTCOMES.decode(record.value or b"")
-                    self.outcomes.setdefault(outcome.decision_id, []).append(
-                        (outcome, dict(record.headers or ())))
-            if batches:
-                self._arrived.set()
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(bootstrap, [RELEASE_OUTCOMES])
 
     async def outcome_of(self, decision_id: str, *, within: float = 30.0
                          ) -> tuple[ReleaseOutcome, dict[str, bytes]]:
-        deadline = time.monotonic() + within
-        while decision_id not in self.outcomes:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no outcome for decision {decision_id} within {within}s")
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), min(remaining, 1.0))
-        return self.outcomes[decision_id][0]
+        """The first outcome of the decision, with its message's headers."""
+        message = await self.wait_for_message(lambda outcome: outcome.decision_id == decision_id,
+                                              within=within,
+                                              what=f"outcome for decision {decision_id}")
+        return message.event, message.headers
 
-
-async def consumer_at_end(bootstrap: str, topic: str, *, group_id: str) -> AIOKafkaConsumer:
-    """A started consumer of `topic` in `group_id`, positioned at the topic's current end."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group_id,
-                                enable_auto_commit=False, auto_offset_reset="latest")
-    await consumer.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not consumer.assignment():
-            assert time.monotonic() < deadline, "no partitions assigned within 30s"
-            await asyncio.sleep(0.05)
-        partitions = sorted(consumer.assignment())
-        await consumer.seek_to_end(*partitions)
-        for partition in partitions:  # resolve the end offsets before anything is produced
-            await consumer.position(partition)
-    except BaseException:
-        await consumer.stop()
-        raise
-    return consumer
+    def decided(self, decision_id: str) -> bool:
+        return bool(self.events(lambda outcome: outcome.decision_id == decision_id))
 
 
 # ---------------------------------------------------------------- fixtures
-
-
-def unreachable_kubeconfig(template: str, directory: Path) -> str:
-    """A copy of a real kubeconfig whose server is a loopback port nobody listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = yaml.safe_load(Path(template).read_text())
-    for entry in config["clusters"]:
-        entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
-    path = directory / "unreachable.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
 
 
 @dataclass
@@ -178,8 +113,10 @@ def span_exporter() -> InMemorySpanExporter:
 def served_clusters(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The module's aliases of the real clusters, plus one whose apiserver never answers."""
     clusters = {alias: stack.kubeconfigs[real] for real, alias in ALIAS.items()}
-    clusters[DEAD_CLUSTER] = unreachable_kubeconfig(stack.kubeconfigs["cluster-a"],
-                                                    tmp_path_factory.mktemp("kube"))
+    # A loopback port nobody listens on.
+    clusters[DEAD_CLUSTER] = kubeconfig_through(
+        stack.kubeconfigs["cluster-a"], free_port(),
+        tmp_path_factory.mktemp("kube") / "unreachable.kubeconfig")
     return clusters
 
 
@@ -194,90 +131,41 @@ async def ungater(served_clusters: dict[str, str], kafka_bootstrap: str,
     )
     await ensure_topics(kafka_bootstrap)
     await commit_group_at_end(kafka_bootstrap, settings.consumer_group, [RELEASE_COMMANDS])
-    tail = OutcomeTail(kafka_bootstrap)
-    await tail.start()
     producer = make_producer(kafka_bootstrap, client_id=f"test-ungater-{SUFFIX}")
     await producer.start()
-    ctx = ServiceContext(settings)
-    task = asyncio.create_task(
-        run_service(settings, compose, install_signal_handlers=False, context=ctx),
-        name="ungater-under-test")
     try:
-        await until(lambda: ctx.readiness.report().get("kafka", {}).get("ready") is True
-                    or task.done(), within=60, what=lambda: f"ready: {ctx.readiness.report()}")
-        if task.done():
-            task.result()
-        yield RunningUngater(ctx, producer, tail)
+        async with OutcomeTail(kafka_bootstrap) as tail, service_in_process(
+                settings, compose, name="ungater-under-test",
+                ready=lambda ctx: ctx.readiness.report().get("kafka", {}).get("ready") is True
+        ) as ctx:
+            yield RunningUngater(ctx, producer, tail)
     finally:
-        ctx.stopping.set()
-        await asyncio.wait_for(task, 30)
         await producer.stop()
-        await tail.stop()
-
-
-async def until(condition: Callable[[], bool], *, within: float,
-                what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what()}")
-        await asyncio.sleep(0.05)
 
 
 # ---------------------------------------------------------------- pods
 
 
-def gated_pod(name: str, gates: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {QUEUE_LABEL: "q", JOBSET_LABEL: "js"}},
-        "spec": {
-            "schedulingGates": [{"name": gate} for gate in gates],
-            "containers": [{"name": "main", "image": "registry.invalid/sleep",
-                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}],
-        },
-    }
-
-
 async def create_pod(api: client.ApiClient, namespace: str, gates: list[str]) -> tuple[str, str]:
-    """(name, uid) of a new pod with `gates`."""
+    """(name, uid) of a new pod with `gates`, in that order."""
     name = f"p-{uuid.uuid4().hex[:8]}"
-    created = await client.CoreV1Api(api).create_namespaced_pod(namespace, gated_pod(name, gates))
+    manifest = (a_pod(name).in_queue("q").in_jobset("js").gated(*gates)
+                .requesting(cpu="10m", memory="16Mi").manifest())
+    created = await client.CoreV1Api(api).create_namespaced_pod(namespace, manifest)
     return name, created.metadata.uid
 
 
-async def gates_of(api: client.ApiClient, namespace: str, name: str) -> list[str]:
-    pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
-    return [gate.name for gate in pod.spec.scheduling_gates or ()]
+async def gates_now(api: client.ApiClient, namespace: str, name: str) -> list[str]:
+    return gates_of(await client.CoreV1Api(api).read_namespaced_pod(name, namespace))
 
 
 @pytest.fixture(scope="module")
 async def namespaces(kube_clients: Mapping[str, client.ApiClient]
                      ) -> AsyncIterator[dict[str, str]]:
     """One namespace per real cluster, unmanaged, deleted after the module."""
-    created: dict[str, str] = {}
-    for cluster, api in kube_clients.items():
-        core = client.CoreV1Api(api)
-        name = f"ungater-{SUFFIX}"
-        await core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                                     "metadata": {"name": name}})
-        created[cluster] = name
-        deadline = time.monotonic() + 30
-        while True:  # pods are rejected until the namespace's default ServiceAccount exists
-            try:
-                await core.read_namespaced_service_account("default", name)
-                break
-            except ApiException as error:
-                if error.status != 404 or time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(0.05)
-    try:
-        yield created
-    finally:
-        for cluster, name in created.items():
-            with contextlib.suppress(ApiException):
-                await client.CoreV1Api(kube_clients[cluster]).delete_namespace(name)
+    async with temporary_namespaces(kube_clients) as made:
+        yield {cluster: await made.create(cluster, f"ungater-{SUFFIX}")
+               for cluster in kube_clients}
 
 
 # ---------------------------------------------------------------- tests
@@ -298,7 +186,7 @@ async def test_only_lockgates_gate_is_removed_in_both_clusters(
         outcome, _ = await ungater.tail.outcome_of(decision_id)
         assert outcome.outcome is ReleaseOutcomeKind.UNGATED, outcome
         assert (outcome.cluster, outcome.uid) == (command.cluster, command.uid)
-        assert await gates_of(kube_clients[cluster], namespaces[cluster], name) == [OTHER_GATE]
+        assert await gates_now(kube_clients[cluster], namespaces[cluster], name) == [OTHER_GATE]
 
 
 async def test_a_repeated_command_is_a_noop_reported_as_ungated(
@@ -336,7 +224,7 @@ async def test_missing_or_replaced_pod_is_reported_gone(
     for command in (missing, replaced):
         outcome, _ = await ungater.tail.outcome_of(command.decision_id)
         assert outcome.outcome is ReleaseOutcomeKind.POD_GONE, outcome
-    assert await gates_of(api, namespace, name) == [SCHEDULING_GATE]
+    assert await gates_now(api, namespace, name) == [SCHEDULING_GATE]
 
 
 async def test_an_ungated_pod_binds_and_runs(
@@ -352,14 +240,14 @@ async def test_an_ungated_pod_binds_and_runs(
                                         uid=uid)
         outcome, _ = await ungater.tail.outcome_of(command.decision_id)
         assert outcome.outcome is ReleaseOutcomeKind.UNGATED
-        deadline = time.monotonic() + 60
-        while True:
-            pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
-            if pod.spec.node_name and pod.status.phase == "Running":
-                break
-            assert time.monotonic() < deadline, f"pod not running: {pod.status}"
-            await asyncio.sleep(0.2)
+        pod = await eventually(partial(running_pod, api, namespace, name), within=60,
+                               every=0.2, what=f"pod {name} bound and running")
         assert pod.spec.node_name.startswith(f"{cluster}-"), pod.spec.node_name
+
+
+async def running_pod(api: client.ApiClient, namespace: str, name: str) -> client.V1Pod | None:
+    pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+    return pod if pod.spec.node_name and pod.status.phase == "Running" else None
 
 
 async def test_commands_for_clusters_not_served_are_left_alone(
@@ -375,8 +263,8 @@ async def test_commands_for_clusters_not_served_are_left_alone(
     # one has been seen and skipped.
     await ungater.tail.outcome_of(served.decision_id)
     await asyncio.sleep(0.5)
-    assert foreign.decision_id not in ungater.tail.outcomes
-    assert await gates_of(api, namespace, name) == [SCHEDULING_GATE]
+    assert not ungater.tail.decided(foreign.decision_id)
+    assert await gates_now(api, namespace, name) == [SCHEDULING_GATE]
 
 
 async def test_an_unreachable_apiserver_ends_in_failed_and_not_ready(
@@ -404,9 +292,15 @@ async def test_the_release_span_continues_the_commands_trace(
     outcome, headers = await ungater.tail.outcome_of(command.decision_id)
     assert outcome.outcome is ReleaseOutcomeKind.UNGATED
     decided = decide.get_span_context()
-    spans = [s for s in span_exporter.get_finished_spans()
-             if s.name == "ungate" and s.attributes
-             and s.attributes.get("lockgate.decision_id") == command.decision_id]
+
+    def release_spans() -> list[Any]:
+        return [s for s in span_exporter.get_finished_spans()
+                if s.name == "ungate" and s.attributes
+                and s.attributes.get("lockgate.decision_id") == command.decision_id]
+
+    # The span ends once Kafka has acknowledged the outcome, which may be after it arrived here.
+    await until(lambda: bool(release_spans()), within=5, what="the release span to end")
+    spans = release_spans()
     assert len(spans) == 1
     span = spans[0]
     assert span.context.trace_id == decided.trace_id
