@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
@@ -38,6 +38,45 @@ from lockgate.labels import (
 from lockgate_adapters.kube import api_client
 
 BENCH_NODE_LABEL = "lockgate.io/bench-node"
+
+
+COMPONENTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok",
+              "kafka.Kafka", "postgres", "queue_store", "cluster_watcher", "fair_scheduler",
+              "ungater", "admission_webhook", "bench_release.py")
+
+
+def cpu_seconds_by_component() -> dict[str, float]:
+    """CPU time used so far by each part of the stack and of lockgate, from /proc."""
+    import os
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # Go binaries by their own name (their cache path names other components too);
+        # Python services and Kafka by their module or main class.
+        program = cmdline.split(" ", 1)[0].rsplit("/", 1)[-1].rstrip(":")
+        name = program if program in COMPONENTS else next(
+            (c for c in COMPONENTS if f" {c}" in cmdline or f"/{c}" in cmdline), None)
+        if name is None:
+            continue
+        # utime and stime are fields 14 and 15 of /proc/<pid>/stat (1-based).
+        used = (int(fields[11]) + int(fields[12])) / ticks
+        totals[name] = totals.get(name, 0.0) + used
+    return totals
+
+
+def cpu_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after.get(name, 0.0) - before.get(name, 0.0), 1)
+            for name in sorted(after, key=lambda n: before.get(n, 0.0) - after[n])}
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -129,6 +168,7 @@ async def raw_patch_rate(apis: dict[str, client.ApiClient], pods_per_cluster: in
         patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": SCHEDULING_GATE},
                  {"op": "remove", "path": "/spec/schedulingGates/0"}]
         started = time.perf_counter()
+        cpu_before = cpu_seconds_by_component()
 
         async def ungate(api: client.ApiClient, name: str) -> None:
             await client.CoreV1Api(api).patch_namespaced_pod(
@@ -138,12 +178,14 @@ async def raw_patch_rate(apis: dict[str, client.ApiClient], pods_per_cluster: in
             (ungate(api, f"raw-{i}") for api in apis.values() for i in range(pods_per_cluster)),
             concurrency * len(apis))
         elapsed = time.perf_counter() - started
+        cpu_used = cpu_breakdown(cpu_before, cpu_seconds_by_component())
     finally:
         for api in apis.values():
             await delete_namespace(api, namespace)
     total = pods_per_cluster * len(apis)
     return {"name": "raw_patch_rate", "pods": total, "concurrency": concurrency,
-            "seconds": round(elapsed, 3), "pods_per_second": round(total / elapsed, 1)}
+            "seconds": round(elapsed, 3), "pods_per_second": round(total / elapsed, 1),
+            "cpu_seconds_by_component": cpu_used}
 
 
 class GateWatcher:
@@ -154,28 +196,31 @@ class GateWatcher:
         self.changed = asyncio.Event()
 
     async def run(self, api: client.ApiClient, namespace: str, cluster: str) -> None:
+        # Raw watch lines, not client models: the measuring must not steal the CPU it measures.
         core = client.CoreV1Api(api)
         resource_version = ""
         while True:
-            stream = watch.Watch()
+            response = await core.list_namespaced_pod(
+                namespace, watch=True, resource_version=resource_version, timeout_seconds=300,
+                allow_watch_bookmarks=False, _preload_content=False)
             try:
-                async for event in stream.stream(core.list_namespaced_pod, namespace,
-                                                 resource_version=resource_version,
-                                                 timeout_seconds=300):
-                    pod = event["object"]
-                    resource_version = pod.metadata.resource_version
-                    gates = {g.name for g in (pod.spec.scheduling_gates or [])}
-                    key = f"{cluster}/{pod.metadata.name}"
+                async for line in response.content:
+                    event = json.loads(line)
+                    pod = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        resource_version = ""  # expired: relist from now
+                        break
+                    metadata = pod.get("metadata") or {}
+                    resource_version = metadata.get("resourceVersion", resource_version)
+                    gates = {g.get("name") for g in (pod.get("spec") or {}).get(
+                        "schedulingGates") or ()}
+                    key = f"{cluster}/{metadata.get('name')}"
                     if SCHEDULING_GATE not in gates and key not in self.ungated_at \
-                            and event["type"] in ("ADDED", "MODIFIED"):
+                            and event.get("type") in ("ADDED", "MODIFIED"):
                         self.ungated_at[key] = time.perf_counter()
                         self.changed.set()
-            except ApiException as error:
-                if error.status != 410:
-                    raise
-                resource_version = ""
             finally:
-                stream.stop()
+                response.release()
 
     async def wait_for(self, count: int, deadline: float) -> bool:
         while len(self.ungated_at) < count:
@@ -255,8 +300,10 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
         await wait_for_backlog(lockgate.postgres_dsn, queue_names, total,
                                time.perf_counter() + deadline_seconds)
         started = time.perf_counter()
+        cpu_before = cpu_seconds_by_component()
         await lockgate.start(only=["fair-scheduler"])
         ok = await watcher.wait_for(before + total, started + deadline_seconds)
+        cpu_used = cpu_breakdown(cpu_before, cpu_seconds_by_component())
         released = len(watcher.ungated_at) - before
         times = sorted(watcher.ungated_at.values())[before:]
         elapsed = (times[-1] - started) if times else float("nan")
@@ -265,6 +312,7 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
             "clusters": len(apis), "complete": ok, "released": released,
             "seconds": round(elapsed, 3), "pods_per_second": round(released / elapsed, 1)
             if times else 0.0, "pod_creation_seconds": round(creation_seconds, 1),
+            "cpu_seconds_by_component": cpu_used,
         })
     finally:
         for task in watch_tasks:
