@@ -85,6 +85,11 @@ class FairnessReport:
                 "allocated": report.allocated,
                 "released_last_round": report.released,
                 "outcome_last_round": report.outcome.value,
+                # Why waiting jobs were passed over, so "why isn't my job released?" has an
+                # answer: e.g. {"no_room": 12} or clusters set aside as full.
+                "skipped_last_round": {str(getattr(reason, "value", reason)): count
+                                       for reason, count in report.skipped.items() if count},
+                "clusters_set_aside_last_round": list(report.set_aside),
             })
             SHARE.labels(name, "fair").set(share.fair_share)
             SHARE.labels(name, "adjusted_fair").set(share.adjusted_fair_share)

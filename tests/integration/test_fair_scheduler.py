@@ -295,6 +295,10 @@ async def test_weights_and_the_fairness_report(
     assert queues["heavy"]["actual_share"] == pytest.approx(4 / 6)
     assert (queues["light"]["queued"], queues["light"]["released"]) == (8, 2)
     assert (queues["heavy"]["queued"], queues["heavy"]["released"]) == (6, 4)
+    # The pool is full: the report says why the waiting jobs were not released.
+    for name in ("light", "heavy"):
+        assert queues[name]["skipped_last_round"] or queues[name][
+            "clusters_set_aside_last_round"], queues[name]
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                for line in metrics.splitlines() if line.startswith("lockgate_scheduler_queue")}
     assert samples['lockgate_scheduler_queue_share{kind="fair",queue="heavy"}'] == \
