@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from aiokafka import AIOKafkaConsumer
 
@@ -86,7 +86,7 @@ class TopicTail:
         if self._consumer is not None:
             await self._consumer.stop()
 
-    async def __aenter__(self) -> TopicTail:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
