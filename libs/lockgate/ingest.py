@@ -401,10 +401,11 @@ class _Folding:
                 if not can_return_to_queue(row.state):
                     self.ignored.append((event, f"job is {row.state}, not released"))
                     return
+                # release_attempts was counted when the scheduler decided; it reads it, with
+                # state_changed_at, to back off before releasing this job again.
                 self.jobs[row.key] = replace(
                     row, state=JobState.QUEUED, state_changed_at=event.at, decision_id=None,
-                    released_at=None, release_attempts=row.release_attempts + 1,
-                    last_reason=event.reason or "release failed",
+                    released_at=None, last_reason=event.reason or "release failed",
                 )
             case ReleaseOutcomeKind.UNGATED:
                 updated = _moved_to(row, advance(row.state, JobState.UNGATED), event.at)

@@ -64,6 +64,9 @@ class Changes:
     queues: list[QueueChange] = field(default_factory=list)
     nodes: list[NodeChange] = field(default_factory=list)
     jobs: list[SchedJob] = field(default_factory=list)
+    # Queued jobs that were released before and came back (the release failed): job id ->
+    # (how many releases it had, when it came back), so the scheduler can back off.
+    returned: dict[str, tuple[int, datetime]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.queues or self.nodes or self.jobs)
@@ -115,7 +118,8 @@ _MAX_SERIAL = (
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
                   " deleted, serial")
 _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial")
-_JOB_COLUMNS = "cluster, uid, queue, priority, requests, state, node_name, created_at, serial"
+_JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
+                " release_attempts, state_changed_at, serial")
 
 
 async def load_everything(connection: asyncpg.Connection) -> Changes:
@@ -167,6 +171,10 @@ def _changes(serial: int, queues: Sequence[asyncpg.Record], nodes: Sequence[asyn
         queues=[_queue_change(r) for r in sorted(queues, key=_serial)],
         nodes=[_node_change(r) for r in sorted(nodes, key=_serial)],
         jobs=[_sched_job(r) for r in sorted(jobs, key=_serial)],
+        returned={
+            job_id(r["cluster"], r["uid"]): (int(r["release_attempts"]), r["state_changed_at"])
+            for r in jobs if r["state"] == JobState.QUEUED and r["release_attempts"]
+        },
     )
 
 

@@ -96,6 +96,9 @@ class Leader:
         self._now = now
         self._new_decision_id = new_decision_id
         self._state = SchedulerState()
+        # Jobs whose release failed, held out of the state until their backoff ends, so a
+        # release that keeps failing (e.g. a forbidden patch) does not spin: job id -> (due, job).
+        self._backing_off: dict[str, tuple[float, SchedJob]] = {}
         self._phases: dict[str, Counter[str]] = {}
         self._serial = 0
         self._wake = asyncio.Event()
@@ -131,7 +134,8 @@ class Leader:
         next_republish = time.monotonic() + republish_every
         while not stopping.is_set():
             if not more_to_do:
-                timeout = max(0.0, min(next_safety_round, next_republish) - time.monotonic())
+                timeout = max(0.0, min(next_safety_round, next_republish,
+                                       self._next_backoff_end()) - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if stopping.is_set():
@@ -142,6 +146,7 @@ class Leader:
             self._wake.clear()
             listener = await self._listen(listener)
             changed = self._apply(await store.changes_since(self._connection, self._serial))
+            changed = self._end_due_backoffs() or changed
             now = time.monotonic()
             safety_due = now >= next_safety_round
             if safety_due:
@@ -175,8 +180,29 @@ class Leader:
         for node in changes.nodes:
             state.set_node(node.cluster, node.node, node.info)
         for job in changes.jobs:
-            old = state.job(job.job_id)
+            held = self._backing_off.get(job.job_id)
+            old = state.job(job.job_id) if held is None else held[1]
             if old is None and job.state.is_terminal:
+                continue
+            returned = changes.returned.get(job.job_id)
+            if returned is not None:
+                if held is not None and held[1] == job:
+                    continue  # the same row again: still backing off
+                due = self._retry_due(*returned)
+                if due > time.monotonic():
+                    self._count(old, -1)
+                    self._count(job, +1)
+                    if state.job(job.job_id) is not None:
+                        state.remove_job(job.job_id)  # its room is free again meanwhile
+                    self._backing_off[job.job_id] = (due, job)
+                    changed = True
+                    continue
+            if held is not None:  # back from its backoff, changed or not
+                del self._backing_off[job.job_id]
+                self._count(old, -1)
+                self._count(job, +1)
+                state.upsert_job(job)
+                changed = True
                 continue
             # Our own decisions come back through the feed unchanged: not news.
             if old != job:
@@ -186,6 +212,26 @@ class Leader:
                 state.upsert_job(job)
         self._serial = max(self._serial, changes.serial)
         return changed
+
+    def _retry_due(self, releases: int, returned_at: datetime) -> float:
+        """When (monotonic) a job that came back after `releases` releases may go again."""
+        settings = self._settings
+        wait = min(settings.release_retry_max_seconds,
+                   settings.release_retry_initial_seconds * 2.0 ** max(0, releases - 1))
+        waited = float((self._now() - returned_at).total_seconds())
+        return time.monotonic() + max(0.0, wait - waited)
+
+    def _end_due_backoffs(self) -> bool:
+        """Put jobs whose backoff ended back in the state; returns whether there were any."""
+        now = time.monotonic()
+        due = [job for at, job in self._backing_off.values() if at <= now]
+        for job in due:
+            del self._backing_off[job.job_id]
+            self._state.upsert_job(job)
+        return bool(due)
+
+    def _next_backoff_end(self) -> float:
+        return min((at for at, _ in self._backing_off.values()), default=float("inf"))
 
     def _count(self, job: SchedJob | None, delta: int) -> None:
         if job is None:

@@ -37,6 +37,12 @@ class SchedulerSettings(ServiceSettings):
     max_lookback_per_queue: int = Field(
         default=1000, ge=0, description="jobs that do not fit a queue may skip before it stops")
     # Releases that went unanswered
+    release_retry_initial_seconds: float = Field(
+        default=2.0, gt=0,
+        description="a job whose release failed waits this long before it is released again, "
+                    "doubling with each failure")
+    release_retry_max_seconds: float = Field(
+        default=300.0, gt=0, description="the longest such wait")
     republish_after_seconds: float = Field(
         default=60.0, gt=0,
         description="re-publish a release command whose job is still only released this long "

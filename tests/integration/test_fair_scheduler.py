@@ -502,3 +502,34 @@ async def test_a_job_changed_since_the_round_is_not_released(
     assert again == []
     assert await store.decisions_per_job() == {(cluster, kept): 1}
     assert await store.states(cluster) == {kept: "released", deleted: "deleted"}
+
+
+async def test_a_job_whose_release_failed_waits_its_backoff_before_the_next_release(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    """A release that keeps failing (say, a patch the apiserver forbids) must not spin."""
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=4 * CPU)
+    (uid,) = await store.jobs(cluster, "q1", 1)
+    backoff = 1.5
+    settings = scheduler_settings(store, kafka_bootstrap, "s1",
+                                  release_retry_initial_seconds=backoff)
+
+    async with running_scheduler(settings) as ctx:
+        await until(lambda: leading(ctx), within=30, what="leadership")
+        await commands.wait_for_count(1)
+        # The ungater reported FAILED: queue-store puts the job back in its queue.
+        await store.set_state(cluster, [uid], "queued")
+        returned_at = time.monotonic()
+        await commands.wait_for_count(2, within=10)
+        second_after = commands.messages[1].received_at - returned_at
+        # Failing again doubles the wait.
+        await store.set_state(cluster, [uid], "queued")
+        returned_at = time.monotonic()
+        await commands.wait_for_count(3, within=15)
+        third_after = commands.messages[2].received_at - returned_at
+
+    assert backoff * 0.9 <= second_after < backoff + 2.0
+    assert 2 * backoff * 0.9 <= third_after < 2 * backoff + 2.0
+    assert commands.uids() == [uid, uid, uid]
+    assert (await store.decisions_per_job())[(cluster, uid)] == 3

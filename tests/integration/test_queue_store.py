@@ -412,6 +412,7 @@ async def record_release(db: asyncpg.Pool, cluster: str, uid: str, decision_id: 
             decision_id, cluster, uid)
         await connection.execute(
             "UPDATE jobs SET state = 'released', decision_id = $3, released_at = now(),"
+            " release_attempts = release_attempts + 1,"
             " serial = nextval('change_serial') WHERE cluster = $1 AND uid = $2",
             cluster, uid, decision_id)
 
