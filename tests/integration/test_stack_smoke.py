@@ -63,7 +63,7 @@ async def test_gated_pod_waits_until_the_gate_is_removed_then_binds_and_runs(
 
     pod = await eventually(running, within=60, every=0.1,
                            what="the ungated pod to be bound and Running")
-    assert pod.spec.node_name.startswith(f"{cluster}-node-")
+    assert pod.spec.node_name.startswith(f"{cluster}-")  # one of its kwok nodes
     assert not pod.spec.scheduling_gates
 
 
@@ -87,7 +87,7 @@ async def test_deployment_creates_pods_and_namespace_deletion_completes(
     assert len(pods) == 3
     for pod in pods:
         assert [ref.kind for ref in pod.metadata.owner_references] == ["ReplicaSet"]
-        assert pod.spec.node_name.startswith(f"{cluster}-node-")
+        assert pod.spec.node_name.startswith(f"{cluster}-")  # one of its kwok nodes
         assert pod.status.phase == "Running"
 
     await core.delete_namespace(ns)
