@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from lockgate.labels import (
+    ADMISSION_TRACE_ANNOTATION,
     JOBSET_LABEL,
     LABEL_SOURCE_ANNOTATION,
     MANAGED_NAMESPACE_LABEL,
@@ -223,8 +224,12 @@ def decide(
     namespace_labels: Mapping[str, str] | None,
     owners: Sequence[OwnerLabels],
     queue: QueueLookup | None,
+    trace_parent: str | None = None,
 ) -> Decision:
     """The decision for one request.
+
+    `trace_parent`, the W3C traceparent of the review's span, is recorded on a gated pod so its
+    journey's trace can link back to its admission.
 
     `namespace_labels` None means the namespace could not be read, `queue` None that the queue
     could not be checked: both refuse a pod that would otherwise be gated (fail-closed).
@@ -253,7 +258,7 @@ def decide(
     return Decision(
         Outcome.GATED,
         message=f"gated in queue {plan.queue}, jobset {plan.jobset}",
-        patch=tuple(_patch(request.pod, plan)),
+        patch=tuple(_patch(request.pod, plan, trace_parent)),
         warnings=tuple(
             f"lockgate could not read owner {owner.reference} ({owner.unreadable_reason}); "
             "its labels were not considered"
@@ -431,7 +436,8 @@ def _denied(plan: _LabelPlan, message: str) -> Decision:
                     queue=plan.queue, jobset=plan.jobset)
 
 
-def _patch(pod: JsonObject, plan: _LabelPlan) -> list[PatchOperation]:
+def _patch(pod: JsonObject, plan: _LabelPlan,
+           trace_parent: str | None = None) -> list[PatchOperation]:
     operations = _gate_operations(pod)
     metadata = _metadata(pod)
     label_operations = _map_operations(
@@ -444,10 +450,13 @@ def _patch(pod: JsonObject, plan: _LabelPlan) -> list[PatchOperation]:
     annotations = _string_map(metadata.get("annotations"))
     # On reinvocation our own labels look like the pod's; keep the first answer's annotation.
     if label_operations or LABEL_SOURCE_ANNOTATION not in annotations:
+        wanted = {LABEL_SOURCE_ANNOTATION: _source_annotation(plan)}
+        if trace_parent and ADMISSION_TRACE_ANNOTATION not in annotations:
+            wanted[ADMISSION_TRACE_ANNOTATION] = trace_parent
         operations += _map_operations(
             "/metadata/annotations",
             annotations,
-            {LABEL_SOURCE_ANNOTATION: _source_annotation(plan)},
+            wanted,
             exists=isinstance(metadata.get("annotations"), Mapping),
         )
     return operations

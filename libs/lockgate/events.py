@@ -53,6 +53,7 @@ class PodEvent(Event):
     resource_version: str = ""
     gated: bool = True  # lockgate's gate still present
     snapshot_id: str | None = None  # set when published as part of a (re)start snapshot
+    admission_trace: str | None = None  # traceparent of the admission review that gated it
 
 
 class ClusterSnapshot(Event):

@@ -17,6 +17,9 @@ JOBSET_LABEL = f"{DOMAIN}/jobset"
 PRIORITY_LABEL = f"{DOMAIN}/priority"
 # Annotation the webhook leaves so a pod says where its labels came from.
 LABEL_SOURCE_ANNOTATION = f"{DOMAIN}/labels-from"
+# W3C traceparent of the admission review that gated the pod, so the pod's own trace (whose id is
+# its uid, unknown at admission) can link back to the webhook's span.
+ADMISSION_TRACE_ANNOTATION = f"{DOMAIN}/admission-trace"
 DEFAULT_JOBSET = "default"
 NEVER_MANAGED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 

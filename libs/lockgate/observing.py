@@ -20,7 +20,13 @@ from typing import Any
 
 from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodEvent
 from lockgate.jobs import JobState
-from lockgate.labels import DEFAULT_JOBSET, JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import (
+    ADMISSION_TRACE_ANNOTATION,
+    DEFAULT_JOBSET,
+    JOBSET_LABEL,
+    QUEUE_LABEL,
+    SCHEDULING_GATE,
+)
 from lockgate.resources import Resources
 
 KubeObject = Mapping[str, Any]
@@ -161,6 +167,7 @@ def pod_event(
         resource_version=metadata.get("resourceVersion", ""),
         gated=is_gated_by_lockgate(pod),
         snapshot_id=snapshot_id,
+        admission_trace=(metadata.get("annotations") or {}).get(ADMISSION_TRACE_ANNOTATION),
     )
 
 

@@ -72,6 +72,22 @@ def pod_trace_parent(uid: str) -> otel_context.Context:
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
+def current_traceparent() -> str | None:
+    """The active span as a W3C traceparent, or None outside a (sampled) span."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def link_to_traceparent(traceparent: str | None) -> list[trace.Link]:
+    """A span link to the span a traceparent names (none if absent or malformed)."""
+    if not traceparent:
+        return []
+    span = trace.get_current_span(propagate.extract({"traceparent": traceparent}))
+    context = span.get_span_context()
+    return [trace.Link(context)] if context.is_valid else []
+
+
 def inject_headers() -> list[tuple[str, bytes]]:
     """The current trace context as Kafka headers."""
     carrier: dict[str, str] = {}

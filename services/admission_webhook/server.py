@@ -34,6 +34,7 @@ from lockgate.admission import (
     unchanged,
     unverifiable,
 )
+from lockgate_adapters.telemetry import current_traceparent
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -148,7 +149,7 @@ class AdmissionServer:
             if queue_name is not None:
                 queue = await self._queues.lookup(queue_name)
         decision = decide(request=request, namespace_labels=namespace_labels, owners=owners,
-                          queue=queue)
+                          queue=queue, trace_parent=current_traceparent())
         if decision.outcome is Outcome.UNVERIFIABLE:
             log.warning("%s: %s", lookups.cluster, decision.message)
         return decision

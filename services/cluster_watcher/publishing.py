@@ -51,7 +51,7 @@ from lockgate_adapters.kafka import (
 )
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
-from lockgate_adapters.telemetry import inject_headers, pod_trace_parent
+from lockgate_adapters.telemetry import inject_headers, link_to_traceparent, pod_trace_parent
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cluster_watcher")
@@ -98,6 +98,7 @@ def pod_event_message(event: PodEvent) -> Outgoing:
     span = tracer.start_span(
         "pod observed",
         context=pod_trace_parent(event.uid),
+        links=link_to_traceparent(event.admission_trace),
         attributes={
             "lockgate.cluster": event.cluster,
             "lockgate.namespace": event.namespace,

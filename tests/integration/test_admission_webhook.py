@@ -34,6 +34,7 @@ from helpers.services import WebhookProcess, webhook_process
 from helpers.waiting import eventually
 from lockgate.admission import webhook_configuration
 from lockgate.labels import (
+    ADMISSION_TRACE_ANNOTATION,
     JOBSET_LABEL,
     LABEL_SOURCE_ANNOTATION,
     MANAGED_NAMESPACE_LABEL,
@@ -213,6 +214,11 @@ async def test_pod_in_managed_namespace_is_gated_and_labelled(
     assert sources_of(pod) == {"queue": "pod", "jobset": "default:namespace-name"}
     scheduled = next(c for c in pod.status.conditions or [] if c.type == "PodScheduled")
     assert (scheduled.status, scheduled.reason) == ("False", "SchedulingGated")
+    # The review's span, for the pod's trace to link back to (W3C traceparent).
+    version, trace_id, span_id, flags = pod.metadata.annotations[
+        ADMISSION_TRACE_ANNOTATION].split("-")
+    assert (version, len(trace_id), len(span_id)) == ("00", 32, 16)
+    assert int(trace_id, 16) and int(span_id, 16) and int(flags, 16) & 1  # sampled
 
 
 async def test_pod_keeps_other_gates(

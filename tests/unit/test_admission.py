@@ -37,7 +37,13 @@ from lockgate.admission import (
     queue_to_check,
     webhook_configuration,
 )
-from lockgate.labels import JOBSET_LABEL, LABEL_SOURCE_ANNOTATION, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import (
+    ADMISSION_TRACE_ANNOTATION,
+    JOBSET_LABEL,
+    LABEL_SOURCE_ANNOTATION,
+    QUEUE_LABEL,
+    SCHEDULING_GATE,
+)
 
 NS = "team-a"
 MANAGED = {"lockgate.io/managed": "true"}
@@ -299,6 +305,25 @@ def test_reinvocation_changes_nothing() -> None:
     assert json.loads(once["metadata"]["annotations"][LABEL_SOURCE_ANNOTATION])["queue"] == (
         f"namespace/{NS}"
     )
+
+
+TRACEPARENT = "00-6f1c2d3e4a5b4c6d8e9f0a1b2c3d4e5f-0123456789abcdef-01"
+
+
+def test_a_gated_pod_records_the_review_trace_once() -> None:
+    pod = make_pod(labels={QUEUE_LABEL: "q1"})
+    request = AdmissionRequest.from_review(make_review(pod))
+    decision = decide(request=request, namespace_labels=dict(MANAGED), owners=[], queue=OPEN,
+                      trace_parent=TRACEPARENT)
+    once = apply_patch(pod, list(decision.patch))
+    assert once["metadata"]["annotations"][ADMISSION_TRACE_ANNOTATION] == TRACEPARENT
+    # Reinvoked under another span: the first admission's trace stays.
+    again = decide(request=AdmissionRequest.from_review(make_review(once)),
+                   namespace_labels=dict(MANAGED), owners=[], queue=OPEN,
+                   trace_parent=TRACEPARENT.replace("0123", "ffff"))
+    assert again.patch == ()
+    assert ADMISSION_TRACE_ANNOTATION not in (
+        apply_patch(pod, list(gate(pod).patch))["metadata"]["annotations"])
 
 
 def test_label_key_is_escaped_in_the_patch_path() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import pytest
 from opentelemetry import trace
 
 from cluster_watcher.publishing import (
@@ -101,3 +102,33 @@ def test_a_pods_trace_id_is_its_uid() -> None:
     assert parent.span_id != 0 and parent.is_remote
     # Not a UUID: a trace of its own rather than an error.
     assert not trace.get_current_span(pod_trace_parent("x")).get_span_context().is_valid
+
+
+def test_a_pods_observed_span_links_to_the_admission_that_gated_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from cluster_watcher import publishing
+    from lockgate.labels import ADMISSION_TRACE_ANNOTATION, QUEUE_LABEL, SCHEDULING_GATE
+    from lockgate.observing import pod_event
+
+    admission = "00-11111111111111111111111111111111-2222222222222222-01"
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": UID,
+                     "labels": {QUEUE_LABEL: "q"},
+                     "annotations": {ADMISSION_TRACE_ANNOTATION: admission}},
+        "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}], "containers": []},
+        "status": {"phase": "Pending"},
+    }
+    event = pod_event(pod, cluster="c", event_id="e", observed_at=T0)
+    assert event.admission_trace == admission
+
+    monkeypatch.setattr(publishing, "tracer", TracerProvider().get_tracer("test"))
+    span = pod_event_message(event).span
+    (link,) = span.links  # type: ignore[attr-defined]
+    assert format(link.context.trace_id, "032x") == "1" * 32
+    assert format(link.context.span_id, "016x") == "2" * 16
+    assert format(span.get_span_context().trace_id, "032x") == UID.replace("-", "")
+    span.end()
+    # A malformed annotation is no link rather than an error.
+    assert pod_event_message(event.model_copy(update={"admission_trace": "junk"})).span.links == ()
