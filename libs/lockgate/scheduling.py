@@ -324,7 +324,7 @@ class SchedulerState:
             size = tuple(node.allocatable)
             state.node_sizes[size] = state.node_sizes.get(size, 0) + 1
             if state.node_sizes[size] == 1:
-                self._unpark(cluster)
+                self._unpark(cluster, size)
 
     def cluster_names(self) -> list[str]:
         return sorted(self._clusters)
@@ -571,16 +571,25 @@ class SchedulerState:
         if queue.spec is None and queue.is_empty():
             del self._queues[queue_name]
 
-    def _unpark(self, cluster: str) -> None:
-        """The cluster gained a node size: its parked jobs may fit now, so they queue again."""
+    def _unpark(self, cluster: str, size: tuple[int, ...]) -> None:
+        """The cluster gained a node size: parked jobs that fit it queue again.
+
+        Only those: a node size that merely came back (a node flapping NotReady and Ready, say)
+        must not put jobs that still fit nowhere back in front of rounds that skip full clusters
+        without looking at each job, where they would pass for merely waiting.
+        """
         for queue in self._queues.values():
             pending = queue.pending.get(cluster)
             if pending is None or not pending.parked_entries:
                 continue
-            entries = pending.parked_entries
-            pending.parked_entries = []
-            for entry in _unique([e for e in entries if self._is_parked_entry(queue, pending, e)]):
+            entries = _unique([e for e in pending.parked_entries
+                               if self._is_parked_entry(queue, pending, e)])
+            pending.parked_entries = [e for e in entries
+                                      if not _fits_size(self._jobs[e[2]].shape, size)]
+            for entry in entries:
                 record = self._jobs[entry[2]]
+                if not _fits_size(record.shape, size):
+                    continue
                 record.parked = False
                 queue.parked -= 1
                 pending.parked -= 1
@@ -692,3 +701,8 @@ def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
             seen.add(entry[2])
             unique.append(entry)
     return unique
+
+
+def _fits_size(shape: _Shape, size: tuple[int, ...]) -> bool:
+    """Whether a job of this shape fits an empty node of this allocatable size."""
+    return all(axis < len(size) and amount <= size[axis] for axis, amount in shape.pairs)

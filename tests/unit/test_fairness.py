@@ -205,6 +205,31 @@ def test_a_job_too_big_for_every_node_does_not_block_its_queue() -> None:
     assert state.queue_usage("a").unschedulable_jobs == 0
 
 
+def test_a_node_size_that_only_comes_back_leaves_too_big_jobs_parked() -> None:
+    big = a_job("a").requesting(cpu="64").named("cluster-a/big").build()
+    state = (
+        a_state()
+        .with_queues("a")
+        .with_cluster("cluster-a", a_node(cpu="8", memory="32Gi").times(1))
+        .with_jobs(big, a_job("a").requesting(cpu="8", memory="1Gi").times(2))
+        .build()
+    )
+    assert released_per_queue(run_round(state)) == {"a": 1}
+    assert state.queue_usage("a").unschedulable_jobs == 1
+
+    # The only node flaps NotReady and back: its size "reappears" but fits the big job no more.
+    state.set_node("cluster-a", "node-1",
+                   replace(a_node(cpu="8", memory="32Gi").build(), schedulable=False))
+    state.set_node("cluster-a", "node-1", a_node(cpu="8", memory="32Gi").build())
+    assert state.queue_usage("a").unschedulable_jobs == 1  # still parked, before any round
+    result = run_round(state)
+    assert state.queue_usage("a").unschedulable_jobs == 1
+    assert result.queues["a"].unschedulable == 1
+    # A node of a size that does fit it brings it back.
+    state.set_node("cluster-a", "huge", a_node(cpu="96", memory="256Gi").build())
+    assert "cluster-a/big" in released_ids(run_round(state))
+
+
 def test_a_resource_no_node_has_makes_a_job_unschedulable() -> None:
     state = (
         a_state()
