@@ -203,6 +203,7 @@ class _Node:
 
 class _Cluster:
     __slots__ = (
+        "fits_no_node",
         "held_unbound",
         "jobs_on_node",
         "name",
@@ -221,6 +222,8 @@ class _Cluster:
         # How many schedulable nodes have each distinct allocatable vector. A job too big for
         # all of them is parked; a size never seen before may let it fit, so it unparks.
         self.node_sizes: dict[tuple[int, ...], int] = {}
+        # Per request shape: fits none of node_sizes (cleared whenever they change).
+        self.fits_no_node: dict[_Shape, bool] = {}
         # Requests of managed jobs holding capacity on a named node (the node may be unknown).
         self.used_by_node: dict[str, list[int]] = {}
         self.jobs_on_node: dict[str, int] = {}
@@ -304,6 +307,7 @@ class SchedulerState:
         if old is not None:
             del state.nodes[name]
             if old.info.schedulable:
+                state.fits_no_node.clear()
                 state.order.remove(name)
                 _subtract_into(state.total, old.allocatable)
                 _subtract_into(self._pool_total, old.allocatable)
@@ -318,6 +322,7 @@ class SchedulerState:
         node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage))
         state.nodes[name] = node
         if info.schedulable:
+            state.fits_no_node.clear()
             bisect.insort(state.order, name)
             _add_into(state.total, node.allocatable)
             _add_into(self._pool_total, node.allocatable)
@@ -453,8 +458,27 @@ class SchedulerState:
     # ---- internals -------------------------------------------------------------------------
 
     def _push(self, record: _Job, job_id: str) -> None:
-        pending = self._queues[record.queue].pending[record.cluster]
-        heapq.heappush(pending.heap, (-record.priority, record.created_at, job_id))
+        queue = self._queues[record.queue]
+        pending = queue.pending[record.cluster]
+        entry = (-record.priority, record.created_at, job_id)
+        if not record.parked and self._fits_no_node(record.cluster, record.shape):
+            # Parked at once, wherever it would sit in its queue: a round may set a full
+            # cluster aside without reaching it, and it must neither pass for waiting nor swell
+            # its queue's demand.
+            self._park(queue, pending, record, entry)
+            return
+        heapq.heappush(pending.heap, entry)
+
+    def _fits_no_node(self, cluster_name: str, shape: _Shape) -> bool:
+        """Known nodes exist in the cluster, and none of their sizes could hold the shape."""
+        cluster = self._clusters.get(cluster_name)
+        if cluster is None or not cluster.node_sizes:
+            return False  # no nodes seen yet: the round reports it, nothing is decided here
+        known = cluster.fits_no_node.get(shape)
+        if known is None:
+            known = cluster.fits_no_node[shape] = not any(
+                _fits_size(shape, size) for size in cluster.node_sizes)
+        return known
 
     def _retract(self, job_id: str, record: _Job) -> str | None:
         """Remove a record's contribution to every aggregate; returns its node hint, if any."""

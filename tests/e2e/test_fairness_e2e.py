@@ -295,7 +295,7 @@ async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: 
     report = await fairness_report(run.scheduler(LEADER))
     assert report["leader"] is True
     by_queue = {q["name"]: q for q in report["queues"]}
-    assert by_queue[LIGHT2]["unschedulable"] == 1, (by_queue[LIGHT2], state)
+    assert by_queue[LIGHT2]["unschedulable"] == 1, f"{by_queue[LIGHT2]}; {state}"
     # Pods of other runs in the same clusters may count as queues of their own: compare ratios.
     assert by_queue[HEAVY]["fair_share"] == pytest.approx(2 * by_queue[LIGHT1]["fair_share"])
     assert by_queue[LIGHT2]["fair_share"] == pytest.approx(by_queue[LIGHT1]["fair_share"])

@@ -194,7 +194,6 @@ def test_a_job_too_big_for_every_node_does_not_block_its_queue() -> None:
     result = run_round(state, lookback=0)
 
     assert released_per_queue(result) == {"a": 3}
-    assert result.skipped_jobs["cluster-a/big"] is SkipReason.TOO_BIG_FOR_ANY_NODE
     assert result.queues["a"].unschedulable == 1
     assert state.queue_usage("a").unschedulable_jobs == 1
     # Parked: later rounds do not look at it again...
@@ -202,6 +201,27 @@ def test_a_job_too_big_for_every_node_does_not_block_its_queue() -> None:
     # ...until the cluster gains a node of a new size.
     state.set_node("cluster-a", "huge", a_node(cpu="96", memory="256Gi").build())
     assert released_ids(run_round(state)) == ["cluster-a/big"]
+    assert state.queue_usage("a").unschedulable_jobs == 0
+
+
+def test_a_too_big_job_is_parked_wherever_it_sits_in_its_queue() -> None:
+    """Even behind jobs that fill the cluster, so that rounds set the cluster aside unread."""
+    state = (
+        a_state()
+        .with_queues("a")
+        .with_cluster("cluster-a", a_node(cpu="2", memory="8Gi").times(1))
+        .with_jobs(a_job("a").requesting(cpu="1", memory="1Gi").times(4),
+                   a_job("a").requesting(cpu="64").created_at(3600).named("cluster-a/big"))
+        .build()
+    )
+    assert state.queue_usage("a").unschedulable_jobs == 1
+    result = run_round(state)
+    assert released_per_queue(result) == {"a": 2}
+    assert result.queues["a"].unschedulable == 1
+    # Demand is the small jobs alone (4 cpu of a 2-cpu pool), not 34x the pool.
+    assert fair_shares(state)["a"].demand_share == pytest.approx(2.0)
+    # Only when a node that could hold it appears does it wait like any other job.
+    state.set_node("cluster-a", "huge", a_node(cpu="96", memory="256Gi").build())
     assert state.queue_usage("a").unschedulable_jobs == 0
 
 
@@ -245,7 +265,9 @@ def test_a_resource_no_node_has_makes_a_job_unschedulable() -> None:
     result = run_round(state)
 
     assert released_ids(result) == ["plain"]
-    assert result.skipped_jobs == {"gpu": SkipReason.TOO_BIG_FOR_ANY_NODE}
+    # Parked as soon as it was known: reported as unschedulable, not looked at by the round.
+    assert result.queues["a"].unschedulable == 1
+    assert "gpu" not in result.skipped_jobs
 
 
 def test_a_job_runs_only_in_its_own_cluster() -> None:
