@@ -5,13 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo bench clean
+.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo bench fresh-check clean
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
 	@echo "make test          lint, type-check, unit, integration and end-to-end tests (real stack)"
 	@echo "make unit          fast unit tests only (no stack)"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
+	@echo "make fresh-check   clone HEAD, brand-new stack state, make demo + make test (BURN=2 adds CPU burners)"
 	@echo "make stack-up|stack-down|stack-status|stack-env"
 
 venv: $(INSTALLED)
@@ -58,6 +59,9 @@ demo: venv
 bench: venv
 	$(BIN)/python -m devstack up
 	$(BIN)/python bench/run.py
+
+fresh-check:
+	.ci/fresh-check --burn $${BURN:-0} $(FRESH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -33,7 +33,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack.launcher import Lockgate
+from devstack.launcher import Lockgate, ServicePorts
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.resources import Resources
 from lockgate_adapters.kube import api_client
@@ -180,6 +180,7 @@ async def demo(args: argparse.Namespace) -> int:
     dsn = await fresh_database(info.postgres_dsn, "lockgate_demo")
     run = uuid.uuid4().hex[:5]
     lockgate = Lockgate(kubeconfigs=info.kubeconfigs, kafka_bootstrap=info.kafka_bootstrap,
+                        ports=ServicePorts.free(),
                         postgres_dsn=dsn, run_id=f"demo-{run}")
     apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
     failures: list[str] = []
