@@ -11,8 +11,9 @@ for more than both clusters hold together:
 
 It shows, live and then in a summary, per queue: weight, fair share, actual share, queued,
 released, running. It ends by itself and exits non-zero if anything failed: a service crashed,
-a workload did not finish in time, a pod was released twice, or a saturated queue's share was
-more than one job away from its fair share.
+a workload did not finish in time, a pod was released twice, or, at a round when every allocation
+in force had been contested by every queue in every cluster, a queue's share was more than one job
+away from its fair share (devstack.demo_fairness says why it is judged that way).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -33,6 +35,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
+from devstack.demo_fairness import JobTimeline, contested_intervals, gaps_in_jobs, judgeable
 from devstack.launcher import Lockgate, ServicePorts
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.resources import Resources
@@ -108,12 +111,10 @@ class DaskLikeCoordinator:
 
 @dataclass
 class Sample:
-    at: float
+    """One scheduler round as its fairness report showed it: shares as of `round_at`."""
+
+    round_at: datetime
     queues: dict[str, dict[str, Any]]
-    # Every queue has pods waiting in every cluster: only then must shares match fair shares,
-    # since a pod runs only in its own cluster and room freed in one cluster cannot go to a
-    # queue whose waiting pods are all in the other.
-    saturated: bool
 
 
 async def fetch_fairness(session: aiohttp.ClientSession, port: int) -> dict[str, Any] | None:
@@ -158,23 +159,6 @@ def render(fairness: dict[str, Any] | None, counts: dict[str, dict[str, int]],
     return "\n".join(lines)
 
 
-async def saturated_everywhere(pool: asyncpg.Pool, clusters: int) -> bool:
-    rows = await pool.fetch("SELECT queue, count(DISTINCT cluster) AS clusters FROM jobs"
-                            " WHERE state = 'queued' GROUP BY queue")
-    waiting = {row["queue"]: row["clusters"] for row in rows}
-    return all(waiting.get(queue, 0) == clusters for queue in QUEUES)
-
-
-def share_deviation_in_jobs(sample: Sample, job_share: float) -> dict[str, float]:
-    """How many jobs each saturated queue is away from its adjusted fair share."""
-    deviations = {}
-    for name, report in sample.queues.items():
-        if report.get("queued", 0) > 0:  # only queues that want more are held to their share
-            gap = report.get("adjusted_fair_share", 0) - report.get("actual_share", 0)
-            deviations[name] = gap / job_share
-    return deviations
-
-
 async def demo(args: argparse.Namespace) -> int:
     info = devstack.ensure_up()
     dsn = await fresh_database(info.postgres_dsn, "lockgate_demo")
@@ -190,6 +174,7 @@ async def demo(args: argparse.Namespace) -> int:
     stopping = asyncio.Event()
     coordinators: list[DaskLikeCoordinator] = []
     final_counts: dict[str, dict[str, int]] = {}
+    judgement = FairnessJudgement(samples=0)
     started = time.monotonic()
     try:
         print("starting lockgate: queue-store, admission-webhook, cluster-watcher, ungater, "
@@ -249,10 +234,11 @@ async def demo(args: argparse.Namespace) -> int:
                     or await fetch_fairness(session, lockgate.ports.standby_scheduler_health)
                 counts = await job_counts(pool)
                 print(render(fairness, counts, time.monotonic() - started), flush=True)
-                if fairness:
-                    samples.append(Sample(time.monotonic(),
-                                          {q["name"]: q for q in fairness.get("queues", [])},
-                                          await saturated_everywhere(pool, len(apis))))
+                last_round = (fairness or {}).get("last_round")
+                if fairness and last_round and (
+                        not samples or samples[-1].round_at.isoformat() != last_round["at"]):
+                    samples.append(Sample(datetime.fromisoformat(last_round["at"]),
+                                          {q["name"]: q for q in fairness.get("queues", [])}))
                 crashed = [n for n in lockgate.crashed()]
                 if crashed:
                     failures.append(f"services exited: {', '.join(crashed)}")
@@ -270,8 +256,10 @@ async def demo(args: argparse.Namespace) -> int:
         stopping.set()
         for coordinator in coordinators:
             failures.extend(coordinator.errors)
-        failures.extend(await verify(pool, samples, args.fairness_tolerance_jobs,
-                                     await one_job_share(pool)))
+        judgement = await judge_fairness(pool, samples, list(apis),
+                                         await one_job_share(pool))
+        failures.extend(judgement.failures(args.fairness_tolerance_jobs))
+        failures.extend(await released_twice(pool))
         final_counts = await job_counts(pool)
     finally:
         stopping.set()
@@ -286,7 +274,7 @@ async def demo(args: argparse.Namespace) -> int:
         await pool.close()
         for api in apis.values():
             await api.close()
-    print_summary(samples, final_counts, failures, time.monotonic() - started)
+    print_summary(judgement, final_counts, failures, time.monotonic() - started)
     return 1 if failures else 0
 
 
@@ -301,45 +289,76 @@ async def one_job_share(pool: asyncpg.Pool) -> float:
     return max(requests["cpu"] / cpu, requests["memory"] / memory)
 
 
-async def verify(pool: asyncpg.Pool, samples: list[Sample], tolerance_jobs: float,
-                 job_share: float) -> list[str]:
-    failures = []
+async def released_twice(pool: asyncpg.Pool) -> list[str]:
     doubles = await pool.fetchval(
         "SELECT count(*) FROM (SELECT cluster, uid FROM release_decisions"
         " WHERE outcome IS DISTINCT FROM 'failed' GROUP BY cluster, uid HAVING count(*) > 1) d")
-    if doubles:
-        failures.append(f"{doubles} pods were released more than once")
-    saturated = [s for s in samples if s.saturated]
-    if not saturated:
-        failures.append("the queues were never all saturated at once: fairness not exercised")
-    else:
-        # Allocation converges as pods finish (there is no preemption): judge the second half.
-        steady = saturated[len(saturated) // 2:]
-        worst = max((abs(gap) for s in steady
-                     for gap in share_deviation_in_jobs(s, job_share).values()), default=0.0)
-        print(f"fairness: {len(saturated)} samples with every queue waiting in every cluster; "
-              f"in the last {len(steady)}, the largest gap to a fair share was {worst:.2f} jobs")
+    return [f"{doubles} pods were released more than once"] if doubles else []
+
+
+@dataclass
+class FairnessJudgement:
+    """Per queue, how far from its fair share it was at the rounds that could be judged."""
+
+    samples: int
+    judged: list[Sample] = field(default_factory=list)
+    gaps: dict[str, list[float]] = field(default_factory=dict)
+
+    def failures(self, tolerance_jobs: float) -> list[str]:
+        if not self.judged:
+            return [f"none of {self.samples} scheduler rounds sampled came after every queue had "
+                    "waited in every cluster since the oldest release still in force: fairness "
+                    "not exercised"]
+        worst = max((abs(g) for gaps in self.gaps.values() for g in gaps), default=0.0)
         if worst > tolerance_jobs + 1e-6:
-            failures.append(f"a saturated queue was {worst:.1f} jobs from its fair share")
-    return failures
+            return [f"a contested queue was {worst:.1f} jobs from its fair share"]
+        return []
 
 
-def print_summary(samples: list[Sample], counts: dict[str, dict[str, int]],
+async def judge_fairness(pool: asyncpg.Pool, samples: list[Sample], clusters: list[str],
+                         job_share: float) -> FairnessJudgement:
+    """Judge the sampled rounds that every allocation in force was contested for (see
+    devstack.demo_fairness for why), by the shares the scheduler reported for them."""
+    rows = await pool.fetch("SELECT queue, cluster, first_seen_at, released_at, finished_at"
+                            " FROM jobs")
+    jobs = [JobTimeline(r["queue"], r["cluster"], r["first_seen_at"], r["released_at"],
+                        r["finished_at"]) for r in rows]
+    intervals = contested_intervals(jobs, list(QUEUES), clusters)
+    judgement = FairnessJudgement(samples=len(samples))
+    for sample in samples:
+        if judgeable(jobs, intervals, sample.round_at):
+            judgement.judged.append(sample)
+            for name, gap in gaps_in_jobs(sample.queues, job_share).items():
+                judgement.gaps.setdefault(name, []).append(gap)
+    return judgement
+
+
+def print_summary(judgement: FairnessJudgement, counts: dict[str, dict[str, int]],
                   failures: list[str], elapsed: float) -> None:
     print("\n=== lockgate demo summary ===")
-    last_saturated = next((s for s in reversed(samples) if s.saturated), None)
-    print("  fair and actual share: the last moment every queue had pods waiting in every "
-          "cluster; pod counts: at the end")
-    print(f"  {'queue':<10} {'weight':>6} {'fair':>6} {'actual':>7} {'queued':>7} "
-          f"{'released':>9} {'running':>8} {'succeeded':>10}")
+    print(f"  fairness, as measured: of {judgement.samples} scheduler rounds sampled, "
+          f"{len(judgement.judged)} came after every queue had had pods waiting in every cluster "
+          "without a break since the oldest release still holding capacity (from Postgres' job "
+          "records), so every allocation then in force had been contested. For those rounds: "
+          "fair and actual share as the scheduler reported them (share of the pool's dominant "
+          "resource; actual counts released and running pods), the gap in pods of one demo "
+          "shape (positive: below its share). Pod counts: at the end.")
+    last = judgement.judged[-1].queues if judgement.judged else {}
+    print(f"  {'queue':<10} {'weight':>6} {'fair':>6} {'actual':>7} {'mean gap':>9} "
+          f"{'worst gap':>10} {'queued':>7} {'released':>9} {'running':>8} {'succeeded':>10}")
     for name in QUEUES:
-        q = last_saturated.queues.get(name, {}) if last_saturated else {}
+        q = last.get(name, {})
+        gaps = judgement.gaps.get(name, [])
+        mean = f"{sum(gaps) / len(gaps):+.2f}" if gaps else "-"
+        worst = f"{max(gaps, key=abs):+.2f}" if gaps else "-"
         c = counts.get(name, {})
-        print(f"  {name:<10} {1 / QUEUES[name]:>6.1f} {q.get('fair_share', 0):>6.1%} "
-              f"{q.get('actual_share', 0):>7.1%} {c.get('queued', 0):>7} "
+        print(f"  {name:<10} {1 / QUEUES[name]:>6.1f} {q.get('adjusted_fair_share', 0):>6.1%} "
+              f"{q.get('actual_share', 0):>7.1%} {mean:>9} {worst:>10} {c.get('queued', 0):>7} "
               f"{c.get('ever_released', 0):>9} {c.get('running', 0):>8} "
               f"{c.get('succeeded', 0):>10}")
-    print(json.dumps({"elapsed_seconds": round(elapsed, 1), "failures": failures}))
+    print(json.dumps({"elapsed_seconds": round(elapsed, 1), "judged_rounds":
+                      len(judgement.judged), "sampled_rounds": judgement.samples,
+                      "failures": failures}))
     print("RESULT:", "PASS" if not failures else "FAIL")
 
 
