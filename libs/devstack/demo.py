@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -35,7 +35,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack.demo_fairness import JobTimeline, contested_intervals, gaps_in_jobs, judgeable
+from devstack.demo_fairness import (
+    JobTimeline,
+    contested_intervals,
+    gaps_in_jobs,
+    judgeable,
+    news_lag,
+)
 from devstack.launcher import Lockgate, ServicePorts
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.resources import Resources
@@ -301,6 +307,7 @@ class FairnessJudgement:
     """Per queue, how far from its fair share it was at the rounds that could be judged."""
 
     samples: int
+    news_lag: timedelta = timedelta(0)
     judged: list[Sample] = field(default_factory=list)
     gaps: dict[str, list[float]] = field(default_factory=dict)
 
@@ -319,14 +326,15 @@ async def judge_fairness(pool: asyncpg.Pool, samples: list[Sample], clusters: li
                          job_share: float) -> FairnessJudgement:
     """Judge the sampled rounds that every allocation in force was contested for (see
     devstack.demo_fairness for why), by the shares the scheduler reported for them."""
-    rows = await pool.fetch("SELECT queue, cluster, first_seen_at, released_at, finished_at"
-                            " FROM jobs")
+    rows = await pool.fetch("SELECT queue, cluster, created_at, first_seen_at, released_at,"
+                            " finished_at FROM jobs")
     jobs = [JobTimeline(r["queue"], r["cluster"], r["first_seen_at"], r["released_at"],
                         r["finished_at"]) for r in rows]
     intervals = contested_intervals(jobs, list(QUEUES), clusters)
-    judgement = FairnessJudgement(samples=len(samples))
+    lag = news_lag([(r["created_at"], r["first_seen_at"]) for r in rows])
+    judgement = FairnessJudgement(samples=len(samples), news_lag=lag)
     for sample in samples:
-        if judgeable(jobs, intervals, sample.round_at):
+        if judgeable(jobs, intervals, sample.round_at, lag):
             judgement.judged.append(sample)
             for name, gap in gaps_in_jobs(sample.queues, job_share).items():
                 judgement.gaps.setdefault(name, []).append(gap)
@@ -339,7 +347,9 @@ def print_summary(judgement: FairnessJudgement, counts: dict[str, dict[str, int]
     print(f"  fairness, as measured: of {judgement.samples} scheduler rounds sampled, "
           f"{len(judgement.judged)} came after every queue had had pods waiting in every cluster "
           "without a break since the oldest release still holding capacity (from Postgres' job "
-          "records), so every allocation then in force had been contested. For those rounds: "
+          f"records; a pod that ended counts for {judgement.news_lag.total_seconds():.1f} s more, "
+          "the 95th percentile of how late news of a pod reached Postgres), so every "
+          "allocation then in force had been contested. For those rounds: "
           "fair and actual share as the scheduler reported them (share of the pool's dominant "
           "resource; actual counts released and running pods), the gap in pods of one demo "
           "shape (positive: below its share). Pod counts: at the end.")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,11 @@ class JobTimeline:
         ends = [t for t in (self.released_at, self.finished_at) if t is not None]
         return min(ends) if ends else None
 
-    def holds_capacity_at(self, at: datetime) -> bool:
+    def holds_capacity_at(self, at: datetime, news_lag: timedelta = timedelta(0)) -> bool:
+        """Whether the scheduler may still count it at `at`: `finished_at` is when the watcher
+        saw the pod end, and the scheduler hears of it up to `news_lag` later."""
         return (self.released_at is not None and self.released_at <= at
-                and (self.finished_at is None or self.finished_at > at))
+                and (self.finished_at is None or self.finished_at + news_lag > at))
 
 
 def contested_intervals(jobs: Iterable[JobTimeline], queues: Sequence[str],
@@ -86,13 +88,23 @@ def contested_since(intervals: Sequence[tuple[datetime, datetime | None]],
     return None
 
 
+def news_lag(created: Sequence[tuple[datetime, datetime]]) -> timedelta:
+    """How late news of a pod reaches Postgres: the 95th percentile of (first seen - created),
+    plus the second that creation timestamps are rounded to."""
+    if not created:
+        return timedelta(seconds=1)
+    lags = sorted(max(timedelta(0), seen - made) for made, seen in created)
+    return lags[min(len(lags) - 1, int(len(lags) * 0.95))] + timedelta(seconds=1)
+
+
 def judgeable(jobs: Sequence[JobTimeline], intervals: Sequence[tuple[datetime, datetime | None]],
-              at: datetime) -> bool:
-    """Whether every allocation in force at `at` was decided while all queues competed."""
+              at: datetime, lag: timedelta = timedelta(0)) -> bool:
+    """Whether every allocation the scheduler counted at `at` was decided while all queues
+    competed (a job that ended counts until `lag` after, when the scheduler may hear of it)."""
     since = contested_since(intervals, at)
     if since is None:
         return False
-    holding = [job.released_at for job in jobs if job.holds_capacity_at(at)]
+    holding = [job.released_at for job in jobs if job.holds_capacity_at(at, lag)]
     return all(released >= since for released in holding if released is not None)
 
 

@@ -10,6 +10,7 @@ from devstack.demo_fairness import (
     contested_since,
     gaps_in_jobs,
     judgeable,
+    news_lag,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -73,3 +74,17 @@ def test_gaps_are_in_jobs_and_positive_below_the_share() -> None:
     gaps = gaps_in_jobs({"a": {"adjusted_fair_share": 0.5, "actual_share": 0.25},
                          "b": {"adjusted_fair_share": 0.25, "actual_share": 0.5}}, 0.125)
     assert gaps == {"a": 2.0, "b": -2.0}
+
+
+def test_an_ended_job_counts_until_the_scheduler_can_have_heard_of_it() -> None:
+    jobs = [*waiting_everywhere(10), job("a", "x", 0, released=5, finished=40)]
+    intervals = contested_intervals(jobs, QUEUES, CLUSTERS)
+    assert judgeable(jobs, intervals, at(41))
+    assert not judgeable(jobs, intervals, at(41), lag=timedelta(seconds=2))
+    assert judgeable(jobs, intervals, at(42.5), lag=timedelta(seconds=2))
+
+
+def test_news_lag_is_the_95th_percentile_plus_the_rounding_second() -> None:
+    created = [(at(0), at(0.1 * i)) for i in range(100)]
+    assert news_lag(created) == timedelta(seconds=9.5 + 1)
+    assert news_lag([]) == timedelta(seconds=1)
