@@ -234,12 +234,15 @@ async def demo(args: argparse.Namespace) -> int:
             coordinator_tasks = [asyncio.create_task(c.run(stopping)) for c in coordinators]
 
             deadline = started + args.deadline_seconds
+            last_render = 0.0
             while True:
-                await asyncio.sleep(2)
+                await asyncio.sleep(0.5)  # sample rounds often; show the table every 2 s
                 fairness = await fetch_fairness(session, lockgate.ports.scheduler_health) \
                     or await fetch_fairness(session, lockgate.ports.standby_scheduler_health)
                 counts = await job_counts(pool)
-                print(render(fairness, counts, time.monotonic() - started), flush=True)
+                if time.monotonic() - last_render >= 2:
+                    last_render = time.monotonic()
+                    print(render(fairness, counts, last_render - started), flush=True)
                 last_round = (fairness or {}).get("last_round")
                 if fairness and last_round and (
                         not samples or samples[-1].round_at.isoformat() != last_round["at"]):
