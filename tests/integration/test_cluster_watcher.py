@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -406,8 +407,17 @@ async def test_while_kafka_is_unreachable_the_watcher_keeps_what_it_saw_and_send
 
 
 async def test_watching_from_an_expired_resource_version_returns_to_relist(
-    stack: Any, cores: dict[str, client.CoreV1Api]
+    stack: Any, cores: dict[str, client.CoreV1Api], make_namespace: Any
 ) -> None:
+    # PodTemplates bypass the apiserver's watch cache on the local stack (devstack.kube), so
+    # compacting etcd makes any older resourceVersion answer 410 Gone, whatever the stack's age.
+    namespace = await make_namespace("cluster-a", prefix="expired")
+    core = cores["cluster-a"]
+    for i in range(5):
+        await core.create_namespaced_pod_template(namespace, {
+            "apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"t{i}"},
+            "template": {"spec": {"containers": [{"name": "c", "image": "registry.invalid/x"}]}},
+        })
     api = await api_client(stack.kubeconfigs["cluster-a"])
     listed: list[int] = []
     seen: list[str] = []
@@ -423,21 +433,22 @@ async def test_watching_from_an_expired_resource_version_returns_to_relist(
             await super().relist()
             return "1"  # compacted away below: the apiserver answers 410 Gone
 
-    # Whatever the stack's age, revision 1 is gone once etcd is compacted to its newest.
-    await asyncio.to_thread(compact_etcd, "cluster-a")
     try:
-        core = client.CoreV1Api(api)
+        list_templates = functools.partial(client.CoreV1Api(api).list_namespaced_pod_template,
+                                           namespace)
+        await asyncio.to_thread(compact_etcd, "cluster-a")
         options = WatchOptions(timeout_seconds=20, page_size=2, retry=FAST_RETRY)
         readiness: list[bool] = []
         watcher = StartingFromAnAncientVersion(
-            cluster="cluster-a", resource="nodes", list_call=core.list_node, on_list=on_list,
-            on_event=on_event, set_ready=lambda ok, _: readiness.append(ok), options=options)
+            cluster="cluster-a", resource="podtemplates", list_call=list_templates,
+            on_list=on_list, on_event=on_event, set_ready=lambda ok, _: readiness.append(ok),
+            options=options)
         with pytest.raises(WatchExpired):
             await watcher.watch_from("1")
         # list_then_watch returns (to be relisted by run) rather than raising or hanging.
         await asyncio.wait_for(watcher.list_then_watch(), 15)
-        # Paging: 4+ nodes in pages of 2 still lists them all.
-        assert listed and listed[-1] >= 4
+        # Paging: 5 objects in pages of 2 are still listed whole.
+        assert listed == [5]
         assert readiness == [True]
     finally:
         await api.close()
