@@ -80,6 +80,38 @@ def task_duration(seconds: int, index: int) -> str:
     return f"{max(1, seconds + index % 7 - 3)}s"
 
 
+INGEST_SERVICES = ("queue-store", "admission-webhook", "cluster-watcher", "ungater")
+SCHEDULERS = ("fair-scheduler", "fair-scheduler-standby")
+
+
+async def create_pods(core: client.CoreV1Api, namespace: str, pods: list[dict[str, Any]],
+                      concurrency: int = 16) -> None:
+    """Create pods a few at a time, as a controller would: one by one takes a busy machine
+    long enough for the first pods to be released alone."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def create(pod: dict[str, Any]) -> None:
+        async with gate:
+            await core.create_namespaced_pod(namespace, pod)
+
+    await asyncio.gather(*(create(pod) for pod in pods))
+
+
+async def wait_for_contest(pool: asyncpg.Pool, clusters: int, *, within: float) -> None:
+    """Until every demo queue has a job queued in every cluster (RuntimeError after `within`)."""
+    deadline = time.monotonic() + within
+    while True:
+        rows = await pool.fetch("SELECT queue, count(DISTINCT cluster) AS clusters FROM jobs"
+                                " WHERE state = 'queued' GROUP BY queue")
+        waiting = {row["queue"]: row["clusters"] for row in rows}
+        if all(waiting.get(queue, 0) == clusters for queue in QUEUES):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"after {within:.0f}s not every queue waits in every cluster: "
+                               f"{waiting}")
+        await asyncio.sleep(0.5)
+
+
 @dataclass
 class DaskLikeCoordinator:
     """Runs `tasks` tasks on at most `max_workers` worker pods, creating pods directly."""
@@ -183,9 +215,9 @@ async def demo(args: argparse.Namespace) -> int:
     judgement = FairnessJudgement(samples=0)
     started = time.monotonic()
     try:
-        print("starting lockgate: queue-store, admission-webhook, cluster-watcher, ungater, "
-              "fair-scheduler (leader + standby)", flush=True)
-        await lockgate.start()
+        print("starting lockgate: queue-store, admission-webhook, cluster-watcher, ungater",
+              flush=True)
+        await lockgate.start(only=INGEST_SERVICES)
         admin = f"http://127.0.0.1:{lockgate.ports.admin_api}/api/v1/queues"
         async with aiohttp.ClientSession() as session:
             for name, factor in QUEUES.items():
@@ -217,11 +249,10 @@ async def demo(args: argparse.Namespace) -> int:
                              "template": {"metadata": template["metadata"],
                                           "spec": template["spec"]}},
                 })
-                for i in range(args.analytics_pods):
-                    await core.create_namespaced_pod(
-                        f"demo-{run}-analytics",
-                        worker_pod(f"analytics-{i}",
-                                   complete_after=task_duration(args.task_seconds, i)))
+                await create_pods(core, f"demo-{run}-analytics", [
+                    worker_pod(f"analytics-{i}",
+                               complete_after=task_duration(args.task_seconds, i))
+                    for i in range(args.analytics_pods)])
                 coordinators.append(DaskLikeCoordinator(
                     api=api, namespace=f"demo-{run}-dask", tasks=args.dask_tasks,
                     max_workers=args.dask_workers, task_seconds=args.task_seconds))
@@ -232,6 +263,17 @@ async def demo(args: argparse.Namespace) -> int:
                   "analytics pods inheriting from their namespace. Every pod asks for "
                   f"{POD_CPU} cpu / {POD_MEMORY} and runs {args.task_seconds}s.", flush=True)
             coordinator_tasks = [asyncio.create_task(c.run(stopping)) for c in coordinators]
+            # The scheduler starts once every queue waits in every cluster, so that every
+            # release is contested from the first round: on a busy machine the workloads arrive
+            # seconds apart, and without preemption whatever the first arrival took stays taken
+            # until its pods end.
+            try:
+                await wait_for_contest(pool, len(apis), within=args.queueing_seconds)
+            except RuntimeError as error:
+                failures.append(str(error))
+            print(f"t={time.monotonic() - started:5.0f}s  every queue has pods waiting in every "
+                  "cluster: starting the fair-scheduler (leader + standby)", flush=True)
+            await lockgate.start(only=SCHEDULERS)
 
             deadline = started + args.deadline_seconds
             last_render = 0.0
@@ -384,6 +426,8 @@ def main() -> None:
     parser.add_argument("--analytics-pods", type=int, default=64)
     parser.add_argument("--task-seconds", type=int, default=15)
     parser.add_argument("--deadline-seconds", type=float, default=420)
+    parser.add_argument("--queueing-seconds", type=float, default=120,
+                        help="how long the workloads may take to be queued in every cluster")
     parser.add_argument("--fairness-tolerance-jobs", type=float, default=1.0)
     sys.exit(asyncio.run(demo(parser.parse_args())))
 
