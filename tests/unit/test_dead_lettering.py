@@ -274,3 +274,15 @@ def test_a_consumer_refuses_letter_limits_over_a_request() -> None:
         BatchConsumer(bootstrap="127.0.0.1:1", topic=POD_EVENTS, group_id="g",
                       consumer_name="unit", handle=lambda *_: asyncio.sleep(0),
                       letter_limits=LetterLimits(value_bytes=MAX_REQUEST_BYTES))
+
+
+async def test_an_undecodable_message_near_the_size_limit_leaves_as_a_letter_that_fits() -> None:
+    """Issue 7: ~900 KB of random bytes; its letter used to be 2.1 MB and was refused."""
+    producer = RefusingProducer([])
+    value = random.Random(9).randbytes(MAX_REQUEST_BYTES)
+    assert await consumer_with(producer, [])._decode(record(value)) is None
+    (sent,) = producer.sent
+    assert len(sent) <= LetterLimits().max_letter_bytes
+    letter = DEAD_LETTERS.decode(sent)
+    assert letter.reason.startswith("invalid PodEvent")
+    assert_describes(letter.value, value)
