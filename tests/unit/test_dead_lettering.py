@@ -25,11 +25,11 @@ from aiokafka.errors import (
     NotEnoughReplicasError,
     TopicAuthorizationFailedError,
 )
+from prometheus_client import REGISTRY
 
 from lockgate.dead_lettering import LetterLimits, dead_letter, excerpt
 from lockgate.events import DEAD_LETTERS, POD_EVENTS, DeadLetter, PayloadEncoding, PayloadExcerpt
 from lockgate_adapters.kafka import (
-    DEAD_LETTERED,
     MAX_REQUEST_BYTES,
     BatchConsumer,
     is_transient_publish_error,
@@ -234,7 +234,9 @@ def record(value: bytes) -> ConsumerRecord[bytes, bytes]:
 
 
 def counted(outcome: str) -> Callable[[], float]:
-    return lambda: DEAD_LETTERED.labels(POD_EVENTS.name, outcome)._value.get()  # type: ignore[no-any-return]
+    """Reads `lockgate_dead_letters_total` of pod events with `outcome`."""
+    return lambda: REGISTRY.get_sample_value(
+        "lockgate_dead_letters_total", {"topic": POD_EVENTS.name, "outcome": outcome}) or 0.0
 
 
 async def test_a_letter_kafka_refuses_for_good_is_counted_lost_and_the_message_skipped(
