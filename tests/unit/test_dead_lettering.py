@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import random
 from collections.abc import Callable
@@ -288,3 +289,13 @@ async def test_an_undecodable_message_near_the_size_limit_leaves_as_a_letter_tha
     letter = DEAD_LETTERS.decode(sent)
     assert letter.reason.startswith("invalid PodEvent")
     assert_describes(letter.value, value)
+
+
+async def test_a_header_without_a_value_is_read_as_empty() -> None:
+    event = POD_EVENTS.model.model_validate({
+        "event_id": "e", "cluster": "c", "namespace": "n", "name": "p", "uid": "u",
+        "state": "queued", "queue": "q", "jobset": "j", "created_at": AT, "observed_at": AT})
+    message = dataclasses.replace(record(POD_EVENTS.encode(event)),
+                                  headers=(("traceparent", None),))
+    received = await consumer_with(RefusingProducer([]), [])._decode(message)
+    assert received is not None and received.event == event
