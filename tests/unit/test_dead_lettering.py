@@ -27,6 +27,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from lockgate.dead_lettering import LetterLimits, dead_letter, excerpt
 from lockgate.events import DEAD_LETTERS, POD_EVENTS, DeadLetter, PayloadEncoding, PayloadExcerpt
@@ -299,3 +300,11 @@ async def test_a_header_without_a_value_is_read_as_empty() -> None:
                                   headers=(("traceparent", None),))
     received = await consumer_with(RefusingProducer([]), [])._decode(message)
     assert received is not None and received.event == event
+
+
+def test_a_v1_letter_is_not_mistaken_for_a_v2_one() -> None:
+    """v2 changed what key and value hold; a reader of v2 refuses v1 rather than misread it."""
+    v1 = (b'{"v":1,"source_topic":"t","partition":0,"offset":1,"key":"k","value":"x",'
+          b'"reason":"r","consumer":"c","at":"2026-11-30T18:00:00Z"}')
+    with pytest.raises(ValidationError):
+        DEAD_LETTERS.decode(v1)
