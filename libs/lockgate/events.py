@@ -12,6 +12,7 @@ arrive in any order relative to each other.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -116,18 +117,76 @@ class ReleaseOutcome(Event):
     at: datetime
 
 
-class DeadLetter(Event):
-    """A message a consumer could not process, with why, so nothing is lost silently."""
+class PayloadEncoding(StrEnum):
+    UTF8 = "utf-8"  # `data` is the bytes as text
+    BASE64 = "base64"  # `data` is the bytes in standard base64 (they were not text, or less fit)
 
-    v: Literal[1] = 1
+
+class PayloadExcerpt(Event):
+    """A dead message's key or value: its size and digest always, its bytes as far as they fit.
+
+    `data` holds the whole original when `complete`, else only its first bytes: a letter must fit
+    under Kafka's maximum message size whatever the message carried. `sha256` (of the whole
+    original) identifies the message even then, e.g. against a producer's own log.
+    """
+
+    size: int = Field(ge=0)  # bytes of the original
+    sha256: str  # hex digest of the whole original
+    encoding: PayloadEncoding
+    data: str
+    complete: bool
+
+    def kept(self) -> bytes:
+        """The original bytes `data` holds: all of them if `complete`, else a prefix."""
+        if self.encoding is PayloadEncoding.BASE64:
+            return base64.b64decode(self.data, validate=True)
+        return self.data.encode()
+
+    @property
+    def text(self) -> str | None:
+        """The original as text, if it was valid UTF-8 and is kept whole."""
+        return self.data if self.complete and self.encoding is PayloadEncoding.UTF8 else None
+
+
+class DeadLetter(Event):
+    """A message a consumer could not process: where it was, why, and what it held.
+
+    Built by `lockgate.dead_lettering.dead_letter`, which keeps every letter under a size bound
+    whatever the message was. v2: key and value are `PayloadExcerpt`s (size, sha256, and as much
+    of the bytes as fits); v1 carried them as lossy UTF-8 text of any size, so a large binary
+    message made a letter Kafka refused. Nothing in lockgate consumes this topic; operators'
+    readers must accept `v` 2.
+    """
+
+    v: Literal[2] = 2
     source_topic: str
     partition: int
     offset: int
-    key: str | None
-    value: str  # the original bytes, decoded as UTF-8 with replacement
+    key: PayloadExcerpt | None  # None: the message had no key
+    value: PayloadExcerpt | None  # None: the message had no value (a tombstone)
     reason: str
     consumer: str
     at: datetime
+
+    @property
+    def source_key(self) -> str | None:
+        """The message's key as text, if it was text and is kept whole."""
+        return self.key.text if self.key is not None else None
+
+    def reference(self) -> str:
+        """Where the message is and what identifies it, for a log line."""
+        parts = [f"{self.source_topic}[{self.partition}]@{self.offset}"]
+        for name, payload in (("key", self.key), ("value", self.value)):
+            if payload is not None:
+                parts.append(f"{name} {payload.size} bytes sha256 {payload.sha256}")
+        return ", ".join(parts)
+
+
+def _dead_letter_key(letter: DeadLetter) -> str:
+    """The source key when it is text, else its digest: one message's letters stay together."""
+    if letter.key is None:
+        return ""
+    return letter.key.text if letter.key.text is not None else letter.key.sha256
 
 
 EventT = TypeVar("EventT", bound=Event)
@@ -189,7 +248,7 @@ RELEASE_OUTCOMES: Topic[ReleaseOutcome] = Topic(
 DEAD_LETTERS: Topic[DeadLetter] = Topic(
     name="lockgate.dead-letter.v1",
     model=DeadLetter,
-    key=lambda e: e.key or "",
+    key=_dead_letter_key,
     consumers=(),
     why="malformed or unprocessable messages, kept with their reason for an operator",
 )

@@ -5,7 +5,10 @@ Why one module: every service talks through these two helpers, so the rules hold
 - consumers never auto-commit: a batch's offsets are committed only after the handler has made
   its side effects durable, so a crash redelivers rather than loses;
 - a message that cannot be decoded, or that the handler rejects as permanently invalid, goes to
-  the dead-letter topic with its reason, and the consumer keeps going.
+  the dead-letter topic with its reason, and the consumer keeps going. The letter is bounded in
+  size whatever the message (`lockgate.dead_lettering`); while Kafka cannot take it the consumer
+  retries, and if Kafka refuses it for good the message is logged with its reference, counted as
+  lost, and skipped: a bad message never holds its partition.
 """
 
 from __future__ import annotations
@@ -24,19 +27,31 @@ from aiokafka.errors import (
     CommitFailedError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     TopicAlreadyExistsError,
 )
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
+from prometheus_client import Counter
 from pydantic import ValidationError
 
-from lockgate.events import ALL_TOPICS, DEAD_LETTERS, DeadLetter, Event, Topic
+from lockgate.dead_lettering import LetterLimits, dead_letter
+from lockgate.events import ALL_TOPICS, DEAD_LETTERS, Event, Topic
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
 from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
 
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound=Event)
+
+# The producer's largest request (aiokafka's default, written out): letters must fit under it.
+MAX_REQUEST_BYTES = 1024 * 1024
+
+DEAD_LETTERED = Counter(
+    "lockgate_dead_letters_total",
+    "Messages consumers could not process, by source topic and outcome: published (to the "
+    "dead-letter topic) or lost (Kafka refused the letter for good; logged and skipped)",
+    ["topic", "outcome"])
 
 
 class PermanentMessageError(Exception):
@@ -45,6 +60,14 @@ class PermanentMessageError(Exception):
 
 def is_retryable_kafka_error(error: BaseException) -> bool:
     return isinstance(error, KafkaConnectionError | KafkaError | OSError | asyncio.TimeoutError)
+
+
+def is_transient_publish_error(error: BaseException) -> bool:
+    """Kafka unreachable or busy: the same send may succeed later. A refusal of the message
+    itself (too large, not authorized, invalid topic) is not."""
+    if isinstance(error, KafkaConnectionError | KafkaTimeoutError | OSError):
+        return True  # OSError includes TimeoutError
+    return isinstance(error, KafkaError) and bool(error.retriable)
 
 
 async def ensure_topics(
@@ -102,6 +125,7 @@ def make_producer(bootstrap: str, *, client_id: str) -> AIOKafkaProducer:
         acks="all",
         linger_ms=5,
         max_batch_size=256 * 1024,
+        max_request_size=MAX_REQUEST_BYTES,
     )
 
 
@@ -194,11 +218,19 @@ class BatchConsumer(Generic[E]):
     max_records: int = 2000
     poll_timeout_ms: int = 200
     on_ready: Callable[[bool, str], None] = lambda ready, detail: None
+    letter_limits: LetterLimits = field(default_factory=LetterLimits)
     _producer: AIOKafkaProducer | None = None
     _consumer: AIOKafkaConsumer | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if self.letter_limits.max_letter_bytes > MAX_REQUEST_BYTES:
+            raise ValueError(f"dead letters of up to {self.letter_limits.max_letter_bytes} "
+                             f"bytes would not fit in a request of {MAX_REQUEST_BYTES}")
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Consume until `stopping` is set; (re)connect with backoff while Kafka is down."""
+        self._stopping = stopping
         delays = BackoffIterator(self.retry_policy)
         while not stopping.is_set():
             try:
@@ -289,7 +321,8 @@ class BatchConsumer(Generic[E]):
         except ValidationError as error:
             await self._dead_letter(record, f"invalid {self.topic.model.__name__}: {error}")
             return None
-        headers = list(record.headers or ())
+        # A header may have no value (other clients allow it); read it as empty.
+        headers = [(name, value or b"") for name, value in record.headers or ()]
         return Received(event=event, record=record, trace_context=extract_context(headers))
 
     async def reject(self, item: Received[E], reason: str) -> None:
@@ -297,20 +330,44 @@ class BatchConsumer(Generic[E]):
         await self._dead_letter(item.record, reason)
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
+        """Publish the message's letter; return once it is published, or known lost.
+
+        While Kafka cannot take the letter (down, busy) this retries, holding the partition: the
+        message is not committed past before its letter is durable. If Kafka refuses the letter
+        itself, the message is logged with its reference and skipped, so it cannot stall its
+        partition; `lockgate_dead_letters_total{outcome="lost"}` counts it.
+        """
         assert self._producer is not None
-        log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
-                    record.offset, reason[:500])
-        letter = DeadLetter(
-            source_topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key.decode(errors="replace") if record.key else None,
-            value=(record.value or b"").decode(errors="replace"),
-            reason=reason,
-            consumer=self.consumer_name,
-            at=datetime.now(UTC),
-        )
-        await publish(self._producer, DEAD_LETTERS, letter)
+        letter = dead_letter(
+            source_topic=record.topic, partition=record.partition, offset=record.offset,
+            key=record.key, value=record.value, reason=reason, consumer=self.consumer_name,
+            at=datetime.now(UTC), limits=self.letter_limits)
+        log.warning("dead-lettering %s: %s", letter.reference(), letter.reason[:500])
+        delays = BackoffIterator(self.retry_policy)
+        waited = False
+        while True:
+            try:
+                await publish(self._producer, DEAD_LETTERS, letter)
+            except (KafkaError, OSError) as error:
+                if not is_transient_publish_error(error):
+                    DEAD_LETTERED.labels(record.topic, "lost").inc()
+                    log.error("dead letter LOST, message skipped: %s; Kafka refused the letter "
+                              "(%s: %s); the message's reason: %s", letter.reference(),
+                              type(error).__name__, error, letter.reason[:500])
+                    return
+                if self._stopping.is_set():
+                    raise
+                delay = next(delays, self.retry_policy.max_seconds)
+                waited = True
+                self.on_ready(False, f"dead-letter topic: {type(error).__name__}: {error}")
+                log.warning("publishing the dead letter of %s failed (%s); retrying in %.1fs",
+                            letter.reference(), error, delay)
+                await sleep_unless_stopped(self._stopping, delay)
+                continue
+            DEAD_LETTERED.labels(record.topic, "published").inc()
+            if waited:
+                self.on_ready(True, "consuming")
+            return
 
 
 def attach_trace(item: Received[Any]) -> object:
@@ -330,6 +387,7 @@ __all__ = [
     "commit_group_at_end",
     "ensure_topics",
     "is_retryable_kafka_error",
+    "is_transient_publish_error",
     "make_producer",
     "publish",
     "publish_many",

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lockgate.dead_lettering import LetterLimits
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
@@ -68,6 +69,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             max_records=settings.max_batch,
             poll_timeout_ms=settings.poll_timeout_ms,
             on_ready=_reporter(ctx, f"consume {topic.name}"),
+            letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
         )
         for topic in CONSUMED_TOPICS
     ]

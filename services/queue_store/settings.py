@@ -21,6 +21,11 @@ class QueueStoreSettings(ServiceSettings):
                            description="most messages folded into one transaction")
     poll_timeout_ms: int = Field(default=100, gt=0, description="wait for a batch to fill")
     postgres_pool_size: int = Field(default=6, ge=2, le=50)
+    dead_letter_value_bytes: int = Field(
+        default=64 * 1024, ge=0, le=512 * 1024,
+        description="most bytes of a bad message's value its dead letter keeps (JSON-encoded); "
+        "beyond it only a prefix, the size and the sha256",
+    )
 
     # Admin API (queues, job views), for the `lockgate` CLI
     admin_host: str = Field(default="127.0.0.1", description="admin API bind address")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer
 from kubernetes_asyncio import client
 
+from lockgate.dead_lettering import LetterLimits
 from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS, RELEASE_OUTCOMES
 from lockgate_adapters.kafka import BatchConsumer, start_producer
 from lockgate_adapters.kube import api_clients
@@ -61,6 +62,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 handle=ungater.handle,
                 retry_policy=settings.retry,
                 on_ready=_readiness_setter(ctx, "kafka"),
+                letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
             )
             await consumer.run(stopping)
         finally:

@@ -40,6 +40,11 @@ class UngaterSettings(ClusterServiceSettings):
     max_rereads: int = Field(
         default=5, ge=1, description="re-reads after a rejected patch before reporting failed"
     )
+    dead_letter_value_bytes: int = Field(
+        default=64 * 1024, ge=0, le=512 * 1024,
+        description="most bytes of a bad message's value its dead letter keeps (JSON-encoded); "
+        "beyond it only a prefix, the size and the sha256",
+    )
     optimistic_first_patch: bool = Field(
         default=True,
         description="patch assuming lockgate's gate is the first one before reading the pod: "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -17,8 +18,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.structs import RecordMetadata
+from pydantic import ValidationError
 
+from helpers.waiting import eventually
 from lockgate.events import Topic
 from lockgate_adapters.kafka import ensure_topics
 
@@ -69,6 +76,9 @@ class TopicTail:
         self.topics = {topic.name: topic for topic in topics}
         self.keep = keep
         self.messages: list[Published] = []
+        # Messages no model here reads: topics are shared with other versions of lockgate (other
+        # branches' tests, the demo) running on the same stack, e.g. older dead letters.
+        self.undecodable = 0
         self._arrived = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -103,7 +113,11 @@ class TopicTail:
             batches = await self._consumer.getmany(timeout_ms=100)
             for records in batches.values():
                 for record in records:
-                    event = self.topics[record.topic].decode(record.value or b"")
+                    try:
+                        event = self.topics[record.topic].decode(record.value or b"")
+                    except ValidationError:
+                        self.undecodable += 1
+                        continue
                     message = Published(event, dict(record.headers or ()), time.monotonic())
                     if await self.accept(message):
                         self.messages.append(message)
@@ -151,7 +165,8 @@ class TopicTail:
                 return message
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"no {what()} within {within}s")
+                raise AssertionError(f"no {what()} within {within}s ({len(self.messages)} "
+                                     f"collected, {self.undecodable} undecodable skipped)")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(remaining, 1.0))
 
@@ -159,3 +174,78 @@ class TopicTail:
         if self._task is not None and self._task.done():
             self._task.result()
             raise AssertionError("the tail stopped collecting")
+
+
+# Messages at the broker's limits -------------------------------------------------------------
+
+async def max_message_bytes(bootstrap: str, topic: str) -> int:
+    """The largest record batch the broker accepts on `topic` (its max.message.bytes)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})])
+    finally:
+        await admin.close()
+    (resource,) = response.resources
+    error_code, error_message, _, _, entries = resource[:5]
+    assert error_code == 0, f"describing {topic}'s configuration: {error_message}"
+    values = {entry[0]: entry[1] for entry in entries}
+    return int(values["max.message.bytes"])
+
+
+def largest_value(limit: int, key: bytes) -> int:
+    """The size of the largest value that, with `key`, makes a batch of at most `limit` bytes
+    (by aiokafka's upper-bound estimate, so the broker takes it)."""
+    size = limit - DefaultRecordBatchBuilder.estimate_size_in_bytes(key, b"", [])
+    while DefaultRecordBatchBuilder.estimate_size_in_bytes(key, bytes(size), []) > limit:
+        size -= 1
+    return size
+
+
+async def produce_raw(bootstrap: str, topic: str,
+                      messages: Sequence[tuple[bytes | None, bytes]]) -> list[RecordMetadata]:
+    """Send (key, value) pairs as they are, in order, with a producer that allows messages as
+    large as any broker limit (lockgate's producers stop at 1 MiB); where each landed."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id="test-raw", acks="all",
+                                max_request_size=16 * 1024 * 1024)
+    await producer.start()
+    try:
+        return [await producer.send_and_wait(topic, value, key=key) for key, value in messages]
+    finally:
+        await producer.stop()
+
+
+async def wait_committed_past(bootstrap: str, group_id: str, landed: Sequence[RecordMetadata],
+                              *, within: float = 30) -> None:
+    """Until `group_id` has committed offsets past every message in `landed`."""
+    needed: dict[TopicPartition, int] = {}
+    for where in landed:
+        partition = TopicPartition(where.topic, where.partition)
+        needed[partition] = max(needed.get(partition, 0), where.offset + 1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        async def caught_up() -> bool:
+            committed = await admin.list_consumer_group_offsets(group_id)
+            return all(tp in committed and committed[tp].offset >= offset
+                       for tp, offset in needed.items())
+
+        await eventually(caught_up, within=within, what=f"group {group_id} to commit past them")
+    finally:
+        await admin.close()
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A message no lockgate model reads, and one its dead letter cannot copy as it is."""
+
+    name: str
+    value: Callable[[int, bytes], bytes]  # (the topic's max.message.bytes, key) -> the value
+
+
+BAD_INPUTS = [
+    BadInput("random bytes at the broker's size limit",
+             lambda limit, key: os.urandom(largest_value(limit, key))),
+    BadInput("invalid UTF-8", lambda limit, key: b'{"v": 1, "uid": "\xc3\x28\xff\xfe"}'),
+]

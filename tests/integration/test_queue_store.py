@@ -11,9 +11,10 @@ Postgres (`wait_processed`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,12 +22,18 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
 from devstack.launcher import ServiceProcess
-from helpers.kafka import TopicTail
+from helpers.kafka import (
+    BAD_INPUTS,
+    BadInput,
+    TopicTail,
+    max_message_bytes,
+    produce_raw,
+    wait_committed_past,
+)
 from helpers.network import TcpRelay
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
@@ -49,6 +56,7 @@ from lockgate.events import (
 from lockgate.jobs import JobState
 from lockgate_adapters.kafka import make_producer
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
+from queue_store.app import CONSUMED_TOPICS
 from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -142,21 +150,8 @@ async def publish_raw(producer: AIOKafkaProducer, topic: str, key: str,
 async def wait_processed(running: RunningQueueStore, landed: list[RecordMetadata],
                          within: float = 30) -> None:
     """Until queue-store's group has committed past every message in `landed`."""
-    needed: dict[TopicPartition, int] = {}
-    for where in landed:
-        tp = TopicPartition(where.topic, where.partition)
-        needed[tp] = max(needed.get(tp, 0), where.offset + 1)
-    admin = AIOKafkaAdminClient(bootstrap_servers=running.spec.kafka_bootstrap)
-    await admin.start()
-    try:
-        async def caught_up() -> bool:
-            committed = await admin.list_consumer_group_offsets(running.spec.group_id)
-            return all(tp in committed and committed[tp].offset >= offset
-                       for tp, offset in needed.items())
-
-        await eventually(caught_up, within=within, what="queue-store to commit past them")
-    finally:
-        await admin.close()
+    await wait_committed_past(running.spec.kafka_bootstrap, running.spec.group_id, landed,
+                              within=within)
 
 
 async def job(db: asyncpg.Pool, cluster: str, uid: str) -> asyncpg.Record | None:
@@ -302,7 +297,7 @@ async def test_malformed_messages_are_dead_lettered_with_a_reason_and_later_ones
         await job_in_state(db, cluster, "good-after", JobState.QUEUED)
 
         def mine(key: str) -> list[DeadLetter]:
-            return letters.events(lambda d: d.key == key
+            return letters.events(lambda d: d.source_key == key
                                   and d.consumer.endswith(POD_EVENTS.name))
 
         async def all_three() -> bool:
@@ -312,10 +307,101 @@ async def test_malformed_messages_are_dead_lettered_with_a_reason_and_later_ones
     (bad_json,) = {d.reason: d for d in mine(bad_json_key)}.values()
     assert bad_json.source_topic == POD_EVENTS.name
     assert "invalid PodEvent" in bad_json.reason
-    assert bad_json.value == '{"v": 1, "uid": '
+    assert bad_json.value is not None and bad_json.value.text == '{"v": 1, "uid": '
     assert any("cpu is negative" in d.reason for d in mine(negative.uid))
     assert any("uid must not be empty" in d.reason for d in mine(blank_uid.uid))
     assert await job(db, cluster, negative.uid) is None
+    assert queue_store.process.alive()
+
+
+# Messages a dead letter cannot copy as they are (issue 7) -------------------------------------
+
+@dataclass(frozen=True)
+class Follower:
+    """A valid message of one topic, with the bad message's key (so, its partition), and how
+    to tell that queue-store stored it."""
+
+    key: Callable[[str], str]  # of the test's cluster
+    send: Callable[[AIOKafkaProducer, asyncpg.Pool, str, str], Awaitable[list[RecordMetadata]]]
+    stored: Callable[[asyncpg.Pool, str, str], Awaitable[object]]
+
+
+async def send_pod_event(producer: AIOKafkaProducer, db: asyncpg.Pool, cluster: str,
+                         uid: str) -> list[RecordMetadata]:
+    return await publish(producer, POD_EVENTS, pod_event(cluster, uid))
+
+
+async def send_snapshot(producer: AIOKafkaProducer, db: asyncpg.Pool, cluster: str,
+                        _: str) -> list[RecordMetadata]:
+    return await publish(producer, CLUSTER_SNAPSHOTS, ClusterSnapshot(
+        snapshot_id=f"snap-{cluster}", cluster=cluster, listed_at=NOW, pod_uids=[]))
+
+
+async def send_capacity(producer: AIOKafkaProducer, db: asyncpg.Pool, cluster: str,
+                        _: str) -> list[RecordMetadata]:
+    return await publish(producer, CLUSTER_CAPACITY, capacity(cluster, 0, n1=4000))
+
+
+async def send_outcome(producer: AIOKafkaProducer, db: asyncpg.Pool, cluster: str,
+                       uid: str) -> list[RecordMetadata]:
+    await publish(producer, POD_EVENTS, pod_event(cluster, uid))
+    await job_in_state(db, cluster, uid, JobState.QUEUED)
+    await record_release(db, cluster, uid, f"{cluster}-d1")
+    return await publish(producer, RELEASE_OUTCOMES,
+                         outcome(cluster, uid, f"{cluster}-d1", ReleaseOutcomeKind.UNGATED))
+
+
+async def snapshot_recorded(db: asyncpg.Pool, cluster: str, _: str) -> object:
+    return await db.fetchval("SELECT last_snapshot_id FROM clusters WHERE name = $1",
+                             cluster) == f"snap-{cluster}"
+
+
+async def node_recorded(db: asyncpg.Pool, cluster: str, _: str) -> object:
+    return await db.fetchval("SELECT present FROM cluster_nodes WHERE cluster = $1"
+                             " AND node = 'n1'", cluster)
+
+
+FOLLOWERS: dict[str, Follower] = {
+    POD_EVENTS.name: Follower(
+        lambda cluster: f"{cluster}-after", send_pod_event,
+        lambda db, cluster, uid: job_in_state(db, cluster, uid, JobState.QUEUED)),
+    CLUSTER_SNAPSHOTS.name: Follower(lambda cluster: cluster, send_snapshot, snapshot_recorded),
+    CLUSTER_CAPACITY.name: Follower(lambda cluster: cluster, send_capacity, node_recorded),
+    RELEASE_OUTCOMES.name: Follower(
+        lambda cluster: f"{cluster}-released", send_outcome,
+        lambda db, cluster, uid: job_in_state(db, cluster, uid, JobState.UNGATED)),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_INPUTS, ids=[bad.name for bad in BAD_INPUTS])
+@pytest.mark.parametrize("topic", CONSUMED_TOPICS, ids=[topic.name for topic in CONSUMED_TOPICS])
+async def test_a_message_too_large_or_not_text_is_dead_lettered_by_reference_and_passed(
+        queue_store: RunningQueueStore, db: asyncpg.Pool, producer: AIOKafkaProducer,
+        cluster: str, kafka_bootstrap: str, topic: Topic[Any], bad: BadInput) -> None:
+    follower = FOLLOWERS[topic.name]
+    key = follower.key(cluster)
+    value = bad.value(await max_message_bytes(kafka_bootstrap, topic.name), key.encode())
+    async with TopicTail(kafka_bootstrap, [DEAD_LETTERS]) as letters:
+        (dead,) = await produce_raw(kafka_bootstrap, topic.name, [(key.encode(), value)])
+        after = await follower.send(producer, db, cluster, key)
+        assert after[-1].partition == dead.partition  # the bad message is in its way
+
+        letter: DeadLetter = await letters.wait_for(
+            lambda d: (d.source_topic, d.partition, d.offset) == (
+                topic.name, dead.partition, dead.offset), what=f"the letter of {bad.name}")
+    assert letter.consumer == f"queue-store:{topic.name}"
+    assert letter.reason.startswith(f"invalid {topic.model.__name__}")
+    assert letter.source_key == key
+    assert letter.value is not None
+    assert (letter.value.size, letter.value.sha256) == (len(value),
+                                                        hashlib.sha256(value).hexdigest())
+    assert value.startswith(letter.value.kept())
+    assert letter.value.complete == (len(value) < 1024)
+    await wait_processed(queue_store, [dead, *after])
+    assert await eventually(lambda: follower.stored(db, cluster, key),
+                            what=f"the {topic.name} message after it stored")
+    ready, checks = await queue_store.spec.readiness()
+    assert ready, checks
     assert queue_store.process.alive()
 
 

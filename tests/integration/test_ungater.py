@@ -11,6 +11,7 @@ read back from Kafka.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -28,13 +29,22 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devstack.launcher import free_port
-from helpers.kafka import TopicTail
+from helpers.kafka import (
+    BAD_INPUTS,
+    BadInput,
+    TopicTail,
+    max_message_bytes,
+    produce_raw,
+    wait_committed_past,
+)
 from helpers.kube import a_pod, gates_of, kubeconfig_through, temporary_namespaces
 from helpers.services import FAST_RETRY, service_in_process
 from helpers.waiting import eventually, until
 from lockgate.events import (
+    DEAD_LETTERS,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
+    DeadLetter,
     ReleaseCommand,
     ReleaseOutcome,
     ReleaseOutcomeKind,
@@ -310,3 +320,41 @@ async def test_the_release_span_continues_the_commands_trace(
     traceparent = headers["traceparent"].decode()
     assert traceparent.split("-")[1] == format(decided.trace_id, "032x")
     assert traceparent.split("-")[2] == format(span.context.span_id, "016x")
+
+
+@pytest.mark.parametrize("bad", BAD_INPUTS, ids=[bad.name for bad in BAD_INPUTS])
+async def test_a_command_too_large_or_not_text_is_dead_lettered_by_reference_and_passed(
+        ungater: RunningUngater, kube_clients: Mapping[str, client.ApiClient],
+        namespaces: dict[str, str], kafka_bootstrap: str, bad: BadInput) -> None:
+    api, namespace = kube_clients["cluster-a"], namespaces["cluster-a"]
+    name, uid = await create_pod(api, namespace, [SCHEDULING_GATE])
+    value = bad.value(await max_message_bytes(kafka_bootstrap, RELEASE_COMMANDS.name),
+                      uid.encode())
+    command = ReleaseCommand(
+        decision_id=f"d-{uuid.uuid4().hex}", cluster=ALIAS["cluster-a"], namespace=namespace,
+        name=name, uid=uid, queue="q", decided_at=datetime.now(UTC))
+    async with TopicTail(kafka_bootstrap, [DEAD_LETTERS]) as letters:
+        # The pod's key: the bad message and the command share a partition, in that order.
+        dead, after = await produce_raw(kafka_bootstrap, RELEASE_COMMANDS.name, [
+            (uid.encode(), value),
+            (RELEASE_COMMANDS.key_bytes(command), RELEASE_COMMANDS.encode(command))])
+        assert after.partition == dead.partition
+        outcome, _ = await ungater.tail.outcome_of(command.decision_id)
+        letter: DeadLetter = await letters.wait_for(
+            lambda d: (d.source_topic, d.partition, d.offset) == (
+                RELEASE_COMMANDS.name, dead.partition, dead.offset),
+            what=f"the letter of {bad.name}")
+    assert outcome.outcome is ReleaseOutcomeKind.UNGATED, outcome
+    assert await gates_now(api, namespace, name) == []
+    assert (letter.consumer, letter.source_key) == ("ungater", uid)
+    assert letter.reason.startswith("invalid ReleaseCommand")
+    assert letter.value is not None
+    assert (letter.value.size, letter.value.sha256) == (len(value),
+                                                        hashlib.sha256(value).hexdigest())
+    assert value.startswith(letter.value.kept())
+    assert letter.value.complete == (len(value) < 1024)
+    settings = ungater.ctx.settings
+    assert isinstance(settings, UngaterSettings)
+    await wait_committed_past(kafka_bootstrap, settings.consumer_group, [dead, after])
+    check = ungater.ctx.readiness.report()["kafka"]
+    assert check["ready"] is True, check
