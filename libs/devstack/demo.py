@@ -97,14 +97,16 @@ async def create_pods(core: client.CoreV1Api, namespace: str, pods: list[dict[st
     await asyncio.gather(*(create(pod) for pod in pods))
 
 
-async def wait_for_contest(pool: asyncpg.Pool, clusters: int, *, within: float) -> None:
+async def wait_for_contest(pool: asyncpg.Pool, clusters: list[str], *, within: float) -> None:
     """Until every demo queue has a job queued in every cluster (RuntimeError after `within`)."""
     deadline = time.monotonic() + within
     while True:
         rows = await pool.fetch("SELECT queue, count(DISTINCT cluster) AS clusters FROM jobs"
-                                " WHERE state = 'queued' GROUP BY queue")
+                                " WHERE state = 'queued' AND queue = ANY($1::text[])"
+                                " AND cluster = ANY($2::text[]) GROUP BY queue",
+                                list(QUEUES), clusters)
         waiting = {row["queue"]: row["clusters"] for row in rows}
-        if all(waiting.get(queue, 0) == clusters for queue in QUEUES):
+        if all(waiting.get(queue, 0) == len(clusters) for queue in QUEUES):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"after {within:.0f}s not every queue waits in every cluster: "
@@ -268,7 +270,7 @@ async def demo(args: argparse.Namespace) -> int:
             # seconds apart, and without preemption whatever the first arrival took stays taken
             # until its pods end.
             try:
-                await wait_for_contest(pool, len(apis), within=args.queueing_seconds)
+                await wait_for_contest(pool, list(apis), within=args.queueing_seconds)
             except RuntimeError as error:
                 failures.append(str(error))
             print(f"t={time.monotonic() - started:5.0f}s  every queue has pods waiting in every "
@@ -372,7 +374,8 @@ async def judge_fairness(pool: asyncpg.Pool, samples: list[Sample], clusters: li
     """Judge the sampled rounds that every allocation in force was contested for (see
     devstack.demo_fairness for why), by the shares the scheduler reported for them."""
     rows = await pool.fetch("SELECT queue, cluster, created_at, first_seen_at, released_at,"
-                            " finished_at FROM jobs")
+                            " finished_at FROM jobs WHERE queue = ANY($1::text[])"
+                            " AND cluster = ANY($2::text[])", list(QUEUES), clusters)
     jobs = [JobTimeline(r["queue"], r["cluster"], r["first_seen_at"], r["released_at"],
                         r["finished_at"]) for r in rows]
     intervals = contested_intervals(jobs, list(QUEUES), clusters)
