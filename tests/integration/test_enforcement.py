@@ -51,6 +51,7 @@ NODE_NAME_DENIED = "cannot be bound to a node when it is created"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"
 
 Kube = dict[str, client.ApiClient]
 
@@ -351,6 +352,29 @@ async def test_the_ungater_may_remove_the_gate_the_user_may_not(cluster: Cluster
                                                _content_type=JSON_PATCH)
     pod = await bound(cluster, name)
     assert not gates_of(pod) and pod.metadata.labels[QUEUE_LABEL] == "team-a"
+
+
+async def test_server_side_apply_that_drops_the_gate_is_refused(cluster: Cluster) -> None:
+    """`kubectl apply --server-side` of a manifest without the gate, by the manager that applied
+    it with the gate: server-side apply removes what that manager no longer declares, an UPDATE
+    without lockgate's gate."""
+    name = f"applied-{uuid.uuid4().hex[:5]}"
+    manifest = waiting_pod(name)
+    manifest["metadata"]["namespace"] = cluster.namespace
+
+    async def apply(body: dict[str, Any]) -> object:
+        return await cluster.user.patch_namespaced_pod(
+            name, cluster.namespace, body, field_manager="mallory-kubectl", force=True,
+            _content_type=APPLY)
+
+    await apply(manifest)
+    without_gate = {**manifest, "spec": {k: v for k, v in manifest["spec"].items()
+                                         if k != "schedulingGates"}}
+    with pytest.raises(ApiException) as refused:
+        await apply(without_gate)
+    assert refused.value.status == 403 and GATE_DENIED in denial(refused.value)
+    pod = await cluster.admin.read_namespaced_pod(name, cluster.namespace)
+    assert gates_of(pod) == [SCHEDULING_GATE]
 
 
 # ---------------------------------------------------------------- binding at creation
