@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import ssl
 from pathlib import Path
 from typing import Any
@@ -376,7 +377,8 @@ def _b64(path: Path) -> str:
 def write_if_changed(path: Path, text: str) -> None:
     if path.exists() and path.read_text() == text:
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    # A file of this process' own: two pytest sessions may refresh the same kubeconfig at once.
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
     tmp.write_text(text)
     tmp.chmod(0o600)
     tmp.replace(path)
