@@ -379,7 +379,9 @@ def write_if_changed(path: Path, text: str) -> None:
         return
     # A file of this process' own: two pytest sessions may refresh the same kubeconfig at once.
     tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    # Created private: kubeconfigs hold keys and tokens.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
     tmp.chmod(0o600)
     tmp.replace(path)
 
