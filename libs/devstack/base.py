@@ -40,6 +40,9 @@ IDENTITIES = {
 TOKEN_SECONDS = 365 * 24 * 3600
 # A token this close to expiry is replaced at the next `up`.
 RENEW_BEFORE_SECONDS = 30 * 24 * 3600
+# What devstack understands of a kustomization: a plain list of files and directories. Anything
+# else (patches, namespace, generators) would be silently ignored, so it is refused instead.
+_SUPPORTED_KUSTOMIZATION_FIELDS = frozenset({"apiVersion", "kind", "resources"})
 # Applied before everything else: the objects the others live in or are instances of.
 _FIRST_KINDS = ("Namespace", "CustomResourceDefinition")
 
@@ -55,6 +58,12 @@ def load_objects(directory: Path = BASE_DIR) -> list[dict[str, Any]]:
     if not kustomization.is_file():
         raise StackError(f"{kustomization} is missing: the cluster objects cannot be applied")
     spec = yaml.safe_load(kustomization.read_text()) or {}
+    unsupported = sorted(set(spec) - _SUPPORTED_KUSTOMIZATION_FIELDS)
+    if unsupported:
+        raise StackError(
+            f"{kustomization} uses {', '.join(unsupported)}, which devstack's applier does not "
+            "implement (only `resources`: files or directories); keep k8s/base plain, or "
+            "teach libs/devstack/base.py the field")
     objects: list[dict[str, Any]] = []
     for entry in spec.get("resources") or []:
         path = (directory / str(entry)).resolve()
