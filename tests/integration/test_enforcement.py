@@ -463,6 +463,36 @@ async def test_binding_a_gated_pod_is_refused(cluster: Cluster) -> None:
     assert gates_of(pod) == [SCHEDULING_GATE] and pod.spec.node_name is None
 
 
+async def test_binding_through_the_legacy_bindings_resource_is_refused(cluster: Cluster) -> None:
+    """POST /namespaces/<ns>/bindings is the older way to bind; `edit` may only read it."""
+    name = f"bind-legacy-{uuid.uuid4().hex[:5]}"
+    await create(cluster, waiting_pod(name))
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": f"{CLUSTER}-node-0"}}
+    with pytest.raises(ApiException) as refused:
+        await cluster.user.create_namespaced_binding(cluster.namespace, binding)
+    assert refused.value.status == 403
+    assert 'cannot create resource "bindings"' in denial(refused.value)
+
+
+async def test_growing_a_released_pod_in_place_is_refused(cluster: Cluster) -> None:
+    """After release a pod holds what it asked for when the scheduler decided; resizing it in
+    place (pods/resize) would take more than was released. `edit` does not grant pods/resize."""
+    name = f"resize-{uuid.uuid4().hex[:5]}"
+    await create(cluster, waiting_pod(name))
+    await release_as_ungater(cluster, name)
+    await bound(cluster, name)
+    grow = {"spec": {"containers": [{"name": "main", "resources": {
+        "requests": {"cpu": "8"}, "limits": {}}}]}}
+    with pytest.raises(ApiException) as refused:
+        await cluster.user.patch_namespaced_pod_resize(name, cluster.namespace, grow,
+                                                       _content_type=STRATEGIC)
+    assert refused.value.status == 403
+    assert 'cannot patch resource "pods/resize"' in denial(refused.value)
+    pod = await cluster.admin.read_namespaced_pod(name, cluster.namespace)
+    assert pod.spec.containers[0].resources.requests["cpu"] == "100m"
+
+
 # ---------------------------------------------------------------- lockgate's webhook down
 
 
