@@ -355,9 +355,8 @@ async def main(argv: list[str] | None = None) -> int:
     apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
     # A database and consumer groups of its own: earlier runs on this stack must not count.
     dsn = await fresh_database(info.postgres_dsn, "lockgate_bench")
-    lockgate = Lockgate(kubeconfigs=info.kubeconfigs, kafka_bootstrap=info.kafka_bootstrap,
-                        postgres_dsn=dsn, standby_scheduler=False,
-                        run_id=f"bench-{uuid.uuid4().hex[:5]}")
+    lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, standby_scheduler=False,
+                                  run_id=f"bench-{uuid.uuid4().hex[:5]}")
     try:
         for cluster, api in apis.items():
             await add_bench_nodes(api, cluster, args.bench_nodes_per_cluster)

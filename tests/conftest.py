@@ -20,7 +20,7 @@ import pytest
 
 if TYPE_CHECKING:
     import asyncpg
-    from kubernetes_asyncio.client import ApiClient
+    from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
     from devstack import StackInfo
 
@@ -80,6 +80,27 @@ async def kube_clients(stack: StackInfo) -> AsyncIterator[dict[str, ApiClient]]:
                 config_file=path, persist_config=False
             )
         yield clients
+    finally:
+        for api in clients.values():
+            await api.close()
+
+
+@pytest.fixture(scope="session")
+async def ungaters(stack: StackInfo) -> AsyncIterator[dict[str, CoreV1Api]]:
+    """cluster name -> CoreV1Api as lockgate's ungater (its ServiceAccount token, k8s/base).
+
+    Only this identity may remove lockgate's scheduling gate in a managed namespace (the
+    ValidatingAdmissionPolicy lockgate-admission-gate applies to admin too).
+    """
+    from kubernetes_asyncio import client, config
+
+    clients: dict[str, ApiClient] = {}
+    try:
+        for name, path in stack.kubeconfigs_of("ungater").items():
+            clients[name] = await config.new_client_from_config(
+                config_file=path, persist_config=False
+            )
+        yield {name: client.CoreV1Api(api) for name, api in clients.items()}
     finally:
         for api in clients.values():
             await api.close()

@@ -203,9 +203,8 @@ async def demo(args: argparse.Namespace) -> int:
     info = devstack.ensure_up()
     dsn = await fresh_database(info.postgres_dsn, "lockgate_demo")
     run = uuid.uuid4().hex[:5]
-    lockgate = Lockgate(kubeconfigs=info.kubeconfigs, kafka_bootstrap=info.kafka_bootstrap,
-                        ports=ServicePorts.free(),
-                        postgres_dsn=dsn, run_id=f"demo-{run}")
+    lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, run_id=f"demo-{run}",
+                                  ports=ServicePorts.free())
     apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
     failures: list[str] = []
     samples: list[Sample] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import ssl
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,9 @@ class Cluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "etcd").mkdir(exist_ok=True, mode=0o700)
         self.pki.ensure()
-        _write_if_changed(self.kubeconfig, self._kubeconfig_text("admin", f"{self.name}-admin"))
+        write_if_changed(self.kubeconfig, self._kubeconfig_text("admin", f"{self.name}-admin"))
         for who in ("kube-controller-manager", "kube-scheduler", "kwok"):
-            _write_if_changed(self.component_kubeconfig(who), self._kubeconfig_text(who, who))
+            write_if_changed(self.component_kubeconfig(who), self._kubeconfig_text(who, who))
         sched = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
@@ -58,7 +59,7 @@ class Cluster:
             },
             "leaderElection": {"leaderElect": False},
         }
-        _write_if_changed(self.dir / "kube-scheduler.yaml", json.dumps(sched, indent=2) + "\n")
+        write_if_changed(self.dir / "kube-scheduler.yaml", json.dumps(sched, indent=2) + "\n")
         stages = Path(__file__).with_name("kwok-stages.yaml").read_text()
         kwok_conf = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
@@ -77,12 +78,19 @@ class Cluster:
             "  enablePodsOnNodeSyncStreamWatch: false\n"
             "---\n"
         )
-        _write_if_changed(self.dir / "kwok.yaml", kwok_conf + stages)
+        write_if_changed(self.dir / "kwok.yaml", kwok_conf + stages)
 
     def _kubeconfig_text(self, cert_name: str, user: str) -> str:
-        def b64(p: Path) -> str:
-            return base64.b64encode(p.read_bytes()).decode()
+        return self._kubeconfig_doc(user, {
+            "client-certificate-data": _b64(self.pki.crt(cert_name)),
+            "client-key-data": _b64(self.pki.key(cert_name)),
+        })
 
+    def token_kubeconfig_text(self, user: str, token: str) -> str:
+        """A kubeconfig that authenticates with a bearer token (a ServiceAccount's)."""
+        return self._kubeconfig_doc(user, {"token": token})
+
+    def _kubeconfig_doc(self, user: str, credentials: dict[str, str]) -> str:
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -91,18 +99,12 @@ class Cluster:
                     "name": self.name,
                     "cluster": {
                         "server": self.server,
-                        "certificate-authority-data": b64(self.pki.ca_crt),
+                        "certificate-authority-data": _b64(self.pki.ca_crt),
                     },
                 }
             ],
             "users": [
-                {
-                    "name": user,
-                    "user": {
-                        "client-certificate-data": b64(self.pki.crt(cert_name)),
-                        "client-key-data": b64(self.pki.key(cert_name)),
-                    },
-                }
+                {"name": user, "user": credentials}
             ],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": user}}],
             "current-context": self.name,
@@ -241,7 +243,8 @@ class Cluster:
         return ctx
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float = 5.0
+        self, method: str, path: str, body: Any = None, timeout: float = 5.0,
+        content_type: str = "application/json",
     ) -> tuple[int, Any]:
         conn = http.client.HTTPSConnection(
             HOST, self.ports.apiserver, context=self._ssl(), timeout=timeout
@@ -250,7 +253,7 @@ class Cluster:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Accept": "application/json"}
             if payload is not None:
-                headers["Content-Type"] = "application/json"
+                headers["Content-Type"] = content_type
             conn.request(method, path, body=payload, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
@@ -371,11 +374,18 @@ class Cluster:
         return f"{ready}/{len(items)} kwok nodes Ready"
 
 
-def _write_if_changed(path: Path, text: str) -> None:
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def write_if_changed(path: Path, text: str) -> None:
     if path.exists() and path.read_text() == text:
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    # A file of this process' own: two pytest sessions may refresh the same kubeconfig at once.
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
+    # Created private: kubeconfigs hold keys and tokens.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
     tmp.chmod(0o600)
     tmp.replace(path)
 

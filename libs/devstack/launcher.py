@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -27,6 +28,9 @@ from lockgate.events import (
     RELEASE_OUTCOMES,
 )
 from lockgate_adapters.kafka import commit_group_at_end
+
+if TYPE_CHECKING:
+    from devstack.stack import StackInfo
 
 RUN_LABEL = "lockgate.io/run"
 DEFAULT_LOG_DIR = Path(
@@ -138,11 +142,18 @@ class ServicePorts:
 
 @dataclass
 class Lockgate:
-    """All of lockgate's services for one stack, started in dependency order."""
+    """All of lockgate's services for one stack, started in dependency order.
+
+    Each service that talks to Kubernetes uses its own identity's kubeconfigs
+    (`identity_kubeconfigs`: identity → cluster → kubeconfig, as StackInfo has them), never
+    admin's: the admission policies let only the ungater's ServiceAccount remove lockgate's gate.
+    Build it with `Lockgate.for_stack(info, ...)`.
+    """
 
     kubeconfigs: Mapping[str, str]
     kafka_bootstrap: str
     postgres_dsn: str
+    identity_kubeconfigs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     ports: ServicePorts = field(default_factory=ServicePorts)
     log_dir: Path = DEFAULT_LOG_DIR
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -152,6 +163,34 @@ class Lockgate:
     # serves only namespaces labelled `lockgate.io/run=<run_id>`.
     run_id: str | None = None
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    @classmethod
+    def for_stack(cls, info: StackInfo, *, clusters: Mapping[str, str] | None = None,
+                  postgres_dsn: str | None = None, **options: Any) -> Lockgate:
+        """lockgate for the local stack `info`; `clusters` (name → real cluster) renames or
+        selects clusters, `postgres_dsn` replaces the stack's database."""
+        names = clusters if clusters is not None else {c: c for c in info.kubeconfigs}
+        return cls(
+            kubeconfigs={name: info.kubeconfigs[real] for name, real in names.items()},
+            kafka_bootstrap=info.kafka_bootstrap,
+            postgres_dsn=postgres_dsn or info.postgres_dsn,
+            identity_kubeconfigs={identity: info.kubeconfigs_of(identity, names)
+                                  for identity in info.identity_kubeconfigs},
+            **options,
+        )
+
+    def clusters_as(self, identity: str) -> str:
+        """LOCKGATE_*_CLUSTERS for a service running as `identity`."""
+        own = self.identity_kubeconfigs.get(identity)
+        if own is None:
+            raise ValueError(
+                f"no kubeconfigs for identity {identity!r}: build Lockgate with "
+                "Lockgate.for_stack(info) so each service runs with its own ServiceAccount "
+                "(admin credentials cannot release pods in managed namespaces)")
+        missing = sorted(set(self.kubeconfigs) - set(own))
+        if missing:
+            raise ValueError(f"identity {identity!r} has no kubeconfig for {missing}")
+        return json.dumps({name: own[name] for name in self.kubeconfigs})
 
     @property
     def run_namespace_labels(self) -> dict[str, str]:
@@ -180,7 +219,6 @@ class Lockgate:
                                   [RELEASE_COMMANDS])
 
     def definitions(self) -> list[tuple[str, str, dict[str, str], int]]:
-        clusters = json.dumps(dict(self.kubeconfigs))
         p = self.ports
         defs = [
             ("queue-store", "queue_store", {
@@ -190,17 +228,17 @@ class Lockgate:
             ("admission-webhook", "admission_webhook", {
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),
                 "LOCKGATE_WEBHOOK_PORT": str(p.webhook),
-                "LOCKGATE_WEBHOOK_CLUSTERS": clusters,
+                "LOCKGATE_WEBHOOK_CLUSTERS": self.clusters_as("webhook"),
                 # A local run must not leave a fail-closed registration behind it.
                 "LOCKGATE_WEBHOOK_UNREGISTER_ON_SHUTDOWN": "true",
             }, p.webhook_health),
             ("cluster-watcher", "cluster_watcher", {
                 "LOCKGATE_WATCHER_HTTP_PORT": str(p.watcher_health),
-                "LOCKGATE_WATCHER_CLUSTERS": clusters,
+                "LOCKGATE_WATCHER_CLUSTERS": self.clusters_as("cluster-watcher"),
             }, p.watcher_health),
             ("ungater", "ungater", {
                 "LOCKGATE_UNGATER_HTTP_PORT": str(p.ungater_health),
-                "LOCKGATE_UNGATER_CLUSTERS": clusters,
+                "LOCKGATE_UNGATER_CLUSTERS": self.clusters_as("ungater"),
             }, p.ungater_health),
             ("fair-scheduler", "fair_scheduler", {
                 "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.scheduler_health),

@@ -8,10 +8,10 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from devstack import gobuild
+from devstack import base, gobuild
 from devstack.config import CLUSTERS, Settings
 from devstack.errors import StackError
 from devstack.kafka import Kafka, java_bin
@@ -37,6 +37,20 @@ class StackInfo:
     kafka_bootstrap: str
     postgres_dsn: str
     stack_dir: str = field(default="")
+    # identity ("cluster-watcher", "ungater", "webhook", "queue-sync") → cluster → kubeconfig
+    # with that identity's ServiceAccount token (k8s/base); `kubeconfigs` are admin's.
+    identity_kubeconfigs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def kubeconfigs_of(self, identity: str,
+                       clusters: Mapping[str, str] | None = None) -> dict[str, str]:
+        """cluster → kubeconfig of `identity`; `clusters` (name → real cluster) renames them."""
+        if identity not in self.identity_kubeconfigs:
+            raise KeyError(f"no identity {identity!r}; known: "
+                           f"{', '.join(sorted(self.identity_kubeconfigs))}")
+        own = self.identity_kubeconfigs[identity]
+        if clusters is None:
+            return dict(own)
+        return {name: own[real] for name, real in clusters.items()}
 
     def env(self) -> dict[str, str]:
         """The LOCKGATE_* environment variables that point at this stack."""
@@ -70,6 +84,11 @@ class Stack:
             kafka_bootstrap=self.s.kafka_bootstrap,
             postgres_dsn=self.s.postgres_dsn,
             stack_dir=str(self.s.stack_dir),
+            identity_kubeconfigs={
+                identity: {c.name: str(base.identity_kubeconfig(c, identity))
+                           for c in self.clusters}
+                for identity in base.IDENTITIES
+            },
         )
 
     def components(self) -> list[Component]:
@@ -133,6 +152,7 @@ class Stack:
                     "connections never take them (until reboot)"
                 )
             if not self.problems():
+                self.install_cluster_objects()
                 self._summary(f"already up (checked in {time.monotonic() - started:.1f}s)")
                 return self.info()
             (self.s.stack_dir / _MARKER).touch()
@@ -190,10 +210,19 @@ class Stack:
                 extra={f"{c.name} nodes and service accounts": c.readiness for c in self.clusters},
             )
             phase("nodes")
+            self.install_cluster_objects()
+            phase("k8s/base")
             self._write_env_file()
             total = time.monotonic() - started
             self._summary(f"up in {total:.1f}s ({', '.join(phases)})")
             return self.info()
+
+    def install_cluster_objects(self) -> StackInfo:
+        """Applies k8s/base to each cluster (server-side apply, idempotent) and writes a
+        kubeconfig per lockgate identity with its ServiceAccount's token."""
+        for line in base.install(self.clusters):
+            self.say(line)
+        return self.info()
 
     def _check_before_start(self, comps: list[Component]) -> list[Component]:
         to_start = []
@@ -311,5 +340,12 @@ def ensure_up(settings: Settings | None = None) -> StackInfo:
     """Returns the running stack if it is healthy; otherwise brings it up (raises StackError)."""
     stack = Stack(settings)
     if not stack.problems():
-        return stack.info()
+        # Cheap and idempotent; the files may have changed since the stack came up.
+        return stack.install_cluster_objects()
     return stack.up()
+
+
+def install_cluster_objects(settings: Settings | None = None) -> StackInfo:
+    """Applies k8s/base to the running stack's clusters and refreshes the identities'
+    kubeconfigs (what `up` does last); raises StackError."""
+    return Stack(settings).install_cluster_objects()

@@ -97,8 +97,9 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         await outcomes.start()
         configuration = f"lockgate-e2e-{RUN}"
         ports = ServicePorts.free()
-        lockgate = Lockgate(
-            kubeconfigs=kubeconfigs, kafka_bootstrap=bootstrap, postgres_dsn=dsn, ports=ports,
+        # Each service with its own ServiceAccount (k8s/base), as in a worker cluster.
+        lockgate = Lockgate.for_stack(
+            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ports,
             log_dir=tmp_path_factory.mktemp("service-logs"),
             extra_env={
                 "LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group,

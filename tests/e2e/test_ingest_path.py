@@ -71,7 +71,9 @@ class IngestPath:
 async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[IngestPath]:
     cores = {name: client.CoreV1Api(kube_clients[name]) for name in CLUSTERS}
-    clusters = {c: stack.kubeconfigs[c] for c in CLUSTERS}
+    # Each service with its own ServiceAccount (k8s/base), as in a worker cluster.
+    as_webhook = {c: stack.kubeconfigs_of("webhook")[c] for c in CLUSTERS}
+    as_watcher = {c: stack.kubeconfigs_of("cluster-watcher")[c] for c in CLUSTERS}
     processes: list[ServiceProcess] = []
     made = Namespaces(kube_clients)
     db: asyncpg.Pool | None = None
@@ -88,11 +90,11 @@ async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
                 f"admission-webhook-e2e-{RUN}",
                 cert_dir=tmp_path_factory.mktemp("webhook-certs"), env={
                     "LOCKGATE_POSTGRES_DSN": dsn,
-                    "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps(clusters),
+                    "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps(as_webhook),
                     "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": WEBHOOK_CONFIGURATION,
                     "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
                 }).process
-            watcher = watcher_process(f"cluster-watcher-e2e-{RUN}", clusters=clusters,
+            watcher = watcher_process(f"cluster-watcher-e2e-{RUN}", clusters=as_watcher,
                                       kafka_bootstrap=stack.kafka_bootstrap)
             processes += [webhook, watcher]
             for process in (webhook, watcher):

@@ -183,7 +183,11 @@ def gates_of(pod: client.V1Pod) -> list[str]:
 
 async def remove_first_gate(core: client.CoreV1Api, namespace: str, name: str,
                             gate: str = SCHEDULING_GATE) -> None:
-    """Remove the pod's first scheduling gate, only if it is `gate` (as an ungater would)."""
+    """Remove the pod's first scheduling gate, only if it is `gate` (as an ungater would).
+
+    For lockgate's gate in a managed namespace `core` must act as lockgate's ungater (the
+    `ungaters` fixture): an admission policy refuses anyone else, admin included.
+    """
     patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": gate},
              {"op": "remove", "path": "/spec/schedulingGates/0"}]
     await core.patch_namespaced_pod(name, namespace, patch,

@@ -54,7 +54,11 @@ async def service_in_process(
 
 def watcher_process(name: str, *, clusters: Mapping[str, str],
                     kafka_bootstrap: str) -> ServiceProcess:
-    """`python -m cluster_watcher` of `clusters` (name → kubeconfig), with fast retries."""
+    """`python -m cluster_watcher` of `clusters` (name → kubeconfig), with fast retries.
+
+    Give it the watcher's own kubeconfigs (`stack.kubeconfigs_of("cluster-watcher")`), as in a
+    worker cluster, so the tests prove its ClusterRole suffices.
+    """
     health_port = free_port()
     return ServiceProcess(name, "cluster_watcher", {
         "LOCKGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
@@ -93,6 +97,9 @@ class WebhookProcess:
 def webhook_process(name: str, *, cert_dir: Path, env: Mapping[str, str],
                     port: int | None = None) -> WebhookProcess:
     """The webhook's process (not started); `env` says which clusters, Postgres, registration.
+
+    LOCKGATE_WEBHOOK_CLUSTERS should hold the webhook's own kubeconfigs
+    (`stack.kubeconfigs_of("webhook")`), not admin's.
 
     A restarted webhook is given the `port` and `cert_dir` of the one it replaces.
     """

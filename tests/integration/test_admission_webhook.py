@@ -105,6 +105,40 @@ async def queues(pg: asyncpg.Pool) -> AsyncIterator[Queues]:
     await book.tombstone_all()
 
 
+def as_webhook(stack: StackInfo, *clusters: str) -> str:
+    """LOCKGATE_WEBHOOK_CLUSTERS with the webhook's own ServiceAccount (k8s/base), not admin."""
+    own = stack.kubeconfigs_of("webhook")
+    return json.dumps({cluster: own[cluster] for cluster in clusters})
+
+
+async def let_the_webhook_read(api: client.ApiClient, namespace: str, resource: str) -> None:
+    """What an operator does for an owner kind of its own: a `get` rule for the webhook's
+    ServiceAccount (here only in `namespace`); returns once the authorizer applies it."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = f"lockgate-webhook-reads-{resource}"
+    await rbac.create_namespaced_role(namespace, {
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": [resource], "verbs": ["get"]}]})
+    await rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "lockgate-webhook",
+                      "namespace": "lockgate-system"}]})
+    review = {"spec": {"user": "system:serviceaccount:lockgate-system:lockgate-webhook",
+                       "groups": ["system:serviceaccounts",
+                                  "system:serviceaccounts:lockgate-system"],
+                       "resourceAttributes": {"namespace": namespace, "verb": "get",
+                                              "resource": resource}}}
+    authorization = client.AuthorizationV1Api(api)
+
+    async def allowed() -> bool | None:
+        answer = await authorization.create_subject_access_review(review)
+        return True if answer.status.allowed else None
+
+    await eventually(allowed, within=10, every=0.1,
+                     what=f"the webhook to be allowed to get {resource}")
+
+
 async def start_webhook(name: str, env: dict[str, str], directory: Path, *,
                         port: int | None = None) -> WebhookProcess:
     """A webhook process started (not yet ready), its certificates under `directory`."""
@@ -121,7 +155,7 @@ async def webhook(
 ) -> AsyncIterator[WebhookProcess]:
     configuration = f"lockgate-test-{RUN}"
     running = await start_webhook(f"admission-webhook-{RUN}", {
-        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({c: stack.kubeconfigs[c] for c in CLUSTERS}),
+        "LOCKGATE_WEBHOOK_CLUSTERS": as_webhook(stack, *CLUSTERS),
         "LOCKGATE_WEBHOOK_POSTGRES_DSN": stack.postgres_dsn,
         "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
         "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
@@ -261,6 +295,7 @@ async def test_pod_inherits_from_any_owner_kind(
     queue = await queues.create()
     namespace = await namespaces("cluster-b")
     core = client.CoreV1Api(kube_clients["cluster-b"])
+    await let_the_webhook_read(kube_clients["cluster-b"], namespace, "configmaps")
     owner = await core.create_namespaced_config_map(namespace, {
         "metadata": {"name": "operator-state", "labels": {QUEUE_LABEL: queue}}})
     reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "operator-state",
@@ -451,7 +486,7 @@ async def test_webhook_refuses_and_is_not_ready_when_postgres_is_unreachable(
     namespace = await namespaces("cluster-a")
     unreachable = f"postgresql://lockgate:lockgate@127.0.0.1:{free_port()}/lockgate"
     blind = await start_webhook(f"admission-webhook-blind-{RUN}", {
-        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({"cluster-a": stack.kubeconfigs["cluster-a"]}),
+        "LOCKGATE_WEBHOOK_CLUSTERS": as_webhook(stack, "cluster-a"),
         "LOCKGATE_WEBHOOK_POSTGRES_DSN": unreachable,
         "LOCKGATE_WEBHOOK_REGISTER_IN_CLUSTERS": "false",
         "LOCKGATE_WEBHOOK_QUEUE_CHECK_TIMEOUT_SECONDS": "0.5",
@@ -513,7 +548,7 @@ async def test_pods_are_refused_while_the_webhook_is_down_and_gated_after_restar
     namespace = await make_namespace("cluster-b", prefix="lg-adm", labels={
         MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: instance})
     env = {
-        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({"cluster-b": stack.kubeconfigs["cluster-b"]}),
+        "LOCKGATE_WEBHOOK_CLUSTERS": as_webhook(stack, "cluster-b"),
         "LOCKGATE_WEBHOOK_POSTGRES_DSN": stack.postgres_dsn,
         "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
         "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: instance}),
@@ -561,7 +596,7 @@ async def test_review_is_answered_in_time_when_postgres_is_slow_and_recovers(
     namespace = await namespaces("cluster-a")
     check_timeout = 0.5
     webhook = await start_webhook(f"admission-webhook-slow-{RUN}", {
-        "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps({"cluster-a": stack.kubeconfigs["cluster-a"]}),
+        "LOCKGATE_WEBHOOK_CLUSTERS": as_webhook(stack, "cluster-a"),
         "LOCKGATE_WEBHOOK_POSTGRES_DSN": own_database,
         "LOCKGATE_WEBHOOK_REGISTER_IN_CLUSTERS": "false",
         "LOCKGATE_WEBHOOK_QUEUE_CHECK_TIMEOUT_SECONDS": str(check_timeout),

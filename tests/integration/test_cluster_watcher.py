@@ -137,9 +137,14 @@ async def cores(kube_clients: dict[str, client.ApiClient]
         yield {name: client.CoreV1Api(api) for name, api in kube_clients.items()}
 
 
+def as_watcher(stack: Any, cluster: str) -> str:
+    """The kubeconfig of the watcher's own ServiceAccount (k8s/base) for `cluster`."""
+    return str(stack.kubeconfigs_of("cluster-watcher")[cluster])
+
+
 def watched_as(stack: Any, tag: str) -> dict[str, str]:
     """The real clusters under names of this test's own: "cluster-a" → "cluster-a-<tag>"."""
-    return {f"{name}-{tag}": path for name, path in stack.kubeconfigs.items()}
+    return {f"{name}-{tag}": as_watcher(stack, name) for name in stack.kubeconfigs}
 
 
 @pytest.fixture
@@ -164,7 +169,8 @@ async def watcher(stack: Any, cores: Any, tail: TopicTail) -> AsyncIterator[dict
 
 
 async def test_gated_pods_are_reported_queued_then_released_running_and_deleted_in_each_cluster(
-    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: TopicTail
+    cores: dict[str, client.CoreV1Api], watcher: dict[str, str], tail: TopicTail,
+    ungaters: dict[str, client.CoreV1Api],
 ) -> None:
     for real_cluster, core in cores.items():
         cluster = watcher[real_cluster]
@@ -179,7 +185,7 @@ async def test_gated_pods_are_reported_queued_then_released_running_and_deleted_
         assert queued.requests == {"cpu": 1500, "memory": 256 * 2**20}
         assert queued.gated and queued.node_name is None and queued.snapshot_id is None
 
-        await remove_first_gate(core, NAMESPACE, name)
+        await remove_first_gate(ungaters[real_cluster], NAMESPACE, name)
         await tail.wait_for(pod_event_in(cluster, uid, JobState.UNGATED),
                                    what=f"UNGATED for {name}")
         running: PodEvent = await tail.wait_for(
@@ -297,11 +303,12 @@ async def test_a_restarted_watcher_publishes_a_snapshot_of_the_managed_pods(
 
 
 async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
-    stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail
+    stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail,
+    ungaters: dict[str, client.CoreV1Api],
 ) -> None:
     cluster = f"cluster-b-proc-{SUFFIX}"
     process = watcher_process("cluster-watcher-test", kafka_bootstrap=stack.kafka_bootstrap,
-                              clusters={cluster: stack.kubeconfigs["cluster-b"]})
+                              clusters={cluster: as_watcher(stack, "cluster-b")})
     core = cores["cluster-b"]
     before, during = f"before-kill-{uuid.uuid4().hex[:6]}", f"while-dead-{uuid.uuid4().hex[:6]}"
     try:
@@ -312,7 +319,7 @@ async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
 
         await process.kill()
         during_uid = await create_pod(core, gated_pod(during))
-        await remove_first_gate(core, NAMESPACE, before)
+        await remove_first_gate(ungaters["cluster-b"], NAMESPACE, before)
 
         await process.start()
         await process.wait_ready(within_seconds=60)
@@ -340,7 +347,7 @@ async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
 async def test_an_apiserver_outage_makes_the_watcher_unready_then_it_relists_what_it_missed(
     stack: Any, cores: dict[str, client.CoreV1Api], tail: TopicTail, tmp_path: Path
 ) -> None:
-    real = stack.kubeconfigs["cluster-a"]
+    real = as_watcher(stack, "cluster-a")
     forwarder = TcpRelay("127.0.0.1", server_port(real))
     await forwarder.start()
     cluster = f"cluster-a-out-{SUFFIX}"
@@ -379,7 +386,7 @@ async def test_while_kafka_is_unreachable_the_watcher_keeps_what_it_saw_and_send
     core = cores["cluster-b"]
     name = f"kafka-down-{uuid.uuid4().hex[:6]}"
     try:
-        async with running_watcher({cluster: stack.kubeconfigs["cluster-b"]},
+        async with running_watcher({cluster: as_watcher(stack, "cluster-b")},
                                    f"127.0.0.1:{forwarder.port}", wait_ready=False) as ctx:
             await until(lambda: ctx.readiness.report().get(f"{cluster}/pods", {}).get("ready")
                         is True, within=30, what="pods watched")
@@ -489,7 +496,7 @@ async def test_a_burst_of_gated_pods_is_published_promptly_and_so_is_their_snaps
         # A watcher starting now lists them all and publishes its snapshot promptly.
         relisted_as = f"cluster-a-relist-{SUFFIX}"
         started = time.monotonic()
-        async with running_watcher({relisted_as: stack.kubeconfigs["cluster-a"]},
+        async with running_watcher({relisted_as: as_watcher(stack, "cluster-a")},
                                    stack.kafka_bootstrap):
             snapshot: ClusterSnapshot = await tail.wait_for(
                 lambda e: isinstance(e, ClusterSnapshot) and e.cluster == relisted_as,

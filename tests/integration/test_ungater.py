@@ -121,11 +121,13 @@ def span_exporter() -> InMemorySpanExporter:
 
 @pytest.fixture(scope="module")
 def served_clusters(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The module's aliases of the real clusters, plus one whose apiserver never answers."""
-    clusters = {alias: stack.kubeconfigs[real] for real, alias in ALIAS.items()}
+    """The module's aliases of the real clusters, plus one whose apiserver never answers; the
+    ungater acts as its own ServiceAccount (k8s/base), as it does in a worker cluster."""
+    own = stack.kubeconfigs_of("ungater")
+    clusters = {alias: own[real] for real, alias in ALIAS.items()}
     # A loopback port nobody listens on.
     clusters[DEAD_CLUSTER] = kubeconfig_through(
-        stack.kubeconfigs["cluster-a"], free_port(),
+        own["cluster-a"], free_port(),
         tmp_path_factory.mktemp("kube") / "unreachable.kubeconfig")
     return clusters
 
