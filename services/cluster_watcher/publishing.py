@@ -49,6 +49,7 @@ from lockgate_adapters.kafka import (
     make_producer,
     publish_many,
 )
+from lockgate_adapters.quieting import KAFKA, quiet
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
 from lockgate_adapters.telemetry import inject_headers, link_to_traceparent, pod_trace_parent
@@ -285,5 +286,6 @@ class KafkaPublisher:
     async def _back_off(self, delays: BackoffIterator, what: str) -> None:
         delay = next(delays, self.retry_policy.max_seconds)
         self.set_ready(False, what)
-        log.warning("%s; retrying in %.1fs (%d events waiting)", what, delay, len(self.outbox))
+        log.warning("%s; retrying in %.1fs (%d events waiting)", what, delay, len(self.outbox),
+                    extra=quiet(KAFKA))
         await asyncio.sleep(delay)
