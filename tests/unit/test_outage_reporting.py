@@ -174,11 +174,11 @@ class FlakyProbe:
     def __init__(self, name: str) -> None:
         self.name, self.target = name, "nowhere:1"
         self.up = True
-        self.checks = 0
+        self.answered: asyncio.Queue[bool] = asyncio.Queue()
         self.closed = False
 
     async def check(self) -> None:
-        self.checks += 1
+        self.answered.put_nowait(self.up)
         if not self.up:
             raise ConnectionRefusedError(111, "Connection refused")
 
@@ -198,9 +198,8 @@ async def test_the_monitor_flips_readiness_and_logs_each_transition_once(
     caplog.set_level(logging.INFO, logger="lockgate_adapters.dependencies")
 
     async def checked(count: int) -> None:
-        target = probe.checks + count
-        while probe.checks < target:
-            await asyncio.sleep(0.005)
+        for _ in range(count):
+            await asyncio.wait_for(probe.answered.get(), 5)
 
     running = asyncio.create_task(monitor.run(stopping))
     monitor.add(probe)  # declared after the monitor started, as composition roots do
