@@ -242,7 +242,8 @@ class ApiserverProbe:
 def describe(error: BaseException, timeout: float) -> str:
     if isinstance(error, TimeoutError) and not str(error):
         return f"no answer within {timeout:g}s"
-    return f"{type(error).__name__}: {error}"
+    text, kind = str(error), type(error).__name__
+    return text if text.startswith(kind) else f"{kind}: {text}"  # aiokafka names itself
 
 
 # ---------------------------------------------------------------- the monitor
@@ -257,9 +258,10 @@ class DependencyMonitor:
 
     def __init__(self, readiness: Readiness, policy: DependencyChecks, *,
                  clock: Callable[[], float] = time.monotonic,
-                 suppressed: Callable[[str], int] = OUTAGE_LOGS.take_suppressed) -> None:
+                 suppressed: Callable[[str], int] = OUTAGE_LOGS.take_suppressed,
+                 quieten: Callable[[str, bool], None] = OUTAGE_LOGS.dependency_down) -> None:
         self._readiness, self._policy = readiness, policy
-        self._clock, self._suppressed = clock, suppressed
+        self._clock, self._suppressed, self._quieten = clock, suppressed, quieten
         self._probes: dict[str, Probe] = {}
         self._added = asyncio.Event()
 
@@ -318,6 +320,8 @@ class DependencyMonitor:
                     # Counted from the outage's first line: what was suppressed before it
                     # (while the first probes failed) goes into the first summary.
                     suppressed += self._suppressed(probe.name)
+                    # Reported down: its clients' chatter is only counted until it is back.
+                    self._quieten(probe.name, not state.ready)
                     if notice.change is Change.DOWN:
                         log.log(notice.level, "%s", notice.message(0))
                     else:
@@ -325,6 +329,7 @@ class DependencyMonitor:
                         suppressed = 0
                 await sleep_unless_stopped(stopping, policy.interval_seconds)
         finally:
+            self._quieten(probe.name, False)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(probe.close(), policy.timeout_seconds)
 

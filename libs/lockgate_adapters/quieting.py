@@ -6,9 +6,10 @@ retry loops log each reconnect. The outage itself is reported by the dependency 
 (`dependencies`): one line when it starts, a summary while it lasts, one line when it ends. So
 repetitive connection-class messages are rate-limited here: per (logger, message template), the
 first `burst` records of a window pass and the rest are counted; the first record of the next
-window says how many similar ones were suppressed, and the monitor's summaries report the counts
-per dependency. Anything that is not connection-class passes untouched, so a real error (a
-rejected configuration, an authorisation failure, a bug) is never hidden.
+window says how many similar ones were suppressed. Once the monitor has reported a dependency
+down, the messages about it are only counted, and its summaries report the counts. Anything
+that is not connection-class passes untouched, so a real error (a rejected configuration, an
+authorisation failure, a bug) is never hidden.
 
 Which records are limited: those our own retry loops mark with `extra=quiet("<dependency>")`,
 and those of aiokafka at WARNING or above whose arguments carry a connection-class error (an
@@ -37,6 +38,9 @@ _KAFKA_CONNECTION_TEMPLATES = (
     "Unable to update metadata",
     "Unable to request metadata",
     "Heartbeat session expired",
+    "Heartbeat failed for group",
+    "Marking the coordinator dead",
+    "Error sending",
     "Failed fetch messages",
     "Failed fetch offsets",
     "Group Coordinator Request failed",
@@ -75,9 +79,20 @@ class RateLimiter:
     burst: int = 1
     _windows: dict[object, _Window] = field(default_factory=dict)
     _suppressed_by_dependency: dict[str, int] = field(default_factory=dict)
+    _down: set[str] = field(default_factory=set)
+
+    def dependency_down(self, dependency: str, down: bool) -> None:
+        """While a dependency is known down (and reported so), its events are only counted."""
+        if down:
+            self._down.add(dependency)
+        else:
+            self._down.discard(dependency)
 
     def admit(self, key: object, *, now: float, dependency: str | None = None) -> int | None:
         """None to suppress this event; else how many events of `key` the last window hid."""
+        if dependency is not None and dependency in self._down:
+            self._count(dependency)
+            return None
         window = self._windows.get(key)
         if window is None or now - window.started >= self.window_seconds:
             hidden = window.suppressed if window is not None else 0
@@ -88,9 +103,12 @@ class RateLimiter:
             return 0
         window.suppressed += 1
         if dependency is not None:
-            self._suppressed_by_dependency[dependency] = (
-                self._suppressed_by_dependency.get(dependency, 0) + 1)
+            self._count(dependency)
         return None
+
+    def _count(self, dependency: str) -> None:
+        self._suppressed_by_dependency[dependency] = (
+            self._suppressed_by_dependency.get(dependency, 0) + 1)
 
     def take_suppressed(self, dependency: str) -> int:
         """How many events counted against `dependency` were suppressed since the last call."""
@@ -157,6 +175,9 @@ class OutageLogFilter(logging.Filter):
 
     def take_suppressed(self, dependency: str) -> int:
         return self.limiter.take_suppressed(dependency)
+
+    def dependency_down(self, dependency: str, down: bool) -> None:
+        self.limiter.dependency_down(dependency, down)
 
 
 # The process' one filter: `telemetry.setup_logging` installs it on the root handler, and the

@@ -274,7 +274,7 @@ class KafkaPublisher:
                 # Stopping flushes; with the broker gone that could wait for the request timeout.
                 await asyncio.wait_for(producer.stop(), 5)
             except Exception as error:  # noqa: BLE001 - the producer is dropped either way
-                log.warning("stopping the kafka producer: %r", error)
+                log.warning("stopping the kafka producer: %r", error, extra=quiet(KAFKA))
 
     async def _send(self, batch: Sequence[Outgoing]) -> None:
         assert self._producer is not None

@@ -11,7 +11,7 @@ import logging
 import pytest
 from aiokafka.errors import KafkaConnectionError, NodeNotReadyError, TopicAuthorizationFailedError
 
-from lockgate_adapters.dependencies import Change, DependencyMonitor, Reachability
+from lockgate_adapters.dependencies import Change, DependencyMonitor, Reachability, describe
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.quieting import OutageLogFilter, RateLimiter, classify, quiet
 from lockgate_adapters.settings import DependencyChecks
@@ -192,7 +192,8 @@ async def test_the_monitor_flips_readiness_and_logs_each_transition_once(
     monitor = DependencyMonitor(
         readiness, DependencyChecks(interval_seconds=0.01, timeout_seconds=1,
                                     failures_to_unready=1, summary_every_seconds=3600),
-        suppressed=lambda name: 7)
+        suppressed=lambda name: 7, quieten=lambda name, down: quietened.append((name, down)))
+    quietened: list[tuple[str, bool]] = []
     probe = FlakyProbe("kafka")
     stopping = asyncio.Event()
     caplog.set_level(logging.INFO, logger="lockgate_adapters.dependencies")
@@ -223,3 +224,25 @@ async def test_the_monitor_flips_readiness_and_logs_each_transition_once(
     ]
     assert lines[2].startswith("kafka reachable again after ")
     assert lines[2].endswith("14 client log message(s) about it suppressed")
+    # Its clients' messages are only counted from the outage's first line to its last.
+    assert quietened == [("kafka", False), ("kafka", True), ("kafka", False), ("kafka", False)]
+
+
+def test_while_a_dependency_is_reported_down_its_messages_are_only_counted() -> None:
+    limiter = RateLimiter(window_seconds=30)
+    assert limiter.admit("connect", now=0, dependency="kafka") == 0
+    limiter.dependency_down("kafka", True)
+    assert [limiter.admit(key, now=t, dependency="kafka")
+            for key, t in (("connect", 40), ("metadata", 41), ("connect", 90))] == [None] * 3
+    assert limiter.admit("other", now=90, dependency="postgres") == 0
+    assert limiter.take_suppressed("kafka") == 3
+    limiter.dependency_down("kafka", False)
+    # Back to one per window; what was counted while down is not reported twice.
+    assert limiter.admit("connect", now=91, dependency="kafka") == 0
+
+
+def test_an_error_is_described_once_with_its_kind() -> None:
+    assert describe(KafkaConnectionError("Unable to bootstrap"), 3) == (
+        "KafkaConnectionError: Unable to bootstrap")
+    assert describe(OSError("refused"), 3) == "OSError: refused"
+    assert describe(TimeoutError(), 2.5) == "no answer within 2.5s"
