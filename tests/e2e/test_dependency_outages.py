@@ -276,7 +276,10 @@ async def test_an_apiserver_whose_etcd_is_down_makes_its_users_unready(
     check_b, check_a = f"apiserver:{ALIAS_B}", f"apiserver:{ALIAS_A}"
     for service in APISERVER_USERS:
         checks = await wait_unready(run, service, check_b, UNREADY_WITHIN_SECONDS)
-        assert "etcd" in str(checks[check_b]["detail"]), checks
+        # An apiserver without etcd answers /readyz "[-]etcd failed" only after its own etcd
+        # checks time out (~4 s); the probe's timeout is shorter.
+        print(f"{service}: {check_b}: {checks[check_b]['detail']}")
+        assert str(checks[check_b]["detail"]).startswith("unreachable"), checks
         assert checks[check_a]["ready"] is True, checks  # the other cluster is fine
     print(f"not ready naming {check_b} after {time.monotonic() - killed_at:.1f}s")
     await asyncio.sleep(max(0.0, 10 - (time.monotonic() - killed_at)))
