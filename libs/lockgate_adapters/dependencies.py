@@ -23,9 +23,9 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -164,9 +164,12 @@ class Probe(Protocol):
 class KafkaProbe:
     """A metadata request through an admin client (kept while it works, rebuilt after)."""
 
-    def __init__(self, bootstrap: str, *, name: str = KAFKA, timeout: float) -> None:
+    def __init__(self, bootstrap: str, *, name: str = KAFKA, timeout: float,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self.name, self.target = name, bootstrap
         self._timeout_ms = max(1, int(timeout * 1000))
+        # Whatever else the service's own clients are given (TLS, SASL), to ask as they do.
+        self._client_options = dict(client_options or {})
         self._admin: AIOKafkaAdminClient | None = None
 
     async def check(self) -> None:
@@ -174,7 +177,7 @@ class KafkaProbe:
             if self._admin is None:
                 self._admin = AIOKafkaAdminClient(
                     bootstrap_servers=self.target, client_id="lockgate-dependency-probe",
-                    request_timeout_ms=self._timeout_ms)
+                    request_timeout_ms=self._timeout_ms, **self._client_options)
                 await self._admin.start()  # bootstraps: the first metadata request
             cluster = await self._admin.describe_cluster()
         except BaseException:
@@ -265,8 +268,10 @@ class DependencyMonitor:
         self._probes: dict[str, Probe] = {}
         self._added = asyncio.Event()
 
-    def kafka(self, bootstrap: str) -> None:
-        self.add(KafkaProbe(bootstrap, timeout=self._policy.timeout_seconds))
+    def kafka(self, bootstrap: str, **client_options: Any) -> None:
+        """Kafka at `bootstrap`; `client_options` as for AIOKafkaAdminClient (security)."""
+        self.add(KafkaProbe(bootstrap, timeout=self._policy.timeout_seconds,
+                            client_options=client_options))
 
     def postgres(self, dsn: str) -> None:
         self.add(PostgresProbe(dsn, timeout=self._policy.timeout_seconds))

@@ -12,9 +12,10 @@ that is not connection-class passes untouched, so a real error (a rejected confi
 authorisation failure, a bug) is never hidden.
 
 Which records are limited: those our own retry loops mark with `extra=quiet("<dependency>")`,
-and those of aiokafka at WARNING or above whose arguments carry a connection-class error (an
-`OSError`, a timeout, or a Kafka error that aiokafka itself calls retriable) or whose template
-is one of aiokafka's known connection messages.
+and those of aiokafka and asyncpg at WARNING or above whose arguments or exception carry a
+connection-class error (an `OSError`, a timeout, a Kafka error that aiokafka itself calls
+retriable, Postgres refusing connections while it starts or stops), or whose template is one
+of aiokafka's known connection messages.
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
+from asyncpg.exceptions import (
+    AdminShutdownError,
+    CannotConnectNowError,
+    ConnectionDoesNotExistError,
+)
 
 # Attribute names set on a record by `quiet()`.
 QUIET_ATTRIBUTE = "lockgate_quiet"
 DEPENDENCY_ATTRIBUTE = "lockgate_dependency"
 
 KAFKA = "kafka"
-_KAFKA_LOGGERS = ("aiokafka", "kafka")
+POSTGRES = "postgres"
+# Client libraries whose connection-class messages are limited, and what they are about.
+_CLIENT_LOGGERS = {"aiokafka": KAFKA, "kafka": KAFKA, "asyncpg": POSTGRES}
 # aiokafka's connection messages whose arguments do not carry the error itself.
 _KAFKA_CONNECTION_TEMPLATES = (
     "Unable connect to",
@@ -54,6 +62,11 @@ _KAFKA_CONNECTION_TEMPLATES = (
     "Could not send",
     "Got error produce response",
 )
+
+
+_CONNECTION_ERRORS = (OSError, TimeoutError,
+                      # Postgres refusing or dropping connections while it starts or stops.
+                      CannotConnectNowError, ConnectionDoesNotExistError, AdminShutdownError)
 
 
 def quiet(dependency: str | None = None) -> dict[str, object]:
@@ -118,8 +131,8 @@ class RateLimiter:
 def is_connection_error(value: object) -> bool:
     """An error that means "cannot reach it (now)", as opposed to "it said no"."""
     if isinstance(value, KafkaError):
-        return bool(getattr(value, "retriable", False)) or isinstance(value, OSError)
-    return isinstance(value, OSError | TimeoutError)
+        return bool(getattr(value, "retriable", False))
+    return isinstance(value, _CONNECTION_ERRORS)
 
 
 def _args_of(record: logging.LogRecord) -> tuple[object, ...]:
@@ -136,16 +149,16 @@ def classify(record: logging.LogRecord) -> tuple[bool, str | None]:
         return True, getattr(record, DEPENDENCY_ATTRIBUTE, None)
     if record.levelno < logging.WARNING:
         return False, None
-    if record.name.split(".", 1)[0] not in _KAFKA_LOGGERS:
+    dependency = _CLIENT_LOGGERS.get(record.name.split(".", 1)[0])
+    if dependency is None:
         return False, None
-    template = str(record.msg)
-    if template.startswith(_KAFKA_CONNECTION_TEMPLATES):
-        return True, KAFKA
+    if dependency == KAFKA and str(record.msg).startswith(_KAFKA_CONNECTION_TEMPLATES):
+        return True, dependency
     if any(is_connection_error(arg) for arg in _args_of(record)):
-        return True, KAFKA
+        return True, dependency
     exc = record.exc_info[1] if record.exc_info else None
     if exc is not None and is_connection_error(exc):
-        return True, KAFKA
+        return True, dependency
     return False, None
 
 

@@ -246,3 +246,15 @@ def test_an_error_is_described_once_with_its_kind() -> None:
         "KafkaConnectionError: Unable to bootstrap")
     assert describe(OSError("refused"), 3) == "OSError: refused"
     assert describe(TimeoutError(), 2.5) == "no answer within 2.5s"
+
+
+def test_asyncpg_connection_failures_are_counted_for_postgres() -> None:
+    try:
+        raise ConnectionRefusedError(111, "Connect call failed")
+    except ConnectionRefusedError as error:
+        failed = logging.LogRecord("asyncpg.pool", logging.WARNING, __file__, 1,
+                                   "Failed to restore the pool connection floor; retrying", (),
+                                   (type(error), error, error.__traceback__))
+    assert classify(failed) == (True, "postgres")
+    assert classify(record("asyncpg.pool", "some other problem", level=logging.WARNING)) == (
+        False, None)
