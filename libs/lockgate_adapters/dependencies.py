@@ -200,7 +200,8 @@ class PostgresProbe:
     def __init__(self, dsn: str, *, name: str = POSTGRES, timeout: float) -> None:
         parts = urlsplit(dsn)
         # Never the DSN itself in logs: it may carry a password.
-        self.name, self.target = name, f"{parts.hostname}:{parts.port}{parts.path}"
+        port = f":{parts.port}" if parts.port else ""
+        self.name, self.target = name, f"{parts.hostname}{port}{parts.path}"
         self._dsn, self._timeout = dsn, timeout
         self._connection: asyncpg.Connection | None = None
 

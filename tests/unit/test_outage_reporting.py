@@ -11,7 +11,13 @@ import logging
 import pytest
 from aiokafka.errors import KafkaConnectionError, NodeNotReadyError, TopicAuthorizationFailedError
 
-from lockgate_adapters.dependencies import Change, DependencyMonitor, Reachability, describe
+from lockgate_adapters.dependencies import (
+    Change,
+    DependencyMonitor,
+    PostgresProbe,
+    Reachability,
+    describe,
+)
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.quieting import OutageLogFilter, RateLimiter, classify, quiet
 from lockgate_adapters.settings import DependencyChecks
@@ -258,3 +264,9 @@ def test_asyncpg_connection_failures_are_counted_for_postgres() -> None:
     assert classify(failed) == (True, "postgres")
     assert classify(record("asyncpg.pool", "some other problem", level=logging.WARNING)) == (
         False, None)
+
+
+def test_the_postgres_target_never_shows_the_password() -> None:
+    probe = PostgresProbe("postgresql://lockgate:s3cret@db.example:5432/lockgate", timeout=1)
+    assert probe.target == "db.example:5432/lockgate"
+    assert PostgresProbe("postgresql://u:p@db/x", timeout=1).target == "db/x"
