@@ -1,4 +1,4 @@
-"""`python -m devstack up | down [--purge] | status | env | build`."""
+"""`python -m devstack up | down [--purge] | status | env | build | kill <c> | start <c>`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="one line per component; exit 1 if anything is not healthy")
     sub.add_parser("env", help='print shell exports: eval "$(python -m devstack env)"')
     sub.add_parser("build", help="install/build what is missing without starting anything")
+    kill = sub.add_parser("kill", help="SIGKILL one component (e.g. kafka, cluster-b/etcd), "
+                          "to try an outage")
+    kill.add_argument("component")
+    start = sub.add_parser("start", help="start one component again and wait until healthy")
+    start.add_argument("component")
     args = parser.parse_args(argv)
     try:
         stack = Stack()
@@ -34,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if ok else 1
         elif args.command == "env":
             print("\n".join(stack.env_lines()))
+        elif args.command == "kill":
+            stack.kill(args.component)
+        elif args.command == "start":
+            stack.start_component(args.component)
         elif args.command == "build":
             stack.build()
             print(f"everything is installed; binaries in {stack.s.bin_dir}")

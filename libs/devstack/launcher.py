@@ -33,8 +33,12 @@ if TYPE_CHECKING:
     from devstack.stack import StackInfo
 
 RUN_LABEL = "lockgate.io/run"
+# Beside the stack's own logs when a stack dir is given (a second stack, e.g. with
+# LOCKGATE_STACK_PORT_OFFSET, keeps its services' logs apart).
 DEFAULT_LOG_DIR = Path(
     os.environ.get("LOCKGATE_SERVICE_LOG_DIR")
+    or (Path(os.environ["LOCKGATE_STACK_DIR"]).expanduser() / "service-logs"
+        if os.environ.get("LOCKGATE_STACK_DIR") else None)
     or Path.home() / ".local/state/lockgate/service-logs"
 )
 

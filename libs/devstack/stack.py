@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,6 +22,7 @@ from devstack.postgres import Postgres
 from devstack.procs import (
     Component,
     Processes,
+    pid_alive,
     port_busy,
     port_owner,
     reserve_ports,
@@ -311,6 +314,44 @@ class Stack:
                 )
                 ok = ok and reason is None
         return lines, ok
+
+    # -- one component: outage tests kill a dependency and bring it back --
+    def component(self, name: str) -> Component:
+        """A component by name: `postgres`, `kafka`, `cluster-a/etcd`, `cluster-b/kwok`..."""
+        for comp in self.components():
+            if comp.name == name:
+                return comp
+        known = ", ".join(c.name for c in self.components())
+        raise StackError(f"no component {name!r} in the stack (components: {known})")
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
+        """Signal one running component of this stack (SIGKILL: a crash) and wait until it is
+        gone; returns its pid. Only a process the stack started is ever signalled."""
+        comp = self.component(name)
+        st = self.procs.inspect(comp)
+        if st.state != "running" or st.pid is None:
+            raise StackError(f"{name} is not running ({st.state} {st.detail})".rstrip())
+        os.kill(st.pid, sig)
+        deadline = time.monotonic() + comp.stop_timeout
+        while pid_alive(st.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(st.pid):
+            raise StackError(f"{name} (pid {st.pid}) still runs {comp.stop_timeout:.0f}s after "
+                             f"{sig.name}")
+        self.procs.pid_path(comp).unlink(missing_ok=True)
+        self.say(f"killed {name} (pid {st.pid}) with {sig.name}")
+        return st.pid
+
+    def start_component(self, name: str) -> None:
+        """Start one component again if it does not run, and wait until it is healthy."""
+        comp = self.component(name)
+        with self._locked():
+            self.procs.clear_stale(comp, self.say)
+            if self.procs.inspect(comp).state != "running":
+                self._check_before_start([comp])
+                pid = self.procs.start(comp)
+                self.say(f"started {name} (pid {pid})")
+            wait_healthy([comp], self.procs, self.s.timeout)
 
     def env_lines(self) -> list[str]:
         return [f"export {k}={shlex.quote(v)}" for k, v in self.info().env().items()]

@@ -1,8 +1,9 @@
 """Liveness, readiness and Prometheus metrics over HTTP, one small server per service.
 
-Readiness is the conjunction of named checks that the service's loops flip: a service whose
-Postgres or Kafka is down reports not ready (and says which) while it retries. A service may also
-serve small read-only JSON views under /api/ (e.g. the scheduler's fairness report).
+Readiness is the conjunction of named checks that the service's loops and its dependency probes
+(`dependencies`) flip: a service whose Postgres, Kafka or apiserver is down reports not ready
+(and says which, e.g. `kafka`, `postgres`, `apiserver:cluster-a`) while it retries. A service
+may also serve small read-only JSON views under /api/ (e.g. the scheduler's fairness report).
 """
 
 from __future__ import annotations
@@ -17,26 +18,50 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 @dataclass
 class Readiness:
-    """Named conditions that must all hold for the service to be ready."""
+    """Named conditions that must all hold for the service to be ready.
 
-    _conditions: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    A condition may have several reporters (`source`): the loop that uses Kafka says "kafka" is
+    fine as long as it consumes, and the dependency monitor's probe says whether Kafka answers
+    at all. The condition holds only while every source says so; the report names the sources
+    that do not.
+    """
+
+    _conditions: dict[str, dict[str, tuple[bool, str]]] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def declare(self, *names: str) -> None:
+    def declare(self, *names: str, source: str = "") -> None:
         for name in names:
-            self._conditions.setdefault(name, (False, "starting"))
+            self._conditions.setdefault(name, {}).setdefault(source, (False, "starting"))
 
-    def set(self, name: str, ready: bool, detail: str = "") -> None:
-        self._conditions[name] = (ready, detail)
+    def set(self, name: str, ready: bool, detail: str = "", *, source: str = "") -> None:
+        self._conditions.setdefault(name, {})[source] = (ready, detail)
         self._changed.set()
+
+    def holds(self, name: str) -> bool:
+        """True if the condition is declared and every source of it is ready."""
+        sources = self._conditions.get(name) or {}
+        return bool(sources) and all(ok for ok, _ in sources.values())
 
     @property
     def ready(self) -> bool:
-        return all(ok for ok, _ in self._conditions.values())
+        return all(self.holds(name) for name in self._conditions)
 
     def report(self) -> dict[str, dict[str, object]]:
-        return {name: {"ready": ok, "detail": detail}
-                for name, (ok, detail) in self._conditions.items()}
+        out: dict[str, dict[str, object]] = {}
+        for name, sources in self._conditions.items():
+            ok = self.holds(name)
+            shown = [(source, detail) for source, (ready, detail) in sources.items()
+                     if ready == ok]
+            entry: dict[str, object] = {
+                "ready": ok,
+                "detail": "; ".join(f"{source}: {detail}" if source and len(sources) > 1
+                                    else detail for source, detail in shown),
+            }
+            if len(sources) > 1:
+                entry["sources"] = {source or "loop": {"ready": ready, "detail": detail}
+                                    for source, (ready, detail) in sources.items()}
+            out[name] = entry
+        return out
 
 
 class HealthServer:

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from lockgate.dead_lettering import LetterLimits, dead_letter
 from lockgate.events import ALL_TOPICS, DEAD_LETTERS, Event, Topic
+from lockgate_adapters.quieting import KAFKA, quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
 from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
@@ -151,7 +152,8 @@ async def start_producer(
                 raise
             delay = next(delays, policy.max_seconds)
             on_unreachable(error)
-            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay)
+            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay,
+                        extra=quiet(KAFKA))
             await sleep_unless_stopped(stopping, delay)
             continue
         return producer
@@ -242,7 +244,7 @@ class BatchConsumer(Generic[E]):
                 delay = next(delays, self.retry_policy.max_seconds)
                 self.on_ready(False, f"kafka: {error}")
                 log.warning("consumer %s: %s; reconnecting in %.1fs", self.consumer_name,
-                            error, delay)
+                            error, delay, extra=quiet(KAFKA))
                 await sleep_unless_stopped(stopping, delay)
             finally:
                 await self._stop()
@@ -270,7 +272,7 @@ class BatchConsumer(Generic[E]):
                 try:
                     await client.stop()
                 except (KafkaError, OSError) as error:
-                    log.warning("stopping kafka client: %s", error)
+                    log.warning("stopping kafka client: %s", error, extra=quiet(KAFKA))
 
     async def _consume(self, stopping: asyncio.Event) -> None:
         assert self._consumer is not None
@@ -312,7 +314,7 @@ class BatchConsumer(Generic[E]):
                 delay = next(delays, self.retry_policy.max_seconds)
                 self.on_ready(False, f"handler: {type(error).__name__}: {error}")
                 log.warning("consumer %s: handling %d messages failed: %s; retrying in %.1fs",
-                            self.consumer_name, len(received), error, delay)
+                            self.consumer_name, len(received), error, delay, extra=quiet())
                 await asyncio.sleep(delay)
 
     async def _decode(self, record: ConsumerRecord[bytes, bytes]) -> Received[E] | None:

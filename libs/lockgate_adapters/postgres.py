@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
 
@@ -70,7 +71,8 @@ async def connect_pool(
             if not is_retryable_postgres_error(error):
                 raise
             delay = next(delays, policy.max_seconds)
-            log.warning("%s unreachable (%s); retrying in %.1fs", what, error, delay)
+            log.warning("%s unreachable (%s); retrying in %.1fs", what, error, delay,
+                        extra=quiet("postgres"))
             await asyncio.sleep(delay)
 
 

@@ -9,6 +9,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from lockgate_adapters.quieting import quiet
 from lockgate_adapters.settings import RetryPolicy
 
 T = TypeVar("T")
@@ -43,8 +44,13 @@ async def retry(
     policy: RetryPolicy,
     retryable: Callable[[BaseException], bool],
     what: str,
+    dependency: str | None = None,
 ) -> T:
-    """Run `operation` until it succeeds, retrying errors that `retryable` accepts."""
+    """Run `operation` until it succeeds, retrying errors that `retryable` accepts.
+
+    The warning about each failed attempt is rate-limited (`quieting`), counted against
+    `dependency` when the failure is about one.
+    """
     delays = BackoffIterator(policy)
     while True:
         try:
@@ -57,7 +63,7 @@ async def retry(
             except StopIteration:
                 raise error from None
             log.warning("%s failed (%s: %s); retrying in %.2fs", what,
-                        type(error).__name__, error, delay)
+                        type(error).__name__, error, delay, extra=quiet(dependency))
             await asyncio.sleep(delay)
 
 

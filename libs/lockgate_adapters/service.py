@@ -13,6 +13,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from lockgate_adapters.dependencies import DependencyMonitor
 from lockgate_adapters.health import HealthServer, Readiness
 from lockgate_adapters.settings import ServiceSettings
 from lockgate_adapters.telemetry import setup_logging, setup_tracing
@@ -23,7 +24,8 @@ Loop = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
 class ServiceContext:
-    """What a composition root gets: the stop flag and the readiness it reports."""
+    """What a composition root gets: the stop flag, the readiness it reports, and the monitor
+    of the dependencies it declares (`ctx.dependencies.kafka(bootstrap)`, ...)."""
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
@@ -31,6 +33,7 @@ class ServiceContext:
         self.readiness = Readiness()
         self.health = HealthServer(self.readiness, host=settings.http_host,
                                    port=settings.http_port)
+        self.dependencies = DependencyMonitor(self.readiness, settings.dependency_checks)
 
 
 async def run_service(
@@ -51,6 +54,8 @@ async def run_service(
     await ctx.health.start()
     log.info("%s started; health on %s:%s", settings.service_name, settings.http_host,
              ctx.health.bound_port)
+    # Probes run from the start: a composition root waiting for a dependency already says which.
+    monitor = asyncio.create_task(ctx.dependencies.run(ctx.stopping), name="dependency probes")
     try:
         loops = await compose(ctx)
         ctx.readiness.set("started", True, "running")
@@ -61,6 +66,8 @@ async def run_service(
             group.create_task(_cancel_after_grace(ctx.stopping, tasks,
                                                   settings.shutdown_grace_seconds))
     finally:
+        monitor.cancel()
+        await asyncio.gather(monitor, return_exceptions=True)
         await ctx.health.stop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):

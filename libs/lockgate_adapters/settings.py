@@ -23,6 +23,22 @@ class RetryPolicy(BaseModel):
     max_attempts: int = Field(default=0, ge=0, description="0 retries forever")
 
 
+class DependencyChecks(BaseModel):
+    """How often each dependency (Kafka, Postgres, an apiserver) is probed, and how patiently.
+
+    Unready within about `interval_seconds * failures_to_unready + timeout_seconds` of an outage;
+    ready again at the first probe that succeeds.
+    """
+
+    interval_seconds: float = Field(default=2.0, gt=0, description="between two probes")
+    timeout_seconds: float = Field(default=3.0, gt=0, description="one probe's time budget")
+    failures_to_unready: int = Field(
+        default=2, ge=1, description="consecutive failed probes before a ready dependency "
+        "counts as down (one slow answer on a busy machine is not an outage)")
+    summary_every_seconds: float = Field(
+        default=30.0, gt=0, description="while a dependency is down, log one summary this often")
+
+
 class ServiceSettings(BaseSettings):
     """Common settings. Subclasses set `model_config` with env_prefix, e.g. LOCKGATE_WATCHER_."""
 
@@ -57,6 +73,7 @@ class ServiceSettings(BaseSettings):
     http_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     shutdown_grace_seconds: float = Field(default=20.0, gt=0)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    dependency_checks: DependencyChecks = Field(default_factory=DependencyChecks)
 
     @model_validator(mode="before")
     @classmethod

@@ -24,6 +24,8 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from lockgate_adapters.quieting import OUTAGE_LOGS
+
 KafkaHeaders = Sequence[tuple[str, bytes]]
 
 
@@ -123,6 +125,8 @@ class JsonLogFormatter(logging.Formatter):
 def setup_logging(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
+    # A dependency outage is logged by the dependency monitor, not by every retry of every client.
+    handler.addFilter(OUTAGE_LOGS)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -35,6 +35,9 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     ctx.readiness.declare(SERVING_CHECK, QUEUES_CHECK)
     if settings.register_in_clusters:
         ctx.readiness.declare(REGISTRATION_CHECK)
+    # Every review asks Postgres about its queue. Apiservers are not declared: this readiness
+    # steers the traffic of every cluster, and one cluster's outage must not refuse the others.
+    ctx.dependencies.postgres(settings.postgres_dsn)
     if not settings.clusters:
         raise ValueError('no clusters configured: set LOCKGATE_WEBHOOK_CLUSTERS, e.g. '
                          '\'{"cluster-a": "/path/to/kubeconfig"}\'')

@@ -21,6 +21,7 @@ import asyncpg
 from lockgate.admission import QueueLookup, QueueStatus
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.postgres import CHANGES_CHANNEL
+from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
 
@@ -96,7 +97,8 @@ class QueueDirectory:
                 except Exception as error:  # noqa: BLE001 - retried; readiness says why
                     self._readiness.set(READINESS_CHECK, False, repr(error))
                     delay = next(delays, self._retry.max_seconds)
-                    log.warning("queue directory: %r; retrying in %.1fs", error, delay)
+                    log.warning("queue directory: %r; retrying in %.1fs", error, delay,
+                                extra=quiet("postgres"))
                     await sleep_unless_stopped(stopping, delay)
         finally:
             if self._pool is not None:

@@ -32,6 +32,9 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     options = WatchOptions(timeout_seconds=settings.watch_timeout_seconds,
                            page_size=settings.list_page_size, retry=settings.retry)
     apis = await api_clients(settings.clusters)
+    ctx.dependencies.kafka(settings.kafka_bootstrap)
+    for name, api in apis.items():
+        ctx.dependencies.apiserver(name, api)
     watchers = [
         ClusterWatcher(
             cluster=name, api=api, outbox=outbox, set_ready=readiness.set, options=options,

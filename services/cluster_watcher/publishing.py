@@ -49,6 +49,7 @@ from lockgate_adapters.kafka import (
     make_producer,
     publish_many,
 )
+from lockgate_adapters.quieting import KAFKA, quiet
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
 from lockgate_adapters.telemetry import inject_headers, link_to_traceparent, pod_trace_parent
@@ -273,7 +274,7 @@ class KafkaPublisher:
                 # Stopping flushes; with the broker gone that could wait for the request timeout.
                 await asyncio.wait_for(producer.stop(), 5)
             except Exception as error:  # noqa: BLE001 - the producer is dropped either way
-                log.warning("stopping the kafka producer: %r", error)
+                log.warning("stopping the kafka producer: %r", error, extra=quiet(KAFKA))
 
     async def _send(self, batch: Sequence[Outgoing]) -> None:
         assert self._producer is not None
@@ -285,5 +286,6 @@ class KafkaPublisher:
     async def _back_off(self, delays: BackoffIterator, what: str) -> None:
         delay = next(delays, self.retry_policy.max_seconds)
         self.set_ready(False, what)
-        log.warning("%s; retrying in %.1fs (%d events waiting)", what, delay, len(self.outbox))
+        log.warning("%s; retrying in %.1fs (%d events waiting)", what, delay, len(self.outbox),
+                    extra=quiet(KAFKA))
         await asyncio.sleep(delay)

@@ -36,6 +36,7 @@ from cluster_watcher.publishing import (
 )
 from lockgate.observing import KubeObject, ObservedCluster
 from lockgate_adapters.kube import is_retryable_kube_error, retry_after_seconds
+from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
 
@@ -98,7 +99,8 @@ class ResourceWatcher:
                 self._set_ready(False, f"{type(error).__name__}: {error}")
                 if is_retryable_kube_error(error):
                     log.warning("%s %s: %r; listing again in %.1fs", self.cluster,
-                                self.resource, error, delay)
+                                self.resource, error, delay,
+                                extra=quiet(f"apiserver:{self.cluster}"))
                 else:
                     log.exception("%s %s: unexpected failure; listing again in %.1fs",
                                   self.cluster, self.resource, delay)

@@ -22,6 +22,7 @@ from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.kafka import start_producer
 from lockgate_adapters.postgres import connect_pool, migrate
+from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
 
@@ -37,6 +38,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     settings = ctx.settings
     assert isinstance(settings, SchedulerSettings)
     ctx.readiness.declare("postgres", "kafka", "leader")
+    ctx.dependencies.postgres(settings.postgres_dsn)
+    ctx.dependencies.kafka(settings.kafka_bootstrap)
     report = FairnessReport(instance_id=settings.instance_id)
     ctx.health.add_json_view(FAIRNESS_PATH, report.as_json)
 
@@ -89,7 +92,8 @@ async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
             delay = next(delays, settings.retry.max_seconds)
             ctx.readiness.set("postgres", False, f"{type(trouble).__name__}: {trouble}")
             log.warning("%s: postgres trouble (%s: %s); retrying in %.1fs",
-                        settings.instance_id, type(trouble).__name__, trouble, delay)
+                        settings.instance_id, type(trouble).__name__, trouble, delay,
+                        extra=quiet("postgres"))
             await sleep_unless_stopped(stopping, delay)
 
 

@@ -37,6 +37,7 @@ from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL
+from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.telemetry import inject_headers, pod_trace_parent
 
@@ -326,7 +327,7 @@ class Leader:
                 delay = next(delays, self._settings.retry.max_seconds)
                 self._readiness.set("kafka", False, f"publishing: {error}")
                 log.warning("publishing %d release commands failed (%s); retrying in %.1fs",
-                            len(commands), error, delay)
+                            len(commands), error, delay, extra=quiet("kafka"))
                 await sleep_unless_stopped(self._stopping, delay)
                 if self._stopping.is_set():
                     return

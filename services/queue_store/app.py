@@ -41,18 +41,21 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     readiness = ctx.readiness
     readiness.declare(POSTGRES_CHECK, ADMIN_CHECK,
                       *(f"consume {topic.name}" for topic in CONSUMED_TOPICS))
+    ctx.dependencies.postgres(settings.postgres_dsn)
+    ctx.dependencies.kafka(settings.kafka_bootstrap)
 
     pool = await connect_pool(settings.postgres_dsn, policy=settings.retry,
                               max_size=settings.postgres_pool_size, what="queue-store postgres")
     applied = await retry(lambda: migrate(pool), policy=settings.retry,
-                          retryable=is_retryable_postgres_error, what="migrating postgres")
+                          retryable=is_retryable_postgres_error, what="migrating postgres",
+                          dependency="postgres")
     if applied:
         log.info("applied migrations: %s", ", ".join(applied))
     readiness.set(POSTGRES_CHECK, True, "migrated")
     await retry(lambda: ensure_topics(settings.kafka_bootstrap,
                                       topics=(*CONSUMED_TOPICS, DEAD_LETTERS)),
                 policy=settings.retry, retryable=is_retryable_kafka_error,
-                what="ensuring kafka topics")
+                what="ensuring kafka topics", dependency="kafka")
 
     def postgres_ready(ready: bool, detail: str) -> None:
         readiness.set(POSTGRES_CHECK, ready, detail)

@@ -8,15 +8,13 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
-from kubernetes_asyncio import client
 
 from lockgate.dead_lettering import LetterLimits
 from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS, RELEASE_OUTCOMES
 from lockgate_adapters.kafka import BatchConsumer, start_producer
 from lockgate_adapters.kube import api_clients
-from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
-from ungater.pods import KubeCallError, PodGateClient, probe
+from ungater.pods import PodGateClient
 from ungater.settings import UngaterSettings
 from ungater.ungating import ClusterReleaser, Ungater
 
@@ -27,7 +25,12 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     settings = ctx.settings
     assert isinstance(settings, UngaterSettings)
     apis = await api_clients(settings.clusters)
-    ctx.readiness.declare("kafka", *(f"apiserver:{name}" for name in apis))
+    # `apiserver:<cluster>` is the probe's: it follows the apiserver in and out of an outage
+    # (a release that failed says so in its outcome, not in a readiness that sticks).
+    ctx.readiness.declare("kafka")
+    ctx.dependencies.kafka(settings.kafka_bootstrap)
+    for name, api in apis.items():
+        ctx.dependencies.apiserver(name, api)
     releasers = {
         name: ClusterReleaser(
             cluster=name,
@@ -37,7 +40,6 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             max_in_flight=settings.max_in_flight_per_cluster,
             max_rereads=settings.max_rereads,
             optimistic_first_patch=settings.optimistic_first_patch,
-            on_ready=_readiness_setter(ctx, f"apiserver:{name}"),
         )
         for name, api in apis.items()
     }
@@ -71,10 +73,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             for api in apis.values():
                 await api.close()
 
-    probes: list[Loop] = [
-        _prober(ctx, name, api, settings) for name, api in apis.items()
-    ]
-    return [consume_commands, *probes]
+    return [consume_commands]
 
 
 def _readiness_setter(ctx: ServiceContext, name: str) -> Callable[[bool, str], None]:
@@ -83,21 +82,3 @@ def _readiness_setter(ctx: ServiceContext, name: str) -> Callable[[bool, str], N
 
     return set_ready
 
-
-def _prober(ctx: ServiceContext, name: str, api: client.ApiClient,
-            settings: UngaterSettings) -> Loop:
-    """Until the apiserver first answers, keep readiness false and say why."""
-
-    async def probe_until_reachable(stopping: asyncio.Event) -> None:
-        delays = BackoffIterator(settings.retry)
-        while not stopping.is_set():
-            try:
-                await probe(api, request_timeout=settings.request_timeout_seconds)
-                ctx.readiness.set(f"apiserver:{name}", True, "apiserver answering")
-                return
-            except KubeCallError as error:
-                delay = next(delays, settings.retry.max_seconds)
-                ctx.readiness.set(f"apiserver:{name}", False, str(error))
-                await sleep_unless_stopped(stopping, delay)
-
-    return probe_until_reachable

@@ -89,14 +89,3 @@ def _message(body: bytes) -> str:
     if isinstance(status, dict) and status.get("message"):
         return str(status["message"])
     return body[:300].decode(errors="replace")
-
-
-async def probe(api: client.ApiClient, *, request_timeout: float) -> None:
-    """Raise KubeCallError unless the apiserver answers (GET /version)."""
-    status, body, retry_after = await PodGateClient._call(
-        client.VersionApi(api).get_code(_preload_content=False, _request_timeout=request_timeout),
-        reading=True,
-    )
-    if status >= 300:
-        raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after,
-                            reading=True)
