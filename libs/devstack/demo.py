@@ -194,11 +194,11 @@ async def demo(args: argparse.Namespace) -> int:
         print("starting lockgate: queue-store, admission-webhook, cluster-watcher, ungater, "
               "fair-scheduler (leader + standby)", flush=True)
         await lockgate.start()
-        admin = f"http://127.0.0.1:{lockgate.ports.admin_api}/api/v1/queues"
+        admin = f"{lockgate.admin_url}/api/v1/queues"
         async with aiohttp.ClientSession() as session:
             for name, factor in QUEUES.items():
-                async with session.post(admin, json={"name": name,
-                                                     "priority_factor": factor}) as response:
+                async with session.post(admin, json={"name": name, "priority_factor": factor},
+                                        headers=lockgate.admin_headers) as response:
                     if response.status not in (200, 201, 409):
                         raise RuntimeError(f"queue {name}: {await response.text()}")
                 print(f"  lockgate queue create {name} --priority-factor {factor}", flush=True)

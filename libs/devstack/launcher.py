@@ -26,6 +26,7 @@ from lockgate.events import (
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
 )
+from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
 
 RUN_LABEL = "lockgate.io/run"
@@ -152,6 +153,22 @@ class Lockgate:
     # serves only namespaces labelled `lockgate.io/run=<run_id>`.
     run_id: str | None = None
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    # Admin API tokens of this run alone, minted fresh: queue-store gets only their hashes.
+    admin_token: str = field(default_factory=new_token, repr=False)
+    read_only_token: str = field(default_factory=new_token, repr=False)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.admin_api}"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers of an admin API call with this run's admin token."""
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def admin_token_lines(self) -> list[str]:
+        return [entry_for("launcher-admin", Role.ADMIN, self.admin_token).line(),
+                entry_for("launcher-reader", Role.READ_ONLY, self.read_only_token).line()]
 
     @property
     def run_namespace_labels(self) -> dict[str, str]:
@@ -186,6 +203,7 @@ class Lockgate:
             ("queue-store", "queue_store", {
                 "LOCKGATE_QUEUE_STORE_HTTP_PORT": str(p.queue_store_health),
                 "LOCKGATE_QUEUE_STORE_ADMIN_PORT": str(p.admin_api),
+                "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS": json.dumps(self.admin_token_lines()),
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),

@@ -17,6 +17,7 @@ from lockgate.events import (
     RELEASE_OUTCOMES,
     Topic,
 )
+from lockgate_adapters.admin_tokens import TokenVerifier
 from lockgate_adapters.kafka import BatchConsumer, ensure_topics, is_retryable_kafka_error
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
 from lockgate_adapters.retrying import retry
@@ -71,7 +72,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for topic in CONSUMED_TOPICS
     ]
-    admin = AdminApi(pool)
+    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()))
 
     async def serve_admin(stopping: asyncio.Event) -> None:
         runner = web.AppRunner(admin.app(), access_log=None)

@@ -12,6 +12,7 @@ so it can be killed like a crashed pod. (kopf's `kopf.testing` is the model.)
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import aiohttp
 
 from devstack.launcher import ServiceProcess, free_port
 from lockgate.events import Topic
+from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
 from lockgate_adapters.settings import RetryPolicy
 from queue_store.app import CONSUMED_TOPICS
@@ -43,10 +45,22 @@ class QueueStoreUnderTest:
     group_id: str = field(default_factory=lambda: f"queue-store-test-{uuid.uuid4().hex[:8]}")
     admin_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
+    # Tokens of this instance alone: one per role.
+    admin_token: str = field(default_factory=new_token)
+    read_only_token: str = field(default_factory=new_token)
 
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers of a call with the admin token."""
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def token_lines(self) -> list[str]:
+        return [entry_for("test-admin", Role.ADMIN, self.admin_token).line(),
+                entry_for("test-reader", Role.READ_ONLY, self.read_only_token).line()]
 
     @property
     def health_url(self) -> str:
@@ -61,6 +75,7 @@ class QueueStoreUnderTest:
             f"{prefix}GROUP_ID": self.group_id,
             f"{prefix}ADMIN_PORT": str(self.admin_port),
             f"{prefix}HTTP_PORT": str(self.health_port),
+            f"{prefix}ADMIN_TOKENS": json.dumps(self.token_lines()),
             f"{prefix}RETRY__INITIAL_SECONDS": str(FAST_RETRY.initial_seconds),
             f"{prefix}RETRY__MAX_SECONDS": str(FAST_RETRY.max_seconds),
             f"{prefix}SHUTDOWN_GRACE_SECONDS": "10",
