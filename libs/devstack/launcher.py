@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
+from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
@@ -143,7 +144,7 @@ class Lockgate:
 
     kubeconfigs: Mapping[str, str]
     kafka_bootstrap: str
-    postgres_dsn: str
+    postgres_dsn: str  # a superuser's: each service connects as its own role (devstack.roles)
     ports: ServicePorts = field(default_factory=ServicePorts)
     log_dir: Path = DEFAULT_LOG_DIR
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -175,10 +176,7 @@ class Lockgate:
         return {RUN_LABEL: self.run_id} if self.run_id else {}
 
     def _common_env(self) -> dict[str, str]:
-        env = {
-            "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "LOCKGATE_POSTGRES_DSN": self.postgres_dsn,
-        }
+        env = {"LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap}
         if self.run_id:
             env.update({
                 "LOCKGATE_QUEUE_STORE_GROUP_ID": f"queue-store-{self.run_id}",
@@ -196,16 +194,21 @@ class Lockgate:
         await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}",
                                   [RELEASE_COMMANDS])
 
+    def _postgres(self, service: str) -> dict[str, str]:
+        return {"LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, service)}
+
     def definitions(self) -> list[tuple[str, str, dict[str, str], int]]:
         clusters = json.dumps(dict(self.kubeconfigs))
         p = self.ports
         defs = [
             ("queue-store", "queue_store", {
+                **self._postgres("queue-store"),
                 "LOCKGATE_QUEUE_STORE_HTTP_PORT": str(p.queue_store_health),
                 "LOCKGATE_QUEUE_STORE_ADMIN_PORT": str(p.admin_api),
                 "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS": json.dumps(self.admin_token_lines()),
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
+                **self._postgres("admission-webhook"),
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),
                 "LOCKGATE_WEBHOOK_PORT": str(p.webhook),
                 "LOCKGATE_WEBHOOK_CLUSTERS": clusters,
@@ -221,12 +224,14 @@ class Lockgate:
                 "LOCKGATE_UNGATER_CLUSTERS": clusters,
             }, p.ungater_health),
             ("fair-scheduler", "fair_scheduler", {
+                **self._postgres("fair-scheduler"),
                 "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.scheduler_health),
                 "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-0",
             }, p.scheduler_health),
         ]
         if self.standby_scheduler:
             defs.append(("fair-scheduler-standby", "fair_scheduler", {
+                **self._postgres("fair-scheduler"),
                 "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.standby_scheduler_health),
                 "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-1",
             }, p.standby_scheduler_health))
@@ -236,6 +241,7 @@ class Lockgate:
                     within_seconds: float = 90.0) -> None:
         if not self.processes:
             await self._isolate_consumer_groups()
+            await prepare_database(self.postgres_dsn)
         for name, module, env, health in self.definitions():
             if only is not None and name not in only:
                 continue

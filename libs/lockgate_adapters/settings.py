@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,6 +42,31 @@ class ServiceSettings(BaseSettings):
         description="Postgres DSN",
         validation_alias=AliasChoices("LOCKGATE_POSTGRES_DSN", "postgres_dsn"),
     )
+    # Postgres TLS and credentials, folded into postgres_dsn (libpq's parameter names, which
+    # asyncpg reads from the DSN); a parameter already in the DSN is kept unless set here.
+    postgres_sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca",
+                              "verify-full"] | None = Field(
+        default=None, description="TLS to Postgres; verify-full in production",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLMODE", "postgres_sslmode"),
+    )
+    postgres_sslrootcert: Path | None = Field(
+        default=None, description="CA bundle that signed the Postgres server's certificate",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLROOTCERT", "postgres_sslrootcert"),
+    )
+    postgres_sslcert: Path | None = Field(
+        default=None, description="client certificate (for Postgres `cert` authentication)",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLCERT", "postgres_sslcert"),
+    )
+    postgres_sslkey: Path | None = Field(
+        default=None, description="the client certificate's key",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLKEY", "postgres_sslkey"),
+    )
+    postgres_password_file: Path | None = Field(
+        default=None, description="file holding the password of the DSN's user (a mounted "
+                                  "Secret), so the password is not in the environment",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_PASSWORD_FILE",
+                                      "postgres_password_file"),
+    )
     otlp_endpoint: str | None = Field(
         default=None, description="OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318",
         validation_alias=AliasChoices("LOCKGATE_OTLP_ENDPOINT", "otlp_endpoint"),
@@ -72,6 +98,40 @@ class ServiceSettings(BaseSettings):
                 raise ValueError(f"unknown settings in the environment: {', '.join(unknown)}")
         return data
 
+    @model_validator(mode="after")
+    def _postgres_connection_options(self) -> ServiceSettings:
+        password = None
+        if self.postgres_password_file is not None:
+            try:
+                password = self.postgres_password_file.read_text().strip()
+            except OSError as error:
+                raise ValueError(f"cannot read the Postgres password file: {error}") from error
+        params = {name: str(value) for name, value in (
+            ("sslmode", self.postgres_sslmode), ("sslrootcert", self.postgres_sslrootcert),
+            ("sslcert", self.postgres_sslcert), ("sslkey", self.postgres_sslkey),
+        ) if value is not None}
+        missing = [f"{name}: {path}" for name, path in params.items()
+                   if name != "sslmode" and not Path(path).is_file()]
+        if missing:
+            raise ValueError(f"Postgres TLS files not found: {', '.join(missing)}")
+        self.postgres_dsn = dsn_with(self.postgres_dsn, params=params, password=password)
+        return self
+
+
+def dsn_with(dsn: str, *, params: dict[str, str], password: str | None = None) -> str:
+    """`dsn` with query parameters set (others kept) and, if given, the password replaced."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query.update(params)
+    netloc = parts.netloc
+    if password is not None:
+        userinfo, at, hostport = netloc.rpartition("@")
+        if not at:
+            raise ValueError("a Postgres password file needs a user in the DSN "
+                             "(postgresql://<user>@host/db)")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{quote(password, safe='')}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
 
 class ClusterServiceSettings(ServiceSettings):

@@ -21,7 +21,7 @@ from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.kafka import start_producer
-from lockgate_adapters.postgres import connect_pool, migrate
+from lockgate_adapters.postgres import connect_pool, wait_for_schema
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
 
@@ -41,7 +41,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     ctx.health.add_json_view(FAIRNESS_PATH, report.as_json)
 
     async def schedule(stopping: asyncio.Event) -> None:
-        await _migrate(settings)
+        await _wait_for_schema(settings)
         producer = await start_producer(
             settings.kafka_bootstrap, client_id=f"fair-scheduler-{settings.instance_id}",
             topics=(RELEASE_COMMANDS, DEAD_LETTERS), policy=settings.retry, stopping=stopping,
@@ -109,11 +109,12 @@ async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,
     return False
 
 
-async def _migrate(settings: SchedulerSettings) -> None:
+async def _wait_for_schema(settings: SchedulerSettings) -> None:
+    """queue-store migrates; the scheduler's role may not, so it waits for the schema."""
     pool = await connect_pool(settings.postgres_dsn, policy=settings.retry, min_size=1,
-                              max_size=1, what="postgres (migrations)")
+                              max_size=1, what="postgres (schema)")
     try:
-        await migrate(pool)
+        await wait_for_schema(pool, policy=settings.retry, what="fair-scheduler")
     finally:
         await pool.close()
 

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from devstack.launcher import ServiceProcess, free_port
+from devstack.roles import service_dsn
 from lockgate.events import Topic
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
@@ -40,7 +41,7 @@ async def start_group_at_end(bootstrap: str, group_id: str,
 class QueueStoreUnderTest:
     """How to run one isolated queue-store as a process, and where to reach it."""
 
-    postgres_dsn: str
+    postgres_dsn: str  # a superuser's, for the test; the service connects as its own role
     kafka_bootstrap: str
     group_id: str = field(default_factory=lambda: f"queue-store-test-{uuid.uuid4().hex[:8]}")
     admin_port: int = field(default_factory=free_port)
@@ -70,7 +71,8 @@ class QueueStoreUnderTest:
         """The environment of `python -m queue_store` for this instance, with fast retries."""
         prefix = "LOCKGATE_QUEUE_STORE_"
         return {
-            "LOCKGATE_POSTGRES_DSN": self.postgres_dsn,  # shared by all services, no prefix
+            # shared by all services, no prefix
+            "LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, "queue-store"),
             "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             f"{prefix}GROUP_ID": self.group_id,
             f"{prefix}ADMIN_PORT": str(self.admin_port),

@@ -24,6 +24,7 @@ import asyncpg
 import pytest
 
 from devstack.launcher import ServiceProcess, free_port
+from devstack.roles import service_dsn
 from fair_scheduler.app import compose
 from fair_scheduler.settings import SchedulerSettings
 from helpers.kafka import Published, TopicTail
@@ -180,7 +181,9 @@ async def commands(kafka_bootstrap: str, store: Store) -> AsyncIterator[CommandT
 def scheduler_settings(store: Store, kafka_bootstrap: str, instance_id: str,
                        **overrides: Any) -> SchedulerSettings:
     values: dict[str, Any] = {
-        "postgres_dsn": store.dsn, "kafka_bootstrap": kafka_bootstrap,
+        # The scheduler's own role: these tests prove its grants suffice.
+        "postgres_dsn": service_dsn(store.dsn, "fair-scheduler"),
+        "kafka_bootstrap": kafka_bootstrap,
         "instance_id": instance_id, "http_port": 0, "retry": FAST_RETRY,
         "safety_round_seconds": SAFETY_ROUND_SECONDS, "standby_retry_seconds": 0.2,
         **overrides,
@@ -407,7 +410,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_process(
     await store.node(cluster, "n1", cpu=3 * CPU)
     first = await store.jobs(cluster, "q1", 5)
     env: Mapping[str, str] = {
-        "LOCKGATE_POSTGRES_DSN": store.dsn,
+        "LOCKGATE_POSTGRES_DSN": service_dsn(store.dsn, "fair-scheduler"),
         "LOCKGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "LOCKGATE_SCHEDULER_INSTANCE_ID": "process",
         "LOCKGATE_SCHEDULER_HTTP_PORT": str(free_port()),
