@@ -176,7 +176,12 @@ class Lockgate:
         return {RUN_LABEL: self.run_id} if self.run_id else {}
 
     def _common_env(self) -> dict[str, str]:
-        env = {"LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap}
+        env = {
+            "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            # The local stack has one broker (production defaults: 3 replicas, min ISR 2).
+            "LOCKGATE_KAFKA_REPLICATION_FACTOR": "1",
+            "LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS": "1",
+        }
         if self.run_id:
             env.update({
                 "LOCKGATE_QUEUE_STORE_GROUP_ID": f"queue-store-{self.run_id}",

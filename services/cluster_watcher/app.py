@@ -22,7 +22,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     readiness = ctx.readiness
     outbox = Outbox(max_pending=settings.max_pending_events)
     publisher = KafkaPublisher(
-        bootstrap=settings.kafka_bootstrap,
+        bootstrap=settings.kafka(),
         outbox=outbox,
         retry_policy=settings.retry,
         set_ready=lambda ok, detail: readiness.set(KAFKA_CHECK, ok, detail),

@@ -43,7 +43,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     async def schedule(stopping: asyncio.Event) -> None:
         await _wait_for_schema(settings)
         producer = await start_producer(
-            settings.kafka_bootstrap, client_id=f"fair-scheduler-{settings.instance_id}",
+            settings.kafka(), client_id=f"fair-scheduler-{settings.instance_id}",
             topics=(RELEASE_COMMANDS, DEAD_LETTERS), policy=settings.retry, stopping=stopping,
             on_unreachable=lambda error: ctx.readiness.set(
                 "kafka", False, f"{type(error).__name__}: {error}"))

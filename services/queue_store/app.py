@@ -49,7 +49,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     if applied:
         log.info("applied migrations: %s", ", ".join(applied))
     readiness.set(POSTGRES_CHECK, True, "migrated")
-    await retry(lambda: ensure_topics(settings.kafka_bootstrap,
+    await retry(lambda: ensure_topics(settings.kafka(),
                                       topics=(*CONSUMED_TOPICS, DEAD_LETTERS)),
                 policy=settings.retry, retryable=is_retryable_kafka_error,
                 what="ensuring kafka topics")
@@ -59,7 +59,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 
     consumers = [
         BatchConsumer(
-            bootstrap=settings.kafka_bootstrap,
+            bootstrap=settings.kafka(),
             topic=topic,
             group_id=settings.group_id,
             consumer_name=f"{settings.service_name}:{topic.name}",

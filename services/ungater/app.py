@@ -46,7 +46,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         producer: AIOKafkaProducer | None = None
         try:
             producer = await start_producer(
-                settings.kafka_bootstrap, client_id=f"{settings.consumer_group}-outcomes",
+                settings.kafka(), client_id=f"{settings.consumer_group}-outcomes",
                 topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, DEAD_LETTERS), policy=settings.retry,
                 stopping=stopping,
                 on_unreachable=lambda error: ctx.readiness.set("kafka", False, f"kafka: {error}"))
@@ -54,7 +54,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 return
             ungater = Ungater(releasers=releasers, producer=producer)
             consumer = BatchConsumer(
-                bootstrap=settings.kafka_bootstrap,
+                bootstrap=settings.kafka(),
                 topic=RELEASE_COMMANDS,
                 group_id=settings.consumer_group,
                 consumer_name="ungater",

@@ -110,5 +110,5 @@ def test_missing_tls_files_or_password_file_stop_the_start(
     with pytest.raises(ValidationError, match="cannot read the Postgres password file"):
         PgSettings()
     monkeypatch.setenv("LOCKGATE_POSTGRES_SSLMODE", "sometimes")
-    with pytest.raises(ValidationError, match="postgres_sslmode|LOCKGATE_POSTGRES_SSLMODE"):
+    with pytest.raises(ValidationError, match=r"postgres_sslmode|LOCKGATE_POSTGRES_SSLMODE"):
         PgSettings()
