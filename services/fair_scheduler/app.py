@@ -66,7 +66,8 @@ async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
         connection: asyncpg.Connection | None = None
         trouble: BaseException | None = None
         try:
-            connection = await store.connect(settings.postgres_dsn)
+            connection = await store.connect(settings.postgres_dsn,
+                                             liveness=settings.liveness())
             ctx.readiness.set("postgres", True, "connected")
             if not await _wait_for_lock(settings, ctx, connection, stopping):
                 return
