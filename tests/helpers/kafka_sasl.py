@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from devstack.config import Settings
 from devstack.kafka import Kafka, java_bin
@@ -74,15 +75,18 @@ async def sasl_broker(directory: Path, *, within: float = 90.0) -> AsyncIterator
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     scram = [arg for m in MECHANISMS
              for arg in ("--add-scram", f"{m}=[name={username},password={password}]")]
-    formatting = await asyncio.create_subprocess_exec(
-        *java, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
-        "-c", str(properties), *scram, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    if await formatting.wait() != 0:
+    with _append(log) as output:
+        formatting = await asyncio.create_subprocess_exec(
+            *java, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
+            "-c", str(properties), *scram, stdout=output, stderr=subprocess.STDOUT)
+        formatted = await formatting.wait()
+    if formatted != 0:
         raise RuntimeError(f"formatting the SASL broker's storage failed; log {log}:\n"
                            + _tail(log))
-    broker = await asyncio.create_subprocess_exec(
-        *java, "kafka.Kafka", str(properties), stdout=log.open("ab"),
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    with _append(log) as output:  # the child keeps its own descriptor
+        broker = await asyncio.create_subprocess_exec(
+            *java, "kafka.Kafka", str(properties), stdout=output,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         await _wait_listening(port, broker, log, within)
         yield SaslBroker(f"127.0.0.1:{port}", username, password, log)
@@ -115,3 +119,7 @@ async def _wait_listening(port: int, broker: asyncio.subprocess.Process, log: Pa
 
 def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:] if log.exists() else ""
+
+
+def _append(log: Path) -> BinaryIO:
+    return log.open("ab")
