@@ -202,6 +202,9 @@ async def demo(args: argparse.Namespace) -> int:
                     if response.status not in (200, 201, 409):
                         raise RuntimeError(f"queue {name}: {await response.text()}")
                 print(f"  lockgate queue create {name} --priority-factor {factor}", flush=True)
+            tokens = lockgate.write_token_files()
+            print(f"  (the admin API wants a token: lockgate --api {lockgate.admin_url} "
+                  f"--token-file {tokens['read-only']} jobs list)", flush=True)
 
             for cluster, api in apis.items():
                 core = client.CoreV1Api(api)

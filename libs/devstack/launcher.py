@@ -29,6 +29,7 @@ from lockgate.events import (
 )
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
+from lockgate_adapters.tls import write_atomically
 
 RUN_LABEL = "lockgate.io/run"
 DEFAULT_LOG_DIR = Path(
@@ -166,6 +167,14 @@ class Lockgate:
     def admin_headers(self) -> dict[str, str]:
         """Headers of an admin API call with this run's admin token."""
         return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def write_token_files(self) -> dict[str, Path]:
+        """This run's tokens in files only their owner reads, for `lockgate --token-file`."""
+        paths = {"admin": self.log_dir / "admin-token",
+                 "read-only": self.log_dir / "read-only-token"}
+        for role, token in (("admin", self.admin_token), ("read-only", self.read_only_token)):
+            write_atomically(paths[role], (token + "\n").encode(), mode=0o600)
+        return paths
 
     def admin_token_lines(self) -> list[str]:
         return [entry_for("launcher-admin", Role.ADMIN, self.admin_token).line(),
