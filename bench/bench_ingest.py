@@ -27,6 +27,7 @@ from typing import Any
 import asyncpg
 
 import devstack
+from devstack.roles import prepare_database
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState
 from lockgate_adapters.kafka import make_producer, publish_many
@@ -137,6 +138,7 @@ async def main(argv: list[str] | None = None) -> int:
             await migrate(pool)
         finally:
             await pool.close()
+        await prepare_database(dsn)  # queue-store runs as its own role
         return dsn
 
     try:

@@ -233,10 +233,11 @@ class GateWatcher:
         return True
 
 
-async def create_queues(admin_url: str, names: Iterable[str]) -> None:
+async def create_queues(admin_url: str, names: Iterable[str], *,
+                        headers: dict[str, str]) -> None:
     import aiohttp
 
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=headers) as session:
         for name in names:
             async with session.post(f"{admin_url}/api/v1/queues",
                                     json={"name": name, "priority_factor": 1.0}) as response:
@@ -251,8 +252,7 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
     run = uuid.uuid4().hex[:6]
     queue_names = [f"bench-{run}-{i}" for i in range(queues)]
     namespace = f"bench-lg-{run}"
-    admin = f"http://127.0.0.1:{lockgate.ports.admin_api}"
-    await create_queues(admin, queue_names)
+    await create_queues(lockgate.admin_url, queue_names, headers=lockgate.admin_headers)
     for api in apis.values():
         await create_namespace(api, namespace, {MANAGED_NAMESPACE_LABEL: "true",
                                                 QUEUE_LABEL: queue_names[0],

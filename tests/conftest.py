@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
     from devstack import StackInfo
 
 _TESTS_DIR = Path(__file__).resolve().parent
+
+# The local stack has one Kafka broker: services under test (in this process or started from
+# it) create topics with one replica, not the production default of 3.
+os.environ.setdefault("LOCKGATE_KAFKA_REPLICATION_FACTOR", "1")
+os.environ.setdefault("LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS", "1")
 _STACK_DIRS = {"integration", "e2e"}
 
 

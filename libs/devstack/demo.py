@@ -219,14 +219,17 @@ async def demo(args: argparse.Namespace) -> int:
         print("starting lockgate: queue-store, admission-webhook, cluster-watcher, ungater",
               flush=True)
         await lockgate.start(only=INGEST_SERVICES)
-        admin = f"http://127.0.0.1:{lockgate.ports.admin_api}/api/v1/queues"
+        admin = f"{lockgate.admin_url}/api/v1/queues"
         async with aiohttp.ClientSession() as session:
             for name, factor in QUEUES.items():
-                async with session.post(admin, json={"name": name,
-                                                     "priority_factor": factor}) as response:
+                async with session.post(admin, json={"name": name, "priority_factor": factor},
+                                        headers=lockgate.admin_headers) as response:
                     if response.status not in (200, 201, 409):
                         raise RuntimeError(f"queue {name}: {await response.text()}")
                 print(f"  lockgate queue create {name} --priority-factor {factor}", flush=True)
+            tokens = lockgate.write_token_files()
+            print(f"  (the admin API wants a token: lockgate --api {lockgate.admin_url} "
+                  f"--token-file {tokens['read-only']} jobs list)", flush=True)
 
             for cluster, api in apis.items():
                 core = client.CoreV1Api(api)

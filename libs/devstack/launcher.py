@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
@@ -27,7 +28,9 @@ from lockgate.events import (
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
 )
+from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
+from lockgate_adapters.tls import write_atomically
 
 if TYPE_CHECKING:
     from devstack.stack import StackInfo
@@ -156,7 +159,7 @@ class Lockgate:
 
     kubeconfigs: Mapping[str, str]
     kafka_bootstrap: str
-    postgres_dsn: str
+    postgres_dsn: str  # a superuser's: each service connects as its own role (devstack.roles)
     identity_kubeconfigs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     ports: ServicePorts = field(default_factory=ServicePorts)
     log_dir: Path = DEFAULT_LOG_DIR
@@ -167,6 +170,30 @@ class Lockgate:
     # serves only namespaces labelled `lockgate.io/run=<run_id>`.
     run_id: str | None = None
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    # Admin API tokens of this run alone, minted fresh: queue-store gets only their hashes.
+    admin_token: str = field(default_factory=new_token, repr=False)
+    read_only_token: str = field(default_factory=new_token, repr=False)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.admin_api}"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers of an admin API call with this run's admin token."""
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def write_token_files(self) -> dict[str, Path]:
+        """This run's tokens in files only their owner reads, for `lockgate --token-file`."""
+        paths = {"admin": self.log_dir / "admin-token",
+                 "read-only": self.log_dir / "read-only-token"}
+        for role, token in (("admin", self.admin_token), ("read-only", self.read_only_token)):
+            write_atomically(paths[role], (token + "\n").encode(), mode=0o600)
+        return paths
+
+    def admin_token_lines(self) -> list[str]:
+        return [entry_for("launcher-admin", Role.ADMIN, self.admin_token).line(),
+                entry_for("launcher-reader", Role.READ_ONLY, self.read_only_token).line()]
 
     @classmethod
     def for_stack(cls, info: StackInfo, *, clusters: Mapping[str, str] | None = None,
@@ -203,7 +230,9 @@ class Lockgate:
     def _common_env(self) -> dict[str, str]:
         env = {
             "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "LOCKGATE_POSTGRES_DSN": self.postgres_dsn,
+            # The local stack has one broker (production defaults: 3 replicas, min ISR 2).
+            "LOCKGATE_KAFKA_REPLICATION_FACTOR": "1",
+            "LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS": "1",
         }
         if self.run_id:
             env.update({
@@ -222,14 +251,20 @@ class Lockgate:
         await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}",
                                   [RELEASE_COMMANDS])
 
+    def _postgres(self, service: str) -> dict[str, str]:
+        return {"LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, service)}
+
     def definitions(self) -> list[tuple[str, str, dict[str, str], int]]:
         p = self.ports
         defs = [
             ("queue-store", "queue_store", {
+                **self._postgres("queue-store"),
                 "LOCKGATE_QUEUE_STORE_HTTP_PORT": str(p.queue_store_health),
                 "LOCKGATE_QUEUE_STORE_ADMIN_PORT": str(p.admin_api),
+                "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS": json.dumps(self.admin_token_lines()),
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
+                **self._postgres("admission-webhook"),
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),
                 "LOCKGATE_WEBHOOK_PORT": str(p.webhook),
                 "LOCKGATE_WEBHOOK_CLUSTERS": self.clusters_as("webhook"),
@@ -245,12 +280,14 @@ class Lockgate:
                 "LOCKGATE_UNGATER_CLUSTERS": self.clusters_as("ungater"),
             }, p.ungater_health),
             ("fair-scheduler", "fair_scheduler", {
+                **self._postgres("fair-scheduler"),
                 "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.scheduler_health),
                 "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-0",
             }, p.scheduler_health),
         ]
         if self.standby_scheduler:
             defs.append(("fair-scheduler-standby", "fair_scheduler", {
+                **self._postgres("fair-scheduler"),
                 "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.standby_scheduler_health),
                 "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-1",
             }, p.standby_scheduler_health))
@@ -260,6 +297,7 @@ class Lockgate:
                     within_seconds: float = 90.0) -> None:
         if not self.processes:
             await self._isolate_consumer_groups()
+            await prepare_database(self.postgres_dsn)
         for name, module, env, health in self.definitions():
             if only is not None and name not in only:
                 continue

@@ -11,8 +11,11 @@ change-feed rules in one place; the CLI only turns arguments into requests and a
     lockgate queue get NAME [-o table|json]
     lockgate queue list [-o table|json]
     lockgate jobs list [--queue Q] [--state S] [--cluster C] [--limit N] [-o table|json]
+    lockgate token new NAME [--role read-only|admin]
 
-The API address comes from --api, else $LOCKGATE_API, else http://127.0.0.1:58080.
+The API address comes from --api, else $LOCKGATE_API, else http://127.0.0.1:58080. The bearer
+token comes from --token-file, else $LOCKGATE_TOKEN, else the file $LOCKGATE_TOKEN_FILE
+(`lockgate token new` mints one and prints the line queue-store's tokens file takes).
 Exit status: 0 on success, 1 when the API refuses or fails, 2 on a usage error.
 """
 
@@ -25,8 +28,11 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TextIO
+
+from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 
 DEFAULT_API = "http://127.0.0.1:58080"
 TIMEOUT_SECONDS = 30.0
@@ -39,11 +45,12 @@ class CliError(Exception):
 class AdminClient:
     """A small JSON-over-HTTP client for the admin API (stdlib only, so the CLI starts fast)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, token: str | None = None) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise CliError(f"--api must be an http(s) URL, not {base_url!r}")
         self.base_url = base_url.rstrip("/")
+        self.token = token
 
     def request(self, method: str, path: str, body: object = None,
                 query: dict[str, str] | None = None) -> Any:
@@ -51,9 +58,11 @@ class AdminClient:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(url, data=data, method=method,  # noqa: S310
-                                         headers={"Content-Type": "application/json",
-                                                  "Accept": "application/json"})
+                                         headers=headers)
         try:
             # The scheme was checked to be http(s) in __init__ (S310 guards against file:).
             with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310
@@ -74,6 +83,25 @@ def _error_message(error: urllib.error.HTTPError) -> str:
     except (ValueError, AttributeError):
         message = error.reason
     return f"{message} (HTTP {error.code})"
+
+
+def read_token(token_file: str | None, env: Mapping[str, str]) -> str | None:
+    """The bearer token: --token-file, else $LOCKGATE_TOKEN, else $LOCKGATE_TOKEN_FILE; or None.
+
+    None lets the request go without one: the API's 401 then says how to authenticate.
+    """
+    if token_file is None and env.get("LOCKGATE_TOKEN", "").strip():
+        return env["LOCKGATE_TOKEN"].strip()
+    path = token_file or env.get("LOCKGATE_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as error:
+        raise CliError(f"cannot read the token file {path}: {error.strerror or error}") from error
+    if not token:
+        raise CliError(f"the token file {path} is empty")
+    return token
 
 
 def _limits(pairs: Sequence[str]) -> dict[str, str]:
@@ -157,6 +185,13 @@ def jobs_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> Non
         print(f"note: {hint}", file=out)
 
 
+def token_new(args: argparse.Namespace, out: TextIO) -> None:
+    token = new_token()
+    line = entry_for(args.name, Role(args.role), token).line()
+    print(f"token (give it to {args.name}; it is not stored anywhere): {token}", file=out)
+    print(f"line for queue-store's tokens file: {line}", file=out)
+
+
 def _print_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
     _print_table(out, ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE",
                        "ATTEMPTS", "REASON"],
@@ -201,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockgate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--api", default=os.environ.get("LOCKGATE_API", DEFAULT_API),
                         help="admin API URL (env LOCKGATE_API; default %(default)s)")
+    parser.add_argument("--token-file", help="file holding the bearer token "
+                                             "(else env LOCKGATE_TOKEN, else LOCKGATE_TOKEN_FILE)")
     nouns = parser.add_subparsers(dest="noun", required=True)
 
     output = argparse.ArgumentParser(add_help=False)
@@ -254,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_listing.add_argument("--cluster")
     jobs_listing.add_argument("--limit", type=int, default=100)
     jobs_listing.set_defaults(run=jobs_list)
+
+    token = nouns.add_parser("token", help="admin API tokens").add_subparsers(dest="verb",
+                                                                          required=True)
+    minting = token.add_parser("new", help="mint a token; prints it and its tokens-file line")
+    minting.add_argument("name", help="who holds it (shown in queue-store's log)")
+    minting.add_argument("--role", choices=[r.value for r in Role], default=Role.READ_ONLY.value)
+    minting.set_defaults(offline=token_new)
     return parser
 
 
@@ -263,7 +307,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        client = AdminClient(args.api)
+        if getattr(args, "offline", None) is not None:
+            args.offline(args, out)
+            return 0
+        client = AdminClient(args.api, read_token(args.token_file, os.environ))
         args.run(client, args, out)
     except argparse.ArgumentTypeError as error:
         print(f"lockgate: {error}", file=err)

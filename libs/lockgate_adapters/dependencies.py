@@ -34,6 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from kubernetes_asyncio import client
 
 from lockgate_adapters.health import Readiness
+from lockgate_adapters.kafka import KafkaTarget, client_kwargs
 from lockgate_adapters.quieting import OUTAGE_LOGS
 from lockgate_adapters.retrying import sleep_unless_stopped
 from lockgate_adapters.settings import DependencyChecks
@@ -269,10 +270,12 @@ class DependencyMonitor:
         self._probes: dict[str, Probe] = {}
         self._added = asyncio.Event()
 
-    def kafka(self, bootstrap: str, **client_options: Any) -> None:
-        """Kafka at `bootstrap`; `client_options` as for AIOKafkaAdminClient (security)."""
+    def kafka(self, kafka: KafkaTarget) -> None:
+        """Kafka as the service's own clients reach it (servers, TLS, SASL)."""
+        options = client_kwargs(kafka)
+        bootstrap = options.pop("bootstrap_servers")
         self.add(KafkaProbe(bootstrap, timeout=self._policy.timeout_seconds,
-                            client_options=client_options))
+                            client_options=options))
 
     def postgres(self, dsn: str) -> None:
         self.add(PostgresProbe(dsn, timeout=self._policy.timeout_seconds))

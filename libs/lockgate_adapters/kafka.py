@@ -9,6 +9,8 @@ Why one module: every service talks through these two helpers, so the rules hold
   size whatever the message (`lockgate.dead_lettering`); while Kafka cannot take it the consumer
   retries, and if Kafka refuses it for good the message is logged with its reference, counted as
   lost, and skipped: a bad message never holds its partition.
+- every client (producer, consumer, admin) is built with `client_kwargs`, so TLS and SASL
+  settings reach all of them, and topics are created with the configured replication.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     TopicAlreadyExistsError,
+    for_code,
 )
+from aiokafka.helpers import create_ssl_context
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from prometheus_client import Counter
@@ -39,7 +43,7 @@ from lockgate.dead_lettering import LetterLimits, dead_letter
 from lockgate.events import ALL_TOPICS, DEAD_LETTERS, Event, Topic
 from lockgate_adapters.quieting import KAFKA, quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
-from lockgate_adapters.settings import RetryPolicy
+from lockgate_adapters.settings import KafkaConfig, RetryPolicy
 from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
 
 log = logging.getLogger(__name__)
@@ -71,28 +75,82 @@ def is_transient_publish_error(error: BaseException) -> bool:
     return isinstance(error, KafkaError) and bool(error.retriable)
 
 
+class TopicCreationError(KafkaError):  # type: ignore[misc]  # aiokafka.errors is untyped
+    """Kafka refused to create a topic (e.g. more replicas asked than there are live brokers:
+    retried, since brokers may be starting; the log says why)."""
+
+
+# Where a client came from: a service's KafkaConfig, or a bare bootstrap for the local stack.
+KafkaTarget = KafkaConfig | str
+
+
+def kafka_config(kafka: KafkaTarget) -> KafkaConfig:
+    return kafka if isinstance(kafka, KafkaConfig) else KafkaConfig(bootstrap=kafka)
+
+
+def client_kwargs(kafka: KafkaTarget) -> dict[str, Any]:
+    """The connection arguments every aiokafka client takes: servers, TLS, SASL."""
+    config = kafka_config(kafka)
+    kwargs: dict[str, Any] = {"bootstrap_servers": config.bootstrap,
+                              "security_protocol": config.security_protocol}
+    if config.security_protocol in ("SSL", "SASL_SSL"):
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=config.ssl_cafile, certfile=config.ssl_certfile, keyfile=config.ssl_keyfile)
+    if config.security_protocol.startswith("SASL_"):
+        kwargs.update(sasl_mechanism=config.sasl_mechanism,
+                      sasl_plain_username=config.sasl_username,
+                      sasl_plain_password=config.sasl_password)
+    return kwargs
+
+
+def new_topics(kafka: KafkaTarget, topics: Sequence[Topic[Any]], *,
+               partitions: int) -> list[NewTopic]:
+    config = kafka_config(kafka)
+    return [NewTopic(name=t.name, num_partitions=partitions,
+                     replication_factor=config.replication_factor,
+                     topic_configs={"min.insync.replicas": str(config.min_insync_replicas)})
+            for t in topics]
+
+
 async def ensure_topics(
-    bootstrap: str, *, partitions: int = 4, topics: Sequence[Topic[Any]] = ALL_TOPICS
+    bootstrap: KafkaTarget, *, partitions: int = 4,
+    topics: Sequence[Topic[Any]] = ALL_TOPICS,
 ) -> None:
-    """Create lockgate's topics if missing (idempotent)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    """Create lockgate's topics if missing (idempotent), replicated as configured.
+
+    Topics that exist are left as they are: changing their replication is an operator's
+    reassignment, not something a service does at start.
+    """
+    admin = AIOKafkaAdminClient(**client_kwargs(bootstrap))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(name=t.name, num_partitions=partitions, replication_factor=1)
-            for t in topics
-            if t.name not in existing
-        ]
+        missing = new_topics(bootstrap, [t for t in topics if t.name not in existing],
+                             partitions=partitions)
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(missing)
+                response = await admin.create_topics(missing)
+                _raise_topic_errors(response)
     finally:
         await admin.close()
 
 
+def _raise_topic_errors(response: Any) -> None:
+    refused = []
+    for entry in getattr(response, "topic_errors", ()):
+        name, code = entry[0], entry[1]
+        message = entry[2] if len(entry) > 2 else None
+        if code and for_code(code) is not TopicAlreadyExistsError:
+            refused.append(f"{name}: {for_code(code).__name__}"
+                           + (f" ({message})" if message else ""))
+    if refused:
+        raise TopicCreationError("kafka refused to create topics: " + "; ".join(refused)
+                                 + " (is LOCKGATE_KAFKA_REPLICATION_FACTOR more than the "
+                                 "brokers there are?)")
+
+
 async def commit_group_at_end(
-    bootstrap: str, group_id: str, topics: Sequence[Topic[Any]]
+    bootstrap: KafkaTarget, group_id: str, topics: Sequence[Topic[Any]]
 ) -> None:
     """Commit `group_id`'s offsets at the current end of `topics` (creating them if missing).
 
@@ -100,7 +158,7 @@ async def commit_group_at_end(
     history: for a deployment that must skip a backlog, and for runs sharing one Kafka.
     """
     await ensure_topics(bootstrap, topics=topics)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_kwargs(bootstrap))
     await admin.start()
     try:
         described = await admin.describe_topics([topic.name for topic in topics])
@@ -108,7 +166,7 @@ async def commit_group_at_end(
         await admin.close()
     partitions = [TopicPartition(entry["topic"], p["partition"])
                   for entry in described for p in entry["partitions"]]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id,
+    consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), group_id=group_id,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -118,9 +176,9 @@ async def commit_group_at_end(
         await consumer.stop()
 
 
-def make_producer(bootstrap: str, *, client_id: str) -> AIOKafkaProducer:
+def make_producer(bootstrap: KafkaTarget, *, client_id: str) -> AIOKafkaProducer:
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         client_id=client_id,
         enable_idempotence=True,
         acks="all",
@@ -131,7 +189,7 @@ def make_producer(bootstrap: str, *, client_id: str) -> AIOKafkaProducer:
 
 
 async def start_producer(
-    bootstrap: str, *, client_id: str, topics: Sequence[Topic[Any]], policy: RetryPolicy,
+    bootstrap: KafkaTarget, *, client_id: str, topics: Sequence[Topic[Any]], policy: RetryPolicy,
     stopping: asyncio.Event, on_unreachable: Callable[[Exception], None],
 ) -> AIOKafkaProducer | None:
     """A started producer once Kafka answers and `topics` exist; None if stopped first.
@@ -210,7 +268,7 @@ class BatchConsumer(Generic[E]):
     batches — a handler reports bad single messages through `reject`.
     """
 
-    bootstrap: str
+    bootstrap: KafkaTarget
     topic: Topic[E]
     group_id: str
     consumer_name: str
@@ -253,7 +311,7 @@ class BatchConsumer(Generic[E]):
         self._producer = make_producer(self.bootstrap, client_id=f"{self.consumer_name}-dlq")
         self._consumer = AIOKafkaConsumer(
             self.topic.name,
-            bootstrap_servers=self.bootstrap,
+            **client_kwargs(self.bootstrap),
             group_id=self.group_id,
             client_id=self.consumer_name,
             enable_auto_commit=False,
@@ -383,9 +441,12 @@ def detach_trace(token: object) -> None:
 
 __all__ = [
     "BatchConsumer",
+    "KafkaTarget",
     "PermanentMessageError",
     "Received",
+    "TopicCreationError",
     "TopicPartition",
+    "client_kwargs",
     "commit_group_at_end",
     "ensure_topics",
     "is_retryable_kafka_error",

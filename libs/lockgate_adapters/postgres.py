@@ -10,6 +10,10 @@ transaction-level lock `CHANGE_FEED_LOCK` so serials become visible in commit or
 see serial N+1 before N), then `NOTIFY lockgate_changes`. Readers (the fair scheduler) load once and
 then fetch rows with a serial above the last one they saw.
 
+One service migrates: queue-store (its role owns the schema). The fair scheduler and the webhook
+connect with roles of their own that may only read and write the rows they use (migration 003,
+docs/security.md), so they wait for the schema (`wait_for_schema`) instead of migrating.
+
 Databases of their own: tests, the demo and benchmarks share one Postgres server, and each runs
 in a database it creates (`create_database`) and drops afterwards (`drop_database`).
 """
@@ -35,6 +39,12 @@ MIGRATIONS_LOCK = 7_310_001
 CHANGE_FEED_LOCK = 7_310_002
 LEADER_LOCK = 7_310_003
 CHANGES_CHANNEL = "lockgate_changes"
+# Each service's own Postgres role, by service name; migration 003 grants each what it uses.
+SERVICE_ROLES = {
+    "queue-store": "lockgate_queue_store",
+    "fair-scheduler": "lockgate_scheduler",
+    "admission-webhook": "lockgate_webhook",
+}
 
 # A connection of its own or one borrowed from a pool (`async with pool.acquire()`).
 AnyConnection = asyncpg.Connection | PoolConnectionProxy
@@ -119,6 +129,46 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
         finally:
             await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATIONS_LOCK)
     return applied
+
+
+async def pending_migrations(connection: AnyConnection) -> list[str]:
+    """Migrations this code knows that the database has not applied (all, if never migrated)."""
+    try:
+        done = {row["version"] for row in
+                await connection.fetch("SELECT version FROM schema_migrations")}
+    except asyncpg.exceptions.UndefinedTableError:
+        done = set()
+    return [name for version, name, _ in _migrations() if version not in done]
+
+
+async def wait_for_schema(pool: asyncpg.Pool, *, policy: RetryPolicy,
+                          what: str = "postgres") -> None:
+    """Return once every migration is applied (by queue-store), retrying with backoff.
+
+    For services whose role may not change the schema: they start whenever they like and
+    begin work once queue-store has migrated.
+    """
+    delays = BackoffIterator(policy)
+    while True:
+        async with pool.acquire() as connection:
+            pending = await pending_migrations(connection)
+        if not pending:
+            return
+        delay = next(delays, policy.max_seconds)
+        log.warning("%s: waiting for queue-store to apply migrations %s; checking again in %.1fs",
+                    what, ", ".join(pending), delay)
+        await asyncio.sleep(delay)
+
+
+async def grant_service_roles(connection: AnyConnection) -> bool:
+    """Grant the service roles that exist now what they use, in a migrated database (as its
+    owner or a superuser; after creating roles). False if the database is not migrated yet:
+    the migration then grants them."""
+    exists = await connection.fetchval(
+        "SELECT to_regprocedure('lockgate_grant_service_roles()') IS NOT NULL")
+    if exists:
+        await connection.execute("SELECT lockgate_grant_service_roles()")
+    return bool(exists)
 
 
 async def hold_change_feed_lock(connection: AnyConnection) -> None:

@@ -12,11 +12,15 @@ Why one module: the scheduler's guarantees live in these statements.
   released, before any command is published. Publishing is recorded afterwards
   (`published_at`), and what was recorded but not published, or published long ago without an
   outcome, is found again by `decisions_to_republish`.
+- A connection that dies silently (a peer gone without a FIN, a frozen NAT or proxy) must not
+  keep a leader that cannot lead, nor a lock nobody uses: see `SessionLiveness`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,6 +35,52 @@ from lockgate.scheduling import NodeInfo, SchedJob
 from lockgate_adapters.postgres import LEADER_LOCK, hold_change_feed_lock, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionLiveness:
+    """How both ends of the leader's connection notice that it died silently.
+
+    - Client side: TCP keepalives and TCP_USER_TIMEOUT on the socket (a peer that vanished),
+      and a timeout on every command, so no call waits forever; the leader also checks its
+      connection every `check_interval` with a `SELECT 1` that must answer within
+      `check_timeout` (`check_alive`), which catches what TCP cannot see (a proxy that
+      accepts bytes but forwards nothing).
+    - Server side: the session's own tcp_keepalives_* and tcp_user_timeout, and
+      idle_session_timeout / idle_in_transaction_session_timeout: a live leader is never idle
+      that long (it checks in every `check_interval`), so a session idle that long belongs to
+      a leader that is gone, and Postgres ends it, which frees the leader lock for a standby.
+    """
+
+    check_interval: float = 2.0
+    check_timeout: float = 3.0
+    command_timeout: float = 120.0
+    idle_session_timeout: float = 30.0
+    keepalive_idle: int = 10
+    keepalive_interval: int = 5
+    keepalive_count: int = 3
+    tcp_user_timeout: float = 20.0
+
+    def server_settings(self) -> dict[str, str]:
+        return {
+            "idle_session_timeout": f"{int(self.idle_session_timeout * 1000)}",
+            "idle_in_transaction_session_timeout": f"{int(self.idle_session_timeout * 1000)}",
+            "tcp_keepalives_idle": str(self.keepalive_idle),
+            "tcp_keepalives_interval": str(self.keepalive_interval),
+            "tcp_keepalives_count": str(self.keepalive_count),
+            "tcp_user_timeout": f"{int(self.tcp_user_timeout * 1000)}",
+        }
+
+    def socket_options(self) -> list[tuple[int, int, int]]:
+        options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+        for name, value in (("TCP_KEEPIDLE", self.keepalive_idle),
+                            ("TCP_KEEPINTVL", self.keepalive_interval),
+                            ("TCP_KEEPCNT", self.keepalive_count),
+                            ("TCP_USER_TIMEOUT", int(self.tcp_user_timeout * 1000))):
+            if hasattr(socket, name):  # Linux has them all; others some
+                options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+        return options
 
 
 def job_id(cluster: str, uid: str) -> str:
@@ -87,10 +137,31 @@ class RecordedRelease:
 
 # Connections -----------------------------------------------------------------------------------
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    """A dedicated connection (not from a pool): the leader's, or the listener's."""
-    connection: asyncpg.Connection = await asyncpg.connect(dsn)
+async def connect(dsn: str, *, liveness: SessionLiveness | None = None) -> asyncpg.Connection:
+    """A dedicated connection (not from a pool): the leader's (with `liveness`), or the
+    listener's."""
+    if liveness is None:
+        plain: asyncpg.Connection = await asyncpg.connect(dsn)
+        return plain
+    connection: asyncpg.Connection = await asyncpg.connect(
+        dsn, timeout=liveness.check_timeout + liveness.check_interval,
+        command_timeout=liveness.command_timeout, server_settings=liveness.server_settings())
+    # asyncpg has no socket options of its own: set them on its transport's socket (a
+    # private attribute, hence getattr; without it only the liveness checks remain).
+    transport = getattr(connection, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        log.warning("no socket to set TCP keepalives on; relying on liveness checks alone")
+    else:
+        for level, option, value in liveness.socket_options():
+            sock.setsockopt(level, option, value)
     return connection
+
+
+async def check_alive(connection: asyncpg.Connection, *, within_seconds: float) -> None:
+    """Raise TimeoutError unless the server answers within `within_seconds` (a silently dead
+    connection never does)."""
+    await connection.fetchval("SELECT 1", timeout=within_seconds)
 
 
 async def try_lead(connection: asyncpg.Connection) -> bool:

@@ -7,11 +7,36 @@ with defaults, so unknown LOCKGATE_* variables under a service's prefix are an e
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, BaseModel, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How to reach Kafka and how lockgate's topics are made; every Kafka client takes this.
+
+    Built from a service's settings (`ServiceSettings.kafka()`); a bare bootstrap string
+    stands for the local stack: one broker, plaintext, replication 1.
+    """
+
+    bootstrap: str
+    security_protocol: KafkaProtocol = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
 
 class RetryPolicy(BaseModel):
@@ -52,10 +77,71 @@ class ServiceSettings(BaseSettings):
         default="127.0.0.1:59092", description="Kafka bootstrap servers",
         validation_alias=AliasChoices("LOCKGATE_KAFKA_BOOTSTRAP", "kafka_bootstrap"),
     )
+    # Kafka TLS and SASL (docs/security.md), and how lockgate's topics are replicated.
+    kafka_security_protocol: KafkaProtocol = Field(
+        default="PLAINTEXT", description="SASL_SSL in production",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SECURITY_PROTOCOL",
+                                      "kafka_security_protocol"))
+    kafka_ssl_cafile: Path | None = Field(
+        default=None, description="CA bundle of the brokers' certificates (else the system's)",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SSL_CAFILE", "kafka_ssl_cafile"))
+    kafka_ssl_certfile: Path | None = Field(
+        default=None, description="client certificate, for brokers that require mutual TLS",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SSL_CERTFILE", "kafka_ssl_certfile"))
+    kafka_ssl_keyfile: Path | None = Field(
+        default=None, description="the client certificate's key",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SSL_KEYFILE", "kafka_ssl_keyfile"))
+    kafka_sasl_mechanism: SaslMechanism | None = Field(
+        default=None, description="required with SASL_PLAINTEXT / SASL_SSL",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SASL_MECHANISM", "kafka_sasl_mechanism"))
+    kafka_sasl_username: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SASL_USERNAME", "kafka_sasl_username"))
+    kafka_sasl_password: SecretStr | None = Field(
+        default=None, description="prefer kafka_sasl_password_file",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SASL_PASSWORD", "kafka_sasl_password"))
+    kafka_sasl_password_file: Path | None = Field(
+        default=None, description="file holding the SASL password (a mounted Secret)",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_SASL_PASSWORD_FILE",
+                                      "kafka_sasl_password_file"))
+    kafka_replication_factor: int = Field(
+        default=3, ge=1, description="replicas of each topic lockgate creates (1 locally)",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_REPLICATION_FACTOR",
+                                      "kafka_replication_factor"))
+    kafka_min_insync_replicas: int = Field(
+        default=2, ge=1, description="min.insync.replicas of those topics: with acks=all, a "
+                                     "write is acknowledged once this many replicas have it",
+        validation_alias=AliasChoices("LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS",
+                                      "kafka_min_insync_replicas"))
     postgres_dsn: str = Field(
         default="postgresql://lockgate:lockgate@127.0.0.1:55432/lockgate",
         description="Postgres DSN",
         validation_alias=AliasChoices("LOCKGATE_POSTGRES_DSN", "postgres_dsn"),
+    )
+    # Postgres TLS and credentials, folded into postgres_dsn (libpq's parameter names, which
+    # asyncpg reads from the DSN); a parameter already in the DSN is kept unless set here.
+    postgres_sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca",
+                              "verify-full"] | None = Field(
+        default=None, description="TLS to Postgres; verify-full in production",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLMODE", "postgres_sslmode"),
+    )
+    postgres_sslrootcert: Path | None = Field(
+        default=None, description="CA bundle that signed the Postgres server's certificate",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLROOTCERT", "postgres_sslrootcert"),
+    )
+    postgres_sslcert: Path | None = Field(
+        default=None, description="client certificate (for Postgres `cert` authentication)",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLCERT", "postgres_sslcert"),
+    )
+    postgres_sslkey: Path | None = Field(
+        default=None, description="the client certificate's key",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_SSLKEY", "postgres_sslkey"),
+    )
+    postgres_password_file: Path | None = Field(
+        default=None, description="file holding the password of the DSN's user (a mounted "
+                                  "Secret), so the password is not in the environment",
+        validation_alias=AliasChoices("LOCKGATE_POSTGRES_PASSWORD_FILE",
+                                      "postgres_password_file"),
     )
     otlp_endpoint: str | None = Field(
         default=None, description="OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318",
@@ -89,6 +175,94 @@ class ServiceSettings(BaseSettings):
                 raise ValueError(f"unknown settings in the environment: {', '.join(unknown)}")
         return data
 
+    @model_validator(mode="after")
+    def _kafka_options(self) -> ServiceSettings:
+        self.kafka()  # refuse to start with an incomplete or contradictory Kafka configuration
+        return self
+
+    def kafka(self) -> KafkaConfig:
+        """These settings as the configuration every Kafka client of the service takes."""
+        protocol = self.kafka_security_protocol
+        password = self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password \
+            else None
+        if self.kafka_sasl_password_file is not None:
+            if password is not None:
+                raise ValueError("set kafka_sasl_password or kafka_sasl_password_file, not both")
+            try:
+                password = self.kafka_sasl_password_file.read_text().strip()
+            except OSError as error:
+                raise ValueError(f"cannot read the Kafka SASL password file: {error}") from error
+        if protocol.startswith("SASL_"):
+            if self.kafka_sasl_mechanism is None or not self.kafka_sasl_username or not password:
+                raise ValueError(f"kafka_security_protocol {protocol} needs "
+                                 "kafka_sasl_mechanism, kafka_sasl_username and a password "
+                                 "(kafka_sasl_password_file)")
+        elif self.kafka_sasl_mechanism or self.kafka_sasl_username or password:
+            raise ValueError(f"SASL settings are given but kafka_security_protocol is {protocol}:"
+                             " use SASL_SSL (or SASL_PLAINTEXT on a trusted network)")
+        files = {"kafka_ssl_cafile": self.kafka_ssl_cafile,
+                 "kafka_ssl_certfile": self.kafka_ssl_certfile,
+                 "kafka_ssl_keyfile": self.kafka_ssl_keyfile}
+        given = {name: path for name, path in files.items() if path is not None}
+        if given and not protocol.endswith("SSL"):
+            raise ValueError(f"{', '.join(given)} given but kafka_security_protocol is "
+                             f"{protocol}: use SSL or SASL_SSL")
+        missing = [f"{name}: {path}" for name, path in given.items() if not path.is_file()]
+        if missing:
+            raise ValueError(f"Kafka TLS files not found: {', '.join(missing)}")
+        if (self.kafka_ssl_certfile is None) != (self.kafka_ssl_keyfile is None):
+            raise ValueError("kafka_ssl_certfile and kafka_ssl_keyfile go together")
+        if self.kafka_min_insync_replicas > self.kafka_replication_factor:
+            raise ValueError(f"kafka_min_insync_replicas ({self.kafka_min_insync_replicas}) "
+                             f"exceeds kafka_replication_factor "
+                             f"({self.kafka_replication_factor}): no write could succeed")
+        return KafkaConfig(
+            bootstrap=self.kafka_bootstrap, security_protocol=protocol,
+            ssl_cafile=_str(self.kafka_ssl_cafile), ssl_certfile=_str(self.kafka_ssl_certfile),
+            ssl_keyfile=_str(self.kafka_ssl_keyfile), sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username, sasl_password=password,
+            replication_factor=self.kafka_replication_factor,
+            min_insync_replicas=self.kafka_min_insync_replicas,
+        )
+
+    @model_validator(mode="after")
+    def _postgres_connection_options(self) -> ServiceSettings:
+        password = None
+        if self.postgres_password_file is not None:
+            try:
+                password = self.postgres_password_file.read_text().strip()
+            except OSError as error:
+                raise ValueError(f"cannot read the Postgres password file: {error}") from error
+        params = {name: str(value) for name, value in (
+            ("sslmode", self.postgres_sslmode), ("sslrootcert", self.postgres_sslrootcert),
+            ("sslcert", self.postgres_sslcert), ("sslkey", self.postgres_sslkey),
+        ) if value is not None}
+        missing = [f"{name}: {path}" for name, path in params.items()
+                   if name != "sslmode" and not Path(path).is_file()]
+        if missing:
+            raise ValueError(f"Postgres TLS files not found: {', '.join(missing)}")
+        self.postgres_dsn = dsn_with(self.postgres_dsn, params=params, password=password)
+        return self
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def dsn_with(dsn: str, *, params: dict[str, str], password: str | None = None) -> str:
+    """`dsn` with query parameters set (others kept) and, if given, the password replaced."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query.update(params)
+    netloc = parts.netloc
+    if password is not None:
+        userinfo, at, hostport = netloc.rpartition("@")
+        if not at:
+            raise ValueError("a Postgres password file needs a user in the DSN "
+                             "(postgresql://<user>@host/db)")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{quote(password, safe='')}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
 
 class ClusterServiceSettings(ServiceSettings):

@@ -22,7 +22,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     readiness = ctx.readiness
     outbox = Outbox(max_pending=settings.max_pending_events)
     publisher = KafkaPublisher(
-        bootstrap=settings.kafka_bootstrap,
+        bootstrap=settings.kafka(),
         outbox=outbox,
         retry_policy=settings.retry,
         set_ready=lambda ok, detail: readiness.set(KAFKA_CHECK, ok, detail),
@@ -32,7 +32,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     options = WatchOptions(timeout_seconds=settings.watch_timeout_seconds,
                            page_size=settings.list_page_size, retry=settings.retry)
     apis = await api_clients(settings.clusters)
-    ctx.dependencies.kafka(settings.kafka_bootstrap)
+    ctx.dependencies.kafka(settings.kafka())
     for name, api in apis.items():
         ctx.dependencies.apiserver(name, api)
     watchers = [

@@ -44,6 +44,7 @@ from lockgate.events import (
     Topic,
 )
 from lockgate_adapters.kafka import (
+    KafkaTarget,
     ensure_topics,
     is_retryable_kafka_error,
     make_producer,
@@ -212,7 +213,7 @@ def runs_by_topic(messages: Sequence[Outgoing]) -> list[list[Outgoing]]:
 class KafkaPublisher:
     """Drains the outbox to Kafka; reconnects with backoff while Kafka is down."""
 
-    bootstrap: str
+    bootstrap: KafkaTarget
     outbox: Outbox
     retry_policy: RetryPolicy
     set_ready: Callable[[bool, str], None]

@@ -21,7 +21,7 @@ from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.kafka import start_producer
-from lockgate_adapters.postgres import connect_pool, migrate
+from lockgate_adapters.postgres import connect_pool, wait_for_schema
 from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
@@ -39,14 +39,14 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     assert isinstance(settings, SchedulerSettings)
     ctx.readiness.declare("postgres", "kafka", "leader")
     ctx.dependencies.postgres(settings.postgres_dsn)
-    ctx.dependencies.kafka(settings.kafka_bootstrap)
+    ctx.dependencies.kafka(settings.kafka())
     report = FairnessReport(instance_id=settings.instance_id)
     ctx.health.add_json_view(FAIRNESS_PATH, report.as_json)
 
     async def schedule(stopping: asyncio.Event) -> None:
-        await _migrate(settings)
+        await _wait_for_schema(settings)
         producer = await start_producer(
-            settings.kafka_bootstrap, client_id=f"fair-scheduler-{settings.instance_id}",
+            settings.kafka(), client_id=f"fair-scheduler-{settings.instance_id}",
             topics=(RELEASE_COMMANDS, DEAD_LETTERS), policy=settings.retry, stopping=stopping,
             on_unreachable=lambda error: ctx.readiness.set(
                 "kafka", False, f"{type(error).__name__}: {error}"))
@@ -69,7 +69,8 @@ async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
         connection: asyncpg.Connection | None = None
         trouble: BaseException | None = None
         try:
-            connection = await store.connect(settings.postgres_dsn)
+            connection = await store.connect(settings.postgres_dsn,
+                                             liveness=settings.liveness())
             ctx.readiness.set("postgres", True, "connected")
             if not await _wait_for_lock(settings, ctx, connection, stopping):
                 return
@@ -113,11 +114,12 @@ async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,
     return False
 
 
-async def _migrate(settings: SchedulerSettings) -> None:
+async def _wait_for_schema(settings: SchedulerSettings) -> None:
+    """queue-store migrates; the scheduler's role may not, so it waits for the schema."""
     pool = await connect_pool(settings.postgres_dsn, policy=settings.retry, min_size=1,
-                              max_size=1, what="postgres (migrations)")
+                              max_size=1, what="postgres (schema)")
     try:
-        await migrate(pool)
+        await wait_for_schema(pool, policy=settings.retry, what="fair-scheduler")
     finally:
         await pool.close()
 

@@ -133,9 +133,10 @@ class Leader:
         # Finding unanswered releases scans the unfinished jobs: not every safety round.
         republish_every = settings.republish_after_seconds / 2
         next_republish = time.monotonic() + republish_every
+        next_check = time.monotonic() + settings.leader_check_interval_seconds
         while not stopping.is_set():
             if not more_to_do:
-                timeout = max(0.0, min(next_safety_round, next_republish,
+                timeout = max(0.0, min(next_safety_round, next_republish, next_check,
                                        self._next_backoff_end()) - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -144,6 +145,9 @@ class Leader:
                 if self._wake.is_set() and settings.debounce_seconds:
                     await asyncio.sleep(settings.debounce_seconds)
             self._check_leadership()
+            if time.monotonic() >= next_check:
+                await self._check_connection_answers()
+                next_check = time.monotonic() + settings.leader_check_interval_seconds
             self._wake.clear()
             listener = await self._listen(listener)
             changed = self._apply(await store.changes_since(self._connection, self._serial))
@@ -374,6 +378,17 @@ class Leader:
     def _on_leader_connection_lost(self, _: object) -> None:
         self._lost.set()
         self._wake.set()
+
+    async def _check_connection_answers(self) -> None:
+        """Step down (raise) if the leader connection no longer answers: it may have died
+        silently, and then the lock is as good as lost (Postgres ends that session once it has
+        been idle for leader_idle_session_timeout_seconds)."""
+        timeout = self._settings.leader_check_timeout_seconds
+        try:
+            await store.check_alive(self._connection, within_seconds=timeout)
+        except TimeoutError as error:
+            raise LeadershipLostError(
+                f"the leader connection did not answer within {timeout:g}s") from error
 
     def _check_leadership(self) -> None:
         if self._lost.is_set() or self._connection.is_closed():

@@ -6,9 +6,10 @@ import os
 import socket
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.settings import ServiceSettings
 
 
@@ -28,6 +29,50 @@ class SchedulerSettings(ServiceSettings):
     # Leadership
     standby_retry_seconds: float = Field(
         default=1.0, gt=0, description="how often a standby tries to take the leader lock")
+    # A leader whose connection died silently steps down within
+    # leader_check_interval_seconds + leader_check_timeout_seconds (plus the rest of a round in
+    # progress, each of its queries bounded by leader_command_timeout_seconds); Postgres ends
+    # that session, freeing the lock for a standby, after leader_idle_session_timeout_seconds.
+    # See docs/security.md ("The leader's connection").
+    leader_check_interval_seconds: float = Field(
+        default=2.0, gt=0, description="how often the leader checks its connection answers")
+    leader_check_timeout_seconds: float = Field(
+        default=3.0, gt=0, description="how long that check may take before it steps down")
+    leader_command_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="the longest any query on the leader connection may "
+                                         "take (the first load of a large backlog included)")
+    leader_idle_session_timeout_seconds: float = Field(
+        default=30.0, gt=0,
+        description="Postgres ends a leader session idle this long (a leader gone silently), "
+                    "freeing the lock; must exceed the check interval plus the longest stretch "
+                    "the leader computes without a query (loading a large backlog)")
+    postgres_keepalives_idle_seconds: int = Field(default=10, ge=1)
+    postgres_keepalives_interval_seconds: int = Field(default=5, ge=1)
+    postgres_keepalives_count: int = Field(default=3, ge=1)
+    postgres_tcp_user_timeout_seconds: float = Field(
+        default=20.0, gt=0, description="unacknowledged data for this long drops the connection")
+
+    @model_validator(mode="after")
+    def _idle_timeout_above_checks(self) -> SchedulerSettings:
+        least = self.leader_check_interval_seconds + self.leader_check_timeout_seconds
+        if self.leader_idle_session_timeout_seconds <= least:
+            raise ValueError(
+                f"leader_idle_session_timeout_seconds ({self.leader_idle_session_timeout_seconds})"
+                f" must exceed leader_check_interval_seconds + leader_check_timeout_seconds "
+                f"({least}): Postgres would end a live leader's session")
+        return self
+
+    def liveness(self) -> SessionLiveness:
+        return SessionLiveness(
+            check_interval=self.leader_check_interval_seconds,
+            check_timeout=self.leader_check_timeout_seconds,
+            command_timeout=self.leader_command_timeout_seconds,
+            idle_session_timeout=self.leader_idle_session_timeout_seconds,
+            keepalive_idle=self.postgres_keepalives_idle_seconds,
+            keepalive_interval=self.postgres_keepalives_interval_seconds,
+            keepalive_count=self.postgres_keepalives_count,
+            tcp_user_timeout=self.postgres_tcp_user_timeout_seconds,
+        )
     # Rounds
     debounce_seconds: float = Field(
         default=0.005, ge=0, description="after a change notification, wait this long for more")

@@ -14,6 +14,10 @@ owns these tables and their change-feed rules. The `lockgate` CLI is the usual c
 A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
 "resource_limits" (Kubernetes quantities), "created_at", "updated_at" (read-only)}. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
+
+Every call carries `Authorization: Bearer <token>` (see `lockgate_adapters.admin_tokens`): none
+or an unknown token is 401, a read-only token on a call that changes something is 403. Each
+change is logged with the name of the token that made it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store
+from lockgate_adapters.admin_tokens import TokenEntry, TokenVerifier
 from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_error
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,9 @@ EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits")
 MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+READING_METHODS = frozenset({"GET", "HEAD"})
+HOW_TO_AUTHENTICATE = ("send 'Authorization: Bearer <token>'; the lockgate CLI reads the token "
+                       "from $LOCKGATE_TOKEN, --token-file or $LOCKGATE_TOKEN_FILE")
 
 
 class ApiError(Exception):
@@ -111,11 +119,11 @@ def _describe(error: Any) -> str:
 class AdminApi:
     """The aiohttp application over a Postgres pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
+    def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier) -> None:
+        self.pool, self.tokens = pool, tokens
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._authenticate, self._errors])
         app.router.add_get("/api/v1/queues", self.list_queues)
         app.router.add_post("/api/v1/queues", self.create_queue)
         app.router.add_get("/api/v1/queues/{name}", self.get_queue)
@@ -124,6 +132,26 @@ class AdminApi:
         app.router.add_delete("/api/v1/queues/{name}", self.delete_queue)
         app.router.add_get("/api/v1/jobs", self.list_jobs)
         return app
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _unauthorized(f"authentication required: {HOW_TO_AUTHENTICATE}",
+                                 error_code=None)
+        holder = self.tokens.identify(token.strip())
+        if holder is None:
+            log.warning("admin API: %s %s with an unknown token from %s", request.method,
+                        request.path, request.remote)
+            return _unauthorized("the token is not valid (unknown, or revoked); "
+                                 + HOW_TO_AUTHENTICATE, error_code="invalid_token")
+        if request.method not in READING_METHODS and not holder.role.may_write:
+            log.warning("admin API: %s %s refused to read-only token %r", request.method,
+                        request.path, holder.name)
+            return _error(403, f"token {holder.name!r} is {holder.role.value}: "
+                               f"{request.method} {request.path} needs an admin token")
+        request["caller"] = holder
+        return await handler(request)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -164,13 +192,14 @@ class AdminApi:
         spec = spec_from_body(body["name"], body)
         async with self.pool.acquire() as connection:
             created = await job_store.create_queue(connection, spec)
-        log.info("queue %s created (priority factor %s)", created.name, created.priority_factor)
+        log.info("queue %s created (priority factor %s) by %s", created.name,
+                 created.priority_factor, _caller(request))
         return web.json_response(queue_json(created), status=201)
 
     async def replace_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         replacement = spec_from_body(name, await _json_object(request))
-        return await self._update(name, lambda _: replacement)
+        return await self._update(request, name, lambda _: replacement)
 
     async def patch_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -188,19 +217,20 @@ class AdminApi:
             editable = current.model_dump(include=set(EDITABLE_QUEUE_FIELDS))
             return spec_from_body(name, merge_patch(editable, editable_patch))
 
-        return await self._update(name, apply)
+        return await self._update(request, name, apply)
 
-    async def _update(self, name: str, edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
+    async def _update(self, request: web.Request, name: str,
+                      edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
         async with self.pool.acquire() as connection:
             updated = await job_store.update_queue(connection, name, edit)
-        log.info("queue %s updated", name)
+        log.info("queue %s updated by %s", name, _caller(request))
         return web.json_response(queue_json(updated))
 
     async def delete_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with self.pool.acquire() as connection:
             await job_store.delete_queue(connection, name)
-        log.info("queue %s deleted", name)
+        log.info("queue %s deleted by %s", name, _caller(request))
         return web.Response(status=204)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
@@ -246,6 +276,21 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
+
+
+def _caller(request: web.Request) -> str:
+    holder = request.get("caller")
+    return holder.name if isinstance(holder, TokenEntry) else "?"
+
+
+def _unauthorized(message: str, *, error_code: str | None) -> web.Response:
+    """401 with the challenge RFC 6750 asks for, so a client knows to send a bearer token."""
+    challenge = 'Bearer realm="lockgate"'
+    if error_code:
+        challenge += f', error="{error_code}"'
+    response = _error(401, message)
+    response.headers["WWW-Authenticate"] = challenge
+    return response
 
 
 def _error(status: int, message: str, details: list[str] | None = None) -> web.Response:

@@ -18,6 +18,7 @@ from lockgate.events import (
     RELEASE_OUTCOMES,
     Topic,
 )
+from lockgate_adapters.admin_tokens import TokenVerifier
 from lockgate_adapters.kafka import BatchConsumer, ensure_topics, is_retryable_kafka_error
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
 from lockgate_adapters.retrying import retry
@@ -42,7 +43,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     readiness.declare(POSTGRES_CHECK, ADMIN_CHECK,
                       *(f"consume {topic.name}" for topic in CONSUMED_TOPICS))
     ctx.dependencies.postgres(settings.postgres_dsn)
-    ctx.dependencies.kafka(settings.kafka_bootstrap)
+    ctx.dependencies.kafka(settings.kafka())
 
     pool = await connect_pool(settings.postgres_dsn, policy=settings.retry,
                               max_size=settings.postgres_pool_size, what="queue-store postgres")
@@ -52,7 +53,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     if applied:
         log.info("applied migrations: %s", ", ".join(applied))
     readiness.set(POSTGRES_CHECK, True, "migrated")
-    await retry(lambda: ensure_topics(settings.kafka_bootstrap,
+    await retry(lambda: ensure_topics(settings.kafka(),
                                       topics=(*CONSUMED_TOPICS, DEAD_LETTERS)),
                 policy=settings.retry, retryable=is_retryable_kafka_error,
                 what="ensuring kafka topics", dependency="kafka")
@@ -62,7 +63,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 
     consumers = [
         BatchConsumer(
-            bootstrap=settings.kafka_bootstrap,
+            bootstrap=settings.kafka(),
             topic=topic,
             group_id=settings.group_id,
             consumer_name=f"{settings.service_name}:{topic.name}",
@@ -76,7 +77,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for topic in CONSUMED_TOPICS
     ]
-    admin = AdminApi(pool)
+    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()))
 
     async def serve_admin(stopping: asyncio.Event) -> None:
         runner = web.AppRunner(admin.app(), access_log=None)

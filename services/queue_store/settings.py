@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from lockgate_adapters.admin_tokens import TokenConfigError, TokenEntry, parse_lines
 from lockgate_adapters.settings import ServiceSettings
 
 
@@ -30,3 +32,33 @@ class QueueStoreSettings(ServiceSettings):
     # Admin API (queues, job views), for the `lockgate` CLI
     admin_host: str = Field(default="127.0.0.1", description="admin API bind address")
     admin_port: int = Field(default=58080, ge=0, le=65535, description="0 picks a free port")
+    admin_tokens_file: Path | None = Field(
+        default=None, description="file of token lines '<name> <role> sha256:<hex>' "
+                                  "(roles read-only, admin); see docs/security.md")
+    admin_tokens: list[str] = Field(
+        default_factory=list, description="more token lines, as a JSON list (e.g. from a Secret)")
+
+    @model_validator(mode="after")
+    def _admin_tokens_usable(self) -> QueueStoreSettings:
+        self.admin_token_entries()  # a bad line or a missing file stops the start, with its reason
+        return self
+
+    def admin_token_entries(self) -> list[TokenEntry]:
+        """Every configured token; at least one, since the admin API refuses anonymous calls."""
+        entries = parse_lines(self.admin_tokens, source="LOCKGATE_QUEUE_STORE_ADMIN_TOKENS")
+        if self.admin_tokens_file is not None:
+            try:
+                text = self.admin_tokens_file.read_text()
+            except OSError as error:
+                raise TokenConfigError(f"cannot read the admin tokens file: {error}") from error
+            entries += parse_lines(text.splitlines(), source=str(self.admin_tokens_file))
+        if not entries:
+            raise TokenConfigError(
+                "the admin API needs at least one token: set "
+                "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS_FILE or LOCKGATE_QUEUE_STORE_ADMIN_TOKENS "
+                "(mint one with `lockgate token new`)")
+        names = [e.name for e in entries]
+        if len(set(names)) != len(names):
+            raise TokenConfigError(f"admin token names used twice: "
+                                   f"{sorted({n for n in names if names.count(n) > 1})}")
+        return entries

@@ -12,6 +12,7 @@ so it can be killed like a crashed pod. (kopf's `kopf.testing` is the model.)
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ from typing import Any
 import aiohttp
 
 from devstack.launcher import ServiceProcess, free_port
+from devstack.roles import service_dsn
 from lockgate.events import Topic
+from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
 from lockgate_adapters.settings import RetryPolicy
 from queue_store.app import CONSUMED_TOPICS
@@ -38,15 +41,27 @@ async def start_group_at_end(bootstrap: str, group_id: str,
 class QueueStoreUnderTest:
     """How to run one isolated queue-store as a process, and where to reach it."""
 
-    postgres_dsn: str
+    postgres_dsn: str  # a superuser's, for the test; the service connects as its own role
     kafka_bootstrap: str
     group_id: str = field(default_factory=lambda: f"queue-store-test-{uuid.uuid4().hex[:8]}")
     admin_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
+    # Tokens of this instance alone: one per role.
+    admin_token: str = field(default_factory=new_token)
+    read_only_token: str = field(default_factory=new_token)
 
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers of a call with the admin token."""
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def token_lines(self) -> list[str]:
+        return [entry_for("test-admin", Role.ADMIN, self.admin_token).line(),
+                entry_for("test-reader", Role.READ_ONLY, self.read_only_token).line()]
 
     @property
     def health_url(self) -> str:
@@ -56,11 +71,13 @@ class QueueStoreUnderTest:
         """The environment of `python -m queue_store` for this instance, with fast retries."""
         prefix = "LOCKGATE_QUEUE_STORE_"
         return {
-            "LOCKGATE_POSTGRES_DSN": self.postgres_dsn,  # shared by all services, no prefix
+            # shared by all services, no prefix
+            "LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, "queue-store"),
             "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             f"{prefix}GROUP_ID": self.group_id,
             f"{prefix}ADMIN_PORT": str(self.admin_port),
             f"{prefix}HTTP_PORT": str(self.health_port),
+            f"{prefix}ADMIN_TOKENS": json.dumps(self.token_lines()),
             f"{prefix}RETRY__INITIAL_SECONDS": str(FAST_RETRY.initial_seconds),
             f"{prefix}RETRY__MAX_SECONDS": str(FAST_RETRY.max_seconds),
             f"{prefix}SHUTDOWN_GRACE_SECONDS": "10",

@@ -28,7 +28,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     # `apiserver:<cluster>` is the probe's: it follows the apiserver in and out of an outage
     # (a release that failed says so in its outcome, not in a readiness that sticks).
     ctx.readiness.declare("kafka")
-    ctx.dependencies.kafka(settings.kafka_bootstrap)
+    ctx.dependencies.kafka(settings.kafka())
     for name, api in apis.items():
         ctx.dependencies.apiserver(name, api)
     releasers = {
@@ -49,7 +49,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         producer: AIOKafkaProducer | None = None
         try:
             producer = await start_producer(
-                settings.kafka_bootstrap, client_id=f"{settings.consumer_group}-outcomes",
+                settings.kafka(), client_id=f"{settings.consumer_group}-outcomes",
                 topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, DEAD_LETTERS), policy=settings.retry,
                 stopping=stopping,
                 on_unreachable=lambda error: ctx.readiness.set("kafka", False, f"kafka: {error}"))
@@ -57,7 +57,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 return
             ungater = Ungater(releasers=releasers, producer=producer)
             consumer = BatchConsumer(
-                bootstrap=settings.kafka_bootstrap,
+                bootstrap=settings.kafka(),
                 topic=RELEASE_COMMANDS,
                 group_id=settings.consumer_group,
                 consumer_name="ungater",

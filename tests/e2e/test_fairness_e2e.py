@@ -114,8 +114,8 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             # The schedulers start later, once the whole backlog is queued (see the test).
             await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
                                        "ungater"])
-            admin_url = f"http://127.0.0.1:{ports.admin_api}/api/v1/queues"
-            async with aiohttp.ClientSession() as session:
+            admin_url = f"{lockgate.admin_url}/api/v1/queues"
+            async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
                 for queue, factor in PRIORITY_FACTORS.items():
                     async with session.post(admin_url, json={
                             "name": queue, "priority_factor": factor}) as response:

@@ -83,7 +83,8 @@ async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
             queue_store = await store.start(f"queue-store-e2e-{RUN}")
             processes.append(queue_store)
             async with aiohttp.ClientSession() as session, session.post(
-                    f"{store.admin_url}/api/v1/queues", json={"name": QUEUE}) as reply:
+                    f"{store.admin_url}/api/v1/queues", json={"name": QUEUE},
+                    headers=store.admin_headers) as reply:
                 assert reply.status == 201, await reply.text()
 
             webhook = webhook_process(

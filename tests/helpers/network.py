@@ -2,7 +2,9 @@
 
 Why: outage tests point a service at the relay instead of Postgres, Kafka or an apiserver;
 `sever` closes the listening socket and drops every relayed connection (as a network outage
-would), `start` lets connections through again. Its port is known before it first listens, so a
+would), `start` lets connections through again. `freeze` stops forwarding bytes either way
+while every socket stays open (a peer that vanished without a FIN, a hung proxy): only timeouts
+can tell; `thaw` resumes. Its port is known before it first listens, so a
 service can be started while the dependency is still "down".
 """
 
@@ -21,6 +23,14 @@ class TcpRelay:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -43,8 +53,8 @@ class TcpRelay:
         except OSError:
             writer.close()
             return
-        pipes = [asyncio.create_task(_pipe(reader, upstream_writer)),
-                 asyncio.create_task(_pipe(upstream_reader, writer))]
+        pipes = [asyncio.create_task(_pipe(reader, upstream_writer, self._flowing)),
+                 asyncio.create_task(_pipe(upstream_reader, writer, self._flowing))]
         self._pipes.update(pipes)
         self._writers.update((writer, upstream_writer))
         try:
@@ -59,8 +69,14 @@ class TcpRelay:
                 stream.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                flowing: asyncio.Event) -> None:
     with contextlib.suppress(OSError):
-        while chunk := await reader.read(65536):
+        while True:
+            await flowing.wait()
+            chunk = await reader.read(65536)
+            if not chunk:
+                return
+            await flowing.wait()  # frozen meanwhile: hold what was read
             writer.write(chunk)
             await writer.drain()

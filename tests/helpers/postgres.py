@@ -2,6 +2,8 @@
 
 Why: tests share one server; rows one test writes must not be seen by another (nor by a service
 another test runs), so a module or a test works in a database of its own, dropped afterwards.
+Each new database is prepared for the services' own roles (devstack.roles): tests run the
+services as those roles, proving the grants suffice.
 A module that needs many migrated databases migrates one template and clones it per test
 (CREATE DATABASE ... TEMPLATE), which is much faster than migrating each.
 """
@@ -12,6 +14,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
+from devstack.roles import ensure_service_roles, prepare_database
 from helpers.services import FAST_RETRY
 from lockgate_adapters.postgres import (
     connect_pool,
@@ -31,9 +34,11 @@ async def fresh_database(server_dsn: str, *, prefix: str, template: str | None =
     `migrated` to lockgate's schema if asked.
     """
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    await ensure_service_roles(server_dsn)  # before migrating, so the migration grants them
     dsn = await create_database(server_dsn, name,
                                 template=database_of(template) if template else None)
     try:
+        await prepare_database(dsn)
         if migrated:
             await migrate_database(dsn)
         yield dsn

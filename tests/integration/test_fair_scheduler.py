@@ -18,15 +18,18 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 import pytest
 
 from devstack.launcher import ServiceProcess, free_port
+from devstack.roles import service_dsn
 from fair_scheduler.app import compose
 from fair_scheduler.settings import SchedulerSettings
 from helpers.kafka import Published, TopicTail
+from helpers.network import TcpRelay
 from helpers.postgres import fresh_database
 from helpers.services import FAST_RETRY, fairness_report, service_in_process
 from helpers.waiting import eventually, until
@@ -180,7 +183,9 @@ async def commands(kafka_bootstrap: str, store: Store) -> AsyncIterator[CommandT
 def scheduler_settings(store: Store, kafka_bootstrap: str, instance_id: str,
                        **overrides: Any) -> SchedulerSettings:
     values: dict[str, Any] = {
-        "postgres_dsn": store.dsn, "kafka_bootstrap": kafka_bootstrap,
+        # The scheduler's own role: these tests prove its grants suffice.
+        "postgres_dsn": service_dsn(store.dsn, "fair-scheduler"),
+        "kafka_bootstrap": kafka_bootstrap,
         "instance_id": instance_id, "http_port": 0, "retry": FAST_RETRY,
         "safety_round_seconds": SAFETY_ROUND_SECONDS, "standby_retry_seconds": 0.2,
         **overrides,
@@ -378,7 +383,9 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
             assert backend is not None
             await store.pool.execute("SELECT pg_terminate_backend($1)", backend)
             await until(lambda: leading(two), within=15, what="the standby to lead")
-            assert not leading(one)
+            # The lock is freed before the old leader's socket closes: it may report leading
+            # a moment longer, but cannot write (its connection is the fence).
+            await until(lambda: not leading(one), within=5, what="the old leader to step down")
             await eventually(lambda: _leader_changed(store, backend), within=15,
                               what="a new leader backend")
 
@@ -394,6 +401,64 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
     assert [decided_by[uid] for uid in first] == ["one"] * 4 + ["two"] * 2
 
 
+async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_over(
+        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+    """A connection that dies silently (frozen: no bytes, no FIN) ends the leadership in
+    bounded time on both ends: the leader steps down within check interval + check timeout,
+    and Postgres ends the idle session (freeing the lock) after the idle-session timeout."""
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=4 * CPU)
+    first = await store.jobs(cluster, "q1", 6)
+    liveness = {"leader_check_interval_seconds": 0.5, "leader_check_timeout_seconds": 1.0,
+                "leader_idle_session_timeout_seconds": 4.0}
+    steps_down_within = 0.5 + 1.0
+    postgres = urlsplit(store.dsn)
+    assert postgres.hostname is not None and postgres.port is not None
+    relay = TcpRelay(postgres.hostname, postgres.port)
+    await relay.start()
+    relayed = urlunsplit(postgres._replace(
+        netloc=postgres.netloc.rpartition("@")[0] + f"@127.0.0.1:{relay.port}"))
+    try:
+        async with running_scheduler(scheduler_settings(
+                store, kafka_bootstrap, "frozen", **liveness,
+                postgres_dsn=service_dsn(relayed, "fair-scheduler"))) as frozen:
+            await until(lambda: leading(frozen), within=30, what="the first leader")
+            async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "standby",
+                                                            **liveness)) as standby:
+                await commands.wait_for_count(4)
+                assert not leading(standby), "two leaders at once"
+                backend = await store.leader_backend()
+
+                relay.freeze()
+                frozen_at = time.monotonic()
+                await until(lambda: not leading(frozen), within=steps_down_within + 5,
+                            what="the leader on the frozen connection to step down")
+                stepped_down = time.monotonic() - frozen_at
+                await until(lambda: leading(standby), within=4.0 + 10,
+                            what="the standby to take over once Postgres ends the idle session")
+                took_over = time.monotonic() - frozen_at
+                assert not leading(frozen)
+                assert await store.leader_backend() not in (None, backend)
+                # The stepping down is bounded by the checks; the taking over waits for
+                # Postgres to end the dead session (never before the idle timeout).
+                assert stepped_down < steps_down_within + 5 and took_over >= 4.0 - 0.5, (
+                    stepped_down, took_over)
+
+                await store.set_state(cluster, first[:2], "succeeded")
+                await commands.wait_for_count(6, within=10)
+                await asyncio.sleep(0.5)
+    finally:
+        relay.thaw()
+        await relay.sever()
+
+    assert sorted(commands.uids()) == sorted(first)
+    assert len(commands.commands) == 6
+    assert all(n == 1 for n in (await store.decisions_per_job()).values())
+    decided_by = dict(await store.pool.fetch("SELECT uid, decided_by FROM release_decisions"))
+    assert [decided_by[uid] for uid in first] == ["frozen"] * 4 + ["standby"] * 2
+
+
 async def _leader_changed(store: Store, old_backend: int) -> bool:
     backend = await store.leader_backend()
     return backend is not None and backend != old_backend
@@ -407,7 +472,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_process(
     await store.node(cluster, "n1", cpu=3 * CPU)
     first = await store.jobs(cluster, "q1", 5)
     env: Mapping[str, str] = {
-        "LOCKGATE_POSTGRES_DSN": store.dsn,
+        "LOCKGATE_POSTGRES_DSN": service_dsn(store.dsn, "fair-scheduler"),
         "LOCKGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "LOCKGATE_SCHEDULER_INSTANCE_ID": "process",
         "LOCKGATE_SCHEDULER_HTTP_PORT": str(free_port()),

@@ -65,11 +65,19 @@ class Reply:
 
 
 async def call(admin: QueueStoreUnderTest, method: str, path: str,
-               body: Any = None, *, raw: bytes | None = None) -> Reply:
+               body: Any = None, *, raw: bytes | None = None,
+               token: str | None = "admin") -> Reply:
+    """A call with the admin token, the read-only one (`token="read-only"`), none (None) or
+    whatever other string `token` is."""
+    headers = {"Content-Type": "application/json"}
+    bearer = {"admin": admin.admin_token, "read-only": admin.read_only_token}.get(
+        token or "", token)
+    if bearer is not None:
+        headers["Authorization"] = f"Bearer {bearer}"
     async with aiohttp.ClientSession() as session, session.request(
             method, admin.admin_url + path,
             data=raw if raw is not None else (None if body is None else json.dumps(body)),
-            headers={"Content-Type": "application/json"}) as response:
+            headers=headers) as response:
         text = await response.text()
         return Reply(response.status, json.loads(text) if text else None)
 
@@ -109,6 +117,56 @@ async def test_create_get_list_update_and_delete_a_queue(
     assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).status == 404
     listed = await call(admin, "GET", "/api/v1/queues")
     assert queue_name not in [q["name"] for q in listed.body["queues"]]
+
+
+async def test_a_call_without_a_token_is_refused_and_told_how_to_authenticate(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    for method, path, body in (("GET", "/api/v1/queues", None),
+                               ("GET", "/api/v1/jobs", None),
+                               ("POST", "/api/v1/queues", {"name": queue_name})):
+        async with aiohttp.ClientSession() as session, session.request(
+                method, admin.admin_url + path, json=body) as response:
+            assert response.status == 401, (method, path)
+            assert response.headers["WWW-Authenticate"] == 'Bearer realm="lockgate"'
+            error = (await response.json())["error"]
+        assert "Authorization: Bearer <token>" in error and "LOCKGATE_TOKEN" in error
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).status == 404  # not made
+
+
+async def test_a_wrong_token_is_refused(admin: QueueStoreUnderTest, queue_name: str) -> None:
+    for wrong in ("lgt_not-a-token", admin.admin_token + "x", admin.admin_token[:-1]):
+        reply = await call(admin, "POST", "/api/v1/queues", {"name": queue_name}, token=wrong)
+        assert reply.status == 401, reply.body
+        assert "the token is not valid" in reply.body["error"]
+        assert (await call(admin, "GET", "/api/v1/queues", token=wrong)).status == 401
+    async with aiohttp.ClientSession() as session, session.get(
+            admin.admin_url + "/api/v1/queues",
+            headers={"Authorization": f"Basic {admin.admin_token}"}) as response:
+        assert response.status == 401  # only the bearer scheme counts
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).status == 404
+
+
+async def test_a_read_only_token_reads_but_does_not_write(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    assert (await call(admin, "POST", "/api/v1/queues", {"name": queue_name})).status == 201
+    listed = await call(admin, "GET", "/api/v1/queues", token="read-only")
+    assert listed.status == 200 and queue_name in [q["name"] for q in listed.body["queues"]]
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}",
+                       token="read-only")).status == 200
+    assert (await call(admin, "GET", "/api/v1/jobs", token="read-only")).status == 200
+
+    for method, path, body in (
+            ("POST", "/api/v1/queues", {"name": f"{queue_name}-2"}),
+            ("PATCH", f"/api/v1/queues/{queue_name}", {"cordoned": True}),
+            ("PUT", f"/api/v1/queues/{queue_name}", {"priority_factor": 3}),
+            ("DELETE", f"/api/v1/queues/{queue_name}", None)):
+        refused = await call(admin, method, path, body, token="read-only")
+        assert refused.status == 403, (method, refused.body)
+        assert refused.body["error"] == (f"token 'test-reader' is read-only: {method} {path} "
+                                         "needs an admin token")
+    unchanged = await call(admin, "GET", f"/api/v1/queues/{queue_name}")
+    assert (unchanged.body["cordoned"], unchanged.body["priority_factor"]) == (False, 1)
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}-2")).status == 404
 
 
 async def test_queue_writes_follow_the_change_feed_rules(
@@ -240,10 +298,15 @@ class Ran:
     err: str
 
 
-async def lockgate(admin: QueueStoreUnderTest, *args: str) -> Ran:
+async def lockgate(admin: QueueStoreUnderTest, *args: str,
+                   env: dict[str, str] | None = None) -> Ran:
+    """The CLI with the admin token in $LOCKGATE_TOKEN, unless `env` says otherwise."""
     assert LOCKGATE_CLI.exists(), f"the lockgate command is not installed at {LOCKGATE_CLI}"
+    environment = {"LOCKGATE_API": admin.admin_url, "PATH": "/usr/bin",
+                   "LOCKGATE_TOKEN": admin.admin_token}
     process = await asyncio.create_subprocess_exec(
-        str(LOCKGATE_CLI), *args, env={"LOCKGATE_API": admin.admin_url, "PATH": "/usr/bin"},
+        str(LOCKGATE_CLI), *args,
+        env={**environment, **env} if env is not None else environment,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode is not None
@@ -304,6 +367,58 @@ async def test_the_cli_reports_validation_errors_and_conflicts(
     assert nothing.code == 1 and "nothing to update" in nothing.err
     unknown = await lockgate(admin, "queue", "delete", f"{queue_name}-missing")
     assert unknown.code == 1 and "(HTTP 404)" in unknown.err
+
+
+async def test_the_cli_takes_its_token_from_the_environment_or_a_file(
+        admin: QueueStoreUnderTest, queue_name: str, tmp_path: Path) -> None:
+    no_token = await lockgate(admin, "queue", "list", env={"LOCKGATE_TOKEN": ""})
+    assert no_token.code == 1
+    assert "authentication required" in no_token.err and "(HTTP 401)" in no_token.err
+
+    reader_file = tmp_path / "reader-token"
+    reader_file.write_text(admin.read_only_token + "\n")
+    by_file = {"LOCKGATE_TOKEN": "", "LOCKGATE_TOKEN_FILE": str(reader_file)}
+    assert (await lockgate(admin, "queue", "list", env=by_file)).code == 0
+    refused = await lockgate(admin, "queue", "create", queue_name, env=by_file)
+    assert refused.code == 1
+    assert "is read-only" in refused.err and "(HTTP 403)" in refused.err
+
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(admin.admin_token)
+    # --token-file wins over $LOCKGATE_TOKEN (here the read-only token).
+    created = await lockgate(admin, "--token-file", str(admin_file), "queue", "create",
+                             queue_name, env={"LOCKGATE_TOKEN": admin.read_only_token})
+    assert created.code == 0, created.err
+
+    wrong = await lockgate(admin, "queue", "list", env={"LOCKGATE_TOKEN": "lgt_wrong"})
+    assert wrong.code == 1 and "the token is not valid" in wrong.err
+    missing = await lockgate(admin, "--token-file", str(tmp_path / "nope"), "queue", "list")
+    assert missing.code == 1 and "cannot read the token file" in missing.err
+
+
+async def test_a_minted_token_works_once_its_line_is_configured(
+        pg_dsn: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    minted = await lockgate(QueueStoreUnderTest(postgres_dsn=pg_dsn,
+                                                kafka_bootstrap=kafka_bootstrap),
+                            "token", "new", "alice", "--role", "admin")
+    assert minted.code == 0, minted.err
+    token = minted.out.splitlines()[0].rsplit(" ", 1)[1]
+    line = minted.out.splitlines()[1].split(": ", 1)[1]
+    assert line.startswith("alice admin sha256:") and token not in line
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text(f"# who role hash\n{line}\n")
+    async with fresh_database(pg_dsn, prefix="queue_admin_tokens") as dsn:
+        spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
+        process = await spec.start(f"queue-store-tokens-{spec.group_id}", env={
+            "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS": "[]",
+            "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS_FILE": str(tokens_file)})
+        try:
+            assert (await call(spec, "POST", "/api/v1/queues", {"name": "minted"},
+                               token=token)).status == 201
+            assert (await call(spec, "GET", "/api/v1/queues")).status == 401  # not configured
+        finally:
+            assert await process.stop() == 0, process.log_tail()
+    assert "queue minted created (priority factor 1.0) by alice" in process.log_tail(100)
 
 
 async def test_the_cli_says_where_it_could_not_reach_the_api(

@@ -625,7 +625,7 @@ async def test_postgres_outage_makes_it_unready_and_loses_nothing(
         checks = await eventually(unready, within=30, what="queue-store to report not ready")
         assert checks["postgres"]["ready"] is False, checks
         async with aiohttp.ClientSession() as session, session.get(
-                f"{spec.admin_url}/api/v1/queues") as reply:
+                f"{spec.admin_url}/api/v1/queues", headers=spec.admin_headers) as reply:
             assert reply.status == 503
             assert "postgres is unavailable" in (await reply.json())["error"]
         assert await pool.fetchval("SELECT count(*) FROM jobs WHERE cluster = $1",
