@@ -233,13 +233,14 @@ class GateWatcher:
         return True
 
 
-async def create_queues(admin_url: str, names: Iterable[str]) -> None:
+async def create_queues(admin_url: str, names: Iterable[str], namespace: str) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
         for name in names:
-            async with session.post(f"{admin_url}/api/v1/queues",
-                                    json={"name": name, "priority_factor": 1.0}) as response:
+            async with session.post(f"{admin_url}/api/v1/queues", json={
+                    "name": name, "priority_factor": 1.0,
+                    "namespaces": [{"cluster": "*", "names": [namespace]}]}) as response:
                 if response.status not in (200, 201, 409):
                     raise RuntimeError(f"creating queue {name}: {response.status} "
                                        f"{await response.text()}")
@@ -252,7 +253,9 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
     queue_names = [f"bench-{run}-{i}" for i in range(queues)]
     namespace = f"bench-lg-{run}"
     admin = f"http://127.0.0.1:{lockgate.ports.admin_api}"
-    await create_queues(admin, queue_names)
+    await create_queues(admin, queue_names, namespace)
+    await lockgate.wait_for_queues({q: {"cordoned": False, "namespaces": [
+        {"cluster": "*", "names": [namespace]}]} for q in queue_names})
     for api in apis.values():
         await create_namespace(api, namespace, {MANAGED_NAMESPACE_LABEL: "true",
                                                 QUEUE_LABEL: queue_names[0],

@@ -23,6 +23,7 @@ import aiohttp
 from devstack.manifests import (
     WEBHOOK_CONFIGURATION,
     apply_webhook_configuration,
+    delete_queue_copies,
     delete_webhook_configuration,
     ensure_queue_crd,
     load,
@@ -320,6 +321,10 @@ class Lockgate:
         finally:
             for name in reversed(list(self.processes)):
                 codes[name] = await self.processes[name].stop()
+        if self.run_id and "queue-store" in self.processes:
+            # A run's Queue objects are its own: leave the clusters as they were.
+            source = self.queue_source
+            await self._each_cluster(lambda api: _deleting(api, source))
         return codes
 
     async def _each_cluster(self, action: Callable[[Any], Awaitable[None]]) -> None:
@@ -339,3 +344,7 @@ def _copy_matches(copy: Mapping[str, Any] | None, queue: Mapping[str, Any] | Non
         return copy is None
     return copy is not None and copy["cordoned"] == queue["cordoned"] and (
         copy["namespaces"] == queue["namespaces"])
+
+
+async def _deleting(api: Any, source: str) -> None:
+    await delete_queue_copies(api, source=source)

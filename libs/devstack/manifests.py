@@ -20,6 +20,8 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from lockgate import queue_copies
+
 BASE_DIR = Path(__file__).resolve().parents[2] / "k8s" / "base"
 QUEUE_CRD = BASE_DIR / "queue-crd.yaml"
 WEBHOOK_CONFIGURATION = BASE_DIR / "mutating-webhook-configuration.yaml"
@@ -100,3 +102,20 @@ async def ensure_queue_crd(api: client.ApiClient, *, within_seconds: float = 30.
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"CRD {name} not established after {within_seconds:.0f}s")
         await asyncio.sleep(0.1)
+
+
+async def delete_queue_copies(api: client.ApiClient, *, source: str) -> int:
+    """Delete the Queue objects of `source` (a finished local run's); returns how many."""
+    custom = client.CustomObjectsApi(api)
+    listing = await custom.list_cluster_custom_object(
+        queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
+        label_selector=f"{queue_copies.SOURCE_LABEL}={source}")
+    for obj in listing.get("items") or []:
+        try:
+            await custom.delete_cluster_custom_object(
+                queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
+                obj["metadata"]["name"])
+        except ApiException as error:
+            if error.status != 404:
+                raise
+    return len(listing.get("items") or [])

@@ -26,6 +26,7 @@ from devstack.launcher import free_port
 from devstack.manifests import (
     WEBHOOK_CONFIGURATION,
     apply_webhook_configuration,
+    delete_queue_copies,
     delete_webhook_configuration,
     ensure_queue_crd,
     load,
@@ -129,14 +130,7 @@ class Queues:
 
     async def delete_all(self) -> None:
         for api in self._apis.values():
-            custom = client.CustomObjectsApi(api)
-            listing = await custom.list_cluster_custom_object(
-                queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
-                label_selector=f"{queue_copies.SOURCE_LABEL}={SOURCE}")
-            for obj in listing["items"]:
-                await custom.delete_cluster_custom_object(
-                    queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
-                    obj["metadata"]["name"])
+            await delete_queue_copies(api, source=SOURCE)
 
 
 async def start_webhook(name: str, env: dict[str, str], directory: Path, *,
