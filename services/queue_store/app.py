@@ -78,7 +78,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,
                            prefix=settings.queue_sync_name_prefix,
-                           resync_seconds=settings.queue_sync_resync_seconds)
+                           resync_seconds=settings.queue_sync_resync_seconds,
+                           retry=settings.retry)
 
     async def serve_admin(stopping: asyncio.Event) -> None:
         runner = web.AppRunner(admin.app(), access_log=None)

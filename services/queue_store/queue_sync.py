@@ -27,7 +27,8 @@ from lockgate import queue_copies
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store
 from lockgate_adapters.postgres import CHANGES_CHANNEL
-from lockgate_adapters.retrying import sleep_unless_stopped
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +45,31 @@ class QueueSync:
     """Copies Postgres' queues into each cluster as Queue objects of one `source`."""
 
     def __init__(self, *, pool: asyncpg.Pool, dsn: str, apis: Mapping[str, client.ApiClient],
-                 source: str, prefix: str, resync_seconds: float) -> None:
+                 source: str, prefix: str, resync_seconds: float, retry: RetryPolicy) -> None:
         self._pool, self._dsn = pool, dsn
         self._apis = apis
         self._source, self._prefix = source, prefix
         self._resync = resync_seconds
         self._changed = asyncio.Event()
+        self._delays = BackoffIterator(retry)
+        self._retry = retry
 
     async def run(self, stopping: asyncio.Event) -> None:
         listener = asyncio.create_task(self._listen(stopping), name="queue sync: listen")
         try:
             while not stopping.is_set():
                 self._changed.clear()
-                await self.sync_once()
+                outcomes = await self.sync_once()
+                wait = self._resync
+                if any(outcome != "ok" for outcome in outcomes.values()):
+                    # A cluster or Postgres failed: try again soon, not at the next resync.
+                    wait = min(wait, next(self._delays, self._retry.max_seconds))
+                else:
+                    self._delays.reset()
                 waiter = asyncio.create_task(self._changed.wait())
                 stopper = asyncio.create_task(stopping.wait())
                 try:
-                    await asyncio.wait((waiter, stopper), timeout=self._resync,
+                    await asyncio.wait((waiter, stopper), timeout=wait,
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for task in (waiter, stopper):
@@ -84,8 +93,9 @@ class QueueSync:
                 await self._sync_cluster(cluster, api, queues)
             except Exception as error:  # noqa: BLE001 - retried at the next pass
                 PASSES.labels(cluster, "failed").inc()
-                log.warning("queue sync: %s: %r", cluster, error)
-                outcomes[cluster] = repr(error)
+                described = _describe(error)
+                log.warning("queue sync: %s: %s", cluster, described)
+                outcomes[cluster] = described
                 continue
             PASSES.labels(cluster, "ok").inc()
             LAST_SYNC.labels(cluster).set(datetime.now(UTC).timestamp())
@@ -158,3 +168,9 @@ class QueueSync:
                 if connection is not None:
                     await connection.close(timeout=1)
             await sleep_unless_stopped(stopping, min(self._resync, 5.0))
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}: {str(error.body or '')[:300]}"
+    return repr(error)
