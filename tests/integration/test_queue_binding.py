@@ -5,7 +5,9 @@ only pods of managed namespaces for lockgate's jobs.
 lockgate runs as real processes (devstack's launcher: queue-store, admission webhook,
 cluster-watcher) on a fresh database, isolated by a run id: its consumer groups, its Queue
 objects (labelled and prefixed with the run id), its webhook registration (namespaces labelled
-lockgate.io/run=<run id> only). What these tests check is documented in docs/admission.md.
+lockgate.io/run=<run id> only), and cluster names of its own ("cluster-a-<run>"): watchers of
+other runs publish to the same topics, and their events carry the clusters' usual names, so
+this run's jobs are told apart by cluster. What is checked is documented in docs/admission.md.
 """
 
 from __future__ import annotations
@@ -62,13 +64,15 @@ class Run:
     async def webhook_has(self, name: str, queue: dict[str, Any] | None) -> None:
         await self.lockgate.wait_for_queues({name: queue})
 
-    async def jobs(self, queue: str) -> dict[str, Any]:
-        status, answer = await self.call("GET", f"/jobs?queue={queue}&limit=1000")
+    async def jobs(self, queue: str, cluster: str) -> dict[str, Any]:
+        """This run's jobs of `queue` in `cluster` (a real name), with the admin API's hints."""
+        status, answer = await self.call(
+            "GET", f"/jobs?queue={queue}&cluster={alias(cluster)}&limit=1000")
         assert status == 200, answer
         return answer  # type: ignore[no-any-return]
 
-    async def job_state(self, queue: str, pod_name: str) -> str | None:
-        for job in (await self.jobs(queue))["jobs"]:
+    async def job_state(self, queue: str, pod_name: str, cluster: str) -> str | None:
+        for job in (await self.jobs(queue, cluster))["jobs"]:
             if job["name"] == pod_name:
                 return str(job["state"])
         return None
@@ -88,7 +92,7 @@ async def run(stack: StackInfo, kube_clients: Kube,
               tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
     async with fresh_database(stack.postgres_dsn, prefix=f"qbind_{RUN}") as dsn:
         lockgate = Lockgate(
-            kubeconfigs={c: stack.kubeconfigs[c] for c in CLUSTERS},
+            kubeconfigs={alias(c): stack.kubeconfigs[c] for c in CLUSTERS},
             kafka_bootstrap=stack.kafka_bootstrap, postgres_dsn=dsn, run_id=f"qb-{RUN}",
             ports=ServicePorts.free(), log_dir=tmp_path_factory.mktemp("service-logs"),
             cert_dir=tmp_path_factory.mktemp("webhook-certs"),
@@ -120,6 +124,11 @@ def namespaces(run: Run, make_namespace: Factory) -> Factory:
         return await make_namespace(cluster, prefix="lg-qb", labels=labels)
 
     return make
+
+
+def alias(cluster: str) -> str:
+    """The name this run's lockgate knows a real cluster by."""
+    return f"{cluster}-{RUN}"
 
 
 def unique(prefix: str) -> str:
@@ -228,16 +237,16 @@ async def test_queue_labels_outside_managed_namespaces_are_never_jobs(
 
         async def snapshot_with_control() -> set[str] | None:
             rows = await run.db.fetch(
-                "SELECT uid FROM cluster_snapshot_pods WHERE cluster = $1", cluster)
+                "SELECT uid FROM cluster_snapshot_pods WHERE cluster = $1", alias(cluster))
             uids = {row["uid"] for row in rows}
             return uids if control.metadata.uid in uids else None
 
         listed = await eventually(snapshot_with_control, within=60,
                                   what="the restarted watcher's snapshot")
-        await eventually(lambda: run.job_state(victim, "real-job"), within=30,
+        await eventually(lambda: run.job_state(victim, "real-job", cluster), within=30,
                          what="the managed pod's job")
         stored = {row["uid"] for row in await run.db.fetch(
-            "SELECT uid FROM jobs WHERE queue = $1", victim)}
+            "SELECT uid FROM jobs WHERE queue = $1 AND cluster = $2", victim, alias(cluster))}
         for pod in created:
             assert pod.metadata.uid not in listed, pod.metadata.name
             assert pod.metadata.uid not in stored, pod.metadata.name
@@ -272,10 +281,10 @@ async def test_a_stale_copy_admits_and_the_pod_stays_gated_with_the_reason_shown
     with pytest.raises(ApiException) as refused:
         await core.create_namespaced_pod(namespace, user_pod("later", doomed))
     assert f'queue "{doomed}" does not exist' in refusal(refused.value)
-    assert await eventually(lambda: run.job_state(doomed, "late"), within=30,
+    assert await eventually(lambda: run.job_state(doomed, "late", "cluster-b"), within=30,
                             what="the late pod's job") == "queued"
     assert f"queue {doomed!r} does not exist: its jobs wait until it is created" in (
-        await run.jobs(doomed))["hints"]
+        await run.jobs(doomed, "cluster-b"))["hints"]
     assert gates_of(await core.read_namespaced_pod("late", namespace)) == [SCHEDULING_GATE]
 
 
@@ -287,7 +296,7 @@ async def test_rebinding_a_queue_keeps_admitted_jobs_and_refuses_new_pods(
     queue = unique("moving")
     await run.create_queue(queue, names=[first])
     await core.create_namespaced_pod(first, user_pod("admitted", queue))
-    assert await eventually(lambda: run.job_state(queue, "admitted"), within=30,
+    assert await eventually(lambda: run.job_state(queue, "admitted", "cluster-a"), within=30,
                             what="the admitted pod's job") == "queued"
 
     status, moved = await run.call("PATCH", f"/queues/{queue}", {
@@ -301,8 +310,8 @@ async def test_rebinding_a_queue_keeps_admitted_jobs_and_refuses_new_pods(
     assert gates_of(await core.create_namespaced_pod(second, user_pod("new-home", queue))) == [
         SCHEDULING_GATE]
     # The job admitted under the old binding keeps its queue.
-    assert await run.job_state(queue, "admitted") == "queued"
-    assert await eventually(lambda: run.job_state(queue, "new-home"), within=30,
+    assert await run.job_state(queue, "admitted", "cluster-a") == "queued"
+    assert await eventually(lambda: run.job_state(queue, "new-home", "cluster-a"), within=30,
                             what="the new pod's job") == "queued"
 
 
@@ -314,7 +323,7 @@ async def test_a_namespace_losing_its_managed_label_keeps_its_jobs_until_they_en
     queue = unique("relabel")
     await run.create_queue(queue, names=[namespace])
     await core.create_namespaced_pod(namespace, user_pod("before", queue))
-    assert await eventually(lambda: run.job_state(queue, "before"), within=30,
+    assert await eventually(lambda: run.job_state(queue, "before", "cluster-b"), within=30,
                             what="the job") == "queued"
 
     await core.patch_namespace(namespace, {"metadata": {"labels": {
@@ -327,9 +336,9 @@ async def test_a_namespace_losing_its_managed_label_keeps_its_jobs_until_they_en
     assert await eventually(
         lambda: _state_is(run, queue, "before", "deleted"), within=30,
         what="the old job's deletion") == "deleted"
-    assert await run.job_state(queue, "after") is None
+    assert await run.job_state(queue, "after", "cluster-b") is None
 
 
 async def _state_is(run: Run, queue: str, pod: str, state: str) -> str | None:
-    found = await run.job_state(queue, pod)
+    found = await run.job_state(queue, pod, "cluster-b")
     return found if found == state else None
