@@ -225,16 +225,20 @@ def exemption(request: AdmissionRequest) -> str | None:
         return f"{request.operation} is not a creation"
     if request.namespace in NEVER_MANAGED_NAMESPACES:
         return f"namespace {request.namespace} is never managed"
-    node_name = (request.pod.get("spec") or {}).get("nodeName")
-    if node_name:
+    node_name = _bound_node(request)
+    if node_name and not request.pod_labels.get(QUEUE_LABEL):
         # Gates and spec.nodeName together are invalid; such pods (static/mirror) bypass queues.
         return f"already bound to node {node_name}"
     return None
 
 
+def _bound_node(request: AdmissionRequest) -> str:
+    return str((request.pod.get("spec") or {}).get("nodeName") or "")
+
+
 def needs_owner_labels(request: AdmissionRequest, namespace_labels: Mapping[str, str]) -> bool:
     """Whether the decision depends on the labels of the pod's controlling owners."""
-    if not is_managed_namespace(request.namespace, namespace_labels):
+    if not is_managed_namespace(request.namespace, namespace_labels) or _bound_node(request):
         return False
     labels = request.pod_labels
     return not (labels.get(QUEUE_LABEL) and labels.get(JOBSET_LABEL))
@@ -248,7 +252,10 @@ def queue_to_check(
     """The queue whose state the decision needs, or None when it needs none."""
     if exemption(request) is not None:
         return None
-    plan = _plan_labels(request, namespace_labels, owners)
+    if _bound_node(request):
+        plan = _plan_labels(request, {}, [])  # only its own label counts (it is not gated)
+    else:
+        plan = _plan_labels(request, namespace_labels, owners)
     return plan.queue if isinstance(plan, _LabelPlan) else None
 
 
@@ -277,7 +284,11 @@ def decide(
         return unchanged(
             f"namespace {request.namespace} is not managed ({MANAGED_NAMESPACE_LABEL} != true)"
         )
-    plan = _plan_labels(request, namespace_labels, owners)
+    node_name = _bound_node(request)
+    # A pod bound at creation cannot be gated, but the watcher counts it as a job of the queue
+    # its label names (its namespace is managed): it may name only a queue open to it.
+    plan = _plan_labels(request, {} if node_name else namespace_labels,
+                        [] if node_name else owners)
     if isinstance(plan, Decision):
         return plan
     if queue is None:
@@ -295,6 +306,8 @@ def decide(
         return _denied(plan, f'queue "{plan.queue}" is cordoned and accepts no new pods; '
                        f"uncordon it with 'lockgate queue update {plan.queue} --uncordon' or "
                        "use another queue")
+    if node_name:
+        return unchanged(f"already bound to node {node_name}; runs in queue {plan.queue}")
     return Decision(
         Outcome.GATED,
         message=f"gated in queue {plan.queue}, jobset {plan.jobset}",

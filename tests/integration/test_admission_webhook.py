@@ -464,8 +464,10 @@ async def test_a_queue_the_namespace_may_not_use_is_refused_with_the_queues_it_m
         assert refused.value.status == 403
         message = rejection_message(refused.value)
         assert f'namespace {namespace} may not use queue "{theirs}"' in message
-        assert "may use: " in message and ours in message and theirs not in message.split(
-            "may use: ")[1].split(",")[0]
+        suggested = message.split(f"namespace {namespace} may use: ")[1]
+        # Every queue this module created is bound to its namespaces; at most 10 are listed.
+        assert ours in suggested or "more)" in suggested
+        assert theirs not in suggested.split(", or ask")[0]
         assert f"({QUEUE_LABEL} from {source})" in message
     assert not (await core.list_namespaced_pod(namespace)).items
 
@@ -513,6 +515,28 @@ async def test_non_pod_objects_are_created_immediately(
 
     assert created.data == {"k": "v"}
     assert not created.metadata.labels
+
+
+async def test_a_pod_bound_at_creation_may_name_only_a_queue_open_to_its_namespace(
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    """A pod with spec.nodeName cannot be gated, but it would count as a job of the queue its
+    label names: a queue of other namespaces is refused, its own is admitted unchanged."""
+    ours = await queues.create()
+    theirs = await queues.create(namespaces=[{"cluster": "*", "names": ["team-b-only"]}])
+    namespace = await namespaces("cluster-b")
+    core = client.CoreV1Api(kube_clients["cluster-b"])
+
+    with pytest.raises(ApiException) as refused:
+        await core.create_namespaced_pod(
+            namespace, user_pod("bound-jumper").in_queue(theirs).on_node("n-x").manifest())
+    assert f'namespace {namespace} may not use queue "{theirs}"' in rejection_message(
+        refused.value)
+
+    pod = await core.create_namespaced_pod(
+        namespace, user_pod("bound-own").in_queue(ours).on_node("n-x").manifest())
+    assert gates_of(pod) == [] and pod.spec.node_name == "n-x"
+    assert pod.metadata.labels == {QUEUE_LABEL: ours}
 
 
 async def test_the_webhook_needs_no_database_and_is_ready_once_it_has_the_queues(

@@ -367,6 +367,27 @@ def test_queue_to_check() -> None:
     bound = AdmissionRequest.from_review(make_review(make_pod(node_name="n1")))
     assert queue_to_check(bound, {**MANAGED, QUEUE_LABEL: "q"}, []) is None
     assert exemption(bound) is not None
+    # A bound pod naming a queue itself: that queue must be open to it (it counts as a job).
+    labelled = AdmissionRequest.from_review(make_review(
+        make_pod(node_name="n1", labels={QUEUE_LABEL: "q"})))
+    assert exemption(labelled) is None
+    assert not needs_owner_labels(labelled, MANAGED)
+    assert queue_to_check(labelled, {**MANAGED, QUEUE_LABEL: "other"}, deployment) == "q"
+
+
+@pytest.mark.parametrize(("status", "want"), [
+    (QueueStatus.OPEN, Outcome.UNCHANGED), (QueueStatus.NOT_ALLOWED, Outcome.DENIED),
+    (QueueStatus.MISSING, Outcome.DENIED), (QueueStatus.CORDONED, Outcome.DENIED)])
+def test_a_pod_bound_at_creation_may_name_only_a_queue_open_to_its_namespace(
+        status: QueueStatus, want: Outcome) -> None:
+    request = AdmissionRequest.from_review(make_review(
+        make_pod(node_name="n1", labels={QUEUE_LABEL: "q"})))
+    decision = decide(request=request, namespace_labels=MANAGED, owners=[],
+                      queue=QueueLookup(status, existing=("mine",)))
+    assert decision.outcome is want
+    assert not decision.patch  # never a gate beside nodeName
+    if want is Outcome.DENIED:
+        assert "(lockgate.io/queue from the pod)" in decision.message
 
 
 @pytest.mark.parametrize(
