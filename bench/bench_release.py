@@ -233,14 +233,15 @@ class GateWatcher:
         return True
 
 
-async def create_queues(admin_url: str, names: Iterable[str], *,
+async def create_queues(admin_url: str, names: Iterable[str], namespace: str, *,
                         headers: dict[str, str]) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(headers=headers) as session:
         for name in names:
-            async with session.post(f"{admin_url}/api/v1/queues",
-                                    json={"name": name, "priority_factor": 1.0}) as response:
+            async with session.post(f"{admin_url}/api/v1/queues", json={
+                    "name": name, "priority_factor": 1.0,
+                    "namespaces": [{"cluster": "*", "names": [namespace]}]}) as response:
                 if response.status not in (200, 201, 409):
                     raise RuntimeError(f"creating queue {name}: {response.status} "
                                        f"{await response.text()}")
@@ -252,7 +253,10 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
     run = uuid.uuid4().hex[:6]
     queue_names = [f"bench-{run}-{i}" for i in range(queues)]
     namespace = f"bench-lg-{run}"
-    await create_queues(lockgate.admin_url, queue_names, headers=lockgate.admin_headers)
+    await create_queues(lockgate.admin_url, queue_names, namespace,
+                        headers=lockgate.admin_headers)
+    await lockgate.wait_for_queues({q: {"cordoned": False, "namespaces": [
+        {"cluster": "*", "names": [namespace]}]} for q in queue_names})
     for api in apis.values():
         await create_namespace(api, namespace, {MANAGED_NAMESPACE_LABEL: "true",
                                                 QUEUE_LABEL: queue_names[0],

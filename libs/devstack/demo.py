@@ -222,14 +222,21 @@ async def demo(args: argparse.Namespace) -> int:
         admin = f"{lockgate.admin_url}/api/v1/queues"
         async with aiohttp.ClientSession() as session:
             for name, factor in QUEUES.items():
-                async with session.post(admin, json={"name": name, "priority_factor": factor},
-                                        headers=lockgate.admin_headers) as response:
+                # Each queue may be used by its own namespace only, in every cluster.
+                binding = {"cluster": "*", "names": [f"demo-{run}-{name}"]}
+                async with session.post(admin, json={
+                        "name": name, "priority_factor": factor,
+                        "namespaces": [binding]}, headers=lockgate.admin_headers) as response:
                     if response.status not in (200, 201, 409):
                         raise RuntimeError(f"queue {name}: {await response.text()}")
-                print(f"  lockgate queue create {name} --priority-factor {factor}", flush=True)
+                print(f"  lockgate queue create {name} --priority-factor {factor} "
+                      f"--namespace demo-{run}-{name}", flush=True)
             tokens = lockgate.write_token_files()
             print(f"  (the admin API wants a token: lockgate --api {lockgate.admin_url} "
                   f"--token-file {tokens['read-only']} jobs list)", flush=True)
+            # Admission decides from each cluster's copy of the queues: wait until it has them.
+            await lockgate.wait_for_queues({name: {"cordoned": False, "namespaces": [{
+                "cluster": "*", "names": [f"demo-{run}-{name}"]}]} for name in QUEUES})
 
             for cluster, api in apis.items():
                 core = client.CoreV1Api(api)

@@ -13,13 +13,22 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from devstack.manifests import (
+    WEBHOOK_CONFIGURATION,
+    apply_webhook_configuration,
+    delete_queue_copies,
+    delete_webhook_configuration,
+    ensure_queue_crd,
+    load,
+    render_webhook_configuration,
+)
 from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
     CLUSTER_CAPACITY,
@@ -30,12 +39,14 @@ from lockgate.events import (
 )
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
+from lockgate_adapters.kube import api_client
 from lockgate_adapters.tls import write_atomically
 
 if TYPE_CHECKING:
     from devstack.stack import StackInfo
 
 RUN_LABEL = "lockgate.io/run"
+DEFAULT_CERT_DIR = Path("~/.cache/lockgate/webhook-certs").expanduser()
 # Beside the stack's own logs when a stack dir is given (a second stack, e.g. with
 # LOCKGATE_STACK_PORT_OFFSET, keeps its services' logs apart).
 DEFAULT_LOG_DIR = Path(
@@ -166,10 +177,13 @@ class Lockgate:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     standby_scheduler: bool = True
     # Isolates this run from others sharing the stack (tests, an earlier demo): consumer groups
-    # of its own that start at the topics' end, and a webhook registration of its own that
-    # serves only namespaces labelled `lockgate.io/run=<run_id>`.
+    # of its own that start at the topics' end, Queue objects of its own (labelled and named
+    # after the run), and a webhook registration of its own that serves only namespaces
+    # labelled `lockgate.io/run=<run_id>`.
     run_id: str | None = None
+    cert_dir: Path = DEFAULT_CERT_DIR
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    registered_in: list[str] = field(default_factory=list)
     # Admin API tokens of this run alone, minted fresh: queue-store gets only their hashes.
     admin_token: str = field(default_factory=new_token, repr=False)
     read_only_token: str = field(default_factory=new_token, repr=False)
@@ -227,6 +241,22 @@ class Lockgate:
     def run_namespace_labels(self) -> dict[str, str]:
         return {RUN_LABEL: self.run_id} if self.run_id else {}
 
+    @property
+    def webhook_configuration_name(self) -> str:
+        return f"lockgate-{self.run_id}" if self.run_id else "lockgate"
+
+    @property
+    def queue_source(self) -> str:
+        """The lockgate.io/queue-source of this run's Queue objects."""
+        return self.run_id or "lockgate"
+
+    @property
+    def queue_object_prefix(self) -> str:
+        return f"{self.run_id}-" if self.run_id else ""
+
+    def queue_object_name(self, queue: str) -> str:
+        return f"{self.queue_object_prefix}{queue}"
+
     def _common_env(self) -> dict[str, str]:
         env = {
             "LOCKGATE_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
@@ -238,8 +268,6 @@ class Lockgate:
             env.update({
                 "LOCKGATE_QUEUE_STORE_GROUP_ID": f"queue-store-{self.run_id}",
                 "LOCKGATE_UNGATER_GROUP_ID": f"ungater-{self.run_id}",
-                "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": f"lockgate-{self.run_id}",
-                "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
             })
         return {**env, **self.extra_env}
 
@@ -262,14 +290,16 @@ class Lockgate:
                 "LOCKGATE_QUEUE_STORE_HTTP_PORT": str(p.queue_store_health),
                 "LOCKGATE_QUEUE_STORE_ADMIN_PORT": str(p.admin_api),
                 "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS": json.dumps(self.admin_token_lines()),
+                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": self.clusters_as("queue-sync"),
+                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": self.queue_source,
+                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": self.queue_object_prefix,
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
-                **self._postgres("admission-webhook"),
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),
                 "LOCKGATE_WEBHOOK_PORT": str(p.webhook),
                 "LOCKGATE_WEBHOOK_CLUSTERS": self.clusters_as("webhook"),
-                # A local run must not leave a fail-closed registration behind it.
-                "LOCKGATE_WEBHOOK_UNREGISTER_ON_SHUTDOWN": "true",
+                "LOCKGATE_WEBHOOK_CERT_DIR": str(self.cert_dir),
+                "LOCKGATE_WEBHOOK_QUEUE_SOURCE": self.queue_source,
             }, p.webhook_health),
             ("cluster-watcher", "cluster_watcher", {
                 "LOCKGATE_WATCHER_HTTP_PORT": str(p.watcher_health),
@@ -298,22 +328,101 @@ class Lockgate:
         if not self.processes:
             await self._isolate_consumer_groups()
             await prepare_database(self.postgres_dsn)
+            # The Queue CRD comes with k8s/base; applied here too, so a run never lacks it.
+            await self._each_cluster(lambda api: ensure_queue_crd(api))
         for name, module, env, health in self.definitions():
             if only is not None and name not in only:
                 continue
             process = ServiceProcess(name, module, {**self._common_env(), **env},
                                      health_port=health, log_dir=self.log_dir)
             self.processes[name] = process
+            if module == "admission_webhook":
+                # It needs no database: give it no credentials (not even inherited ones).
+                process.env.pop("LOCKGATE_POSTGRES_DSN", None)
             await process.start()
             if name != "fair-scheduler-standby":  # a standby is never "ready" as leader
                 await process.wait_ready(within_seconds)
+            if module == "admission_webhook":
+                await self.register_webhook()
+
+    async def register_webhook(self) -> None:
+        """Apply this run's rendering of the static webhook configuration in every cluster."""
+        static = load(WEBHOOK_CONFIGURATION)
+        ca_pem = (self.cert_dir / "ca.crt").read_bytes()
+        for cluster, kubeconfig in self.kubeconfigs.items():
+            manifest = render_webhook_configuration(
+                static, name=self.webhook_configuration_name,
+                url=f"https://127.0.0.1:{self.ports.webhook}/mutate/{cluster}",
+                ca_bundle_pem=ca_pem, extra_namespace_labels=self.run_namespace_labels)
+            api = await api_client(kubeconfig)
+            try:
+                await apply_webhook_configuration(api, manifest)
+            finally:
+                await api.close()
+            if cluster not in self.registered_in:
+                self.registered_in.append(cluster)
+
+    async def wait_for_queues(self, expected: Mapping[str, Any], *,
+                              within_seconds: float = 30.0) -> None:
+        """Until the webhook's copy in every cluster shows each queue in `expected` (name →
+        its JSON from the admin API, or None for "gone") as the admin API wrote it."""
+        url = f"http://127.0.0.1:{self.ports.webhook_health}/api/v1/queues"
+        deadline = time.monotonic() + within_seconds
+        seen: Any = None
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with session.get(url) as response:
+                    seen = await response.json()
+                if all(_copy_matches((seen.get(cluster) or {}).get(name), queue)
+                       for cluster in self.kubeconfigs for name, queue in expected.items()):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the webhook's queues did not match after "
+                                       f"{within_seconds:.0f}s: {seen}")
+                await asyncio.sleep(0.1)
+
+    async def unregister_webhook(self) -> None:
+        """Remove this run's webhook configuration: a local run leaves no fail-closed hook."""
+        for cluster in list(self.registered_in):
+            api = await api_client(self.kubeconfigs[cluster])
+            try:
+                await delete_webhook_configuration(api, self.webhook_configuration_name)
+            finally:
+                await api.close()
+            self.registered_in.remove(cluster)
 
     async def stop(self) -> dict[str, int | None]:
         """Stop in reverse order; returns each exit code (0 is a graceful exit)."""
         codes: dict[str, int | None] = {}
-        for name in reversed(list(self.processes)):
-            codes[name] = await self.processes[name].stop()
+        try:
+            await self.unregister_webhook()
+        finally:
+            for name in reversed(list(self.processes)):
+                codes[name] = await self.processes[name].stop()
+        if self.run_id and "queue-store" in self.processes:
+            # A run's Queue objects are its own: leave the clusters as they were.
+            source = self.queue_source
+            await self._each_cluster(lambda api: _deleting(api, source))
         return codes
+
+    async def _each_cluster(self, action: Callable[[Any], Awaitable[None]]) -> None:
+        for kubeconfig in self.kubeconfigs.values():
+            api = await api_client(kubeconfig)
+            try:
+                await action(api)
+            finally:
+                await api.close()
 
     def crashed(self) -> list[str]:
         return [name for name, p in self.processes.items() if not p.alive()]
+
+
+def _copy_matches(copy: Mapping[str, Any] | None, queue: Mapping[str, Any] | None) -> bool:
+    if queue is None:
+        return copy is None
+    return copy is not None and copy["cordoned"] == queue["cordoned"] and (
+        copy["namespaces"] == queue["namespaces"])
+
+
+async def _deleting(api: Any, source: str) -> None:
+    await delete_queue_copies(api, source=source)

@@ -4,12 +4,15 @@ Why: a pod created in a managed namespace must carry lockgate's scheduling gate 
 queue and jobset it belongs to before it exists, because gates can be added only at creation.
 Operators of Dask, Ray or Spark create pods we never see in advance, so the labels are inherited:
 labels on the pod win, then the nearest controlling owner that has them (ReplicaSet, then its
-Deployment, ...), then the namespace. A pod that cannot be placed in an open queue is refused
-with a message that says what to set, rather than left gated forever.
+Deployment, ...), then the namespace. A pod that cannot be placed in an open queue its
+namespace may use is refused with a message that says what to set, rather than left gated
+forever: whoever names the queue (the pod, an owner, the namespace), the queue must be bound to
+the pod's namespace, or one team could run under another's queue.
 
-The webhook service gathers the inputs (namespace labels, owner labels, the queue's state) and
-asks this module, in stages, so it reads only what the decision needs:
-`exemption` → `needs_owner_labels` → `queue_to_check` → `decide` → `admission_response`.
+The webhook service gathers the inputs (namespace labels, owner labels, its cluster's copy of
+the queues) and asks this module, in stages, so it reads only what the decision needs:
+`exemption` → `needs_owner_labels` → `queue_to_check` → `lookup_queue` → `decide` →
+`admission_response`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from lockgate.labels import (
     validate_label_value,
     validate_queue_name,
 )
+from lockgate.queues import QueueSpec
 
 JsonObject = Mapping[str, Any]
 PatchOperation = dict[str, Any]
@@ -119,14 +123,44 @@ class QueueStatus(StrEnum):
     OPEN = "open"
     CORDONED = "cordoned"
     MISSING = "missing"  # no such queue, or deleted
+    NOT_ALLOWED = "not-allowed"  # exists, but not bound to the pod's namespace
 
 
 @dataclass(frozen=True)
 class QueueLookup:
-    """What Postgres says about the queue a pod resolved to; `existing` feeds suggestions."""
+    """What the queues say about the one a pod resolved to.
+
+    `existing` (suggestions) lists only the open queues the pod's namespace may use, so a
+    refusal never shows a team the queues of others.
+    """
 
     status: QueueStatus
     existing: tuple[str, ...] = ()
+    cluster: str = ""
+
+
+def usable_queues(queues: Mapping[str, QueueSpec], *, cluster: str, namespace: str,
+                  namespace_labels: Mapping[str, str]) -> tuple[str, ...]:
+    """The open queues pods of `namespace` in `cluster` may name, sorted."""
+    return tuple(sorted(
+        name for name, spec in queues.items()
+        if not spec.cordoned
+        and spec.allows(cluster=cluster, namespace=namespace, labels=namespace_labels)))
+
+
+def lookup_queue(name: str, *, queues: Mapping[str, QueueSpec], cluster: str, namespace: str,
+                 namespace_labels: Mapping[str, str]) -> QueueLookup:
+    """What `queues` (by name) say about queue `name` for a pod of `namespace` in `cluster`."""
+    usable = usable_queues(queues, cluster=cluster, namespace=namespace,
+                           namespace_labels=namespace_labels)
+    spec = queues.get(name)
+    if spec is None:
+        return QueueLookup(QueueStatus.MISSING, existing=usable, cluster=cluster)
+    if not spec.allows(cluster=cluster, namespace=namespace, labels=namespace_labels):
+        return QueueLookup(QueueStatus.NOT_ALLOWED, existing=usable, cluster=cluster)
+    if spec.cordoned:
+        return QueueLookup(QueueStatus.CORDONED, existing=usable, cluster=cluster)
+    return QueueLookup(QueueStatus.OPEN, existing=usable, cluster=cluster)
 
 
 class Outcome(StrEnum):
@@ -191,16 +225,20 @@ def exemption(request: AdmissionRequest) -> str | None:
         return f"{request.operation} is not a creation"
     if request.namespace in NEVER_MANAGED_NAMESPACES:
         return f"namespace {request.namespace} is never managed"
-    node_name = (request.pod.get("spec") or {}).get("nodeName")
-    if node_name:
+    node_name = _bound_node(request)
+    if node_name and not request.pod_labels.get(QUEUE_LABEL):
         # Gates and spec.nodeName together are invalid; such pods (static/mirror) bypass queues.
         return f"already bound to node {node_name}"
     return None
 
 
+def _bound_node(request: AdmissionRequest) -> str:
+    return str((request.pod.get("spec") or {}).get("nodeName") or "")
+
+
 def needs_owner_labels(request: AdmissionRequest, namespace_labels: Mapping[str, str]) -> bool:
     """Whether the decision depends on the labels of the pod's controlling owners."""
-    if not is_managed_namespace(request.namespace, namespace_labels):
+    if not is_managed_namespace(request.namespace, namespace_labels) or _bound_node(request):
         return False
     labels = request.pod_labels
     return not (labels.get(QUEUE_LABEL) and labels.get(JOBSET_LABEL))
@@ -214,7 +252,10 @@ def queue_to_check(
     """The queue whose state the decision needs, or None when it needs none."""
     if exemption(request) is not None:
         return None
-    plan = _plan_labels(request, namespace_labels, owners)
+    if _bound_node(request):
+        plan = _plan_labels(request, {}, [])  # only its own label counts (it is not gated)
+    else:
+        plan = _plan_labels(request, namespace_labels, owners)
     return plan.queue if isinstance(plan, _LabelPlan) else None
 
 
@@ -243,18 +284,30 @@ def decide(
         return unchanged(
             f"namespace {request.namespace} is not managed ({MANAGED_NAMESPACE_LABEL} != true)"
         )
-    plan = _plan_labels(request, namespace_labels, owners)
+    node_name = _bound_node(request)
+    # A pod bound at creation cannot be gated, but the watcher counts it as a job of the queue
+    # its label names (its namespace is managed): it may name only a queue open to it.
+    plan = _plan_labels(request, {} if node_name else namespace_labels,
+                        [] if node_name else owners)
     if isinstance(plan, Decision):
         return plan
     if queue is None:
         return unverifiable(f'queue "{plan.queue}"')
     if queue.status is QueueStatus.MISSING:
         return _denied(plan, f'queue "{plan.queue}" does not exist; create it with '
-                       f"'lockgate queue create {plan.queue}' or {_suggest(queue.existing)}")
+                       f"'lockgate queue create {plan.queue}' or "
+                       f"{_suggest(queue.existing, request.namespace)}")
+    if queue.status is QueueStatus.NOT_ALLOWED:
+        where = f"{queue.cluster}/{request.namespace}" if queue.cluster else request.namespace
+        return _denied(plan, f'namespace {request.namespace} may not use queue "{plan.queue}"; '
+                       f"{_suggest(queue.existing, request.namespace)}, or ask an operator to "
+                       f"bind it: 'lockgate queue update {plan.queue} --namespace {where}'")
     if queue.status is QueueStatus.CORDONED:
         return _denied(plan, f'queue "{plan.queue}" is cordoned and accepts no new pods; '
                        f"uncordon it with 'lockgate queue update {plan.queue} --uncordon' or "
                        "use another queue")
+    if node_name:
+        return unchanged(f"already bound to node {node_name}; runs in queue {plan.queue}")
     return Decision(
         Outcome.GATED,
         message=f"gated in queue {plan.queue}, jobset {plan.jobset}",
@@ -287,82 +340,6 @@ def admission_response(uid: str, decision: Decision) -> dict[str, Any]:
     if decision.warnings:
         response["warnings"] = list(decision.warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-
-
-@dataclass(frozen=True)
-class ServiceReference:
-    """Where the apiserver reaches a webhook that runs inside the cluster, as a Service."""
-
-    namespace: str
-    name: str
-    path: str
-    port: int = 443
-
-
-def webhook_configuration(
-    *,
-    name: str,
-    ca_bundle_pem: bytes,
-    url: str | None = None,
-    service: ServiceReference | None = None,
-    timeout_seconds: int = 5,
-    extra_namespace_labels: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration that sends pod creations in managed namespaces to the
-    webhook at `url` (beside the apiserver) or behind `service` (inside the cluster).
-
-    failurePolicy Fail: a pod admitted ungated while the webhook is down would bypass the global
-    queue for good (gates cannot be added later), so an outage refuses pods instead.
-    """
-    if service is not None and url is None:
-        target: dict[str, Any] = {"service": {"namespace": service.namespace,
-                                              "name": service.name, "path": service.path,
-                                              "port": service.port}}
-    elif url is not None and service is None:
-        target = {"url": url}
-    else:
-        raise ValueError("give exactly one of url and service")
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "lockgate"}},
-        "webhooks": [
-            {
-                "name": "pods.lockgate.io",
-                "clientConfig": {
-                    **target,
-                    "caBundle": base64.b64encode(ca_bundle_pem).decode(),
-                },
-                "rules": [
-                    {
-                        "operations": ["CREATE"],
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "namespaceSelector": {
-                    "matchLabels": {MANAGED_NAMESPACE_LABEL: "true",
-                                    **(extra_namespace_labels or {})},
-                    "matchExpressions": [
-                        {
-                            "key": "kubernetes.io/metadata.name",
-                            "operator": "NotIn",
-                            "values": sorted(NEVER_MANAGED_NAMESPACES),
-                        }
-                    ],
-                },
-                "failurePolicy": "Fail",
-                "matchPolicy": "Equivalent",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": timeout_seconds,
-                # Called again if a later webhook rewrites the pod (e.g. replaces its gates).
-                "reinvocationPolicy": "IfNeeded",
-            }
-        ],
-    }
 
 
 def _plan_labels(
@@ -421,13 +398,13 @@ def _no_queue_message(request: AdmissionRequest, owners: Sequence[OwnerLabels]) 
     return f"{request.pod_description} has no queue: set label {QUEUE_LABEL} on {where}{suffix}"
 
 
-def _suggest(existing: Sequence[str]) -> str:
+def _suggest(existing: Sequence[str], namespace: str) -> str:
     if not existing:
-        return "ask an operator to create one: no queues exist yet"
+        return f"no open queue may be used by namespace {namespace}"
     names = sorted(existing)
     shown = ", ".join(names[:SUGGESTED_QUEUES])
     more = f" (and {len(names) - SUGGESTED_QUEUES} more)" if len(names) > SUGGESTED_QUEUES else ""
-    return f"use one of: {shown}{more}"
+    return f"use one of the queues namespace {namespace} may use: {shown}{more}"
 
 
 def _denied(plan: _LabelPlan, message: str) -> Decision:

@@ -6,6 +6,14 @@ kube-scheduler counts it), how much room pods lockgate does not manage take on e
 which changes are worth an event at all. The watcher feeds `ObservedCluster` with what it lists
 and watches; `ObservedCluster` answers with the events to publish.
 
+Which pods are lockgate's: a pod is a job of its queue only if it carries the queue label AND
+its namespace is managed (`lockgate.io/managed=true`, never kube-system and the like). A label
+alone proves nothing: anyone can write it, in any namespace, on a pod bound by `nodeName` too.
+Everything else is unmanaged usage (room taken on nodes). The verdict is taken once per pod, when
+the watcher first sees it with its namespace known, and kept for the pod's life: relabelling a
+namespace later neither orphans its running jobs nor turns its old pods into jobs. A pod whose
+namespace is not known yet (the two watches race) waits until the namespace is seen.
+
 Pods and nodes are read in the apiserver's JSON form (camelCase keys, as a watch event's raw
 object or a list response's items), not as client models.
 """
@@ -24,8 +32,10 @@ from lockgate.labels import (
     ADMISSION_TRACE_ANNOTATION,
     DEFAULT_JOBSET,
     JOBSET_LABEL,
+    NEVER_MANAGED_NAMESPACES,
     QUEUE_LABEL,
     SCHEDULING_GATE,
+    is_managed_namespace,
 )
 from lockgate.resources import Resources
 
@@ -51,7 +61,8 @@ def _status(obj: KubeObject) -> Mapping[str, Any]:
 
 
 def is_managed(pod: KubeObject) -> bool:
-    """Whether the webhook marked this pod as lockgate's: it carries the queue label.
+    """Whether the pod carries a queue label: necessary, not sufficient, to be lockgate's (its
+    namespace must be managed too; `ObservedCluster` decides).
 
     The label, not the gate, is the mark: the gate is gone once lockgate released the pod, but
     the pod stays lockgate's until it finishes.
@@ -273,6 +284,13 @@ class ObservedCluster:
         self._unmanaged: dict[str, tuple[str, Resources]] = {}
         self._usage_by_node: dict[str, Resources] = {}
         self._nodes: dict[str, NodeRoom] = {}
+        # Namespace labels, and the verdict on each pod that carries a queue label (kept for its
+        # life, across relists): True = lockgate's job.
+        self._namespaces: dict[str, Mapping[str, str]] = {}
+        self._verdicts: dict[str, bool] = {}
+        # Pods seen before their namespace, by namespace: judged once it is seen.
+        self._pending: dict[str, dict[str, tuple[KubeObject, bool]]] = {}
+        self.namespaces_listed = False
         self.pods_listed = False
         self.nodes_listed = False
         self.capacity_revision = 0
@@ -291,25 +309,31 @@ class ObservedCluster:
         self._managed.clear()
         self._unmanaged.clear()
         self._usage_by_node.clear()
+        self._pending.clear()
+        pods = list(pods)
+        listed_uids = {_metadata(pod).get("uid", "") for pod in pods}
+        self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in listed_uids}
         events: list[PodEvent] = []
         unfinished: list[str] = []
         unreadable: list[str] = []
         for pod in pods:
             try:
-                if not is_managed(pod):
+                if not self._is_lockgates(pod, deleted=False):
                     self._track_unmanaged(pod, deleted=False)
                     continue
                 event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
                                   observed_at=listed_at, snapshot_id=snapshot_id)
             except ValueError as error:
                 unreadable.append(f"{_qualified_name(pod)}: {error}")
-                if is_managed(pod):
+                if self._verdicts.get(_metadata(pod).get("uid", "")):
                     unfinished.append(_metadata(pod).get("uid", ""))
                 continue
             self._managed[event.uid] = _Observation.of(event)
             events.append(event)
             if not event.state.is_terminal:
                 unfinished.append(event.uid)
+        # Pods waiting for their namespace are listed too, so none is taken for vanished.
+        unfinished += [uid for waiting in self._pending.values() for uid in waiting]
         self.pods_listed = True
         self.capacity_revision += 1
         return Snapshot(
@@ -326,10 +350,12 @@ class ObservedCluster:
         impossible); what was known of the pod before is kept.
         """
         uid = _metadata(pod).get("uid", "")
-        if not is_managed(pod):
+        if not self._is_lockgates(pod, deleted=deleted):
             # A pod relabelled out of lockgate's hands is forgotten as managed.
             self._managed.pop(uid, None)
             self._track_unmanaged(pod, deleted=deleted)
+            if deleted:
+                self._verdicts.pop(uid, None)
             return None
         event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
                           observed_at=self._now(), deleted=deleted)
@@ -338,6 +364,7 @@ class ObservedCluster:
         previous = self._managed.get(uid)
         if deleted:
             self._managed.pop(uid, None)
+            self._verdicts.pop(uid, None)
         else:
             self._managed[uid] = observation
         if previous == observation:
@@ -347,6 +374,66 @@ class ObservedCluster:
     @property
     def managed_pod_count(self) -> int:
         return len(self._managed)
+
+    def _is_lockgates(self, pod: KubeObject, *, deleted: bool) -> bool:
+        """Whether the pod is one of lockgate's jobs (see the module docstring).
+
+        A labelled pod whose namespace is not known yet is parked in `_pending` (and counted as
+        unmanaged meanwhile); `observe_namespace` judges it once the namespace is seen.
+        """
+        if not is_managed(pod):
+            return False
+        metadata = _metadata(pod)
+        uid = metadata.get("uid", "")
+        verdict = self._verdicts.get(uid)
+        if verdict is not None:
+            return verdict
+        namespace = str(metadata.get("namespace", ""))
+        labels = self._namespaces.get(namespace)
+        if labels is None and namespace not in NEVER_MANAGED_NAMESPACES:
+            waiting = self._pending.setdefault(namespace, {})
+            if deleted:
+                waiting.pop(uid, None)
+            else:
+                waiting[uid] = (pod, deleted)
+            return False
+        verdict = is_managed_namespace(namespace, labels or {})
+        self._verdicts[uid] = verdict
+        return verdict
+
+    # Namespaces
+
+    def relist_namespaces(self, namespaces: Iterable[KubeObject]) -> list[PodEvent]:
+        """Replace the namespace labels; the events of pods that were waiting for theirs."""
+        self._namespaces = {str(_metadata(ns).get("name", "")):
+                            dict(_metadata(ns).get("labels") or {}) for ns in namespaces}
+        self.namespaces_listed = True
+        return self._judge_pending(list(self._pending))
+
+    def observe_namespace(self, namespace: KubeObject, *, deleted: bool = False) -> list[PodEvent]:
+        """Take in a namespace's labels; the events of pods that were waiting for them.
+
+        A namespace's new labels apply to pods seen from now on; pods already judged keep
+        their verdict (see the module docstring).
+        """
+        name = str(_metadata(namespace).get("name", ""))
+        if deleted:
+            self._namespaces.pop(name, None)
+            self._pending.pop(name, None)
+            return []
+        self._namespaces[name] = dict(_metadata(namespace).get("labels") or {})
+        return self._judge_pending([name])
+
+    def _judge_pending(self, namespaces: Iterable[str]) -> list[PodEvent]:
+        events = []
+        for name in namespaces:
+            if name not in self._namespaces:
+                continue
+            for pod, deleted in (self._pending.pop(name, None) or {}).values():
+                event = self.observe_pod(pod, deleted=deleted)
+                if event is not None:
+                    events.append(event)
+        return events
 
     def _track_unmanaged(self, pod: KubeObject, *, deleted: bool) -> None:
         uid = _metadata(pod).get("uid", "")

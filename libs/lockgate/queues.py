@@ -1,13 +1,111 @@
-"""Queues: who shares the clusters, with what weight and within which limits."""
+"""Queues: who shares the clusters, with what weight, within which limits, from which namespaces.
+
+Why namespaces are part of a queue: a label names a queue, and anyone who can create a pod can
+write any label. Without a binding, team A could run under team B's queue. A queue therefore
+says which namespaces (per cluster, by name or label selector) may use it, and a queue with no
+binding may be used by no namespace: nothing is open until an operator opens it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lockgate.labels import validate_queue_name
+from lockgate.labels import validate_label_value, validate_queue_name
 from lockgate.resources import InvalidQuantityError, Resources, canonical_amount
+
+ANY_CLUSTER = "*"
+_SET_OPERATORS = ("In", "NotIn")
+
+
+class SelectorRequirement(BaseModel):
+    """One `matchExpressions` entry of a Kubernetes label selector."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(min_length=1, max_length=317)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> SelectorRequirement:
+        if self.operator in _SET_OPERATORS and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator not in _SET_OPERATORS and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        for value in self.values:
+            validate_label_value(self.key, value)
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        if self.operator == "In":
+            return present and labels[self.key] in self.values
+        return not present or labels[self.key] not in self.values
+
+
+class LabelSelector(BaseModel):
+    """A Kubernetes label selector; it matches when every term matches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: tuple[SelectorRequirement, ...] = Field(default=(),
+                                                               alias="matchExpressions")
+
+    @model_validator(mode="after")
+    def _not_everything(self) -> LabelSelector:
+        # An empty selector matches every namespace: write that on purpose (Exists on a label
+        # every namespace has, kubernetes.io/metadata.name), not by omission.
+        if not self.match_labels and not self.match_expressions:
+            raise ValueError("an empty selector would match every namespace; "
+                             "give matchLabels or matchExpressions")
+        for key, value in self.match_labels.items():
+            validate_label_value(key, value)
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.match_labels.items()) and all(
+            requirement.matches(labels) for requirement in self.match_expressions)
+
+
+class NamespaceBinding(BaseModel):
+    """Namespaces of one cluster (or every cluster, "*") allowed to use a queue."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str = Field(default=ANY_CLUSTER, min_length=1, max_length=253)
+    names: tuple[str, ...] = ()
+    selector: LabelSelector | None = None
+
+    @model_validator(mode="after")
+    def _names_or_selector(self) -> NamespaceBinding:
+        if not self.names and self.selector is None:
+            raise ValueError("a namespace binding needs names, a selector, or both")
+        return self
+
+    def allows(self, *, cluster: str, namespace: str, labels: Mapping[str, str]) -> bool:
+        if self.cluster not in (ANY_CLUSTER, cluster):
+            return False
+        if namespace in self.names:
+            return True
+        return self.selector is not None and self.selector.matches(labels)
+
+    def describe(self) -> str:
+        parts = list(self.names)
+        if self.selector is not None:
+            terms = [f"{k}={v}" for k, v in sorted(self.selector.match_labels.items())]
+            terms += [f"{r.key} {r.operator} ({','.join(r.values)})".replace(" ()", "")
+                      for r in self.selector.match_expressions]
+            parts.append("selector " + ",".join(terms))
+        return f"{self.cluster}: {'; '.join(parts)}"
 
 
 class QueueSpec(BaseModel):
@@ -24,6 +122,8 @@ class QueueSpec(BaseModel):
     priority_factor: float = Field(default=1.0, gt=0, le=1_000_000)
     cordoned: bool = False
     resource_limits: dict[str, str] = Field(default_factory=dict)
+    # Empty: no namespace may use the queue (secure default; see docs/admission.md).
+    namespaces: tuple[NamespaceBinding, ...] = ()
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
@@ -41,6 +141,16 @@ class QueueSpec(BaseModel):
             except InvalidQuantityError as error:
                 raise ValueError(f"resource limit {resource}: {error}") from error
         return limits
+
+    def allows(self, *, cluster: str, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether pods of `namespace` (with `labels`) in `cluster` may name this queue."""
+        return any(binding.allows(cluster=cluster, namespace=namespace, labels=labels)
+                   for binding in self.namespaces)
+
+    def namespaces_json(self) -> list[dict[str, object]]:
+        """The bindings as stored and served: Kubernetes' spelling (matchLabels, ...)."""
+        return [binding.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for binding in self.namespaces]
 
     @property
     def weight(self) -> float:

@@ -4,8 +4,14 @@ Why a CLI over HTTP rather than over Postgres: the API validates every change an
 change-feed rules in one place; the CLI only turns arguments into requests and answers into text.
 
     lockgate queue create NAME [--priority-factor F] [--cordon] [--limit cpu=100 ...]
+                               [--namespace [CLUSTER/]NS ...] [--namespace-selector
+                               [CLUSTER:]KEY=VALUE[,KEY=VALUE] ...] [--namespaces-json JSON]
     lockgate queue update NAME [--priority-factor F] [--cordon|--uncordon]
                                [--limit memory=1Ti ...] [--remove-limit cpu ...]
+                               [--clear-namespaces] [--namespace ...] [--namespace-selector ...]
+
+A queue may be used only by the namespaces bound to it (--namespace team-a for every cluster,
+--namespace cluster-a/team-a for one); a queue with no binding may be used by none.
     lockgate queue cordon NAME / lockgate queue uncordon NAME
     lockgate queue delete NAME
     lockgate queue get NAME [-o table|json]
@@ -121,9 +127,42 @@ def _queue_path(name: str) -> str:
 
 # Commands ---------------------------------------------------------------------------------
 
+def _bindings(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Namespace bindings from --namespaces-json, --namespace and --namespace-selector."""
+    bindings: list[dict[str, Any]] = []
+    if getattr(args, "namespaces_json", None):
+        try:
+            loaded = json.loads(args.namespaces_json)
+        except json.JSONDecodeError as error:
+            raise CliError(f"--namespaces-json is not valid JSON: {error}") from error
+        if not isinstance(loaded, list):
+            raise CliError("--namespaces-json must be a JSON list of bindings")
+        bindings.extend(loaded)
+    names_by_cluster: dict[str, list[str]] = {}
+    for item in args.namespace:
+        cluster, _, name = item.rpartition("/")
+        names_by_cluster.setdefault(cluster or "*", []).append(name)
+    bindings += [{"cluster": cluster, "names": names}
+                 for cluster, names in names_by_cluster.items()]
+    for item in args.namespace_selector:
+        # Label keys may hold "/" (lockgate.io/team), so a cluster is given with ":".
+        cluster, _, terms = item.partition(":") if ":" in item.split("=", 1)[0] else (
+            "", "", item)
+        match_labels: dict[str, str] = {}
+        for term in filter(None, terms.split(",")):
+            key, sep, value = term.partition("=")
+            if not sep or not key:
+                raise CliError(f"--namespace-selector takes [CLUSTER:]KEY=VALUE[,KEY=VALUE], "
+                               f"not {item!r}")
+            match_labels[key.strip()] = value.strip()
+        bindings.append({"cluster": cluster or "*", "selector": {"matchLabels": match_labels}})
+    return bindings
+
+
 def queue_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     body: dict[str, Any] = {"name": args.name, "cordoned": args.cordon,
-                            "resource_limits": _limits(args.limit)}
+                            "resource_limits": _limits(args.limit),
+                            "namespaces": _bindings(args)}
     if args.priority_factor is not None:
         body["priority_factor"] = args.priority_factor
     queue = client.request("POST", "/api/v1/queues", body)
@@ -141,9 +180,16 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
         limits[resource] = None  # merge patch: null removes
     if limits:
         patch["resource_limits"] = limits
+    added = _bindings(args)
+    if added or args.clear_namespaces:
+        # The API replaces the list whole: add to what the queue has now, unless cleared.
+        current = [] if args.clear_namespaces else client.request(
+            "GET", _queue_path(args.name)).get("namespaces", [])
+        patch["namespaces"] = current + [b for b in added if b not in current]
     if not patch:
         raise CliError("nothing to update: give --priority-factor, --cordon/--uncordon, "
-                       "--limit or --remove-limit")
+                       "--limit, --remove-limit, --namespace, --namespace-selector or "
+                       "--clear-namespaces")
     queue = client.request("PATCH", _queue_path(args.name), patch)
     _print_queues([queue], args.output, out, single=True)
 
@@ -206,11 +252,25 @@ def _print_queues(queues: list[dict[str, Any]], output: str, out: TextIO,
         json.dump(queues[0] if single else queues, out, indent=2)
         print(file=out)
         return
-    _print_table(out, ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS"],
+    _print_table(out, ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS", "NAMESPACES"],
                  [[q["name"], f"{q['priority_factor']:g}", f"{q['weight']:.3g}",
                    "yes" if q["cordoned"] else "no",
-                   ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-"]
+                   ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-",
+                   _describe_bindings(q.get("namespaces") or [])]
                   for q in queues])
+
+
+def _describe_bindings(bindings: list[dict[str, Any]]) -> str:
+    if not bindings:
+        return "(none: unusable)"
+    parts = []
+    for binding in bindings:
+        what = list(binding.get("names") or [])
+        selector = binding.get("selector") or {}
+        what += [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+        what += [f"{e['key']} {e['operator']}" for e in selector.get("matchExpressions") or []]
+        parts.append(f"{binding.get('cluster', '*')}/{'+'.join(what)}")
+    return ",".join(parts)
 
 
 def _print_table(out: TextIO, header: list[str], rows: list[list[str]]) -> None:
@@ -230,6 +290,18 @@ def _number(text: str) -> float:
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from error
     return value  # the API checks the range and says why
+
+
+def _binding_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--namespace", action="append", default=[], metavar="[CLUSTER/]NS",
+                        help="a namespace that may use the queue (in every cluster unless "
+                             "CLUSTER/ is given)")
+    parser.add_argument("--namespace-selector", action="append", default=[],
+                        metavar="[CLUSTER:]KEY=VALUE[,KEY=VALUE]",
+                        help="namespaces with these labels may use the queue")
+    parser.add_argument("--namespaces-json", metavar="JSON",
+                        help='bindings as the API takes them: [{"cluster": "*", "names": [...], '
+                             '"selector": {"matchLabels": {...}}}]')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--cordon", action="store_true", help="create it cordoned")
     create.add_argument("--limit", action="append", default=[], metavar="RESOURCE=QUANTITY",
                         help="cap on what the queue holds at once, e.g. cpu=100, memory=1Ti")
+    _binding_arguments(create)
     create.set_defaults(run=queue_create)
 
     update = queue.add_parser("update", parents=[output], help="change a queue")
@@ -263,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     update.add_argument("--limit", action="append", default=[], metavar="RESOURCE=QUANTITY",
                         help="set a limit (others are kept)")
     update.add_argument("--remove-limit", action="append", default=[], metavar="RESOURCE")
+    _binding_arguments(update)
+    update.add_argument("--clear-namespaces", action="store_true",
+                        help="drop every namespace binding (before adding those given)")
     update.set_defaults(run=queue_update)
 
     for verb, cordon, what in (("cordon", True, "stop admitting and releasing its pods"),

@@ -237,13 +237,15 @@ class QueueExistsError(ValueError):
         self.name = name
 
 
-_QUEUE_COLUMNS = "name, priority_factor, cordoned, resource_limits, created_at, updated_at"
+_QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, created_at,"
+                  " updated_at")
 
 
 def _queue_spec(record: asyncpg.Record) -> QueueSpec:
     values = dict(record.items())
-    if isinstance(values["resource_limits"], str):
-        values["resource_limits"] = json.loads(values["resource_limits"])
+    for column in ("resource_limits", "namespaces"):
+        if isinstance(values[column], str):
+            values[column] = json.loads(values[column])
     return QueueSpec.model_validate(values)
 
 
@@ -268,14 +270,16 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
         if existing is not None and not existing["deleted"]:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
-            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits)"  # noqa: S608
-            " VALUES ($1, $2, $3, $4::text::jsonb)"
+            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces)"  # noqa: S608
+            " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
+            " namespaces = EXCLUDED.namespaces,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial')"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
+            json.dumps(spec.namespaces_json()),
         )
         await notify_changes(connection, "queues")
     assert record is not None
@@ -299,16 +303,17 @@ async def update_queue(connection: AnyConnection, name: str,
             raise QueueNotFoundError(name)
         current = _queue_spec(record)
         updated = edit(current)
-        if (updated.priority_factor, updated.cordoned, updated.resource_limits) == (
-                current.priority_factor, current.cordoned, current.resource_limits):
+        if (updated.priority_factor, updated.cordoned, updated.resource_limits,
+                updated.namespaces) == (current.priority_factor, current.cordoned,
+                                        current.resource_limits, current.namespaces):
             return current
         record = await connection.fetchrow(
             "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
-            " resource_limits = $4::text::jsonb, updated_at = now(),"
-            " serial = nextval('change_serial')"
+            " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
+            " updated_at = now(), serial = nextval('change_serial')"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
-            json.dumps(updated.resource_limits),
+            json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
         )
         await notify_changes(connection, "queues")
     assert record is not None

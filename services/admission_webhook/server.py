@@ -19,7 +19,7 @@ from prometheus_client import Counter, Histogram
 
 from admission_webhook.certificates import ServingCertificates
 from admission_webhook.cluster_lookups import ClusterLookups
-from admission_webhook.queue_directory import QueueDirectory
+from admission_webhook.queue_watching import QueueCopies
 from lockgate.admission import (
     AdmissionRequest,
     Decision,
@@ -55,7 +55,7 @@ class AdmissionServer:
         self,
         *,
         clusters: Mapping[str, ClusterLookups],
-        queues: QueueDirectory,
+        queues: QueueCopies,
         certificates: ServingCertificates,
         host: str,
         port: int,
@@ -147,7 +147,10 @@ class AdmissionServer:
         if namespace_labels is not None:
             queue_name = queue_to_check(request, namespace_labels, owners)
             if queue_name is not None:
-                queue = await self._queues.lookup(queue_name)
+                # From this cluster's copy, in memory: no I/O for the queue.
+                queue = self._queues.lookup(cluster=lookups.cluster, queue=queue_name,
+                                            namespace=request.namespace,
+                                            namespace_labels=namespace_labels)
         decision = decide(request=request, namespace_labels=namespace_labels, owners=owners,
                           queue=queue, trace_parent=current_traceparent())
         if decision.outcome is Outcome.UNVERIFIABLE:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -15,7 +16,11 @@ IN_CLUSTER = "in-cluster"
 
 
 class WebhookSettings(ServiceSettings):
-    """Where the webhook listens, which clusters it registers in, and its time budgets."""
+    """Where the webhook listens, which clusters it serves, and its time budgets.
+
+    No database settings and no registration: queues come from the cluster's Queue objects, and
+    the MutatingWebhookConfiguration is static (k8s/base), applied by whoever installs lockgate.
+    """
 
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_WEBHOOK_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -31,49 +36,40 @@ class WebhookSettings(ServiceSettings):
     cert_hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1", "localhost"],
                                   description="names and IPs the serving certificate covers")
 
-    # Clusters and registration.
+    # Clusters, and the copy of the queues in each.
     clusters: dict[str, str] = Field(
         default_factory=dict,
         description='cluster name -> kubeconfig path, e.g. {"cluster-a": "/path/kubeconfig"}, '
         f'or "{IN_CLUSTER}" for the service account of a webhook running inside the cluster',
     )
-    register_in_clusters: bool = Field(default=True, description="create or update the webhook "
-                           "configuration in every cluster at start")
-    configuration_name: str = Field(default="lockgate",
-                                    description="name of the MutatingWebhookConfiguration")
-    url_host: str = Field(default="127.0.0.1",
-                          description="host the apiservers use to reach this webhook")
-    service: str | None = Field(
-        default=None, pattern=r"^[a-z0-9-]+/[a-z0-9-]+$",
-        description="namespace/name of the Service in front of this webhook when it runs inside "
-        "the cluster; registered instead of a URL on url_host",
-    )
-    extra_namespace_labels: dict[str, str] = Field(
-        default_factory=dict,
-        description="labels a namespace must carry besides lockgate.io/managed=true for the "
-        "apiserver to call this instance (isolates test instances sharing a cluster)",
-    )
-    unregister_on_shutdown: bool = Field(
-        default=False,
-        description="delete the registration on a graceful stop. Only for local, single-replica "
-                    "runs (demo, tests): in production a rolling restart must stay fail-closed, "
-                    "or pods created meanwhile would bypass the queue")
-    reregister_interval_seconds: float = Field(
-        default=300.0, gt=0, description="how often the registration is re-asserted")
+    queue_source: str = Field(
+        default="lockgate",
+        description="read the Queue objects labelled lockgate.io/queue-source=<this> (the "
+                    "queue-store's LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE)")
+    queue_watch_timeout_seconds: int = Field(
+        default=300, ge=10, description="server-side timeout of one watch of Queue objects")
 
     # Time budgets: every review is answered well within the apiserver's timeout.
-    apiserver_timeout_seconds: int = Field(default=5, ge=1, le=30,
-                                           description="timeoutSeconds of the registration")
+    apiserver_timeout_seconds: int = Field(
+        default=5, ge=1, le=30,
+        description="timeoutSeconds of the MutatingWebhookConfiguration (k8s/base)")
     answer_within_seconds: float = Field(
         default=3.5, gt=0, description="after this a review is refused as unverifiable")
-    queue_check_timeout_seconds: float = Field(default=1.5, gt=0)
     kube_lookup_timeout_seconds: float = Field(
         default=1.0, gt=0, description="per read of a namespace or owner")
-    queue_cache_ttl_seconds: float = Field(
-        default=5.0, gt=0, description="an open queue is trusted from cache this long")
     namespace_cache_ttl_seconds: float = Field(default=2.0, ge=0)
     owner_cache_ttl_seconds: float = Field(default=2.0, ge=0)
     max_owner_depth: int = Field(default=5, ge=1, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_database(cls, data: Any) -> Any:
+        # The webhook reads queues from its own cluster; a DSN given to it is a leftover
+        # credential, refused so it is removed rather than kept around unused.
+        if os.environ.get("LOCKGATE_WEBHOOK_POSTGRES_DSN"):
+            raise ValueError("LOCKGATE_WEBHOOK_POSTGRES_DSN: the webhook needs no database "
+                             "(it reads Queue objects from its cluster); remove it")
+        return data
 
     @model_validator(mode="after")
     def _answer_before_the_apiserver_gives_up(self) -> WebhookSettings:

@@ -43,8 +43,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for name, api in apis.items()
     ]
-    readiness.declare(KAFKA_CHECK, *(check for w in watchers
-                                     for check in (w.pods_check, w.nodes_check)))
+    readiness.declare(KAFKA_CHECK, *(check for w in watchers for check in (
+        w.namespaces_check, w.pods_check, w.nodes_check)))
 
     async def watch_and_publish(stopping: asyncio.Event) -> None:
         """Watchers stop on `stopping`; the publisher then sends what they left, and stops."""

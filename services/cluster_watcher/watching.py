@@ -7,9 +7,10 @@ watch from the list's resourceVersion, request after request — each ends after
 timeout and the next resumes from the newest resourceVersion seen, bookmarks included — until the
 apiserver answers 410 Gone because that version is no longer kept; then it returns to relist.
 
-`ClusterWatcher` runs a pod watcher and a node watcher for one cluster, feeds both into its
-`ObservedCluster`, puts the resulting events into the outbox and publishes the cluster's capacity
-when it changed, coalesced.
+`ClusterWatcher` runs a namespace, a pod and a node watcher for one cluster (pods are judged
+once namespaces are listed: a pod is lockgate's only in a managed namespace), feeds them into
+its `ObservedCluster`, puts the resulting events into the outbox and publishes the cluster's
+capacity when it changed, coalesced.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from cluster_watcher.publishing import (
     pod_event_message,
     snapshot_message,
 )
+from lockgate.events import PodEvent
 from lockgate.observing import KubeObject, ObservedCluster
 from lockgate_adapters.kube import is_retryable_kube_error, retry_after_seconds
 from lockgate_adapters.quieting import quiet
@@ -212,7 +214,14 @@ class ClusterWatcher:
         self._capacity_refresh = capacity_refresh
         self._capacity_changed = asyncio.Event()
         self._capacity_revision_seen = -1
+        self._namespaces_listed = asyncio.Event()
         core = client.CoreV1Api(api)
+        self.namespaces = ResourceWatcher(
+            cluster=cluster, resource="namespaces", list_call=core.list_namespace,
+            on_list=self._namespaces_relisted, on_event=self._namespace_changed,
+            set_ready=lambda ok, detail: set_ready(self.namespaces_check, ok, detail),
+            options=options,
+        )
         self.pods = ResourceWatcher(
             cluster=cluster, resource="pods", list_call=core.list_pod_for_all_namespaces,
             on_list=self._pods_listed, on_event=self._pod_changed,
@@ -234,9 +243,14 @@ class ClusterWatcher:
     def nodes_check(self) -> str:
         return f"{self.cluster}/nodes"
 
+    @property
+    def namespaces_check(self) -> str:
+        return f"{self.cluster}/namespaces"
+
     async def run(self, stopping: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
             tasks = [
+                group.create_task(self.namespaces.run(), name=f"watch {self.cluster} namespaces"),
                 group.create_task(self.pods.run(), name=f"watch {self.cluster} pods"),
                 group.create_task(self.nodes.run(), name=f"watch {self.cluster} nodes"),
                 group.create_task(self._publish_capacity(), name=f"{self.cluster} capacity"),
@@ -245,9 +259,28 @@ class ClusterWatcher:
             for task in tasks:
                 task.cancel()
 
+    # Namespaces
+
+    async def _namespaces_relisted(self, namespaces: list[KubeObject],
+                                   _started_at: datetime) -> None:
+        events = self.observed.relist_namespaces(namespaces)
+        self._namespaces_listed.set()
+        await self._publish_pod_events(events)
+
+    async def _namespace_changed(self, kind: str, namespace: KubeObject) -> None:
+        events = self.observed.observe_namespace(namespace, deleted=kind == "DELETED")
+        await self._publish_pod_events(events)
+
+    async def _publish_pod_events(self, events: list[PodEvent]) -> None:
+        if events:
+            await self._outbox.put([pod_event_message(e) for e in events])
+        self._note_capacity()
+
     # Pods
 
     async def _pods_listed(self, pods: list[KubeObject], started_at: datetime) -> None:
+        # Whether a pod is lockgate's depends on its namespace's labels: know them first.
+        await self._namespaces_listed.wait()
         snapshot = self.observed.relist_pods(pods, listed_at=started_at)
         log.info("%s: listed %d pods, %d managed", self.cluster, len(pods),
                  len(snapshot.pod_events))

@@ -12,7 +12,10 @@ owns these tables and their change-feed rules. The `lockgate` CLI is the usual c
     GET    /api/v1/jobs?queue=&state=&cluster=&limit=   {"jobs": [...], "hints": [...]}
 
 A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
-"resource_limits" (Kubernetes quantities), "created_at", "updated_at" (read-only)}. Errors are
+"resource_limits" (Kubernetes quantities), "namespaces" (who may use it: [{"cluster": name
+or "*", "names": [...], "selector": {"matchLabels": {...}, "matchExpressions": [...]}}];
+empty: nobody), "created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces"
+whole. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
 Every call carries `Authorization: Bearer <token>` (see `lockgate_adapters.admin_tokens`): none
@@ -41,7 +44,7 @@ from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_erro
 log = logging.getLogger(__name__)
 
 READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at"})
-EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits")
+EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces")
 MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -63,6 +66,7 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "weight": spec.weight,
         "cordoned": spec.cordoned,
         "resource_limits": dict(spec.resource_limits),
+        "namespaces": spec.namespaces_json(),
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }
@@ -214,7 +218,8 @@ class AdminApi:
         editable_patch = {k: v for k, v in patch.items() if k in EDITABLE_QUEUE_FIELDS}
 
         def apply(current: QueueSpec) -> QueueSpec:
-            editable = current.model_dump(include=set(EDITABLE_QUEUE_FIELDS))
+            editable = queue_json(current)
+            editable = {k: v for k, v in editable.items() if k in EDITABLE_QUEUE_FIELDS}
             return spec_from_body(name, merge_patch(editable, editable_patch))
 
         return await self._update(request, name, apply)
@@ -265,6 +270,8 @@ class AdminApi:
                 hints.append(f"queue {name!r} does not exist: its jobs wait until it is created")
             elif spec.cordoned:
                 hints.append(f"queue {name!r} is cordoned: none of its jobs are released")
+            elif not spec.namespaces:
+                hints.append(f"queue {name!r} is bound to no namespace: no new pod may use it")
         return hints
 
 

@@ -20,11 +20,13 @@ from lockgate.events import (
 )
 from lockgate_adapters.admin_tokens import TokenVerifier
 from lockgate_adapters.kafka import BatchConsumer, ensure_topics, is_retryable_kafka_error
+from lockgate_adapters.kube import api_clients
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
 from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi
 from queue_store.ingesting import BatchStore
+from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,12 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         for topic in CONSUMED_TOPICS
     ]
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()))
+    sync_apis = await api_clients(settings.queue_sync_clusters)
+    queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
+                           source=settings.queue_sync_source,
+                           prefix=settings.queue_sync_name_prefix,
+                           resync_seconds=settings.queue_sync_resync_seconds,
+                           retry=settings.retry)
 
     async def serve_admin(stopping: asyncio.Event) -> None:
         runner = web.AppRunner(admin.app(), access_log=None)
@@ -92,13 +100,17 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             await runner.cleanup()
 
     async def run(stopping: asyncio.Event) -> None:
-        """Consumers and the admin API share the pool, which closes after both stopped."""
+        """Consumers, the admin API and the queue copies share the pool, closed after all."""
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(serve_admin(stopping), name="admin API")
+                if sync_apis:
+                    group.create_task(queue_sync.run(stopping), name="queue sync")
                 for consumer in consumers:
                     group.create_task(consumer.run(stopping), name=consumer.consumer_name)
         finally:
+            for api in sync_apis.values():
+                await api.close()
             await pool.close()
 
     return [run]

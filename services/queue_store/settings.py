@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lockgate_adapters.admin_tokens import TokenConfigError, TokenEntry, parse_lines
@@ -62,3 +62,27 @@ class QueueStoreSettings(ServiceSettings):
             raise TokenConfigError(f"admin token names used twice: "
                                    f"{sorted({n for n in names if names.count(n) > 1})}")
         return entries
+
+    # Copies of the queues in every worker cluster (Queue objects, read by the webhook there)
+    queue_sync_clusters: dict[str, str] = Field(
+        default_factory=dict,
+        description='cluster name -> kubeconfig of the identity that writes Queue objects, e.g. '
+        '{"cluster-a": "/etc/lockgate/queue-sync-a.yaml"}; empty: no copies are kept')
+    queue_sync_source: str = Field(
+        default="lockgate", pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+        description="value of label lockgate.io/queue-source on this installation's Queue "
+                    "objects; only objects with it are changed or deleted")
+    queue_sync_name_prefix: str = Field(
+        default="", pattern=r"^([a-z0-9][-a-z0-9.]{0,80})?$",
+        description="prefix of the Queue objects' names (lets test runs share a cluster)")
+    queue_sync_resync_seconds: float = Field(
+        default=30.0, gt=0, description="full pass even without a change notification")
+
+    @field_validator("queue_sync_clusters")
+    @classmethod
+    def _kubeconfigs_exist(cls, clusters: dict[str, str]) -> dict[str, str]:
+        missing = [f"{name}: {path}" for name, path in clusters.items()
+                   if not Path(path).is_file()]
+        if missing:
+            raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
+        return clusters

@@ -36,7 +36,6 @@ import pytest
 from kubernetes_asyncio import client
 
 import devstack
-from admission_webhook.registration import delete_webhook_configuration
 from devstack.launcher import RUN_LABEL, Lockgate, ServicePorts
 from devstack.stack import Stack, StackInfo
 from helpers.kube import Namespaces, a_pod, gates_of
@@ -125,36 +124,35 @@ class Run:
 
 @pytest.fixture(scope="module")
 async def run(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
-    kubeconfigs = {alias: stack.kubeconfigs[real] for alias, real in CLUSTERS.items()}
     extra_env = {f"{prefix}{key}": value
                  for prefix in PREFIXES.values() for key, value in FAST.items()}
-    extra_env["LOCKGATE_WEBHOOK_CERT_DIR"] = str(tmp_path_factory.mktemp("webhook-certs"))
-    apis = {alias: await api_client(path) for alias, path in kubeconfigs.items()}
+    apis = {alias: await api_client(stack.kubeconfigs[real]) for alias, real in CLUSTERS.items()}
     namespaces = Namespaces(apis)
+    namespace = f"outage-{RUN}"
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_outage_{RUN}") as dsn:
-        ports = ServicePorts.free()
-        lockgate = Lockgate(kubeconfigs=kubeconfigs, kafka_bootstrap=stack.kafka_bootstrap,
-                            postgres_dsn=dsn, ports=ports, run_id=f"outage-{RUN}",
-                            log_dir=tmp_path_factory.mktemp("service-logs"),
-                            extra_env=extra_env, standby_scheduler=False)
+        lockgate = Lockgate.for_stack(
+            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
+            run_id=f"outage-{RUN}", log_dir=tmp_path_factory.mktemp("service-logs"),
+            cert_dir=tmp_path_factory.mktemp("webhook-certs"), extra_env=extra_env,
+            standby_scheduler=False)
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
         try:
             await lockgate.start()
+            binding = [{"cluster": "*", "names": [namespace]}]
             async with aiohttp.ClientSession() as session, session.post(
-                    f"http://127.0.0.1:{ports.admin_api}/api/v1/queues",
-                    json={"name": QUEUE}) as reply:
+                    f"{lockgate.admin_url}/api/v1/queues", headers=lockgate.admin_headers,
+                    json={"name": QUEUE, "namespaces": binding}) as reply:
                 assert reply.status == 201, await reply.text()
-            namespace = f"outage-{RUN}"
+            await lockgate.wait_for_queues({QUEUE: {"cordoned": False, "namespaces": binding}})
             await namespaces.create(ALIAS_A, namespace, labels={
                 MANAGED_NAMESPACE_LABEL: "true", QUEUE_LABEL: QUEUE,
                 **lockgate.run_namespace_labels})
             assert RUN_LABEL in lockgate.run_namespace_labels
             yield Run(lockgate, apis, namespace, pool)
         finally:
-            codes = await lockgate.stop()
+            codes = await lockgate.stop()  # also removes the run's webhook registration
             await namespaces.delete_all()
             for api in apis.values():
-                await delete_webhook_configuration(api, f"lockgate-outage-{RUN}")
                 await api.close()
             await pool.close()
     assert all(code == 0 for code in codes.values()), f"unclean stops: {codes}"
@@ -299,7 +297,7 @@ async def test_an_apiserver_whose_etcd_is_down_makes_its_users_unready(
 
 async def test_a_postgres_shutdown_makes_its_users_unready_until_it_is_back(
         run: Run, restored_stack: Stack) -> None:
-    users = ("queue-store", "fair-scheduler", "admission-webhook")
+    users = ("queue-store", "fair-scheduler")
     await all_ready(run, users, within=90)
     mark = LogMark.now(run, users)
     stopped_at = time.monotonic()
@@ -310,8 +308,8 @@ async def test_a_postgres_shutdown_makes_its_users_unready_until_it_is_back(
         checks = await wait_unready(run, service, "postgres", UNREADY_WITHIN_SECONDS)
         assert "unreachable" in str(checks["postgres"]["detail"]), checks
     print(f"not ready naming postgres after {time.monotonic() - stopped_at:.1f}s")
-    # What does not need Postgres stays ready.
-    for service in ("cluster-watcher", "ungater"):
+    # What does not need Postgres stays ready (the webhook reads its cluster's Queue objects).
+    for service in ("cluster-watcher", "ungater", "admission-webhook"):
         status, checks = await run.readiness(service)
         assert status == 200, (service, checks)
     await asyncio.sleep(max(0.0, 10 - (time.monotonic() - stopped_at)))

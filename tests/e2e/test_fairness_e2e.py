@@ -18,7 +18,6 @@ watchers did not exist.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections import Counter
@@ -30,7 +29,6 @@ import aiohttp
 import asyncpg
 import pytest
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kafka import TopicTail
@@ -95,18 +93,15 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         outcomes = TopicTail(bootstrap, [RELEASE_OUTCOMES],
                              keep=lambda outcome: outcome.cluster in CLUSTERS)
         await outcomes.start()
-        configuration = f"lockgate-e2e-{RUN}"
         ports = ServicePorts.free()
         # Each service with its own ServiceAccount (k8s/base), as in a worker cluster.
         lockgate = Lockgate.for_stack(
             stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ports,
             log_dir=tmp_path_factory.mktemp("service-logs"),
-            extra_env={
-                "LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group,
-                "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": configuration,
-                "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
-                "LOCKGATE_WEBHOOK_CERT_DIR": str(tmp_path_factory.mktemp("webhook-certs")),
-            },
+            extra_env={"LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group},
+            # Its own webhook registration (for namespaces labelled with the run) and Queue
+            # objects; consumer groups as set above.
+            run_id=f"e2e-{RUN}", cert_dir=tmp_path_factory.mktemp("webhook-certs"),
         )
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
         namespaces = Namespaces(apis)
@@ -116,24 +111,22 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
                                        "ungater"])
             admin_url = f"{lockgate.admin_url}/api/v1/queues"
             async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
+                binding = [{"cluster": "*", "names": [f"e2e-fair-{RUN}"]}]
                 for queue, factor in PRIORITY_FACTORS.items():
                     async with session.post(admin_url, json={
-                            "name": queue, "priority_factor": factor}) as response:
+                            "name": queue, "priority_factor": factor,
+                            "namespaces": binding}) as response:
                         assert response.status in (200, 201), await response.text()
+            await lockgate.wait_for_queues({queue: {"cordoned": False, "namespaces": binding}
+                                            for queue in PRIORITY_FACTORS})
             for alias in apis:
                 await namespaces.create(alias, f"e2e-fair-{RUN}", labels={
-                    MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: RUN})
+                    MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: RUN,
+                    **lockgate.run_namespace_labels})
             yield Run(lockgate, apis, {alias: f"e2e-fair-{RUN}" for alias in apis}, pool,
                       outcomes)
         finally:
             codes = await lockgate.stop()
-            for api in apis.values():
-                try:
-                    await client.AdmissionregistrationV1Api(
-                        api).delete_mutating_webhook_configuration(configuration)
-                except ApiException as error:
-                    if error.status != 404:
-                        raise
             await namespaces.delete_all()
             for api in apis.values():
                 await api.close()

@@ -25,8 +25,18 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from admission_webhook.registration import delete_webhook_configuration
 from devstack.launcher import ServiceProcess
+from devstack.manifests import (
+    WEBHOOK_CONFIGURATION as STATIC_CONFIGURATION,
+)
+from devstack.manifests import (
+    apply_webhook_configuration,
+    delete_queue_copies,
+    delete_webhook_configuration,
+    ensure_queue_crd,
+    load,
+    render_webhook_configuration,
+)
 from devstack.stack import StackInfo
 from helpers.kube import Namespaces, a_pod
 from helpers.postgres import fresh_database
@@ -46,6 +56,7 @@ QUEUE = f"e2e-ingest-{RUN}"
 CLUSTERS = ("cluster-a", "cluster-b")
 SHOW_UP_WITHIN_SECONDS = 10.0
 WEBHOOK_CONFIGURATION = f"lockgate-e2e-ingest-{RUN}"
+QUEUE_SOURCE = f"e2e-ingest-{RUN}"
 
 
 # The system under test ------------------------------------------------------------------------
@@ -74,27 +85,37 @@ async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
     # Each service with its own ServiceAccount (k8s/base), as in a worker cluster.
     as_webhook = {c: stack.kubeconfigs_of("webhook")[c] for c in CLUSTERS}
     as_watcher = {c: stack.kubeconfigs_of("cluster-watcher")[c] for c in CLUSTERS}
+    as_queue_sync = {c: stack.kubeconfigs_of("queue-sync")[c] for c in CLUSTERS}
     processes: list[ServiceProcess] = []
     made = Namespaces(kube_clients)
     db: asyncpg.Pool | None = None
     async with fresh_database(stack.postgres_dsn, prefix="e2e_ingest") as dsn:
         store = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
         try:
-            queue_store = await store.start(f"queue-store-e2e-{RUN}")
+            for cluster in CLUSTERS:
+                await ensure_queue_crd(kube_clients[cluster])
+            queue_store = await store.start(f"queue-store-e2e-{RUN}", env={
+                # Copies of the queues for the webhook, as this module's own Queue objects.
+                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": json.dumps(as_queue_sync),
+                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": QUEUE_SOURCE,
+                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": f"{QUEUE_SOURCE}-",
+            })
             processes.append(queue_store)
             async with aiohttp.ClientSession() as session, session.post(
-                    f"{store.admin_url}/api/v1/queues", json={"name": QUEUE},
+                    f"{store.admin_url}/api/v1/queues", json={
+                        "name": QUEUE, "namespaces": [{"cluster": "*", "selector": {
+                            "matchLabels": {INSTANCE_LABEL: RUN}}}]},
                     headers=store.admin_headers) as reply:
                 assert reply.status == 201, await reply.text()
 
-            webhook = webhook_process(
+            webhook_under_test = webhook_process(
                 f"admission-webhook-e2e-{RUN}",
                 cert_dir=tmp_path_factory.mktemp("webhook-certs"), env={
-                    "LOCKGATE_POSTGRES_DSN": dsn,
                     "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps(as_webhook),
-                    "LOCKGATE_WEBHOOK_CONFIGURATION_NAME": WEBHOOK_CONFIGURATION,
-                    "LOCKGATE_WEBHOOK_EXTRA_NAMESPACE_LABELS": json.dumps({INSTANCE_LABEL: RUN}),
-                }).process
+                    "LOCKGATE_WEBHOOK_QUEUE_SOURCE": QUEUE_SOURCE,
+                })
+            webhook = webhook_under_test.process
+            webhook.env.pop("LOCKGATE_POSTGRES_DSN", None)  # it needs no database
             watcher = watcher_process(f"cluster-watcher-e2e-{RUN}", clusters=as_watcher,
                                       kafka_bootstrap=stack.kafka_bootstrap)
             processes += [webhook, watcher]
@@ -102,6 +123,14 @@ async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
                 await process.start()
             for process in (webhook, watcher):
                 await process.wait_ready(90)
+            for cluster in CLUSTERS:
+                await apply_webhook_configuration(
+                    kube_clients[cluster], render_webhook_configuration(
+                        load(STATIC_CONFIGURATION), name=WEBHOOK_CONFIGURATION,
+                        url=f"https://127.0.0.1:{webhook_under_test.port}/mutate/{cluster}",
+                        ca_bundle_pem=(webhook_under_test.cert_dir / "ca.crt").read_bytes(),
+                        extra_namespace_labels={INSTANCE_LABEL: RUN}))
+            await webhook_sees(webhook, QUEUE)
             # Namespaces the webhook manages, whose pods default to QUEUE.
             namespaces = {
                 cluster: await made.create(cluster, f"e2e-ingest-{RUN}-{uuid.uuid4().hex[:4]}",
@@ -116,9 +145,21 @@ async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
                 await process.stop()
             for cluster in CLUSTERS:
                 await delete_webhook_configuration(kube_clients[cluster], WEBHOOK_CONFIGURATION)
+                await delete_queue_copies(kube_clients[cluster], source=QUEUE_SOURCE)
             await made.delete_all()
             if db is not None:
                 await db.close()
+
+
+async def webhook_sees(webhook: ServiceProcess, queue: str) -> None:
+    """Until the webhook's copy of the queues (from queue-store's Queue objects) has `queue`."""
+    async def seen() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{webhook.health_port}/api/v1/queues") as reply:
+            copies = await reply.json()
+        return all(queue in (copies.get(cluster) or {}) for cluster in CLUSTERS)
+
+    await eventually(seen, within=30, what=f"the webhook to see queue {queue}")
 
 
 # Pods -----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from lockgate.events import (
     PodEvent,
 )
 from lockgate.jobs import JobState
-from lockgate.labels import JOBSET_LABEL
+from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL
 from lockgate.resources import Resources
 from lockgate_adapters.kube import api_client
 from lockgate_adapters.service import ServiceContext
@@ -128,12 +128,15 @@ async def delete_pod(core: client.CoreV1Api, name: str) -> None:
 @pytest.fixture(scope="module")
 async def cores(kube_clients: dict[str, client.ApiClient]
                 ) -> AsyncIterator[dict[str, client.CoreV1Api]]:
-    """A CoreV1Api per real cluster, with this module's namespace in each."""
+    """A CoreV1Api per real cluster, with this module's namespace in each: managed, since only
+    pods of managed namespaces are lockgate's jobs (no webhook selects it: every registration
+    on the shared stack also asks for a run or instance label)."""
     if not kube_clients:
         pytest.fail("the stack has no clusters")
     async with temporary_namespaces(kube_clients) as namespaces:
         for cluster in kube_clients:
-            await namespaces.create(cluster, NAMESPACE)
+            await namespaces.create(cluster, NAMESPACE,
+                                    labels={MANAGED_NAMESPACE_LABEL: "true"})
         yield {name: client.CoreV1Api(api) for name, api in kube_clients.items()}
 
 

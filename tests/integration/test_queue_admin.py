@@ -169,6 +169,32 @@ async def test_a_read_only_token_reads_but_does_not_write(
     assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}-2")).status == 404
 
 
+async def test_namespace_bindings_default_to_none_are_validated_and_replaced_whole(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    created = await call(admin, "POST", "/api/v1/queues", {"name": queue_name})
+    assert (created.status, created.body["namespaces"]) == (201, [])  # usable by no namespace
+
+    bound = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}", {"namespaces": [
+        {"cluster": "cluster-a", "names": ["team-a"]},
+        {"selector": {"matchExpressions": [{"key": "team", "operator": "In",
+                                            "values": ["a"]}]}}]})
+    assert bound.status == 200, bound.body
+    assert bound.body["namespaces"][0] == {"cluster": "cluster-a", "names": ["team-a"]}
+    assert bound.body["namespaces"][1]["cluster"] == "*"
+
+    replaced = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                          {"namespaces": [{"names": ["team-b"]}]})
+    assert replaced.body["namespaces"] == [{"cluster": "*", "names": ["team-b"]}]
+    fetched = await call(admin, "GET", f"/api/v1/queues/{queue_name}")
+    assert fetched.body["namespaces"] == replaced.body["namespaces"]
+
+    for binding, error in (({"cluster": "*"}, "needs names, a selector, or both"),
+                           ({"selector": {}}, "an empty selector would match every namespace")):
+        refused = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                             {"namespaces": [binding]})
+        assert refused.status == 400 and error in refused.body["error"], refused.body
+
+
 async def test_queue_writes_follow_the_change_feed_rules(
         admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name: str) -> None:
     notified: asyncio.Queue[str] = asyncio.Queue()
@@ -316,24 +342,37 @@ async def lockgate(admin: QueueStoreUnderTest, *args: str,
 async def test_the_cli_creates_updates_lists_and_deletes_queues(
         admin: QueueStoreUnderTest, queue_name: str) -> None:
     created = await lockgate(admin, "queue", "create", queue_name, "--priority-factor", "0.5",
-                             "--limit", "cpu=100", "--limit", "memory=1Ti")
+                             "--limit", "cpu=100", "--limit", "memory=1Ti",
+                             "--namespace", "team-a")
     assert created.code == 0, created.err
     assert queue_name in created.out and "cpu=100,memory=1Ti" in created.out
 
     updated = await lockgate(admin, "queue", "update", queue_name, "--cordon",
-                             "--remove-limit", "memory", "--limit", "cpu=200", "-o", "json")
+                             "--remove-limit", "memory", "--limit", "cpu=200",
+                             "--namespace", "cluster-b/team-b",
+                             "--namespace-selector", "lockgate.io/team=ml", "-o", "json")
     assert updated.code == 0, updated.err
     queue = json.loads(updated.out)
     assert (queue["cordoned"], queue["resource_limits"], queue["weight"]) == (
         True, {"cpu": "200"}, 2.0)
+    # Bindings are added to those the queue has.
+    assert [(b["cluster"], b["names"], (b.get("selector") or {}).get("matchLabels"))
+            for b in queue["namespaces"]] == [
+        ("*", ["team-a"], None), ("cluster-b", ["team-b"], None),
+        ("*", [], {"lockgate.io/team": "ml"})]
 
     listed = await lockgate(admin, "queue", "list", "-o", "json")
     assert listed.code == 0, listed.err
     assert queue_name in [q["name"] for q in json.loads(listed.out)]
     table = await lockgate(admin, "queue", "list")
     header, *rows = table.out.splitlines()
-    assert header.split() == ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS"]
-    assert [queue_name, "0.5", "2", "yes", "cpu=200"] in [row.split() for row in rows]
+    assert header.split() == ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS",
+                              "NAMESPACES"]
+    assert [queue_name, "0.5", "2", "yes", "cpu=200",
+            "*/team-a,cluster-b/team-b,*/lockgate.io/team=ml"] in [row.split() for row in rows]
+    cleared = await lockgate(admin, "queue", "update", queue_name, "--clear-namespaces",
+                             "-o", "json")
+    assert json.loads(cleared.out)["namespaces"] == []
 
     got = await lockgate(admin, "queue", "get", queue_name, "-o", "json")
     assert json.loads(got.out)["name"] == queue_name

@@ -29,13 +29,12 @@ from lockgate.admission import (
     OwnerLabels,
     QueueLookup,
     QueueStatus,
-    ServiceReference,
     admission_response,
     decide,
     exemption,
+    lookup_queue,
     needs_owner_labels,
     queue_to_check,
-    webhook_configuration,
 )
 from lockgate.labels import (
     ADMISSION_TRACE_ANNOTATION,
@@ -44,6 +43,7 @@ from lockgate.labels import (
     QUEUE_LABEL,
     SCHEDULING_GATE,
 )
+from lockgate.queues import NamespaceBinding, QueueSpec
 
 NS = "team-a"
 MANAGED = {"lockgate.io/managed": "true"}
@@ -193,11 +193,21 @@ CASES = [
          queue=QueueLookup(QueueStatus.MISSING, existing=("beta", "alpha")),
          want_outcome=Outcome.DENIED,
          want_message=['queue "nope" does not exist; create it with '
-                       "'lockgate queue create nope' or use one of: alpha, beta",
+                       "'lockgate queue create nope' or use one of the queues namespace "
+                       f"{NS} may use: alpha, beta",
                        f"({QUEUE_LABEL} from the pod)"]),
     Case("unknown queue, none exist", queue=QueueLookup(QueueStatus.MISSING),
          namespace_labels={**MANAGED, QUEUE_LABEL: "nope"}, want_outcome=Outcome.DENIED,
-         want_message=["no queues exist yet", f"from namespace/{NS}"]),
+         want_message=[f"no open queue may be used by namespace {NS}",
+                       f"from namespace/{NS}"]),
+    Case("queue the namespace may not use, named by an owner",
+         owners=[owner("Job", "etl", **{QUEUE_LABEL: "team-b"})],
+         queue=QueueLookup(QueueStatus.NOT_ALLOWED, existing=("team-a",), cluster="c1"),
+         want_outcome=Outcome.DENIED,
+         want_message=[f'namespace {NS} may not use queue "team-b"; use one of the queues '
+                       f"namespace {NS} may use: team-a, or ask an operator to bind it: "
+                       f"'lockgate queue update team-b --namespace c1/{NS}'",
+                       f"({QUEUE_LABEL} from Job/etl)"]),
     Case("unknown queue, many exist: suggestions are bounded",
          pod=make_pod(labels={QUEUE_LABEL: "nope"}),
          queue=QueueLookup(QueueStatus.MISSING, existing=tuple(f"q{i:02}" for i in range(25))),
@@ -357,6 +367,27 @@ def test_queue_to_check() -> None:
     bound = AdmissionRequest.from_review(make_review(make_pod(node_name="n1")))
     assert queue_to_check(bound, {**MANAGED, QUEUE_LABEL: "q"}, []) is None
     assert exemption(bound) is not None
+    # A bound pod naming a queue itself: that queue must be open to it (it counts as a job).
+    labelled = AdmissionRequest.from_review(make_review(
+        make_pod(node_name="n1", labels={QUEUE_LABEL: "q"})))
+    assert exemption(labelled) is None
+    assert not needs_owner_labels(labelled, MANAGED)
+    assert queue_to_check(labelled, {**MANAGED, QUEUE_LABEL: "other"}, deployment) == "q"
+
+
+@pytest.mark.parametrize(("status", "want"), [
+    (QueueStatus.OPEN, Outcome.UNCHANGED), (QueueStatus.NOT_ALLOWED, Outcome.DENIED),
+    (QueueStatus.MISSING, Outcome.DENIED), (QueueStatus.CORDONED, Outcome.DENIED)])
+def test_a_pod_bound_at_creation_may_name_only_a_queue_open_to_its_namespace(
+        status: QueueStatus, want: Outcome) -> None:
+    request = AdmissionRequest.from_review(make_review(
+        make_pod(node_name="n1", labels={QUEUE_LABEL: "q"})))
+    decision = decide(request=request, namespace_labels=MANAGED, owners=[],
+                      queue=QueueLookup(status, existing=("mine",)))
+    assert decision.outcome is want
+    assert not decision.patch  # never a gate beside nodeName
+    if want is Outcome.DENIED:
+        assert "(lockgate.io/queue from the pod)" in decision.message
 
 
 @pytest.mark.parametrize(
@@ -411,26 +442,6 @@ def test_response_warns_about_unreadable_owners() -> None:
     warnings = admission_response("uid-4", decision)["response"]["warnings"]
     assert warnings == ["lockgate could not read owner ReplicaSet/rs-1 (403 Forbidden); "
                         "its labels were not considered"]
-
-
-def test_webhook_configuration_is_fail_closed_and_excludes_system_namespaces() -> None:
-    manifest = webhook_configuration(
-        name="lockgate", url="https://127.0.0.1:58443/mutate/cluster-a",
-        ca_bundle_pem=b"-----BEGIN CERTIFICATE-----\n", timeout_seconds=5,
-        extra_namespace_labels={"example.com/instance": "t1"},
-    )
-    (webhook,) = manifest["webhooks"]
-    assert webhook["failurePolicy"] == "Fail"
-    assert webhook["sideEffects"] == "None"
-    assert webhook["clientConfig"]["url"].endswith("/mutate/cluster-a")
-    assert base64.b64decode(webhook["clientConfig"]["caBundle"]).startswith(b"-----BEGIN")
-    assert webhook["rules"][0]["operations"] == ["CREATE"]
-    assert webhook["rules"][0]["resources"] == ["pods"]
-    selector = webhook["namespaceSelector"]
-    assert selector["matchLabels"] == {"lockgate.io/managed": "true", "example.com/instance": "t1"}
-    (expression,) = selector["matchExpressions"]
-    assert expression["operator"] == "NotIn"
-    assert {"kube-system", "kube-public", "kube-node-lease"} <= set(expression["values"])
 
 
 # ------------------------------------------------------------- the service's certificates
@@ -553,14 +564,87 @@ def test_settings_refuse_an_answer_budget_beyond_the_apiserver_timeout(
         WebhookSettings()
 
 
-def test_webhook_configuration_for_a_webhook_inside_the_cluster() -> None:
-    manifest = webhook_configuration(
-        name="lockgate", ca_bundle_pem=b"ca",
-        service=ServiceReference(namespace="lockgate-system", name="lockgate-webhook",
-                                 path="/mutate/local"))
-    assert manifest["webhooks"][0]["clientConfig"]["service"] == {
-        "namespace": "lockgate-system", "name": "lockgate-webhook", "path": "/mutate/local",
-        "port": 443}
-    assert "url" not in manifest["webhooks"][0]["clientConfig"]
-    with pytest.raises(ValueError, match="exactly one"):
-        webhook_configuration(name="lockgate", ca_bundle_pem=b"ca")
+def test_settings_refuse_a_database_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCKGATE_WEBHOOK_CLUSTERS", '{"cluster-a": "/kubeconfig"}')
+    monkeypatch.setenv("LOCKGATE_WEBHOOK_POSTGRES_DSN", "postgresql://u:p@db/lockgate")
+    with pytest.raises(ValueError, match="the webhook needs no database"):
+        WebhookSettings()
+
+
+# ------------------------------------------------------------------ queues bound to namespaces
+
+def bound(name: str, *bindings: dict[str, Any], cordoned: bool = False) -> QueueSpec:
+    return QueueSpec(name=name, cordoned=cordoned,
+                     namespaces=tuple(NamespaceBinding.model_validate(b) for b in bindings))
+
+
+QUEUES = {
+    "team-a": bound("team-a", {"cluster": "*", "names": ["team-a"]}),
+    "team-b": bound("team-b", {"cluster": "c1", "names": ["team-b"]}),
+    "gpu": bound("gpu", {"cluster": "c2", "selector": {"matchLabels": {"tier": "gpu"}}}),
+    "batch": bound("batch", {"selector": {"matchExpressions": [
+        {"key": "team", "operator": "In", "values": ["a", "b"]},
+        {"key": "frozen", "operator": "DoesNotExist"}]}}),
+    "frozen": bound("frozen", {"names": ["team-a"]}, cordoned=True),
+    "unbound": bound("unbound"),
+}
+
+
+@pytest.mark.parametrize(("queue", "cluster", "namespace", "labels", "want", "want_usable"), [
+    ("team-a", "c1", "team-a", {}, QueueStatus.OPEN, ("team-a",)),
+    ("team-a", "c2", "team-a", {}, QueueStatus.OPEN, ("team-a",)),
+    ("team-b", "c1", "team-a", {}, QueueStatus.NOT_ALLOWED, ("team-a",)),
+    ("team-b", "c2", "team-b", {}, QueueStatus.NOT_ALLOWED, ()),  # bound in c1 only
+    ("gpu", "c2", "ml", {"tier": "gpu"}, QueueStatus.OPEN, ("gpu",)),
+    ("gpu", "c1", "ml", {"tier": "gpu"}, QueueStatus.NOT_ALLOWED, ()),
+    ("batch", "c1", "x", {"team": "a"}, QueueStatus.OPEN, ("batch",)),
+    ("batch", "c1", "x", {"team": "a", "frozen": ""}, QueueStatus.NOT_ALLOWED, ()),
+    ("batch", "c1", "x", {"team": "c"}, QueueStatus.NOT_ALLOWED, ()),
+    ("frozen", "c1", "team-a", {}, QueueStatus.CORDONED, ("team-a",)),
+    ("unbound", "c1", "team-a", {}, QueueStatus.NOT_ALLOWED, ("team-a",)),
+    ("nope", "c1", "team-b", {}, QueueStatus.MISSING, ("team-b",)),
+])
+def test_a_queue_is_usable_only_from_the_namespaces_bound_to_it(
+    queue: str, cluster: str, namespace: str, labels: dict[str, str], want: QueueStatus,
+    want_usable: tuple[str, ...],
+) -> None:
+    found = lookup_queue(queue, queues=QUEUES, cluster=cluster, namespace=namespace,
+                         namespace_labels=labels)
+    assert (found.status, found.existing) == (want, want_usable)
+
+
+def test_a_namespace_label_cannot_smuggle_in_another_teams_queue() -> None:
+    """The namespace (not only the pod) naming a queue it may not use is refused too."""
+    labels = {**MANAGED, QUEUE_LABEL: "team-b"}
+    request = AdmissionRequest.from_review(make_review(make_pod()))
+    lookup = lookup_queue("team-b", queues=QUEUES, cluster="c1", namespace=NS,
+                          namespace_labels=labels)
+    decision = decide(request=request, namespace_labels=labels, owners=[], queue=lookup)
+    assert decision.outcome is Outcome.DENIED
+    assert f'namespace {NS} may not use queue "team-b"' in decision.message
+    assert "may use: team-a" in decision.message
+    assert f"from namespace/{NS}" in decision.message
+
+
+@pytest.mark.parametrize(("binding", "error"), [
+    ({"cluster": "*"}, "needs names, a selector, or both"),
+    ({"selector": {}}, "an empty selector would match every namespace"),
+    ({"selector": {"matchExpressions": [{"key": "k", "operator": "In"}]}},
+     "needs at least one value"),
+    ({"selector": {"matchExpressions": [{"key": "k", "operator": "Exists", "values": ["v"]}]}},
+     "takes no values"),
+    ({"names": ["a"], "clusters": "*"}, "Extra inputs are not permitted"),
+])
+def test_invalid_bindings_are_refused_with_why(binding: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        NamespaceBinding.model_validate(binding)
+
+
+def test_bindings_round_trip_in_kubernetes_spelling() -> None:
+    spec = QUEUES["batch"]
+    dumped = spec.namespaces_json()
+    assert dumped == [{"cluster": "*", "names": [], "selector": {
+        "matchLabels": {}, "matchExpressions": [
+            {"key": "team", "operator": "In", "values": ["a", "b"]},
+            {"key": "frozen", "operator": "DoesNotExist", "values": []}]}}]
+    assert QueueSpec(name="batch", namespaces=dumped).namespaces == spec.namespaces  # type: ignore[arg-type]

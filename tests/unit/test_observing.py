@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lockgate.jobs import JobState
-from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.observing import (
     ObservedCluster,
     holds_node_room,
@@ -115,11 +115,21 @@ def a_node(name: str, *, cpu: str = "8", memory: str = "32Gi", ready: bool = Tru
     }
 
 
+def a_namespace(name: str, *, managed: bool = True, **labels: str) -> dict[str, Any]:
+    if managed:
+        labels[MANAGED_NAMESPACE_LABEL] = "true"
+    return {"metadata": {"name": name, "labels": labels}}
+
+
 def a_cluster(name: str = "cluster-a") -> ObservedCluster:
+    """A cluster whose namespace team-a (where pods are built) is managed."""
     ticks = itertools.count()
     ids = itertools.count()
-    return ObservedCluster(name, now=lambda: T0 + timedelta(seconds=next(ticks)),
-                           new_id=lambda: f"id-{next(ids)}")
+    cluster = ObservedCluster(name, now=lambda: T0 + timedelta(seconds=next(ticks)),
+                              new_id=lambda: f"id-{next(ids)}")
+    cluster.relist_namespaces([a_namespace("team-a"), a_namespace("free", managed=False),
+                               a_namespace("kube-system", managed=False)])
+    return cluster
 
 
 # Which pods are lockgate's, and in which state
@@ -338,3 +348,77 @@ def test_an_unreadable_pod_is_skipped_but_a_managed_one_is_not_taken_for_vanishe
     assert len(snapshot.unreadable) == 1 and "team-a/broken" in snapshot.unreadable[0]
     with pytest.raises(ValueError, match="lots"):
         cluster.observe_pod(broken)
+
+
+# Only pods of managed namespaces are lockgate's jobs
+
+
+def pod_in(namespace: str, name: str) -> PodBuilder:
+    return PodBuilder(name, namespace=namespace)
+
+
+@pytest.mark.parametrize("pod", [
+    pod_in("free", "labelled").in_queue("victim").on_node("n1").in_phase("Running"),
+    pod_in("kube-system", "system").in_queue("victim").on_node("n1").in_phase("Running"),
+    pod_in("free", "bound-at-creation").in_queue("victim").on_node("n1"),
+    pod_in("free", "self-gated").in_queue("victim").gated(),
+], ids=lambda pod: pod.name)
+def test_a_queue_label_outside_managed_namespaces_is_unmanaged_usage(pod: PodBuilder) -> None:
+    cluster = a_cluster()
+    cluster.relist_nodes([a_node("n1")])
+    snapshot = cluster.relist_pods([pod.requesting(cpu="1").obj()])
+    assert snapshot.pod_events == [] and snapshot.cluster_snapshot.pod_uids == []
+    assert cluster.observe_pod(pod.at_version("2").obj()) is None
+    assert cluster.managed_pod_count == 0
+    held = {"cpu": 1000} if pod.extra_spec.get("nodeName") else {}
+    assert cluster.unmanaged_usage("n1") == held
+
+
+def test_a_pod_seen_before_its_namespace_is_judged_once_the_namespace_is_seen() -> None:
+    cluster = a_cluster()
+    cluster.relist_nodes([a_node("n1")])
+    snapshot = cluster.relist_pods([pod_in("new-team", "early").in_queue("q").gated().obj()])
+    # Not reported yet, but not taken for vanished either.
+    assert snapshot.pod_events == [] and snapshot.cluster_snapshot.pod_uids == ["uid-early"]
+    assert cluster.observe_pod(pod_in("new-team", "late").in_queue("q").gated().obj()) is None
+
+    events = cluster.observe_namespace(a_namespace("new-team"))
+
+    assert sorted(e.name for e in events) == ["early", "late"]
+    assert cluster.managed_pod_count == 2
+    # An unmanaged namespace seen later: its waiting pods are unmanaged usage.
+    cluster.observe_pod(pod_in("other", "x").in_queue("q").on_node("n1").requesting(cpu="1").obj())
+    assert cluster.observe_namespace(a_namespace("other", managed=False)) == []
+    assert cluster.unmanaged_usage("n1") == {"cpu": 1000}
+
+
+def test_a_namespace_losing_its_label_keeps_its_jobs_until_they_end() -> None:
+    cluster = a_cluster()
+    cluster.relist_pods([])
+    job = a_pod("job").in_queue("q").gated().requesting(cpu="1")
+    assert cluster.observe_pod(job.obj()) is not None
+
+    assert cluster.observe_namespace(a_namespace("team-a", managed=False)) == []
+
+    # The job is still reported, across a relist too, until it is deleted.
+    released = cluster.observe_pod(a_pod("job").in_queue("q").on_node("n1").obj())
+    assert released is not None and released.state is JobState.BOUND
+    assert [e.name for e in cluster.relist_pods([job.obj()]).pod_events] == ["job"]
+    gone = cluster.observe_pod(job.obj(), deleted=True)
+    assert gone is not None and gone.state is JobState.DELETED
+    # A pod created there from now on is not lockgate's.
+    assert cluster.observe_pod(a_pod("new").in_queue("q").on_node("n1").obj()) is None
+
+
+def test_a_namespace_gaining_the_label_does_not_turn_its_old_pods_into_jobs() -> None:
+    cluster = a_cluster()
+    cluster.relist_nodes([a_node("n1")])
+    old = pod_in("free", "old").in_queue("q").on_node("n1").in_phase("Running")
+    cluster.relist_pods([old.requesting(cpu="1").obj()])
+
+    cluster.observe_namespace(a_namespace("free"))
+
+    assert cluster.observe_pod(old.at_version("2").obj()) is None
+    assert cluster.unmanaged_usage("n1") == {"cpu": 1000}
+    new = cluster.observe_pod(pod_in("free", "new").in_queue("q").gated().obj())
+    assert new is not None and new.queue == "q"

@@ -1,0 +1,176 @@
+"""Keeping a `Queue` object per queue in every worker cluster, in step with Postgres.
+
+Why here: queue-store owns the `queues` table, and the admission webhook in each cluster must
+decide from that cluster's API alone (no database login, no cross-network call on the pod
+creation path). Each pass reads the queues, lists this installation's Queue objects in each
+cluster and creates, replaces or deletes what differs (`lockgate.queue_copies.plan_sync`), then
+writes each object's status (observedGeneration, lastSyncTime). Passes run at start, moments
+after a change to `queues` (LISTEN on the change feed) and every `resync_seconds` anyway, so a
+missed notification, a hand edit or a cluster that was down is repaired. A pass is idempotent;
+a cluster that fails is retried at the next pass and never holds up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Counter, Gauge
+
+from lockgate import queue_copies
+from lockgate.queues import QueueSpec
+from lockgate_adapters import job_store
+from lockgate_adapters.postgres import CHANGES_CHANNEL
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.settings import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+PASSES = Counter("lockgate_queue_sync_passes", "Queue copy passes per cluster, by outcome",
+                 ["cluster", "outcome"])
+LAST_SYNC = Gauge("lockgate_queue_sync_last_success_timestamp_seconds",
+                  "When the Queue objects of a cluster last matched Postgres (unix time)",
+                  ["cluster"], unit="seconds")
+# After a notification, wait this long so a burst of changes costs one pass.
+COALESCE_SECONDS = 0.05
+
+
+class QueueSync:
+    """Copies Postgres' queues into each cluster as Queue objects of one `source`."""
+
+    def __init__(self, *, pool: asyncpg.Pool, dsn: str, apis: Mapping[str, client.ApiClient],
+                 source: str, prefix: str, resync_seconds: float, retry: RetryPolicy) -> None:
+        self._pool, self._dsn = pool, dsn
+        self._apis = apis
+        self._source, self._prefix = source, prefix
+        self._resync = resync_seconds
+        self._changed = asyncio.Event()
+        self._delays = BackoffIterator(retry)
+        self._retry = retry
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        listener = asyncio.create_task(self._listen(stopping), name="queue sync: listen")
+        try:
+            while not stopping.is_set():
+                self._changed.clear()
+                outcomes = await self.sync_once()
+                wait = self._resync
+                if any(outcome != "ok" for outcome in outcomes.values()):
+                    # A cluster or Postgres failed: try again soon, not at the next resync.
+                    wait = min(wait, next(self._delays, self._retry.max_seconds))
+                else:
+                    self._delays.reset()
+                waiter = asyncio.create_task(self._changed.wait())
+                stopper = asyncio.create_task(stopping.wait())
+                try:
+                    await asyncio.wait((waiter, stopper), timeout=wait,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (waiter, stopper):
+                        task.cancel()
+                await asyncio.sleep(COALESCE_SECONDS)
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def sync_once(self) -> dict[str, str]:
+        """One pass over every cluster; returns each cluster's outcome ("ok" or the error)."""
+        try:
+            async with self._pool.acquire() as connection:
+                queues = await job_store.list_queues(connection)
+        except Exception as error:  # noqa: BLE001 - Postgres down: the copies stay as they are
+            log.warning("queue sync: cannot read queues: %r", error)
+            return dict.fromkeys(self._apis, f"postgres: {error!r}")
+        outcomes: dict[str, str] = {}
+        for cluster, api in self._apis.items():
+            try:
+                await self._sync_cluster(cluster, api, queues)
+            except Exception as error:  # noqa: BLE001 - retried at the next pass
+                PASSES.labels(cluster, "failed").inc()
+                described = _describe(error)
+                log.warning("queue sync: %s: %s", cluster, described)
+                outcomes[cluster] = described
+                continue
+            PASSES.labels(cluster, "ok").inc()
+            LAST_SYNC.labels(cluster).set(datetime.now(UTC).timestamp())
+            outcomes[cluster] = "ok"
+        return outcomes
+
+    async def _sync_cluster(self, cluster: str, api: client.ApiClient,
+                            queues: list[QueueSpec]) -> None:
+        custom = client.CustomObjectsApi(api)
+        listing = await custom.list_cluster_custom_object(
+            queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
+            label_selector=f"{queue_copies.SOURCE_LABEL}={self._source}")
+        plan = queue_copies.plan_sync(queues, listing.get("items") or [], source=self._source,
+                                      prefix=self._prefix)
+        by_name = {queue_copies.object_name(q.name, prefix=self._prefix): q for q in queues}
+        written: dict[str, Mapping[str, Any]] = {}
+        for obj in plan.create:
+            name = obj["metadata"]["name"]
+            try:
+                written[name] = await custom.create_cluster_custom_object(
+                    queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL, obj)
+            except ApiException as error:
+                if error.status != 409:  # created meanwhile: the next pass replaces it
+                    raise
+            log.info("queue sync: %s: created Queue %s", cluster, name)
+        for obj in plan.replace:
+            name = obj["metadata"]["name"]
+            written[name] = await custom.replace_cluster_custom_object(
+                queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL, name, obj)
+            log.info("queue sync: %s: updated Queue %s", cluster, name)
+        for name in plan.delete:
+            try:
+                await custom.delete_cluster_custom_object(
+                    queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL, name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+            log.info("queue sync: %s: deleted Queue %s", cluster, name)
+        # Status on every object each pass: lastSyncTime tells how fresh this cluster's copy is.
+        now = datetime.now(UTC)
+        current = {str(o["metadata"]["name"]): o for o in listing.get("items") or []}
+        for name, spec in by_name.items():
+            stored = written.get(name) or current.get(name)
+            if stored is None:
+                continue
+            generation = int((stored.get("metadata") or {}).get("generation") or 1)
+            await custom.patch_cluster_custom_object_status(
+                queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL, name,
+                {"status": queue_copies.status_of(spec, generation=generation, synced_at=now)},
+                _content_type="application/merge-patch+json")
+
+    async def _listen(self, stopping: asyncio.Event) -> None:
+        """Wake the loop on a change to `queues`; reconnects, the periodic pass covers gaps."""
+        def on_notification(_: object, __: int, ___: str, payload: object) -> None:
+            if not payload or "queues" in str(payload).split(","):
+                self._changed.set()
+
+        while not stopping.is_set():
+            connection: asyncpg.Connection | None = None
+            try:
+                connection = await asyncpg.connect(self._dsn, timeout=10)
+                lost = asyncio.Event()
+                connection.add_termination_listener(lambda _, lost=lost: lost.set())
+                await connection.add_listener(CHANGES_CHANNEL, on_notification)
+                self._changed.set()  # changes while not listening are caught up at once
+                await lost.wait()
+            except Exception as error:  # noqa: BLE001 - periodic passes go on meanwhile
+                log.warning("queue sync: change feed: %r", error)
+            finally:
+                if connection is not None:
+                    await connection.close(timeout=1)
+            await sleep_unless_stopped(stopping, min(self._resync, 5.0))
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}: {str(error.body or '')[:300]}"
+    return repr(error)
