@@ -25,12 +25,17 @@ import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from admission_webhook.registration import apply_webhook_configuration, delete_webhook_configuration
 from devstack.launcher import free_port
+from devstack.manifests import (
+    WEBHOOK_CONFIGURATION,
+    apply_webhook_configuration,
+    delete_webhook_configuration,
+    load,
+    render_webhook_configuration,
+)
 from devstack.stack import StackInfo
 from helpers.kube import a_pod, gates_of
 from helpers.waiting import eventually
-from lockgate.admission import webhook_configuration
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 
 CLUSTER = "cluster-a"
@@ -502,8 +507,8 @@ async def webhook_down(api: client.ApiClient, stack: StackInfo) -> AsyncIterator
     (nothing listens on its port)."""
     name = f"lockgate-enforcement-{RUN}"
     ca = Path(stack.stack_dir) / CLUSTER / "pki" / "ca.crt"
-    manifest = webhook_configuration(
-        name=name, ca_bundle_pem=ca.read_bytes(),
+    manifest = render_webhook_configuration(
+        load(WEBHOOK_CONFIGURATION), name=name, ca_bundle_pem=ca.read_bytes(),
         url=f"https://127.0.0.1:{free_port()}/mutate/{CLUSTER}",
         extra_namespace_labels={INSTANCE_LABEL: RUN})
     await apply_webhook_configuration(api, manifest)
