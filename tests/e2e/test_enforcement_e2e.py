@@ -91,18 +91,19 @@ async def running(stack: Any, kube_clients: dict[str, client.ApiClient],
         lockgate = Lockgate.for_stack(
             stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ports, run_id=f"enf-{RUN}",
             standby_scheduler=False, log_dir=tmp_path_factory.mktemp("service-logs"),
-            extra_env={"LOCKGATE_WEBHOOK_CERT_DIR":
-                       str(tmp_path_factory.mktemp("webhook-certs"))})
+            cert_dir=tmp_path_factory.mktemp("webhook-certs"))
         db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
         user_api: client.ApiClient | None = None
         try:
             await lockgate.start()
-            async with aiohttp.ClientSession() as session:
+            binding = [{"cluster": "*", "names": [namespace]}]
+            async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
                 for queue in (QUEUE, OTHER_QUEUE):
-                    async with session.post(
-                            f"http://127.0.0.1:{ports.admin_api}/api/v1/queues",
-                            json={"name": queue}) as response:
+                    async with session.post(f"{lockgate.admin_url}/api/v1/queues", json={
+                            "name": queue, "namespaces": binding}) as response:
                         assert response.status in (200, 201), await response.text()
+            await lockgate.wait_for_queues({q: {"cordoned": False, "namespaces": binding}
+                                            for q in (QUEUE, OTHER_QUEUE)})
             await admin.create_namespace({"metadata": {"name": namespace, "labels": {
                 MANAGED_NAMESPACE_LABEL: "true", QUEUE_LABEL: QUEUE,
                 **lockgate.run_namespace_labels}}})

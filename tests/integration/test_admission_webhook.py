@@ -556,7 +556,8 @@ async def test_a_pod_bound_at_creation_may_name_only_a_queue_open_to_its_namespa
     webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
 ) -> None:
     """A pod with spec.nodeName cannot be gated, but it would count as a job of the queue its
-    label names: a queue of other namespaces is refused, its own is admitted unchanged."""
+    label names: the webhook refuses a queue of other namespaces and lets its own through
+    unchanged, for the admission policy to refuse (only mirror pods may name their node)."""
     ours = await queues.create()
     theirs = await queues.create(namespaces=[{"cluster": "*", "names": ["team-b-only"]}])
     namespace = await namespaces("cluster-b")
@@ -568,10 +569,16 @@ async def test_a_pod_bound_at_creation_may_name_only_a_queue_open_to_its_namespa
     assert f'namespace {namespace} may not use queue "{theirs}"' in rejection_message(
         refused.value)
 
-    pod = await core.create_namespaced_pod(
-        namespace, user_pod("bound-own").in_queue(ours).on_node("n-x").manifest())
-    assert gates_of(pod) == [] and pod.spec.node_name == "n-x"
-    assert pod.metadata.labels == {QUEUE_LABEL: ours}
+    # Its own queue: the webhook lets it through unchanged (a gate beside nodeName is invalid)...
+    manifest = user_pod("bound-own").in_queue(ours).on_node("n-x").manifest()
+    answer = (await webhook.post_review("cluster-b", review_for(namespace, manifest)))["response"]
+    assert answer["allowed"] is True and "patch" not in answer, answer
+    # ...and the apiserver's own policy refuses it: only a node's mirror pods may be bound at
+    # creation in a managed namespace (k8s/base/policy-no-node-name.yaml).
+    with pytest.raises(ApiException) as bound:
+        await core.create_namespaced_pod(namespace, manifest)
+    assert bound.value.status == 403
+    assert "lockgate-no-node-name" in rejection_message(bound.value)
 
 
 async def test_the_webhook_needs_no_database_and_is_ready_once_it_has_the_queues(

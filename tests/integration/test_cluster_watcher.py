@@ -218,7 +218,7 @@ async def test_a_pods_events_carry_a_trace_whose_id_is_the_pod_uid(
 
 async def test_unmanaged_pods_publish_no_pod_event_but_count_in_their_nodes_usage(
     stack: Any, cores: dict[str, client.CoreV1Api], watcher: dict[str, str],
-    tail: TopicTail,
+    tail: TopicTail, make_namespace: Any,
 ) -> None:
     core = cores["cluster-b"]
     cluster = watcher["cluster-b"]
@@ -226,8 +226,13 @@ async def test_unmanaged_pods_publish_no_pod_event_but_count_in_their_nodes_usag
     # An extended resource of this test's own makes the usage exactly attributable to it.
     marker = f"lockgate-test.io/w{SUFFIX}"
     name = f"unmanaged-{uuid.uuid4().hex[:6]}"
-    uid = await create_pod(core, a_managed_pod(name).requesting(cpu="1237m", **{marker: "3"})
-                           .limited_to(**{marker: "3"}).on_node(node).manifest())
+    # A namespace lockgate does not manage: a pod there may be bound at creation.
+    unmanaged = await make_namespace("cluster-b", prefix="unmanaged")
+    created = await core.create_namespaced_pod(unmanaged, a_pod(name).tolerating_kwok_nodes()
+                                               .requesting(cpu="1237m", **{marker: "3"})
+                                               .limited_to(**{marker: "3"}).on_node(node)
+                                               .manifest())
+    uid = str(created.metadata.uid)
 
     def uses_marker(amount: int) -> Callable[[ClusterCapacity], bool]:
         def check(capacity: ClusterCapacity) -> bool:
@@ -237,7 +242,7 @@ async def test_unmanaged_pods_publish_no_pod_event_but_count_in_their_nodes_usag
 
     with_pod = await tail.wait_for(capacity_of(cluster, uses_marker(3)),
                                           what="capacity with the unmanaged pod's usage")
-    await delete_pod(core, name)
+    await core.delete_namespaced_pod(name, unmanaged, grace_period_seconds=0)
     await tail.wait_for(capacity_of(cluster, uses_marker(0)),
                                after=tail.index_of(with_pod),
                                what="capacity without the deleted pod's usage")

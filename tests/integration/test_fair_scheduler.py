@@ -410,9 +410,12 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
     await store.queue("q1")
     await store.node(cluster, "n1", cpu=4 * CPU)
     first = await store.jobs(cluster, "q1", 6)
+    # A query in flight when the connection freezes ends at the command timeout: then the bound
+    # is check interval + check timeout + command timeout (docs/security.md).
     liveness = {"leader_check_interval_seconds": 0.5, "leader_check_timeout_seconds": 1.0,
+                "leader_command_timeout_seconds": 2.0,
                 "leader_idle_session_timeout_seconds": 4.0}
-    steps_down_within = 0.5 + 1.0
+    steps_down_within = 0.5 + 1.0 + 2.0
     postgres = urlsplit(store.dsn)
     assert postgres.hostname is not None and postgres.port is not None
     relay = TcpRelay(postgres.hostname, postgres.port)

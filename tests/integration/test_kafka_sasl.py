@@ -20,7 +20,8 @@ from aiokafka.errors import KafkaError
 from pydantic_settings import SettingsConfigDict
 
 from helpers.kafka_sasl import MECHANISMS, SaslBroker, sasl_broker
-from lockgate.events import DEAD_LETTERS, DeadLetter
+from lockgate.dead_lettering import dead_letter
+from lockgate.events import DEAD_LETTERS
 from lockgate_adapters.kafka import (
     client_kwargs,
     commit_group_at_end,
@@ -70,8 +71,8 @@ async def test_clients_authenticate_with_scram(
     producer = make_producer(config, client_id="sasl-test")
     await producer.start()
     try:
-        await publish(producer, DEAD_LETTERS, DeadLetter(
-            source_topic="t", partition=0, offset=0, key=None, value="{}", reason=reason,
+        await publish(producer, DEAD_LETTERS, dead_letter(
+            source_topic="t", partition=0, offset=0, key=None, value=b"{}", reason=reason,
             consumer="sasl-test", at=datetime.now(UTC)))
     finally:
         await producer.stop()

@@ -50,8 +50,8 @@ class Run:
         return f"http://127.0.0.1:{self.lockgate.ports.admin_api}/api/v1"
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        async with aiohttp.ClientSession() as session, session.request(
-                method, f"{self.admin}{path}", json=body) as reply:
+        async with aiohttp.ClientSession(headers=self.lockgate.admin_headers) as session, \
+                session.request(method, f"{self.admin}{path}", json=body) as reply:
             return reply.status, (await reply.json() if reply.status != 204 else None)
 
     async def create_queue(self, name: str, *, names: list[str]) -> dict[str, Any]:
