@@ -116,7 +116,8 @@ async def ungaters(stack: StackInfo) -> AsyncIterator[dict[str, CoreV1Api]]:
 async def pg_pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
     import asyncpg
 
-    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=10)
+    # min_size=0: no floor to restore in the background after a test restarts Postgres.
+    pool = await asyncpg.create_pool(pg_dsn, min_size=0, max_size=10)
     try:
         yield pool
     finally:
