@@ -213,10 +213,13 @@ class LogMark:
 
 
 async def wait_unready(run: Run, service: str, check: str, within: float) -> dict[str, Any]:
+    """Until `service` is not ready and its `check` says the dependency is unreachable (the
+    probe's word: a service's own loop may report the failure first, in its own terms)."""
     async def unready() -> dict[str, Any] | None:
         status, checks = await run.readiness(service)
         entry = checks.get(check, {})
-        return checks if status == 503 and entry.get("ready") is False else None
+        named = "unreachable" in str(entry.get("detail"))
+        return checks if status == 503 and entry.get("ready") is False and named else None
 
     checks: dict[str, Any] = await eventually(
         unready, within=within, every=0.1,
