@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -57,11 +58,39 @@ DEFAULT_LOG_DIR = Path(
 )
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on right now (for a service about to start)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port nothing listens on right now, for a service about to start.
+
+    Taken below the kernel's ephemeral range: a port from `bind(0)` is ephemeral, and any
+    outgoing connection (to Kafka, Postgres, an apiserver) may take it before the service binds
+    it, which a busy machine once did. Never the same port twice in one process.
+    """
+    low, high = _below_ephemeral_ports()
+    for _ in range(500):
+        port = random.randint(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port between {low} and {high}")
+
+
+def _below_ephemeral_ports() -> tuple[int, int]:
+    try:
+        first_ephemeral = int(
+            Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768  # Linux's default
+    high = max(first_ephemeral - 1, 2048)
+    return max(1024, high - 12000), high
 
 
 class ServiceProcess:
