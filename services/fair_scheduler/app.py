@@ -47,7 +47,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         await _wait_for_schema(settings)
         producer = await start_producer(
             settings.kafka(), client_id=f"fair-scheduler-{settings.instance_id}",
-            topics=(RELEASE_COMMANDS, POD_NOTICES, DEAD_LETTERS), policy=settings.retry, stopping=stopping,
+            topics=(RELEASE_COMMANDS, POD_NOTICES, DEAD_LETTERS), policy=settings.retry,
+            stopping=stopping,
             on_unreachable=lambda error: ctx.readiness.set(
                 "kafka", False, f"{type(error).__name__}: {error}"))
         if producer is None:

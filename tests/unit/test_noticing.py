@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
+from builders import a_job
 
 from lockgate.events import POD_NOTICES, PodNotice
 from lockgate.jobs import JobState
@@ -17,7 +18,6 @@ from lockgate.noticing import (
     event_name,
     queue_unknown_message,
 )
-from builders import a_job
 
 # A DNS subdomain, as Kubernetes checks object names.
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
