@@ -15,6 +15,7 @@ written for it, with its deterministic name (which makes writing it idempotent).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC
 from enum import StrEnum
 from typing import Any
 
@@ -71,7 +72,7 @@ def event_for(notice: PodNotice) -> dict[str, Any]:
     Old-style (core/v1 `source`, first/last timestamps, count), which every apiserver takes and
     `kubectl describe pod` lists.
     """
-    at = notice.at.isoformat()
+    at = notice.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # RFC 3339, as Kubernetes
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -130,7 +130,7 @@ def test_the_event_is_a_warning_on_the_pod() -> None:
     notice = PodNotice(cluster="cluster-a", namespace="team", name="web-0", uid="u-1234567890",
                        queue="q", reason=NoticeReason.QUEUE_UNKNOWN.value,
                        message=queue_unknown_message("q"),
-                       at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+                       at=datetime(2026, 1, 2, 3, 4, 5, 678, tzinfo=UTC))
 
     event = event_for(notice)
 
@@ -140,7 +140,7 @@ def test_the_event_is_a_warning_on_the_pod() -> None:
                                        "name": "web-0", "uid": "u-1234567890"}
     assert (event["type"], event["reason"]) == ("Warning", "LockgateQueueUnknown")
     assert event["message"] == notice.message
-    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-02T03:04:05+00:00"
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-02T03:04:05Z"
 
 
 def test_pod_notices_are_keyed_by_pod_and_reject_unknown_fields() -> None:
