@@ -378,15 +378,25 @@ async def test_a_namespace_losing_its_managed_label_keeps_its_jobs_until_they_en
 
     await core.patch_namespace(namespace, {"metadata": {"labels": {
         MANAGED_NAMESPACE_LABEL: None}}})
-    after = await core.create_namespaced_pod(namespace, user_pod("after", queue))
-    assert gates_of(after) == []  # no longer sent to the webhook
+
+    async def a_pod_not_sent_to_the_webhook() -> str | None:
+        name = unique("after")
+        if gates_of(await core.create_namespaced_pod(namespace, user_pod(name, queue))) == []:
+            return name
+        # The apiserver matched the webhook's namespace selector against its cached namespace,
+        # which may lag the patch by a moment: that pod was still gated; try again.
+        await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        return None
+
+    after = await eventually(a_pod_not_sent_to_the_webhook, within=30, every=0.5,
+                             what="a pod no longer sent to the webhook")
 
     # The old job is still followed: its deletion is recorded.
     await core.delete_namespaced_pod("before", namespace, grace_period_seconds=0)
     assert await eventually(
         lambda: _state_is(run, queue, "before", "deleted"), within=30,
         what="the old job's deletion") == "deleted"
-    assert await run.job_state(queue, "after", "cluster-b") is None
+    assert await run.job_state(queue, after, "cluster-b") is None
 
 
 async def _state_is(run: Run, queue: str, pod: str, state: str) -> str | None:
