@@ -35,6 +35,7 @@ from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
     POD_EVENTS,
+    POD_NOTICES,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
 )
@@ -307,6 +308,8 @@ class Lockgate:
             POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
         await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}",
                                   [RELEASE_COMMANDS])
+        await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}-notices",
+                                  [POD_NOTICES])
 
     def _postgres(self, service: str) -> dict[str, str]:
         return {"LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, service)}

@@ -117,6 +117,25 @@ class ReleaseOutcome(Event):
     at: datetime
 
 
+class PodNotice(Event):
+    """Something a pod's owner should read on the pod: why lockgate keeps it gated.
+
+    The fair-scheduler leader sends it; the ungater of the pod's cluster writes it as a Warning
+    Event on the pod. `reason` is a `lockgate.noticing.NoticeReason` value; a reason this
+    ungater does not know is still written (it is only text on the pod).
+    """
+
+    v: Literal[1] = 1
+    cluster: str
+    namespace: str
+    name: str
+    uid: str
+    queue: str
+    reason: str
+    message: str
+    at: datetime
+
+
 class PayloadEncoding(StrEnum):
     UTF8 = "utf-8"  # `data` is the bytes as text
     BASE64 = "base64"  # `data` is the bytes in standard base64 (they were not text, or less fit)
@@ -245,6 +264,13 @@ RELEASE_OUTCOMES: Topic[ReleaseOutcome] = Topic(
     consumers=("queue-store",),
     why="what became of each release, so a job's state follows and failed releases requeue",
 )
+POD_NOTICES: Topic[PodNotice] = Topic(
+    name="lockgate.pod-notices.v1",
+    model=PodNotice,
+    key=lambda e: e.uid,
+    consumers=("ungater",),
+    why="why a pod stays gated (e.g. its queue does not exist), for an Event on the pod",
+)
 DEAD_LETTERS: Topic[DeadLetter] = Topic(
     name="lockgate.dead-letter.v1",
     model=DeadLetter,
@@ -254,11 +280,13 @@ DEAD_LETTERS: Topic[DeadLetter] = Topic(
 )
 
 ALL_TOPICS: tuple[Topic[PodEvent] | Topic[ClusterSnapshot] | Topic[ClusterCapacity]
-                  | Topic[ReleaseCommand] | Topic[ReleaseOutcome] | Topic[DeadLetter], ...] = (
+                  | Topic[ReleaseCommand] | Topic[ReleaseOutcome] | Topic[PodNotice]
+                  | Topic[DeadLetter], ...] = (
     POD_EVENTS,
     CLUSTER_SNAPSHOTS,
     CLUSTER_CAPACITY,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
+    POD_NOTICES,
     DEAD_LETTERS,
 )

@@ -235,6 +235,18 @@ async def current_jobs(connection: asyncpg.Connection, keys: Sequence[tuple[str,
     return [_sched_job(row) for row in rows]
 
 
+async def pod_names(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]
+                    ) -> dict[tuple[str, str], tuple[str, str]]:
+    """(namespace, name) of each job's pod by (cluster, uid); jobs without a row are missing."""
+    if not keys:
+        return {}
+    rows = await connection.fetch(
+        "SELECT cluster, uid, namespace, name FROM jobs"
+        " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+        [cluster for cluster, _ in keys], [uid for _, uid in keys])
+    return {(r["cluster"], r["uid"]): (r["namespace"], r["name"]) for r in rows}
+
+
 def _changes(serial: int, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
              jobs: Sequence[asyncpg.Record]) -> Changes:
     return Changes(

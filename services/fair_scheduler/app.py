@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 from fair_scheduler.leading import Leader, LeadershipLostError
 from fair_scheduler.reporting import FairnessReport
 from fair_scheduler.settings import SchedulerSettings
-from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS
+from lockgate.events import DEAD_LETTERS, POD_NOTICES, RELEASE_COMMANDS
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.kafka import start_producer
 from lockgate_adapters.postgres import connect_pool, wait_for_schema
@@ -47,7 +47,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         await _wait_for_schema(settings)
         producer = await start_producer(
             settings.kafka(), client_id=f"fair-scheduler-{settings.instance_id}",
-            topics=(RELEASE_COMMANDS, DEAD_LETTERS), policy=settings.retry, stopping=stopping,
+            topics=(RELEASE_COMMANDS, POD_NOTICES, DEAD_LETTERS), policy=settings.retry,
+            stopping=stopping,
             on_unreachable=lambda error: ctx.readiness.set(
                 "kafka", False, f"{type(error).__name__}: {error}"))
         if producer is None:

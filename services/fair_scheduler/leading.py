@@ -30,8 +30,9 @@ from prometheus_client import Counter as MetricCounter
 
 from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
 from fair_scheduler.settings import SchedulerSettings
-from lockgate.events import RELEASE_COMMANDS, ReleaseCommand
+from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.fairness import schedule_round
+from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
 from lockgate.scheduling import SchedJob, SchedulerState
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
@@ -51,6 +52,8 @@ DROPPED_DECISIONS = MetricCounter(
     "Decisions not recorded because the job was no longer queued in Postgres")
 REPUBLISHED = MetricCounter("lockgate_scheduler_republished",
                             "Release commands published again (unpublished or unanswered)")
+NOTICES = MetricCounter("lockgate_scheduler_pod_notices",
+                        "Pod notices published (why a pod stays gated), by reason", ["reason"])
 ROUNDS = MetricCounter("lockgate_scheduler_rounds", "Scheduling rounds run, by trigger",
                        ["trigger"])
 
@@ -97,6 +100,8 @@ class Leader:
         self._now = now
         self._new_decision_id = new_decision_id
         self._state = SchedulerState()
+        # Queued jobs whose queue may turn out undefined, and which of them were noticed.
+        self._notices = UndefinedQueueNotices()
         # Jobs whose release failed, held out of the state until their backoff ends, so a
         # release that keeps failing (e.g. a forbidden patch) does not spin: job id -> (due, job).
         self._backing_off: dict[str, tuple[float, SchedJob]] = {}
@@ -162,6 +167,7 @@ class Leader:
             if changed or more_to_do or safety_due:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
                 more_to_do = await self._round(trigger)
+                await self._notice()
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -185,6 +191,7 @@ class Leader:
         for node in changes.nodes:
             state.set_node(node.cluster, node.node, node.info)
         for job in changes.jobs:
+            self._notices.observe(job)
             held = self._backing_off.get(job.job_id)
             old = state.job(job.job_id) if held is None else held[1]
             if old is None and job.state.is_terminal:
@@ -299,10 +306,55 @@ class Leader:
             now = current.get(job_id)
             if now is None:
                 self._state.remove_job(job_id)
+                self._notices.forget(job_id)
             else:
+                self._notices.observe(now)
                 self._count(now, +1)
                 self._state.upsert_job(now)
         log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
+
+    # ---- notices --------------------------------------------------------------------------
+
+    async def _notice(self) -> None:
+        """Tell pods queued for a queue nobody defined, on the pod, why they stay gated.
+
+        At most max_notices_per_round per round, each job once this term; the rest follow
+        after later rounds. A failed publish is only logged: those jobs are due again next round.
+        """
+        limit = self._settings.max_notices_per_round
+        if limit == 0 or not len(self._notices):
+            return
+        # A defined queue always stays in the state, so a queue the state does not hold (a
+        # job's that is backing off) is undefined too.
+        due = self._notices.due(is_undefined=lambda q: self._state.queue_spec(q) is None,
+                                limit=limit)
+        if not due:
+            return
+        keys = [store.split_job_id(job_id) for job_id, _ in due]
+        names = await store.pod_names(self._connection, keys)
+        at = self._now()
+        notices = []
+        for (job_id, queue), (cluster, uid) in zip(due, keys, strict=True):
+            found = names.get((cluster, uid))
+            if found is None:  # the row is gone: nothing to tell
+                self._notices.forget(job_id)
+                continue
+            notices.append(PodNotice(
+                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=queue,
+                reason=NoticeReason.QUEUE_UNKNOWN.value, message=queue_unknown_message(queue),
+                at=at))
+        if notices:
+            try:
+                await publish_many(self._producer, POD_NOTICES, notices)
+            except Exception as error:
+                if not is_retryable_kafka_error(error):
+                    raise
+                log.warning("publishing %d pod notices failed (%s); retrying after a later "
+                            "round", len(notices), error, extra=quiet("kafka"))
+                return
+            NOTICES.labels(NoticeReason.QUEUE_UNKNOWN.value).inc(len(notices))
+            log.info("noticed %d queued pods that their queue does not exist", len(notices))
+        self._notices.noticed([job_id for job_id, _ in due])
 
     # ---- publishing -----------------------------------------------------------------------
 

@@ -81,6 +81,10 @@ class SchedulerSettings(ServiceSettings):
     max_decisions_per_round: int = Field(default=5000, ge=1)
     max_lookback_per_queue: int = Field(
         default=1000, ge=0, description="jobs that do not fit a queue may skip before it stops")
+    max_notices_per_round: int = Field(
+        default=100, ge=0,
+        description="most pod notices (e.g. 'your queue does not exist') sent after one round; "
+        "the rest follow in later rounds; 0 sends none")
     # Releases that went unanswered
     release_retry_initial_seconds: float = Field(
         default=2.0, gt=0,

@@ -1,5 +1,5 @@
 """The ungater's composition root: one apiserver client per served cluster, a producer for
-outcomes, and the release-command consumer."""
+outcomes, the release-command consumer, and the pod-notice consumer (Events on pods)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer
 
 from lockgate.dead_lettering import LetterLimits
-from lockgate.events import DEAD_LETTERS, RELEASE_COMMANDS, RELEASE_OUTCOMES
+from lockgate.events import DEAD_LETTERS, POD_NOTICES, RELEASE_COMMANDS, RELEASE_OUTCOMES
 from lockgate_adapters.kafka import BatchConsumer, start_producer
 from lockgate_adapters.kube import api_clients
 from lockgate_adapters.service import Loop, ServiceContext
+from ungater.noticing import Noticer
 from ungater.pods import PodGateClient
 from ungater.settings import UngaterSettings
 from ungater.ungating import ClusterReleaser, Ungater
@@ -31,10 +32,12 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     ctx.dependencies.kafka(settings.kafka())
     for name, api in apis.items():
         ctx.dependencies.apiserver(name, api)
+    pods = {name: PodGateClient(api, request_timeout=settings.request_timeout_seconds)
+            for name, api in apis.items()}
     releasers = {
         name: ClusterReleaser(
             cluster=name,
-            pods=PodGateClient(api, request_timeout=settings.request_timeout_seconds),
+            pods=pods[name],
             retry_policy=settings.retry,
             give_up_after=settings.give_up_after_seconds,
             max_in_flight=settings.max_in_flight_per_cluster,
@@ -43,14 +46,17 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for name, api in apis.items()
     }
-    log.info("ungater serving %s as consumer group %s", sorted(apis), settings.consumer_group)
+    log.info("ungater serving %s as consumer groups %s and %s", sorted(apis),
+             settings.consumer_group, settings.notices_group)
+    stopped = 0  # the apiserver clients close when both loops have ended
 
     async def consume_commands(stopping: asyncio.Event) -> None:
         producer: AIOKafkaProducer | None = None
         try:
             producer = await start_producer(
                 settings.kafka(), client_id=f"{settings.consumer_group}-outcomes",
-                topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, DEAD_LETTERS), policy=settings.retry,
+                topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, POD_NOTICES, DEAD_LETTERS),
+                policy=settings.retry,
                 stopping=stopping,
                 on_unreachable=lambda error: ctx.readiness.set("kafka", False, f"kafka: {error}"))
             if producer is None:
@@ -70,10 +76,33 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         finally:
             if producer is not None:
                 await producer.stop()
+            await close_apis()
+
+    async def consume_notices(stopping: asyncio.Event) -> None:
+        # Its own group: a backlog of notices never delays release commands, nor they it.
+        try:
+            consumer = BatchConsumer(
+                bootstrap=settings.kafka(),
+                topic=POD_NOTICES,
+                group_id=settings.notices_group,
+                consumer_name="ungater-notices",
+                handle=Noticer(pods=pods).handle,
+                retry_policy=settings.retry,
+                max_records=200,
+                letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+            )
+            await consumer.run(stopping)
+        finally:
+            await close_apis()
+
+    async def close_apis() -> None:
+        nonlocal stopped
+        stopped += 1
+        if stopped == 2:
             for api in apis.values():
                 await api.close()
 
-    return [consume_commands]
+    return [consume_commands, consume_notices]
 
 
 def _readiness_setter(ctx: ServiceContext, name: str) -> Callable[[bool, str], None]:

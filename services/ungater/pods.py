@@ -1,4 +1,5 @@
-"""The two apiserver calls the ungater makes: read a pod's gates, and patch one away.
+"""The apiserver calls the ungater makes: read a pod's gates, patch one away, and tell a pod why
+it stays gated (an Event).
 
 Why raw responses: the ungater's throughput is measured against a tight client patching pods on
 the same apiserver, and turning every response into kubernetes-asyncio's models costs more CPU
@@ -58,6 +59,18 @@ class PodGateClient:
         )
         if status >= 300:
             raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after)
+
+    async def create_event(self, *, namespace: str, body: dict[str, Any]) -> int:
+        """Create a core/v1 Event; returns the status: 2xx, 409 (it exists already) or 404 (its
+        namespace is gone). Any other answer, or none, raises KubeCallError."""
+        status, payload, retry_after = await self._call(
+            self._core.create_namespaced_event(namespace, body, _preload_content=False,
+                                               _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status < 300 or status in (404, 409):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
 
     @staticmethod
     async def _call(request: Any, *, reading: bool) -> tuple[int, bytes, float | None]:

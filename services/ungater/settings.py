@@ -19,6 +19,7 @@ class UngaterSettings(ClusterServiceSettings):
     or per set of clusters — each sees every command, while replicas serving the same set split
     the partitions. Served sets must not overlap (a shared cluster would be ungated twice, which
     is harmless but wasteful); a set served by no ungater has its commands never carried out.
+    Pod notices are read the same way, in the group `<group>-notices`.
     """
 
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_UNGATER_", env_nested_delimiter="__",
@@ -54,3 +55,8 @@ class UngaterSettings(ClusterServiceSettings):
     @property
     def consumer_group(self) -> str:
         return self.group_id or "ungater-" + "+".join(sorted(self.clusters))
+
+    @property
+    def notices_group(self) -> str:
+        """The group for pod notices (Events on pods): the command group's name + `-notices`."""
+        return f"{self.consumer_group}-notices"

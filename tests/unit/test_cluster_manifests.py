@@ -61,9 +61,10 @@ def test_each_service_account_has_a_cluster_role_bound_to_it() -> None:
         assert account in roles
 
 
-def test_the_ungater_may_only_read_and_patch_pods() -> None:
-    (rule,) = of_kind("ClusterRole")["lockgate-ungater"]["rules"]
-    assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+def test_the_ungater_may_only_read_and_patch_pods_and_create_events() -> None:
+    pods, events = of_kind("ClusterRole")["lockgate-ungater"]["rules"]
+    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+    assert events == {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 
 
 def test_no_lockgate_identity_may_bind_pods_escalate_or_read_secrets() -> None:

@@ -1,0 +1,159 @@
+"""Telling a pod's owner, on the pod itself, why lockgate keeps it gated.
+
+Why this exists: the admission webhook checks a pod's queue against a copy of the queue
+definitions, and that copy may be stale, so a pod can be admitted (and gated) for a queue that
+turns out not to exist. Such a pod stays gated and queued, which is right, but its owner only sees
+a gate. The fair-scheduler leader knows each round which queued jobs name an undefined queue; it
+picks them here, a bounded number per round and each once per leadership term, and publishes a
+`PodNotice`; the ungater turns the notice into a Kubernetes Event on the pod, so
+`kubectl describe pod` says why.
+
+Everything here is pure: which jobs are due a notice, what the notice says, and the Event
+written for it, with its deterministic name (which makes writing it idempotent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC
+from enum import StrEnum
+from typing import Any
+
+from lockgate.events import PodNotice
+from lockgate.jobs import JobState
+from lockgate.scheduling import SchedJob
+
+# A Kubernetes object name (DNS subdomain) is at most this long.
+_MAX_NAME = 253
+# Who wrote the Event, as `kubectl describe pod` shows it ("From").
+EVENT_SOURCE = "lockgate-ungater"
+
+
+class NoticeReason(StrEnum):
+    """Why a pod stays gated: the Event's `reason` (CamelCase, as Kubernetes reasons are)."""
+
+    QUEUE_UNKNOWN = "LockgateQueueUnknown"
+
+
+
+_SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown"}
+
+
+def reason_slug(reason: str) -> str:
+    """A reason as part of an object name: lower-case and DNS-safe, also for a reason a newer
+    scheduler sent that this code does not know."""
+    known = _SLUGS.get(reason)
+    if known is not None:
+        return known
+    return "".join(c for c in reason.lower() if c.isalnum())[:40] or "notice"
+
+
+def queue_unknown_message(queue: str) -> str:
+    """What a pod whose queue does not exist is told, and what its owner can do."""
+    return (f'lockgate queue "{queue}" does not exist (it was deleted, or never created): '
+            "this pod stays gated until the queue exists again or the pod is deleted; "
+            f"see `lockgate jobs list --queue {queue}`")
+
+
+def event_name(*, pod_name: str, reason: str, uid: str) -> str:
+    """The Event's name: one per (pod uid, reason), so writing it twice writes it once.
+
+    The pod's name is shortened if needed to keep the whole a valid DNS subdomain; the uid's
+    prefix tells apart pods that reused a name.
+    """
+    suffix = f".lockgate-{reason_slug(reason)}-{uid[:8].lower()}"
+    prefix = pod_name[: _MAX_NAME - len(suffix)].rstrip(".-")
+    return prefix + suffix
+
+
+def event_for(notice: PodNotice) -> dict[str, Any]:
+    """The core/v1 Event that tells the notice's pod: a Warning, named once per (uid, reason).
+
+    Old-style (core/v1 `source`, first/last timestamps, count), which every apiserver takes and
+    `kubectl describe pod` lists.
+    """
+    at = notice.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # RFC 3339, as Kubernetes
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": event_name(pod_name=notice.name, reason=notice.reason, uid=notice.uid),
+            "namespace": notice.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "lockgate"},
+        },
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": notice.namespace,
+                           "name": notice.name, "uid": notice.uid},
+        "type": "Warning",
+        "reason": notice.reason,
+        "message": notice.message,
+        "source": {"component": EVENT_SOURCE},
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+    }
+
+
+class UndefinedQueueNotices:
+    """Which queued jobs name an undefined queue and have not been noticed this term.
+
+    Fed every job row the leader applies (`observe`); asked after each round (`due`) for at most
+    `limit` jobs whose queue is undefined right now; told which were published (`noticed`).
+    A job is forgotten when it stops being queued, so one that is queued again (e.g. after its
+    queue came back and went again) may be noticed again; so may every job after a new leader
+    takes over. Both are fine: the Event's name makes the ungater's write idempotent.
+    """
+
+    def __init__(self) -> None:
+        self._queue_of: dict[str, str] = {}  # every queued job seen -> its queue
+        # queue -> its queued jobs not noticed yet, oldest seen first; noticed ones leave it, so
+        # `due` never walks past them again.
+        self._waiting: dict[str, dict[str, None]] = {}
+
+    def observe(self, job: SchedJob) -> None:
+        """Record a job's current row: queued jobs are candidates, others are forgotten."""
+        old = self._queue_of.get(job.job_id)
+        if job.state is not JobState.QUEUED:
+            self.forget(job.job_id)
+        elif old != job.queue:
+            self.forget(job.job_id)  # a notice for another queue no longer applies
+            self._queue_of[job.job_id] = job.queue
+            self._waiting.setdefault(job.queue, {})[job.job_id] = None
+
+    def forget(self, job_id: str) -> None:
+        queue = self._queue_of.pop(job_id, None)
+        if queue is not None:
+            self._unwait(job_id, queue)
+
+    def due(self, *, is_undefined: Callable[[str], bool], limit: int) -> list[tuple[str, str]]:
+        """Up to `limit` (job id, queue) of queued jobs whose queue is undefined right now and
+        that were not noticed yet; costs the queues with waiting jobs plus the jobs returned."""
+        picked: list[tuple[str, str]] = []
+        for queue, jobs in self._waiting.items():
+            if len(picked) >= limit:
+                break
+            if not is_undefined(queue):
+                continue
+            for job_id in jobs:
+                picked.append((job_id, queue))
+                if len(picked) >= limit:
+                    break
+        return picked
+
+    def noticed(self, job_ids: list[str]) -> None:
+        """These jobs' notices were published: do not notice them again while they stay
+        queued in the same queue."""
+        for job_id in job_ids:
+            queue = self._queue_of.get(job_id)
+            if queue is not None:
+                self._unwait(job_id, queue)
+
+    def __len__(self) -> int:
+        return len(self._queue_of)
+
+    def _unwait(self, job_id: str, queue: str) -> None:
+        jobs = self._waiting.get(queue)
+        if jobs is None:
+            return
+        jobs.pop(job_id, None)
+        if not jobs:
+            del self._waiting[queue]
