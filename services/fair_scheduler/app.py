@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 FAIRNESS_PATH = "/api/v1/fairness"
 # What ends a term of leadership (or prevents one): Postgres unreachable or the session lost.
+# A client error on the leader connection (e.g. "another operation is in progress" after an
+# operation was cut off by a Postgres shutdown) ends the term like any other: step down, retry.
 _POSTGRES_TROUBLE = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
-                     LeadershipLostError)
+                     asyncpg.InternalClientError, LeadershipLostError)
 
 
 async def compose(ctx: ServiceContext) -> list[Loop]:
