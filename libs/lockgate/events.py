@@ -22,6 +22,7 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockgate.jobs import JobState
+from lockgate.placement import PodPlacement, Taint
 
 
 class Event(BaseModel):
@@ -55,6 +56,14 @@ class PodEvent(Event):
     gated: bool = True  # lockgate's gate still present
     snapshot_id: str | None = None  # set when published as part of a (re)start snapshot
     admission_trace: str | None = None  # traceparent of the admission review that gated it
+    # Added in place (optional, defaulted): which nodes the pod may land on, and what
+    # kube-scheduler says of it. A consumer older than these fields dead-letters events that
+    # carry them, so queue-store is upgraded before cluster-watcher.
+    placement: PodPlacement | None = None  # tolerations, nodeSelector, required node affinity
+    # PodScheduled=False with reason Unschedulable: since when (its lastTransitionTime), and why.
+    unschedulable_since: datetime | None = None
+    unschedulable_message: str = ""
+    controlled: bool = False  # has an ownerReference with controller: true (e.g. a ReplicaSet)
 
 
 class ClusterSnapshot(Event):
@@ -77,6 +86,9 @@ class NodeCapacity(Event):
     schedulable: bool = True
     # Requests of pods lockgate does not manage that are bound to this node.
     unmanaged_usage: dict[str, int] = Field(default_factory=dict)
+    # Added in place (optional, defaulted), for placement; see PodEvent.placement.
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
 
 
 class ClusterCapacity(Event):
@@ -134,6 +146,10 @@ class PodNotice(Event):
     reason: str
     message: str
     at: datetime
+    # Added in place (optional, defaulted): after writing the Event, delete the pod (only this
+    # uid: a precondition), so that its controller creates a replacement, gated again. Sent for
+    # a released pod kube-scheduler could not place (see docs/scheduling.md).
+    delete_pod: bool = False
 
 
 class PayloadEncoding(StrEnum):

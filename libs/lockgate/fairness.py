@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lockgate.jobs import JobState
+from lockgate.placement import PodPlacement, can_land
 from lockgate.scheduling import HeapEntry, SchedulerState, _Cluster, _Pending, _Queue, _Shape
 
 # Adjusted fair share stops redistributing when less than this much of the pool is left over...
@@ -50,10 +51,14 @@ class SkipReason(StrEnum):
     # Unschedulable: parked until the cluster gains a node of a new size.
     TOO_BIG_FOR_ANY_NODE = "too_big_for_any_node"
     NO_SCHEDULABLE_NODES = "no_schedulable_nodes"  # cluster unknown, empty or fully cordoned
+    # Unschedulable: its taints, nodeSelector or required node affinity let it on no node
+    # (parked like a job too big, until a node it may land on appears).
+    NO_MATCHING_NODE = "no_matching_node"
 
 
 UNSCHEDULABLE_REASONS = frozenset(
-    {SkipReason.TOO_BIG_FOR_ANY_NODE, SkipReason.NO_SCHEDULABLE_NODES}
+    {SkipReason.TOO_BIG_FOR_ANY_NODE, SkipReason.NO_SCHEDULABLE_NODES,
+     SkipReason.NO_MATCHING_NODE}
 )
 
 
@@ -157,7 +162,7 @@ def adjusted_fair_shares(
 
 def fair_shares(state: SchedulerState) -> dict[str, FairShare]:
     """Every known queue's fair, adjusted fair, actual and demanded share, from current state."""
-    return _fair_shares(state, _inverse(state._pool_total))
+    return _fair_shares(state, state.fairness_inverse())
 
 
 def schedule_round(
@@ -174,13 +179,21 @@ def schedule_round(
 
 
 class _ClusterRound:
-    """One cluster's free room per schedulable node, as the round consumes it."""
+    """One cluster's free room per schedulable node, as the round consumes it.
 
-    __slots__ = ("cursor", "fits_cache", "free", "names", "overcommitted", "rejected", "sizes")
+    A job goes only to a node its placement lets it land on (`lockgate.placement`): per
+    placement, the round works out once which nodes those are (`eligible`), and first-fit walks
+    only them.
+    """
+
+    __slots__ = ("cursor", "eligible", "fits_cache", "free", "names", "overcommitted",
+                 "rejected", "sizes", "traits")
 
     def __init__(self, cluster: _Cluster, inverse_total: list[float]) -> None:
         self.names = cluster.order
         self.sizes = list(cluster.node_sizes)
+        self.traits = [cluster.nodes[name].traits for name in self.names]
+        self.eligible: dict[PodPlacement | None, list[int]] = {}
         self.fits_cache: dict[_Shape, bool] = {}
         # First-fit resumes per shape where it last succeeded: free room only shrinks during a
         # round, so nodes before that point cannot take that shape again.
@@ -210,7 +223,8 @@ class _ClusterRound:
         without_room: list[_Shape] = []
         for shape, hint in cluster.held_unbound.values():
             i = index.get(hint) if hint is not None else None
-            if i is not None and _fits(self.free[i], shape):
+            if (i is not None and _fits(self.free[i], shape)
+                    and can_land(shape.placement, self.traits[i])):
                 _take(self.free[i], shape)
             else:
                 without_room.append(shape)
@@ -222,18 +236,29 @@ class _ClusterRound:
         fits = self.fits_cache.get(shape)
         if fits is None:
             pairs = shape.pairs
-            fits = any(all(size[a] >= amount for a, amount in pairs) for size in self.sizes)
+            placement = shape.placement
+            fits = any(all(size[a] >= amount for a, amount in pairs)
+                       and can_land(placement, traits) for size, traits in self.sizes)
             self.fits_cache[shape] = fits
         return fits
+
+    def nodes_for(self, placement: PodPlacement | None) -> list[int]:
+        """Indexes of the nodes a pod with this placement may land on, in first-fit order."""
+        nodes = self.eligible.get(placement)
+        if nodes is None:
+            nodes = self.eligible[placement] = [
+                i for i, traits in enumerate(self.traits) if can_land(placement, traits)]
+        return nodes
 
     def place(self, shape: _Shape) -> int:
         """First-fit: the index of the node now holding `shape`, or -1 when none has room."""
         free = self.free
-        count = len(free)
+        order = self.nodes_for(shape.placement)
+        count = len(order)
         pairs = shape.pairs
         i = self.cursor.get(shape, 0)
         while i < count:
-            room = free[i]
+            room = free[order[i]]
             for axis, amount in pairs:
                 if room[axis] < amount:
                     break
@@ -241,7 +266,7 @@ class _ClusterRound:
                 for axis, amount in pairs:
                     room[axis] -= amount
                 self.cursor[shape] = i
-                return i
+                return order[i]
             i += 1
         self.cursor[shape] = count
         self.rejected.add(shape)
@@ -300,7 +325,7 @@ class _Round:
     def __init__(self, state: SchedulerState, max_lookback: int) -> None:
         self.state = state
         self.max_lookback = max_lookback
-        self.inverse_total = _inverse(state._pool_total)
+        self.inverse_total = state.fairness_inverse()
         self.clusters: dict[str, _ClusterRound] = {}
         self.queue_rounds: dict[str, _QueueRound] = {}
         self.skipped_jobs: dict[str, SkipReason] = {}
@@ -438,9 +463,9 @@ class _Round:
                 heapq.heappop(heap)
                 self.state._park(progress.queue, pending, job, entry)
                 skipped_jobs[entry[2]] = (
-                    SkipReason.TOO_BIG_FOR_ANY_NODE
-                    if cluster.sizes
-                    else SkipReason.NO_SCHEDULABLE_NODES
+                    SkipReason.NO_SCHEDULABLE_NODES if not cluster.sizes
+                    else SkipReason.NO_MATCHING_NODE if not cluster.nodes_for(job.shape.placement)
+                    else SkipReason.TOO_BIG_FOR_ANY_NODE
                 )
                 continue
             return True
@@ -529,10 +554,6 @@ def _fair_shares(state: SchedulerState, inverse: list[float]) -> dict[str, FairS
         )
         for name, queue in state._queues.items()
     }
-
-
-def _inverse(total: list[int]) -> list[float]:
-    return [1.0 / amount if amount > 0 else 0.0 for amount in total]
 
 
 def _dominant(vector: list[int], inverse: list[float]) -> float:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from lockgate.events import (
     ClusterCapacity,
@@ -73,6 +74,12 @@ class JobRow:
     decision_id: str | None = None
     release_attempts: int = 0
     last_reason: str = ""
+    # Placement (migration 008): the pod's PodPlacement as JSON (None: it carries no filters),
+    # and what kube-scheduler last said of it. Taken from the newest event.
+    placement: Mapping[str, Any] | None = None
+    unschedulable_since: datetime | None = None
+    unschedulable_message: str = ""
+    controlled: bool = False
 
     @property
     def key(self) -> JobKey:
@@ -90,6 +97,8 @@ class NodeRow:
     schedulable: bool
     present: bool
     observed_at: datetime
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[Mapping[str, str]] = ()  # lockgate.placement.Taint as JSON
 
     @property
     def key(self) -> NodeKey:
@@ -98,6 +107,8 @@ class NodeRow:
     def same_content(self, other: NodeRow) -> bool:
         return (
             dict(self.allocatable) == dict(other.allocatable)
+            and dict(self.labels) == dict(other.labels)
+            and [dict(t) for t in self.taints] == [dict(t) for t in other.taints]
             and dict(self.unmanaged_usage) == dict(other.unmanaged_usage)
             and self.schedulable == other.schedulable
             and self.present == other.present
@@ -376,6 +387,7 @@ class _Folding:
                 queue=event.queue, jobset=event.jobset, priority=event.priority,
                 requests=dict(event.requests), state=event.state, node_name=event.node_name,
                 created_at=event.created_at, state_changed_at=event.observed_at,
+                **_placement_columns(event),
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)
@@ -383,6 +395,10 @@ class _Folding:
         updated = _moved_to(row, advance(row.state, event.state), event.observed_at)
         if updated.node_name is None and event.node_name:
             updated = replace(updated, node_name=event.node_name)
+        if not updated.state.is_terminal:
+            columns = _placement_columns(event)
+            if any(getattr(updated, name) != value for name, value in columns.items()):
+                updated = replace(updated, **columns)
         self.jobs[row.key] = updated
 
     def release_outcome(self, event: ReleaseOutcome) -> None:
@@ -463,7 +479,8 @@ class _Folding:
             self._set_node(NodeRow(
                 cluster=event.cluster, node=node.name, allocatable=dict(node.allocatable),
                 unmanaged_usage=dict(node.unmanaged_usage), schedulable=node.schedulable,
-                present=True, observed_at=event.observed_at,
+                present=True, observed_at=event.observed_at, labels=dict(node.labels),
+                taints=[taint.model_dump() for taint in node.taints],
             ))
         for row in list(self.nodes.values()):
             if row.cluster == event.cluster and row.present and row.node not in reported:
@@ -486,6 +503,15 @@ class _Folding:
             snapshot_listings=self.listings,
             ignored=self.ignored,
         )
+
+
+def _placement_columns(event: PodEvent) -> dict[str, Any]:
+    return {
+        "placement": None if event.placement is None else event.placement.model_dump(),
+        "unschedulable_since": event.unschedulable_since,
+        "unschedulable_message": event.unschedulable_message,
+        "controlled": event.controlled,
+    }
 
 
 def _moved_to(row: JobRow, state: JobState, at: datetime) -> JobRow:

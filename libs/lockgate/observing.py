@@ -37,6 +37,13 @@ from lockgate.labels import (
     SCHEDULING_GATE,
     is_managed_namespace,
 )
+from lockgate.placement import (
+    PodPlacement,
+    Taint,
+    labels_of_node,
+    placement_of_pod,
+    taints_of_node,
+)
 from lockgate.resources import Resources
 
 KubeObject = Mapping[str, Any]
@@ -148,6 +155,22 @@ def _timestamp(text: str | None, default: datetime) -> datetime:
     return datetime.fromisoformat(text)
 
 
+def unschedulable(pod: KubeObject, observed_at: datetime) -> tuple[datetime, str] | None:
+    """Since when, and why, kube-scheduler reports the pod Unschedulable (PodScheduled=False
+    with reason Unschedulable); None when it does not."""
+    for condition in _status(pod).get("conditions") or ():
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            since = _timestamp(condition.get("lastTransitionTime"), observed_at)
+            return since, str(condition.get("message") or "")[:1024]
+    return None
+
+
+def has_controller(pod: KubeObject) -> bool:
+    """Whether an owner controls the pod (and would create a replacement if it were deleted)."""
+    return any(ref.get("controller") for ref in _metadata(pod).get("ownerReferences") or ())
+
+
 def pod_event(
     pod: KubeObject,
     *,
@@ -161,6 +184,7 @@ def pod_event(
     metadata = _metadata(pod)
     labels = metadata.get("labels") or {}
     spec = _spec(pod)
+    stuck = unschedulable(pod, observed_at)
     return PodEvent(
         event_id=event_id,
         cluster=cluster,
@@ -179,6 +203,10 @@ def pod_event(
         gated=is_gated_by_lockgate(pod),
         snapshot_id=snapshot_id,
         admission_trace=(metadata.get("annotations") or {}).get(ADMISSION_TRACE_ANNOTATION),
+        placement=placement_of_pod(spec),
+        unschedulable_since=None if stuck is None else stuck[0],
+        unschedulable_message="" if stuck is None else stuck[1],
+        controlled=has_controller(pod),
     )
 
 
@@ -206,12 +234,16 @@ class NodeRoom:
 
     allocatable: Resources
     schedulable: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
 
     @classmethod
     def of(cls, node: KubeObject) -> NodeRoom:
         return cls(
             allocatable=Resources.from_kubernetes(_status(node).get("allocatable")),
             schedulable=is_node_schedulable(node),
+            labels=labels_of_node(node),
+            taints=taints_of_node(node),
         )
 
 
@@ -223,6 +255,8 @@ def node_capacity(
         allocatable=room.allocatable.as_dict(),
         schedulable=room.schedulable,
         unmanaged_usage=dict(unmanaged_usage or {}),
+        labels=dict(room.labels),
+        taints=list(room.taints),
     )
 
 
@@ -234,10 +268,13 @@ class _Observation:
     node_name: str | None
     gated: bool
     requests: Resources
+    placement: PodPlacement | None
+    unschedulable_since: datetime | None
 
     @classmethod
     def of(cls, event: PodEvent) -> _Observation:
-        return cls(event.state, event.node_name, event.gated, Resources(event.requests))
+        return cls(event.state, event.node_name, event.gated, Resources(event.requests),
+                   event.placement, event.unschedulable_since)
 
 
 @dataclass(frozen=True)

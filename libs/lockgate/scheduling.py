@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lockgate.jobs import JobState
+from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 
@@ -34,6 +35,11 @@ _SHAPE_OBJECT_CACHE = 1024
 
 # A pending job's place in its queue's heap: higher priority first, then older, then by id.
 HeapEntry = tuple[int, float, str]
+# What fair shares are computed over by default, as Armada does: a resource nobody schedules by
+# (ephemeral-storage, hugepages, pods) must never become a queue's dominant one by accident.
+DEFAULT_FAIRNESS_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+# A node as the parking logic compares them: its allocatable vector and its traits.
+NodeClass = tuple[tuple[int, ...], NodeTraits]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,14 @@ class NodeInfo:
     allocatable: Resources
     unmanaged_usage: Resources = field(default_factory=Resources)
     schedulable: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+    @property
+    def in_pool(self) -> bool:
+        """Whether the node counts towards the pool fair shares are shares of: schedulable,
+        and not a tainted control plane (room there is only for pods that tolerate it)."""
+        return self.schedulable and not is_control_plane(self.taints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +78,16 @@ class SchedJob:
     created_at: float = 0.0  # epoch seconds
     state: JobState = JobState.QUEUED
     node_name: str | None = None
+    # The pod's node filters (None: it carries none); jobs with other filters never share a
+    # `_Shape`, so everything a round caches per shape is per (requests, placement).
+    placement: PodPlacement | None = None
+    # Read by the leader only (lockgate.unplaceable): kube-scheduler reports the pod
+    # Unschedulable since then (epoch seconds), whether a controller owns it, and whether the
+    # leader already gave up on it (then it is not in the state while unbound).
+    unschedulable_since: float | None = None
+    unschedulable_message: str = ""
+    controlled: bool = False
+    unplaceable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +104,19 @@ class QueueUsage:
 class _Shape:
     """An interned request vector: shared by every job that asks for exactly the same."""
 
-    __slots__ = ("key", "pairs", "refs", "requests")
+    __slots__ = ("key", "pairs", "placement", "refs", "requests")
 
     def __init__(
         self,
-        key: frozenset[tuple[str, int]],
+        key: tuple[frozenset[tuple[str, int]], PodPlacement | None],
         requests: Resources,
         pairs: tuple[tuple[int, int], ...],
+        placement: PodPlacement | None,
     ) -> None:
         self.key = key
         self.requests = requests
         self.pairs = pairs
+        self.placement = placement
         self.refs = 0
 
 
@@ -193,12 +219,14 @@ class _Queue:
 
 
 class _Node:
-    __slots__ = ("allocatable", "info", "unmanaged")
+    __slots__ = ("allocatable", "info", "traits", "unmanaged")
 
-    def __init__(self, info: NodeInfo, allocatable: list[int], unmanaged: list[int]) -> None:
+    def __init__(self, info: NodeInfo, allocatable: list[int], unmanaged: list[int],
+                 traits: NodeTraits) -> None:
         self.info = info
         self.allocatable = allocatable
         self.unmanaged = unmanaged
+        self.traits = traits
 
 
 class _Cluster:
@@ -219,9 +247,10 @@ class _Cluster:
         self.nodes: dict[str, _Node] = {}
         self.order: list[str] = []  # schedulable node names, sorted: the first-fit order
         self.total = [0] * axes  # allocatable of schedulable nodes
-        # How many schedulable nodes have each distinct allocatable vector. A job too big for
-        # all of them is parked; a size never seen before may let it fit, so it unparks.
-        self.node_sizes: dict[tuple[int, ...], int] = {}
+        # How many schedulable nodes have each distinct (allocatable vector, traits). A job that
+        # fits none of them (too big, or kept out by taints and selectors) is parked; a class
+        # never seen before may let it fit, so it unparks.
+        self.node_sizes: dict[NodeClass, int] = {}
         # Per request shape: fits none of node_sizes (cleared whenever they change).
         self.fits_no_node: dict[_Shape, bool] = {}
         # Requests of managed jobs holding capacity on a named node (the node may be unknown).
@@ -238,11 +267,13 @@ class SchedulerState:
     `lockgate.fairness.schedule_round` reads it and applies its own decisions to it (as RELEASED).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fairness_resources: Iterable[str] = DEFAULT_FAIRNESS_RESOURCES) -> None:
+        self._fairness_resources = frozenset(fairness_resources)
         self._axes: dict[str, int] = {}
         self._axis_names: list[str] = []
-        self._shapes: dict[frozenset[tuple[str, int]], _Shape] = {}
-        self._shape_of_object: dict[int, tuple[Resources, _Shape]] = {}
+        self._shapes: dict[tuple[frozenset[tuple[str, int]], PodPlacement | None], _Shape] = {}
+        self._shape_of_object: dict[
+            tuple[int, int], tuple[Resources, PodPlacement | None, _Shape]] = {}
         self._jobs: dict[str, _Job] = {}
         self._queues: dict[str, _Queue] = {}
         self._clusters: dict[str, _Cluster] = {}
@@ -310,8 +341,9 @@ class SchedulerState:
                 state.fits_no_node.clear()
                 state.order.remove(name)
                 _subtract_into(state.total, old.allocatable)
-                _subtract_into(self._pool_total, old.allocatable)
-                size = tuple(old.allocatable)
+                if old.info.in_pool:
+                    _subtract_into(self._pool_total, old.allocatable)
+                size = (tuple(old.allocatable), old.traits)
                 state.node_sizes[size] -= 1
                 if state.node_sizes[size] == 0:
                     del state.node_sizes[size]
@@ -319,20 +351,29 @@ class SchedulerState:
             return
         for resource in (*info.allocatable, *info.unmanaged_usage):
             self._axis(resource)  # every axis first: a new one would leave a vector short
-        node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage))
+        node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage),
+                     NodeTraits(name, info.labels, info.taints))
         state.nodes[name] = node
         if info.schedulable:
             state.fits_no_node.clear()
             bisect.insort(state.order, name)
             _add_into(state.total, node.allocatable)
-            _add_into(self._pool_total, node.allocatable)
-            size = tuple(node.allocatable)
+            if info.in_pool:
+                _add_into(self._pool_total, node.allocatable)
+            size = (tuple(node.allocatable), node.traits)
             state.node_sizes[size] = state.node_sizes.get(size, 0) + 1
             if state.node_sizes[size] == 1:
                 self._unpark(cluster, size)
 
     def cluster_names(self) -> list[str]:
         return sorted(self._clusters)
+
+    def fairness_inverse(self) -> list[float]:
+        """Per axis, 1 / the pool's total of it; 0 for resources fair shares are not over."""
+        names = self._axis_names
+        fair = self._fairness_resources
+        return [1.0 / amount if amount > 0 and names[axis] in fair else 0.0
+                for axis, amount in enumerate(self._pool_total)]
 
     def pool_total(self) -> Resources:
         """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
@@ -345,7 +386,7 @@ class SchedulerState:
         if job.state.is_terminal:
             self.remove_job(job.job_id)
             return
-        shape = self._intern(job.requests)
+        shape = self._intern(job.requests, job.placement)
         old = self._jobs.get(job.job_id)
         if old is not None and (
             old.state is job.state
@@ -426,6 +467,7 @@ class SchedulerState:
             created_at=record.created_at,
             state=record.state,
             node_name=record.node_name,
+            placement=record.shape.placement,
         )
 
     def __len__(self) -> int:
@@ -477,7 +519,7 @@ class SchedulerState:
         known = cluster.fits_no_node.get(shape)
         if known is None:
             known = cluster.fits_no_node[shape] = not any(
-                _fits_size(shape, size) for size in cluster.node_sizes)
+                _fits_class(shape, size) for size in cluster.node_sizes)
         return known
 
     def _retract(self, job_id: str, record: _Job) -> str | None:
@@ -595,7 +637,7 @@ class SchedulerState:
         if queue.spec is None and queue.is_empty():
             del self._queues[queue_name]
 
-    def _unpark(self, cluster: str, size: tuple[int, ...]) -> None:
+    def _unpark(self, cluster: str, size: NodeClass) -> None:
         """The cluster gained a node size: parked jobs that fit it queue again.
 
         Only those: a node size that merely came back (a node flapping NotReady and Ready, say)
@@ -609,10 +651,10 @@ class SchedulerState:
             entries = _unique([e for e in pending.parked_entries
                                if self._is_parked_entry(queue, pending, e)])
             pending.parked_entries = [e for e in entries
-                                      if not _fits_size(self._jobs[e[2]].shape, size)]
+                                      if not _fits_class(self._jobs[e[2]].shape, size)]
             for entry in entries:
                 record = self._jobs[entry[2]]
-                if not _fits_size(record.shape, size):
+                if not _fits_class(record.shape, size):
                     continue
                 record.parked = False
                 queue.parked -= 1
@@ -634,24 +676,25 @@ class SchedulerState:
             cluster = self._clusters[name] = _Cluster(name, len(self._axis_names))
         return cluster
 
-    def _intern(self, requests: Resources) -> _Shape:
+    def _intern(self, requests: Resources, placement: PodPlacement | None = None) -> _Shape:
         # Callers usually share one Resources object per distinct request (the ingest path
         # decodes the same JSON again and again), so look the object itself up first.
-        seen = self._shape_of_object.get(id(requests))
-        if seen is not None and seen[0] is requests and seen[1].refs > 0:
-            return seen[1]  # (a shape nobody uses any more may be gone from the table)
+        seen = self._shape_of_object.get((id(requests), id(placement)))
+        if (seen is not None and seen[0] is requests and seen[1] is placement
+                and seen[2].refs > 0):
+            return seen[2]  # (a shape nobody uses any more may be gone from the table)
         amounts = requests.as_dict()
-        key = frozenset(amounts.items())
+        key = (frozenset(amounts.items()), placement)
         shape = self._shapes.get(key)
         if shape is None:
             if any(amount < 0 for amount in amounts.values()):
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
-            shape = self._shapes[key] = _Shape(key, requests, pairs)
+            shape = self._shapes[key] = _Shape(key, requests, pairs, placement)
         if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
             self._shape_of_object.clear()
-        # Holding `requests` keeps its id from being reused while the entry exists.
-        self._shape_of_object[id(requests)] = (requests, shape)
+        # Holding the objects keeps their ids from being reused while the entry exists.
+        self._shape_of_object[(id(requests), id(placement))] = (requests, placement, shape)
         return shape
 
     def _release_shape(self, shape: _Shape) -> None:
@@ -679,8 +722,8 @@ class SchedulerState:
             for node in cluster.nodes.values():
                 vectors += (node.allocatable, node.unmanaged)
             cluster.node_sizes = {
-                size + (0,) * (axes - len(size)): count
-                for size, count in cluster.node_sizes.items()
+                (size + (0,) * (axes - len(size)), traits): count
+                for (size, traits), count in cluster.node_sizes.items()
             }
         for vector in vectors:
             vector.extend([0] * (axes - len(vector)))
@@ -727,6 +770,8 @@ def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
     return unique
 
 
-def _fits_size(shape: _Shape, size: tuple[int, ...]) -> bool:
-    """Whether a job of this shape fits an empty node of this allocatable size."""
-    return all(axis < len(size) and amount <= size[axis] for axis, amount in shape.pairs)
+def _fits_class(shape: _Shape, node_class: NodeClass) -> bool:
+    """Whether a job of this shape fits an empty node of this class: room and filters."""
+    size, traits = node_class
+    return all(axis < len(size) and amount <= size[axis] for axis, amount in shape.pairs) and (
+        can_land(shape.placement, traits))

@@ -44,7 +44,8 @@ _TERMINAL = [state.value for state in TERMINAL_STATES]
 _JOB_COLUMNS = (
     "cluster, uid, namespace, name, queue, jobset, priority, requests, state, node_name, "
     "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
-    "decision_id, release_attempts, last_reason"
+    "decision_id, release_attempts, last_reason, placement, unschedulable_since, "
+    "unschedulable_message, controlled"
 )
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
@@ -84,7 +85,7 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
     if needed.capacity_clusters:
         records = await connection.fetch(
             "SELECT cluster, node, allocatable, unmanaged_usage, schedulable, present,"
-            " observed_at FROM cluster_nodes WHERE cluster = ANY($1::text[])"
+            " observed_at, labels, taints FROM cluster_nodes WHERE cluster = ANY($1::text[])"
             " ORDER BY cluster, node FOR UPDATE",
             sorted(needed.capacity_clusters),
         )
@@ -112,7 +113,8 @@ def _job_row(record: asyncpg.Record) -> JobRow:
 def _as_dict(record: asyncpg.Record) -> dict[str, Any]:
     values = dict(record.items())
     for key, value in values.items():
-        if isinstance(value, str) and key in ("requests", "allocatable", "unmanaged_usage"):
+        if isinstance(value, str) and key in ("requests", "allocatable", "unmanaged_usage",
+                                                     "placement", "labels", "taints"):
             values[key] = json.loads(value)  # a connection without the pool's jsonb codec
     return values
 
@@ -154,15 +156,18 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
     columns = _columns(rows, *(c.strip() for c in _JOB_COLUMNS.split(",")))
     columns[7] = [json.dumps(dict(r)) for r in columns[7]]  # requests
     columns[8] = [JobState(s).value for s in columns[8]]  # state
+    columns[19] = [None if p is None else json.dumps(dict(p)) for p in columns[19]]  # placement
     await connection.execute(
         f"INSERT INTO jobs ({_JOB_COLUMNS}, serial)"  # noqa: S608
         " SELECT c, u, ns, n, q, js, p, r::jsonb, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr,"
-        " nextval('change_serial')"
+        " pl::jsonb, us, um, ct, nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
         " $7::int[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],"
         " $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],"
-        " $16::timestamptz[], $17::text[], $18::int[], $19::text[])"
-        " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr)"
+        " $16::timestamptz[], $17::text[], $18::int[], $19::text[], $20::text[],"
+        " $21::timestamptz[], $22::text[], $23::bool[])"
+        " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr, pl, us, um,"
+        " ct)"
         " ON CONFLICT (cluster, uid) DO UPDATE SET"
         " namespace = EXCLUDED.namespace, name = EXCLUDED.name, queue = EXCLUDED.queue,"
         " jobset = EXCLUDED.jobset, priority = EXCLUDED.priority,"
@@ -172,23 +177,28 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
         " ungated_at = EXCLUDED.ungated_at, running_at = EXCLUDED.running_at,"
         " finished_at = EXCLUDED.finished_at, decision_id = EXCLUDED.decision_id,"
         " release_attempts = EXCLUDED.release_attempts, last_reason = EXCLUDED.last_reason,"
-        " serial = EXCLUDED.serial",
+        " placement = EXCLUDED.placement, unschedulable_since = EXCLUDED.unschedulable_since,"
+        " unschedulable_message = EXCLUDED.unschedulable_message,"
+        " controlled = EXCLUDED.controlled, serial = EXCLUDED.serial",
         *columns,
     )
 
 
 async def upsert_nodes(connection: AnyConnection, rows: Sequence[NodeRow]) -> None:
     columns = _columns(rows, "cluster", "node", "allocatable", "unmanaged_usage",
-                       "schedulable", "present", "observed_at")
+                       "schedulable", "present", "observed_at", "labels", "taints")
     columns[2] = [json.dumps(dict(a)) for a in columns[2]]
     columns[3] = [json.dumps(dict(u)) for u in columns[3]]
+    columns[7] = [json.dumps(dict(labels)) for labels in columns[7]]
+    columns[8] = [json.dumps([dict(t) for t in taints]) for taints in columns[8]]
     await connection.execute(
         "INSERT INTO cluster_nodes (cluster, node, allocatable, unmanaged_usage, schedulable,"
-        " present, observed_at, serial)"
-        " SELECT c, n, a::jsonb, u::jsonb, s, p, o, nextval('change_serial')"
+        " present, observed_at, labels, taints, serial)"
+        " SELECT c, n, a::jsonb, u::jsonb, s, p, o, l::jsonb, tn::jsonb, nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[],"
-        " $7::timestamptz[]) AS t(c, n, a, u, s, p, o)"
+        " $7::timestamptz[], $8::text[], $9::text[]) AS t(c, n, a, u, s, p, o, l, tn)"
         " ON CONFLICT (cluster, node) DO UPDATE SET allocatable = EXCLUDED.allocatable,"
+        " labels = EXCLUDED.labels, taints = EXCLUDED.taints,"
         " unmanaged_usage = EXCLUDED.unmanaged_usage, schedulable = EXCLUDED.schedulable,"
         " present = EXCLUDED.present, observed_at = EXCLUDED.observed_at,"
         " serial = EXCLUDED.serial",
