@@ -387,7 +387,7 @@ class _Folding:
                 queue=event.queue, jobset=event.jobset, priority=event.priority,
                 requests=dict(event.requests), state=event.state, node_name=event.node_name,
                 created_at=event.created_at, state_changed_at=event.observed_at,
-                **_placement_columns(event),
+                **_placement_columns(event, None),
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)
@@ -396,7 +396,7 @@ class _Folding:
         if updated.node_name is None and event.node_name:
             updated = replace(updated, node_name=event.node_name)
         if not updated.state.is_terminal:
-            columns = _placement_columns(event)
+            columns = _placement_columns(event, updated.unschedulable_since)
             if any(getattr(updated, name) != value for name, value in columns.items()):
                 updated = replace(updated, **columns)
         self.jobs[row.key] = updated
@@ -505,10 +505,18 @@ class _Folding:
         )
 
 
-def _placement_columns(event: PodEvent) -> dict[str, Any]:
+def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any]:
+    """The row's placement columns after `event`. unschedulable_since is when lockgate first saw
+    the pod Unschedulable, not the condition's lastTransitionTime: that stays at the time the
+    pod was gated (PodScheduled is False from SchedulingGated on), so it would predate the
+    release."""
+    if event.unschedulable_since is None:
+        since = None
+    elif since is None:
+        since = max(event.unschedulable_since, event.observed_at)
     return {
         "placement": None if event.placement is None else event.placement.model_dump(),
-        "unschedulable_since": event.unschedulable_since,
+        "unschedulable_since": since,
         "unschedulable_message": event.unschedulable_message,
         "controlled": event.controlled,
     }

@@ -33,10 +33,16 @@ class NoticeReason(StrEnum):
     """Why a pod stays gated: the Event's `reason` (CamelCase, as Kubernetes reasons are)."""
 
     QUEUE_UNKNOWN = "LockgateQueueUnknown"
+    # A released pod kube-scheduler kept reporting Unschedulable (lockgate.unplaceable).
+    UNPLACEABLE = "LockgateUnplaceable"
 
 
+# Notices about pods lockgate already released: written whether or not the pod is still gated.
+ABOUT_RELEASED_PODS = frozenset({NoticeReason.UNPLACEABLE.value})
 
-_SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown"}
+
+_SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown",
+                          NoticeReason.UNPLACEABLE: "unplaceable"}
 
 
 def reason_slug(reason: str) -> str:

@@ -33,6 +33,7 @@ class PodGates:
     gates: tuple[str, ...]
     being_deleted: bool = False
     resource_version: str = ""
+    node_name: str = ""  # set once the pod is bound
 
     @classmethod
     def from_json(cls, pod: Mapping[str, Any]) -> PodGates:
@@ -44,6 +45,7 @@ class PodGates:
             gates=tuple(str(gate.get("name", "")) for gate in spec.get("schedulingGates") or ()),
             being_deleted=metadata.get("deletionTimestamp") is not None,
             resource_version=str(metadata.get("resourceVersion", "")),
+            node_name=str(spec.get("nodeName") or ""),
         )
 
 

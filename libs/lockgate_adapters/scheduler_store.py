@@ -29,6 +29,7 @@ from typing import Any
 import asyncpg
 
 from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduling import NodeInfo, SchedJob
@@ -188,9 +189,15 @@ _MAX_SERIAL = (
 )
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
                   " deleted, serial")
-_NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial")
+_NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial,"
+                 " labels, taints")
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
-                " release_attempts, state_changed_at, serial")
+                " release_attempts, state_changed_at, serial, placement::text AS placement,"
+                " unschedulable_since, unschedulable_message, controlled, unplaceable_at")
+# Placements by their JSON text: a million jobs share a handful, and one object per distinct
+# text lets the scheduler intern them by identity.
+_PLACEMENT_CACHE_SIZE = 4096
+_placements: dict[str, PodPlacement] = {}
 
 
 async def load_everything(connection: asyncpg.Connection) -> Changes:
@@ -291,11 +298,25 @@ def _node_change(record: asyncpg.Record) -> NodeChange:
         allocatable=Resources(_json(record["allocatable"]) or {}),
         unmanaged_usage=Resources(_json(record["unmanaged_usage"]) or {}),
         schedulable=record["schedulable"],
+        labels=_json(record["labels"]) or {},
+        taints=tuple(Taint.model_validate(t) for t in _json(record["taints"]) or ()),
     )
     return NodeChange(record["cluster"], record["node"], info)
 
 
+def _placement(text: str | None) -> PodPlacement | None:
+    if text is None:
+        return None
+    placement = _placements.get(text)
+    if placement is None:
+        if len(_placements) >= _PLACEMENT_CACHE_SIZE:
+            _placements.clear()
+        placement = _placements[text] = PodPlacement.model_validate_json(text)
+    return placement
+
+
 def _sched_job(record: asyncpg.Record) -> SchedJob:
+    since = record["unschedulable_since"]
     return SchedJob(
         job_id=job_id(record["cluster"], record["uid"]),
         queue=record["queue"],
@@ -305,7 +326,35 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         created_at=record["created_at"].timestamp(),
         state=JobState(record["state"]),
         node_name=record["node_name"],
+        placement=_placement(record["placement"]),
+        unschedulable_since=None if since is None else since.timestamp(),
+        unschedulable_message=record["unschedulable_message"],
+        controlled=record["controlled"],
+        unplaceable=record["unplaceable_at"] is not None,
     )
+
+
+# Giving up on released pods kube-scheduler cannot place -------------------------------------
+
+async def record_unplaceable(connection: asyncpg.Connection, *, keys: Sequence[tuple[str, str]],
+                             reasons: Sequence[str], at: datetime) -> int:
+    """Mark released, still unbound jobs as given up on (unplaceable_at, last_reason); returns
+    how many rows changed. Jobs that got bound meanwhile are left alone."""
+    if not keys:
+        return 0
+    async with connection.transaction():
+        await hold_change_feed_lock(connection)
+        result = await connection.execute(
+            "UPDATE jobs j SET unplaceable_at = $4, last_reason = t.reason,"
+            " serial = nextval('change_serial')"
+            " FROM unnest($1::text[], $2::text[], $3::text[]) AS t(cluster, uid, reason)"
+            " WHERE j.cluster = t.cluster AND j.uid = t.uid"
+            " AND j.state IN ('released', 'ungated') AND j.unplaceable_at IS NULL",
+            [k[0] for k in keys], [k[1] for k in keys], list(reasons), at)
+        changed = int(result.split()[-1])
+        if changed:
+            await notify_changes(connection, "jobs")
+    return changed
 
 
 # Writing decisions -----------------------------------------------------------------------------

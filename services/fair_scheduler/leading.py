@@ -34,6 +34,7 @@ from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCom
 from lockgate.fairness import schedule_round
 from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
 from lockgate.scheduling import SchedJob, SchedulerState
+from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
@@ -99,7 +100,9 @@ class Leader:
         self._readiness = readiness
         self._now = now
         self._new_decision_id = new_decision_id
-        self._state = SchedulerState()
+        self._state = SchedulerState(settings.fairness_resources)
+        # Released pods kube-scheduler reports Unschedulable, until the leader gives up on them.
+        self._unplaceable = UnplaceableWatch(settings.unplaceable_after_seconds)
         # Queued jobs whose queue may turn out undefined, and which of them were noticed.
         self._notices = UndefinedQueueNotices()
         # Jobs whose release failed, held out of the state until their backoff ends, so a
@@ -141,8 +144,11 @@ class Leader:
         next_check = time.monotonic() + settings.leader_check_interval_seconds
         while not stopping.is_set():
             if not more_to_do:
+                unplaceable_due = time.monotonic() + (
+                    self._unplaceable.next_due() - self._now().timestamp())
                 timeout = max(0.0, min(next_safety_round, next_republish, next_check,
-                                       self._next_backoff_end()) - time.monotonic())
+                                       self._next_backoff_end(), unplaceable_due)
+                              - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if stopping.is_set():
@@ -157,6 +163,7 @@ class Leader:
             listener = await self._listen(listener)
             changed = self._apply(await store.changes_since(self._connection, self._serial))
             changed = self._end_due_backoffs() or changed
+            changed = await self._give_up_unplaceable() or changed
             now = time.monotonic()
             safety_due = now >= next_safety_round
             if safety_due:
@@ -192,9 +199,17 @@ class Leader:
             state.set_node(node.cluster, node.node, node.info)
         for job in changes.jobs:
             self._notices.observe(job)
+            self._unplaceable.observe(job)
             held = self._backing_off.get(job.job_id)
             old = state.job(job.job_id) if held is None else held[1]
             if old is None and job.state.is_terminal:
+                continue
+            if held is None and is_given_up(job):
+                # Given up on while unbound: not charged (until it binds after all).
+                if old is not None:
+                    self._count(old, -1)
+                    state.remove_job(job.job_id)
+                    changed = True
                 continue
             returned = changes.returned.get(job.job_id)
             if returned is not None:
@@ -355,6 +370,55 @@ class Leader:
             NOTICES.labels(NoticeReason.QUEUE_UNKNOWN.value).inc(len(notices))
             log.info("noticed %d queued pods that their queue does not exist", len(notices))
         self._notices.noticed([job_id for job_id, _ in due])
+
+    # ---- released pods kube-scheduler cannot place ---------------------------------------
+
+    async def _give_up_unplaceable(self) -> bool:
+        """Stop charging released pods kube-scheduler has reported Unschedulable for too long:
+        tell each (an Event, deleting it if a controller owns it), record why in Postgres, and
+        take it out of the state. Returns whether any was given up on (room may be free)."""
+        settings = self._settings
+        now = self._now().timestamp()
+        due = self._unplaceable.due(now, limit=max(1, settings.max_notices_per_round))
+        if not due:
+            return False
+        keys = [store.split_job_id(job.job_id) for job in due]
+        names = await store.pod_names(self._connection, keys)
+        at = self._now()
+        notices = []
+        for job, (cluster, uid) in zip(due, keys, strict=True):
+            found = names.get((cluster, uid))
+            if found is None:
+                continue
+            deleting = job.controlled and settings.delete_unplaceable_controlled
+            notices.append(PodNotice(
+                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
+                reason=NoticeReason.UNPLACEABLE.value,
+                message=event_message(job, now, deleting=deleting), at=at,
+                delete_pod=deleting))
+        if notices:
+            # Told before recorded: once recorded, the job is not due again.
+            try:
+                await publish_many(self._producer, POD_NOTICES, notices)
+            except Exception as error:
+                if not is_retryable_kafka_error(error):
+                    raise
+                log.warning("publishing %d unplaceable notices failed (%s); retrying after a "
+                            "later round", len(notices), error, extra=quiet("kafka"))
+                return False
+            NOTICES.labels(NoticeReason.UNPLACEABLE.value).inc(len(notices))
+        await store.record_unplaceable(
+            self._connection, keys=keys, reasons=[last_reason(job, now) for job in due], at=at)
+        for job in due:
+            self._unplaceable.forget(job.job_id)
+            current = self._state.job(job.job_id)
+            if current is not None and current.node_name is None:
+                self._count(current, -1)
+                self._state.remove_job(job.job_id)
+        log.warning("gave up on %d released pods kube-scheduler kept reporting Unschedulable "
+                    "(%d to be deleted for their controllers to replace)", len(due),
+                    sum(n.delete_pod for n in notices))
+        return True
 
     # ---- publishing -----------------------------------------------------------------------
 

@@ -85,6 +85,19 @@ class SchedulerSettings(ServiceSettings):
         default=100, ge=0,
         description="most pod notices (e.g. 'your queue does not exist') sent after one round; "
         "the rest follow in later rounds; 0 sends none")
+    # Placement
+    fairness_resources: list[str] = Field(
+        default=["cpu", "memory", "nvidia.com/gpu"], min_length=1,
+        description="the resources fair shares are computed over (a JSON list in the "
+                    "environment); others (ephemeral-storage, hugepages, pods) still have to fit "
+                    "a node but never make a queue's dominant share")
+    unplaceable_after_seconds: float = Field(
+        default=120.0, gt=0,
+        description="a released pod kube-scheduler reports Unschedulable for this long stops "
+                    "being charged, is reported, and is deleted if a controller owns it")
+    delete_unplaceable_controlled: bool = Field(
+        default=True,
+        description="delete such a pod when a controller owns it, so a gated replacement comes")
     # Releases that went unanswered
     release_retry_initial_seconds: float = Field(
         default=2.0, gt=0,

@@ -20,7 +20,7 @@ from prometheus_client import Counter
 
 from lockgate.events import PodNotice
 from lockgate.labels import SCHEDULING_GATE
-from lockgate.noticing import event_for
+from lockgate.noticing import ABOUT_RELEASED_PODS, event_for
 from lockgate_adapters.kafka import Received
 from ungater.pods import KubeCallError, PodGateClient
 
@@ -58,12 +58,16 @@ class Noticer:
         pods = self._pods[notice.cluster]
         try:
             pod = await pods.read(namespace=notice.namespace, name=notice.name)
-            if pod is None or pod.uid != notice.uid or SCHEDULING_GATE not in pod.gates:
+            about_released = notice.reason in ABOUT_RELEASED_PODS
+            if pod is None or pod.uid != notice.uid or (
+                    not about_released and SCHEDULING_GATE not in pod.gates):
                 NOTICES.labels(notice.cluster, "pod_gone_or_released").inc()
                 log.debug("no event for %s/%s/%s: the pod is gone, replaced or no longer gated",
                           notice.cluster, notice.namespace, notice.name)
                 return
             status = await pods.create_event(namespace=notice.namespace, body=body)
+            if notice.delete_pod and status != 404:
+                await self._delete(notice, pods)
         except KubeCallError as error:
             if error.status is None or error.status == 429 or error.status >= 500:
                 NOTICES.labels(notice.cluster, "retried").inc()
@@ -82,3 +86,27 @@ class Noticer:
             NOTICES.labels(notice.cluster, "written").inc()
             log.info("told pod %s/%s/%s: %s", notice.cluster, notice.namespace, notice.name,
                      notice.reason)
+
+    @staticmethod
+    async def _delete(notice: PodNotice, pods: PodGateClient) -> None:
+        """Delete the notice's pod so that its controller replaces it (gated again), unless it
+        got bound meanwhile. Preconditions (uid, resourceVersion) make sure the pod deleted is
+        the one read; a pod that changed in between is read again, a few times."""
+        for _ in range(5):
+            pod = await pods.read(namespace=notice.namespace, name=notice.name)
+            if pod is None or pod.uid != notice.uid or pod.being_deleted:
+                return
+            if pod.node_name:
+                log.info("not deleting %s/%s/%s: bound to %s after all", notice.cluster,
+                         notice.namespace, notice.name, pod.node_name)
+                return
+            status = await pods.delete(namespace=notice.namespace, name=notice.name,
+                                       uid=notice.uid, resource_version=pod.resource_version)
+            if status != 409:
+                if status < 300:
+                    NOTICES.labels(notice.cluster, "deleted").inc()
+                    log.info("deleted unplaceable pod %s/%s/%s; its controller replaces it",
+                             notice.cluster, notice.namespace, notice.name)
+                return
+        log.warning("gave up deleting %s/%s/%s: it kept changing", notice.cluster,
+                    notice.namespace, notice.name)

@@ -60,6 +60,20 @@ class PodGateClient:
         if status >= 300:
             raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after)
 
+    async def delete(self, *, namespace: str, name: str, uid: str, resource_version: str) -> int:
+        """Delete the pod only if it is still `uid` at `resource_version` (preconditions);
+        returns the status: 2xx, 404 (gone) or 409 (replaced or changed meanwhile)."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        status, payload, retry_after = await self._call(
+            self._core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False,
+                                             _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status < 300 or status in (404, 409):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
+
     async def create_event(self, *, namespace: str, body: dict[str, Any]) -> int:
         """Create a core/v1 Event; returns the status: 2xx, 409 (it exists already) or 404 (its
         namespace is gone). Any other answer, or none, raises KubeCallError."""

@@ -61,9 +61,10 @@ def test_each_service_account_has_a_cluster_role_bound_to_it() -> None:
         assert account in roles
 
 
-def test_the_ungater_may_only_read_and_patch_pods_and_create_events() -> None:
+def test_the_ungater_may_only_read_patch_and_delete_pods_and_create_events() -> None:
+    # delete: a released pod kube-scheduler cannot place, when a controller replaces it.
     pods, events = of_kind("ClusterRole")["lockgate-ungater"]["rules"]
-    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "delete"]}
     assert events == {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 
 
