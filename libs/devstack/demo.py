@@ -35,6 +35,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
+from devstack import demo_placement
 from devstack.demo_fairness import (
     JobTimeline,
     contested_intervals,
@@ -213,6 +214,7 @@ async def demo(args: argparse.Namespace) -> int:
     stopping = asyncio.Event()
     coordinators: list[DaskLikeCoordinator] = []
     final_counts: dict[str, dict[str, int]] = {}
+    placement_lines: list[str] = []
     judgement = FairnessJudgement(samples=0)
     started = time.monotonic()
     try:
@@ -323,6 +325,8 @@ async def demo(args: argparse.Namespace) -> int:
         failures.extend(judgement.failures(args.fairness_tolerance_jobs))
         failures.extend(await released_twice(pool))
         final_counts = await job_counts(pool)
+        placement_lines = await demo_placement.gpu_pool(lockgate, apis["cluster-a"], pool, run,
+                                                        failures)
     finally:
         stopping.set()
         for cluster, ns in namespaces:
@@ -336,7 +340,8 @@ async def demo(args: argparse.Namespace) -> int:
         await pool.close()
         for api in apis.values():
             await api.close()
-    print_summary(judgement, final_counts, failures, time.monotonic() - started)
+    print_summary(judgement, final_counts, failures, time.monotonic() - started,
+                  placement_lines)
     return 1 if failures else 0
 
 
@@ -399,7 +404,7 @@ async def judge_fairness(pool: asyncpg.Pool, samples: list[Sample], clusters: li
 
 
 def print_summary(judgement: FairnessJudgement, counts: dict[str, dict[str, int]],
-                  failures: list[str], elapsed: float) -> None:
+                  failures: list[str], elapsed: float, extra: list[str] | None = None) -> None:
     print("\n=== lockgate demo summary ===")
     print(f"  fairness, as measured: of {judgement.samples} scheduler rounds sampled, "
           f"{len(judgement.judged)} came after every queue had had pods waiting in every cluster "
@@ -423,6 +428,8 @@ def print_summary(judgement: FairnessJudgement, counts: dict[str, dict[str, int]
               f"{q.get('actual_share', 0):>7.1%} {mean:>9} {worst:>10} {c.get('queued', 0):>7} "
               f"{c.get('ever_released', 0):>9} {c.get('running', 0):>8} "
               f"{c.get('succeeded', 0):>10}")
+    for line in extra or ():  # sections of demo_<area> modules
+        print(line)
     print(json.dumps({"elapsed_seconds": round(elapsed, 1), "judged_rounds":
                       len(judgement.judged), "sampled_rounds": judgement.samples,
                       "failures": failures}))
