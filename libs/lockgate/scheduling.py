@@ -335,6 +335,9 @@ class SchedulerState:
         old = state.nodes.get(name)
         if old is not None and old.info == info:
             return
+        old_class = None
+        if old is not None and old.info.schedulable:
+            old_class = (tuple(old.allocatable), old.traits)
         if old is not None:
             del state.nodes[name]
             if old.info.schedulable:
@@ -362,7 +365,9 @@ class SchedulerState:
                 _add_into(self._pool_total, node.allocatable)
             size = (tuple(node.allocatable), node.traits)
             state.node_sizes[size] = state.node_sizes.get(size, 0) + 1
-            if state.node_sizes[size] == 1:
+            # Only a class new to the cluster may let a parked job in: a node whose usage alone
+            # changed (every node is a class of its own, its name being a trait) may not.
+            if state.node_sizes[size] == 1 and size != old_class:
                 self._unpark(cluster, size)
 
     def cluster_names(self) -> list[str]:
