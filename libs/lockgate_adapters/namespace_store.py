@@ -149,6 +149,14 @@ async def active_with_facts(
                             last_finished_at=r["last_finished_at"])) for r in rows]
 
 
+async def of_jobset(connection: AnyConnection, queue: str,
+                    jobset: str) -> list[NamespaceRecord]:
+    rows = await connection.fetch(
+        f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
+        " WHERE queue = $1 AND jobset = $2 ORDER BY cluster, name", queue, jobset)
+    return [_record(r) for r in rows]
+
+
 async def lock_active_of_jobset(connection: AnyConnection, queue: str,
                                 jobset: str) -> list[NamespaceRecord]:
     rows = await connection.fetch(
@@ -209,7 +217,17 @@ def record_json(r: NamespaceRecord) -> dict[str, Any]:
 
 
 __all__: Sequence[str] = (
-    "active_with_facts", "cancel_jobs", "cancellation", "clusters_with_due", "get",
-    "insert_active", "lock_active_of_jobset", "lock_due", "record_json",
-    "transition_json", "transitions", "write_change",
+    "active_with_facts",
+    "cancel_jobs",
+    "cancellation",
+    "clusters_with_due",
+    "get",
+    "insert_active",
+    "lock_active_of_jobset",
+    "lock_due",
+    "of_jobset",
+    "record_json",
+    "transition_json",
+    "transitions",
+    "write_change",
 )

@@ -6,7 +6,8 @@ reaches each of them durably, even one that is down right now. The call returns 
 holds the command; the effects follow.
 
     POST   /api/v1/jobsets/{queue}/{jobset}/cancel      {"reason": "..."} -> 202 command
-    GET    /api/v1/jobsets/{queue}/{jobset}/cancellation  the recorded cancel; 404 if none
+    GET    /api/v1/jobsets/{queue}/{jobset}/cancellation  the recorded cancel with the job set's
+                                                        namespace records; 404 if none
     DELETE /api/v1/namespaces/{cluster}/{name}          {"reason": "..."} (optional) -> 202
     GET    /api/v1/namespaces/{cluster}/{name}/transitions  {"namespace": record,
                                                              "transitions": [...]}
@@ -77,9 +78,11 @@ class CollectionApi:
         queue, jobset = _jobset(request)
         async with self._pool.acquire() as connection:
             found = await namespace_store.cancellation(connection, queue, jobset)
+            records = await namespace_store.of_jobset(connection, queue, jobset)
         if found is None:
             raise ApiError(404, f"job set {queue}/{jobset} has not been cancelled (or the "
                                 "cancel is not applied yet)")
+        found["namespaces"] = [namespace_store.record_json(r) for r in records]
         return web.json_response(found, dumps=lambda v: json.dumps(v, default=str))
 
     async def delete_namespace(self, request: web.Request) -> web.Response:

@@ -128,7 +128,7 @@ def test_steps_per_state() -> None:
     assert not record(S.ACTIVE).due(T0) and not record(S.DELETED).due(T0)
 
 
-# Triggers ------------------------------------------------------------------------------------------
+# Triggers -------------------------------------------------------------------------------------
 
 def test_ttl_fires_once_it_has_passed() -> None:
     r = record(expires_at=T0 + timedelta(minutes=10))
@@ -165,7 +165,7 @@ def test_no_trigger_fires_for_a_record_already_collecting() -> None:
                                 T0) is None
 
 
-# Cancelled jobs -------------------------------------------------------------------------------------
+# Cancelled jobs ---------------------------------------------------------------------------------
 
 def test_cancelled_is_terminal_and_later_pod_events_leave_it() -> None:
     assert JobState.CANCELLED.is_terminal and not JobState.CANCELLED.holds_capacity
