@@ -175,12 +175,15 @@ async def cancel_jobs(connection: AnyConnection, command: JobSetCommand) -> int:
         " requested_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue, jobset) DO NOTHING",
         command.queue, command.jobset, command.command_id, command.reason,
         command.requested_by, command.at)
+    # Jobs whose pods were deleted after the cancel was asked for were deleted by it: the
+    # ungaters act on the same command, and their pods' deletion may be stored first.
     status = await connection.execute(
         "UPDATE jobs SET state = $3, last_reason = $4, state_changed_at = now(),"
         " finished_at = COALESCE(finished_at, now()), serial = nextval('change_serial')"
-        " WHERE queue = $1 AND jobset = $2 AND state <> ALL($5::text[])",
+        " WHERE queue = $1 AND jobset = $2 AND (state <> ALL($5::text[])"
+        " OR (state = $6 AND state_changed_at >= $7))",
         command.queue, command.jobset, JobState.CANCELLED.value,
-        f"cancelled: {command.reason}", _TERMINAL)
+        f"cancelled: {command.reason}", _TERMINAL, JobState.DELETED.value, command.at)
     cancelled = int(status.split()[-1])
     if cancelled:
         await connection.execute(
