@@ -35,6 +35,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
+from devstack import demo_ephemeral
 from devstack.demo_fairness import (
     JobTimeline,
     contested_intervals,
@@ -323,6 +324,7 @@ async def demo(args: argparse.Namespace) -> int:
         failures.extend(judgement.failures(args.fairness_tolerance_jobs))
         failures.extend(await released_twice(pool))
         final_counts = await job_counts(pool)
+        failures.extend(await demo_ephemeral.run(lockgate, apis, pool, run))
     finally:
         stopping.set()
         for cluster, ns in namespaces:
