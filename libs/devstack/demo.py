@@ -36,6 +36,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
 from devstack import demo_placement
+from devstack import demo_ephemeral
 from devstack.demo_fairness import (
     JobTimeline,
     contested_intervals,
@@ -327,6 +328,7 @@ async def demo(args: argparse.Namespace) -> int:
         final_counts = await job_counts(pool)
         placement_lines = await demo_placement.gpu_pool(lockgate, apis["cluster-a"], pool, run,
                                                         failures)
+        failures.extend(await demo_ephemeral.run(lockgate, apis, pool, run))
     finally:
         stopping.set()
         for cluster, ns in namespaces:

@@ -34,6 +34,8 @@ from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
+    JOBSET_COMMANDS,
+    NAMESPACE_COMMANDS,
     POD_EVENTS,
     POD_NOTICES,
     RELEASE_COMMANDS,
@@ -310,6 +312,10 @@ class Lockgate:
                                   [RELEASE_COMMANDS])
         await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}-notices",
                                   [POD_NOTICES])
+        await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}-jobsets",
+                                  [JOBSET_COMMANDS])
+        await commit_group_at_end(self.kafka_bootstrap, f"queue-store-{self.run_id}-commands",
+                                  [JOBSET_COMMANDS, NAMESPACE_COMMANDS])
 
     def _postgres(self, service: str) -> dict[str, str]:
         return {"LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, service)}
@@ -325,6 +331,8 @@ class Lockgate:
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": self.clusters_as("queue-sync"),
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": self.queue_source,
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": self.queue_object_prefix,
+                "LOCKGATE_QUEUE_STORE_NAMESPACE_KEEPER_CLUSTERS":
+                    self.clusters_as("namespace-keeper"),
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),

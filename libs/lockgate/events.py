@@ -152,6 +152,39 @@ class PodNotice(Event):
     delete_pod: bool = False
 
 
+class JobSetCommand(Event):
+    """An operator's command about a whole job set; today only `cancel`.
+
+    queue-store sets the job set's unfinished jobs to cancelled (with the reason) and starts
+    collecting its ephemeral namespaces; every ungater deletes the job set's pods, gated and
+    running, in the clusters it serves. Both are idempotent: a redelivered or repeated cancel
+    changes nothing more.
+    """
+
+    v: Literal[1] = 1
+    command_id: str
+    kind: Literal["cancel"] = "cancel"
+    queue: str
+    jobset: str
+    reason: str
+    requested_by: str
+    at: datetime
+
+
+class NamespaceCommand(Event):
+    """An operator's command about one ephemeral namespace; today only `delete`, which starts
+    its collection (trigger `requested`). queue-store, the collector, consumes it."""
+
+    v: Literal[1] = 1
+    command_id: str
+    kind: Literal["delete"] = "delete"
+    cluster: str
+    name: str
+    reason: str
+    requested_by: str
+    at: datetime
+
+
 class PayloadEncoding(StrEnum):
     UTF8 = "utf-8"  # `data` is the bytes as text
     BASE64 = "base64"  # `data` is the bytes in standard base64 (they were not text, or less fit)
@@ -287,6 +320,21 @@ POD_NOTICES: Topic[PodNotice] = Topic(
     consumers=("ungater",),
     why="why a pod stays gated (e.g. its queue does not exist), for an Event on the pod",
 )
+JOBSET_COMMANDS: Topic[JobSetCommand] = Topic(
+    name="lockgate.jobset-commands.v1",
+    model=JobSetCommand,
+    key=lambda e: f"{e.queue}/{e.jobset}",  # one job set's commands stay in order
+    consumers=("queue-store", "ungater"),
+    why="cancel a job set: jobs end cancelled, pods deleted in every cluster, namespaces "
+        "collected",
+)
+NAMESPACE_COMMANDS: Topic[NamespaceCommand] = Topic(
+    name="lockgate.namespace-commands.v1",
+    model=NamespaceCommand,
+    key=lambda e: f"{e.cluster}/{e.name}",
+    consumers=("queue-store",),
+    why="operators' requests to collect an ephemeral namespace (lockgate namespace delete)",
+)
 DEAD_LETTERS: Topic[DeadLetter] = Topic(
     name="lockgate.dead-letter.v1",
     model=DeadLetter,
@@ -297,6 +345,7 @@ DEAD_LETTERS: Topic[DeadLetter] = Topic(
 
 ALL_TOPICS: tuple[Topic[PodEvent] | Topic[ClusterSnapshot] | Topic[ClusterCapacity]
                   | Topic[ReleaseCommand] | Topic[ReleaseOutcome] | Topic[PodNotice]
+                  | Topic[JobSetCommand] | Topic[NamespaceCommand]
                   | Topic[DeadLetter], ...] = (
     POD_EVENTS,
     CLUSTER_SNAPSHOTS,
@@ -304,5 +353,7 @@ ALL_TOPICS: tuple[Topic[PodEvent] | Topic[ClusterSnapshot] | Topic[ClusterCapaci
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
     POD_NOTICES,
+    JOBSET_COMMANDS,
+    NAMESPACE_COMMANDS,
     DEAD_LETTERS,
 )

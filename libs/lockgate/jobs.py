@@ -4,6 +4,10 @@ Why: events about one pod reach lockgate at least once and sometimes out of orde
 snapshots, several producers). Every consumer folds them through `advance`, which only moves a
 job forward, so duplicates and stale events are harmless. The single backward move, a release
 that never took effect going back to its queue, is explicit and tied to the decision it undoes.
+
+A cancelled job set's jobs are set to CANCELLED by queue-store when it takes the cancel command,
+before their pods are deleted; being terminal, the pod events that follow (deleted) leave them
+cancelled.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     DELETED = "deleted"  # deleted before finishing
+    CANCELLED = "cancelled"  # its job set was cancelled (the reason is in last_reason)
 
     @property
     def rank(self) -> int:
@@ -44,8 +49,10 @@ _RANK: dict[JobState, int] = {
     JobState.SUCCEEDED: 5,
     JobState.FAILED: 5,
     JobState.DELETED: 5,
+    JobState.CANCELLED: 5,
 }
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.DELETED})
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.DELETED,
+                             JobState.CANCELLED})
 CAPACITY_HOLDING_STATES = frozenset(
     {JobState.RELEASED, JobState.UNGATED, JobState.BOUND, JobState.RUNNING}
 )

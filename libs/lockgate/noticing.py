@@ -86,6 +86,10 @@ def event_for(notice: PodNotice) -> dict[str, Any]:
             "name": event_name(pod_name=notice.name, reason=notice.reason, uid=notice.uid),
             "namespace": notice.namespace,
             "labels": {"app.kubernetes.io/managed-by": "lockgate"},
+            # Owned by its pod: Kubernetes' garbage collector deletes it with the pod, rather
+            # than only at the apiserver's event TTL.
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": notice.name,
+                                 "uid": notice.uid}],
         },
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": notice.namespace,
                            "name": notice.name, "uid": notice.uid},

@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_listing.add_argument("--limit", type=int, default=100)
     jobs_listing.set_defaults(run=jobs_list)
 
+    from lockgate_adapters import cli_jobsets  # imports this module: only once it is loaded
+    cli_jobsets.register(nouns, output)
+
     token = nouns.add_parser("token", help="admin API tokens").add_subparsers(dest="verb",
                                                                           required=True)
     minting = token.add_parser("new", help="mint a token; prints it and its tokens-file line")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -123,8 +123,11 @@ def _describe(error: Any) -> str:
 class AdminApi:
     """The aiohttp application over a Postgres pool."""
 
-    def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier) -> None:
+    def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
+                 extensions: Sequence[Callable[[web.Application], None]] = ()) -> None:
         self.pool, self.tokens = pool, tokens
+        # Routes of other modules (e.g. admin_collection), behind the same auth and errors.
+        self.extensions = tuple(extensions)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._authenticate, self._errors])
@@ -135,6 +138,8 @@ class AdminApi:
         app.router.add_patch("/api/v1/queues/{name}", self.patch_queue)
         app.router.add_delete("/api/v1/queues/{name}", self.delete_queue)
         app.router.add_get("/api/v1/jobs", self.list_jobs)
+        for register in self.extensions:
+            register(app)
         return app
 
     @web.middleware

@@ -8,23 +8,35 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiokafka import AIOKafkaProducer
 
 from lockgate.dead_lettering import LetterLimits
 from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
     DEAD_LETTERS,
+    JOBSET_COMMANDS,
+    NAMESPACE_COMMANDS,
     POD_EVENTS,
     RELEASE_OUTCOMES,
+    Event,
     Topic,
 )
 from lockgate_adapters.admin_tokens import TokenVerifier
-from lockgate_adapters.kafka import BatchConsumer, ensure_topics, is_retryable_kafka_error
+from lockgate_adapters.kafka import (
+    BatchConsumer,
+    ensure_topics,
+    is_retryable_kafka_error,
+    make_producer,
+    publish,
+)
 from lockgate_adapters.kube import api_clients
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
 from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi
+from queue_store.admin_collection import CollectionApi
+from queue_store.collecting import NamespaceCollector
 from queue_store.ingesting import BatchStore
 from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
@@ -34,6 +46,8 @@ log = logging.getLogger(__name__)
 CONSUMED_TOPICS: tuple[Topic[Any], ...] = (
     POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES,
 )
+# Commands that end things; their consumers are the namespace collector's (own group).
+COMMAND_TOPICS: tuple[Topic[Any], ...] = (JOBSET_COMMANDS, NAMESPACE_COMMANDS)
 POSTGRES_CHECK = "postgres"
 ADMIN_CHECK = "admin-api"
 
@@ -43,7 +57,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     assert isinstance(settings, QueueStoreSettings)
     readiness = ctx.readiness
     readiness.declare(POSTGRES_CHECK, ADMIN_CHECK,
-                      *(f"consume {topic.name}" for topic in CONSUMED_TOPICS))
+                      *(f"consume {topic.name}" for topic in (*CONSUMED_TOPICS,
+                                                              *COMMAND_TOPICS)))
     ctx.dependencies.postgres(settings.postgres_dsn)
     ctx.dependencies.kafka(settings.kafka())
 
@@ -56,7 +71,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         log.info("applied migrations: %s", ", ".join(applied))
     readiness.set(POSTGRES_CHECK, True, "migrated")
     await retry(lambda: ensure_topics(settings.kafka(),
-                                      topics=(*CONSUMED_TOPICS, DEAD_LETTERS)),
+                                      topics=(*CONSUMED_TOPICS, *COMMAND_TOPICS, DEAD_LETTERS)),
                 policy=settings.retry, retryable=is_retryable_kafka_error,
                 what="ensuring kafka topics", dependency="kafka")
 
@@ -79,7 +94,28 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for topic in CONSUMED_TOPICS
     ]
-    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()))
+    keeper_apis = await api_clients(settings.namespace_keeper_clusters)
+    collector = NamespaceCollector(pool=pool, apis=keeper_apis, settings=settings.collection)
+    consumers += [
+        BatchConsumer(
+            bootstrap=settings.kafka(), topic=topic, group_id=settings.commands_group,
+            consumer_name=f"{settings.service_name}:{topic.name}", handle=handle,
+            retry_policy=settings.retry, max_records=100,
+            poll_timeout_ms=settings.poll_timeout_ms,
+            on_ready=_reporter(ctx, f"consume {topic.name}"),
+            letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+        )
+        for topic, handle in ((JOBSET_COMMANDS, collector.handle_jobset_commands),
+                              (NAMESPACE_COMMANDS, collector.handle_namespace_commands))
+    ]
+    producer = await _started_producer(settings)
+
+    async def send(topic: Topic[Any], event: Event) -> None:
+        await publish(producer, topic, event)
+
+    collection_api = CollectionApi(pool, send)
+    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
+                     extensions=[collection_api.register])
     sync_apis = await api_clients(settings.queue_sync_clusters)
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,
@@ -106,14 +142,31 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 group.create_task(serve_admin(stopping), name="admin API")
                 if sync_apis:
                     group.create_task(queue_sync.run(stopping), name="queue sync")
+                group.create_task(collector.run(stopping), name="namespace collector")
                 for consumer in consumers:
                     group.create_task(consumer.run(stopping), name=consumer.consumer_name)
         finally:
-            for api in sync_apis.values():
+            await producer.stop()
+            for api in (*sync_apis.values(), *keeper_apis.values()):
                 await api.close()
             await pool.close()
 
     return [run]
+
+
+async def _started_producer(settings: QueueStoreSettings) -> AIOKafkaProducer:
+    """The producer of the admin API's commands, once Kafka takes a connection."""
+    async def start() -> AIOKafkaProducer:
+        producer = make_producer(settings.kafka(), client_id=f"{settings.service_name}-commands")
+        try:
+            await producer.start()
+        except Exception:
+            await producer.stop()
+            raise
+        return producer
+
+    return await retry(start, policy=settings.retry, retryable=is_retryable_kafka_error,
+                       what="starting the command producer", dependency="kafka")
 
 
 def _reporter(ctx: ServiceContext, check: str) -> Callable[[bool, str], None]:

@@ -5,11 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lockgate_adapters.admin_tokens import TokenConfigError, TokenEntry, parse_lines
 from lockgate_adapters.settings import ServiceSettings
+
+
+class CollectionSettings(BaseModel):
+    """How ephemeral namespaces are collected (LOCKGATE_QUEUE_STORE_COLLECTION__*)."""
+
+    interval_seconds: float = Field(
+        default=2.0, gt=0, description="between two passes (triggers, then due steps); a "
+        "command wakes the collector at once")
+    check_after_seconds: float = Field(
+        default=1.0, gt=0, description="after a deletion was accepted, when to look whether "
+        "the namespace is gone (and again this often while it terminates)")
+    finished_grace_seconds: float = Field(
+        default=300.0, ge=0, description="a job set with no unfinished pods for this long is "
+        "finished and its namespaces are collected")
+    retry_initial_seconds: float = Field(default=1.0, gt=0,
+                                         description="first backoff after a failed step")
+    retry_max_seconds: float = Field(default=60.0, gt=0, description="longest backoff")
+    request_timeout_seconds: float = Field(default=5.0, gt=0, description="per apiserver call")
+    commands_group_id: str | None = Field(
+        default=None, description="Kafka consumer group of the job-set and namespace commands; "
+        "default <group_id>-commands")
 
 
 class QueueStoreSettings(ServiceSettings):
@@ -78,7 +99,19 @@ class QueueStoreSettings(ServiceSettings):
     queue_sync_resync_seconds: float = Field(
         default=30.0, gt=0, description="full pass even without a change notification")
 
-    @field_validator("queue_sync_clusters")
+    # Collecting ephemeral namespaces (docs/ARCHITECTURE.md, "Ephemeral namespaces")
+    namespace_keeper_clusters: dict[str, str] = Field(
+        default_factory=dict,
+        description='cluster name -> kubeconfig of the namespace-keeper identity (deletes '
+        'ephemeral namespaces), e.g. {"cluster-a": "/etc/lockgate/namespace-keeper-a.yaml"}; a '
+        'record of a cluster not listed waits, failed, until it is')
+    collection: CollectionSettings = Field(default_factory=CollectionSettings)
+
+    @property
+    def commands_group(self) -> str:
+        return self.collection.commands_group_id or f"{self.group_id}-commands"
+
+    @field_validator("queue_sync_clusters", "namespace_keeper_clusters")
     @classmethod
     def _kubeconfigs_exist(cls, clusters: dict[str, str]) -> dict[str, str]:
         missing = [f"{name}: {path}" for name, path in clusters.items()

@@ -1,5 +1,6 @@
 """The ungater's composition root: one apiserver client per served cluster, a producer for
-outcomes, the release-command consumer, and the pod-notice consumer (Events on pods)."""
+outcomes, the release-command consumer, the pod-notice consumer (Events on pods), and the
+job-set command consumer (a cancelled job set's pods are deleted)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaProducer
 
 from lockgate.dead_lettering import LetterLimits
-from lockgate.events import DEAD_LETTERS, POD_NOTICES, RELEASE_COMMANDS, RELEASE_OUTCOMES
+from lockgate.events import (
+    DEAD_LETTERS,
+    JOBSET_COMMANDS,
+    POD_NOTICES,
+    RELEASE_COMMANDS,
+    RELEASE_OUTCOMES,
+)
 from lockgate_adapters.kafka import BatchConsumer, start_producer
 from lockgate_adapters.kube import api_clients
 from lockgate_adapters.service import Loop, ServiceContext
+from ungater.cancelling import JobSetCanceller
 from ungater.noticing import Noticer
 from ungater.pods import PodGateClient
 from ungater.settings import UngaterSettings
@@ -55,7 +63,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         try:
             producer = await start_producer(
                 settings.kafka(), client_id=f"{settings.consumer_group}-outcomes",
-                topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, POD_NOTICES, DEAD_LETTERS),
+                topics=(RELEASE_COMMANDS, RELEASE_OUTCOMES, POD_NOTICES, JOBSET_COMMANDS,
+                        DEAD_LETTERS),
                 policy=settings.retry,
                 stopping=stopping,
                 on_unreachable=lambda error: ctx.readiness.set("kafka", False, f"kafka: {error}"))
@@ -95,14 +104,32 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         finally:
             await close_apis()
 
+    async def consume_cancels(stopping: asyncio.Event) -> None:
+        # Its own group too: every served cluster's pods of a cancelled job set are deleted.
+        try:
+            consumer = BatchConsumer(
+                bootstrap=settings.kafka(),
+                topic=JOBSET_COMMANDS,
+                group_id=settings.jobsets_group,
+                consumer_name="ungater-jobsets",
+                handle=JobSetCanceller(apis=apis,
+                                       request_timeout=settings.request_timeout_seconds).handle,
+                retry_policy=settings.retry,
+                max_records=50,
+                letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+            )
+            await consumer.run(stopping)
+        finally:
+            await close_apis()
+
     async def close_apis() -> None:
         nonlocal stopped
         stopped += 1
-        if stopped == 2:
+        if stopped == 3:
             for api in apis.values():
                 await api.close()
 
-    return [consume_commands, consume_notices]
+    return [consume_commands, consume_notices, consume_cancels]
 
 
 def _readiness_setter(ctx: ServiceContext, name: str) -> Callable[[bool, str], None]:

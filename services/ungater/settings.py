@@ -60,3 +60,8 @@ class UngaterSettings(ClusterServiceSettings):
     def notices_group(self) -> str:
         """The group for pod notices (Events on pods): the command group's name + `-notices`."""
         return f"{self.consumer_group}-notices"
+
+    @property
+    def jobsets_group(self) -> str:
+        """The group for job-set commands (cancel: delete its pods): `<group>-jobsets`."""
+        return f"{self.consumer_group}-jobsets"

@@ -52,7 +52,7 @@ def test_each_service_account_has_a_cluster_role_bound_to_it() -> None:
     accounts = {name for name, o in of_kind("ServiceAccount").items()
                 if o["metadata"]["namespace"] == "lockgate-system"}
     assert accounts == {"lockgate-cluster-watcher", "lockgate-ungater", "lockgate-webhook",
-                        "lockgate-queue-sync"}
+                        "lockgate-queue-sync", "lockgate-namespace-keeper"}
     bound = {(s["name"], b["roleRef"]["name"]) for b in of_kind("ClusterRoleBinding").values()
              for s in b["subjects"]}
     roles = of_kind("ClusterRole")
@@ -62,10 +62,18 @@ def test_each_service_account_has_a_cluster_role_bound_to_it() -> None:
 
 
 def test_the_ungater_may_only_read_patch_and_delete_pods_and_create_events() -> None:
-    # delete: a released pod kube-scheduler cannot place, when a controller replaces it.
+    # delete: a released pod kube-scheduler cannot place, when a controller replaces it;
+    # list + delete: a cancelled job set's pods (by label) are deleted in every cluster.
     pods, events = of_kind("ClusterRole")["lockgate-ungater"]["rules"]
-    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "delete"]}
+    assert pods == {"apiGroups": [""], "resources": ["pods"],
+                    "verbs": ["get", "patch", "list", "delete"]}
     assert events == {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+
+
+def test_the_namespace_keeper_may_get_and_delete_namespaces() -> None:
+    (rule,) = [r for r in of_kind("ClusterRole")["lockgate-namespace-keeper"]["rules"]
+               if "namespaces" in r["resources"]]
+    assert {"get", "delete"} <= set(rule["verbs"])
 
 
 def test_no_lockgate_identity_may_bind_pods_escalate_or_read_secrets() -> None:

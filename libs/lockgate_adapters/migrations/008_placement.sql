@@ -25,7 +25,7 @@ BEGIN
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'lockgate_queue_store') THEN
         GRANT SELECT, INSERT, UPDATE, DELETE ON queues, jobsets, jobs, release_decisions,
             cluster_nodes, clusters, cluster_snapshot_pods, ephemeral_namespaces,
-            ephemeral_namespace_transitions TO lockgate_queue_store;
+            ephemeral_namespace_transitions, jobset_cancellations TO lockgate_queue_store;
         GRANT SELECT, INSERT ON schema_migrations TO lockgate_queue_store;
         GRANT USAGE, SELECT ON SEQUENCE change_serial, ephemeral_namespace_transitions_id_seq
             TO lockgate_queue_store;

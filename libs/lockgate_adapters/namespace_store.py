@@ -1,0 +1,236 @@
+"""Postgres reads and writes of ephemeral namespaces' collection records and job-set cancels.
+
+Why one module: a record and its history change together or not at all (the row and its
+transition in one statement pair, inside the caller's transaction), and every writer locks the
+row first, so several queue-store replicas never step on one record at once (`SKIP LOCKED`
+hands each due record to one of them).
+
+A record's `serial` takes a new value on every change, like every other changed row, but the
+change feed lock is not taken for it: no reader follows these rows by serial, and collection
+must not wait on ingest. Cancelling a job set changes jobs, so that does take the lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from lockgate.events import JobSetCommand
+from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.namespaces import (
+    Change,
+    JobSetActivity,
+    NamespaceRecord,
+    NamespaceState,
+    Transition,
+    Trigger,
+)
+from lockgate_adapters.postgres import AnyConnection, hold_change_feed_lock, notify_changes
+
+_TERMINAL = [state.value for state in TERMINAL_STATES]
+_RECORD_COLUMNS = ("cluster, name, queue, jobset, state, created_at, state_changed_at,"
+                   " expires_at, trigger, failure_reason, attempts, next_attempt_at, deleted_at")
+_COLLECTING = [NamespaceState.EXPIRING.value, NamespaceState.DELETING.value,
+               NamespaceState.FAILED.value]
+
+
+def _record(row: asyncpg.Record) -> NamespaceRecord:
+    values: dict[str, Any] = {key: row[key] for key in
+                              (c.strip() for c in _RECORD_COLUMNS.split(","))}
+    values["state"] = NamespaceState(values["state"])
+    values["trigger"] = Trigger(values["trigger"]) if values["trigger"] else None
+    return NamespaceRecord(**values)
+
+
+async def insert_active(connection: AnyConnection, *, cluster: str, name: str, queue: str,
+                        jobset: str, service_account: str, ttl_seconds: int | None,
+                        cause: str = "created") -> NamespaceRecord:
+    """A new active record and its creation transition (namespace creation's part; tests use
+    it to stand a record up without the creation path)."""
+    async with connection.transaction():
+        row = await connection.fetchrow(
+            f"INSERT INTO ephemeral_namespaces (cluster, name, queue, jobset, service_account,"  # noqa: S608
+            " state, ttl_seconds, expires_at)"
+            " VALUES ($1, $2, $3, $4, $5, 'active', $6::int,"
+            " CASE WHEN $6::int IS NULL THEN NULL ELSE now() + make_interval(secs => $6::int)"
+            f" END) RETURNING {_RECORD_COLUMNS}",
+            cluster, name, queue, jobset, service_account, ttl_seconds)
+        assert row is not None
+        await connection.execute(
+            "INSERT INTO ephemeral_namespace_transitions (cluster, name, from_state, to_state,"
+            " cause, at) VALUES ($1, $2, NULL, 'active', $3, $4)",
+            cluster, name, cause, row["created_at"])
+    return _record(row)
+
+
+async def get(connection: AnyConnection, cluster: str, name: str, *,
+              lock: bool = False) -> NamespaceRecord | None:
+    row = await connection.fetchrow(
+        f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
+        " WHERE cluster = $1 AND name = $2" + (" FOR UPDATE" if lock else ""), cluster, name)
+    return None if row is None else _record(row)
+
+
+async def transitions(connection: AnyConnection, cluster: str,
+                      name: str) -> list[Transition]:
+    rows = await connection.fetch(
+        "SELECT cluster, name, from_state, to_state, cause, at"
+        " FROM ephemeral_namespace_transitions WHERE cluster = $1 AND name = $2 ORDER BY id",
+        cluster, name)
+    return [Transition(r["cluster"], r["name"],
+                       NamespaceState(r["from_state"]) if r["from_state"] else None,
+                       NamespaceState(r["to_state"]), r["cause"], r["at"]) for r in rows]
+
+
+async def write_change(connection: AnyConnection, change: Change) -> None:
+    """Store a record after a step, and its transition if it has one (inside a transaction
+    that locked the row)."""
+    record = change.record
+    await connection.execute(
+        "UPDATE ephemeral_namespaces SET state = $3, state_changed_at = $4, trigger = $5,"
+        " failure_reason = $6, attempts = $7, next_attempt_at = $8, deleted_at = $9,"
+        " serial = nextval('change_serial') WHERE cluster = $1 AND name = $2",
+        record.cluster, record.name, record.state.value, record.state_changed_at,
+        record.trigger.value if record.trigger else None, record.failure_reason,
+        record.attempts, record.next_attempt_at, record.deleted_at)
+    if change.transition is not None:
+        t = change.transition
+        await connection.execute(
+            "INSERT INTO ephemeral_namespace_transitions (cluster, name, from_state, to_state,"
+            " cause, at) VALUES ($1, $2, $3, $4, $5, $6)",
+            t.cluster, t.name, t.from_state.value if t.from_state else None, t.to_state.value,
+            t.cause, t.at)
+
+
+async def lock_due(connection: AnyConnection, *, cluster: str, now: datetime,
+                   limit: int) -> list[NamespaceRecord]:
+    """Records of `cluster` the collector should step now, locked; records another replica
+    holds are skipped (it steps them)."""
+    rows = await connection.fetch(
+        f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
+        " WHERE cluster = $1 AND state = ANY($2::text[])"
+        " AND (next_attempt_at IS NULL OR next_attempt_at <= $3)"
+        " ORDER BY next_attempt_at NULLS FIRST, name LIMIT $4 FOR UPDATE SKIP LOCKED",
+        cluster, _COLLECTING, now, limit)
+    return [_record(r) for r in rows]
+
+
+async def clusters_with_due(connection: AnyConnection, now: datetime) -> list[str]:
+    rows = await connection.fetch(
+        "SELECT DISTINCT cluster FROM ephemeral_namespaces WHERE state = ANY($1::text[])"
+        " AND (next_attempt_at IS NULL OR next_attempt_at <= $2) ORDER BY cluster",
+        _COLLECTING, now)
+    return [r["cluster"] for r in rows]
+
+
+async def active_with_facts(
+    connection: AnyConnection,
+) -> list[tuple[NamespaceRecord, bool, JobSetActivity]]:
+    """Every active record with what its triggers are judged by: whether its queue exists, and
+    its job set's jobs (all clusters)."""
+    rows = await connection.fetch(
+        f"SELECT {', '.join('n.' + c.strip() for c in _RECORD_COLUMNS.split(','))},"  # noqa: S608
+        " (q.name IS NOT NULL AND NOT q.deleted) AS queue_exists,"
+        " COALESCE(j.jobs, 0) AS jobs, COALESCE(j.unfinished, 0) AS unfinished,"
+        " j.last_finished_at"
+        " FROM ephemeral_namespaces n"
+        " LEFT JOIN queues q ON q.name = n.queue"
+        " LEFT JOIN LATERAL (SELECT count(*) AS jobs,"
+        "   count(*) FILTER (WHERE state <> ALL($1::text[])) AS unfinished,"
+        "   max(COALESCE(finished_at, state_changed_at)) AS last_finished_at"
+        "   FROM jobs WHERE jobs.queue = n.queue AND jobs.jobset = n.jobset) j ON true"
+        " WHERE n.state = 'active' ORDER BY n.cluster, n.name",
+        _TERMINAL)
+    return [(_record(r), bool(r["queue_exists"]),
+             JobSetActivity(jobs=int(r["jobs"]), unfinished=int(r["unfinished"]),
+                            last_finished_at=r["last_finished_at"])) for r in rows]
+
+
+async def of_jobset(connection: AnyConnection, queue: str,
+                    jobset: str) -> list[NamespaceRecord]:
+    rows = await connection.fetch(
+        f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
+        " WHERE queue = $1 AND jobset = $2 ORDER BY cluster, name", queue, jobset)
+    return [_record(r) for r in rows]
+
+
+async def lock_active_of_jobset(connection: AnyConnection, queue: str,
+                                jobset: str) -> list[NamespaceRecord]:
+    rows = await connection.fetch(
+        f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
+        " WHERE queue = $1 AND jobset = $2 AND state = 'active' ORDER BY cluster, name"
+        " FOR UPDATE", queue, jobset)
+    return [_record(r) for r in rows]
+
+
+async def cancel_jobs(connection: AnyConnection, command: JobSetCommand) -> int:
+    """Record the cancel (the first one of a job set wins) and set its unfinished jobs to
+    cancelled with the reason; returns how many jobs this call cancelled (0 when repeated)."""
+    await hold_change_feed_lock(connection)
+    await connection.execute(
+        "INSERT INTO jobset_cancellations (queue, jobset, command_id, reason, requested_by,"
+        " requested_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue, jobset) DO NOTHING",
+        command.queue, command.jobset, command.command_id, command.reason,
+        command.requested_by, command.at)
+    # Jobs whose pods were deleted after the cancel was asked for were deleted by it: the
+    # ungaters act on the same command, and their pods' deletion may be stored first.
+    status = await connection.execute(
+        "UPDATE jobs SET state = $3, last_reason = $4, state_changed_at = now(),"
+        " finished_at = COALESCE(finished_at, now()), serial = nextval('change_serial')"
+        " WHERE queue = $1 AND jobset = $2 AND (state <> ALL($5::text[])"
+        " OR (state = $6 AND state_changed_at >= $7))",
+        command.queue, command.jobset, JobState.CANCELLED.value,
+        f"cancelled: {command.reason}", _TERMINAL, JobState.DELETED.value, command.at)
+    cancelled = int(status.split()[-1])
+    if cancelled:
+        await connection.execute(
+            "UPDATE jobset_cancellations SET jobs_cancelled = jobs_cancelled + $3"
+            " WHERE queue = $1 AND jobset = $2", command.queue, command.jobset, cancelled)
+        await notify_changes(connection, "jobs")
+    return cancelled
+
+
+async def cancellation(connection: AnyConnection, queue: str,
+                       jobset: str) -> dict[str, Any] | None:
+    row = await connection.fetchrow(
+        "SELECT queue, jobset, command_id, reason, requested_by, requested_at, applied_at,"
+        " jobs_cancelled FROM jobset_cancellations WHERE queue = $1 AND jobset = $2",
+        queue, jobset)
+    return None if row is None else dict(row.items())
+
+
+def transition_json(t: Transition) -> dict[str, Any]:
+    return {"from": t.from_state.value if t.from_state else None, "to": t.to_state.value,
+            "cause": t.cause, "at": t.at.isoformat()}
+
+
+def record_json(r: NamespaceRecord) -> dict[str, Any]:
+    def iso(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    return {"cluster": r.cluster, "name": r.name, "queue": r.queue, "jobset": r.jobset,
+            "state": r.state.value, "trigger": r.trigger.value if r.trigger else None,
+            "created_at": iso(r.created_at), "state_changed_at": iso(r.state_changed_at),
+            "expires_at": iso(r.expires_at), "failure_reason": r.failure_reason,
+            "attempts": r.attempts, "next_attempt_at": iso(r.next_attempt_at),
+            "deleted_at": iso(r.deleted_at)}
+
+
+__all__: Sequence[str] = (
+    "active_with_facts",
+    "cancel_jobs",
+    "cancellation",
+    "clusters_with_due",
+    "get",
+    "insert_active",
+    "lock_active_of_jobset",
+    "lock_due",
+    "of_jobset",
+    "record_json",
+    "transition_json",
+    "transitions",
+    "write_change",
+)
