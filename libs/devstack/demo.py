@@ -35,8 +35,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack import demo_placement
-from devstack import demo_ephemeral
+from devstack import demo_ephemeral, demo_placement
 from devstack.demo_fairness import (
     JobTimeline,
     contested_intervals,
