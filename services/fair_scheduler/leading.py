@@ -32,8 +32,20 @@ from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.fairness import schedule_round
+from lockgate.jobs import JobState
 from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
+from lockgate.queues import MaxQueued
 from lockgate.scheduling import SchedJob, SchedulerState
+from lockgate.waiting import (
+    EVENT_REASONS,
+    MAX_QUEUED_EVENT_REASON,
+    QUEUED_EVENT_REASON,
+    Explainer,
+    NoticeLimits,
+    WaitingPods,
+    format_duration,
+    positions,
+)
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
@@ -102,6 +114,15 @@ class Leader:
         self._state = SchedulerState()
         # Queued jobs whose queue may turn out undefined, and which of them were noticed.
         self._notices = UndefinedQueueNotices()
+        # Queued pods: when each is next told why it waits, and which waited too long.
+        self._waiting = WaitingPods(NoticeLimits(
+            pod_interval=settings.wait_notice_interval_seconds,
+            cluster_rate=settings.wait_notices_per_cluster_per_second,
+            cluster_burst=settings.wait_notice_burst_per_cluster))
+        # Pods past their maximum time queued, held out of the state (never released) until
+        # their row says they are gone, failed or otherwise out of the queue: job id -> job.
+        self._expired: dict[str, SchedJob] = {}
+        self._unsent_expiries: list[PodNotice] = []
         # Jobs whose release failed, held out of the state until their backoff ends, so a
         # release that keeps failing (e.g. a forbidden patch) does not spin: job id -> (due, job).
         self._backing_off: dict[str, tuple[float, SchedJob]] = {}
@@ -168,6 +189,7 @@ class Leader:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
                 more_to_do = await self._round(trigger)
                 await self._notice()
+                await self._tell_waiting()
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -190,8 +212,14 @@ class Leader:
                 state.upsert_queue(queue.spec)
         for node in changes.nodes:
             state.set_node(node.cluster, node.node, node.info)
+        now = self._now().timestamp()
         for job in changes.jobs:
             self._notices.observe(job)
+            self._waiting.observe(job, now)
+            if job.job_id in self._expired:
+                if job.state is JobState.QUEUED:
+                    continue  # still waiting for the ungater to fail or delete it
+                del self._expired[job.job_id]
             held = self._backing_off.get(job.job_id)
             old = state.job(job.job_id) if held is None else held[1]
             if old is None and job.state.is_terminal:
@@ -307,8 +335,10 @@ class Leader:
             if now is None:
                 self._state.remove_job(job_id)
                 self._notices.forget(job_id)
+                self._waiting.forget(job_id)
             else:
                 self._notices.observe(now)
+                self._waiting.observe(now, self._now().timestamp())
                 self._count(now, +1)
                 self._state.upsert_job(now)
         log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
@@ -355,6 +385,89 @@ class Leader:
             NOTICES.labels(NoticeReason.QUEUE_UNKNOWN.value).inc(len(notices))
             log.info("noticed %d queued pods that their queue does not exist", len(notices))
         self._notices.noticed([job_id for job_id, _ in due])
+
+    async def _tell_waiting(self) -> None:
+        """Tell queued pods why they wait (Events, at a bounded rate), and have the ungater fail
+        or delete those past their queue's maximum time queued.
+
+        Both ride on lockgate.pod-notices.v1. A pod past its maximum leaves the state at once,
+        so no round releases it while the ungater acts. A failed publish is only logged: the
+        waiting notices are due again, the expiries are sent again, after a later round.
+        """
+        settings = self._settings
+        state = self._state
+        at = self._now()
+        now = at.timestamp()
+
+        def max_queued_of(queue: str) -> MaxQueued | None:
+            spec = state.queue_spec(queue)
+            return None if spec is None else spec.max_queued
+
+        expired = self._waiting.expired(now, max_queued_of)
+        due = (self._waiting.due(now, limit=settings.max_notices_per_round)
+               if settings.wait_notices and settings.max_notices_per_round else [])
+        if not expired and not due and not self._unsent_expiries:
+            return
+        ids = [job_id for job_id, _ in due] + [job_id for job_id, _ in expired]
+        keys = [store.split_job_id(job_id) for job_id in ids]
+        names = await store.pod_names(self._connection, keys)
+        places = positions(state, ids)
+        explainer = Explainer(state, now=now)
+        told: list[str] = []
+        waiting_notices: list[PodNotice] = []
+        for job_id, first in due:
+            cluster, uid = store.split_job_id(job_id)
+            found = names.get((cluster, uid))
+            explanation = explainer.explain(job_id, places.get(job_id))
+            if found is None or explanation is None or explanation.reason is None:
+                self._waiting.forget(job_id)
+                continue
+            reason, warning = EVENT_REASONS[explanation.reason]
+            waiting_notices.append(PodNotice(
+                cluster=cluster, namespace=found[0], name=found[1], uid=uid,
+                queue=explanation.queue, reason=QUEUED_EVENT_REASON if first else reason,
+                message=("queued: " if first else "still waiting: ") + explanation.message,
+                at=at, event_type="Warning" if warning else "Normal",
+                series="" if first else str(int(now))))
+            told.append(job_id)
+        expiries = self._unsent_expiries
+        self._unsent_expiries = []
+        for job_id, limit in expired:
+            cluster, uid = store.split_job_id(job_id)
+            found = names.get((cluster, uid))
+            explanation = explainer.explain(job_id, places.get(job_id))
+            job = state.job(job_id)
+            if found is None or explanation is None or job is None:
+                continue
+            done = "failed" if limit.action == "fail" else "deleted"
+            expiries.append(PodNotice(
+                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
+                reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
+                message=(f"lockgate {done} this pod: it waited "
+                         f"{format_duration(explanation.waited_seconds)} queued, longer than "
+                         f'queue "{job.queue}" allows ({format_duration(limit.seconds)}); it '
+                         f"was waiting: {explanation.message}")))
+            # Out of the state: no round may release it while the ungater acts.
+            self._count(job, -1)
+            state.remove_job(job_id)
+            self._expired[job_id] = job
+        notices = waiting_notices + expiries
+        try:
+            await publish_many(self._producer, POD_NOTICES, notices)
+        except Exception as error:
+            if not is_retryable_kafka_error(error):
+                raise
+            log.warning("publishing %d pod notices failed (%s); retrying after a later round",
+                        len(notices), error, extra=quiet("kafka"))
+            self._waiting.untold(told, now)
+            self._unsent_expiries = expiries
+            return
+        self._waiting.told(told, now)
+        for notice in notices:
+            NOTICES.labels(notice.reason).inc()
+        if expiries:
+            log.info("%d queued pods waited past their maximum time queued: told the ungater to "
+                     "fail or delete them", len(expiries))
 
     # ---- publishing -----------------------------------------------------------------------
 

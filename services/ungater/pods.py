@@ -1,5 +1,5 @@
-"""The apiserver calls the ungater makes: read a pod's gates, patch one away, and tell a pod why
-it stays gated (an Event).
+"""The apiserver calls the ungater makes: read a pod's gates, patch one away, tell a pod why
+it stays gated (an Event), and fail or delete one that waited past its queue's maximum.
 
 Why raw responses: the ungater's throughput is measured against a tight client patching pods on
 the same apiserver, and turning every response into kubernetes-asyncio's models costs more CPU
@@ -59,6 +59,40 @@ class PodGateClient:
         )
         if status >= 300:
             raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after)
+
+    async def delete(self, *, namespace: str, name: str, uid: str) -> int:
+        """Delete the pod with this uid (not one that replaced it under its name); returns the
+        status: 2xx, 404 (gone) or 409 (another pod holds the name now)."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        status, payload, retry_after = await self._call(
+            self._core.delete_namespaced_pod(name, namespace, body=body,
+                                             _preload_content=False,
+                                             _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status < 300 or status in (404, 409):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
+
+    async def fail(self, *, namespace: str, name: str, uid: str, reason: str,
+                   message: str) -> int:
+        """Set the pod's phase to Failed with a reason and message (its controller sees a
+        failed pod); returns the status: 2xx, 404 (gone) or 422 (another pod holds the name)."""
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "replace", "path": "/status/phase", "value": "Failed"},
+            {"op": "add", "path": "/status/reason", "value": reason},
+            {"op": "add", "path": "/status/message", "value": message},
+        ]
+        status, payload, retry_after = await self._call(
+            self._core.patch_namespaced_pod_status(name, namespace, patch,
+                                                   _preload_content=False,
+                                                   _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status < 300 or status in (404, 422):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
 
     async def create_event(self, *, namespace: str, body: dict[str, Any]) -> int:
         """Create a core/v1 Event; returns the status: 2xx, 409 (it exists already) or 404 (its
