@@ -77,17 +77,20 @@ class PodGateClient:
     async def fail(self, *, namespace: str, name: str, uid: str, reason: str,
                    message: str) -> int:
         """Set the pod's phase to Failed with a reason and message (its controller sees a
-        failed pod); returns the status: 2xx, 404 (gone) or 422 (another pod holds the name)."""
-        patch = [
-            {"op": "test", "path": "/metadata/uid", "value": uid},
-            {"op": "replace", "path": "/status/phase", "value": "Failed"},
-            {"op": "add", "path": "/status/reason", "value": reason},
-            {"op": "add", "path": "/status/message", "value": message},
-        ]
+        failed pod); returns the status: 2xx, 404 (gone) or 422 (another pod holds the name:
+        the uid in the patch cannot change).
+
+        A strategic merge patch, so the PodScheduled condition (merged by type) takes the reason
+        too: kubectl shows a pod whose condition says SchedulingGated as just that.
+        """
+        patch = {"metadata": {"uid": uid}, "status": {
+            "phase": "Failed", "reason": reason, "message": message,
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason,
+                            "message": message}]}}
         status, payload, retry_after = await self._call(
-            self._core.patch_namespaced_pod_status(name, namespace, patch,
-                                                   _preload_content=False,
-                                                   _request_timeout=self._timeout),
+            self._core.patch_namespaced_pod_status(
+                name, namespace, patch, _preload_content=False, _request_timeout=self._timeout,
+                _content_type="application/strategic-merge-patch+json"),
             reading=False,
         )
         if status < 300 or status in (404, 422):
