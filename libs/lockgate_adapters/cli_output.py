@@ -188,14 +188,12 @@ def parse_duration(text: str) -> float:
 
 # ---- shared nouns --------------------------------------------------------------------------------
 
-_VERBS: dict[tuple[int, str], Any] = {}
-
-
 def verbs_of(nouns: Any, noun: str, help_text: str) -> Any:
     """The verb subparsers of `noun`, created on first use: modules share a noun this way."""
-    key = (id(nouns), noun)
-    verbs = _VERBS.get(key)
+    # Kept on the subparsers object itself, so a parser built again starts afresh.
+    shared: dict[str, Any] = nouns.__dict__.setdefault("_lockgate_verbs", {})
+    verbs = shared.get(noun)
     if verbs is None:
         verbs = nouns.add_parser(noun, help=help_text).add_subparsers(dest="verb", required=True)
-        _VERBS[key] = verbs
+        shared[noun] = verbs
     return verbs

@@ -20,6 +20,7 @@ name, its own webhook registration and consumer groups.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -258,7 +259,7 @@ async def test_explain_and_events_name_what_each_waiting_pod_waits_for(running: 
         times_per_pod.setdefault(event.involved_object.uid, []).append(event.first_timestamp)
     for uid, times in times_per_pod.items():
         times.sort()
-        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
         assert all(gap >= POD_INTERVAL - 1 for gap in gaps), (uid, gaps)
     every = sorted(e.first_timestamp for e in events)
     for i, start in enumerate(every):
