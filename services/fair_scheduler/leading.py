@@ -160,10 +160,12 @@ class Leader:
         republish_every = settings.republish_after_seconds / 2
         next_republish = time.monotonic() + republish_every
         next_check = time.monotonic() + settings.leader_check_interval_seconds
+        next_waiting_check = time.monotonic()  # after the first round
         while not stopping.is_set():
             if not more_to_do:
                 timeout = max(0.0, min(next_safety_round, next_republish, next_check,
-                                       self._next_backoff_end()) - time.monotonic())
+                                       next_waiting_check, self._next_backoff_end())
+                              - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if stopping.is_set():
@@ -189,6 +191,8 @@ class Leader:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
                 more_to_do = await self._round(trigger)
                 await self._notice()
+            if time.monotonic() >= next_waiting_check:
+                next_waiting_check = time.monotonic() + settings.wait_notice_check_seconds
                 await self._tell_waiting()
 
     # ---- state ----------------------------------------------------------------------------

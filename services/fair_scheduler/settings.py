@@ -88,6 +88,10 @@ class SchedulerSettings(ServiceSettings):
     # Pods that wait (Events through lockgate.pod-notices.v1; see lockgate.waiting)
     wait_notices: bool = Field(
         default=True, description="tell every queued pod, with an Event, why it waits")
+    wait_notice_check_seconds: float = Field(
+        default=5.0, gt=0, description="look for pods due an Event, or past their maximum time "
+        "queued, at most this often (each look costs a pass over the queued pods of the queues "
+        "with pods due)")
     wait_notice_interval_seconds: float = Field(
         default=300.0, gt=0, description="after its first Event, a waiting pod gets another "
         "at most this often (per pod)")

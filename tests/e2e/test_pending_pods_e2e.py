@@ -99,6 +99,7 @@ async def running(stack: Any, kube_clients: dict[str, client.ApiClient],
             cert_dir=tmp_path_factory.mktemp("webhook-certs"),
             extra_env={
                 "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
+                "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5",
                 "LOCKGATE_SCHEDULER_WAIT_NOTICE_INTERVAL_SECONDS": str(POD_INTERVAL),
                 "LOCKGATE_SCHEDULER_WAIT_NOTICES_PER_CLUSTER_PER_SECOND": str(CLUSTER_RATE),
                 "LOCKGATE_SCHEDULER_WAIT_NOTICE_BURST_PER_CLUSTER": str(CLUSTER_BURST),
