@@ -220,7 +220,9 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     max_queued = None if spec is None else spec.max_queued
 
     def named(vector: list[int]) -> dict[str, int]:
-        return {names[axis]: amount for axis, amount in enumerate(vector) if amount}
+        # Zero where the pod asks for some ("cpu 0" says what is missing); else nonzero only.
+        return {names[axis]: amount for axis, amount in enumerate(vector)
+                if amount or names[axis] in requests}
 
     explanation = Explanation(
         job_id=job_id, cluster=job.cluster, queue=job.queue, state=job.state.value,
@@ -320,8 +322,8 @@ def wait_message(e: Explanation) -> str:
         return f"{where}; not waiting ({e.state})"
     text = f"{where}; {why}"
     if e.max_queued_seconds is not None:
-        text += (f"; it is {e.max_queued_action}ed after {format_duration(e.max_queued_seconds)}"
-                 " queued")
+        done = "deleted" if e.max_queued_action == "delete" else "failed"
+        text += f"; it is {done} after {format_duration(e.max_queued_seconds)} queued"
     return text
 
 

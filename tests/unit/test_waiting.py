@@ -63,7 +63,7 @@ def test_explain_names_room_fair_share_node_fit_and_cordon_with_numbers() -> Non
     room = explain(alone, waiting.job_id, now=waiting.created_at + 75)
     assert room is not None and room.reason is WaitReason.CLUSTER_ROOM
     assert (room.position, room.queued_in_queue, room.waited_seconds) == (1, 1, 75)
-    assert room.cluster_free == {"memory": 32 << 30}
+    assert room.cluster_free == {"cpu": 0, "memory": 32 << 30}
     assert "position 1 of 1" in room.message and "waiting for room in cluster" in room.message
 
     late = a_job("late").requesting(cpu="4").named("cluster-a/late-0").build()
@@ -85,6 +85,17 @@ def test_explain_names_room_fair_share_node_fit_and_cordon_with_numbers() -> Non
     cordoned = explain(state, shut.job_id, now=0)
     assert cordoned is not None and cordoned.reason is WaitReason.QUEUE_CORDONED
     assert "lockgate queue uncordon shut" in cordoned.message
+
+
+def test_the_message_says_what_becomes_of_a_pod_past_its_maximum() -> None:
+    for action, done in (("delete", "deleted"), ("fail", "failed")):
+        queue = QueueSpec(name="q", max_queued=MaxQueued(seconds=5400, action=action))
+        job = a_job("q").build()
+        state = a_state().with_cluster("cluster-a", a_node(cpu="4").times(1)).with_jobs(job) \
+            .build()
+        state.upsert_queue(queue)
+        answer = explain(state, job.job_id, now=0)
+        assert answer is not None and answer.message.endswith(f"it is {done} after 1h30m queued")
 
 
 def test_a_running_pod_is_not_waiting_and_an_unknown_one_has_no_explanation() -> None:
