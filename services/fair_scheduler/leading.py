@@ -269,9 +269,11 @@ class Leader:
         """Put jobs whose backoff ended back in the state; returns whether there were any."""
         now = time.monotonic()
         due = [job for at, job in self._backing_off.values() if at <= now]
+        at = self._now().timestamp()
         for job in due:
             del self._backing_off[job.job_id]
             self._state.upsert_job(job)
+            self._waiting.observe(job, at)  # told again while it waits anew
         return bool(due)
 
     def _next_backoff_end(self) -> float:
@@ -439,21 +441,23 @@ class Leader:
         for job_id, limit in expired:
             cluster, uid = store.split_job_id(job_id)
             found = names.get((cluster, uid))
-            explanation = explainer.explain(job_id, places.get(job_id))
-            job = state.job(job_id)
-            if found is None or explanation is None or job is None:
+            held = self._backing_off.pop(job_id, None)  # a failed release's backoff
+            job = state.job(job_id) or (None if held is None else held[1])
+            if found is None or job is None:
                 continue
+            explanation = explainer.explain(job_id, places.get(job_id))
+            waited = format_duration(now - job.created_at)
+            why = "" if explanation is None else f"; it was waiting: {explanation.message}"
             done = "failed" if limit.action == "fail" else "deleted"
             expiries.append(PodNotice(
                 cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
                 reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
-                message=(f"lockgate {done} this pod: it waited "
-                         f"{format_duration(explanation.waited_seconds)} queued, longer than "
-                         f'queue "{job.queue}" allows ({format_duration(limit.seconds)}); it '
-                         f"was waiting: {explanation.message}")))
+                message=(f"lockgate {done} this pod: it waited {waited} queued, longer than "
+                         f'queue "{job.queue}" allows ({format_duration(limit.seconds)}){why}')))
             # Out of the state: no round may release it while the ungater acts.
             self._count(job, -1)
-            state.remove_job(job_id)
+            if state.job(job_id) is not None:
+                state.remove_job(job_id)
             self._expired[job_id] = job
         notices = waiting_notices + expiries
         try:
