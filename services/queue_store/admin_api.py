@@ -15,7 +15,8 @@ owns these tables and their change-feed rules. The `lockgate` CLI is the usual c
 A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
 "resource_limits" (Kubernetes quantities), "namespaces" (who may use it: [{"cluster": name
 or "*", "names": [...], "selector": {"matchLabels": {...}, "matchExpressions": [...]}}];
-empty: nobody), "created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces"
+empty: nobody), "max_queued" ({"seconds": N, "action": "fail" | "delete"} or null: how long
+its pods may wait gated), "created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces"
 whole. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
