@@ -16,8 +16,8 @@ A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-onl
 "resource_limits" (Kubernetes quantities), "namespaces" (who may use it: [{"cluster": name
 or "*", "names": [...], "selector": {"matchLabels": {...}, "matchExpressions": [...]}}];
 empty: nobody), "max_queued" ({"seconds": N, "action": "fail" | "delete"} or null: how long
-its pods may wait gated), "created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces"
-whole. Errors are
+its pods may wait gated), "created_at", "updated_at" (read-only)}. A merge patch replaces
+"namespaces" whole. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
 Every call carries `Authorization: Bearer <token>` (see `lockgate_adapters.admin_tokens`): none
