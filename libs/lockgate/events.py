@@ -150,6 +150,15 @@ class PodNotice(Event):
     # uid: a precondition), so that its controller creates a replacement, gated again. Sent for
     # a released pod kube-scheduler could not place (see docs/scheduling.md).
     delete_pod: bool = False
+    # Added compatibly (an older scheduler sends none of these): "Normal" for a pod that waits
+    # its turn, "Warning" when the pod needs its owner (queue unknown or cordoned, fits no node).
+    event_type: Literal["Normal", "Warning"] = "Warning"
+    # Tells repeated notices of one reason apart (the Event's name holds it); "" for a notice
+    # written once per (pod, reason).
+    series: str = ""
+    # What the ungater does to the pod after writing the Event: "" nothing, "delete" or "fail"
+    # (the pod waited longer than its queue's maximum time queued).
+    action: Literal["", "delete", "fail"] = ""
 
 
 class JobSetCommand(Event):
@@ -318,7 +327,8 @@ POD_NOTICES: Topic[PodNotice] = Topic(
     model=PodNotice,
     key=lambda e: e.uid,
     consumers=("ungater",),
-    why="why a pod stays gated (e.g. its queue does not exist), for an Event on the pod",
+    why="why a pod stays gated (its queue, its position, what it waits for), for an Event on "
+        "the pod; and pods to delete or fail after their maximum time queued",
 )
 JOBSET_COMMANDS: Topic[JobSetCommand] = Topic(
     name="lockgate.jobset-commands.v1",

@@ -30,7 +30,11 @@ EVENT_SOURCE = "lockgate-ungater"
 
 
 class NoticeReason(StrEnum):
-    """Why a pod stays gated: the Event's `reason` (CamelCase, as Kubernetes reasons are)."""
+    """Why a pod stays gated: the Event's `reason` (CamelCase, as Kubernetes reasons are).
+
+    Open: `lockgate.waiting` adds the reasons of pods that wait their turn, and an ungater
+    writes a reason it does not know as it is.
+    """
 
     QUEUE_UNKNOWN = "LockgateQueueUnknown"
     # A released pod kube-scheduler kept reporting Unschedulable (lockgate.unplaceable).
@@ -61,19 +65,20 @@ def queue_unknown_message(queue: str) -> str:
             f"see `lockgate jobs list --queue {queue}`")
 
 
-def event_name(*, pod_name: str, reason: str, uid: str) -> str:
-    """The Event's name: one per (pod uid, reason), so writing it twice writes it once.
+def event_name(*, pod_name: str, reason: str, uid: str, series: str = "") -> str:
+    """The Event's name: one per (pod uid, reason, series), so writing it twice writes it once.
 
     The pod's name is shortened if needed to keep the whole a valid DNS subdomain; the uid's
-    prefix tells apart pods that reused a name.
+    prefix tells apart pods that reused a name; `series` tells apart repeated notices.
     """
-    suffix = f".lockgate-{reason_slug(reason)}-{uid[:8].lower()}"
+    tail = "-" + "".join(c for c in series.lower() if c.isalnum())[:20] if series else ""
+    suffix = f".lockgate-{reason_slug(reason)}-{uid[:8].lower()}{tail}"
     prefix = pod_name[: _MAX_NAME - len(suffix)].rstrip(".-")
     return prefix + suffix
 
 
 def event_for(notice: PodNotice) -> dict[str, Any]:
-    """The core/v1 Event that tells the notice's pod: a Warning, named once per (uid, reason).
+    """The core/v1 Event that tells the notice's pod, named once per (uid, reason, series).
 
     Old-style (core/v1 `source`, first/last timestamps, count), which every apiserver takes and
     `kubectl describe pod` lists.
@@ -83,7 +88,8 @@ def event_for(notice: PodNotice) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
-            "name": event_name(pod_name=notice.name, reason=notice.reason, uid=notice.uid),
+            "name": event_name(pod_name=notice.name, reason=notice.reason, uid=notice.uid,
+                               series=notice.series),
             "namespace": notice.namespace,
             "labels": {"app.kubernetes.io/managed-by": "lockgate"},
             # Owned by its pod: Kubernetes' garbage collector deletes it with the pod, rather
@@ -93,7 +99,7 @@ def event_for(notice: PodNotice) -> dict[str, Any]:
         },
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": notice.namespace,
                            "name": notice.name, "uid": notice.uid},
-        "type": "Warning",
+        "type": notice.event_type,
         "reason": notice.reason,
         "message": notice.message,
         "source": {"component": EVENT_SOURCE},

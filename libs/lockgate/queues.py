@@ -108,6 +108,20 @@ class NamespaceBinding(BaseModel):
         return f"{self.cluster}: {'; '.join(parts)}"
 
 
+class MaxQueued(BaseModel):
+    """How long a pod of the queue may wait gated, and what becomes of it after that.
+
+    "fail": its status is set to Failed with the reason (a Job counts a failed pod, a
+    ReplicaSet replaces it); "delete": it is deleted (its controller creates another one, or
+    counts it as failed). Either way its owner sees an outcome, never an eternal Pending.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seconds: float = Field(gt=0, le=366 * 86400)
+    action: Literal["fail", "delete"] = "fail"
+
+
 class QueueSpec(BaseModel):
     """A queue as an operator defines it.
 
@@ -124,6 +138,8 @@ class QueueSpec(BaseModel):
     resource_limits: dict[str, str] = Field(default_factory=dict)
     # Empty: no namespace may use the queue (secure default; see docs/admission.md).
     namespaces: tuple[NamespaceBinding, ...] = ()
+    # None: pods wait as long as it takes.
+    max_queued: MaxQueued | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

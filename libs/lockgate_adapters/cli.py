@@ -14,10 +14,14 @@ A queue may be used only by the namespaces bound to it (--namespace team-a for e
 --namespace cluster-a/team-a for one); a queue with no binding may be used by none.
     lockgate queue cordon NAME / lockgate queue uncordon NAME
     lockgate queue delete NAME
-    lockgate queue get NAME [-o table|json]
-    lockgate queue list [-o table|json]
-    lockgate jobs list [--queue Q] [--state S] [--cluster C] [--limit N] [-o table|json]
+    lockgate queue get NAME
+    lockgate queue list
+    lockgate jobs list [--queue Q] [--state S] [--cluster C] [--limit N]
     lockgate token new NAME [--role read-only|admin]
+    lockgate status / explain CLUSTER/NAMESPACE/POD / jobset list|describe  (cli_views)
+
+A queue may also set a maximum time queued: --max-queued-time 30m [--on-max-queued fail|delete]
+(update: --no-max-queued-time removes it). Every command takes -o table|json|yaml.
 
 The API address comes from --api, else $LOCKGATE_API, else http://127.0.0.1:58080. The bearer
 token comes from --token-file, else $LOCKGATE_TOKEN, else the file $LOCKGATE_TOKEN_FILE
@@ -38,7 +42,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from lockgate_adapters import cli_views
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
+from lockgate_adapters.cli_output import (
+    Table,
+    amounts,
+    duration,
+    output_parent,
+    parse_duration,
+    render,
+)
 
 DEFAULT_API = "http://127.0.0.1:58080"
 TIMEOUT_SECONDS = 30.0
@@ -165,6 +178,9 @@ def queue_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
                             "namespaces": _bindings(args)}
     if args.priority_factor is not None:
         body["priority_factor"] = args.priority_factor
+    max_queued = _max_queued(args, current=None)
+    if max_queued is not None:
+        body["max_queued"] = max_queued
     queue = client.request("POST", "/api/v1/queues", body)
     _print_queues([queue], args.output, out, single=True)
 
@@ -180,6 +196,13 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
         limits[resource] = None  # merge patch: null removes
     if limits:
         patch["resource_limits"] = limits
+    if args.no_max_queued_time:
+        if args.max_queued_time is not None or args.on_max_queued is not None:
+            raise CliError("--no-max-queued-time cannot go with --max-queued-time or "
+                           "--on-max-queued")
+        patch["max_queued"] = None
+    elif args.max_queued_time is not None or args.on_max_queued is not None:
+        patch["max_queued"] = _max_queued(args, current=client)
     added = _bindings(args)
     if added or args.clear_namespaces:
         # The API replaces the list whole: add to what the queue has now, unless cleared.
@@ -194,6 +217,22 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     _print_queues([queue], args.output, out, single=True)
 
 
+def _max_queued(args: argparse.Namespace, *, current: AdminClient | None
+                ) -> dict[str, Any] | None:
+    """The max_queued the flags ask for; for an update, the action alone needs the queue's
+    current time (read through `current`)."""
+    if args.max_queued_time is None and args.on_max_queued is None:
+        return None
+    seconds = args.max_queued_time
+    if seconds is None:
+        existing = None if current is None else current.request(
+            "GET", _queue_path(args.name)).get("max_queued")
+        if not existing:
+            raise CliError("--on-max-queued needs --max-queued-time (the queue has none yet)")
+        seconds = existing["seconds"]
+    return {"seconds": seconds, "action": args.on_max_queued or "fail"}
+
+
 def queue_cordon(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     queue = client.request("PATCH", _queue_path(args.name), {"cordoned": args.cordon})
     _print_queues([queue], args.output, out, single=True)
@@ -201,7 +240,8 @@ def queue_cordon(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
 
 def queue_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     client.request("DELETE", _queue_path(args.name))
-    print(f"queue {args.name} deleted", file=out)
+    render(out, args.output, {"deleted": args.name},
+           table=lambda: f"queue {args.name} deleted")
 
 
 def queue_get(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -218,46 +258,43 @@ def jobs_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> Non
         ("queue", args.queue), ("state", args.state), ("cluster", args.cluster),
         ("limit", args.limit)) if value is not None}
     answer = client.request("GET", "/api/v1/jobs", query=query)
-    if args.output == "json":
-        json.dump(answer, out, indent=2)
-        print(file=out)
-        return
-    if not answer["jobs"]:
-        filters = ", ".join(f"{k}={v}" for k, v in query.items() if k != "limit")
-        print(f"no jobs{' with ' + filters if filters else ''}", file=out)
-    else:
-        _print_jobs(answer["jobs"], out)
-    for hint in answer.get("hints", []):
-        print(f"note: {hint}", file=out)
+    filters = ", ".join(f"{k}={v}" for k, v in query.items() if k != "limit")
+    render(out, args.output, answer, table=lambda: Table(
+        ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE", "REQUESTS", "ATTEMPTS",
+         "REASON"],
+        [[j["cluster"], j["namespace"], j["name"], j["queue"], j["jobset"], j["state"],
+          amounts(j["requests"]), str(j["release_attempts"]), j["last_reason"] or "-"]
+         for j in answer["jobs"]],
+        notes=list(answer.get("hints", [])),
+        empty=f"no jobs{' with ' + filters if filters else ''}"))
 
 
 def token_new(args: argparse.Namespace, out: TextIO) -> None:
     token = new_token()
     line = entry_for(args.name, Role(args.role), token).line()
-    print(f"token (give it to {args.name}; it is not stored anywhere): {token}", file=out)
-    print(f"line for queue-store's tokens file: {line}", file=out)
-
-
-def _print_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
-    _print_table(out, ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE",
-                       "ATTEMPTS", "REASON"],
-                 [[j["cluster"], j["namespace"], j["name"], j["queue"], j["jobset"],
-                   j["state"], str(j["release_attempts"]), j["last_reason"]]
-                  for j in jobs])
+    render(out, args.output, {"name": args.name, "role": args.role, "token": token,
+                              "tokens_file_line": line},
+           table=lambda: (f"token (give it to {args.name}; it is not stored anywhere): {token}\n"
+                          f"line for queue-store's tokens file: {line}"))
 
 
 def _print_queues(queues: list[dict[str, Any]], output: str, out: TextIO,
                   *, single: bool = False) -> None:
-    if output == "json":
-        json.dump(queues[0] if single else queues, out, indent=2)
-        print(file=out)
-        return
-    _print_table(out, ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS", "NAMESPACES"],
-                 [[q["name"], f"{q['priority_factor']:g}", f"{q['weight']:.3g}",
-                   "yes" if q["cordoned"] else "no",
-                   ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-",
-                   _describe_bindings(q.get("namespaces") or [])]
-                  for q in queues])
+    render(out, output, queues[0] if single else queues, table=lambda: Table(
+        ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS", "MAX-QUEUED", "NAMESPACES"],
+        [[q["name"], f"{q['priority_factor']:g}", f"{q['weight']:.3g}",
+          "yes" if q["cordoned"] else "no",
+          ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-",
+          _describe_max_queued(q.get("max_queued")),
+          _describe_bindings(q.get("namespaces") or [])]
+         for q in queues],
+        empty="no queues: create one with `lockgate queue create NAME --namespace NS`"))
+
+
+def _describe_max_queued(max_queued: dict[str, Any] | None) -> str:
+    if not max_queued:
+        return "-"
+    return f"{duration(max_queued['seconds'])},{max_queued['action']}"
 
 
 def _describe_bindings(bindings: list[dict[str, Any]]) -> str:
@@ -271,15 +308,6 @@ def _describe_bindings(bindings: list[dict[str, Any]]) -> str:
         what += [f"{e['key']} {e['operator']}" for e in selector.get("matchExpressions") or []]
         parts.append(f"{binding.get('cluster', '*')}/{'+'.join(what)}")
     return ",".join(parts)
-
-
-def _print_table(out: TextIO, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows,
-                                                                          strict=False)]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths,
-                                                                       strict=True)).rstrip(),
-              file=out)
 
 
 # Arguments --------------------------------------------------------------------------------
@@ -312,8 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "(else env LOCKGATE_TOKEN, else LOCKGATE_TOKEN_FILE)")
     nouns = parser.add_subparsers(dest="noun", required=True)
 
-    output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    output = output_parent()
 
     queue = nouns.add_parser("queue", help="manage queues").add_subparsers(dest="verb",
                                                                           required=True)
@@ -347,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
         cordoning_verb.add_argument("name")
         cordoning_verb.set_defaults(run=queue_cordon, cordon=cordon)
 
-    delete = queue.add_parser("delete", help="delete a queue (its jobs stay, unscheduled)")
+    delete = queue.add_parser("delete", parents=[output],
+                              help="delete a queue (its jobs stay, unscheduled)")
     delete.add_argument("name")
     delete.set_defaults(run=queue_delete)
 
@@ -357,6 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = queue.add_parser("list", parents=[output], help="list queues")
     listing.set_defaults(run=queue_list)
+    for command in (create, update):
+        command.add_argument("--max-queued-time", type=parse_duration, metavar="DURATION",
+                             help="a pod waiting longer than this (e.g. 30m, 2h) is failed or "
+                                  "deleted, see --on-max-queued")
+        command.add_argument("--on-max-queued", choices=("fail", "delete"),
+                             help="what becomes of such a pod (default fail)")
+    update.add_argument("--no-max-queued-time", action="store_true",
+                        help="let pods wait as long as it takes")
 
     jobs = nouns.add_parser("jobs", help="look at jobs").add_subparsers(dest="verb",
                                                                         required=True)
@@ -373,10 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     token = nouns.add_parser("token", help="admin API tokens").add_subparsers(dest="verb",
                                                                           required=True)
-    minting = token.add_parser("new", help="mint a token; prints it and its tokens-file line")
+    minting = token.add_parser("new", parents=[output],
+                               help="mint a token; prints it and its tokens-file line")
     minting.add_argument("name", help="who holds it (shown in queue-store's log)")
     minting.add_argument("--role", choices=[r.value for r in Role], default=Role.READ_ONLY.value)
     minting.set_defaults(offline=token_new)
+    cli_views.register(nouns, output)
     return parser
 
 

@@ -23,19 +23,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from lockgate_adapters.cli import AdminClient, CliError, _print_table
+from lockgate_adapters.cli import AdminClient, CliError
+from lockgate_adapters.cli_output import print_table, verbs_of
 
 POLL_SECONDS = 0.5
-
-
-def verbs_of(nouns: Any, noun: str, help_text: str) -> Any:
-    """The sub-commands of `noun`, created if no module made the noun yet."""
-    existing = nouns.choices.get(noun)
-    if existing is not None:
-        for action in existing._actions:  # argparse keeps subparsers only here
-            if isinstance(action, argparse._SubParsersAction):
-                return action
-    return nouns.add_parser(noun, help=help_text).add_subparsers(dest="verb", required=True)
 
 
 def register(nouns: Any, output_parent: argparse.ArgumentParser) -> None:
@@ -140,7 +131,7 @@ def _print_records(records: list[dict[str, Any]], out: TextIO) -> None:
     if not records:
         print("no ephemeral namespaces", file=out)
         return
-    _print_table(out, ["CLUSTER", "NAMESPACE", "STATE", "TRIGGER", "DELETED"],
+    print_table(out, ["CLUSTER", "NAMESPACE", "STATE", "TRIGGER", "DELETED"],
                  [[r["cluster"], r["name"], r["state"], r.get("trigger") or "-",
                    r.get("deleted_at") or "-"] for r in records])
 

@@ -248,15 +248,19 @@ class QueueExistsError(ValueError):
 
 
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, created_at,"
-                  " updated_at")
+                  " updated_at, max_queued")
 
 
 def _queue_spec(record: asyncpg.Record) -> QueueSpec:
     values = dict(record.items())
-    for column in ("resource_limits", "namespaces"):
+    for column in ("resource_limits", "namespaces", "max_queued"):
         if isinstance(values[column], str):
             values[column] = json.loads(values[column])
     return QueueSpec.model_validate(values)
+
+
+def _max_queued_json(spec: QueueSpec) -> str | None:
+    return None if spec.max_queued is None else spec.max_queued.model_dump_json()
 
 
 async def list_queues(connection: AnyConnection) -> list[QueueSpec]:
@@ -280,16 +284,16 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
         if existing is not None and not existing["deleted"]:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
-            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces)"  # noqa: S608
-            " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)"
+            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces,"  # noqa: S608
+            " max_queued) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6::text::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
-            " namespaces = EXCLUDED.namespaces,"
+            " namespaces = EXCLUDED.namespaces, max_queued = EXCLUDED.max_queued,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial')"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
-            json.dumps(spec.namespaces_json()),
+            json.dumps(spec.namespaces_json()), _max_queued_json(spec),
         )
         await notify_changes(connection, "queues")
     assert record is not None
@@ -314,16 +318,19 @@ async def update_queue(connection: AnyConnection, name: str,
         current = _queue_spec(record)
         updated = edit(current)
         if (updated.priority_factor, updated.cordoned, updated.resource_limits,
-                updated.namespaces) == (current.priority_factor, current.cordoned,
-                                        current.resource_limits, current.namespaces):
+                updated.namespaces, updated.max_queued) == (
+                    current.priority_factor, current.cordoned, current.resource_limits,
+                    current.namespaces, current.max_queued):
             return current
         record = await connection.fetchrow(
             "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
             " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
+            " max_queued = $6::text::jsonb,"
             " updated_at = now(), serial = nextval('change_serial')"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
             json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
+            _max_queued_json(updated),
         )
         await notify_changes(connection, "queues")
     assert record is not None

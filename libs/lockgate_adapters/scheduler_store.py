@@ -188,7 +188,7 @@ _MAX_SERIAL = (
     " (SELECT max(serial) FROM cluster_nodes), 0)"
 )
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
-                  " deleted, serial")
+                  " deleted, serial, max_queued")
 _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial,"
                  " labels, taints")
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
@@ -285,6 +285,7 @@ def _queue_change(record: asyncpg.Record) -> QueueChange:
         priority_factor=record["priority_factor"],
         cordoned=record["cordoned"],
         resource_limits=_json(record["resource_limits"]) or {},
+        max_queued=_json(record["max_queued"]),
         created_at=record["created_at"],
         updated_at=record["updated_at"],
     )

@@ -32,9 +32,21 @@ from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.fairness import schedule_round
+from lockgate.jobs import JobState
 from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
+from lockgate.queues import MaxQueued
 from lockgate.scheduling import SchedJob, SchedulerState
 from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
+from lockgate.waiting import (
+    EVENT_REASONS,
+    MAX_QUEUED_EVENT_REASON,
+    QUEUED_EVENT_REASON,
+    Explainer,
+    NoticeLimits,
+    WaitingPods,
+    format_duration,
+    positions,
+)
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
@@ -105,6 +117,15 @@ class Leader:
         self._unplaceable = UnplaceableWatch(settings.unplaceable_after_seconds)
         # Queued jobs whose queue may turn out undefined, and which of them were noticed.
         self._notices = UndefinedQueueNotices()
+        # Queued pods: when each is next told why it waits, and which waited too long.
+        self._waiting = WaitingPods(NoticeLimits(
+            pod_interval=settings.wait_notice_interval_seconds,
+            cluster_rate=settings.wait_notices_per_cluster_per_second,
+            cluster_burst=settings.wait_notice_burst_per_cluster))
+        # Pods past their maximum time queued, held out of the state (never released) until
+        # their row says they are gone, failed or otherwise out of the queue: job id -> job.
+        self._expired: dict[str, SchedJob] = {}
+        self._unsent_expiries: list[PodNotice] = []
         # Jobs whose release failed, held out of the state until their backoff ends, so a
         # release that keeps failing (e.g. a forbidden patch) does not spin: job id -> (due, job).
         self._backing_off: dict[str, tuple[float, SchedJob]] = {}
@@ -142,12 +163,14 @@ class Leader:
         republish_every = settings.republish_after_seconds / 2
         next_republish = time.monotonic() + republish_every
         next_check = time.monotonic() + settings.leader_check_interval_seconds
+        next_waiting_check = time.monotonic()  # after the first round
         while not stopping.is_set():
             if not more_to_do:
                 unplaceable_due = time.monotonic() + (
                     self._unplaceable.next_due() - self._now().timestamp())
                 timeout = max(0.0, min(next_safety_round, next_republish, next_check,
-                                       self._next_backoff_end(), unplaceable_due)
+                                       next_waiting_check, self._next_backoff_end(),
+                                       unplaceable_due)
                               - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -175,6 +198,9 @@ class Leader:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
                 more_to_do = await self._round(trigger)
                 await self._notice()
+            if time.monotonic() >= next_waiting_check:
+                next_waiting_check = time.monotonic() + settings.wait_notice_check_seconds
+                await self._tell_waiting()
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -197,9 +223,15 @@ class Leader:
                 state.upsert_queue(queue.spec)
         for node in changes.nodes:
             state.set_node(node.cluster, node.node, node.info)
+        now = self._now().timestamp()
         for job in changes.jobs:
             self._notices.observe(job)
             self._unplaceable.observe(job)
+            self._waiting.observe(job, now)
+            if job.job_id in self._expired:
+                if job.state is JobState.QUEUED:
+                    continue  # still waiting for the ungater to fail or delete it
+                del self._expired[job.job_id]
             held = self._backing_off.get(job.job_id)
             old = state.job(job.job_id) if held is None else held[1]
             if old is None and job.state.is_terminal:
@@ -252,9 +284,11 @@ class Leader:
         """Put jobs whose backoff ended back in the state; returns whether there were any."""
         now = time.monotonic()
         due = [job for at, job in self._backing_off.values() if at <= now]
+        at = self._now().timestamp()
         for job in due:
             del self._backing_off[job.job_id]
             self._state.upsert_job(job)
+            self._waiting.observe(job, at)  # told again while it waits anew
         return bool(due)
 
     def _next_backoff_end(self) -> float:
@@ -322,8 +356,10 @@ class Leader:
             if now is None:
                 self._state.remove_job(job_id)
                 self._notices.forget(job_id)
+                self._waiting.forget(job_id)
             else:
                 self._notices.observe(now)
+                self._waiting.observe(now, self._now().timestamp())
                 self._count(now, +1)
                 self._state.upsert_job(now)
         log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
@@ -419,6 +455,90 @@ class Leader:
                     "(%d to be deleted for their controllers to replace)", len(due),
                     sum(n.delete_pod for n in notices))
         return True
+    async def _tell_waiting(self) -> None:
+        """Tell queued pods why they wait (Events, at a bounded rate), and have the ungater fail
+        or delete those past their queue's maximum time queued.
+
+        Both ride on lockgate.pod-notices.v1. A pod past its maximum leaves the state at once,
+        so no round releases it while the ungater acts. A failed publish is only logged: the
+        waiting notices are due again, the expiries are sent again, after a later round.
+        """
+        settings = self._settings
+        state = self._state
+        at = self._now()
+        now = at.timestamp()
+
+        def max_queued_of(queue: str) -> MaxQueued | None:
+            spec = state.queue_spec(queue)
+            return None if spec is None else spec.max_queued
+
+        expired = self._waiting.expired(now, max_queued_of)
+        due = (self._waiting.due(now, limit=settings.max_notices_per_round)
+               if settings.wait_notices and settings.max_notices_per_round else [])
+        if not expired and not due and not self._unsent_expiries:
+            return
+        ids = [job_id for job_id, _ in due] + [job_id for job_id, _ in expired]
+        keys = [store.split_job_id(job_id) for job_id in ids]
+        names = await store.pod_names(self._connection, keys)
+        places = positions(state, ids)
+        explainer = Explainer(state, now=now)
+        told: list[str] = []
+        waiting_notices: list[PodNotice] = []
+        for job_id, first in due:
+            cluster, uid = store.split_job_id(job_id)
+            found = names.get((cluster, uid))
+            explanation = explainer.explain(job_id, places.get(job_id))
+            if found is None or explanation is None or explanation.reason is None:
+                self._waiting.forget(job_id)
+                continue
+            reason, warning = EVENT_REASONS[explanation.reason]
+            waiting_notices.append(PodNotice(
+                cluster=cluster, namespace=found[0], name=found[1], uid=uid,
+                queue=explanation.queue, reason=QUEUED_EVENT_REASON if first else reason,
+                message=("queued: " if first else "still waiting: ") + explanation.message,
+                at=at, event_type="Warning" if warning else "Normal",
+                series="" if first else str(int(now))))
+            told.append(job_id)
+        expiries = self._unsent_expiries
+        self._unsent_expiries = []
+        for job_id, limit in expired:
+            cluster, uid = store.split_job_id(job_id)
+            found = names.get((cluster, uid))
+            held = self._backing_off.pop(job_id, None)  # a failed release's backoff
+            job = state.job(job_id) or (None if held is None else held[1])
+            if found is None or job is None:
+                continue
+            explanation = explainer.explain(job_id, places.get(job_id))
+            waited = format_duration(now - job.created_at)
+            why = "" if explanation is None else f"; it was waiting: {explanation.message}"
+            done = "failed" if limit.action == "fail" else "deleted"
+            expiries.append(PodNotice(
+                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
+                reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
+                message=(f"lockgate {done} this pod: it waited {waited} queued, longer than "
+                         f'queue "{job.queue}" allows ({format_duration(limit.seconds)}){why}')))
+            # Out of the state: no round may release it while the ungater acts.
+            self._count(job, -1)
+            if state.job(job_id) is not None:
+                state.remove_job(job_id)
+            self._expired[job_id] = job
+        notices = waiting_notices + expiries
+        try:
+            await publish_many(self._producer, POD_NOTICES, notices)
+        except Exception as error:
+            if not is_retryable_kafka_error(error):
+                raise
+            log.warning("publishing %d pod notices failed (%s); retrying after a later round",
+                        len(notices), error, extra=quiet("kafka"))
+            self._waiting.untold(told, now)
+            self._unsent_expiries = expiries
+            return
+        self._waiting.told(told, now)
+        for notice in notices:
+            NOTICES.labels(notice.reason).inc()
+        if expiries:
+            log.info("%d queued pods waited past their maximum time queued: told the ungater to "
+                     "fail or delete them", len(expiries))
 
     # ---- publishing -----------------------------------------------------------------------
 

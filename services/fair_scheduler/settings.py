@@ -98,6 +98,20 @@ class SchedulerSettings(ServiceSettings):
     delete_unplaceable_controlled: bool = Field(
         default=True,
         description="delete such a pod when a controller owns it, so a gated replacement comes")
+    # Pods that wait (Events through lockgate.pod-notices.v1; see lockgate.waiting)
+    wait_notices: bool = Field(
+        default=True, description="tell every queued pod, with an Event, why it waits")
+    wait_notice_check_seconds: float = Field(
+        default=5.0, gt=0, description="look for pods due an Event, or past their maximum time "
+        "queued, at most this often (each look costs a pass over the queued pods of the queues "
+        "with pods due)")
+    wait_notice_interval_seconds: float = Field(
+        default=300.0, gt=0, description="after its first Event, a waiting pod gets another "
+        "at most this often (per pod)")
+    wait_notices_per_cluster_per_second: float = Field(
+        default=5.0, gt=0, description="the most wait Events per second per cluster, on average")
+    wait_notice_burst_per_cluster: float = Field(
+        default=50.0, ge=1, description="... and at once (token bucket size)")
     # Releases that went unanswered
     release_retry_initial_seconds: float = Field(
         default=2.0, gt=0,

@@ -10,12 +10,14 @@ owns these tables and their change-feed rules. The `lockgate` CLI is the usual c
     PATCH  /api/v1/queues/{name}       JSON merge patch (RFC 7386; null removes) -> queue; 404
     DELETE /api/v1/queues/{name}       204; 404
     GET    /api/v1/jobs?queue=&state=&cluster=&limit=   {"jobs": [...], "hints": [...]}
+    GET    /api/v1/status, /api/v1/explain/..., /api/v1/jobsets...   see queue_store.admin_views
 
 A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
 "resource_limits" (Kubernetes quantities), "namespaces" (who may use it: [{"cluster": name
 or "*", "names": [...], "selector": {"matchLabels": {...}, "matchExpressions": [...]}}];
-empty: nobody), "created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces"
-whole. Errors are
+empty: nobody), "max_queued" ({"seconds": N, "action": "fail" | "delete"} or null: how long
+its pods may wait gated), "created_at", "updated_at" (read-only)}. A merge patch replaces
+"namespaces" whole. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
 Every call carries `Authorization: Bearer <token>` (see `lockgate_adapters.admin_tokens`): none
@@ -40,11 +42,13 @@ from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store
 from lockgate_adapters.admin_tokens import TokenEntry, TokenVerifier
 from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_error
+from queue_store import admin_views
 
 log = logging.getLogger(__name__)
 
 READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at"})
-EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces")
+EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces",
+                         "max_queued")
 MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -67,6 +71,7 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "cordoned": spec.cordoned,
         "resource_limits": dict(spec.resource_limits),
         "namespaces": spec.namespaces_json(),
+        "max_queued": None if spec.max_queued is None else spec.max_queued.model_dump(),
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }
@@ -140,6 +145,7 @@ class AdminApi:
         app.router.add_get("/api/v1/jobs", self.list_jobs)
         for register in self.extensions:
             register(app)
+        admin_views.register(app, self.pool, job_json=job_json)
         return app
 
     @web.middleware

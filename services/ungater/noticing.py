@@ -8,6 +8,11 @@ that is gone, replaced under its name, or no longer gated by lockgate needs no E
 apiserver may get over (no answer, 429, 5xx) are raised, so the batch is retried before its
 offsets are committed; anything else is a permanent refusal, and the notice goes to the
 dead-letter topic with the apiserver's answer.
+
+A notice with an `action` (the pod waited past its queue's maximum time queued) is then carried
+out: the pod is failed (status patch) or deleted, only if it is the same pod (uid) and still
+gated. Why the ungater acts, not the scheduler: it already holds a client per cluster and the
+right to write pods; the scheduler holds no Kubernetes credentials at all.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ log = logging.getLogger(__name__)
 
 NOTICES = Counter("lockgate_ungater_pod_notices",
                   "Pod notices handled, by cluster and result", ["cluster", "result"])
+ACTIONS = Counter("lockgate_ungater_max_queued_actions",
+                  "Pods failed or deleted after their maximum time queued, by cluster, action and "
+                  "result", ["cluster", "action", "result"])
 
 
 class RetryableNoticeError(Exception):
@@ -80,12 +88,44 @@ class Noticer:
             NOTICES.labels(notice.cluster, "namespace_gone").inc()
             log.debug("no event for %s/%s/%s: its namespace is gone", notice.cluster,
                       notice.namespace, notice.name)
-        elif status == 409:
+            return
+        if status == 409:
             NOTICES.labels(notice.cluster, "already_there").inc()
         else:
             NOTICES.labels(notice.cluster, "written").inc()
             log.info("told pod %s/%s/%s: %s", notice.cluster, notice.namespace, notice.name,
                      notice.reason)
+        if notice.action:
+            await self._act(item, reject)
+
+    async def _act(self, item: Received[PodNotice],
+                   reject: Callable[[Received[PodNotice], str], Awaitable[None]]) -> None:
+        """Fail or delete a pod that waited past its maximum time queued: after its Event, so
+        its owner can read why. Only the pod with the notice's uid; a redelivery finds it gone
+        (404) or already failed (the patch is the same again)."""
+        notice = item.event
+        pods = self._pods[notice.cluster]
+        try:
+            if notice.action == "delete":
+                status = await pods.delete(namespace=notice.namespace, name=notice.name,
+                                           uid=notice.uid)
+            else:
+                status = await pods.fail(namespace=notice.namespace, name=notice.name,
+                                         uid=notice.uid, reason=notice.reason,
+                                         message=notice.message)
+        except KubeCallError as error:
+            if error.status is None or error.status == 429 or error.status >= 500:
+                ACTIONS.labels(notice.cluster, notice.action, "retried").inc()
+                raise RetryableNoticeError(
+                    f"{notice.action} {notice.namespace}/{notice.name}: {error}") from error
+            ACTIONS.labels(notice.cluster, notice.action, "refused").inc()
+            await reject(item, f"apiserver refused to {notice.action} pod "
+                               f"{notice.namespace}/{notice.name}: {error}")
+            return
+        outcome = "done" if status < 300 else "pod_gone_or_replaced"
+        ACTIONS.labels(notice.cluster, notice.action, outcome).inc()
+        log.info("%s pod %s/%s/%s (%s): %s", "deleted" if notice.action == "delete" else "failed",
+                 notice.cluster, notice.namespace, notice.name, outcome, notice.message)
 
     @staticmethod
     async def _delete(notice: PodNotice, pods: PodGateClient) -> None:

@@ -1,5 +1,5 @@
-"""The apiserver calls the ungater makes: read a pod's gates, patch one away, and tell a pod why
-it stays gated (an Event).
+"""The apiserver calls the ungater makes: read a pod's gates, patch one away, tell a pod why
+it stays gated (an Event), and fail or delete one that waited past its queue's maximum.
 
 Why raw responses: the ungater's throughput is measured against a tight client patching pods on
 the same apiserver, and turning every response into kubernetes-asyncio's models costs more CPU
@@ -60,17 +60,44 @@ class PodGateClient:
         if status >= 300:
             raise KubeCallError(status=status, detail=_message(body), retry_after=retry_after)
 
-    async def delete(self, *, namespace: str, name: str, uid: str, resource_version: str) -> int:
-        """Delete the pod only if it is still `uid` at `resource_version` (preconditions);
-        returns the status: 2xx, 404 (gone) or 409 (replaced or changed meanwhile)."""
-        body = {"apiVersion": "v1", "kind": "DeleteOptions",
-                "preconditions": {"uid": uid, "resourceVersion": resource_version}}
+    async def delete(self, *, namespace: str, name: str, uid: str,
+                     resource_version: str | None = None) -> int:
+        """Delete the pod only if it is still `uid` (not one that replaced it under its name),
+        and still at `resource_version` when given (preconditions); returns the status: 2xx, 404
+        (gone) or 409 (replaced or changed meanwhile)."""
+        preconditions = {"uid": uid}
+        if resource_version is not None:
+            preconditions["resourceVersion"] = resource_version
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
         status, payload, retry_after = await self._call(
             self._core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False,
                                              _request_timeout=self._timeout),
             reading=False,
         )
         if status < 300 or status in (404, 409):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
+
+    async def fail(self, *, namespace: str, name: str, uid: str, reason: str,
+                   message: str) -> int:
+        """Set the pod's phase to Failed with a reason and message (its controller sees a
+        failed pod); returns the status: 2xx, 404 (gone) or 422 (another pod holds the name:
+        the uid in the patch cannot change).
+
+        A strategic merge patch, so the PodScheduled condition (merged by type) takes the reason
+        too: kubectl shows a pod whose condition says SchedulingGated as just that.
+        """
+        patch = {"metadata": {"uid": uid}, "status": {
+            "phase": "Failed", "reason": reason, "message": message,
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason,
+                            "message": message}]}}
+        status, payload, retry_after = await self._call(
+            self._core.patch_namespaced_pod_status(
+                name, namespace, patch, _preload_content=False, _request_timeout=self._timeout,
+                _content_type="application/strategic-merge-patch+json"),
+            reading=False,
+        )
+        if status < 300 or status in (404, 422):
             return status
         raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
 

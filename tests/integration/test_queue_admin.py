@@ -367,8 +367,8 @@ async def test_the_cli_creates_updates_lists_and_deletes_queues(
     table = await lockgate(admin, "queue", "list")
     header, *rows = table.out.splitlines()
     assert header.split() == ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS",
-                              "NAMESPACES"]
-    assert [queue_name, "0.5", "2", "yes", "cpu=200",
+                              "MAX-QUEUED", "NAMESPACES"]
+    assert [queue_name, "0.5", "2", "yes", "cpu=200", "-",
             "*/team-a,cluster-b/team-b,*/lockgate.io/team=ml"] in [row.split() for row in rows]
     cleared = await lockgate(admin, "queue", "update", queue_name, "--clear-namespaces",
                              "-o", "json")

@@ -1,0 +1,131 @@
+"""The admin API's read-only views (status, explain, job sets) and a queue's maximum time queued,
+served by a real queue-store process over a fresh database of this module.
+
+Job rows are written straight into Postgres (what queue-store would have folded from pod events):
+these views only read them. Each test uses names of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from helpers.postgres import fresh_database
+from queue_store.testing import QueueStoreUnderTest
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+async def admin(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreUnderTest]:
+    async with fresh_database(pg_dsn, prefix="admin_views_it") as dsn:
+        spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
+        process = await spec.start(f"queue-store-views-{spec.group_id}")
+        try:
+            yield spec
+        finally:
+            code = await process.stop()
+    assert code == 0, process.log_tail()
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+
+
+async def call(admin: QueueStoreUnderTest, method: str, path: str, body: Any = None) -> Reply:
+    headers = {"Content-Type": "application/json",
+               "Authorization": f"Bearer {admin.admin_token}"}
+    async with aiohttp.ClientSession() as session, session.request(
+            method, admin.admin_url + path, headers=headers,
+            data=None if body is None else json.dumps(body)) as response:
+        text = await response.text()
+        return Reply(response.status, json.loads(text) if text else None)
+
+
+async def add_jobs(dsn: str, *rows: tuple[str, str, str, str, str]) -> None:
+    """(cluster, name, queue, jobset, state) each, created a minute apart, oldest first."""
+    connection = await asyncpg.connect(dsn)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    try:
+        await connection.executemany(
+            "INSERT INTO jobs (cluster, uid, namespace, name, queue, jobset, requests, state,"
+            " created_at) VALUES ($1, $2, 'ns', $3, $4, $5, '{\"cpu\": 1000}', $6, $7)",
+            [(cluster, uuid.uuid4().hex, name, queue, jobset, state,
+              start + timedelta(minutes=i))
+             for i, (cluster, name, queue, jobset, state) in enumerate(rows)])
+    finally:
+        await connection.close()
+
+
+async def test_a_queues_maximum_time_queued_is_set_changed_and_removed(
+        admin: QueueStoreUnderTest) -> None:
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    created = await call(admin, "POST", "/api/v1/queues",
+                         {"name": name, "max_queued": {"seconds": 600}})
+    assert created.status == 201, created.body
+    assert created.body["max_queued"] == {"seconds": 600.0, "action": "fail"}
+    patched = await call(admin, "PATCH", f"/api/v1/queues/{name}",
+                         {"max_queued": {"action": "delete"}})
+    assert patched.body["max_queued"] == {"seconds": 600.0, "action": "delete"}
+    refused = await call(admin, "PATCH", f"/api/v1/queues/{name}",
+                         {"max_queued": {"seconds": -1}})
+    assert refused.status == 400 and "max_queued.seconds" in refused.body["error"]
+    removed = await call(admin, "PATCH", f"/api/v1/queues/{name}", {"max_queued": None})
+    assert removed.body["max_queued"] is None
+    assert (await call(admin, "GET", f"/api/v1/queues/{name}")).body["max_queued"] is None
+
+
+async def test_job_sets_are_listed_with_their_pods_by_state_and_described(
+        admin: QueueStoreUnderTest) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    await add_jobs(admin.postgres_dsn,
+                   ("c1", "a-0", queue, "alive", "queued"),
+                   ("c2", "a-1", queue, "alive", "running"),
+                   ("c1", "a-2", queue, "alive", "succeeded"),
+                   ("c1", "d-0", queue, "done", "succeeded"))
+    listed = await call(admin, "GET", f"/api/v1/jobsets?queue={queue}")
+    assert listed.status == 200, listed.body
+    (alive,) = listed.body["jobsets"]
+    assert alive["jobset"] == "alive" and alive["clusters"] == ["c1", "c2"]
+    assert alive["by_state"] == {"queued": 1, "running": 1, "succeeded": 1}
+    assert (alive["pods"], alive["unfinished"]) == (3, 2)
+    assert alive["oldest_queued_at"] is not None
+    everything = await call(admin, "GET", f"/api/v1/jobsets?queue={queue}&all=true")
+    assert [s["jobset"] for s in everything.body["jobsets"]] == ["alive", "done"]
+
+    described = await call(admin, "GET", f"/api/v1/jobsets/{queue}/alive")
+    assert [j["name"] for j in described.body["jobs"]] == ["a-0", "a-1", "a-2"]
+    missing = await call(admin, "GET", f"/api/v1/jobsets/{queue}/nope")
+    assert missing.status == 404 and "lockgate jobset list --queue" in missing.body["error"]
+
+
+async def test_explain_and_status_over_the_stored_picture(admin: QueueStoreUnderTest) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    assert (await call(admin, "POST", "/api/v1/queues", {"name": queue})).status == 201
+    cluster = f"c-{uuid.uuid4().hex[:6]}"  # no node ever seen there
+    await add_jobs(admin.postgres_dsn, (cluster, "w-0", queue, "js", "queued"),
+                   (cluster, "w-1", queue, "js", "queued"))
+    answer = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/w-1")
+    assert answer.status == 200, answer.body
+    explanation = answer.body["explanation"]
+    assert explanation["reason"] == "no_nodes"
+    assert (explanation["position"], explanation["queued_in_queue"]) == (2, 2)
+    assert answer.body["message"].startswith(f'queue "{queue}", position 2 of 2')
+
+    status = await call(admin, "GET", "/api/v1/status")
+    mine = next(q for q in status.body["queues"] if q["queue"] == queue)
+    assert (mine["queued"], mine["running"]) == (2, 0)
+    assert mine["oldest_wait_seconds"] >= 3600 - 120
+
+    missing = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/nobody")
+    assert missing.status == 404 and "lockgate.io/queue" in missing.body["error"]
