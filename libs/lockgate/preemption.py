@@ -27,6 +27,7 @@ are counted as gone, so a later round does not evict again for the same need).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -88,25 +89,52 @@ def plan_evictions(state: SchedulerState, result: RoundResult, *, policy: Preemp
     Costs O(jobs) when some queue below its fair share has a pod that found no room (to index
     running pods by node), nothing otherwise.
     """
-    waiting = _waiting_for_room(state, result)
-    if not waiting or policy.max_evictions_per_round <= 0:
+    if policy.max_evictions_per_round <= 0:
+        return []
+    waiting = _waiting_for_room(state, result, policy.max_evictions_per_round)
+    if not waiting:
         return []
     return _Planner(state, policy, evicting).plan(waiting)
 
 
-def _waiting_for_room(state: SchedulerState, result: RoundResult) -> dict[str, list[str]]:
-    """Per queue, its single pods the round found no room for, in release order."""
+def _waiting_for_room(state: SchedulerState, result: RoundResult,
+                      limit: int) -> dict[str, list[str]]:
+    """Per queue, the first `limit` single pods waiting in clusters where the round found no
+    room for one of its pods (or set the cluster aside for it), in release order."""
     jobs = state._jobs
-    waiting: dict[str, list[str]] = {}
+    clusters: dict[str, set[str]] = {}
     for job_id, reason in result.skipped_jobs.items():
-        if reason is not SkipReason.NO_NODE_WITH_ROOM:
-            continue
         job = jobs.get(job_id)
-        if job is None or job.state is not JobState.QUEUED or job.group is not None:
+        if reason is SkipReason.NO_NODE_WITH_ROOM and job is not None:
+            clusters.setdefault(job.queue, set()).add(job.cluster)
+    for name, report in result.queues.items():
+        if report.set_aside:
+            clusters.setdefault(name, set()).update(report.set_aside)
+    waiting: dict[str, list[str]] = {}
+    for name, where in clusters.items():
+        queue = state._queues.get(name)
+        if queue is None:
             continue
-        waiting.setdefault(job.queue, []).append(job_id)
-    for ids in waiting.values():
-        ids.sort(key=lambda i: (-jobs[i].priority, jobs[i].created_at, i))
+        entries = []
+        for cluster in where:
+            pending = queue.pending.get(cluster)
+            if pending is not None:
+                # Stale entries are filtered below; twice the limit leaves room for them.
+                entries += heapq.nsmallest(2 * limit + 16, pending.heap)
+        seen: set[str] = set()
+        picked: list[str] = []
+        for priority, created_at, job_id in sorted(entries):
+            job = jobs.get(job_id)
+            if (job_id in seen or job is None or job.state is not JobState.QUEUED
+                    or job.parked or job.group is not None or job.queue != name
+                    or job.priority != -priority or job.created_at != created_at):
+                continue
+            seen.add(job_id)
+            picked.append(job_id)
+            if len(picked) >= limit:
+                break
+        if picked:
+            waiting[name] = picked
     return waiting
 
 

@@ -38,6 +38,7 @@ class JobBuilder:
     group: str | None = None
     group_size: int = 0
     is_preemptible: bool = False
+    priority_class: str = ""
 
     def in_group(self, name: str, size: int) -> JobBuilder:
         """A member of pod group `name` (per namespace: "<namespace>/<name>") of `size` pods."""
@@ -45,6 +46,9 @@ class JobBuilder:
 
     def preemptible(self) -> JobBuilder:
         return replace(self, is_preemptible=True)
+
+    def with_priority_class(self, name: str) -> JobBuilder:
+        return replace(self, priority_class=name)
 
     def in_cluster(self, cluster: str) -> JobBuilder:
         return replace(self, cluster=cluster)
@@ -88,6 +92,7 @@ class JobBuilder:
             group=self.group,
             group_size=self.group_size,
             preemptible=self.is_preemptible,
+            priority_class=self.priority_class,
         )
 
     def times(self, count: int) -> list[SchedJob]:
