@@ -55,6 +55,11 @@ class PodEvent(Event):
     gated: bool = True  # lockgate's gate still present
     snapshot_id: str | None = None  # set when published as part of a (re)start snapshot
     admission_trace: str | None = None  # traceparent of the admission review that gated it
+    # Pod groups and preemption (lockgate.groups, lockgate.preemption); a group is per namespace.
+    group: str | None = None
+    group_size: int = 0
+    preemptible: bool = False  # the pod's lockgate.io/preemptible label is "true"
+    priority_class: str = ""  # spec.priorityClassName
 
 
 class ClusterSnapshot(Event):
@@ -134,6 +139,10 @@ class PodNotice(Event):
     reason: str
     message: str
     at: datetime
+    # What the ungater does after writing the Event: "" nothing; "delete" deletes the pod
+    # (preemption, a pod group that timed out); "fail" marks it Failed (a timed-out group whose
+    # queue says so). Such notices concern running pods too, not only gated ones.
+    action: Literal["", "delete", "fail"] = ""
 
 
 class PayloadEncoding(StrEnum):

@@ -27,8 +27,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodEvent
+from lockgate.groups import InvalidPodGroupError, pod_group
 from lockgate.jobs import JobState
 from lockgate.labels import (
+    PREEMPTIBLE_LABEL,
     ADMISSION_TRACE_ANNOTATION,
     DEFAULT_JOBSET,
     JOBSET_LABEL,
@@ -179,7 +181,24 @@ def pod_event(
         gated=is_gated_by_lockgate(pod),
         snapshot_id=snapshot_id,
         admission_trace=(metadata.get("annotations") or {}).get(ADMISSION_TRACE_ANNOTATION),
+        **_group_and_preemption(metadata, spec),
     )
+
+
+def _group_and_preemption(metadata: KubeObject, spec: KubeObject) -> dict[str, Any]:
+    """The pod's group (None if it names none or an invalid one, which the webhook refuses at
+    admission: such a pod is then scheduled alone) and what makes it preemptible."""
+    labels = metadata.get("labels") or {}
+    try:
+        group = pod_group(labels, metadata.get("annotations") or {})
+    except InvalidPodGroupError:
+        group = None
+    return {
+        "group": None if group is None else f"{metadata.get('namespace', '')}/{group.name}",
+        "group_size": 0 if group is None else group.size,
+        "preemptible": labels.get(PREEMPTIBLE_LABEL) == "true",
+        "priority_class": str(spec.get("priorityClassName") or ""),
+    }
 
 
 def holds_node_room(pod: KubeObject, *, deleted: bool = False) -> bool:

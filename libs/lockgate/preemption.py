@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 from lockgate.fairness import RoundResult, SkipReason, fair_shares
 from lockgate.jobs import JobState
-from lockgate.labels import DOMAIN
+from lockgate.labels import PREEMPTIBLE_LABEL
 from lockgate.scheduling import SchedulerState, _Job, _Shape
 
-PREEMPTIBLE_LABEL = f"{DOMAIN}/preemptible"
+__all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
 # Shares are floats: a queue exactly at its fair share must not look a hair above or below it.
 _EPSILON = 1e-9
 

@@ -187,10 +187,11 @@ _MAX_SERIAL = (
     " (SELECT max(serial) FROM cluster_nodes), 0)"
 )
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
-                  " deleted, serial")
+                  " deleted, serial, group_timeout_seconds, group_timeout_action")
 _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial")
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
-                " release_attempts, state_changed_at, serial")
+                " release_attempts, state_changed_at, serial, pod_group,"
+                " pod_group_size, preemptible, priority_class")
 
 
 async def load_everything(connection: asyncpg.Connection) -> Changes:
@@ -280,6 +281,8 @@ def _queue_change(record: asyncpg.Record) -> QueueChange:
         resource_limits=_json(record["resource_limits"]) or {},
         created_at=record["created_at"],
         updated_at=record["updated_at"],
+        group_timeout_seconds=record["group_timeout_seconds"],
+        group_timeout_action=record["group_timeout_action"],
     )
     return QueueChange(spec.name, spec)
 
@@ -305,6 +308,10 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         created_at=record["created_at"].timestamp(),
         state=JobState(record["state"]),
         node_name=record["node_name"],
+        group=record["pod_group"],
+        group_size=record["pod_group_size"],
+        preemptible=record["preemptible"],
+        priority_class=record["priority_class"],
     )
 
 

@@ -67,6 +67,8 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "cordoned": spec.cordoned,
         "resource_limits": dict(spec.resource_limits),
         "namespaces": spec.namespaces_json(),
+        "group_timeout_seconds": spec.group_timeout_seconds,
+        "group_timeout_action": spec.group_timeout_action.value,
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }
