@@ -30,11 +30,11 @@ from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodE
 from lockgate.groups import InvalidPodGroupError, pod_group
 from lockgate.jobs import JobState
 from lockgate.labels import (
-    PREEMPTIBLE_LABEL,
     ADMISSION_TRACE_ANNOTATION,
     DEFAULT_JOBSET,
     JOBSET_LABEL,
     NEVER_MANAGED_NAMESPACES,
+    PREEMPTIBLE_LABEL,
     QUEUE_LABEL,
     SCHEDULING_GATE,
     is_managed_namespace,
