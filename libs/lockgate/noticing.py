@@ -33,10 +33,15 @@ class NoticeReason(StrEnum):
     """Why a pod stays gated: the Event's `reason` (CamelCase, as Kubernetes reasons are)."""
 
     QUEUE_UNKNOWN = "LockgateQueueUnknown"
+    # The pod is removed (PodNotice.action): evicted to fair share, or its group timed out.
+    PREEMPTED = "LockgatePreempted"
+    GROUP_TIMED_OUT = "LockgateGroupTimedOut"
 
 
 
-_SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown"}
+_SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown",
+                          NoticeReason.PREEMPTED: "preempted",
+                          NoticeReason.GROUP_TIMED_OUT: "group-timed-out"}
 
 
 def reason_slug(reason: str) -> str:

@@ -351,6 +351,10 @@ class SchedulerState:
     def cluster_names(self) -> list[str]:
         return sorted(self._clusters)
 
+    def groups(self) -> GroupIndex:
+        """Pod groups with members still unfinished (lockgate.groups)."""
+        return self._groups
+
     def pool_total(self) -> Resources:
         """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
         return self._resources(self._pool_total)

@@ -85,6 +85,21 @@ class SchedulerSettings(ServiceSettings):
         default=100, ge=0,
         description="most pod notices (e.g. 'your queue does not exist') sent after one round; "
         "the rest follow in later rounds; 0 sends none")
+    # Pod groups (docs/scheduling.md, "Gangs"); a group's timeout is its queue's setting.
+    group_reserve_after_seconds: float = Field(
+        default=60.0, ge=0,
+        description="a complete pod group that has not fitted for this long after its last "
+                    "member arrived reserves its cluster: nothing else is released there until "
+                    "it fits")
+    # Preemption to fair share (docs/scheduling.md, "Preemption"): off unless enabled.
+    preemption_enabled: bool = Field(
+        default=False, description="evict preemptible pods of queues above their fair share "
+                                   "for queues below theirs")
+    preemptible_priority_classes: list[str] = Field(
+        default_factory=list,
+        description="pods of these PriorityClasses are preemptible (as are pods labelled "
+                    "lockgate.io/preemptible=true); JSON list")
+    max_evictions_per_round: int = Field(default=100, ge=1)
     # Releases that went unanswered
     release_retry_initial_seconds: float = Field(
         default=2.0, gt=0,

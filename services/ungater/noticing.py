@@ -8,6 +8,11 @@ that is gone, replaced under its name, or no longer gated by lockgate needs no E
 apiserver may get over (no answer, 429, 5xx) are raised, so the batch is retried before its
 offsets are committed; anything else is a permanent refusal, and the notice goes to the
 dead-letter topic with the apiserver's answer.
+
+A notice with an `action` also removes its pod, running or not: it was preempted to give another
+queue its fair share, or its pod group timed out (the scheduler recorded the eviction in Postgres
+before publishing). The Event is written first, then the pod is deleted (its controller creates
+a new, gated one) or marked Failed, each guarded by the pod's uid.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ class Noticer:
         notice = item.event
         body = event_for(notice)
         pods = self._pods[notice.cluster]
+        if notice.action:
+            await self._act(item, reject)
+            return
         try:
             pod = await pods.read(namespace=notice.namespace, name=notice.name)
             if pod is None or pod.uid != notice.uid or SCHEDULING_GATE not in pod.gates:
@@ -82,3 +90,41 @@ class Noticer:
             NOTICES.labels(notice.cluster, "written").inc()
             log.info("told pod %s/%s/%s: %s", notice.cluster, notice.namespace, notice.name,
                      notice.reason)
+
+    async def _act(self, item: Received[PodNotice],
+                   reject: Callable[[Received[PodNotice], str], Awaitable[None]]) -> None:
+        """A notice that removes its pod (preempted, or its group timed out): the Event first,
+        so the reason is on record before the pod goes, then delete it or mark it Failed.
+
+        Idempotent: the Event's name is fixed per (uid, reason), the delete has a uid
+        precondition, and the Failed patch tests the uid; a pod already gone is done.
+        """
+        notice = item.event
+        pods = self._pods[notice.cluster]
+        body = event_for(notice)
+        try:
+            pod = await pods.read(namespace=notice.namespace, name=notice.name)
+            if pod is None or pod.uid != notice.uid:
+                NOTICES.labels(notice.cluster, "pod_gone").inc()
+                return
+            await pods.create_event(namespace=notice.namespace, body=body)
+            if notice.action == "delete":
+                status = await pods.delete(namespace=notice.namespace, name=notice.name,
+                                           uid=notice.uid)
+            else:
+                status = await pods.fail(namespace=notice.namespace, name=notice.name,
+                                         uid=notice.uid, reason=notice.reason,
+                                         message=notice.message)
+        except KubeCallError as error:
+            if error.status is None or error.status == 429 or error.status >= 500:
+                NOTICES.labels(notice.cluster, "retried").inc()
+                raise RetryableNoticeError(
+                    f"{notice.action} {notice.namespace}/{notice.name}: {error}") from error
+            NOTICES.labels(notice.cluster, "refused").inc()
+            await reject(item, f"apiserver refused to {notice.action} pod "
+                               f"{notice.namespace}/{notice.name}: {error}")
+            return
+        done = {"delete": "deleted", "fail": "failed"}[notice.action]
+        NOTICES.labels(notice.cluster, done if status < 300 else "pod_gone").inc()
+        log.info("%s pod %s/%s/%s (%s): %s", "deleted" if notice.action == "delete" else "failed",
+                 notice.cluster, notice.namespace, notice.name, notice.reason, notice.message)

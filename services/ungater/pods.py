@@ -72,6 +72,40 @@ class PodGateClient:
             return status
         raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
 
+    async def delete(self, *, namespace: str, name: str, uid: str) -> int:
+        """Delete the pod if it is still the one with `uid` (a precondition, so a pod created
+        again under the same name is never hit); returns 2xx, 404 (gone) or 409 (replaced).
+        Any other answer, or none, raises KubeCallError."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        status, payload, retry_after = await self._call(
+            self._core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False,
+                                             _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status < 300 or status in (404, 409):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
+
+    async def fail(self, *, namespace: str, name: str, uid: str, reason: str,
+                   message: str) -> int:
+        """Mark the pod Failed through its status (a Job counts it as a failed pod). The uid is
+        tested in the patch, so a pod created again under the name is left alone (422)."""
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "add", "path": "/status/phase", "value": "Failed"},
+            {"op": "add", "path": "/status/reason", "value": reason},
+            {"op": "add", "path": "/status/message", "value": message},
+        ]
+        status, payload, retry_after = await self._call(
+            self._core.patch_namespaced_pod_status(name, namespace, patch,
+                                                   _preload_content=False,
+                                                   _request_timeout=self._timeout),
+            reading=False,
+        )
+        if status < 300 or status in (404, 409, 422):
+            return status
+        raise KubeCallError(status=status, detail=_message(payload), retry_after=retry_after)
+
     @staticmethod
     async def _call(request: Any, *, reading: bool) -> tuple[int, bytes, float | None]:
         try:
