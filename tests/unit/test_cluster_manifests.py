@@ -61,9 +61,12 @@ def test_each_service_account_has_a_cluster_role_bound_to_it() -> None:
         assert account in roles
 
 
-def test_the_ungater_may_only_read_and_patch_pods_and_create_events() -> None:
-    pods, events = of_kind("ClusterRole")["lockgate-ungater"]["rules"]
-    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+def test_the_ungater_may_only_read_patch_and_delete_pods_fail_them_and_create_events() -> None:
+    # delete and pods/status: carrying out evictions and timed-out pod groups (docs/scheduling.md)
+    pods, status, events = of_kind("ClusterRole")["lockgate-ungater"]["rules"]
+    assert pods == {"apiGroups": [""], "resources": ["pods"],
+                    "verbs": ["get", "patch", "delete"]}
+    assert status == {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}
     assert events == {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 
 
