@@ -381,8 +381,11 @@ class _Round:
         inverse = self.inverse_total
         for cluster_name, key in list(self.groups.reserved.items()):
             status = self.groups.status(key)
-            if status is None or not status.complete:
-                del self.groups.reserved[cluster_name]  # released, gone or no longer whole
+            owner = state._queues.get(key[1])
+            if status is None or not status.complete or owner is None or not owner.schedulable:
+                # Released, gone, no longer whole, or its queue cordoned or undefined: a
+                # reservation nobody can use must not hold the cluster.
+                del self.groups.reserved[cluster_name]
         candidates: list[tuple[float, str, _QueueRound]] = []
         for name, queue in state._queues.items():
             if not queue.schedulable or queue.queued == queue.parked:
@@ -536,6 +539,11 @@ class _Round:
                     cluster.reserved_for = None
                     self.groups.reserved.pop(pending.cluster, None)
                 return None, True
+        if cluster.reserved_for == key and reason is not SkipReason.NO_NODE_WITH_ROOM:
+            # It no longer waits for room only (e.g. its queue reached its limits): release the
+            # cluster rather than hold it for what room cannot fix.
+            cluster.reserved_for = None
+            self.groups.reserved.pop(pending.cluster, None)
         self.groups_done[key] = reason
         return reason, True
 

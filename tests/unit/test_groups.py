@@ -231,3 +231,15 @@ def test_the_watcher_reports_group_preemptible_label_and_priority_class() -> Non
     pod["metadata"]["annotations"] = {KUEUE_TOTAL_ANNOTATION: "many"}  # type: ignore[index]
     event = pod_event(pod, cluster="c", event_id="e", observed_at=datetime.now(UTC))
     assert (event.group, event.group_size) == (None, 0)
+
+
+def test_a_reservation_ends_when_its_queue_is_cordoned() -> None:
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, _gang(4, created=0), a_job("b").times(1)).build())
+    run_round(state, now=T0 + 100, reserve_after=30)
+    assert state.groups().reserved == {"cluster-a": ("cluster-a", "a", "ns/g")}
+    state.upsert_queue(a_queue("a").cordoned().build())
+    state.upsert_job(replace(blockers[0], state=JobState.SUCCEEDED))
+    assert released_per_queue(run_round(state, now=T0 + 101, reserve_after=30)) == {"b": 1}
+    assert not state.groups().reserved
