@@ -15,7 +15,6 @@ groups of this run's own.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from kubernetes_asyncio import client
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import Namespaces, a_pod
 from helpers.postgres import fresh_database, migrate_database
+from helpers.services import fairness_report
 from helpers.waiting import eventually
 from lockgate.events import CLUSTER_CAPACITY, CLUSTER_SNAPSHOTS, POD_EVENTS, RELEASE_OUTCOMES
 from lockgate.groups import GROUP_LABEL, GROUP_SIZE_KEY
@@ -160,9 +160,25 @@ async def wait_queued(run: Run, names: list[str]) -> None:
     await eventually(all_known, within=60, what=f"lockgate to store pods {names}")
 
 
-async def rounds_since(run: Run, seconds: float) -> None:
-    """Let the scheduler run rounds for `seconds` (safety rounds every second)."""
-    await asyncio.sleep(seconds)
+async def rounds(run: Run, count: int) -> dict[str, Any]:
+    """Until the leader has finished `count` more rounds (safety rounds come every second);
+    returns the last one's report."""
+    seen: set[str] = set()
+    report: dict[str, Any] = {}
+
+    async def another() -> bool:
+        nonlocal report
+        report = await fairness_report(run.lockgate.ports.scheduler_health)
+        at = (report.get("last_round") or {}).get("at")
+        if at is not None:
+            seen.add(at)
+        return len(seen) > count  # the first one seen may have been under way already
+    await eventually(another, within=120, every=0.1, what=f"{count} scheduling rounds")
+    return report
+
+
+def skipped(report: dict[str, Any], queue: str) -> dict[str, int]:
+    return next((q["skipped_last_round"] for q in report["queues"] if q["name"] == queue), {})
 
 
 async def test_a_group_is_released_whole_only_when_every_member_fits(run: Run) -> None:
@@ -173,7 +189,12 @@ async def test_a_group_is_released_whole_only_when_every_member_fits(run: Run) -
     for name in names:
         await run.core.create_namespaced_pod(NAMESPACE, member(name, GANG, "g8", 8))
     await wait_queued(run, names)
-    await rounds_since(run, 4)  # several rounds see the whole group
+
+    async def judged_without_room() -> bool:
+        # A round saw the complete group and found no room for all of it at once.
+        return "no_node_with_room" in skipped(await rounds(run, 1), GANG)
+    await eventually(judged_without_room, within=120, what="a round to find no room for g8")
+    await rounds(run, 3)
     assert not any(released(p) for p in await pods(run, "gang-")), "a member was released"
     # Room for the eighth.
     await run.core.delete_namespaced_pod("filler", NAMESPACE, grace_period_seconds=0)
@@ -239,7 +260,7 @@ async def test_preemption_frees_room_down_to_fair_share_and_does_not_thrash(run:
                  if e.reason == "LockgatePreempted"}
     assert preempted == {r["name"] for r in evicted}
     # A further window of rounds: nothing is evicted again, nothing moves.
-    await rounds_since(run, 10)
+    await rounds(run, 10)
     assert await run.pool.fetchval("SELECT count(*) FROM evictions") == 4
     assert sum(1 for p in await pods(run, "b-") if _running(p)) == 4
     assert (await run.core.read_namespaced_pod("a-fixed", NAMESPACE)).metadata.uid == fixed_uid
