@@ -35,7 +35,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack import demo_ephemeral, demo_placement
+from devstack import demo_ephemeral, demo_placement, demo_scheduling
 from devstack.demo_fairness import (
     JobTimeline,
     contested_intervals,
@@ -341,6 +341,7 @@ async def demo(args: argparse.Namespace) -> int:
         await pool.close()
         for api in apis.values():
             await api.close()
+    failures.extend(await demo_scheduling.run_and_summarise(info))  # a gang, a preemption
     print_summary(judgement, final_counts, failures, time.monotonic() - started,
                   placement_lines)
     return 1 if failures else 0

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from lockgate.groups import InvalidPodGroupError, pod_group
 from lockgate.labels import (
     ADMISSION_TRACE_ANNOTATION,
     JOBSET_LABEL,
@@ -308,6 +309,10 @@ def decide(
                        "use another queue")
     if node_name:
         return unchanged(f"already bound to node {node_name}; runs in queue {plan.queue}")
+    try:
+        pod_group(request.pod_labels, _string_map(_metadata(request.pod).get("annotations")))
+    except InvalidPodGroupError as error:
+        return Decision(Outcome.DENIED, message=str(error), queue=plan.queue, jobset=plan.jobset)
     return Decision(
         Outcome.GATED,
         message=f"gated in queue {plan.queue}, jobset {plan.jobset}",

@@ -64,6 +64,11 @@ class PodEvent(Event):
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
     controlled: bool = False  # has an ownerReference with controller: true (e.g. a ReplicaSet)
+    # Pod groups and preemption (lockgate.groups, lockgate.preemption); a group is per namespace.
+    group: str | None = None
+    group_size: int = 0
+    preemptible: bool = False  # the pod's lockgate.io/preemptible label is "true"
+    priority_class: str = ""  # spec.priorityClassName
 
 
 class ClusterSnapshot(Event):
@@ -156,8 +161,9 @@ class PodNotice(Event):
     # Tells repeated notices of one reason apart (the Event's name holds it); "" for a notice
     # written once per (pod, reason).
     series: str = ""
-    # What the ungater does to the pod after writing the Event: "" nothing, "delete" or "fail"
-    # (the pod waited longer than its queue's maximum time queued).
+    # What the ungater does to the pod after writing the Event: "" nothing; "delete" deletes it
+    # (waited past its queue's maximum time queued, preempted to fair share, its pod group timed
+    # out); "fail" marks it Failed (maximum time queued, or a timed-out group, as the queue says).
     action: Literal["", "delete", "fail"] = ""
 
 

@@ -28,9 +28,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from lockgate.groups import GroupIndex, GroupKey
 from lockgate.jobs import JobState
 from lockgate.placement import PodPlacement, can_land
-from lockgate.scheduling import HeapEntry, SchedulerState, _Cluster, _Pending, _Queue, _Shape
+from lockgate.scheduling import (
+    HeapEntry,
+    SchedulerState,
+    _Cluster,
+    _Job,
+    _Pending,
+    _Queue,
+    _Shape,
+)
 
 # Adjusted fair share stops redistributing when less than this much of the pool is left over...
 _REDISTRIBUTION_THRESHOLD = 0.01
@@ -54,6 +63,10 @@ class SkipReason(StrEnum):
     # Unschedulable: its taints, nodeSelector or required node affinity let it on no node
     # (parked like a job too big, until a node it may land on appears).
     NO_MATCHING_NODE = "no_matching_node"
+    # Pod groups (lockgate.groups): released all together or not at all.
+    GROUP_INCOMPLETE = "group_incomplete"  # not every member exists yet
+    GROUP_TOO_BIG = "group_too_big"  # the members fit no empty cluster together
+    RESERVED_FOR_GROUP = "reserved_for_group"  # the cluster waits for a group to fit
 
 
 UNSCHEDULABLE_REASONS = frozenset(
@@ -166,16 +179,29 @@ def fair_shares(state: SchedulerState) -> dict[str, FairShare]:
 
 
 def schedule_round(
-    state: SchedulerState, *, max_decisions: int, max_lookback_per_queue: int
+    state: SchedulerState,
+    *,
+    max_decisions: int,
+    max_lookback_per_queue: int,
+    now: float | None = None,
+    group_reserve_after_seconds: float | None = None,
 ) -> RoundResult:
     """Decide which queued jobs to release now, and apply those decisions to `state`.
 
-    `max_decisions` caps releases in this round; each queue looks past at most
+    `max_decisions` caps releases in this round (a pod group is released whole, so a round may
+    pass it by the group's size less one); each queue looks past at most
     `max_lookback_per_queue` jobs that do not fit before it drops out of the round.
+
+    A complete pod group that does not fit, and whose newest member is at least
+    `group_reserve_after_seconds` older than `now` (epoch seconds), reserves its cluster: no
+    other job is released there until the group is (docs/scheduling.md, "Gangs"). Without
+    `now`, groups never reserve.
     """
     if max_decisions < 0 or max_lookback_per_queue < 0:
         raise ValueError("max_decisions and max_lookback_per_queue must not be negative")
-    return _Round(state, max_lookback_per_queue).run(max_decisions)
+    reserve_before = (None if now is None or group_reserve_after_seconds is None
+                      else now - group_reserve_after_seconds)
+    return _Round(state, max_lookback_per_queue, reserve_before).run(max_decisions)
 
 
 class _ClusterRound:
@@ -186,11 +212,16 @@ class _ClusterRound:
     only them.
     """
 
-    __slots__ = ("cursor", "eligible", "fits_cache", "free", "names", "overcommitted",
-                 "rejected", "sizes", "traits")
+    __slots__ = ("cursor", "eligible", "empty", "fits_cache", "free", "names", "overcommitted",
+                 "rejected", "reserved_for", "sizes", "traits")
 
-    def __init__(self, cluster: _Cluster, inverse_total: list[float]) -> None:
+    def __init__(self, cluster: _Cluster, inverse_total: list[float],
+                 reserved_for: GroupKey | None = None) -> None:
         self.names = cluster.order
+        # A pod group this cluster waits for: nothing else is released here meanwhile.
+        self.reserved_for = reserved_for
+        # Each node's room with no managed job on it (computed when a group first asks).
+        self.empty: list[list[int]] | None = None
         self.sizes = list(cluster.node_sizes)
         self.traits = [cluster.nodes[name].traits for name in self.names]
         self.eligible: dict[PodPlacement | None, list[int]] = {}
@@ -272,6 +303,39 @@ class _ClusterRound:
         self.rejected.add(shape)
         return -1
 
+    def place_all(self, shapes: list[_Shape], inverse_total: list[float]) -> list[int] | None:
+        """Place every shape (largest first) or none: the node of each, in the order given."""
+        saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected))
+        nodes = [-1] * len(shapes)
+        order = sorted(range(len(shapes)), reverse=True,
+                       key=lambda i: _dominant_pairs(shapes[i], inverse_total))
+        for i in order:
+            node = self.place(shapes[i])
+            if node < 0:
+                self.free, self.cursor, self.rejected = saved
+                return None
+            nodes[i] = node
+        return nodes
+
+    def fits_empty(self, shapes: list[_Shape], inverse_total: list[float],
+                   cluster: _Cluster) -> bool:
+        """Whether the shapes fit together on the nodes with no managed job on any of them."""
+        if self.empty is None:
+            self.empty = [
+                [a - u for a, u in zip(node.allocatable, node.unmanaged, strict=True)]
+                for node in (cluster.nodes[name] for name in self.names)
+            ]
+        room = [free[:] for free in self.empty]
+        for shape in sorted(shapes, key=lambda s: _dominant_pairs(s, inverse_total),
+                            reverse=True):
+            for free, traits in zip(room, self.traits, strict=True):
+                if _fits(free, shape) and can_land(shape.placement, traits):
+                    _take(free, shape)
+                    break
+            else:
+                return False
+        return True
+
 
 class _QueueRound:
     """A queue's progress through one round."""
@@ -322,18 +386,30 @@ def _head_entry(pending: _Pending) -> HeapEntry:
 
 
 class _Round:
-    def __init__(self, state: SchedulerState, max_lookback: int) -> None:
+    def __init__(self, state: SchedulerState, max_lookback: int,
+                 reserve_before: float | None = None) -> None:
         self.state = state
         self.max_lookback = max_lookback
         self.inverse_total = state.fairness_inverse()
         self.clusters: dict[str, _ClusterRound] = {}
         self.queue_rounds: dict[str, _QueueRound] = {}
         self.skipped_jobs: dict[str, SkipReason] = {}
+        self.groups: GroupIndex = state._groups
+        # A group's members are judged together once per round: why it was not released.
+        self.groups_done: dict[GroupKey, SkipReason] = {}
+        self.reserve_before = reserve_before
 
     def run(self, max_decisions: int) -> RoundResult:
         state = self.state
         jobs = state._jobs
         inverse = self.inverse_total
+        for cluster_name, key in list(self.groups.reserved.items()):
+            status = self.groups.status(key)
+            owner = state._queues.get(key[1])
+            if status is None or not status.complete or owner is None or not owner.schedulable:
+                # Released, gone, no longer whole, or its queue cordoned or undefined: a
+                # reservation nobody can use must not hold the cluster.
+                del self.groups.reserved[cluster_name]
         candidates: list[tuple[float, str, _QueueRound]] = []
         for name, queue in state._queues.items():
             if not queue.schedulable or queue.queued == queue.parked:
@@ -348,7 +424,7 @@ class _Round:
             if head is None:
                 progress.outcome = QueueOutcome.NOTHING_PENDING
                 continue
-            cost = self._cost_after(progress, jobs[head.heap[0][2]].shape)
+            cost = self._cost_after(progress, self._unit_pairs(head, jobs[head.heap[0][2]]))
             candidates.append((cost, name, progress))
         heapq.heapify(candidates)
 
@@ -375,14 +451,29 @@ class _Round:
                 # down there this round: set the cluster aside rather than look at each job.
                 progress.clusters.remove(pending)
                 progress.set_aside.append(pending.cluster)
+            elif job.group is not None:
+                heapq.heappop(pending.heap)
+                reason, counted = self._group_turn(progress, pending, cluster, job, decisions)
+                if reason is not None:
+                    progress.skipped.append((pending, entry))
+                    skipped_jobs[entry[2]] = reason
+                    if counted:
+                        progress.skips += 1
+                        if progress.skips > max_lookback:
+                            progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
+                            continue
+                if not self._validate_head(progress, pending):
+                    progress.clusters.remove(pending)
             else:
                 heapq.heappop(pending.heap)
                 node = -1
                 if queue.limit_pairs and _exceeds(queue.allocation, shape, queue.limit_pairs):
-                    reason: SkipReason | None = SkipReason.QUEUE_LIMIT
+                    reason = SkipReason.QUEUE_LIMIT
                     progress.over_limit.add(shape)
                 elif cluster.overcommitted:
                     reason = SkipReason.CLUSTER_OVERCOMMITTED
+                elif cluster.reserved_for is not None:
+                    reason = SkipReason.RESERVED_FOR_GROUP
                 else:
                     node = cluster.place(shape)
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
@@ -408,7 +499,7 @@ class _Round:
             head = progress.choose_head()
             if head is None:
                 continue
-            cost = self._cost_after(progress, jobs[head.heap[0][2]].shape)
+            cost = self._cost_after(progress, self._unit_pairs(head, jobs[head.heap[0][2]]))
             heapq.heappush(candidates, (cost, name, progress))
 
         for progress in self.queue_rounds.values():
@@ -416,10 +507,91 @@ class _Round:
                 heapq.heappush(pending.heap, entry)
         return self._result(decisions)
 
+    def _group_turn(self, progress: _QueueRound, pending: _Pending, cluster: _ClusterRound,
+                    job: _Job, decisions: list[Decision]) -> tuple[SkipReason | None, bool]:
+        """A group member came up: release every member of its group now, or none.
+
+        Returns why not (None: released) and whether this counts as a skip of the queue's (a
+        group counts once per round, however many members come up).
+        """
+        queue = progress.queue
+        assert job.group is not None
+        key = (pending.cluster, queue.name, job.group)
+        done = self.groups_done.get(key)
+        if done is not None:
+            return done, False
+        status = self.groups.status(key)
+        jobs = self.state._jobs
+        member_ids = self.groups.queued_members(key)
+        members = [jobs[member] for member in member_ids]
+        shapes = [member.shape for member in members]
+        reason: SkipReason | None = None
+        if status is None or not status.complete:
+            reason = SkipReason.GROUP_INCOMPLETE
+        elif any(member.parked for member in members):
+            reason = SkipReason.TOO_BIG_FOR_ANY_NODE
+        elif queue.limit_pairs and _exceeds_all(queue.allocation, shapes, queue.limit_pairs):
+            reason = SkipReason.QUEUE_LIMIT
+        elif cluster.overcommitted:
+            reason = SkipReason.CLUSTER_OVERCOMMITTED
+        elif cluster.reserved_for not in (None, key):
+            reason = SkipReason.RESERVED_FOR_GROUP
+        elif not cluster.fits_empty(shapes, self.inverse_total,
+                                    self.state._clusters[pending.cluster]):
+            reason = SkipReason.GROUP_TOO_BIG
+        else:
+            nodes = cluster.place_all(shapes, self.inverse_total)
+            if nodes is None:
+                reason = SkipReason.NO_NODE_WITH_ROOM
+                if (cluster.reserved_for is None and self.reserve_before is not None
+                        and status.last_created_at <= self.reserve_before):
+                    # It waited long enough behind smaller jobs: hold every gap that opens
+                    # in this cluster for it from now on.
+                    cluster.reserved_for = self.groups.reserved[pending.cluster] = key
+            else:
+                inverse = self.inverse_total
+                for member_id, member, node in zip(member_ids, members, nodes, strict=True):
+                    hint = cluster.names[node]
+                    self.state._mark_released(member_id, member, hint)
+                    decisions.append(Decision(member_id, queue.name, pending.cluster, hint))
+                    progress.released += 1
+                    for axis, _amount in member.shape.pairs:
+                        share = queue.allocation[axis] * inverse[axis]
+                        if share > progress.share:
+                            progress.share = share
+                if cluster.reserved_for == key:
+                    cluster.reserved_for = None
+                    self.groups.reserved.pop(pending.cluster, None)
+                return None, True
+        if cluster.reserved_for == key and reason is not SkipReason.NO_NODE_WITH_ROOM:
+            # It no longer waits for room only (e.g. its queue reached its limits): release the
+            # cluster rather than hold it for what room cannot fix.
+            cluster.reserved_for = None
+            self.groups.reserved.pop(pending.cluster, None)
+        self.groups_done[key] = reason
+        return reason, True
+
+    def _unit_pairs(self, pending: _Pending, job: _Job) -> tuple[tuple[int, int], ...]:
+        """What taking the queue's next unit costs: the job, or its whole group."""
+        if job.group is None:
+            return job.shape.pairs
+        key = (pending.cluster, job.queue, job.group)
+        if key in self.groups_done:
+            return job.shape.pairs  # judged already: it only passes through
+        total: dict[int, int] = {}
+        jobs = self.state._jobs
+        for member in self.groups.queued_members(key):
+            for axis, amount in jobs[member].shape.pairs:
+                total[axis] = total.get(axis, 0) + amount
+        return tuple(sorted(total.items())) or job.shape.pairs
+
     @staticmethod
     def _nothing_can_go(progress: _QueueRound, pending: _Pending, cluster: _ClusterRound) -> bool:
         """Whether every kind of job the queue has waiting in this cluster was turned down."""
         if cluster.overcommitted:
+            return True
+        reserved = cluster.reserved_for
+        if reserved is not None and reserved[1] != progress.queue.name:
             return True
         shapes = pending.shapes
         if len(shapes) > _SET_ASIDE_SHAPE_SCAN:
@@ -457,7 +629,8 @@ class _Round:
             cluster = self.clusters.get(cluster_name)
             if cluster is None:
                 cluster = self.clusters[cluster_name] = _ClusterRound(
-                    self.state._clusters[cluster_name], self.inverse_total
+                    self.state._clusters[cluster_name], self.inverse_total,
+                    self.groups.reserved.get(cluster_name),
                 )
             if not cluster.fits_some_node(job.shape):
                 heapq.heappop(heap)
@@ -471,11 +644,11 @@ class _Round:
             return True
         return False
 
-    def _cost_after(self, progress: _QueueRound, shape: _Shape) -> float:
+    def _cost_after(self, progress: _QueueRound, pairs: tuple[tuple[int, int], ...]) -> float:
         share = progress.share
         allocation = progress.queue.allocation
         inverse = self.inverse_total
-        for axis, amount in shape.pairs:
+        for axis, amount in pairs:
             after = (allocation[axis] + amount) * inverse[axis]
             if after > share:
                 share = after
@@ -577,6 +750,15 @@ def _fits(room: list[int], shape: _Shape) -> bool:
 def _take(room: list[int], shape: _Shape) -> None:
     for axis, amount in shape.pairs:
         room[axis] -= amount
+
+
+def _exceeds_all(allocation: list[int], shapes: list[_Shape],
+                 limits: tuple[tuple[int, int], ...]) -> bool:
+    requested: dict[int, int] = {}
+    for shape in shapes:
+        for axis, amount in shape.pairs:
+            requested[axis] = requested.get(axis, 0) + amount
+    return any(allocation[axis] + requested.get(axis, 0) > limit for axis, limit in limits)
 
 
 def _exceeds(allocation: list[int], shape: _Shape, limits: tuple[tuple[int, int], ...]) -> bool:

@@ -80,6 +80,10 @@ class JobRow:
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
     controlled: bool = False
+    pod_group: str | None = None  # "<namespace>/<name>" (lockgate.groups)
+    pod_group_size: int = 0
+    preemptible: bool = False
+    priority_class: str = ""
 
     @property
     def key(self) -> JobKey:
@@ -251,6 +255,8 @@ def _pod_event_problem(event: PodEvent) -> str | None:
         return f"priority {event.priority} is outside the 32-bit range"
     if problem := _amounts_problem("requests", event.requests):
         return problem
+    if (event.group is None) != (event.group_size == 0) or not 0 <= event.group_size <= 10_000:
+        return f"pod group {event.group!r} with size {event.group_size} is not a valid group"
     return (_nul("node_name", event.node_name or "") or _nul("event_id", event.event_id)
             or _nul("resource_version", event.resource_version)
             or _naive("created_at", event.created_at) or _naive("observed_at", event.observed_at))
@@ -388,6 +394,8 @@ class _Folding:
                 requests=dict(event.requests), state=event.state, node_name=event.node_name,
                 created_at=event.created_at, state_changed_at=event.observed_at,
                 **_placement_columns(event, None),
+                pod_group=event.group, pod_group_size=event.group_size,
+                preemptible=event.preemptible, priority_class=event.priority_class,
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)

@@ -39,14 +39,21 @@ class NoticeReason(StrEnum):
     QUEUE_UNKNOWN = "LockgateQueueUnknown"
     # A released pod kube-scheduler kept reporting Unschedulable (lockgate.unplaceable).
     UNPLACEABLE = "LockgateUnplaceable"
+    # The pod is removed (PodNotice.action): evicted to fair share, or its group timed out.
+    PREEMPTED = "LockgatePreempted"
+    GROUP_TIMED_OUT = "LockgateGroupTimedOut"
 
 
 # Notices about pods lockgate already released: written whether or not the pod is still gated.
-ABOUT_RELEASED_PODS = frozenset({NoticeReason.UNPLACEABLE.value})
+ABOUT_RELEASED_PODS = frozenset({NoticeReason.UNPLACEABLE.value, NoticeReason.PREEMPTED.value,
+                                 NoticeReason.GROUP_TIMED_OUT.value})
+
 
 
 _SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown",
-                          NoticeReason.UNPLACEABLE: "unplaceable"}
+                          NoticeReason.UNPLACEABLE: "unplaceable",
+                          NoticeReason.PREEMPTED: "preempted",
+                          NoticeReason.GROUP_TIMED_OUT: "group-timed-out"}
 
 
 def reason_slug(reason: str) -> str:

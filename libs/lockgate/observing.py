@@ -27,12 +27,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodEvent
+from lockgate.groups import InvalidPodGroupError, pod_group
 from lockgate.jobs import JobState
 from lockgate.labels import (
     ADMISSION_TRACE_ANNOTATION,
     DEFAULT_JOBSET,
     JOBSET_LABEL,
     NEVER_MANAGED_NAMESPACES,
+    PREEMPTIBLE_LABEL,
     QUEUE_LABEL,
     SCHEDULING_GATE,
     is_managed_namespace,
@@ -207,7 +209,24 @@ def pod_event(
         unschedulable_since=None if stuck is None else stuck[0],
         unschedulable_message="" if stuck is None else stuck[1],
         controlled=has_controller(pod),
+        **_group_and_preemption(metadata, spec),
     )
+
+
+def _group_and_preemption(metadata: KubeObject, spec: KubeObject) -> dict[str, Any]:
+    """The pod's group (None if it names none or an invalid one, which the webhook refuses at
+    admission: such a pod is then scheduled alone) and what makes it preemptible."""
+    labels = metadata.get("labels") or {}
+    try:
+        group = pod_group(labels, metadata.get("annotations") or {})
+    except InvalidPodGroupError:
+        group = None
+    return {
+        "group": None if group is None else f"{metadata.get('namespace', '')}/{group.name}",
+        "group_size": 0 if group is None else group.size,
+        "preemptible": labels.get(PREEMPTIBLE_LABEL) == "true",
+        "priority_class": str(spec.get("priorityClassName") or ""),
+    }
 
 
 def holds_node_room(pod: KubeObject, *, deleted: bool = False) -> bool:

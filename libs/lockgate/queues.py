@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lockgate.groups import GroupTimeoutAction
 from lockgate.labels import validate_label_value, validate_queue_name
 from lockgate.resources import InvalidQuantityError, Resources, canonical_amount
 
@@ -140,6 +141,10 @@ class QueueSpec(BaseModel):
     namespaces: tuple[NamespaceBinding, ...] = ()
     # None: pods wait as long as it takes.
     max_queued: MaxQueued | None = None
+    # Pod groups (lockgate.groups): a group of this queue that has not filled up this long after
+    # its first member was created times out, and its members are deleted or failed. None: never.
+    group_timeout_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
+    group_timeout_action: GroupTimeoutAction = GroupTimeoutAction.DELETE
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

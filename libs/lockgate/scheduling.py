@@ -23,6 +23,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from lockgate.groups import GroupIndex, GroupKey
 from lockgate.jobs import JobState
 from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.queues import QueueSpec
@@ -88,6 +89,13 @@ class SchedJob:
     unschedulable_message: str = ""
     controlled: bool = False
     unplaceable: bool = False
+    # A pod group (lockgate.groups): "<namespace>/<name>" and how many members it has.
+    group: str | None = None
+    group_size: int = 0
+    # May be evicted to give a queue below its fair share its room (lockgate.preemption): the
+    # pod's lockgate.io/preemptible label, or a priority class configured as preemptible.
+    preemptible: bool = False
+    priority_class: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +134,13 @@ class _Job:
     __slots__ = (
         "cluster",
         "created_at",
+        "group",
+        "group_size",
         "node_name",
         "parked",
+        "preemptible",
         "priority",
+        "priority_class",
         "queue",
         "shape",
         "state",
@@ -151,6 +163,10 @@ class _Job:
         self.created_at = created_at
         self.state = state
         self.node_name = node_name
+        self.group: str | None = None
+        self.group_size = 0
+        self.preemptible = False
+        self.priority_class = ""
         # Parked: queued, but too big for every node of its cluster; kept out of the heap until
         # the cluster gains a node of a new size.
         self.parked = False
@@ -278,6 +294,7 @@ class SchedulerState:
         self._queues: dict[str, _Queue] = {}
         self._clusters: dict[str, _Cluster] = {}
         self._pool_total: list[int] = []
+        self._groups = GroupIndex()
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -379,6 +396,9 @@ class SchedulerState:
         fair = self._fairness_resources
         return [1.0 / amount if amount > 0 and names[axis] in fair else 0.0
                 for axis, amount in enumerate(self._pool_total)]
+    def groups(self) -> GroupIndex:
+        """Pod groups with members still unfinished (lockgate.groups)."""
+        return self._groups
 
     def pool_total(self) -> Resources:
         """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
@@ -401,6 +421,10 @@ class SchedulerState:
             and old.priority == job.priority
             and old.created_at == job.created_at
             and old.node_name == job.node_name
+            and old.group == job.group
+            and old.group_size == job.group_size
+            and old.preemptible == job.preemptible
+            and old.priority_class == job.priority_class
         ):
             return
         shape.refs += 1
@@ -414,6 +438,10 @@ class SchedulerState:
                 job.state,
                 job.node_name,
             )
+            record.group = job.group
+            record.group_size = job.group_size
+            record.preemptible = job.preemptible
+            record.priority_class = job.priority_class
             self._apply(job.job_id, record, None)
             if record.state is _QUEUED:
                 self._push(record, job.job_id)
@@ -441,6 +469,10 @@ class SchedulerState:
         old.created_at = job.created_at
         old.state = job.state
         old.node_name = job.node_name
+        old.group = job.group
+        old.group_size = job.group_size
+        old.preemptible = job.preemptible
+        old.priority_class = job.priority_class
         old.parked = stays_parked
         self._apply(job.job_id, old, hint)
         if old.state is _QUEUED and not entry_in_place:
@@ -473,6 +505,10 @@ class SchedulerState:
             state=record.state,
             node_name=record.node_name,
             placement=record.shape.placement,
+            group=record.group,
+            group_size=record.group_size,
+            preemptible=record.preemptible,
+            priority_class=record.priority_class,
         )
 
     def __len__(self) -> int:
@@ -532,6 +568,8 @@ class SchedulerState:
         hint: str | None = None
         queue = self._queues[record.queue]
         shape = record.shape
+        if record.group is not None:
+            self._groups.remove(_group_key(record), job_id, queued=record.state is _QUEUED)
         if record.state is _QUEUED:
             queue.queued -= 1
             pending = queue.pending[record.cluster]
@@ -561,6 +599,9 @@ class SchedulerState:
         # The hot path of loading a million jobs: lookups inlined on purpose.
         queue = self._queues.get(record.queue) or self._queue(record.queue)
         shape = record.shape
+        if record.group is not None:
+            self._groups.add(_group_key(record), job_id, size=record.group_size,
+                             queued=record.state is _QUEUED, created_at=record.created_at)
         if record.state is _QUEUED:
             if record.cluster not in self._clusters:
                 self._cluster(record.cluster)
@@ -742,6 +783,11 @@ class SchedulerState:
 
     def _resources(self, vector: list[int]) -> Resources:
         return Resources(dict(zip(self._axis_names, vector, strict=False)))
+
+
+def _group_key(record: _Job) -> GroupKey:
+    assert record.group is not None
+    return (record.cluster, record.queue, record.group)
 
 
 def _add_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:

@@ -172,6 +172,14 @@ def _bindings(args: argparse.Namespace) -> list[dict[str, Any]]:
     return bindings
 
 
+def _group_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group-timeout", type=_number, metavar="SECONDS",
+                        help="a pod group that has not filled up this long after its first "
+                             "member was created times out")
+    parser.add_argument("--group-timeout-action", choices=("delete", "fail"),
+                        help="what becomes of a timed-out group's pods (default delete)")
+
+
 def queue_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     body: dict[str, Any] = {"name": args.name, "cordoned": args.cordon,
                             "resource_limits": _limits(args.limit),
@@ -181,6 +189,7 @@ def queue_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     max_queued = _max_queued(args, current=None)
     if max_queued is not None:
         body["max_queued"] = max_queued
+    body.update(_group_timeout(args))
     queue = client.request("POST", "/api/v1/queues", body)
     _print_queues([queue], args.output, out, single=True)
 
@@ -203,6 +212,7 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
         patch["max_queued"] = None
     elif args.max_queued_time is not None or args.on_max_queued is not None:
         patch["max_queued"] = _max_queued(args, current=client)
+    patch.update(_group_timeout(args))
     added = _bindings(args)
     if added or args.clear_namespaces:
         # The API replaces the list whole: add to what the queue has now, unless cleared.
@@ -211,8 +221,8 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
         patch["namespaces"] = current + [b for b in added if b not in current]
     if not patch:
         raise CliError("nothing to update: give --priority-factor, --cordon/--uncordon, "
-                       "--limit, --remove-limit, --namespace, --namespace-selector or "
-                       "--clear-namespaces")
+                       "--limit, --remove-limit, --group-timeout, --group-timeout-action, "
+                       "--namespace, --namespace-selector or --clear-namespaces")
     queue = client.request("PATCH", _queue_path(args.name), patch)
     _print_queues([queue], args.output, out, single=True)
 
@@ -231,6 +241,16 @@ def _max_queued(args: argparse.Namespace, *, current: AdminClient | None
             raise CliError("--on-max-queued needs --max-queued-time (the queue has none yet)")
         seconds = existing["seconds"]
     return {"seconds": seconds, "action": args.on_max_queued or "fail"}
+
+
+def _group_timeout(args: argparse.Namespace) -> dict[str, Any]:
+    """Pod groups (docs/scheduling.md, "Gangs"): how long one may take to fill up, and then."""
+    fields: dict[str, Any] = {}
+    if args.group_timeout is not None:
+        fields["group_timeout_seconds"] = args.group_timeout
+    if args.group_timeout_action is not None:
+        fields["group_timeout_action"] = args.group_timeout_action
+    return fields
 
 
 def queue_cordon(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -352,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--limit", action="append", default=[], metavar="RESOURCE=QUANTITY",
                         help="cap on what the queue holds at once, e.g. cpu=100, memory=1Ti")
     _binding_arguments(create)
+    _group_arguments(create)
     create.set_defaults(run=queue_create)
 
     update = queue.add_parser("update", parents=[output], help="change a queue")
@@ -363,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     update.add_argument("--limit", action="append", default=[], metavar="RESOURCE=QUANTITY",
                         help="set a limit (others are kept)")
     update.add_argument("--remove-limit", action="append", default=[], metavar="RESOURCE")
+    _group_arguments(update)
     _binding_arguments(update)
     update.add_argument("--clear-namespaces", action="store_true",
                         help="drop every namespace binding (before adding those given)")

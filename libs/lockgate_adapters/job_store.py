@@ -45,7 +45,7 @@ _JOB_COLUMNS = (
     "cluster, uid, namespace, name, queue, jobset, priority, requests, state, node_name, "
     "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
     "decision_id, release_attempts, last_reason, placement, unschedulable_since, "
-    "unschedulable_message, controlled"
+    "unschedulable_message, controlled, pod_group, pod_group_size, preemptible, priority_class"
 )
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
@@ -160,14 +160,15 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
     await connection.execute(
         f"INSERT INTO jobs ({_JOB_COLUMNS}, serial)"  # noqa: S608
         " SELECT c, u, ns, n, q, js, p, r::jsonb, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr,"
-        " pl::jsonb, us, um, ct, nextval('change_serial')"
+        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
         " $7::int[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],"
         " $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],"
         " $16::timestamptz[], $17::text[], $18::int[], $19::text[], $20::text[],"
-        " $21::timestamptz[], $22::text[], $23::bool[])"
+        " $21::timestamptz[], $22::text[], $23::bool[], $24::text[], $25::int[], $26::bool[],"
+        " $27::text[])"
         " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr, pl, us, um,"
-        " ct)"
+        " ct, pg, pgs, pre, pc)"
         " ON CONFLICT (cluster, uid) DO UPDATE SET"
         " namespace = EXCLUDED.namespace, name = EXCLUDED.name, queue = EXCLUDED.queue,"
         " jobset = EXCLUDED.jobset, priority = EXCLUDED.priority,"
@@ -179,7 +180,10 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
         " release_attempts = EXCLUDED.release_attempts, last_reason = EXCLUDED.last_reason,"
         " placement = EXCLUDED.placement, unschedulable_since = EXCLUDED.unschedulable_since,"
         " unschedulable_message = EXCLUDED.unschedulable_message,"
-        " controlled = EXCLUDED.controlled, serial = EXCLUDED.serial",
+        " controlled = EXCLUDED.controlled,"
+        " pod_group = EXCLUDED.pod_group, pod_group_size = EXCLUDED.pod_group_size,"
+        " preemptible = EXCLUDED.preemptible, priority_class = EXCLUDED.priority_class,"
+        " serial = EXCLUDED.serial",
         *columns,
     )
 
@@ -248,7 +252,7 @@ class QueueExistsError(ValueError):
 
 
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, created_at,"
-                  " updated_at, max_queued")
+                  " updated_at, max_queued, group_timeout_seconds, group_timeout_action")
 
 
 def _queue_spec(record: asyncpg.Record) -> QueueSpec:
@@ -285,15 +289,19 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
             "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces,"  # noqa: S608
-            " max_queued) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6::text::jsonb)"
+            " max_queued, group_timeout_seconds, group_timeout_action)"
+            " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6::text::jsonb, $7, $8)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
             " namespaces = EXCLUDED.namespaces, max_queued = EXCLUDED.max_queued,"
+            " group_timeout_seconds = EXCLUDED.group_timeout_seconds,"
+            " group_timeout_action = EXCLUDED.group_timeout_action,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial')"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
             json.dumps(spec.namespaces_json()), _max_queued_json(spec),
+            spec.group_timeout_seconds, spec.group_timeout_action.value,
         )
         await notify_changes(connection, "queues")
     assert record is not None
@@ -318,19 +326,23 @@ async def update_queue(connection: AnyConnection, name: str,
         current = _queue_spec(record)
         updated = edit(current)
         if (updated.priority_factor, updated.cordoned, updated.resource_limits,
-                updated.namespaces, updated.max_queued) == (
+                updated.namespaces, updated.max_queued, updated.group_timeout_seconds,
+                updated.group_timeout_action) == (
                     current.priority_factor, current.cordoned, current.resource_limits,
-                    current.namespaces, current.max_queued):
+                    current.namespaces, current.max_queued, current.group_timeout_seconds,
+                    current.group_timeout_action):
             return current
         record = await connection.fetchrow(
             "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
             " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
-            " max_queued = $6::text::jsonb,"
+            " max_queued = $6::text::jsonb, group_timeout_seconds = $7,"
+            " group_timeout_action = $8,"
             " updated_at = now(), serial = nextval('change_serial')"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
             json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
-            _max_queued_json(updated),
+            _max_queued_json(updated), updated.group_timeout_seconds,
+            updated.group_timeout_action.value,
         )
         await notify_changes(connection, "queues")
     assert record is not None

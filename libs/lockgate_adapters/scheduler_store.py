@@ -188,12 +188,13 @@ _MAX_SERIAL = (
     " (SELECT max(serial) FROM cluster_nodes), 0)"
 )
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
-                  " deleted, serial, max_queued")
+                  " deleted, serial, max_queued, group_timeout_seconds, group_timeout_action")
 _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial,"
                  " labels, taints")
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
-                " unschedulable_since, unschedulable_message, controlled, unplaceable_at")
+                " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
+                " pod_group, pod_group_size, preemptible, priority_class")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
 _PLACEMENT_CACHE_SIZE = 4096
@@ -288,6 +289,8 @@ def _queue_change(record: asyncpg.Record) -> QueueChange:
         max_queued=_json(record["max_queued"]),
         created_at=record["created_at"],
         updated_at=record["updated_at"],
+        group_timeout_seconds=record["group_timeout_seconds"],
+        group_timeout_action=record["group_timeout_action"],
     )
     return QueueChange(spec.name, spec)
 
@@ -332,6 +335,10 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         unschedulable_message=record["unschedulable_message"],
         controlled=record["controlled"],
         unplaceable=record["unplaceable_at"] is not None,
+        group=record["pod_group"],
+        group_size=record["pod_group_size"],
+        preemptible=record["preemptible"],
+        priority_class=record["priority_class"],
     )
 
 

@@ -31,9 +31,11 @@ from prometheus_client import Counter as MetricCounter
 from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
-from lockgate.fairness import schedule_round
+from lockgate.fairness import RoundResult, schedule_round
+from lockgate.groups import GroupTimeoutAction, timed_out, timeout_message
 from lockgate.jobs import JobState
 from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
+from lockgate.preemption import PreemptionPolicy, plan_evictions
 from lockgate.queues import MaxQueued
 from lockgate.scheduling import SchedJob, SchedulerState
 from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
@@ -47,6 +49,7 @@ from lockgate.waiting import (
     format_duration,
     positions,
 )
+from lockgate_adapters import eviction_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
@@ -69,6 +72,9 @@ NOTICES = MetricCounter("lockgate_scheduler_pod_notices",
                         "Pod notices published (why a pod stays gated), by reason", ["reason"])
 ROUNDS = MetricCounter("lockgate_scheduler_rounds", "Scheduling rounds run, by trigger",
                        ["trigger"])
+REMOVALS = MetricCounter("lockgate_scheduler_pod_removals",
+                         "Pods recorded for removal, by kind (preempted, group_timeout) and queue",
+                         ["kind", "queue"])
 
 
 class LeadershipLostError(Exception):
@@ -130,6 +136,12 @@ class Leader:
         # release that keeps failing (e.g. a forbidden patch) does not spin: job id -> (due, job).
         self._backing_off: dict[str, tuple[float, SchedJob]] = {}
         self._phases: dict[str, Counter[str]] = {}
+        # Jobs recorded for removal (evicted, or of a timed-out group) and not finished yet: they
+        # still hold what they hold, but are as good as gone for preemption planning.
+        self._removing: set[str] = set()
+        self._preemption = PreemptionPolicy(
+            preemptible_priority_classes=frozenset(settings.preemptible_priority_classes),
+            max_evictions_per_round=settings.max_evictions_per_round)
         self._serial = 0
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
@@ -146,6 +158,7 @@ class Leader:
             listener = await self._listen(None)
             await self._load()
             await self._republish(include_unpublished=True)
+            await self._republish_removals()
             await self._serve(stopping, listener)
         finally:
             watcher.cancel()
@@ -194,6 +207,7 @@ class Leader:
             if now >= next_republish:
                 next_republish = now + republish_every
                 await self._republish(include_unpublished=False)
+                await self._republish_removals()
             if changed or more_to_do or safety_due:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
                 more_to_do = await self._round(trigger)
@@ -228,6 +242,8 @@ class Leader:
             self._notices.observe(job)
             self._unplaceable.observe(job)
             self._waiting.observe(job, now)
+            if job.state.is_terminal:
+                self._removing.discard(job.job_id)
             if job.job_id in self._expired:
                 if job.state is JobState.QUEUED:
                     continue  # still waiting for the ungater to fail or delete it
@@ -309,10 +325,13 @@ class Leader:
         started = time.perf_counter()
         ROUNDS.labels(trigger).inc()
         with tracer.start_as_current_span("schedule-round") as span:
+            decided_at = self._now()
             result = schedule_round(self._state,
                                     max_decisions=settings.max_decisions_per_round,
-                                    max_lookback_per_queue=settings.max_lookback_per_queue)
-            decided_at = self._now()
+                                    max_lookback_per_queue=settings.max_lookback_per_queue,
+                                    now=decided_at.timestamp(),
+                                    group_reserve_after_seconds=(
+                                        settings.group_reserve_after_seconds))
             planned: list[tuple[str, str, str]] = []
             for decision in result.decisions:
                 cluster, uid = store.split_job_id(decision.job_id)
@@ -329,6 +348,7 @@ class Leader:
                 await self._undo_dropped(planned, recorded)
             if recorded:
                 await self._publish(recorded)
+            await self._remove(result, decided_at)
         seconds = time.perf_counter() - started
         self._report.record_round(result, phases=self._phases, at=decided_at, seconds=seconds,
                                   decisions=len(recorded))
@@ -363,6 +383,95 @@ class Leader:
                 self._count(now, +1)
                 self._state.upsert_job(now)
         log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
+
+    # ---- removals: preemption and timed-out groups ----------------------------------------
+
+    async def _remove(self, result: RoundResult, at: datetime) -> None:
+        """Record, then publish, the pods to remove after this round: evictions to fair share
+        (when enabled) and the members of pod groups that timed out."""
+        planned: list[eviction_store.PlannedRemoval] = []
+        if self._settings.preemption_enabled:
+            for eviction in plan_evictions(self._state, result, policy=self._preemption,
+                                           evicting=self._removing):
+                cluster, uid = store.split_job_id(eviction.job_id)
+                planned.append(eviction_store.PlannedRemoval(
+                    eviction_id=self._new_decision_id(), cluster=cluster, uid=uid,
+                    kind="preempted", action="delete", message=eviction.message,
+                    for_queue=eviction.for_queue,
+                    for_uid=store.split_job_id(eviction.for_job)[1]))
+        planned += self._timed_out_groups(at)
+        if not planned:
+            return
+        self._removing.update(store.job_id(p.cluster, p.uid) for p in planned)
+        recorded = await eviction_store.record_removals(
+            self._connection, planned, decided_at=at, decided_by=self._settings.instance_id)
+        for removal in recorded:
+            REMOVALS.labels(removal.kind, removal.queue).inc()
+            log.info("removing pod %s/%s/%s of queue %s (%s, %s): %s", removal.cluster,
+                     removal.namespace, removal.name, removal.queue, removal.kind,
+                     removal.action, removal.message)
+        await self._publish_removals(recorded)
+
+    def _timed_out_groups(self, at: datetime) -> list[eviction_store.PlannedRemoval]:
+        state = self._state
+        timeouts: dict[str, float | None] = {}
+        actions: dict[str, GroupTimeoutAction] = {}
+        for name in state.queue_names():
+            spec = state.queue_spec(name)
+            if spec is not None:
+                timeouts[name] = spec.group_timeout_seconds
+                actions[name] = spec.group_timeout_action
+        planned = []
+        groups = state.groups()
+        for status in timed_out(groups, now=at.timestamp(), timeout_of=timeouts):
+            queue = status.key[1]
+            timeout = timeouts[queue]
+            assert timeout is not None
+            message = timeout_message(status, timeout=timeout, action=actions[queue])
+            for job_id in groups.queued_members(status.key):
+                if job_id in self._removing:
+                    continue
+                cluster, uid = store.split_job_id(job_id)
+                planned.append(eviction_store.PlannedRemoval(
+                    eviction_id=self._new_decision_id(), cluster=cluster, uid=uid,
+                    kind="group_timeout", action=actions[queue].value, message=message))
+        return planned
+
+    async def _publish_removals(self, removals: list[eviction_store.RecordedRemoval]) -> None:
+        """Publish the notices that make the ungater remove the pods. A failed publish is only
+        logged: the removals stay unpublished in Postgres and go out again later."""
+        if not removals:
+            return
+        reasons = {"preempted": NoticeReason.PREEMPTED,
+                   "group_timeout": NoticeReason.GROUP_TIMED_OUT}
+        notices = [PodNotice(cluster=r.cluster, namespace=r.namespace, name=r.name, uid=r.uid,
+                             queue=r.queue, reason=reasons[r.kind].value, message=r.message,
+                             at=r.decided_at, action="delete" if r.action == "delete" else "fail")
+                   for r in removals]
+        try:
+            await publish_many(self._producer, POD_NOTICES, notices)
+        except Exception as error:
+            if not is_retryable_kafka_error(error):
+                raise
+            log.warning("publishing %d pod removals failed (%s); they go out again later",
+                        len(notices), error, extra=quiet("kafka"))
+            return
+        await eviction_store.mark_removals_published(
+            self._connection, [r.eviction_id for r in removals], self._now())
+
+    async def _republish_removals(self) -> None:
+        """Removals recorded but not published (a leader died in between), or published long
+        ago while the pod is still there (the notice went missing)."""
+        now = self._now()
+        after = timedelta(seconds=self._settings.republish_after_seconds)
+        in_flight = await eviction_store.removals_in_flight(self._connection)
+        self._removing.update(store.job_id(r.cluster, r.uid) for r, _ in in_flight)
+        due = [r for r, published in in_flight
+               if eviction_store.due_again(published, now=now, after=after)]
+        if due:
+            log.warning("re-publishing %d pod removals (unpublished or not carried out)",
+                        len(due))
+            await self._publish_removals(due)
 
     # ---- notices --------------------------------------------------------------------------
 

@@ -112,6 +112,21 @@ class SchedulerSettings(ServiceSettings):
         default=5.0, gt=0, description="the most wait Events per second per cluster, on average")
     wait_notice_burst_per_cluster: float = Field(
         default=50.0, ge=1, description="... and at once (token bucket size)")
+    # Pod groups (docs/scheduling.md, "Gangs"); a group's timeout is its queue's setting.
+    group_reserve_after_seconds: float = Field(
+        default=60.0, ge=0,
+        description="a complete pod group that has not fitted for this long after its last "
+                    "member arrived reserves its cluster: nothing else is released there until "
+                    "it fits")
+    # Preemption to fair share (docs/scheduling.md, "Preemption"): off unless enabled.
+    preemption_enabled: bool = Field(
+        default=False, description="evict preemptible pods of queues above their fair share "
+                                   "for queues below theirs")
+    preemptible_priority_classes: list[str] = Field(
+        default_factory=list,
+        description="pods of these PriorityClasses are preemptible (as are pods labelled "
+                    "lockgate.io/preemptible=true); JSON list")
+    max_evictions_per_round: int = Field(default=100, ge=1)
     # Releases that went unanswered
     release_retry_initial_seconds: float = Field(
         default=2.0, gt=0,

@@ -72,6 +72,8 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "resource_limits": dict(spec.resource_limits),
         "namespaces": spec.namespaces_json(),
         "max_queued": None if spec.max_queued is None else spec.max_queued.model_dump(),
+        "group_timeout_seconds": spec.group_timeout_seconds,
+        "group_timeout_action": spec.group_timeout_action.value,
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }

@@ -9,10 +9,13 @@ apiserver may get over (no answer, 429, 5xx) are raised, so the batch is retried
 offsets are committed; anything else is a permanent refusal, and the notice goes to the
 dead-letter topic with the apiserver's answer.
 
-A notice with an `action` (the pod waited past its queue's maximum time queued) is then carried
-out: the pod is failed (status patch) or deleted, only if it is the same pod (uid) and still
-gated. Why the ungater acts, not the scheduler: it already holds a client per cluster and the
-right to write pods; the scheduler holds no Kubernetes credentials at all.
+A notice with an `action` removes its pod: it waited past its queue's maximum time queued (acted
+on only while still gated, so a pod released meanwhile is never failed), it was preempted to give
+another queue its fair share, or its pod group timed out (running or not; the scheduler recorded
+the eviction in Postgres before publishing). The Event is written first, then the pod is deleted
+(its controller creates a new, gated one) or marked Failed, each guarded by the pod's uid. Why the
+ungater acts, not the scheduler: it already holds a client per cluster and the right to write
+pods; the scheduler holds no Kubernetes credentials at all.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class Noticer:
         notice = item.event
         body = event_for(notice)
         pods = self._pods[notice.cluster]
+        if notice.action:
+            await self._act(item, reject)
+            return
         try:
             pod = await pods.read(namespace=notice.namespace, name=notice.name)
             about_released = notice.reason in ABOUT_RELEASED_PODS
@@ -95,17 +101,26 @@ class Noticer:
             NOTICES.labels(notice.cluster, "written").inc()
             log.info("told pod %s/%s/%s: %s", notice.cluster, notice.namespace, notice.name,
                      notice.reason)
-        if notice.action:
-            await self._act(item, reject)
 
     async def _act(self, item: Received[PodNotice],
                    reject: Callable[[Received[PodNotice], str], Awaitable[None]]) -> None:
-        """Fail or delete a pod that waited past its maximum time queued: after its Event, so
-        its owner can read why. Only the pod with the notice's uid; a redelivery finds it gone
-        (404) or already failed (the patch is the same again)."""
+        """A notice that removes its pod: the Event first, so the reason is on record before
+        the pod goes, then delete it or mark it Failed.
+
+        Idempotent: the Event's name is fixed per (uid, reason, series), the delete has a uid
+        precondition, and the Failed patch tests the uid; a pod already gone is done. A pod past
+        its maximum time queued is acted on only while it is still gated.
+        """
         notice = item.event
         pods = self._pods[notice.cluster]
+        body = event_for(notice)
         try:
+            pod = await pods.read(namespace=notice.namespace, name=notice.name)
+            if pod is None or pod.uid != notice.uid or (
+                    notice.reason not in ABOUT_RELEASED_PODS and SCHEDULING_GATE not in pod.gates):
+                NOTICES.labels(notice.cluster, "pod_gone_or_released").inc()
+                return
+            await pods.create_event(namespace=notice.namespace, body=body)
             if notice.action == "delete":
                 status = await pods.delete(namespace=notice.namespace, name=notice.name,
                                            uid=notice.uid)

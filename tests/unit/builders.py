@@ -35,6 +35,20 @@ class JobBuilder:
     state: JobState = JobState.QUEUED
     node: str | None = None
     job_id: str | None = None
+    group: str | None = None
+    group_size: int = 0
+    is_preemptible: bool = False
+    priority_class: str = ""
+
+    def in_group(self, name: str, size: int) -> JobBuilder:
+        """A member of pod group `name` (per namespace: "<namespace>/<name>") of `size` pods."""
+        return replace(self, group=name, group_size=size)
+
+    def preemptible(self) -> JobBuilder:
+        return replace(self, is_preemptible=True)
+
+    def with_priority_class(self, name: str) -> JobBuilder:
+        return replace(self, priority_class=name)
 
     def in_cluster(self, cluster: str) -> JobBuilder:
         return replace(self, cluster=cluster)
@@ -75,6 +89,10 @@ class JobBuilder:
             created_at=self.created if self.created is not None else _BASE_TIME + number,
             state=self.state,
             node_name=self.node,
+            group=self.group,
+            group_size=self.group_size,
+            preemptible=self.is_preemptible,
+            priority_class=self.priority_class,
         )
 
     def times(self, count: int) -> list[SchedJob]:

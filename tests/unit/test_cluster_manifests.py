@@ -62,7 +62,8 @@ def test_each_service_account_has_a_cluster_role_bound_to_it() -> None:
 
 
 def test_the_ungater_may_only_read_patch_delete_and_fail_pods_and_create_events() -> None:
-    # delete: a released pod kube-scheduler cannot place, when a controller replaces it, and pods
+    # delete: a released pod kube-scheduler cannot place, when a controller replaces it, evictions,
+    # timed-out pod groups and pods
     # past their queue's maximum time queued (pods/status patch to fail them instead);
     # list + delete: a cancelled job set's pods (by label) are deleted in every cluster.
     pods, status, events = of_kind("ClusterRole")["lockgate-ungater"]["rules"]

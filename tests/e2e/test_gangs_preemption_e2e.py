@@ -1,0 +1,289 @@
+"""Pod groups and preemption end to end: every lockgate service as a process, real apiserver,
+kube-controller-manager (Deployments), kube-scheduler and kwok nodes.
+
+One cluster is watched (cluster-a, 4 nodes of 16 cpu), so the pool is that cluster: 8 pods of
+8 cpu fill it. Pod groups: a group of 8 with room for 7 is not released; once room for the
+eighth appears all 8 are released in one round; a group that never fills up times out as its
+queue says (deleted, with an Event and a row in `evictions`). Preemption: queue A's Deployment of
+preemptible pods (and one pod that is not preemptible) fills the cluster; queue B, same weight,
+arrives with pods that wait; A is evicted down to its fair share, B's pods are released, nothing
+not preemptible is evicted, and over a further window of rounds nothing is evicted again.
+
+Isolation as in test_fairness_e2e: a database, cluster alias, webhook registration and consumer
+groups of this run's own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from kubernetes_asyncio import client
+
+from devstack.launcher import Lockgate, ServicePorts
+from helpers.kube import Namespaces, a_pod
+from helpers.postgres import fresh_database, migrate_database
+from helpers.services import fairness_report
+from helpers.waiting import eventually
+from lockgate.events import CLUSTER_CAPACITY, CLUSTER_SNAPSHOTS, POD_EVENTS, RELEASE_OUTCOMES
+from lockgate.groups import GROUP_LABEL, GROUP_SIZE_KEY
+from lockgate.labels import MANAGED_NAMESPACE_LABEL, PREEMPTIBLE_LABEL, SCHEDULING_GATE
+from lockgate_adapters.kafka import commit_group_at_end, ensure_topics
+from lockgate_adapters.kube import api_client
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
+
+RUN = uuid.uuid4().hex[:6]
+ALIAS = f"gang-{RUN}-a"
+CLUSTERS = {ALIAS: "cluster-a"}
+NAMESPACE = f"e2e-gang-{RUN}"
+FILLER, GANG, LATE, QA, QB = (f"{n}-{RUN}" for n in ("filler", "gang", "late", "qa", "qb"))
+GROUP_TIMEOUT_SECONDS = 8.0
+POD_CPU = "8"  # a 16-cpu node takes 2; the cluster 8
+
+
+@dataclass
+class Run:
+    lockgate: Lockgate
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
+    pool: asyncpg.Pool
+
+
+@pytest.fixture
+async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
+    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_gang_{RUN}") as dsn:
+        await keep_only_our_cluster(dsn)
+        api = await api_client(stack.kubeconfigs["cluster-a"])
+        nodes = (await client.CoreV1Api(api).list_node()).items
+        sizes = sorted((n.metadata.name, n.status.allocatable.get("cpu")) for n in nodes)
+        if len(nodes) != 4 or any(cpu != "16" for _, cpu in sizes):
+            await api.close()
+            pytest.fail(f"this test sizes its pods for 4 nodes of 16 cpu in cluster-a; "
+                        f"the stack has {sizes} (LOCKGATE_STACK_NODE_CPU)")
+        bootstrap = stack.kafka_bootstrap
+        await ensure_topics(bootstrap)
+        queue_store_group = f"queue-store-gang-{RUN}"
+        await commit_group_at_end(bootstrap, queue_store_group, [
+            POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
+        lockgate = Lockgate.for_stack(
+            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
+            log_dir=tmp_path_factory.mktemp("service-logs"),
+            extra_env={
+                "LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group,
+                "LOCKGATE_SCHEDULER_PREEMPTION_ENABLED": "true",
+                "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1",
+            },
+            run_id=f"gang-{RUN}", cert_dir=tmp_path_factory.mktemp("webhook-certs"),
+        )
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+        namespaces = Namespaces({ALIAS: api})
+        try:
+            await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
+                                       "ungater", "fair-scheduler"])
+            binding = [{"cluster": "*", "names": [NAMESPACE]}]
+            queues: dict[str, dict[str, Any]] = {
+                name: {} for name in (FILLER, GANG, QA, QB)}
+            queues[LATE] = {"group_timeout_seconds": GROUP_TIMEOUT_SECONDS,
+                            "group_timeout_action": "delete"}
+            async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
+                for name, extra in queues.items():
+                    async with session.post(f"{lockgate.admin_url}/api/v1/queues", json={
+                            "name": name, "namespaces": binding, **extra}) as response:
+                        assert response.status in (200, 201), await response.text()
+            await lockgate.wait_for_queues({name: {"cordoned": False, "namespaces": binding}
+                                            for name in queues})
+            await namespaces.create(ALIAS, NAMESPACE, labels={
+                MANAGED_NAMESPACE_LABEL: "true", **lockgate.run_namespace_labels})
+            yield Run(lockgate, client.CoreV1Api(api), client.AppsV1Api(api), pool)
+        finally:
+            codes = await lockgate.stop()
+            await namespaces.delete_all()
+            await api.close()
+            await pool.close()
+    assert not {name: code for name, code in codes.items() if code not in (0, None)}, codes
+
+
+async def keep_only_our_cluster(dsn: str) -> None:
+    """Migrate, then drop rows of clusters this run does not watch (other runs' watchers)."""
+    await migrate_database(dsn)
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(
+            "CREATE FUNCTION only_our_cluster() RETURNS trigger AS $$ BEGIN"
+            " IF NEW.cluster = TG_ARGV[0] THEN RETURN NEW; END IF; RETURN NULL;"
+            " END $$ LANGUAGE plpgsql")
+        for table in ("jobs", "cluster_nodes"):
+            await connection.execute(
+                f"CREATE TRIGGER only_our_cluster BEFORE INSERT ON {table} FOR EACH ROW"
+                f" EXECUTE FUNCTION only_our_cluster({ALIAS!r})")
+    finally:
+        await connection.close()
+
+
+def pod(name: str, queue: str, *, labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    builder = (a_pod(name).in_queue(queue).never_restarted()
+               .requesting(cpu=POD_CPU, memory="1Gi"))
+    if labels:
+        builder = builder.labelled(labels)
+    if annotations:
+        builder = builder.annotated(annotations)
+    return builder.manifest()
+
+
+def member(name: str, queue: str, group: str, size: int) -> dict[str, Any]:
+    return pod(name, queue, labels={GROUP_LABEL: group}, annotations={GROUP_SIZE_KEY: str(size)})
+
+
+async def pods(run: Run, prefix: str = "") -> list[client.V1Pod]:
+    listed = await run.core.list_namespaced_pod(NAMESPACE)
+    return [p for p in listed.items if p.metadata.name.startswith(prefix)]
+
+
+def released(pod_: client.V1Pod) -> bool:
+    return SCHEDULING_GATE not in {gate.name for gate in pod_.spec.scheduling_gates or ()}
+
+
+async def wait_queued(run: Run, names: list[str]) -> None:
+    """Until lockgate knows every one of these pods (and so has judged them at least once)."""
+    async def all_known() -> bool:
+        count = await run.pool.fetchval(
+            "SELECT count(*) FROM jobs WHERE namespace = $1 AND name = ANY($2::text[])",
+            NAMESPACE, names)
+        return bool(count == len(names))
+    await eventually(all_known, within=60, what=f"lockgate to store pods {names}")
+
+
+async def rounds(run: Run, count: int) -> dict[str, Any]:
+    """Until the leader has finished `count` more rounds (safety rounds come every second);
+    returns the last one's report."""
+    seen: set[str] = set()
+    report: dict[str, Any] = {}
+
+    async def another() -> bool:
+        nonlocal report
+        report = await fairness_report(run.lockgate.ports.scheduler_health)
+        at = (report.get("last_round") or {}).get("at")
+        if at is not None:
+            seen.add(at)
+        return len(seen) > count  # the first one seen may have been under way already
+    await eventually(another, within=120, every=0.1, what=f"{count} scheduling rounds")
+    return report
+
+
+def skipped(report: dict[str, Any], queue: str) -> dict[str, int]:
+    return next((q["skipped_last_round"] for q in report["queues"] if q["name"] == queue), {})
+
+
+async def test_a_group_is_released_whole_only_when_every_member_fits(run: Run) -> None:
+    # The filler takes one 8-cpu slot: room for 7 of the group's 8 members.
+    await run.core.create_namespaced_pod(NAMESPACE, pod("filler", FILLER))
+    await eventually(lambda: _bound(run, "filler"), within=60, what="the filler pod to run")
+    names = [f"gang-{i}" for i in range(8)]
+    for name in names:
+        await run.core.create_namespaced_pod(NAMESPACE, member(name, GANG, "g8", 8))
+    await wait_queued(run, names)
+
+    async def judged_without_room() -> bool:
+        # A round saw the complete group and found no room for all of it at once.
+        return "no_node_with_room" in skipped(await rounds(run, 1), GANG)
+    await eventually(judged_without_room, within=120, what="a round to find no room for g8")
+    await rounds(run, 3)
+    assert not any(released(p) for p in await pods(run, "gang-")), "a member was released"
+    # Room for the eighth.
+    await run.core.delete_namespaced_pod("filler", NAMESPACE, grace_period_seconds=0)
+
+    async def all_released() -> bool:
+        return sum(released(p) for p in await pods(run, "gang-")) == 8
+    await eventually(all_released, within=60, what="all 8 members to be released")
+    decided = await run.pool.fetch(
+        "SELECT DISTINCT d.decided_at FROM release_decisions d JOIN jobs j"
+        " ON j.cluster = d.cluster AND j.uid = d.uid WHERE j.queue = $1", GANG)
+    assert len(decided) == 1, f"the group was released over {len(decided)} rounds"
+
+
+async def test_a_group_that_never_fills_up_times_out_as_its_queue_says(run: Run) -> None:
+    names = [f"late-{i}" for i in range(3)]
+    for name in names:
+        await run.core.create_namespaced_pod(NAMESPACE, member(name, LATE, "g4", 4))
+    await wait_queued(run, names)
+
+    async def all_gone() -> bool:
+        return not await pods(run, "late-")
+    await eventually(all_gone, within=GROUP_TIMEOUT_SECONDS + 60,
+                     what="the timed-out group's members to be deleted")
+    rows = await run.pool.fetch("SELECT name, kind, action, message, decided_at FROM evictions"
+                                " WHERE queue = $1", LATE)
+    assert sorted(r["name"] for r in rows) == names
+    assert {(r["kind"], r["action"]) for r in rows} == {("group_timeout", "delete")}
+    assert "3 of 4 members" in rows[0]["message"]
+    created = await run.pool.fetchval("SELECT min(created_at) FROM jobs WHERE queue = $1", LATE)
+    assert (rows[0]["decided_at"] - created).total_seconds() >= GROUP_TIMEOUT_SECONDS
+    events = await run.core.list_namespaced_event(NAMESPACE)
+    reasons = {(e.involved_object.name, e.reason) for e in events.items}
+    assert {(name, "LockgateGroupTimedOut") for name in names} <= reasons
+
+
+async def test_preemption_frees_room_down_to_fair_share_and_does_not_thrash(run: Run) -> None:
+    # A: one pod that is not preemptible, and a Deployment of 7 preemptible ones: the cluster.
+    await run.core.create_namespaced_pod(NAMESPACE, pod("a-fixed", QA))
+    await run.apps.create_namespaced_deployment(NAMESPACE, deployment("a-deploy", QA, 7))
+
+    async def a_fills() -> bool:
+        return sum(1 for p in await pods(run, "a-") if _running(p)) == 8
+    await eventually(a_fills, within=90, what="queue A's 8 pods to run")
+    fixed_uid = (await run.core.read_namespaced_pod("a-fixed", NAMESPACE)).metadata.uid
+    # B, same weight, arrives with pods that wait.
+    b_names = [f"b-{i}" for i in range(8)]
+    for name in b_names:
+        await run.core.create_namespaced_pod(NAMESPACE, pod(name, QB))
+
+    async def b_has_four() -> bool:
+        return sum(1 for p in await pods(run, "b-") if _running(p)) == 4
+    await eventually(b_has_four, within=90, what="queue B to get its fair share (4 pods)")
+    evicted = await run.pool.fetch("SELECT name, kind, for_queue, message FROM evictions")
+    assert len(evicted) == 4, evicted
+    assert all(r["kind"] == "preempted" and r["for_queue"] == QB for r in evicted)
+    assert all(r["name"].startswith("a-deploy-") for r in evicted)  # only preemptible pods
+    # A is down to its fair share: 4 running, its Deployment's new pods wait (gated).
+    a_pods = await pods(run, "a-")
+    assert sum(1 for p in a_pods if _running(p)) == 4
+    assert sum(1 for p in a_pods if not released(p)) == 4
+    events = await run.core.list_namespaced_event(NAMESPACE)
+    preempted = {e.involved_object.name for e in events.items
+                 if e.reason == "LockgatePreempted"}
+    assert preempted == {r["name"] for r in evicted}
+    # A further window of rounds: nothing is evicted again, nothing moves.
+    await rounds(run, 10)
+    assert await run.pool.fetchval("SELECT count(*) FROM evictions") == 4
+    assert sum(1 for p in await pods(run, "b-") if _running(p)) == 4
+    assert (await run.core.read_namespaced_pod("a-fixed", NAMESPACE)).metadata.uid == fixed_uid
+
+
+def deployment(name: str, queue: str, replicas: int) -> dict[str, Any]:
+    template = (a_pod(name).in_queue(queue).requesting(cpu=POD_CPU, memory="1Gi")
+                .labelled({"app": name, PREEMPTIBLE_LABEL: "true"}).manifest())
+    template["metadata"].pop("name", None)
+    template["metadata"].pop("namespace", None)
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": template["metadata"], "spec": template["spec"]}},
+    }
+
+
+def _running(pod_: client.V1Pod) -> bool:
+    return (pod_.metadata.deletion_timestamp is None and bool(pod_.spec.node_name)
+            and pod_.status.phase in ("Pending", "Running"))
+
+
+async def _bound(run: Run, name: str) -> bool:
+    found = await run.core.read_namespaced_pod(name, NAMESPACE)
+    return bool(found.spec.node_name)

@@ -1,0 +1,245 @@
+"""Pod groups: how pods name them, all-or-nothing release, one unit of fair share, reservations,
+timeouts, and priority order within a queue."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from builders import a_job, a_node, a_queue, a_state, released_ids, released_per_queue
+
+from lockgate.fairness import RoundResult, SkipReason, schedule_round
+from lockgate.groups import (
+    GROUP_LABEL,
+    GROUP_SIZE_KEY,
+    KUEUE_GROUP_LABEL,
+    KUEUE_TOTAL_ANNOTATION,
+    GroupTimeoutAction,
+    InvalidPodGroupError,
+    PodGroup,
+    pod_group,
+    timed_out,
+    timeout_message,
+)
+from lockgate.jobs import JobState
+from lockgate.scheduling import SchedJob, SchedulerState
+
+T0 = 1_700_000_000.0
+
+
+def run_round(state: SchedulerState, *, now: float | None = None,
+              reserve_after: float | None = None, lookback: int = 1000) -> RoundResult:
+    return schedule_round(state, max_decisions=10_000, max_lookback_per_queue=lookback,
+                          now=now, group_reserve_after_seconds=reserve_after)
+
+
+# ---- naming a group -----------------------------------------------------------------------
+
+
+def test_a_pod_names_its_group_with_lockgate_or_kueue_keys() -> None:
+    assert pod_group({GROUP_LABEL: "workers"}, {GROUP_SIZE_KEY: "8"}) == PodGroup("workers", 8)
+    assert pod_group({KUEUE_GROUP_LABEL: "w"}, {KUEUE_TOTAL_ANNOTATION: "3"}) == PodGroup("w", 3)
+    assert pod_group({GROUP_LABEL: "w", GROUP_SIZE_KEY: "2"}, {}) == PodGroup("w", 2)
+    assert pod_group({"app": "x"}, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "expected"),
+    [
+        ({GROUP_LABEL: "w"}, {}, "has no size"),
+        ({}, {GROUP_SIZE_KEY: "4"}, "without a group name"),
+        ({GROUP_LABEL: "w"}, {GROUP_SIZE_KEY: "eight"}, "not a whole number from 1 to"),
+        ({GROUP_LABEL: "w"}, {GROUP_SIZE_KEY: "0"}, "not a whole number"),
+        ({GROUP_LABEL: "w"}, {GROUP_SIZE_KEY: "+3"}, "not a whole number"),
+        ({GROUP_LABEL: "w"}, {GROUP_SIZE_KEY: "100001"}, "not a whole number"),
+        ({GROUP_LABEL: "w", KUEUE_GROUP_LABEL: "v"}, {GROUP_SIZE_KEY: "2"}, "conflicting"),
+        ({GROUP_LABEL: "w"}, {GROUP_SIZE_KEY: "2", KUEUE_TOTAL_ANNOTATION: "3"}, "conflicting"),
+        ({GROUP_LABEL: "-bad-"}, {GROUP_SIZE_KEY: "2"}, "not a valid label value"),
+    ],
+)
+def test_a_bad_group_gets_a_clear_error(labels: dict[str, str], annotations: dict[str, str],
+                                        expected: str) -> None:
+    with pytest.raises(InvalidPodGroupError, match=expected):
+        pod_group(labels, annotations)
+
+
+# ---- all or nothing -------------------------------------------------------------------------
+
+
+def _gang(size: int, *, present: int | None = None, queue: str = "a", name: str = "ns/g",
+          cpu: str = "1", created: float = 0.0) -> list[SchedJob]:
+    return [a_job(queue).in_group(name, size).requesting(cpu=cpu).created_at(created + i)
+            .build() for i in range(size if present is None else present)]
+
+
+def test_a_group_of_eight_with_room_for_seven_is_not_released_then_all_at_once() -> None:
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="7").times(1))
+             .with_jobs(_gang(8)).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    assert set(result.skipped_jobs.values()) == {SkipReason.GROUP_TOO_BIG}
+    state.set_node("cluster-a", "node-2", a_node(cpu="1").build())  # room for the eighth
+    result = run_round(state)
+    assert len(result.decisions) == 8
+    assert {d.node_hint for d in result.decisions} == {"node-1", "node-2"}
+
+
+def test_an_incomplete_group_waits_and_releases_nothing() -> None:
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="64").times(1))
+             .with_jobs(_gang(4, present=3)).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    assert set(result.skipped_jobs.values()) == {SkipReason.GROUP_INCOMPLETE}
+    state.upsert_job(a_job("a").in_group("ns/g", 4).build())
+    assert len(run_round(state).decisions) == 4
+
+
+def test_a_group_that_fits_an_empty_cluster_but_not_now_holds_nothing() -> None:
+    running = a_job("b").requesting(cpu="3").running_on("node-1").build()
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(running, _gang(2, cpu="1")).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    assert set(result.skipped_jobs.values()) == {SkipReason.NO_NODE_WITH_ROOM}
+    assert state.queue_usage("a").allocated_jobs == 0  # no member was half-released
+
+
+def test_a_replacement_member_of_a_released_group_is_released_alone() -> None:
+    held = [a_job("a").in_group("ns/g", 3).running_on("node-1").build() for _ in range(2)]
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(held, a_job("a").in_group("ns/g", 3)).build())
+    assert len(run_round(state).decisions) == 1
+
+
+def test_groups_of_the_same_name_in_other_namespaces_or_clusters_are_apart() -> None:
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(_gang(2, present=1, name="ns1/g"), _gang(2, present=1, name="ns2/g"))
+             .build())
+    assert run_round(state).decisions == ()
+
+
+def test_a_group_counts_as_one_unit_of_fair_share() -> None:
+    # a's group of 4 costs 4 cpu at once; b with singles gets the other half first, then the
+    # group goes whole when it is the cheaper unit.
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(_gang(4), a_job("b").times(8)).build())
+    result = run_round(state)
+    assert released_per_queue(result) == {"a": 4, "b": 4}
+    a_decisions = [d for d in result.decisions if d.queue == "a"]
+    assert len(a_decisions) == 4
+
+
+def test_a_group_over_its_queue_limit_is_not_released() -> None:
+    state = (a_state().with_queues(a_queue("a").limited_to(cpu="3"))
+             .with_cluster("cluster-a", a_node(cpu="16").times(1)).with_jobs(_gang(4)).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    assert set(result.skipped_jobs.values()) == {SkipReason.QUEUE_LIMIT}
+
+
+# ---- starvation: reservation after aging -----------------------------------------------------
+
+
+def test_a_large_group_reserves_its_cluster_after_waiting_and_small_pods_stop_filling() -> None:
+    # b's small pods keep arriving; a's group of 4 needs 4 free cpu at once.
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, _gang(4, created=0), a_job("b").times(3)).build())
+    now = T0 + 100
+    first = run_round(state, now=now, reserve_after=30)
+    assert first.decisions == ()
+    # One blocker finishes: without a reservation b's next pod would take the gap.
+    state.upsert_job(replace(blockers[0], state=JobState.SUCCEEDED))
+    second = run_round(state, now=now + 1, reserve_after=30)
+    assert second.decisions == ()
+    assert SkipReason.RESERVED_FOR_GROUP in second.skipped_jobs.values()
+    for blocker in blockers[1:]:
+        state.upsert_job(replace(blocker, state=JobState.SUCCEEDED))
+    third = run_round(state, now=now + 2, reserve_after=30)
+    assert released_per_queue(third) == {"a": 4}
+    assert not state._groups.reserved  # released: the reservation is gone
+
+
+def test_a_young_group_does_not_reserve() -> None:
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, _gang(4, created=0), a_job("b").times(1)).build())
+    run_round(state, now=T0 + 10, reserve_after=30)
+    state.upsert_job(replace(blockers[0], state=JobState.SUCCEEDED))
+    assert released_per_queue(run_round(state, now=T0 + 11, reserve_after=30)) == {"b": 1}
+
+
+# ---- timeouts --------------------------------------------------------------------------------
+
+
+def test_an_incomplete_group_times_out_after_its_queues_timeout_only() -> None:
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(_gang(3, present=2, created=0), _gang(3, present=2, queue="b",
+                                                              name="ns/h", created=0),
+                        _gang(2, queue="a", name="ns/full", created=0)).build())
+    late = timed_out(state._groups, now=T0 + 61, timeout_of={"a": 60.0, "b": None})
+    assert [status.key for status in late] == [("cluster-a", "a", "ns/g")]
+    assert timed_out(state._groups, now=T0 + 59, timeout_of={"a": 60.0}) == []
+    message = timeout_message(late[0], timeout=60, action=GroupTimeoutAction.DELETE)
+    assert "2 of 3 members" in message and "deleted" in message
+
+
+# ---- priority within a queue -----------------------------------------------------------------
+
+
+def test_within_a_queue_higher_priority_goes_first_then_older() -> None:
+    old_low = a_job("a").with_priority(0).created_at(1).build()
+    new_high = a_job("a").with_priority(100).created_at(5).build()
+    older_high = a_job("a").with_priority(100).created_at(3).build()
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="2").times(1))
+             .with_jobs(old_low, new_high, older_high).build())
+    assert released_ids(run_round(state)) == [older_high.job_id, new_high.job_id]
+
+
+# ---- admission and observation ---------------------------------------------------------------
+
+
+def test_the_webhook_refuses_a_bad_group_and_gates_a_good_one() -> None:
+    from test_admission import gate, make_pod
+
+    from lockgate.admission import Outcome
+    from lockgate.labels import QUEUE_LABEL
+
+    good = make_pod(labels={QUEUE_LABEL: "q1", GROUP_LABEL: "w"},
+                    annotations={GROUP_SIZE_KEY: "8"})
+    assert gate(good).outcome is Outcome.GATED
+    bad = make_pod(labels={QUEUE_LABEL: "q1", GROUP_LABEL: "w"})
+    decision = gate(bad)
+    assert decision.outcome is Outcome.DENIED
+    assert "has no size" in decision.message and GROUP_SIZE_KEY in decision.message
+
+
+def test_the_watcher_reports_group_preemptible_label_and_priority_class() -> None:
+    from datetime import UTC, datetime
+
+    from lockgate.labels import PREEMPTIBLE_LABEL, QUEUE_LABEL
+    from lockgate.observing import pod_event
+
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                        "labels": {QUEUE_LABEL: "q", KUEUE_GROUP_LABEL: "g",
+                                   PREEMPTIBLE_LABEL: "true"},
+                        "annotations": {KUEUE_TOTAL_ANNOTATION: "4"}},
+           "spec": {"priorityClassName": "batch-low", "priority": 5, "containers": []}}
+    event = pod_event(pod, cluster="c", event_id="e", observed_at=datetime.now(UTC))
+    assert (event.group, event.group_size, event.preemptible, event.priority_class,
+            event.priority) == ("ns/g", 4, True, "batch-low", 5)
+    pod["metadata"]["annotations"] = {KUEUE_TOTAL_ANNOTATION: "many"}  # type: ignore[index]
+    event = pod_event(pod, cluster="c", event_id="e", observed_at=datetime.now(UTC))
+    assert (event.group, event.group_size) == (None, 0)
+
+
+def test_a_reservation_ends_when_its_queue_is_cordoned() -> None:
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, _gang(4, created=0), a_job("b").times(1)).build())
+    run_round(state, now=T0 + 100, reserve_after=30)
+    assert state.groups().reserved == {"cluster-a": ("cluster-a", "a", "ns/g")}
+    state.upsert_queue(a_queue("a").cordoned().build())
+    state.upsert_job(replace(blockers[0], state=JobState.SUCCEEDED))
+    assert released_per_queue(run_round(state, now=T0 + 101, reserve_after=30)) == {"b": 1}
+    assert not state.groups().reserved
