@@ -36,6 +36,7 @@ IDENTITIES = {
     "ungater": "lockgate-ungater",
     "webhook": "lockgate-webhook",
     "queue-sync": "lockgate-queue-sync",
+    "namespace-keeper": "lockgate-namespace-keeper",
 }
 TOKEN_SECONDS = 365 * 24 * 3600
 # A token this close to expiry is replaced at the next `up`.

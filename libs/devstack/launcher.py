@@ -311,6 +311,18 @@ class Lockgate:
         await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}-notices",
                                   [POD_NOTICES])
 
+    def _namespace_env(self) -> dict[str, str]:
+        """Ephemeral namespaces, made as namespace-keeper, carrying this run's label (so its
+        webhook registration serves them) and its id in their names."""
+        if "namespace-keeper" not in self.identity_kubeconfigs:
+            return {}  # a stack set up before that identity existed: no ephemeral namespaces
+        return {
+            "LOCKGATE_QUEUE_STORE_NAMESPACE_CLUSTERS": self.clusters_as("namespace-keeper"),
+            "LOCKGATE_QUEUE_STORE_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
+            "LOCKGATE_QUEUE_STORE_NAMESPACE_NAME_PREFIX": (
+                f"{self.run_id[:12].lower()}-" if self.run_id else ""),
+        }
+
     def _postgres(self, service: str) -> dict[str, str]:
         return {"LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, service)}
 
@@ -325,6 +337,7 @@ class Lockgate:
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": self.clusters_as("queue-sync"),
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": self.queue_source,
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": self.queue_object_prefix,
+                **self._namespace_env(),
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),

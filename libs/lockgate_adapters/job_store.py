@@ -237,13 +237,13 @@ class QueueExistsError(ValueError):
         self.name = name
 
 
-_QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, created_at,"
-                  " updated_at")
+_QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, allowed_kinds,"
+                  " created_at, updated_at")
 
 
 def _queue_spec(record: asyncpg.Record) -> QueueSpec:
     values = dict(record.items())
-    for column in ("resource_limits", "namespaces"):
+    for column in ("resource_limits", "namespaces", "allowed_kinds"):
         if isinstance(values[column], str):
             values[column] = json.loads(values[column])
     return QueueSpec.model_validate(values)
@@ -270,20 +270,25 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
         if existing is not None and not existing["deleted"]:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
-            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces)"  # noqa: S608
-            " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)"
+            "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces,"  # noqa: S608
+            " allowed_kinds) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb,"
+            " $6::text::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
-            " namespaces = EXCLUDED.namespaces,"
+            " namespaces = EXCLUDED.namespaces, allowed_kinds = EXCLUDED.allowed_kinds,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial')"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
-            json.dumps(spec.namespaces_json()),
+            json.dumps(spec.namespaces_json()), _kinds_json(spec),
         )
         await notify_changes(connection, "queues")
     assert record is not None
     return _queue_spec(record)
+
+
+def _kinds_json(spec: QueueSpec) -> str | None:
+    return None if spec.allowed_kinds is None else json.dumps(list(spec.allowed_kinds))
 
 
 async def update_queue(connection: AnyConnection, name: str,
@@ -304,16 +309,19 @@ async def update_queue(connection: AnyConnection, name: str,
         current = _queue_spec(record)
         updated = edit(current)
         if (updated.priority_factor, updated.cordoned, updated.resource_limits,
-                updated.namespaces) == (current.priority_factor, current.cordoned,
-                                        current.resource_limits, current.namespaces):
+                updated.namespaces, updated.allowed_kinds) == (
+                current.priority_factor, current.cordoned, current.resource_limits,
+                current.namespaces, current.allowed_kinds):
             return current
         record = await connection.fetchrow(
             "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
             " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
+            " allowed_kinds = $6::text::jsonb,"
             " updated_at = now(), serial = nextval('change_serial')"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
             json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
+            _kinds_json(updated),
         )
         await notify_changes(connection, "queues")
     assert record is not None

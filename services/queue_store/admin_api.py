@@ -14,8 +14,10 @@ owns these tables and their change-feed rules. The `lockgate` CLI is the usual c
 A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
 "resource_limits" (Kubernetes quantities), "namespaces" (who may use it: [{"cluster": name
 or "*", "names": [...], "selector": {"matchLabels": {...}, "matchExpressions": [...]}}];
-empty: nobody), "created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces"
-whole. Errors are
+empty: nobody), "allowed_kinds" (what its ephemeral namespaces may create, e.g. ["pods",
+"deployments.apps"]; omitted or null: the default list, and "allowed_kinds_default" says so),
+"created_at", "updated_at" (read-only)}. A merge patch replaces "namespaces" and
+"allowed_kinds" whole. Ephemeral namespaces: see `queue_store.namespace_api`. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
 Every call carries `Authorization: Bearer <token>` (see `lockgate_adapters.admin_tokens`): none
@@ -43,8 +45,10 @@ from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_erro
 
 log = logging.getLogger(__name__)
 
-READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at"})
-EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces")
+READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at",
+                                   "allowed_kinds_default"})
+EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces",
+                         "allowed_kinds")
 MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -67,6 +71,8 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "cordoned": spec.cordoned,
         "resource_limits": dict(spec.resource_limits),
         "namespaces": spec.namespaces_json(),
+        "allowed_kinds": list(spec.effective_allowed_kinds),
+        "allowed_kinds_default": spec.allowed_kinds is None,
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }
@@ -123,11 +129,15 @@ def _describe(error: Any) -> str:
 class AdminApi:
     """The aiohttp application over a Postgres pool."""
 
-    def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier) -> None:
+    def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
+                 more_routes: Callable[[web.UrlDispatcher], None] | None = None) -> None:
         self.pool, self.tokens = pool, tokens
+        self._more_routes = more_routes  # e.g. ephemeral namespaces (namespace_api)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._authenticate, self._errors])
+        if self._more_routes is not None:
+            self._more_routes(app.router)
         app.router.add_get("/api/v1/queues", self.list_queues)
         app.router.add_post("/api/v1/queues", self.create_queue)
         app.router.add_get("/api/v1/queues/{name}", self.get_queue)
@@ -190,24 +200,24 @@ class AdminApi:
         return web.json_response(queue_json(spec))
 
     async def create_queue(self, request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await json_object(request)
         if not isinstance(body.get("name"), str):
             raise ApiError(400, "invalid queue: name: a queue name is required")
         spec = spec_from_body(body["name"], body)
         async with self.pool.acquire() as connection:
             created = await job_store.create_queue(connection, spec)
         log.info("queue %s created (priority factor %s) by %s", created.name,
-                 created.priority_factor, _caller(request))
+                 created.priority_factor, caller_of(request))
         return web.json_response(queue_json(created), status=201)
 
     async def replace_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        replacement = spec_from_body(name, await _json_object(request))
+        replacement = spec_from_body(name, await json_object(request))
         return await self._update(request, name, lambda _: replacement)
 
     async def patch_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        patch = await _json_object(request)
+        patch = await json_object(request)
         spec_from_body(name, {})  # a valid name, or 400 before touching the database
         if patch.get("name", name) != name:
             raise ApiError(400, "a queue cannot be renamed")
@@ -220,6 +230,8 @@ class AdminApi:
         def apply(current: QueueSpec) -> QueueSpec:
             editable = queue_json(current)
             editable = {k: v for k, v in editable.items() if k in EDITABLE_QUEUE_FIELDS}
+            if current.allowed_kinds is None:
+                editable.pop("allowed_kinds")  # the default stays the default unless patched
             return spec_from_body(name, merge_patch(editable, editable_patch))
 
         return await self._update(request, name, apply)
@@ -228,14 +240,14 @@ class AdminApi:
                       edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
         async with self.pool.acquire() as connection:
             updated = await job_store.update_queue(connection, name, edit)
-        log.info("queue %s updated by %s", name, _caller(request))
+        log.info("queue %s updated by %s", name, caller_of(request))
         return web.json_response(queue_json(updated))
 
     async def delete_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with self.pool.acquire() as connection:
             await job_store.delete_queue(connection, name)
-        log.info("queue %s deleted by %s", name, _caller(request))
+        log.info("queue %s deleted by %s", name, caller_of(request))
         return web.Response(status=204)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
@@ -275,7 +287,7 @@ class AdminApi:
         return hints
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
+async def json_object(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except json.JSONDecodeError as error:
@@ -285,7 +297,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _caller(request: web.Request) -> str:
+def caller_of(request: web.Request) -> str:
     holder = request.get("caller")
     return holder.name if isinstance(holder, TokenEntry) else "?"
 

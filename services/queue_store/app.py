@@ -26,6 +26,8 @@ from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi
 from queue_store.ingesting import BatchStore
+from queue_store.namespace_api import NamespaceApi
+from queue_store.namespaces import NamespaceKeeper, RoleReconciler
 from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
 
@@ -79,7 +81,16 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for topic in CONSUMED_TOPICS
     ]
-    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()))
+    keeper = NamespaceKeeper(apis=await api_clients(settings.namespace_clusters),
+                             extra_labels=settings.namespace_labels,
+                             token_seconds=settings.coordinator_token_seconds,
+                             create_any=settings.coordinator_create_any)
+    namespace_api = NamespaceApi(pool=pool, keeper=keeper,
+                                 name_prefix=settings.namespace_name_prefix)
+    reconciler = RoleReconciler(pool=pool, dsn=settings.postgres_dsn, keeper=keeper,
+                                resync_seconds=settings.namespace_resync_seconds)
+    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
+                     more_routes=namespace_api.add_routes)
     sync_apis = await api_clients(settings.queue_sync_clusters)
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,
@@ -106,11 +117,14 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 group.create_task(serve_admin(stopping), name="admin API")
                 if sync_apis:
                     group.create_task(queue_sync.run(stopping), name="queue sync")
+                if keeper.apis:
+                    group.create_task(reconciler.run(stopping), name="namespace roles")
                 for consumer in consumers:
                     group.create_task(consumer.run(stopping), name=consumer.consumer_name)
         finally:
             for api in sync_apis.values():
                 await api.close()
+            await keeper.close()
             await pool.close()
 
     return [run]
