@@ -136,7 +136,7 @@ def test_durations(text: str, seconds: int) -> None:
 
 @pytest.mark.parametrize("text", ["", "2 hours", "-1h", "0", "1w", "h"])
 def test_bad_durations_say_what_to_write(text: str) -> None:
-    with pytest.raises(ValueError, match="like 90s|positive"):
+    with pytest.raises(ValueError, match=r"like 90s|positive"):
         access.parse_duration(text)
 
 
