@@ -153,12 +153,16 @@ class NamespaceKeeper:
                     _content_type=MERGE_PATCH, **timeout)
                 log.info("namespace %s/%s: labels and allowed kinds updated (%s)",
                          record.cluster, name, ",".join(kinds))
-        try:
-            await core.create_namespaced_service_account(
-                name, access.service_account_object(name), **timeout)
-        except ApiException as error:
-            if error.status != 409:
-                raise
+        # The coordinator's account, and `default` too: pods are refused until their namespace
+        # has it, and kube-controller-manager may not have made it yet when the token is handed.
+        for account in (access.service_account_object(name),
+                        {"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": "default", "namespace": name}}):
+            try:
+                await core.create_namespaced_service_account(name, account, **timeout)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
         wanted_role = access.role_object(name, kinds, create_any=self._create_any)
         try:
             role = client.ApiClient().sanitize_for_serialization(
