@@ -19,20 +19,24 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.stack import StackInfo
 from helpers.kube import a_pod, gates_of
+from helpers.network import TcpRelay
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate import namespace_access as access
@@ -54,6 +58,7 @@ class Run:
     lockgate: Lockgate
     db: asyncpg.Pool
     admin_kube: client.ApiClient  # for setting up the competitor and looking; never the coordinator
+    keeper_link: TcpRelay  # between queue-store's namespace-keeper and the apiserver
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         url = f"{self.lockgate.admin_url}/api/v1{path}"
@@ -101,18 +106,38 @@ async def run(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
                        "LOCKGATE_WATCHER_RETRY__MAX_SECONDS": "0.5"},
             standby_scheduler=False,
         )
+        # queue-store reaches the cluster as namespace-keeper through a relay a test can sever.
+        keeper_link, keeper_config = relayed_kubeconfig(
+            stack.identity_kubeconfigs["namespace-keeper"][CLUSTER],
+            tmp_path_factory.mktemp("keeper") / "kubeconfig")
+        await keeper_link.start()
+        lockgate.identity_kubeconfigs = {**lockgate.identity_kubeconfigs,
+                                         "namespace-keeper": {ALIAS: str(keeper_config)}}
         db: asyncpg.Pool | None = None
         try:
             # No fair scheduler yet: the fairness test starts it once both queues wait.
             await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
                                        "ungater"])
             db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-            yield Run(lockgate, db, kube_clients[CLUSTER])
+            yield Run(lockgate, db, kube_clients[CLUSTER], keeper_link)
         finally:
+            await keeper_link.sever()
             await _delete_namespaces(kube_clients[CLUSTER], f"lockgate.io/run=co-{RUN}")
             await lockgate.stop()
             if db is not None:
                 await db.close()
+
+
+def relayed_kubeconfig(kubeconfig: str, path: Path) -> tuple[TcpRelay, Path]:
+    """A copy of `kubeconfig` whose server is a relay (not started yet) to the real one."""
+    loaded = yaml.safe_load(Path(kubeconfig).read_text())
+    (entry,) = loaded["clusters"]
+    server = urllib.parse.urlsplit(entry["cluster"]["server"])
+    assert server.hostname and server.port, server
+    relay = TcpRelay(server.hostname, server.port)
+    entry["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
+    path.write_text(yaml.safe_dump(loaded))
+    return relay, path
 
 
 async def _delete_namespaces(api: client.ApiClient, selector: str) -> None:
@@ -138,7 +163,7 @@ def worker(name: str) -> dict[str, Any]:
 
 
 async def create_queue(run: Run, name: str, *extra: str) -> None:
-    code, out, err = await run.cli("queue", "create", name, *extra)
+    code, _, err = await run.cli("queue", "create", name, *extra)
     assert code == 0, err
 
 
@@ -171,6 +196,27 @@ async def test_creation_is_idempotent_and_errors_say_what_to_do(run: Run) -> Non
     assert status == 400, answer
 
 
+async def test_an_unreachable_cluster_is_a_503_and_leaves_nothing_recorded(run: Run) -> None:
+    queue = f"outage-{RUN}"
+    await create_queue(run, queue)
+    body = {"queue": queue, "jobset": "during-outage", "cluster": ALIAS}
+    await run.keeper_link.sever()
+    try:
+        status, answer = await run.call("POST", "/namespaces", body)
+        assert status == 503, answer
+        assert f"cluster {ALIAS} is unreachable" in answer["error"], answer
+        assert "retry" in answer["error"], answer
+        status, listed = await run.call("GET", f"/namespaces?queue={queue}")
+        assert (status, listed["namespaces"]) == (200, [])
+    finally:
+        await run.keeper_link.start()
+    status, answer = await run.call("POST", "/namespaces", body)
+    assert status == 201, answer
+    name = answer["namespace"]["name"]
+    made = await client.CoreV1Api(run.admin_kube).read_namespace(name)
+    assert made.metadata.labels[access.EPHEMERAL_LABEL] == "true"
+
+
 async def test_a_namespace_labelled_like_an_ephemeral_one_gains_no_queue(
     run: Run, make_namespace: Any,
 ) -> None:
@@ -179,7 +225,9 @@ async def test_a_namespace_labelled_like_an_ephemeral_one_gains_no_queue(
     forged = await make_namespace(CLUSTER, prefix="lg-co", labels={
         **run.lockgate.run_namespace_labels, MANAGED_NAMESPACE_LABEL: "true",
         QUEUE_LABEL: queue, JOBSET_LABEL: "j", access.EPHEMERAL_LABEL: "true"})
-    await eventually(lambda: run.call("GET", f"/queues/{queue}"), within=10, what="queue")
+    status, defined = await run.call("GET", f"/queues/{queue}")
+    assert status == 200, defined
+    await run.lockgate.wait_for_queues({queue: defined})  # refused for the binding, not as unknown
     with pytest.raises(ApiException) as refused:
         await client.CoreV1Api(run.admin_kube).create_namespaced_pod(forged, worker("w"))
     assert refused.value.status == 403
