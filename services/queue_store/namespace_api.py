@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 from aiohttp import web
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from lockgate import namespace_access as access
 from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
@@ -31,6 +32,7 @@ from queue_store.namespaces import (
     CoordinatorCredentials,
     NamespaceKeeper,
     NamespaceTakenError,
+    refusal_of,
 )
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,10 @@ class NamespaceApi:
             raise ApiError(503, str(error)) from error
         except NamespaceTakenError as error:
             raise ApiError(409, str(error)) from error
+        except ApiException as error:
+            raise ApiError(502, f"cluster {cluster} refused to set up namespace {name}: "
+                                f"{refusal_of(error)}; check lockgate-namespace-keeper's RBAC "
+                                "and policies (k8s/base), then retry") from error
         log.info("ephemeral namespace %s/%s %s for queue %s, job set %s (ttl %s) by %s",
                  cluster, name, "created" if created else "confirmed", queue, jobset,
                  record.ttl_seconds, caller_of(request))

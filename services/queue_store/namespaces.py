@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,15 @@ MERGE_PATCH = "application/merge-patch+json"
 
 class ClusterUnavailableError(Exception):
     """The cluster's apiserver cannot be reached or answers with a server error (retry)."""
+
+
+def refusal_of(error: ApiException) -> str:
+    """The apiserver's own words for a refusal (its Status message), shortened."""
+    try:
+        message = json.loads(error.body or "{}").get("message") or error.reason
+    except (ValueError, AttributeError):
+        message = error.reason
+    return f"{error.status} {message}"[:500]
 
 
 class NamespaceTakenError(Exception):
@@ -133,7 +143,12 @@ class NamespaceKeeper:
         except ApiException as error:
             if error.status != 404:
                 raise
-            await core.create_namespace(wanted_ns, **timeout)
+            try:
+                await core.create_namespace(wanted_ns, **timeout)
+            except ApiException as conflict:
+                if conflict.status != 409:
+                    raise
+                # A concurrent retry made it first: the next pass checks it is ours.
             log.info("namespace %s/%s created for queue %s, job set %s", record.cluster, name,
                      record.queue, record.jobset)
         else:
@@ -170,7 +185,14 @@ class NamespaceKeeper:
         except ApiException as error:
             if error.status != 404:
                 raise
-            await rbac.create_namespaced_role(name, wanted_role, **timeout)
+            try:
+                await rbac.create_namespaced_role(name, wanted_role, **timeout)
+            except ApiException as conflict:
+                if conflict.status != 409:
+                    raise
+                await rbac.patch_namespaced_role(access.COORDINATOR, name,
+                                                 {"rules": wanted_role["rules"]},
+                                                 _content_type=MERGE_PATCH, **timeout)
         else:
             if role.get("rules") != wanted_role["rules"]:
                 await rbac.patch_namespaced_role(access.COORDINATOR, name,

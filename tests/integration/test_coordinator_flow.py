@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import threading
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
@@ -58,7 +59,7 @@ class Run:
     lockgate: Lockgate
     db: asyncpg.Pool
     admin_kube: client.ApiClient  # for setting up the competitor and looking; never the coordinator
-    keeper_link: TcpRelay  # between queue-store's namespace-keeper and the apiserver
+    keeper_link: ThreadedRelay  # between queue-store's namespace-keeper and the apiserver
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         url = f"{self.lockgate.admin_url}/api/v1{path}"
@@ -121,20 +122,49 @@ async def run(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
             db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
             yield Run(lockgate, db, kube_clients[CLUSTER], keeper_link)
         finally:
-            await keeper_link.sever()
             await _delete_namespaces(kube_clients[CLUSTER], f"lockgate.io/run=co-{RUN}")
             await lockgate.stop()
+            await keeper_link.close()
             if db is not None:
                 await db.close()
 
 
-def relayed_kubeconfig(kubeconfig: str, path: Path) -> tuple[TcpRelay, Path]:
+class ThreadedRelay:
+    """A TcpRelay on an event loop of its own thread: it outlives each test (queue-store keeps
+    its connections through it for the whole module), which the per-test check for leaked
+    asyncio tasks would otherwise cancel."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="keeper relay")
+        self._thread.start()
+        self.relay = TcpRelay(target_host, target_port)
+        self.port = self.relay.port
+
+    async def _on_its_loop(self, coroutine: Any) -> None:
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
+
+    async def start(self) -> None:
+        await self._on_its_loop(self.relay.start())
+
+    async def sever(self) -> None:
+        await self._on_its_loop(self.relay.sever())
+
+    async def close(self) -> None:
+        await self.sever()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join, 5)
+        self._loop.close()
+
+
+def relayed_kubeconfig(kubeconfig: str, path: Path) -> tuple[ThreadedRelay, Path]:
     """A copy of `kubeconfig` whose server is a relay (not started yet) to the real one."""
     loaded = yaml.safe_load(Path(kubeconfig).read_text())
     (entry,) = loaded["clusters"]
     server = urllib.parse.urlsplit(entry["cluster"]["server"])
     assert server.hostname and server.port, server
-    relay = TcpRelay(server.hostname, server.port)
+    relay = ThreadedRelay(server.hostname, server.port)
     entry["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
     path.write_text(yaml.safe_dump(loaded))
     return relay, path
