@@ -269,8 +269,9 @@ def _print_queues(queues: list[dict[str, Any]], output: str, out: TextIO,
                    "yes" if q["cordoned"] else "no",
                    ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-",
                    _describe_bindings(q.get("namespaces") or []),
-                   ("(default) " if q.get("allowed_kinds_default") else "")
-                   + ",".join(q.get("allowed_kinds") or [])]
+                   # the default list is long and documented: `-o json` spells it out
+                   "(default)" if q.get("allowed_kinds_default")
+                   else ",".join(q.get("allowed_kinds") or [])]
                   for q in queues])
 
 
