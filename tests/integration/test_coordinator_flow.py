@@ -415,3 +415,31 @@ async def pods_that_fit(api: client.ApiClient) -> int:
                 free -= Resources.from_kubernetes(requests)["cpu"]
         total += int(free // (POD_CPU * 1000))
     return total
+
+
+async def test_allowed_kinds_changed_just_before_a_crash_reach_the_role_after_a_restart(
+    run: Run,
+) -> None:
+    queue = f"crash-{RUN}"
+    await create_queue(run, queue)
+    status, answer = await run.call("POST", "/namespaces",
+                                    {"queue": queue, "jobset": "j", "cluster": ALIAS})
+    assert status == 201, answer
+    name = answer["namespace"]["name"]
+    store = run.lockgate.processes["queue-store"]
+    await store.kill()
+    # The change was committed, then queue-store died before touching any Role.
+    await run.db.execute("UPDATE queues SET allowed_kinds = $2::text::jsonb WHERE name = $1",
+                         queue, json.dumps(["pods", "secrets"]))
+    await store.start()
+    await store.wait_ready(90)
+    rbac, core = client.RbacAuthorizationV1Api(run.admin_kube), client.CoreV1Api(run.admin_kube)
+
+    async def converged() -> bool:
+        role = await rbac.read_namespaced_role(access.COORDINATOR, name)
+        namespace = await core.read_namespace(name)
+        granted = {resource for rule in role.rules if "create" in rule.verbs
+                   and "list" in rule.verbs for resource in rule.resources or []}
+        return granted == {"pods", "secrets"} and (namespace.metadata.annotations or {}).get(
+            access.ALLOWED_KINDS_ANNOTATION) == "pods,secrets"
+    await eventually(converged, within=30, what=f"Role and annotation of {name} converged")
