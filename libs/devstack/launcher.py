@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sys
@@ -320,7 +321,8 @@ class Lockgate:
             "LOCKGATE_QUEUE_STORE_NAMESPACE_CLUSTERS": self.clusters_as("namespace-keeper"),
             "LOCKGATE_QUEUE_STORE_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
             "LOCKGATE_QUEUE_STORE_NAMESPACE_NAME_PREFIX": (
-                f"{self.run_id[:12].lower()}-" if self.run_id else ""),
+                re.sub(r"[^a-z0-9-]+", "-", self.run_id.lower())[:12].strip("-") + "-"
+                if self.run_id else ""),
         }
 
     def _postgres(self, service: str) -> dict[str, str]:
