@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sys
@@ -317,6 +318,19 @@ class Lockgate:
         await commit_group_at_end(self.kafka_bootstrap, f"queue-store-{self.run_id}-commands",
                                   [JOBSET_COMMANDS, NAMESPACE_COMMANDS])
 
+    def _namespace_env(self) -> dict[str, str]:
+        """Ephemeral namespaces, made as namespace-keeper, carrying this run's label (so its
+        webhook registration serves them) and its id in their names."""
+        if "namespace-keeper" not in self.identity_kubeconfigs:
+            return {}  # a stack set up before that identity existed: no ephemeral namespaces
+        return {
+            "LOCKGATE_QUEUE_STORE_NAMESPACE_CLUSTERS": self.clusters_as("namespace-keeper"),
+            "LOCKGATE_QUEUE_STORE_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
+            "LOCKGATE_QUEUE_STORE_NAMESPACE_NAME_PREFIX": (
+                re.sub(r"[^a-z0-9-]+", "-", self.run_id.lower())[:12].strip("-") + "-"
+                if self.run_id else ""),
+        }
+
     def _postgres(self, service: str) -> dict[str, str]:
         return {"LOCKGATE_POSTGRES_DSN": service_dsn(self.postgres_dsn, service)}
 
@@ -331,8 +345,7 @@ class Lockgate:
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": self.clusters_as("queue-sync"),
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": self.queue_source,
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": self.queue_object_prefix,
-                "LOCKGATE_QUEUE_STORE_NAMESPACE_KEEPER_CLUSTERS":
-                    self.clusters_as("namespace-keeper"),
+                **self._namespace_env(),
             }, p.queue_store_health),
             ("admission-webhook", "admission_webhook", {
                 "LOCKGATE_WEBHOOK_HTTP_PORT": str(p.webhook_health),

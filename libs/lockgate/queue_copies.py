@@ -12,7 +12,7 @@ ever touches objects carrying its own label.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lockgate.labels import DOMAIN
-from lockgate.queues import QueueSpec
+from lockgate.queues import ANY_CLUSTER, QueueSpec
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"
@@ -39,8 +39,10 @@ def object_name(queue: str, *, prefix: str = "") -> str:
     return f"{prefix}{queue}"
 
 
-def desired_spec(spec: QueueSpec) -> dict[str, Any]:
-    """The `spec` of the Queue object for `spec`."""
+def desired_spec(spec: QueueSpec, *,
+                 ephemeral_namespaces: Sequence[str] = ()) -> dict[str, Any]:
+    """The `spec` of the Queue object for `spec` in a cluster where `ephemeral_namespaces`
+    (active, created by lockgate for this queue: `lockgate.namespace_access`) may use it."""
     return {
         "queueName": spec.name,
         "priorityFactor": spec.priority_factor,
@@ -48,17 +50,21 @@ def desired_spec(spec: QueueSpec) -> dict[str, Any]:
         "cordoned": spec.cordoned,
         "resourceLimits": dict(spec.resource_limits),
         "namespaces": spec.namespaces_json(),
+        "ephemeralNamespaces": sorted(ephemeral_namespaces),
+        # Only when set: absent means the default list (which may change with lockgate).
+        **({"allowedKinds": list(spec.allowed_kinds)} if spec.allowed_kinds is not None else {}),
     }
 
 
-def desired_object(spec: QueueSpec, *, source: str, prefix: str = "") -> dict[str, Any]:
+def desired_object(spec: QueueSpec, *, source: str, prefix: str = "",
+                   ephemeral_namespaces: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": object_name(spec.name, prefix=prefix),
                      "labels": {SOURCE_LABEL: source,
                                 "app.kubernetes.io/managed-by": "lockgate"}},
-        "spec": desired_spec(spec),
+        "spec": desired_spec(spec, ephemeral_namespaces=ephemeral_namespaces),
     }
 
 
@@ -72,17 +78,26 @@ def status_of(spec: QueueSpec, *, generation: int, synced_at: datetime) -> dict[
 
 
 def spec_from_object(obj: Mapping[str, Any]) -> QueueSpec:
-    """The queue a Queue object describes (what the webhook decides from)."""
+    """The queue a Queue object describes (what the webhook decides from).
+
+    Its ephemeral namespaces become one more binding by name: the object lives in their cluster
+    only, so "*" means this cluster.
+    """
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise InvalidQueueCopyError("Queue object has no spec")
+    bindings = list(spec.get("namespaces") or [])
+    ephemeral = spec.get("ephemeralNamespaces") or []
+    if ephemeral:
+        bindings.append({"cluster": ANY_CLUSTER, "names": ephemeral})
     try:
         return QueueSpec.model_validate({
             "name": spec.get("queueName"),
             "priority_factor": spec.get("priorityFactor", 1.0),
             "cordoned": bool(spec.get("cordoned", False)),
             "resource_limits": spec.get("resourceLimits") or {},
-            "namespaces": spec.get("namespaces") or [],
+            "namespaces": bindings,
+            "allowed_kinds": spec.get("allowedKinds") or None,
         })
     except ValidationError as error:
         name = (obj.get("metadata") or {}).get("name")
@@ -100,9 +115,12 @@ class SyncPlan:
 
 
 def plan_sync(queues: Iterable[QueueSpec], existing: Iterable[Mapping[str, Any]], *,
-              source: str, prefix: str = "") -> SyncPlan:
-    """Compare `queues` (Postgres, not deleted) with `existing` (this source's objects)."""
-    wanted = {object_name(q.name, prefix=prefix): desired_object(q, source=source, prefix=prefix)
+              source: str, prefix: str = "",
+              ephemeral: Mapping[str, Sequence[str]] | None = None) -> SyncPlan:
+    """Compare `queues` (Postgres, not deleted) with `existing` (this source's objects);
+    `ephemeral`: queue → this cluster's active ephemeral namespaces of it."""
+    wanted = {object_name(q.name, prefix=prefix): desired_object(
+        q, source=source, prefix=prefix, ephemeral_namespaces=(ephemeral or {}).get(q.name, ()))
               for q in queues}
     current = {str((o.get("metadata") or {}).get("name")): o for o in existing
                if ((o.get("metadata") or {}).get("labels") or {}).get(SOURCE_LABEL) == source}

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lockgate.groups import GroupTimeoutAction
 from lockgate.labels import validate_label_value, validate_queue_name
+from lockgate.namespace_access import (  # DEFAULT_ALLOWED_KINDS: migration 005 names it here
+    DEFAULT_ALLOWED_KINDS as DEFAULT_ALLOWED_KINDS,
+)
+from lockgate.namespace_access import InvalidKindError, normalise_kinds
 from lockgate.resources import InvalidQuantityError, Resources, canonical_amount
 
 ANY_CLUSTER = "*"
@@ -145,6 +149,9 @@ class QueueSpec(BaseModel):
     # its first member was created times out, and its members are deleted or failed. None: never.
     group_timeout_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
     group_timeout_action: GroupTimeoutAction = GroupTimeoutAction.DELETE
+    # What a coordinator may create in the queue's ephemeral namespaces (lockgate.namespace_access);
+    # None: DEFAULT_ALLOWED_KINDS.
+    allowed_kinds: tuple[str, ...] | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
@@ -152,6 +159,20 @@ class QueueSpec(BaseModel):
     @classmethod
     def _valid_name(cls, name: str) -> str:
         return validate_queue_name(name)
+
+    @field_validator("allowed_kinds")
+    @classmethod
+    def _valid_kinds(cls, kinds: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if kinds is None:
+            return None
+        try:
+            return normalise_kinds(kinds)
+        except InvalidKindError as error:
+            raise ValueError(str(error)) from error
+
+    @property
+    def effective_allowed_kinds(self) -> tuple[str, ...]:
+        return self.allowed_kinds if self.allowed_kinds is not None else DEFAULT_ALLOWED_KINDS
 
     @field_validator("resource_limits")
     @classmethod

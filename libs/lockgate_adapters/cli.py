@@ -16,6 +16,9 @@ A queue may be used only by the namespaces bound to it (--namespace team-a for e
     lockgate queue delete NAME
     lockgate queue get NAME
     lockgate queue list
+    lockgate queue create|update NAME --allow-kind KIND ...   (update: --disallow-kind KIND,
+                               --default-kinds): what the queue's ephemeral namespaces may create
+    lockgate namespace create|list|describe|token|delete ...   (cli_namespaces, cli_jobsets)
     lockgate jobs list [--queue Q] [--state S] [--cluster C] [--limit N]
     lockgate token new NAME [--role read-only|admin]
     lockgate status / explain CLUSTER/NAMESPACE/POD / jobset list|describe  (cli_views)
@@ -190,6 +193,8 @@ def queue_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     if max_queued is not None:
         body["max_queued"] = max_queued
     body.update(_group_timeout(args))
+    if args.allow_kind:
+        body["allowed_kinds"] = args.allow_kind
     queue = client.request("POST", "/api/v1/queues", body)
     _print_queues([queue], args.output, out, single=True)
 
@@ -219,10 +224,17 @@ def queue_update(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
         current = [] if args.clear_namespaces else client.request(
             "GET", _queue_path(args.name)).get("namespaces", [])
         patch["namespaces"] = current + [b for b in added if b not in current]
+    if args.default_kinds:
+        patch["allowed_kinds"] = None  # merge patch: null restores the default list
+    elif args.allow_kind or args.disallow_kind:
+        current_kinds = client.request("GET", _queue_path(args.name)).get("allowed_kinds", [])
+        kinds = [k for k in current_kinds if k not in args.disallow_kind]
+        patch["allowed_kinds"] = kinds + [k for k in args.allow_kind if k not in kinds]
     if not patch:
         raise CliError("nothing to update: give --priority-factor, --cordon/--uncordon, "
                        "--limit, --remove-limit, --group-timeout, --group-timeout-action, "
-                       "--namespace, --namespace-selector or --clear-namespaces")
+                       "--namespace, --namespace-selector, --clear-namespaces, --max-queued-time, "
+                       "--allow-kind, --disallow-kind or --default-kinds")
     queue = client.request("PATCH", _queue_path(args.name), patch)
     _print_queues([queue], args.output, out, single=True)
 
@@ -301,12 +313,16 @@ def token_new(args: argparse.Namespace, out: TextIO) -> None:
 def _print_queues(queues: list[dict[str, Any]], output: str, out: TextIO,
                   *, single: bool = False) -> None:
     render(out, output, queues[0] if single else queues, table=lambda: Table(
-        ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS", "MAX-QUEUED", "NAMESPACES"],
+        ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS", "MAX-QUEUED", "NAMESPACES",
+         "ALLOWED-KINDS"],
         [[q["name"], f"{q['priority_factor']:g}", f"{q['weight']:.3g}",
           "yes" if q["cordoned"] else "no",
           ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-",
           _describe_max_queued(q.get("max_queued")),
-          _describe_bindings(q.get("namespaces") or [])]
+          _describe_bindings(q.get("namespaces") or []),
+          # the default list is long and documented: `-o json` spells it out
+          "(default)" if q.get("allowed_kinds_default")
+          else ",".join(q.get("allowed_kinds") or [])]
          for q in queues],
         empty="no queues: create one with `lockgate queue create NAME --namespace NS`"))
 
@@ -373,6 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cap on what the queue holds at once, e.g. cpu=100, memory=1Ti")
     _binding_arguments(create)
     _group_arguments(create)
+    create.add_argument("--allow-kind", action="append", default=[], metavar="KIND",
+                        help="what its ephemeral namespaces may create, e.g. pods, "
+                             "deployments.apps (repeat; default: pods, services, configmaps, "
+                             "deployments.apps, statefulsets.apps, jobs.batch)")
     create.set_defaults(run=queue_create)
 
     update = queue.add_parser("update", parents=[output], help="change a queue")
@@ -388,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     _binding_arguments(update)
     update.add_argument("--clear-namespaces", action="store_true",
                         help="drop every namespace binding (before adding those given)")
+    update.add_argument("--allow-kind", action="append", default=[], metavar="KIND",
+                        help="also allow this kind in its ephemeral namespaces")
+    update.add_argument("--disallow-kind", action="append", default=[], metavar="KIND")
+    update.add_argument("--default-kinds", action="store_true",
+                        help="back to the default allowed kinds")
     update.set_defaults(run=queue_update)
 
     for verb, cordon, what in (("cordon", True, "stop admitting and releasing its pods"),
@@ -415,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="what becomes of such a pod (default fail)")
     update.add_argument("--no-max-queued-time", action="store_true",
                         help="let pods wait as long as it takes")
+
+    from lockgate_adapters import cli_namespaces  # it builds on this module's client
+
+    cli_namespaces.register(nouns, output)
 
     jobs = nouns.add_parser("jobs", help="look at jobs").add_subparsers(dest="verb",
                                                                         required=True)

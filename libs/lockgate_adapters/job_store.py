@@ -251,13 +251,14 @@ class QueueExistsError(ValueError):
         self.name = name
 
 
-_QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, created_at,"
-                  " updated_at, max_queued, group_timeout_seconds, group_timeout_action")
+_QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, allowed_kinds,"
+                  " created_at, updated_at, max_queued, group_timeout_seconds,"
+                  " group_timeout_action")
 
 
 def _queue_spec(record: asyncpg.Record) -> QueueSpec:
     values = dict(record.items())
-    for column in ("resource_limits", "namespaces", "max_queued"):
+    for column in ("resource_limits", "namespaces", "max_queued", "allowed_kinds"):
         if isinstance(values[column], str):
             values[column] = json.loads(values[column])
     return QueueSpec.model_validate(values)
@@ -289,23 +290,29 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
             "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces,"  # noqa: S608
-            " max_queued, group_timeout_seconds, group_timeout_action)"
-            " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6::text::jsonb, $7, $8)"
+            " max_queued, group_timeout_seconds, group_timeout_action, allowed_kinds)"
+            " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6::text::jsonb, $7, $8,"
+            " $9::text::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
             " namespaces = EXCLUDED.namespaces, max_queued = EXCLUDED.max_queued,"
             " group_timeout_seconds = EXCLUDED.group_timeout_seconds,"
             " group_timeout_action = EXCLUDED.group_timeout_action,"
+            " allowed_kinds = EXCLUDED.allowed_kinds,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial')"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
             json.dumps(spec.namespaces_json()), _max_queued_json(spec),
-            spec.group_timeout_seconds, spec.group_timeout_action.value,
+            spec.group_timeout_seconds, spec.group_timeout_action.value, _kinds_json(spec),
         )
         await notify_changes(connection, "queues")
     assert record is not None
     return _queue_spec(record)
+
+
+def _kinds_json(spec: QueueSpec) -> str | None:
+    return None if spec.allowed_kinds is None else json.dumps(list(spec.allowed_kinds))
 
 
 async def update_queue(connection: AnyConnection, name: str,
@@ -327,22 +334,22 @@ async def update_queue(connection: AnyConnection, name: str,
         updated = edit(current)
         if (updated.priority_factor, updated.cordoned, updated.resource_limits,
                 updated.namespaces, updated.max_queued, updated.group_timeout_seconds,
-                updated.group_timeout_action) == (
+                updated.group_timeout_action, updated.allowed_kinds) == (
                     current.priority_factor, current.cordoned, current.resource_limits,
                     current.namespaces, current.max_queued, current.group_timeout_seconds,
-                    current.group_timeout_action):
+                    current.group_timeout_action, current.allowed_kinds):
             return current
         record = await connection.fetchrow(
             "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
             " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
             " max_queued = $6::text::jsonb, group_timeout_seconds = $7,"
-            " group_timeout_action = $8,"
+            " group_timeout_action = $8, allowed_kinds = $9::text::jsonb,"
             " updated_at = now(), serial = nextval('change_serial')"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
             json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
             _max_queued_json(updated), updated.group_timeout_seconds,
-            updated.group_timeout_action.value,
+            updated.group_timeout_action.value, _kinds_json(updated),
         )
         await notify_changes(connection, "queues")
     assert record is not None

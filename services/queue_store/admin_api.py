@@ -16,8 +16,11 @@ A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-onl
 "resource_limits" (Kubernetes quantities), "namespaces" (who may use it: [{"cluster": name
 or "*", "names": [...], "selector": {"matchLabels": {...}, "matchExpressions": [...]}}];
 empty: nobody), "max_queued" ({"seconds": N, "action": "fail" | "delete"} or null: how long
-its pods may wait gated), "created_at", "updated_at" (read-only)}. A merge patch replaces
-"namespaces" whole. Errors are
+its pods may wait gated), "group_timeout_seconds" and "group_timeout_action" (pod groups),
+"allowed_kinds" (what its ephemeral namespaces may create, e.g. ["pods", "deployments.apps"];
+omitted or null: the default list, and "allowed_kinds_default" says so), "created_at",
+"updated_at" (read-only)}. A merge patch replaces "namespaces" and "allowed_kinds" whole.
+Ephemeral namespaces: see `queue_store.namespace_api`. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
 Every call carries `Authorization: Bearer <token>` (see `lockgate_adapters.admin_tokens`): none
@@ -46,9 +49,11 @@ from queue_store import admin_views
 
 log = logging.getLogger(__name__)
 
-READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at"})
+READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at",
+                                    "allowed_kinds_default"})
 EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces",
-                         "max_queued")
+                         "max_queued", "group_timeout_seconds", "group_timeout_action",
+                         "allowed_kinds")
 MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -74,6 +79,8 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "max_queued": None if spec.max_queued is None else spec.max_queued.model_dump(),
         "group_timeout_seconds": spec.group_timeout_seconds,
         "group_timeout_action": spec.group_timeout_action.value,
+        "allowed_kinds": list(spec.effective_allowed_kinds),
+        "allowed_kinds_default": spec.allowed_kinds is None,
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }
@@ -133,7 +140,8 @@ class AdminApi:
     def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
                  extensions: Sequence[Callable[[web.Application], None]] = ()) -> None:
         self.pool, self.tokens = pool, tokens
-        # Routes of other modules (e.g. admin_collection), behind the same auth and errors.
+        # Routes of other modules (admin_collection, namespace_api, admin_views), behind the
+        # same auth and errors.
         self.extensions = tuple(extensions)
 
     def app(self) -> web.Application:
@@ -203,24 +211,24 @@ class AdminApi:
         return web.json_response(queue_json(spec))
 
     async def create_queue(self, request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await json_object(request)
         if not isinstance(body.get("name"), str):
             raise ApiError(400, "invalid queue: name: a queue name is required")
         spec = spec_from_body(body["name"], body)
         async with self.pool.acquire() as connection:
             created = await job_store.create_queue(connection, spec)
         log.info("queue %s created (priority factor %s) by %s", created.name,
-                 created.priority_factor, _caller(request))
+                 created.priority_factor, caller_of(request))
         return web.json_response(queue_json(created), status=201)
 
     async def replace_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        replacement = spec_from_body(name, await _json_object(request))
+        replacement = spec_from_body(name, await json_object(request))
         return await self._update(request, name, lambda _: replacement)
 
     async def patch_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        patch = await _json_object(request)
+        patch = await json_object(request)
         spec_from_body(name, {})  # a valid name, or 400 before touching the database
         if patch.get("name", name) != name:
             raise ApiError(400, "a queue cannot be renamed")
@@ -233,6 +241,8 @@ class AdminApi:
         def apply(current: QueueSpec) -> QueueSpec:
             editable = queue_json(current)
             editable = {k: v for k, v in editable.items() if k in EDITABLE_QUEUE_FIELDS}
+            if current.allowed_kinds is None:
+                editable.pop("allowed_kinds")  # the default stays the default unless patched
             return spec_from_body(name, merge_patch(editable, editable_patch))
 
         return await self._update(request, name, apply)
@@ -241,14 +251,14 @@ class AdminApi:
                       edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
         async with self.pool.acquire() as connection:
             updated = await job_store.update_queue(connection, name, edit)
-        log.info("queue %s updated by %s", name, _caller(request))
+        log.info("queue %s updated by %s", name, caller_of(request))
         return web.json_response(queue_json(updated))
 
     async def delete_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with self.pool.acquire() as connection:
             await job_store.delete_queue(connection, name)
-        log.info("queue %s deleted by %s", name, _caller(request))
+        log.info("queue %s deleted by %s", name, caller_of(request))
         return web.Response(status=204)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
@@ -288,7 +298,7 @@ class AdminApi:
         return hints
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
+async def json_object(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except json.JSONDecodeError as error:
@@ -298,7 +308,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _caller(request: web.Request) -> str:
+def caller_of(request: web.Request) -> str:
     holder = request.get("caller")
     return holder.name if isinstance(holder, TokenEntry) else "?"
 

@@ -38,6 +38,8 @@ from queue_store.admin_api import AdminApi
 from queue_store.admin_collection import CollectionApi
 from queue_store.collecting import NamespaceCollector
 from queue_store.ingesting import BatchStore
+from queue_store.namespace_api import NamespaceApi
+from queue_store.namespaces import NamespaceKeeper, RoleReconciler
 from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
 
@@ -94,7 +96,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for topic in CONSUMED_TOPICS
     ]
-    keeper_apis = await api_clients(settings.namespace_keeper_clusters)
+    keeper_apis = await api_clients(settings.namespace_clusters)
     collector = NamespaceCollector(pool=pool, apis=keeper_apis, settings=settings.collection)
     consumers += [
         BatchConsumer(
@@ -113,9 +115,19 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     async def send(topic: Topic[Any], event: Event) -> None:
         await publish(producer, topic, event)
 
+    # One set of namespace-keeper clients: the keeper makes namespaces, the collector deletes.
+    keeper = NamespaceKeeper(apis=keeper_apis,
+                             extra_labels=settings.namespace_labels,
+                             token_seconds=settings.coordinator_token_seconds,
+                             create_any=settings.coordinator_create_any)
+    namespace_api = NamespaceApi(pool=pool, keeper=keeper,
+                                 name_prefix=settings.namespace_name_prefix)
+    reconciler = RoleReconciler(pool=pool, dsn=settings.postgres_dsn, keeper=keeper,
+                                resync_seconds=settings.namespace_resync_seconds)
     collection_api = CollectionApi(pool, send)
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
-                     extensions=[collection_api.register])
+                     extensions=[collection_api.register,
+                                 lambda app: namespace_api.add_routes(app.router)])
     sync_apis = await api_clients(settings.queue_sync_clusters)
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,
@@ -143,6 +155,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 if sync_apis:
                     group.create_task(queue_sync.run(stopping), name="queue sync")
                 group.create_task(collector.run(stopping), name="namespace collector")
+                if keeper.apis:
+                    group.create_task(reconciler.run(stopping), name="namespace roles")
                 for consumer in consumers:
                     group.create_task(consumer.run(stopping), name=consumer.consumer_name)
         finally:

@@ -187,7 +187,7 @@ class NamespaceCollector:
             if calls is None:
                 raise NamespaceCallError(
                     f"no kubeconfig for cluster {record.cluster}: add it to "
-                    "LOCKGATE_QUEUE_STORE_NAMESPACE_KEEPER_CLUSTERS")
+                    "LOCKGATE_QUEUE_STORE_NAMESPACE_CLUSTERS")
             if step is ns.Step.DELETE:
                 deleted = await calls.delete(record.name)
                 return ns.after_delete(record, deleted, at=self._clock(),

@@ -8,6 +8,9 @@ writes each object's status (observedGeneration, lastSyncTime). Passes run at st
 after a change to `queues` (LISTEN on the change feed) and every `resync_seconds` anyway, so a
 missed notification, a hand edit or a cluster that was down is repaired. A pass is idempotent;
 a cluster that fails is retried at the next pass and never holds up the others.
+
+Each cluster's copy also lists that cluster's active ephemeral namespaces of the queue
+(`ephemeralNamespaces`), so they may use it by name (`lockgate.namespace_access`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from prometheus_client import Counter, Gauge
 
 from lockgate import queue_copies
 from lockgate.queues import QueueSpec
-from lockgate_adapters import job_store
+from lockgate_adapters import job_store, namespace_catalog
 from lockgate_adapters.postgres import CHANGES_CHANNEL
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
@@ -84,13 +87,14 @@ class QueueSync:
         try:
             async with self._pool.acquire() as connection:
                 queues = await job_store.list_queues(connection)
+                ephemeral = await namespace_catalog.active_names_by_cluster(connection)
         except Exception as error:  # noqa: BLE001 - Postgres down: the copies stay as they are
             log.warning("queue sync: cannot read queues: %r", error)
             return dict.fromkeys(self._apis, f"postgres: {error!r}")
         outcomes: dict[str, str] = {}
         for cluster, api in self._apis.items():
             try:
-                await self._sync_cluster(cluster, api, queues)
+                await self._sync_cluster(cluster, api, queues, ephemeral.get(cluster, {}))
             except Exception as error:  # noqa: BLE001 - retried at the next pass
                 PASSES.labels(cluster, "failed").inc()
                 described = _describe(error)
@@ -103,13 +107,14 @@ class QueueSync:
         return outcomes
 
     async def _sync_cluster(self, cluster: str, api: client.ApiClient,
-                            queues: list[QueueSpec]) -> None:
+                            queues: list[QueueSpec],
+                            ephemeral: Mapping[str, list[str]]) -> None:
         custom = client.CustomObjectsApi(api)
         listing = await custom.list_cluster_custom_object(
             queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
             label_selector=f"{queue_copies.SOURCE_LABEL}={self._source}")
         plan = queue_copies.plan_sync(queues, listing.get("items") or [], source=self._source,
-                                      prefix=self._prefix)
+                                      prefix=self._prefix, ephemeral=ephemeral)
         by_name = {queue_copies.object_name(q.name, prefix=self._prefix): q for q in queues}
         written: dict[str, Mapping[str, Any]] = {}
         for obj in plan.create:
@@ -148,9 +153,10 @@ class QueueSync:
                 _content_type="application/merge-patch+json")
 
     async def _listen(self, stopping: asyncio.Event) -> None:
-        """Wake the loop on a change to `queues`; reconnects, the periodic pass covers gaps."""
+        """Wake the loop on a change to `queues` or `ephemeral_namespaces` (which namespaces may
+        use a queue); reconnects, the periodic pass covers gaps."""
         def on_notification(_: object, __: int, ___: str, payload: object) -> None:
-            if not payload or "queues" in str(payload).split(","):
+            if not payload or {"queues", namespace_catalog.TABLE} & set(str(payload).split(",")):
                 self._changed.set()
 
         while not stopping.is_set():

@@ -99,19 +99,16 @@ class QueueStoreSettings(ServiceSettings):
     queue_sync_resync_seconds: float = Field(
         default=30.0, gt=0, description="full pass even without a change notification")
 
-    # Collecting ephemeral namespaces (docs/ARCHITECTURE.md, "Ephemeral namespaces")
-    namespace_keeper_clusters: dict[str, str] = Field(
-        default_factory=dict,
-        description='cluster name -> kubeconfig of the namespace-keeper identity (deletes '
-        'ephemeral namespaces), e.g. {"cluster-a": "/etc/lockgate/namespace-keeper-a.yaml"}; a '
-        'record of a cluster not listed waits, failed, until it is')
+    # Collecting ephemeral namespaces (docs/ARCHITECTURE.md, "Ephemeral namespaces"), as the
+    # namespace-keeper identity of `namespace_clusters`; a record of a cluster not listed there
+    # waits, failed, until it is.
     collection: CollectionSettings = Field(default_factory=CollectionSettings)
 
     @property
     def commands_group(self) -> str:
         return self.collection.commands_group_id or f"{self.group_id}-commands"
 
-    @field_validator("queue_sync_clusters", "namespace_keeper_clusters")
+    @field_validator("queue_sync_clusters", "namespace_clusters")
     @classmethod
     def _kubeconfigs_exist(cls, clusters: dict[str, str]) -> dict[str, str]:
         missing = [f"{name}: {path}" for name, path in clusters.items()
@@ -119,3 +116,26 @@ class QueueStoreSettings(ServiceSettings):
         if missing:
             raise ValueError(f"kubeconfig files not found: {', '.join(missing)}")
         return clusters
+
+    # Ephemeral namespaces (queue_store.namespaces): made as lockgate-namespace-keeper
+    namespace_clusters: dict[str, str] = Field(
+        default_factory=dict,
+        description='cluster name -> kubeconfig of the lockgate-namespace-keeper identity, e.g. '
+        '{"cluster-a": "/etc/lockgate/namespace-keeper-a.yaml"}; empty: no ephemeral namespaces')
+    namespace_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="more labels on every ephemeral namespace (e.g. what the webhook "
+                    "registration's namespaceSelector needs beyond lockgate.io/managed)")
+    namespace_name_prefix: str = Field(
+        default="", pattern=r"^([a-z0-9][-a-z0-9]{0,20})?$",
+        description="prefix of ephemeral namespace names (lets test runs share a cluster)")
+    coordinator_token_seconds: int = Field(
+        default=8 * 3600, ge=600, le=7 * 86400,
+        description="lifetime of a coordinator token (also at most the namespace's TTL)")
+    coordinator_create_any: bool = Field(
+        default=True,
+        description="true: the coordinator's Role may create any kind and the admission policy "
+                    "lockgate-allowed-kinds refuses those not allowed, naming the queue and its "
+                    "kinds; false: RBAC alone refuses them (the apiserver's generic message)")
+    namespace_resync_seconds: float = Field(
+        default=30.0, gt=0, description="full Role reconciliation even without a change")

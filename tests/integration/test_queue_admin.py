@@ -25,6 +25,7 @@ from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState
+from lockgate.queues import DEFAULT_ALLOWED_KINDS
 from lockgate_adapters.kafka import make_producer, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
 from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
@@ -367,9 +368,10 @@ async def test_the_cli_creates_updates_lists_and_deletes_queues(
     table = await lockgate(admin, "queue", "list")
     header, *rows = table.out.splitlines()
     assert header.split() == ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS",
-                              "MAX-QUEUED", "NAMESPACES"]
+                              "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS"]
     assert [queue_name, "0.5", "2", "yes", "cpu=200", "-",
-            "*/team-a,cluster-b/team-b,*/lockgate.io/team=ml"] in [row.split() for row in rows]
+            "*/team-a,cluster-b/team-b,*/lockgate.io/team=ml", "(default)"] in [
+        row.split() for row in rows]
     cleared = await lockgate(admin, "queue", "update", queue_name, "--clear-namespaces",
                              "-o", "json")
     assert json.loads(cleared.out)["namespaces"] == []
@@ -482,3 +484,30 @@ async def test_the_cli_lists_jobs_of_a_queue(
     assert nothing.out.splitlines() == [
         f"no jobs with queue={queue_name}-x",
         f"note: queue '{queue_name}-x' does not exist: its jobs wait until it is created"]
+
+
+async def test_allowed_kinds_default_are_validated_patched_and_restored(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    created = await call(admin, "POST", "/api/v1/queues", {"name": queue_name})
+    assert created.status == 201, created.body
+    assert (created.body["allowed_kinds"], created.body["allowed_kinds_default"]) == (
+        list(DEFAULT_ALLOWED_KINDS), True)
+    # Patching something else keeps the default a default (it may change with lockgate).
+    other = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}", {"cordoned": True})
+    assert other.body["allowed_kinds_default"] is True
+
+    narrowed = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                          {"allowed_kinds": ["services", "pods", "jobs.batch"]})
+    assert narrowed.status == 200, narrowed.body
+    assert (narrowed.body["allowed_kinds"], narrowed.body["allowed_kinds_default"]) == (
+        ["jobs.batch", "pods", "services"], False)
+
+    for kinds, error in ((["*"], "no wildcards"), (["pods/exec"], "no subresources"),
+                         (["namespaces"], "cluster-scoped"), ([], "at least one")):
+        refused = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                             {"allowed_kinds": kinds})
+        assert refused.status == 400 and error in refused.body["error"], refused.body
+
+    restored = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                          {"allowed_kinds": None})
+    assert restored.body["allowed_kinds_default"] is True

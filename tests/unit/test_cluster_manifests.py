@@ -85,7 +85,37 @@ def test_no_lockgate_identity_may_bind_pods_escalate_or_read_secrets() -> None:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], name
             assert not {"secrets", "pods/binding", "clusterroles", "clusterrolebindings"} & set(
                 rule["resources"]), name
-            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), name
+            assert "impersonate" not in rule["verbs"], name
+            if {"escalate", "bind"} & set(rule["verbs"]):
+                # The one exception (docs/security.md): namespace-keeper writes coordinator Roles
+                # granting any allowed kind, confined to ephemeral namespaces by a policy.
+                assert name == "lockgate-namespace-keeper", name
+                assert rule["resources"] == ["roles"], name
+
+
+def test_the_namespace_keeper_is_confined_to_ephemeral_namespaces_everywhere() -> None:
+    policy = of_kind("ValidatingAdmissionPolicy")["lockgate-namespace-keeper-scope"]["spec"]
+    (condition,) = policy["matchConditions"]
+    assert "system:serviceaccount:lockgate-system:lockgate-namespace-keeper" in condition[
+        "expression"]
+    assert policy["failurePolicy"] == "Fail"
+    covered = {r for rule in policy["matchConstraints"]["resourceRules"]
+               for r in rule["resources"]}
+    assert {"roles", "rolebindings", "serviceaccounts", "serviceaccounts/token",
+            "namespaces"} <= covered
+    binding = of_kind("ValidatingAdmissionPolicyBinding")["lockgate-namespace-keeper-scope"]
+    assert "matchResources" not in binding["spec"]  # every namespace, kube-system included
+    assert "'lockgate.io/ephemeral'" in yaml.safe_dump(policy)
+
+
+def test_the_allowed_kinds_policy_reads_what_queue_store_writes() -> None:
+    from lockgate.namespace_access import ALLOWED_KINDS_ANNOTATION, EPHEMERAL_LABEL
+
+    policy = yaml.safe_dump(of_kind("ValidatingAdmissionPolicy")["lockgate-allowed-kinds"])
+    assert f"'{ALLOWED_KINDS_ANNOTATION}'" in policy and f"'{QUEUE_LABEL}'" in policy
+    binding = of_kind("ValidatingAdmissionPolicyBinding")["lockgate-allowed-kinds"]["spec"]
+    assert binding["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {EPHEMERAL_LABEL: "true"}}
 
 
 @pytest.mark.parametrize("policy", ["lockgate-admission-gate", "lockgate-queue-labels",

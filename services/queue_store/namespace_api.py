@@ -1,0 +1,175 @@
+"""The admin API's ephemeral namespaces: create (idempotent), list, describe, new token.
+
+    POST /api/v1/namespaces             {"queue", "jobset", "cluster", "ttl_seconds"?}
+                                        -> 201 created, 200 when it existed (a retry):
+                                        {"namespace": record, "token", "token_expires_at",
+                                         "kubeconfig"}
+    GET  /api/v1/namespaces?queue=&jobset=&cluster=&state=   {"namespaces": [record, ...]}
+    GET  /api/v1/namespaces/{cluster}/{name}   record + "transitions" + "allowed_kinds"; 404
+    POST /api/v1/namespaces/{cluster}/{name}/token   a fresh coordinator token; 409 unless active
+
+Creation order, so nothing is made unrecorded: the cluster is asked first (unreachable: 503,
+nothing written); the record is written (state active, transition "created"); then the objects
+are made (`namespaces.NamespaceKeeper.ensure`). A failure after the record is a 503 that says
+to retry: the retry, or else queue-store's reconciler, finishes the namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from lockgate import namespace_access as access
+from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
+from lockgate_adapters import job_store, namespace_catalog
+from queue_store.admin_api import ApiError, caller_of, json_object
+from queue_store.namespaces import (
+    ClusterUnavailableError,
+    CoordinatorCredentials,
+    NamespaceKeeper,
+    NamespaceTakenError,
+    refusal_of,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_TTL_SECONDS = 366 * 86400
+
+
+class NamespaceApi:
+    def __init__(self, *, pool: asyncpg.Pool, keeper: NamespaceKeeper, name_prefix: str) -> None:
+        self.pool, self.keeper, self.prefix = pool, keeper, name_prefix
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/api/v1/namespaces", self.create)
+        router.add_get("/api/v1/namespaces", self.list)
+        router.add_get("/api/v1/namespaces/{cluster}/{name}", self.describe)
+        router.add_post("/api/v1/namespaces/{cluster}/{name}/token", self.token)
+
+    def _cluster(self, cluster: object) -> str:
+        if not isinstance(cluster, str) or not cluster:
+            raise ApiError(400, "cluster is required")
+        if cluster not in self.keeper.apis:
+            known = ", ".join(self.keeper.clusters) or (
+                "none: queue-store has no namespace-keeper kubeconfigs "
+                "(LOCKGATE_QUEUE_STORE_NAMESPACE_CLUSTERS)")
+            raise ApiError(404, f"unknown cluster {cluster!r}; ephemeral namespaces can be "
+                                f"created in: {known}")
+        return cluster
+
+    async def create(self, request: web.Request) -> web.Response:
+        body = await json_object(request)
+        unknown = set(body) - {"queue", "jobset", "cluster", "ttl_seconds"}
+        if unknown:
+            raise ApiError(400, f"unknown fields {sorted(unknown)}; give queue, jobset, "
+                                "cluster and optionally ttl_seconds")
+        queue, jobset, ttl = body.get("queue"), body.get("jobset"), body.get("ttl_seconds")
+        if not isinstance(queue, str) or not isinstance(jobset, str) or not jobset:
+            raise ApiError(400, "queue and jobset are required strings")
+        try:
+            validate_queue_name(queue)
+            validate_label_value("lockgate.io/jobset", jobset)
+        except InvalidLabelError as error:
+            raise ApiError(400, str(error)) from error
+        if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool)
+                                or not 0 < ttl <= MAX_TTL_SECONDS):
+            raise ApiError(400, f"ttl_seconds must be a whole number of seconds between 1 and "
+                                f"{MAX_TTL_SECONDS}")
+        cluster = self._cluster(body.get("cluster"))
+        async with self.pool.acquire() as connection:
+            spec = await job_store.get_queue(connection, queue)
+        if spec is None:
+            raise ApiError(404, f"queue {queue!r} does not exist; create it with "
+                                f"'lockgate queue create {queue}'")
+        if spec.cordoned:
+            raise ApiError(409, f"queue {queue!r} is cordoned and admits no new pods; "
+                                f"uncordon it with 'lockgate queue uncordon {queue}'")
+        name = access.namespace_name(queue=queue, jobset=jobset, prefix=self.prefix)
+        async with self.pool.acquire() as connection:
+            existing = await namespace_catalog.get(connection, cluster=cluster, name=name)
+        if existing is not None and existing.state != namespace_catalog.ACTIVE:
+            raise ApiError(409, f"job set {jobset!r} of queue {queue!r} already had namespace "
+                                f"{name} in cluster {cluster}, now {existing.state}"
+                                f"{' (' + existing.trigger + ')' if existing.trigger else ''}; "
+                                "ephemeral namespaces are not reused: use a new job set name")
+        try:
+            if existing is None:
+                await self.keeper.check_free(cluster=cluster, name=name, queue=queue,
+                                             jobset=jobset)
+            async with self.pool.acquire() as connection:
+                record, created = await namespace_catalog.create_or_get(
+                    connection, cluster=cluster, name=name, queue=queue, jobset=jobset,
+                    service_account=access.COORDINATOR, ttl_seconds=ttl)
+            await self.keeper.ensure(record, spec)
+            credentials = await self.keeper.credentials(record, record.ttl_seconds)
+        except ClusterUnavailableError as error:
+            raise ApiError(503, str(error)) from error
+        except NamespaceTakenError as error:
+            raise ApiError(409, str(error)) from error
+        except ApiException as error:
+            raise ApiError(502, f"cluster {cluster} refused to set up namespace {name}: "
+                                f"{refusal_of(error)}; check lockgate-namespace-keeper's RBAC "
+                                "and policies (k8s/base), then retry") from error
+        log.info("ephemeral namespace %s/%s %s for queue %s, job set %s (ttl %s) by %s",
+                 cluster, name, "created" if created else "confirmed", queue, jobset,
+                 record.ttl_seconds, caller_of(request))
+        return web.json_response(_with_credentials(record, credentials),
+                                 status=201 if created else 200)
+
+    async def list(self, request: web.Request) -> web.Response:
+        query = request.query
+        async with self.pool.acquire() as connection:
+            records = await namespace_catalog.list_records(
+                connection, queue=query.get("queue") or None, jobset=query.get("jobset") or None,
+                cluster=query.get("cluster") or None, state=query.get("state") or None)
+        return web.json_response({"namespaces": [r.json() for r in records]})
+
+    async def _record(self, request: web.Request) -> namespace_catalog.EphemeralNamespace:
+        cluster, name = request.match_info["cluster"], request.match_info["name"]
+        async with self.pool.acquire() as connection:
+            record = await namespace_catalog.get(connection, cluster=cluster, name=name)
+        if record is None:
+            raise ApiError(404, f"no ephemeral namespace {name} in cluster {cluster}; "
+                                "see 'lockgate namespace list'")
+        return record
+
+    async def describe(self, request: web.Request) -> web.Response:
+        record = await self._record(request)
+        async with self.pool.acquire() as connection:
+            history = await namespace_catalog.transitions(connection, cluster=record.cluster,
+                                                        name=record.name)
+            spec = await job_store.get_queue(connection, record.queue)
+        return web.json_response({
+            **record.json(),
+            "allowed_kinds": list(spec.effective_allowed_kinds) if spec else None,
+            "transitions": [t.json() for t in history],
+        })
+
+    async def token(self, request: web.Request) -> web.Response:
+        record = await self._record(request)
+        if record.state != namespace_catalog.ACTIVE:
+            raise ApiError(409, f"namespace {record.name} in cluster {record.cluster} is "
+                                f"{record.state}: no new tokens")
+        self._cluster(record.cluster)
+        try:
+            credentials = await self.keeper.credentials(record, record.ttl_seconds)
+        except ClusterUnavailableError as error:
+            raise ApiError(503, str(error)) from error
+        log.info("coordinator token for %s/%s issued to %s", record.cluster, record.name,
+                 caller_of(request))
+        return web.json_response(_with_credentials(record, credentials))
+
+
+def _with_credentials(record: namespace_catalog.EphemeralNamespace,
+                      credentials: CoordinatorCredentials) -> dict[str, Any]:
+    return {
+        "namespace": record.json(),
+        "token": credentials.token,
+        "token_expires_at": (credentials.expires_at.isoformat()
+                             if credentials.expires_at else None),
+        "kubeconfig": credentials.kubeconfig,
+    }
