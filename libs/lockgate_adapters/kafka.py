@@ -346,7 +346,8 @@ class BatchConsumer(Generic[E]):
                     decoded = await self._decode(record)
                     if decoded is not None:
                         received.append(decoded)
-            await self._handle_with_retry(received, stopping)
+            if not await self._handle_with_retry(received, stopping):
+                return  # stopping with the batch unhandled: uncommitted, so redelivered
             offsets = {tp: records[-1].offset + 1 for tp, records in by_partition.items()}
             try:
                 await self._consumer.commit(offsets)
@@ -356,24 +357,28 @@ class BatchConsumer(Generic[E]):
                             error)
 
     async def _handle_with_retry(self, received: list[Received[E]],
-                                 stopping: asyncio.Event) -> None:
+                                 stopping: asyncio.Event) -> bool:
+        """Whether the batch was handled; False only when stopping while it still fails (the
+        service shuts down cleanly; the batch, never committed, is redelivered)."""
         delays = BackoffIterator(self.retry_policy)
         while True:
             try:
                 await self.handle(received, self.reject)
                 self.on_ready(True, "consuming")
-                return
+                return True
             except PermanentMessageError:
                 raise
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - any failure of the batch is retried
                 # The side effect (a database write) failed as a whole: retry the same batch.
                 if stopping.is_set():
-                    raise
+                    log.warning("consumer %s: stopping with %d messages unhandled (%s); they "
+                                "are redelivered", self.consumer_name, len(received), error)
+                    return False
                 delay = next(delays, self.retry_policy.max_seconds)
                 self.on_ready(False, f"handler: {type(error).__name__}: {error}")
                 log.warning("consumer %s: handling %d messages failed: %s; retrying in %.1fs",
                             self.consumer_name, len(received), error, delay, extra=quiet())
-                await asyncio.sleep(delay)
+                await sleep_unless_stopped(stopping, delay)
 
     async def _decode(self, record: ConsumerRecord[bytes, bytes]) -> Received[E] | None:
         try:

@@ -1,4 +1,4 @@
-"""Postgres reads and writes of ephemeral namespace records for their creation and use (migration 005).
+"""Postgres reads and writes of ephemeral namespace records for their creation (migration 005).
 
 Why its own module: creation (queue-store's admin API) writes the record before anything exists
 in the cluster, so whatever is made there is always recorded; the queue copies and the Role

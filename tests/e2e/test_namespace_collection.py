@@ -32,6 +32,7 @@ from helpers.kube import Namespaces, a_pod, wait_for_default_service_account
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
+from lockgate.namespace_access import EPHEMERAL_LABEL
 from lockgate_adapters import cli, namespace_store
 from lockgate_adapters.kube import api_client
 
@@ -142,7 +143,9 @@ async def _release_holds(apis: dict[str, client.ApiClient], namespaces: Namespac
 async def ephemeral(run: Run, cluster: str, name: str, jobset: str, *,
                     ttl_seconds: int | None = None, held: bool = False) -> str:
     """An ephemeral namespace as creation leaves it: labelled, and its active record."""
+    # Marked ephemeral as lockgate's own are: namespace-keeper may delete no other namespace.
     labels = {MANAGED_NAMESPACE_LABEL: "true", QUEUE_LABEL: QUEUE, JOBSET_LABEL: jobset,
+              EPHEMERAL_LABEL: "true",
               SELECT_LABEL: RUN, **run.lockgate.run_namespace_labels}
     metadata: dict[str, Any] = {"name": name, "labels": labels}
     if held:

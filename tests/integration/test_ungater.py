@@ -42,6 +42,7 @@ from helpers.services import FAST_RETRY, service_in_process
 from helpers.waiting import eventually, until
 from lockgate.events import (
     DEAD_LETTERS,
+    JOBSET_COMMANDS,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
     DeadLetter,
@@ -143,6 +144,9 @@ async def ungater(served_clusters: dict[str, str], kafka_bootstrap: str,
     )
     await ensure_topics(kafka_bootstrap)
     await commit_group_at_end(kafka_bootstrap, settings.consumer_group, [RELEASE_COMMANDS])
+    # Other tests' job-set cancels are not this ungater's business (its dead cluster would
+    # hold them, retrying).
+    await commit_group_at_end(kafka_bootstrap, settings.jobsets_group, [JOBSET_COMMANDS])
     producer = make_producer(kafka_bootstrap, client_id=f"test-ungater-{SUFFIX}")
     await producer.start()
     try:
