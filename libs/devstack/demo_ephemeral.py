@@ -100,7 +100,7 @@ async def run(lockgate: Lockgate, apis: Mapping[str, client.ApiClient], pool: as
               flush=True)
     except ApiException as error:
         return [f"ephemeral demo: the coordinator could not create its workers: "
-                f"{error.status} {error.reason}: {error.body}"]
+                f"{error.status} {error.reason}: {error.body!r}"]
     finally:
         await coordinator.close()
     while await _states(pool, jobset) != {"queued", "running"}:

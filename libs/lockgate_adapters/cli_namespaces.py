@@ -83,7 +83,9 @@ def _print_credentials(answer: dict[str, Any], args: argparse.Namespace, out: Te
     if record.get("expires_at"):
         print(f"collected after {record['expires_at']} (ttl {record['ttl_seconds']}s)", file=out)
     if record.get("max_queued"):
-        print(f"its pods wait at most {_max_queued(record['max_queued'])} queued", file=out)
+        limit = record["max_queued"]
+        print(f"its pods wait at most {duration(limit['seconds'])} queued, then are "
+              f"{_done(limit.get('action'))}", file=out)
     if args.kubeconfig_out:
         print(f"kubeconfig for the coordinator written to {args.kubeconfig_out}", file=out)
     else:
@@ -144,6 +146,11 @@ def namespace_describe(client: AdminClient, args: argparse.Namespace, out: TextI
     print_table(out, ["AT", "FROM", "TO", "CAUSE"],
                  [[_time(t["at"]), t["from_state"] or "-", t["to_state"], t["cause"]]
                   for t in record.get("transitions") or []])
+
+
+def _done(action: str | None) -> str:
+    return {"delete": "deleted", "fail": "failed"}.get(action or "",
+                                                       "failed or deleted as their queue says")
 
 
 def _max_queued(max_queued: dict[str, Any] | None) -> str:
