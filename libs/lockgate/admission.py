@@ -38,6 +38,12 @@ from lockgate.labels import (
     validate_label_value,
     validate_queue_name,
 )
+from lockgate.max_queued import (
+    InvalidMaxQueuedError,
+    JobSetMaxQueued,
+    jobset_max_queued,
+    stamped_annotations,
+)
 from lockgate.queues import QueueSpec
 
 JsonObject = Mapping[str, Any]
@@ -267,11 +273,13 @@ def decide(
     owners: Sequence[OwnerLabels],
     queue: QueueLookup | None,
     trace_parent: str | None = None,
+    namespace_annotations: Mapping[str, str] | None = None,
 ) -> Decision:
     """The decision for one request.
 
     `trace_parent`, the W3C traceparent of the review's span, is recorded on a gated pod so its
-    journey's trace can link back to its admission.
+    journey's trace can link back to its admission. `namespace_annotations` may give the job
+    set's maximum time queued (lockgate.max_queued), which a gated pod is stamped with.
 
     `namespace_labels` None means the namespace could not be read, `queue` None that the queue
     could not be checked: both refuse a pod that would otherwise be gated (fail-closed).
@@ -313,10 +321,19 @@ def decide(
         pod_group(request.pod_labels, _string_map(_metadata(request.pod).get("annotations")))
     except InvalidPodGroupError as error:
         return Decision(Outcome.DENIED, message=str(error), queue=plan.queue, jobset=plan.jobset)
+    pod_annotations = _string_map(_metadata(request.pod).get("annotations"))
+    try:
+        own = jobset_max_queued(pod_annotations)
+        max_queued = jobset_max_queued(pod_annotations, namespace_annotations,
+                                       namespace=request.namespace)
+    except InvalidMaxQueuedError as error:
+        return Decision(Outcome.DENIED, message=str(error), queue=plan.queue, jobset=plan.jobset)
     return Decision(
         Outcome.GATED,
         message=f"gated in queue {plan.queue}, jobset {plan.jobset}",
-        patch=tuple(_patch(request.pod, plan, trace_parent)),
+        # Stamped only when the namespace changes what the pod says itself.
+        patch=tuple(_patch(request.pod, plan, trace_parent,
+                           None if max_queued == own else max_queued)),
         warnings=tuple(
             f"lockgate could not read owner {owner.reference} ({owner.unreadable_reason}); "
             "its labels were not considered"
@@ -418,8 +435,8 @@ def _denied(plan: _LabelPlan, message: str) -> Decision:
                     queue=plan.queue, jobset=plan.jobset)
 
 
-def _patch(pod: JsonObject, plan: _LabelPlan,
-           trace_parent: str | None = None) -> list[PatchOperation]:
+def _patch(pod: JsonObject, plan: _LabelPlan, trace_parent: str | None = None,
+           max_queued: JobSetMaxQueued | None = None) -> list[PatchOperation]:
     operations = _gate_operations(pod)
     metadata = _metadata(pod)
     label_operations = _map_operations(
@@ -430,11 +447,14 @@ def _patch(pod: JsonObject, plan: _LabelPlan,
     )
     operations += label_operations
     annotations = _string_map(metadata.get("annotations"))
+    wanted: dict[str, str] = {}
     # On reinvocation our own labels look like the pod's; keep the first answer's annotation.
     if label_operations or LABEL_SOURCE_ANNOTATION not in annotations:
-        wanted = {LABEL_SOURCE_ANNOTATION: _source_annotation(plan)}
+        wanted[LABEL_SOURCE_ANNOTATION] = _source_annotation(plan)
         if trace_parent and ADMISSION_TRACE_ANNOTATION not in annotations:
             wanted[ADMISSION_TRACE_ANNOTATION] = trace_parent
+    wanted.update(stamped_annotations(max_queued))
+    if wanted:
         operations += _map_operations(
             "/metadata/annotations",
             annotations,

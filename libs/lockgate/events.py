@@ -22,6 +22,7 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockgate.jobs import JobState
+from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 
 
@@ -69,6 +70,9 @@ class PodEvent(Event):
     group_size: int = 0
     preemptible: bool = False  # the pod's lockgate.io/preemptible label is "true"
     priority_class: str = ""  # spec.priorityClassName
+    # The job set's own maximum time queued (lockgate.max_queued), from the pod's annotations
+    # as the webhook left them; None: only its queue's rule, if any.
+    max_queued: JobSetMaxQueued | None = None
 
 
 class ClusterSnapshot(Event):

@@ -84,6 +84,9 @@ class JobRow:
     pod_group_size: int = 0
     preemptible: bool = False
     priority_class: str = ""
+    # The job set's maximum time queued (lockgate.max_queued.JobSetMaxQueued as JSON), taken
+    # from the first event, as the group is: the webhook fixes it at admission.
+    max_queued: Mapping[str, Any] | None = None
 
     @property
     def key(self) -> JobKey:
@@ -396,6 +399,8 @@ class _Folding:
                 **_placement_columns(event, None),
                 pod_group=event.group, pod_group_size=event.group_size,
                 preemptible=event.preemptible, priority_class=event.priority_class,
+                max_queued=None if event.max_queued is None
+                else event.max_queued.model_dump(mode="json"),
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)

@@ -161,12 +161,16 @@ def namespace_labels(*, queue: str, jobset: str,
 
 
 def namespace_object(*, name: str, queue: str, jobset: str, kinds: Sequence[str],
-                     extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     extra_labels: Mapping[str, str] | None = None,
+                     extra_annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`extra_annotations`: the job set's maximum time queued (lockgate.max_queued), which the
+    webhook stamps on the namespace's pods."""
     return {
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": name,
                      "labels": namespace_labels(queue=queue, jobset=jobset, extra=extra_labels),
-                     "annotations": {ALLOWED_KINDS_ANNOTATION: ",".join(kinds)}},
+                     "annotations": {**(extra_annotations or {}),
+                                     ALLOWED_KINDS_ANNOTATION: ",".join(kinds)}},
     }
 
 

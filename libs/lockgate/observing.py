@@ -39,6 +39,7 @@ from lockgate.labels import (
     SCHEDULING_GATE,
     is_managed_namespace,
 )
+from lockgate.max_queued import read_from_pod
 from lockgate.placement import (
     PodPlacement,
     Taint,
@@ -209,6 +210,7 @@ def pod_event(
         unschedulable_since=None if stuck is None else stuck[0],
         unschedulable_message="" if stuck is None else stuck[1],
         controlled=has_controller(pod),
+        max_queued=read_from_pod(metadata.get("annotations") or {}),
         **_group_and_preemption(metadata, spec),
     )
 

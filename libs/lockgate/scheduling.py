@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from lockgate.groups import GroupIndex, GroupKey
 from lockgate.jobs import JobState
+from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
@@ -96,6 +97,9 @@ class SchedJob:
     # pod's lockgate.io/preemptible label, or a priority class configured as preemptible.
     preemptible: bool = False
     priority_class: str = ""
+    # Its job set's own maximum time queued (lockgate.max_queued); the stricter of it and its
+    # queue's ends the pod (lockgate.waiting).
+    max_queued: JobSetMaxQueued | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,7 @@ class _Job:
         "created_at",
         "group",
         "group_size",
+        "max_queued",
         "node_name",
         "parked",
         "preemptible",
@@ -167,6 +172,7 @@ class _Job:
         self.group_size = 0
         self.preemptible = False
         self.priority_class = ""
+        self.max_queued: JobSetMaxQueued | None = None
         # Parked: queued, but too big for every node of its cluster; kept out of the heap until
         # the cluster gains a node of a new size.
         self.parked = False
@@ -425,6 +431,7 @@ class SchedulerState:
             and old.group_size == job.group_size
             and old.preemptible == job.preemptible
             and old.priority_class == job.priority_class
+            and old.max_queued == job.max_queued
         ):
             return
         shape.refs += 1
@@ -442,6 +449,7 @@ class SchedulerState:
             record.group_size = job.group_size
             record.preemptible = job.preemptible
             record.priority_class = job.priority_class
+            record.max_queued = job.max_queued
             self._apply(job.job_id, record, None)
             if record.state is _QUEUED:
                 self._push(record, job.job_id)
@@ -473,6 +481,7 @@ class SchedulerState:
         old.group_size = job.group_size
         old.preemptible = job.preemptible
         old.priority_class = job.priority_class
+        old.max_queued = job.max_queued
         old.parked = stays_parked
         self._apply(job.job_id, old, hint)
         if old.state is _QUEUED and not entry_in_place:
@@ -509,6 +518,7 @@ class SchedulerState:
             group_size=record.group_size,
             preemptible=record.preemptible,
             priority_class=record.priority_class,
+            max_queued=record.max_queued,
         )
 
     def __len__(self) -> int:

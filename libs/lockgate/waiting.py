@@ -10,7 +10,8 @@ the admin API for `lockgate explain`, so both say the same.
 `WaitingPods` decides *when* a pod is told: once when it is queued, then at most every
 `pod_interval` seconds, and at most `cluster_rate` notices per second per cluster (a token
 bucket), so a backlog of a million pods cannot flood an apiserver with Events. It also finds the
-pods that waited longer than their queue's maximum time queued.
+pods that waited longer than their maximum time queued: their queue's or their job set's,
+whichever is stricter (`lockgate.max_queued`).
 
 Pure: the clock is passed in, as epoch seconds (pods' creation times are epoch seconds too).
 """
@@ -24,6 +25,7 @@ from enum import StrEnum
 
 from lockgate.fairness import FairShare, _ClusterRound, fair_shares
 from lockgate.jobs import JobState
+from lockgate.max_queued import JobSetMaxQueued, Limit, stricter
 from lockgate.queues import MaxQueued
 from lockgate.scheduling import SchedJob, SchedulerState
 
@@ -123,6 +125,7 @@ class Explanation:
     max_queued_action: str | None
     competing_queues: tuple[str, ...]  # queues below their share waiting in the same cluster
     message: str = ""
+    max_queued_by: str | None = None  # whose maximum applies: "queue" or "jobset"
 
 
 def explain(state: SchedulerState, job_id: str, *, now: float) -> Explanation | None:
@@ -218,7 +221,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         at_fair_share=at_share,
         others_below_share_waiting=bool(competing),
     )) if queued else None
-    max_queued = None if spec is None else spec.max_queued
+    max_queued = stricter(None if spec is None else spec.max_queued, job.max_queued)
 
     def named(vector: list[int]) -> dict[str, int]:
         # Zero where the pod asks for some ("cpu 0" says what is missing); else nonzero only.
@@ -240,6 +243,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         max_queued_seconds=None if max_queued is None else max_queued.seconds,
         max_queued_action=None if max_queued is None else max_queued.action,
         competing_queues=competing,
+        max_queued_by=None if max_queued is None else max_queued.by,
     )
     return _with_message(explanation)
 
@@ -324,7 +328,8 @@ def wait_message(e: Explanation) -> str:
     text = f"{where}; {why}"
     if e.max_queued_seconds is not None:
         done = "deleted" if e.max_queued_action == "delete" else "failed"
-        text += f"; it is {done} after {format_duration(e.max_queued_seconds)} queued"
+        whose = " (its job set's maximum)" if e.max_queued_by == "jobset" else ""
+        text += f"; it is {done} after {format_duration(e.max_queued_seconds)} queued{whose}"
     return text
 
 
@@ -397,6 +402,7 @@ class _Waiting:
     cluster: str
     created_at: float
     due: float
+    own: JobSetMaxQueued | None = None  # its job set's maximum time queued
     told: bool = False  # its first ("queued") notice went out
     expired: bool = False  # reported by `expired` already
 
@@ -407,8 +413,9 @@ class WaitingPods:
 
     Fed every job row the leader applies (`observe`). `due(now)` pops the pods due a notice,
     oldest due first per cluster, as far as each cluster's bucket allows; `told` schedules the
-    next one. `expired(now, max_queued_of)` pops the pods older than their queue's maximum.
-    Everything is O(log n) per pod and event; heaps are lazily cleaned.
+    next one. `expired(now, max_queued_of)` pops the pods older than their maximum: a heap per
+    queue by creation time for the queue's rule, one heap by deadline for pods whose job set has
+    its own. Everything is O(log n) per pod and event; heaps are lazily cleaned.
     """
 
     limits: NoticeLimits
@@ -417,6 +424,8 @@ class WaitingPods:
     _buckets: dict[str, TokenBucket] = field(default_factory=dict)
     _by_age: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # per queue
     _live: dict[str, int] = field(default_factory=dict)  # pods per queue
+    # (creation + its job set's maximum, job id) of pods whose job set has one.
+    _own_deadlines: list[tuple[float, str]] = field(default_factory=list)
 
     def observe(self, job: SchedJob, now: float) -> None:
         current = self._pods.get(job.job_id)
@@ -424,9 +433,14 @@ class WaitingPods:
             self.forget(job.job_id)
             return
         if current is not None and current.queue == job.queue and current.cluster == job.cluster:
+            if current.own != job.max_queued:
+                current.own = job.max_queued
+                self._push_own_deadline(job.job_id, current)
             return
         self.forget(job.job_id)
-        self._pods[job.job_id] = _Waiting(job.queue, job.cluster, job.created_at, now)
+        waiting = self._pods[job.job_id] = _Waiting(job.queue, job.cluster, job.created_at, now,
+                                                    own=job.max_queued)
+        self._push_own_deadline(job.job_id, waiting)
         heapq.heappush(self._due.setdefault(job.cluster, []), (now, job.job_id))
         heap = self._by_age.setdefault(job.queue, [])
         heapq.heappush(heap, (job.created_at, job.job_id))
@@ -437,6 +451,17 @@ class WaitingPods:
                     if w.queue == job.queue}
             self._by_age[job.queue] = [entry for entry in heap if entry in kept]
             heapq.heapify(self._by_age[job.queue])
+
+    def _push_own_deadline(self, job_id: str, waiting: _Waiting) -> None:
+        if waiting.own is None:
+            return
+        heapq.heappush(self._own_deadlines, (waiting.created_at + waiting.own.seconds, job_id))
+        if len(self._own_deadlines) > 2 * len(self._pods) + 64:
+            self._own_deadlines = [
+                entry for entry in self._own_deadlines
+                if (w := self._pods.get(entry[1])) is not None and w.own is not None
+                and entry[0] == w.created_at + w.own.seconds]
+            heapq.heapify(self._own_deadlines)
 
     def forget(self, job_id: str) -> None:
         waiting = self._pods.pop(job_id, None)
@@ -484,22 +509,38 @@ class WaitingPods:
                 self._schedule(job_id, waiting, now)
 
     def expired(self, now: float, max_queued_of: Callable[[str], MaxQueued | None]
-                ) -> list[tuple[str, MaxQueued]]:
-        """Pods queued longer (since their creation) than their queue's maximum, popped: each is
-        returned once while it stays queued."""
-        found: list[tuple[str, MaxQueued]] = []
+                ) -> list[tuple[str, Limit]]:
+        """Pods queued longer (since their creation) than their maximum, popped, each with the
+        rule it ends by (the stricter of its queue's and its job set's): each is returned once
+        while it stays queued."""
+        found: list[tuple[str, Limit]] = []
+
+        def end(job_id: str, waiting: _Waiting) -> None:
+            limit = stricter(max_queued_of(waiting.queue), waiting.own)
+            # Popped by one rule's deadline: the stricter one has passed too.
+            if limit is not None and waiting.created_at + limit.seconds <= now:
+                waiting.expired = True
+                found.append((job_id, limit))
+
         for queue, heap in self._by_age.items():
-            limit = max_queued_of(queue)
-            if limit is None:
+            queue_limit = max_queued_of(queue)
+            if queue_limit is None:
                 continue
-            while heap and heap[0][0] + limit.seconds <= now:
+            while heap and heap[0][0] + queue_limit.seconds <= now:
                 created_at, job_id = heapq.heappop(heap)
                 waiting = self._pods.get(job_id)
                 if (waiting is None or waiting.queue != queue or waiting.created_at != created_at
                         or waiting.expired):
                     continue
-                waiting.expired = True
-                found.append((job_id, limit))
+                end(job_id, waiting)
+        own = self._own_deadlines
+        while own and own[0][0] <= now:
+            deadline, job_id = heapq.heappop(own)
+            waiting = self._pods.get(job_id)
+            if (waiting is None or waiting.own is None or waiting.expired
+                    or deadline != waiting.created_at + waiting.own.seconds):
+                continue
+            end(job_id, waiting)
         return found
 
     def next_due(self) -> float:

@@ -1,6 +1,7 @@
 """`lockgate namespace create|list|describe`: ephemeral namespaces for one job set each.
 
     lockgate namespace create --queue Q --jobset J --cluster C [--ttl 2h]
+                              [--max-queued-time 30m [--on-max-queued delete|fail]]
                               [--kubeconfig-out FILE] [-o table|json|yaml]
     lockgate namespace list [--queue Q] [--jobset J] [--cluster C] [--state S] [-o ...]
     lockgate namespace describe CLUSTER/NAME [-o ...]
@@ -25,7 +26,7 @@ import yaml
 
 from lockgate.namespace_access import parse_duration
 from lockgate_adapters.cli import AdminClient, CliError
-from lockgate_adapters.cli_output import print_table, verbs_of
+from lockgate_adapters.cli_output import duration, print_table, verbs_of
 
 PATH = "/api/v1/namespaces"
 
@@ -81,6 +82,10 @@ def _print_credentials(answer: dict[str, Any], args: argparse.Namespace, out: Te
           f"{answer.get('token_expires_at') or '?'}", file=out)
     if record.get("expires_at"):
         print(f"collected after {record['expires_at']} (ttl {record['ttl_seconds']}s)", file=out)
+    if record.get("max_queued"):
+        limit = record["max_queued"]
+        print(f"its pods wait at most {duration(limit['seconds'])} queued, then are "
+              f"{_done(limit.get('action'))}", file=out)
     if args.kubeconfig_out:
         print(f"kubeconfig for the coordinator written to {args.kubeconfig_out}", file=out)
     else:
@@ -93,6 +98,12 @@ def namespace_create(client: AdminClient, args: argparse.Namespace, out: TextIO)
                             "cluster": args.cluster}
     if args.ttl is not None:
         body["ttl_seconds"] = args.ttl
+    if args.on_max_queued is not None and args.max_queued_time is None:
+        raise CliError("--on-max-queued needs --max-queued-time (e.g. --max-queued-time 30m)")
+    if args.max_queued_time is not None:
+        body["max_queued"] = {"seconds": args.max_queued_time}
+        if args.on_max_queued is not None:
+            body["max_queued"]["action"] = args.on_max_queued
     _print_credentials(client.request("POST", PATH, body), args, out)
 
 
@@ -126,6 +137,7 @@ def namespace_describe(client: AdminClient, args: argparse.Namespace, out: TextI
             ["queue", record["queue"]], ["job set", record["jobset"]],
             ["state", record["state"]], ["service account", record["service_account"]],
             ["allowed kinds", ", ".join(record.get("allowed_kinds") or []) or "-"],
+            ["max queued", _max_queued(record.get("max_queued"))],
             ["created", _time(record["created_at"])], ["expires", _time(record["expires_at"])],
             ["trigger", record.get("trigger") or "-"],
             ["failure", record.get("failure_reason") or "-"]]
@@ -134,6 +146,18 @@ def namespace_describe(client: AdminClient, args: argparse.Namespace, out: TextI
     print_table(out, ["AT", "FROM", "TO", "CAUSE"],
                  [[_time(t["at"]), t["from_state"] or "-", t["to_state"], t["cause"]]
                   for t in record.get("transitions") or []])
+
+
+def _done(action: str | None) -> str:
+    return {"delete": "deleted", "fail": "failed"}.get(action or "",
+                                                       "failed or deleted as their queue says")
+
+
+def _max_queued(max_queued: dict[str, Any] | None) -> str:
+    if not max_queued:
+        return "-"
+    action = max_queued.get("action") or "as its queue says (else fail)"
+    return f"{duration(max_queued['seconds'])}, then {action}"
 
 
 def _time(value: str | None) -> str:
@@ -152,6 +176,12 @@ def register(nouns: Any, output_parent: argparse.ArgumentParser) -> None:
     create.add_argument("--cluster", required=True)
     create.add_argument("--ttl", type=_duration, metavar="DURATION",
                         help="collect it after this long, e.g. 90m, 2h, 7d")
+    create.add_argument("--max-queued-time", type=_duration, metavar="DURATION",
+                        help="the job set's maximum time queued: a pod of the namespace "
+                             "waiting longer (e.g. 30m) is failed or deleted, even if its "
+                             "queue allows longer")
+    create.add_argument("--on-max-queued", choices=("fail", "delete"),
+                        help="what becomes of such a pod (default: as its queue says, else fail)")
     create.add_argument("--kubeconfig-out", metavar="FILE",
                         help="write the coordinator's kubeconfig here (mode 0600)")
     create.set_defaults(run=namespace_create)

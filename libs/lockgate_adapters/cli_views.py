@@ -130,7 +130,8 @@ def _explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
         "Largest node": amounts(e["largest_node"]),
         "Queues going first": ", ".join(e["competing_queues"]) or "-",
         "Max time queued": "-" if e["max_queued_seconds"] is None else
-        f"{duration(e['max_queued_seconds'])}, then {e['max_queued_action']}",
+        f"{duration(e['max_queued_seconds'])}, then {e['max_queued_action']}"
+        f"{' (job set)' if e.get('max_queued_by') == 'jobset' else ''}",
         "Why": e["message"],
     })
     return fields

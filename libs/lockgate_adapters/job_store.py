@@ -45,7 +45,8 @@ _JOB_COLUMNS = (
     "cluster, uid, namespace, name, queue, jobset, priority, requests, state, node_name, "
     "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
     "decision_id, release_attempts, last_reason, placement, unschedulable_since, "
-    "unschedulable_message, controlled, pod_group, pod_group_size, preemptible, priority_class"
+    "unschedulable_message, controlled, pod_group, pod_group_size, preemptible, priority_class, "
+    "max_queued"
 )
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
@@ -114,7 +115,8 @@ def _as_dict(record: asyncpg.Record) -> dict[str, Any]:
     values = dict(record.items())
     for key, value in values.items():
         if isinstance(value, str) and key in ("requests", "allocatable", "unmanaged_usage",
-                                                     "placement", "labels", "taints"):
+                                                     "placement", "labels", "taints",
+                                                     "max_queued"):
             values[key] = json.loads(value)  # a connection without the pool's jsonb codec
     return values
 
@@ -157,18 +159,19 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
     columns[7] = [json.dumps(dict(r)) for r in columns[7]]  # requests
     columns[8] = [JobState(s).value for s in columns[8]]  # state
     columns[19] = [None if p is None else json.dumps(dict(p)) for p in columns[19]]  # placement
+    columns[27] = [None if m is None else json.dumps(dict(m)) for m in columns[27]]  # max_queued
     await connection.execute(
         f"INSERT INTO jobs ({_JOB_COLUMNS}, serial)"  # noqa: S608
         " SELECT c, u, ns, n, q, js, p, r::jsonb, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr,"
-        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, nextval('change_serial')"
+        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, mq::jsonb, nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
         " $7::int[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],"
         " $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],"
         " $16::timestamptz[], $17::text[], $18::int[], $19::text[], $20::text[],"
         " $21::timestamptz[], $22::text[], $23::bool[], $24::text[], $25::int[], $26::bool[],"
-        " $27::text[])"
+        " $27::text[], $28::text[])"
         " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr, pl, us, um,"
-        " ct, pg, pgs, pre, pc)"
+        " ct, pg, pgs, pre, pc, mq)"
         " ON CONFLICT (cluster, uid) DO UPDATE SET"
         " namespace = EXCLUDED.namespace, name = EXCLUDED.name, queue = EXCLUDED.queue,"
         " jobset = EXCLUDED.jobset, priority = EXCLUDED.priority,"
@@ -183,7 +186,7 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
         " controlled = EXCLUDED.controlled,"
         " pod_group = EXCLUDED.pod_group, pod_group_size = EXCLUDED.pod_group_size,"
         " preemptible = EXCLUDED.preemptible, priority_class = EXCLUDED.priority_class,"
-        " serial = EXCLUDED.serial",
+        " max_queued = EXCLUDED.max_queued, serial = EXCLUDED.serial",
         *columns,
     )
 

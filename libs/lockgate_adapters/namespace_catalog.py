@@ -1,4 +1,5 @@
-"""Postgres reads and writes of ephemeral namespace records for their creation (migration 005).
+"""Postgres reads and writes of ephemeral namespace records for their creation and use
+(migrations 005, 010).
 
 Why its own module: creation (queue-store's admin API) writes the record before anything exists
 in the cluster, so whatever is made there is always recorded; the queue copies and the Role
@@ -9,6 +10,7 @@ use its queue, or no longer) and the Role reconciler.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +25,7 @@ CREATED_CAUSE = "created"
 
 _COLUMNS = ("cluster, name, queue, jobset, service_account, state, ttl_seconds, expires_at,"
             " created_at, state_changed_at, trigger, failure_reason, attempts, next_attempt_at,"
-            " deleted_at")
+            " deleted_at, max_queued")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class EphemeralNamespace:
     attempts: int
     next_attempt_at: datetime | None
     deleted_at: datetime | None
+    # The job set's maximum time queued, as lockgate.max_queued.JobSetMaxQueued JSON; written on
+    # the namespace as annotations the webhook stamps on its pods (migration 010).
+    max_queued: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
         values: dict[str, Any] = dict(self.__dict__)
@@ -65,22 +70,27 @@ class Transition:
 
 
 def _record(row: asyncpg.Record) -> EphemeralNamespace:
-    return EphemeralNamespace(**dict(row.items()))
+    values = dict(row.items())
+    if isinstance(values.get("max_queued"), str):
+        values["max_queued"] = json.loads(values["max_queued"])  # no jsonb codec on it
+    return EphemeralNamespace(**values)
 
 
 async def create_or_get(connection: AnyConnection, *, cluster: str, name: str, queue: str,
                         jobset: str, service_account: str,
-                        ttl_seconds: int | None) -> tuple[EphemeralNamespace, bool]:
+                        ttl_seconds: int | None, max_queued: dict[str, Any] | None = None
+                        ) -> tuple[EphemeralNamespace, bool]:
     """The record of (cluster, name), created active with its "created" transition unless it
     exists; returns it and whether this call created it (a retry finds the first one)."""
     async with connection.transaction():
         row = await connection.fetchrow(
             "INSERT INTO ephemeral_namespaces (cluster, name, queue, jobset, service_account,"  # noqa: S608
-            " state, ttl_seconds, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7::integer,"
-            " CASE WHEN $7::integer IS NULL THEN NULL"
-            " ELSE now() + make_interval(secs => $7::integer) END)"
+            " state, ttl_seconds, expires_at, max_queued) VALUES ($1, $2, $3, $4, $5, $6,"
+            " $7::integer, CASE WHEN $7::integer IS NULL THEN NULL"
+            " ELSE now() + make_interval(secs => $7::integer) END, $8::text::jsonb)"
             f" ON CONFLICT (cluster, name) DO NOTHING RETURNING {_COLUMNS}",
-            cluster, name, queue, jobset, service_account, ACTIVE, ttl_seconds)
+            cluster, name, queue, jobset, service_account, ACTIVE, ttl_seconds,
+            None if max_queued is None else json.dumps(max_queued))
         if row is None:
             existing = await get(connection, cluster=cluster, name=name)
             assert existing is not None

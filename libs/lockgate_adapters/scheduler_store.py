@@ -29,6 +29,7 @@ from typing import Any
 import asyncpg
 
 from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
@@ -194,7 +195,7 @@ _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, pres
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
                 " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
-                " pod_group, pod_group_size, preemptible, priority_class")
+                " pod_group, pod_group_size, preemptible, priority_class, max_queued")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
 _PLACEMENT_CACHE_SIZE = 4096
@@ -339,7 +340,13 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         group_size=record["pod_group_size"],
         preemptible=record["preemptible"],
         priority_class=record["priority_class"],
+        max_queued=_jobset_max_queued(record["max_queued"]),
     )
+
+
+def _jobset_max_queued(value: Any) -> JobSetMaxQueued | None:
+    found = _json(value)
+    return None if not found else JobSetMaxQueued.model_validate(found)
 
 
 # Giving up on released pods kube-scheduler cannot place -------------------------------------

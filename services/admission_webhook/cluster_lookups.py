@@ -84,15 +84,26 @@ class ClusterLookups:
         self._api = api
         self._timeout = timeout
         self._max_depth = max_owner_depth
-        self._namespaces: TtlCache[dict[str, str]] = TtlCache(namespace_ttl)
+        # A namespace's labels and annotations, read together.
+        self._namespaces: TtlCache[tuple[dict[str, str], dict[str, str]]] = TtlCache(
+            namespace_ttl)
         self._owners: TtlCache[dict[str, Any]] = TtlCache(owner_ttl)
         # API discovery rarely changes while we run; a kind is looked up once per apiVersion.
         self._resources: dict[str, dict[str, _ApiResource]] = {}
 
     async def namespace_labels(self, namespace: str) -> dict[str, str]:
-        async def load() -> dict[str, str]:
+        return (await self._namespace(namespace))[0]
+
+    async def namespace_annotations(self, namespace: str) -> dict[str, str]:
+        """Read with the labels (one GET, one cache entry): a job set's maximum time queued."""
+        return (await self._namespace(namespace))[1]
+
+    async def _namespace(self, namespace: str) -> tuple[dict[str, str], dict[str, str]]:
+        async def load() -> tuple[dict[str, str], dict[str, str]]:
             found = await self._get(f"/api/v1/namespaces/{namespace}")
-            return dict((found.get("metadata") or {}).get("labels") or {})
+            metadata = found.get("metadata") or {}
+            return (dict(metadata.get("labels") or {}),
+                    dict(metadata.get("annotations") or {}))
 
         return await self._namespaces.get(namespace, load)
 

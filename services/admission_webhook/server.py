@@ -135,10 +135,12 @@ class AdmissionServer:
         try:
             namespace_labels: dict[str, str] | None = await lookups.namespace_labels(
                 request.namespace)
+            namespace_annotations = await lookups.namespace_annotations(request.namespace)
         except Exception as error:  # noqa: BLE001 - unreadable namespace: refuse, say why
             log.warning("%s: cannot read namespace %s: %r", lookups.cluster, request.namespace,
                         error)
             namespace_labels = None
+            namespace_annotations = {}
         owners: list[OwnerLabels] = []
         if namespace_labels is not None and needs_owner_labels(request, namespace_labels):
             owners = await lookups.controlling_owners(request.namespace,
@@ -152,7 +154,8 @@ class AdmissionServer:
                                             namespace=request.namespace,
                                             namespace_labels=namespace_labels)
         decision = decide(request=request, namespace_labels=namespace_labels, owners=owners,
-                          queue=queue, trace_parent=current_traceparent())
+                          queue=queue, trace_parent=current_traceparent(),
+                          namespace_annotations=namespace_annotations)
         if decision.outcome is Outcome.UNVERIFIABLE:
             log.warning("%s: %s", lookups.cluster, decision.message)
         return decision

@@ -621,11 +621,12 @@ class Leader:
             waited = format_duration(now - job.created_at)
             why = "" if explanation is None else f"; it was waiting: {explanation.message}"
             done = "failed" if limit.action == "fail" else "deleted"
+            whose = f'queue "{job.queue}"' if limit.by == "queue" else "its job set"
             expiries.append(PodNotice(
                 cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
                 reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
                 message=(f"lockgate {done} this pod: it waited {waited} queued, longer than "
-                         f'queue "{job.queue}" allows ({format_duration(limit.seconds)}){why}')))
+                         f"{whose} allows ({format_duration(limit.seconds)}){why}")))
             # Out of the state: no round may release it while the ungater acts.
             self._count(job, -1)
             if state.job(job_id) is not None:

@@ -1,6 +1,7 @@
 """The admin API's ephemeral namespaces: create (idempotent), list, describe, new token.
 
-    POST /api/v1/namespaces             {"queue", "jobset", "cluster", "ttl_seconds"?}
+    POST /api/v1/namespaces             {"queue", "jobset", "cluster", "ttl_seconds"?,
+                                         "max_queued"?: {"seconds", "action"?: fail|delete}}
                                         -> 201 created, 200 when it existed (a retry):
                                         {"namespace": record, "token", "token_expires_at",
                                          "kubeconfig"}
@@ -22,9 +23,11 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from lockgate import namespace_access as access
 from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
+from lockgate.max_queued import JobSetMaxQueued
 from lockgate_adapters import job_store, namespace_catalog
 from queue_store.admin_api import ApiError, caller_of, json_object
 from queue_store.namespaces import (
@@ -63,10 +66,10 @@ class NamespaceApi:
 
     async def create(self, request: web.Request) -> web.Response:
         body = await json_object(request)
-        unknown = set(body) - {"queue", "jobset", "cluster", "ttl_seconds"}
+        unknown = set(body) - {"queue", "jobset", "cluster", "ttl_seconds", "max_queued"}
         if unknown:
             raise ApiError(400, f"unknown fields {sorted(unknown)}; give queue, jobset, "
-                                "cluster and optionally ttl_seconds")
+                                "cluster and optionally ttl_seconds and max_queued")
         queue, jobset, ttl = body.get("queue"), body.get("jobset"), body.get("ttl_seconds")
         if not isinstance(queue, str) or not isinstance(jobset, str) or not jobset:
             raise ApiError(400, "queue and jobset are required strings")
@@ -79,6 +82,7 @@ class NamespaceApi:
                                 or not 0 < ttl <= MAX_TTL_SECONDS):
             raise ApiError(400, f"ttl_seconds must be a whole number of seconds between 1 and "
                                 f"{MAX_TTL_SECONDS}")
+        max_queued = _max_queued(body.get("max_queued"))
         cluster = self._cluster(body.get("cluster"))
         async with self.pool.acquire() as connection:
             spec = await job_store.get_queue(connection, queue)
@@ -103,7 +107,8 @@ class NamespaceApi:
             async with self.pool.acquire() as connection:
                 record, created = await namespace_catalog.create_or_get(
                     connection, cluster=cluster, name=name, queue=queue, jobset=jobset,
-                    service_account=access.COORDINATOR, ttl_seconds=ttl)
+                    service_account=access.COORDINATOR, ttl_seconds=ttl,
+                    max_queued=None if max_queued is None else max_queued.model_dump(mode="json"))
             await self.keeper.ensure(record, spec)
             credentials = await self.keeper.credentials(record, record.ttl_seconds)
         except ClusterUnavailableError as error:
@@ -162,6 +167,20 @@ class NamespaceApi:
         log.info("coordinator token for %s/%s issued to %s", record.cluster, record.name,
                  caller_of(request))
         return web.json_response(_with_credentials(record, credentials))
+
+
+def _max_queued(value: object) -> JobSetMaxQueued | None:
+    """The job set's maximum time queued, if given; a 400 that says what to send otherwise."""
+    if value is None:
+        return None
+    try:
+        return JobSetMaxQueued.model_validate(value)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'max_queued'}: {e['msg']}"
+                             for e in error.errors())
+        raise ApiError(400, f"max_queued must be {{\"seconds\": 1 to {MAX_TTL_SECONDS}, "
+                            f"\"action\": \"fail\" or \"delete\" (optional)}}: {problems}"
+                       ) from error
 
 
 def _with_credentials(record: namespace_catalog.EphemeralNamespace,

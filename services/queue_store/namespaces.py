@@ -32,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
 
 from lockgate import namespace_access as access
+from lockgate.max_queued import JobSetMaxQueued, stamped_annotations
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store, namespace_catalog
 from lockgate_adapters.postgres import CHANGES_CHANNEL
@@ -134,8 +135,12 @@ class NamespaceKeeper:
         api = self.apis[record.cluster]
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         name, kinds = record.name, spec.effective_allowed_kinds
-        wanted_ns = access.namespace_object(name=name, queue=record.queue, jobset=record.jobset,
-                                            kinds=kinds, extra_labels=self._extra_labels)
+        wanted_ns = access.namespace_object(
+            name=name, queue=record.queue, jobset=record.jobset, kinds=kinds,
+            extra_labels=self._extra_labels,
+            extra_annotations=stamped_annotations(
+                None if record.max_queued is None
+                else JobSetMaxQueued.model_validate(record.max_queued)))
         timeout = {"_request_timeout": REQUEST_TIMEOUT_SECONDS}
         try:
             current = client.ApiClient().sanitize_for_serialization(

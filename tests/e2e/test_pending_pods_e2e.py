@@ -12,6 +12,9 @@ Postgres and a real kube-apiserver with kwok nodes (4 nodes of 16 cpu in cluster
 - Max time queued, both ways: a Job's pod in a queue that fails pods after 3 s ends Failed with
   the reason (the Job counts it failed); in a queue that deletes them it is deleted, and its Job
   counts it failed too. Each pod carries the Event that says why.
+- A job set's own max time queued: a pod in an ephemeral namespace made with
+  `lockgate namespace create --max-queued-time 3s` is stamped with it by the webhook and failed
+  with the reason and an Event, although its queue has no maximum.
 
 Isolation as in test_enforcement_e2e: a database of its own keeping only this run's cluster
 name, its own webhook registration and consumer groups.
@@ -40,6 +43,7 @@ from helpers.kube import a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
+from lockgate.max_queued import MAX_QUEUED_TIME_ANNOTATION
 from lockgate_adapters import cli
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
@@ -49,7 +53,8 @@ ALIAS = f"pend-{RUN}"
 CLUSTERS = {ALIAS: "cluster-a"}
 FILL, LATE, BIG, CORDON = (f"{name}-{RUN}" for name in ("fill", "late", "big", "cordon"))
 FAILS, DELETES = f"fails-{RUN}", f"deletes-{RUN}"
-QUEUES = (FILL, LATE, BIG, CORDON, FAILS, DELETES)
+PATIENT = f"patient-{RUN}"  # no maximum of its own: a job set's applies
+QUEUES = (FILL, LATE, BIG, CORDON, FAILS, DELETES, PATIENT)
 MAX_QUEUED = {FAILS: {"seconds": 3, "action": "fail"},
               DELETES: {"seconds": 3, "action": "delete"}}
 # Notices: every 4 s per pod at most; per cluster 0.5/s with a burst of 3, so with five pods
@@ -348,3 +353,53 @@ async def test_a_pod_past_its_queues_max_time_queued_is_deleted_with_the_reason(
     job = await until_job_failed(running, "vanishes")
     assert job.status.failed >= 1
     await until_state(running, pod.metadata.name, "deleted")
+
+
+async def test_a_pod_past_its_job_sets_max_time_queued_is_failed_although_its_queue_allows_it(
+    running: Running, tmp_path: Any,
+) -> None:
+    queue = json.loads(lockgate_cli(running, "queue", "get", PATIENT, "-o", "json"))
+    assert queue["max_queued"] is None
+    created = json.loads(lockgate_cli(
+        running, "namespace", "create", "--queue", PATIENT, "--jobset", "impatient",
+        "--cluster", ALIAS, "--max-queued-time", "3s", "--kubeconfig-out",
+        str(tmp_path / "coordinator.kubeconfig"), "-o", "json"))
+    record = created["namespace"]
+    assert record["max_queued"] == {"seconds": 3.0, "action": None}
+    namespace = record["name"]
+    try:
+        found = await running.core.read_namespace(namespace)
+        assert found.metadata.annotations[MAX_QUEUED_TIME_ANNOTATION] == "3s"
+        pod = await running.core.create_namespaced_pod(
+            namespace, a_pod("waits-too-long").tolerating_kwok_nodes().never_restarted()
+            .requesting(cpu="1000", memory="64Mi").manifest())  # fits no node: it waits
+        # Stamped from the namespace by the webhook (no lockgate label or annotation sent).
+        assert pod.metadata.annotations[MAX_QUEUED_TIME_ANNOTATION] == "3s"
+        assert pod.metadata.labels[QUEUE_LABEL] == PATIENT
+
+        async def failed() -> client.V1Pod | None:
+            current = await running.core.read_namespaced_pod(pod.metadata.name, namespace)
+            return current if current.status.phase == "Failed" else None
+
+        current = await eventually(failed, within=60, every=0.5, what="the pod Failed")
+        assert current.status.reason == "LockgateMaxQueuedTimeExceeded"
+        assert "longer than its job set allows (3s)" in current.status.message
+
+        async def event() -> Any:
+            listed = await running.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.uid={pod.metadata.uid}")
+            return next((e for e in listed.items
+                         if e.reason == "LockgateMaxQueuedTimeExceeded"), None)
+
+        written = await eventually(event, within=60, every=0.5,
+                                   what="an Event LockgateMaxQueuedTimeExceeded on the pod")
+        assert written.type == "Warning" and "lockgate failed this pod" in written.message
+        row = await running.db.fetchrow(
+            "SELECT max_queued, state FROM jobs WHERE cluster = $1 AND uid = $2", ALIAS,
+            pod.metadata.uid)
+        assert row is not None
+        max_queued = row["max_queued"]
+        assert (json.loads(max_queued) if isinstance(max_queued, str) else max_queued) == {
+            "seconds": 3.0, "action": None}
+    finally:
+        await running.core.delete_namespace(namespace, propagation_policy="Background")

@@ -43,6 +43,7 @@ from lockgate.labels import (
     QUEUE_LABEL,
     SCHEDULING_GATE,
 )
+from lockgate.max_queued import MAX_QUEUED_TIME_ANNOTATION, ON_MAX_QUEUED_ANNOTATION
 from lockgate.queues import NamespaceBinding, QueueSpec
 
 NS = "team-a"
@@ -648,3 +649,56 @@ def test_bindings_round_trip_in_kubernetes_spelling() -> None:
             {"key": "team", "operator": "In", "values": ["a", "b"]},
             {"key": "frozen", "operator": "DoesNotExist", "values": []}]}}]
     assert QueueSpec(name="batch", namespaces=dumped).namespaces == spec.namespaces  # type: ignore[arg-type]
+
+
+# ---- a job set's maximum time queued (lockgate.max_queued) ---------------------------------
+
+def gate_in(pod: dict[str, Any], namespace_annotations: dict[str, str]) -> Decision:
+    request = AdmissionRequest.from_review(make_review(pod))
+    return decide(request=request, namespace_labels=dict(MANAGED), owners=[], queue=OPEN,
+                  namespace_annotations=namespace_annotations)
+
+
+@pytest.mark.parametrize(("pod_annotations", "namespace_annotations", "want_in_message"), [
+    ({MAX_QUEUED_TIME_ANNOTATION: "soon"}, {},
+     "annotation lockgate.io/max-queued-time='soon' on the pod is not a duration: write it "
+     "like 90s, 30m, 2h or 7d"),
+    ({MAX_QUEUED_TIME_ANNOTATION: "0s"}, {}, "is not a duration"),
+    ({MAX_QUEUED_TIME_ANNOTATION: "400d"}, {}, "longer than the most lockgate allows (366d)"),
+    ({MAX_QUEUED_TIME_ANNOTATION: "30m", ON_MAX_QUEUED_ANNOTATION: "evict"}, {},
+     "annotation lockgate.io/on-max-queued='evict' on the pod is invalid: write delete or fail"),
+    ({ON_MAX_QUEUED_ANNOTATION: "delete"}, {},
+     "but no lockgate.io/max-queued-time sets one: add it (e.g. 30m) or remove the action"),
+    ({}, {MAX_QUEUED_TIME_ANNOTATION: "half an hour"},
+     f"lockgate.io/max-queued-time='half an hour' on namespace {NS} is not a duration"),
+])
+def test_an_unreadable_max_queued_time_is_refused_saying_what_to_write(
+        pod_annotations: dict[str, str], namespace_annotations: dict[str, str],
+        want_in_message: str) -> None:
+    decision = gate_in(make_pod(labels={QUEUE_LABEL: "q1"}, annotations=pod_annotations),
+                       namespace_annotations)
+    assert decision.outcome is Outcome.DENIED
+    assert want_in_message in decision.message
+
+
+def test_the_namespace_stamps_its_max_queued_time_on_its_pods_and_the_shorter_wins() -> None:
+    namespace = {MAX_QUEUED_TIME_ANNOTATION: "30m", ON_MAX_QUEUED_ANNOTATION: "delete"}
+    plain = apply_patch(make_pod(labels={QUEUE_LABEL: "q1"}),
+                        list(gate_in(make_pod(labels={QUEUE_LABEL: "q1"}), namespace).patch))
+    assert plain["metadata"]["annotations"][MAX_QUEUED_TIME_ANNOTATION] == "1800s"
+    assert plain["metadata"]["annotations"][ON_MAX_QUEUED_ANNOTATION] == "delete"
+    # The pod's own shorter time and its own action win; the namespace's shorter time wins.
+    pod = make_pod(labels={QUEUE_LABEL: "q1"}, annotations={
+        MAX_QUEUED_TIME_ANNOTATION: "10m", ON_MAX_QUEUED_ANNOTATION: "fail"})
+    assert gate_in(pod, namespace).patch == gate(pod).patch  # nothing stamped
+    longer = make_pod(labels={QUEUE_LABEL: "q1"}, annotations={MAX_QUEUED_TIME_ANNOTATION: "2h"})
+    stamped = apply_patch(longer, list(gate_in(longer, namespace).patch))
+    assert stamped["metadata"]["annotations"][MAX_QUEUED_TIME_ANNOTATION] == "1800s"
+    # Reinvoked on its own output, nothing more is written.
+    assert gate_in(stamped, namespace).patch == ()
+
+
+def test_a_pod_without_any_max_queued_time_gets_no_such_annotation() -> None:
+    pod = make_pod(labels={QUEUE_LABEL: "q1"})
+    patched = apply_patch(pod, list(gate_in(pod, {"other": "x"}).patch))
+    assert MAX_QUEUED_TIME_ANNOTATION not in patched["metadata"]["annotations"]

@@ -10,6 +10,7 @@ from builders import a_job, a_node, a_queue, a_state
 from lockgate.events import POD_NOTICES, PodNotice
 from lockgate.fairness import schedule_round
 from lockgate.jobs import JobState
+from lockgate.max_queued import Limit
 from lockgate.noticing import event_for, event_name
 from lockgate.queues import MaxQueued, QueueSpec
 from lockgate.waiting import (
@@ -192,9 +193,9 @@ def test_pods_past_their_queues_maximum_are_found_once_and_only_theirs() -> None
 
     start = old.created_at
     assert pods.expired(start + 599, limits) == []
-    assert pods.expired(start + 600, limits) == [(old.job_id, limit)]
+    assert pods.expired(start + 600, limits) == [(old.job_id, Limit(limit, "queue"))]
     assert pods.expired(start + 1099, limits) == []
-    assert pods.expired(start + 1100, limits) == [(young.job_id, limit)]
+    assert pods.expired(start + 1100, limits) == [(young.job_id, Limit(limit, "queue"))]
     assert pods.expired(start + 5000, limits) == []
 
 
