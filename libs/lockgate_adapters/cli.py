@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from lockgate_adapters import cli_deploy
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 
 DEFAULT_API = "http://127.0.0.1:58080"
@@ -374,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     minting.add_argument("name", help="who holds it (shown in queue-store's log)")
     minting.add_argument("--role", choices=[r.value for r in Role], default=Role.READ_ONLY.value)
     minting.set_defaults(offline=token_new)
+    cli_deploy.register(nouns, output)
     return parser
 
 
