@@ -5,10 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo bench fresh-check clean
+.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo run bench fresh-check clean
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
+	@echo "make run           the local stack and every service in the foreground, for you to use (Ctrl-C stops)"
 	@echo "make test          lint, type-check, unit, integration and end-to-end tests (real stack)"
 	@echo "make unit          fast unit tests only (no stack)"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
@@ -55,6 +56,9 @@ test: venv lint
 demo: venv
 	$(BIN)/python -m devstack up
 	$(BIN)/python -m devstack.demo
+
+run: venv
+	$(BIN)/python -m devstack.dev $(RUN_ARGS)
 
 bench: venv
 	$(BIN)/python -m devstack up
