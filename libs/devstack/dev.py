@@ -29,12 +29,14 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+import asyncpg
+
 from devstack.config import Settings
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.procs import cmdline, pid_alive
 from devstack.stack import Stack
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
-from lockgate_adapters.postgres import create_database
+from lockgate_adapters.postgres import create_database, with_database
 
 RUN_ID = "dev"
 DATABASE = "lockgate_dev"
@@ -66,7 +68,7 @@ def busy_ports(chosen: ServicePorts) -> list[int]:
     return busy
 
 
-def stop_leftovers(pid_file: Path, say: "Say") -> None:
+def stop_leftovers(pid_file: Path, say: Say) -> None:
     """SIGTERM (then SIGKILL) the services an earlier run recorded, if they still run."""
     try:
         recorded = json.loads(pid_file.read_text())
@@ -85,6 +87,14 @@ def stop_leftovers(pid_file: Path, say: "Say") -> None:
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
     pid_file.unlink(missing_ok=True)
+
+
+async def keep_database(dsn: str, database: str) -> str:
+    """The run's own database, created the first time and kept afterwards."""
+    try:
+        return await create_database(dsn, database)
+    except asyncpg.DuplicateDatabaseError:
+        return with_database(dsn, database)
 
 
 class Say:
@@ -114,19 +124,25 @@ def readable(line: str) -> str:
     rest = " ".join(f"{k}={v}" for k, v in record.items()
                     if k not in ("ts", "level", "logger", "msg"))
     clock = str(record.get("ts", ""))[11:19]
-    return (f"{clock} {str(record.get('level', '')):<7} {record.get('logger', '')}: "
+    return (f"{clock} {record.get('level', '')!s:<7} {record.get('logger', '')}: "
             f"{record['msg']}{' ' + rest if rest else ''}")
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    if not path.exists():
+        return b""
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read()
 
 
 async def follow(name: str, path: Path, say: Say, stopping: asyncio.Event) -> None:
     """Print what the service appends to its log, from where the log ends now."""
-    offset = path.stat().st_size if path.exists() else 0
+    offset = len(await asyncio.to_thread(_read_from, path, 0))
     pending = b""
     while True:
-        if path.exists():
-            with path.open("rb") as log:
-                log.seek(offset)
-                chunk = log.read()
+        chunk = await asyncio.to_thread(_read_from, path, offset)
+        if chunk:
             offset += len(chunk)
             pending += chunk
             *lines, pending = pending.split(b"\n")
@@ -152,7 +168,8 @@ def write_instructions(lockgate: Lockgate, settings: Settings, kubeconfigs: dict
         f"export LOCKGATE_TOKEN_FILE={token_file}\n"
         f"export PATH={venv_bin}:{settings.bin_dir}:$PATH\n")
     pod = directory / "example-pod.yaml"
-    pod.write_text(f"""# A pod for lockgate's queue {QUEUE}: created gated, released by the fair scheduler.
+    pod.write_text(f"""# A pod for lockgate's queue {QUEUE}: created gated, released by the fair
+# scheduler.
 apiVersion: v1
 kind: Pod
 metadata:
@@ -207,7 +224,7 @@ async def run(args: argparse.Namespace) -> int:
     stack_was_up = not await asyncio.to_thread(stack.problems)
     info = await asyncio.to_thread(stack.up)
     started_stack = not stack_was_up
-    dsn = await create_database(info.postgres_dsn, DATABASE, replace=False)
+    dsn = await keep_database(info.postgres_dsn, DATABASE)
     lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, run_id=RUN_ID, ports=chosen,
                                   log_dir=directory / "logs", standby_scheduler=False)
     stopping, followers_done = asyncio.Event(), asyncio.Event()

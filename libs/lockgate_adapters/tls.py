@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Literal
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization

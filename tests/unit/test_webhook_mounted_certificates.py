@@ -35,7 +35,7 @@ def test_replicas_serve_the_one_certificate_of_the_secret_and_write_nothing(
 
 
 def test_a_missing_secret_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="tls.crt, tls.key missing .*LOCKGATE_WEBHOOK_TLS_DIR"):
+    with pytest.raises(ValueError, match=r"tls\.crt, tls\.key missing .*LOCKGATE_WEBHOOK_TLS_DIR"):
         MountedCertificates(tmp_path).load()
 
 
