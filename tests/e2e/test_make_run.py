@@ -69,6 +69,8 @@ class DevRun:
             pytest.fail(f"make run did not stop within {within:.0f}s of Ctrl-C:\n"
                         f"{self.output()[-5000:]}")
         self._reader.join(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return code
 
 
@@ -124,10 +126,12 @@ def test_make_run_starts_everything_is_usable_stops_on_ctrl_c_and_reruns(
         example = (Path(stack.stack_dir) / "dev" / "example-pod.yaml").read_text()
         example = example.replace("namespace: team-a", f"namespace: {namespace}").replace(
             "lockgate.io/queue: team-a", f"lockgate.io/queue: {queue}")
-        name = sh(env, "kubectl", "create", "-o", "name", "-f", "-", stdin=example).strip()
-        # Gated by the run's webhook, then released by its scheduler and ungater.
-        created = json.loads(sh(env, "kubectl", "-n", namespace, "get", name, "-o", "json"))
+        # Gated by the run's webhook (as created: it may be released a moment later), then
+        # released by its scheduler and ungater.
+        created = json.loads(sh(env, "kubectl", "create", "-o", "json", "-f", "-",
+                                stdin=example))
         assert SCHEDULING_GATE in {g["name"] for g in created["spec"]["schedulingGates"]}
+        name = f"pod/{created['metadata']['name']}"
         deadline = time.monotonic() + 180
         while True:
             pod = json.loads(sh(env, "kubectl", "-n", namespace, "get", name, "-o", "json"))
