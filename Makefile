@@ -51,6 +51,9 @@ integration: venv stack-up
 test: venv lint
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/python -m devstack up
+	# Cached by version; built or fetched here so no test's time limit covers a cold build.
+	$(BIN)/python -m devstack.tilt >/dev/null
+	$(BIN)/python -m devstack.fabric8
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 
 demo: venv

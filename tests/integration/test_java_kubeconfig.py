@@ -2,7 +2,7 @@
 many Java tools use (it refused the EC PKCS#8 client key stacks used to have with
 `java.io.IOException: Invalid DER: object is not integer`).
 
-fabric8's jars come from Maven Central once and are cached by version (tests/helpers/fabric8.py).
+fabric8's jars come from Maven Central once and are cached by version (devstack.fabric8).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 
 from devstack import StackInfo
 from devstack.pki import ClusterPKI
-from helpers.fabric8 import ensure_fabric8, list_namespaces
+from devstack.fabric8 import ensure_fabric8, list_namespaces
 from lockgate_adapters.tls import issue_certificate, read_certificate_and_key
 
 

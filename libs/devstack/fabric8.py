@@ -1,8 +1,9 @@
-"""fabric8's Kubernetes client (Java) for tests: its jars from Maven Central, cached by version,
-and a small program compiled against them that lists namespaces with a kubeconfig.
+"""fabric8's Kubernetes client (Java): its jars from Maven Central, cached by version, and a
+small program (tests/fixtures/java) compiled against them that lists namespaces with a
+kubeconfig. `python -m devstack.fabric8` fetches and compiles ahead of the tests.
 
 Why: the local clusters' kubeconfigs must work with the clients users bring; fabric8 (Spark's)
-is the strictest common one about key formats.
+is the strictest common one about key formats (tests/integration/test_java_kubeconfig.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from devstack.config import Settings
 
 FABRIC8_VERSION = "6.13.4"
 SLF4J_NOP_VERSION = "2.0.16"
-PROGRAM = Path(__file__).resolve().parents[1] / "fixtures" / "java" / "ListNamespaces.java"
+PROGRAM = (Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "java"
+           / "ListNamespaces.java")
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>local.lockgate</groupId><artifactId>fabric8-client</artifactId><version>1</version>
@@ -81,3 +84,8 @@ def list_namespaces(home: Path, kubeconfig: str | Path) -> subprocess.CompletedP
     return subprocess.run(
         ["java", "-cp", f"{home / 'classes'}:{home / 'jars'}/*", "ListNamespaces",
          str(kubeconfig)], capture_output=True, text=True, timeout=600, check=False)
+
+
+if __name__ == "__main__":
+    where, took = ensure_fabric8()
+    print(f"fabric8 {FABRIC8_VERSION} in {where} ({took:.1f}s)", file=sys.stderr)
