@@ -15,8 +15,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from devstack import StackInfo
-from devstack.pki import ClusterPKI
 from devstack.fabric8 import ensure_fabric8, list_namespaces
+from devstack.pki import ClusterPKI
 from lockgate_adapters.tls import issue_certificate, read_certificate_and_key
 
 
