@@ -22,12 +22,15 @@ from devstack.gobuild import _go
 from devstack.procs import tail
 
 TILT_VERSION = os.environ.get("LOCKGATE_TILT_VERSION", "v0.34.0")
+# Bumped when build-tilt.sh changes what it builds, so a cached binary of an older recipe is
+# rebuilt rather than reused.
+RECIPE = 2
 _SCRIPT = Path(__file__).with_name("scripts") / "build-tilt.sh"
 
 
 def tilt_path(settings: Settings | None = None) -> Path:
     settings = settings or Settings.from_env()
-    return settings.cache_dir / "tools" / f"tilt-{TILT_VERSION}" / "tilt"
+    return settings.cache_dir / "tools" / f"tilt-{TILT_VERSION}-r{RECIPE}" / "tilt"
 
 
 def ensure_tilt(settings: Settings | None = None,

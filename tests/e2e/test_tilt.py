@@ -31,7 +31,10 @@ def test_tilt_ci_brings_every_service_up_in_local_mode(stack: StackInfo) -> None
            "TILT_DISABLE_ANALYTICS": "1"}
     try:
         done = subprocess.run(
-            [str(tilt), "ci", "--port", str(free_port()), "--timeout", "15m", "--",
+            # --web-mode=prod: a build from source would look for its web assets in a local
+            # checkout; prod points the (unused) UI at the released assets instead.
+            [str(tilt), "ci", "--web-mode=prod", "--port", str(free_port()), "--timeout", "15m",
+             "--",
              "--mode=local"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1100,
             check=False)
         out = done.stdout + done.stderr

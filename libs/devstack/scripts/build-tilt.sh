@@ -6,6 +6,7 @@
 # sum.golang.org has no entry for github.com/tilt-dev/tilt (a 404 from the checksum database
 # here), so that one path is exempt from it (GONOSUMDB); every dependency is still verified.
 # cgo is needed: Tilt's Tiltfile language server uses tree-sitter.
+# The web UI is replaced by a placeholder page (no Node here); see below.
 #
 # usage: build-tilt.sh <out-dir> <tilt-version>
 set -euo pipefail
@@ -33,6 +34,15 @@ dir=$(printf '%s\n' "$info" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
 [ -n "$dir" ] && [ -d "$dir" ] || { echo "error: no source for tilt@$version: $info" >&2; exit 4; }
 cp -r "$dir" src && chmod -R u+w src && rm -rf src/vendor
 cd src
+# The released binary embeds its web UI, built with Node from web/; this build has no Node, and
+# without an index.html Tilt refuses to start (`tilt ci --web-mode=prod`: "JS/CSS files are not
+# available"). A placeholder page stands in: lockgate drives Tilt from the terminal (`tilt ci`,
+# `tilt get uiresources`), not from the browser.
+[ -f pkg/assets/build/index.html ] || cat > pkg/assets/build/index.html <<'HTML'
+<!doctype html><title>Tilt</title>
+<p>This tilt was built from the Go module without its web UI. Use the terminal:
+<code>tilt get uiresources</code>, <code>tilt logs</code>.</p>
+HTML
 echo "building tilt $version (cold: 10-20 minutes on 2 cores)"
 go build -o "$out_dir/tilt.tmp" ./cmd/tilt
 mv "$out_dir/tilt.tmp" "$out_dir/tilt"
