@@ -5,10 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo bench fresh-check clean
+.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo run bench fresh-check clean
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
+	@echo "make run           the local stack and every service in the foreground, for you to use (Ctrl-C stops)"
 	@echo "make test          lint, type-check, unit, integration and end-to-end tests (real stack)"
 	@echo "make unit          fast unit tests only (no stack)"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
@@ -50,11 +51,17 @@ integration: venv stack-up
 test: venv lint
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/python -m devstack up
+	# Cached by version; built or fetched here so no test's time limit covers a cold build.
+	$(BIN)/python -m devstack.tilt >/dev/null
+	$(BIN)/python -m devstack.fabric8
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 
 demo: venv
 	$(BIN)/python -m devstack up
 	$(BIN)/python -m devstack.demo
+
+run: venv
+	$(BIN)/python -m devstack.dev $(RUN_ARGS)
 
 bench: venv
 	$(BIN)/python -m devstack up

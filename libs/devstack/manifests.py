@@ -24,7 +24,9 @@ from lockgate import queue_copies
 
 BASE_DIR = Path(__file__).resolve().parents[2] / "k8s" / "base"
 QUEUE_CRD = BASE_DIR / "queue-crd.yaml"
-WEBHOOK_CONFIGURATION = BASE_DIR / "mutating-webhook-configuration.yaml"
+# Beside the in-cluster webhook it registers (k8s/webhook), not in k8s/base: devstack applies
+# k8s/base to every local cluster, where only a per-run rendering of it may exist.
+WEBHOOK_CONFIGURATION = BASE_DIR.parent / "webhook" / "mutating-webhook-configuration.yaml"
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -1,9 +1,17 @@
 """A small certificate authority per cluster: serving and client certificates, and the
-service-account signing key pair (minted with `lockgate_adapters.tls`)."""
+service-account signing key pair (minted with `lockgate_adapters.tls`).
+
+Client certificates (the admin kubeconfig's above all) have RSA keys in PKCS#1, the format every
+common Kubernetes client reads: fabric8 (Java, e.g. Spark's) refused the EC PKCS#8 key stacks
+used to have with `Invalid DER: object is not integer`. A stack made before keeps its CA; its
+client certificates in the old format are reissued by the same CA at the next `up`, so running
+components, which trust the CA and not the leaf, never notice.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -52,6 +60,13 @@ class ClusterPKI:
 
     def ensure(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        # Several processes (pytest sessions, `up`) may ensure at once: one writes, the others
+        # then find its files, never a key of one with the certificate of another.
+        with open(self.dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._ensure()
+
+    def _ensure(self) -> None:
         now = dt.datetime.now(dt.UTC)
         if not (self.ca_crt.exists() and self.ca_key.exists()):
             made_cert, made_key = new_ca(f"lockgate-{self.cluster}-ca", now=now, valid_for=_VALID)
@@ -91,8 +106,20 @@ class ClusterPKI:
             ("kwok", "system:kwok-controller", ["system:masters"], [], False),
         ]
         for name, cn, orgs, hosts, server in leaves:
-            if self.crt(name).exists() and self.key(name).exists():
+            if self.crt(name).exists() and self.key(name).exists() and (
+                    server or is_client_key_format(self.key(name))):
                 continue
             cert, key = issue_certificate(ca_cert, ca_key, common_name=cn, organizations=orgs,
-                                          hosts=hosts, server=server, now=now, valid_for=_VALID)
+                                          hosts=hosts, server=server, now=now, valid_for=_VALID,
+                                          key_type="ec" if server else "rsa")
+            # Key first, then certificate, each replaced atomically; kubeconfigs that embed
+            # them are rewritten from both afterwards (Cluster.prepare).
             write_certificate_and_key(self.crt(name), cert, self.key(name), key)
+
+
+def is_client_key_format(path: Path) -> bool:
+    """An RSA key in PKCS#1, what ClusterPKI gives client certificates."""
+    try:
+        return path.read_bytes().lstrip().startswith(b"-----BEGIN RSA PRIVATE KEY-----")
+    except OSError:
+        return False

@@ -223,6 +223,10 @@ class Stack:
     def install_cluster_objects(self) -> StackInfo:
         """Applies k8s/base to each cluster (server-side apply, idempotent) and writes a
         kubeconfig per lockgate identity with its ServiceAccount's token."""
+        # Certificates and kubeconfigs of an older format (devstack.pki) are rewritten, also on
+        # a running stack: the same CA reissues them, and the running components trust the CA.
+        for cluster in self.clusters:
+            cluster.prepare()
         for line in base.install(self.clusters):
             self.say(line)
         return self.info()

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lockgate_adapters import cli_views
+from lockgate_adapters import cli_deploy
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.cli_output import (
     Table,
@@ -466,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     minting.add_argument("--role", choices=[r.value for r in Role], default=Role.READ_ONLY.value)
     minting.set_defaults(offline=token_new)
     cli_views.register(nouns, output)
+    cli_deploy.register(nouns, output)
     return parser
 
 

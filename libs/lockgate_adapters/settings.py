@@ -7,13 +7,20 @@ with defaults, so unknown LOCKGATE_* variables under a service's prefix are an e
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -37,6 +44,31 @@ class KafkaConfig:
     sasl_password: str | None = field(default=None, repr=False)
     replication_factor: int = 1
     min_insync_replicas: int = 1
+
+
+# What a kubelet injects for every Service in the pod's namespace (unless the pod sets
+# enableServiceLinks: false): <SVC>_SERVICE_HOST, <SVC>_SERVICE_PORT[_<port name>],
+# <SVC>_PORT=tcp://ip:port and <SVC>_PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]. A Service named
+# lockgate-webhook yields LOCKGATE_WEBHOOK_PORT=tcp://10.96.0.7:443, which lands on the webhook's
+# own `port` setting, and LOCKGATE_WEBHOOK_SERVICE_HOST, an "unknown setting": either would stop
+# the service from starting. None of them is ever a lockgate setting, so they are ignored.
+_SERVICE_LINK_NAME = re.compile(
+    r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_[0-9]+_(TCP|UDP|SCTP)"
+    r"(_PROTO|_PORT|_ADDR)?)$")
+_SERVICE_LINK_ADDRESS = re.compile(r"^(tcp|udp|sctp)://[^\s/]+:[0-9]+$")
+
+
+def is_service_link(name: str, value: str | None) -> bool:
+    """True for a variable the kubelet injects for a Service, never for a lockgate setting."""
+    upper = name.upper()
+    if _SERVICE_LINK_NAME.match(upper):
+        return True
+    return upper.endswith("_PORT") and bool(_SERVICE_LINK_ADDRESS.match(value or ""))
+
+
+def without_service_links(environ: Mapping[str, str | None]) -> dict[str, str | None]:
+    return {name: value for name, value in environ.items()
+            if not is_service_link(name, value)}
 
 
 class RetryPolicy(BaseModel):
@@ -161,6 +193,17 @@ class ServiceSettings(BaseSettings):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     dependency_checks: DependencyChecks = Field(default_factory=DependencyChecks)
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if isinstance(env_settings, EnvSettingsSource):
+            # Kubelet-injected service links never reach a field (see is_service_link).
+            env_settings.env_vars = without_service_links(env_settings.env_vars)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
+
     @model_validator(mode="before")
     @classmethod
     def _reject_unknown_env(cls, data: Any) -> Any:
@@ -168,8 +211,9 @@ class ServiceSettings(BaseSettings):
         if prefix and prefix != "LOCKGATE_":
             known = {name.upper() for name in cls.model_fields}
             unknown = sorted(
-                key for key in os.environ
+                key for key, value in os.environ.items()
                 if key.startswith(prefix) and key[len(prefix):].split("__")[0] not in known
+                and not is_service_link(key, value)
             )
             if unknown:
                 raise ValueError(f"unknown settings in the environment: {', '.join(unknown)}")

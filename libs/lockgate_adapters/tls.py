@@ -14,22 +14,33 @@ import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-PrivateKey = ec.EllipticCurvePrivateKey
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+KeyType = Literal["ec", "rsa"]
 # Certificates start being valid a little in the past, so a clock slightly behind accepts them.
 BACKDATE = timedelta(hours=1)
 
 
-def new_private_key() -> PrivateKey:
+def new_private_key(key_type: KeyType = "ec") -> PrivateKey:
+    if key_type == "rsa":
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return ec.generate_private_key(ec.SECP256R1())
 
 
 def private_key_pem(key: PrivateKey) -> bytes:
+    """PKCS#8 for EC keys; PKCS#1 ("RSA PRIVATE KEY") for RSA keys, the one key format every
+    Kubernetes client reads (fabric8, Java's client, refuses an EC key in PKCS#8 and needs
+    BouncyCastle for any EC key)."""
+    if isinstance(key, rsa.RSAPrivateKey):
+        return key.private_bytes(serialization.Encoding.PEM,
+                                 serialization.PrivateFormat.TraditionalOpenSSL,
+                                 serialization.NoEncryption())
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
@@ -63,14 +74,14 @@ def new_ca(common_name: str, *, now: datetime,
 def issue_certificate(
     ca_certificate: x509.Certificate, ca_key: PrivateKey, *, common_name: str, server: bool,
     now: datetime, valid_for: timedelta, hosts: Sequence[str] = (),
-    organizations: Sequence[str] = (),
+    organizations: Sequence[str] = (), key_type: KeyType = "ec",
 ) -> tuple[x509.Certificate, PrivateKey]:
     """A leaf certificate signed by the CA, for TLS serving (`server`) or client authentication.
 
     `hosts` (IP addresses or DNS names) become its subject alternative names; it never outlives
-    its CA.
+    its CA. `key_type` "rsa" for a certificate that other people's clients present.
     """
-    key = new_private_key()
+    key = new_private_key(key_type)
     subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH

@@ -11,7 +11,12 @@ import logging
 
 from kubernetes_asyncio import client, config
 
-from admission_webhook.certificates import ensure_certificates, needs_renewal
+from admission_webhook.certificates import (
+    MountedCertificates,
+    ServingCertificates,
+    ensure_certificates,
+    needs_renewal,
+)
 from admission_webhook.cluster_lookups import ClusterLookups
 from admission_webhook.queue_watching import ClusterQueues, QueueCopies
 from admission_webhook.server import AdmissionServer
@@ -26,6 +31,8 @@ SERVING_CHECK = "serving"
 # What each cluster's copy holds now: operators (and the launcher) see what admission knows.
 QUEUES_PATH = "/api/v1/queues"
 CERTIFICATE_CHECK_SECONDS = 3600.0
+# A mounted Secret is renewed by someone else (cert-manager): look for a new one this often.
+MOUNTED_CHECK_SECONDS = 30.0
 
 
 async def compose(ctx: ServiceContext) -> list[Loop]:
@@ -36,8 +43,14 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     if not settings.clusters:
         raise ValueError('no clusters configured: set LOCKGATE_WEBHOOK_CLUSTERS, e.g. '
                          '\'{"cluster-a": "/path/to/kubeconfig"}\'')
-    certificates = await asyncio.to_thread(ensure_certificates, settings.cert_dir,
-                                           hosts=settings.cert_hosts)
+    mounted = MountedCertificates(settings.tls_dir) if settings.tls_dir else None
+
+    def current_certificates() -> ServingCertificates:
+        if mounted is not None:
+            return mounted.load()
+        return ensure_certificates(settings.cert_dir, hosts=settings.cert_hosts)
+
+    certificates = await asyncio.to_thread(current_certificates)
     apis = {name: await _api_client(kubeconfig) for name, kubeconfig in settings.clusters.items()}
     queues = QueueCopies({
         name: ClusterQueues(name, api, source=settings.queue_source, readiness=ctx.readiness,
@@ -67,11 +80,18 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             port = await server.start()
             ctx.readiness.set(SERVING_CHECK, True, f"https on port {port}")
             while not stopping.is_set():
-                if needs_renewal(certificates):
-                    certificates = await asyncio.to_thread(
-                        ensure_certificates, settings.cert_dir, hosts=settings.cert_hosts)
+                if mounted is not None and mounted.changed():
+                    try:
+                        certificates = await asyncio.to_thread(mounted.load)
+                        server.use_certificates(certificates)
+                    except ValueError as error:
+                        # Keep serving the previous pair; a half-updated Secret is retried.
+                        log.warning("not reloading the serving certificate: %s", error)
+                elif mounted is None and needs_renewal(certificates):
+                    certificates = await asyncio.to_thread(current_certificates)
                     server.use_certificates(certificates)
-                await sleep_unless_stopped(stopping, CERTIFICATE_CHECK_SECONDS)
+                await sleep_unless_stopped(stopping, MOUNTED_CHECK_SECONDS if mounted
+                                           else CERTIFICATE_CHECK_SECONDS)
         finally:
             await server.stop()
 

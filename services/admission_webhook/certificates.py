@@ -1,14 +1,20 @@
-"""A private CA and a serving certificate for the webhook, kept on disk and renewed when expiring.
+"""The webhook's serving certificate: minted by itself for local runs, or read from a mounted
+Secret inside a cluster.
 
 Why: the apiserver calls webhooks only over HTTPS and verifies them against the caBundle in the
-registration. The webhook runs beside the apiservers on loopback, so it mints its own CA rather
-than needing a cluster's certificate machinery. The files are reused across restarts (so a
-restart does not have to re-register with a new bundle) and regenerated when they expire.
+static registration. Run beside the local apiservers on loopback, the webhook mints its own CA
+(`ensure_certificates`), reused across restarts and regenerated when expiring. Inside a cluster
+it must not: every pod would mint another CA (an emptyDir dies with the pod), and the replicas of
+a rolling update would disagree with the one caBundle of the registration. There the
+certificate comes from a Secret (cert-manager's, or one made by hand: docs/deploying.md), shared
+by every replica, read as is, reloaded when the kubelet updates the mounted files, never written
+(`MountedCertificates`).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import ssl
 from collections.abc import Sequence
@@ -78,6 +84,59 @@ def ensure_certificates(
             key_path=directory / "tls.key",
             not_after=cert.not_valid_after_utc,
         )
+
+
+class MountedCertificates:
+    """tls.crt, tls.key and (optionally) ca.crt of a Secret mounted at `directory`.
+
+    The files are kubernetes.io/tls Secret keys, as cert-manager writes them. `load` refuses a
+    missing or mismatched pair with a message that says which Secret to fix; `changed` tells
+    when the kubelet has swapped in a renewed Secret, so the server loads it without a restart.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fingerprint: str | None = None
+
+    def _files(self) -> tuple[Path, Path, Path]:
+        return (self.directory / "tls.crt", self.directory / "tls.key",
+                self.directory / "ca.crt")
+
+    def _read_fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for path in self._files():
+            digest.update(path.read_bytes() if path.exists() else b"-")
+        return digest.hexdigest()
+
+    def load(self) -> ServingCertificates:
+        cert_path, key_path, ca_path = self._files()
+        missing = [p.name for p in (cert_path, key_path) if not p.is_file()]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)} missing in {self.directory} (LOCKGATE_WEBHOOK_TLS_DIR): "
+                "mount the webhook's kubernetes.io/tls Secret there (cert-manager's "
+                "lockgate-webhook-tls, or one made as docs/deploying.md shows)")
+        fingerprint = self._read_fingerprint()
+        try:
+            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+            # Proves the key matches the certificate before the server depends on it.
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert_path,
+                                                                                key_path)
+        except (ValueError, ssl.SSLError) as error:
+            raise ValueError(f"unusable serving certificate in {self.directory}: "
+                             f"{error}") from error
+        self._fingerprint = fingerprint
+        ca_pem = ca_path.read_bytes() if ca_path.is_file() else b""
+        log.info("serving the certificate mounted in %s (valid until %s)", self.directory,
+                 cert.not_valid_after_utc.isoformat())
+        return ServingCertificates(ca_pem=ca_pem, cert_path=cert_path, key_path=key_path,
+                                   not_after=cert.not_valid_after_utc)
+
+    def changed(self) -> bool:
+        try:
+            return self._read_fingerprint() != self._fingerprint
+        except OSError:
+            return False  # mid-swap: look again at the next check
 
 
 def needs_renewal(certificates: ServingCertificates, now: datetime | None = None) -> bool:

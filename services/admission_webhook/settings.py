@@ -33,6 +33,11 @@ class WebhookSettings(ServiceSettings):
         default=Path("~/.cache/lockgate/webhook-certs").expanduser(),
         description="where the CA and serving certificate are kept (regenerated when expiring)",
     )
+    tls_dir: Path | None = Field(
+        default=None,
+        description="a mounted kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt), e.g. "
+                    "cert-manager's: served as is and reloaded when it changes, never written. "
+                    "Required inside a cluster; unset, a CA is minted into cert_dir (local runs)")
     cert_hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1", "localhost"],
                                   description="names and IPs the serving certificate covers")
 

@@ -39,7 +39,7 @@ def of_kind(kind: str) -> dict[str, dict[str, Any]]:
 
 # Applied with the webhook that serves it (k8s/webhook, or per run by the launcher): a
 # registration with no webhook behind it would refuse every pod of every managed namespace.
-NOT_IN_BASE = {"kustomization.yaml", "mutating-webhook-configuration.yaml"}
+NOT_IN_BASE = {"kustomization.yaml"}
 
 
 def test_every_file_in_the_folder_is_listed_and_every_listed_file_exists() -> None:

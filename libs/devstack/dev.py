@@ -1,0 +1,290 @@
+"""`make run` (python -m devstack.dev): the local stack and every lockgate service in the
+foreground, for a person to use, with one prefixed log stream; Ctrl-C stops it all.
+
+Why beside the demo: `make demo` runs a script and stops; this leaves lockgate running and says
+how to use it (the env to source, a queue, a namespace, a pod to watch being released).
+
+What it keeps between runs, so running it again simply resumes:
+- its own database (lockgate_dev) and run id `dev`: consumer groups, Queue objects and a webhook
+  registration of its own, for namespaces labelled lockgate.io/managed=true and
+  lockgate.io/run=dev, so tests and demos sharing the stack never meet it;
+- fixed ports (58080 admin API, ... plus LOCKGATE_STACK_PORT_OFFSET);
+- a pid file: services a killed earlier run left behind are stopped first.
+Ctrl-C (or SIGTERM) stops the services gracefully, removes the webhook registration, and stops
+the stack too if this command started it (`--keep-stack` leaves it up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import asyncpg
+
+from devstack.config import Settings
+from devstack.launcher import Lockgate, ServicePorts
+from devstack.procs import cmdline, pid_alive
+from devstack.stack import Stack
+from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
+from lockgate_adapters.postgres import create_database, with_database
+
+RUN_ID = "dev"
+DATABASE = "lockgate_dev"
+QUEUE, NAMESPACE, CLUSTER = "team-a", "team-a", "cluster-a"
+COLOURS = ("36", "32", "35", "33", "34", "31")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def dev_dir(settings: Settings) -> Path:
+    return settings.stack_dir / "dev"
+
+
+def ports(offset: int) -> ServicePorts:
+    defaults = ServicePorts()
+    return ServicePorts(**{f.name: getattr(defaults, f.name) + offset
+                           for f in fields(ServicePorts)})
+
+
+def busy_ports(chosen: ServicePorts) -> list[int]:
+    busy = []
+    for f in fields(ServicePorts):
+        port = getattr(chosen, f.name)
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def stop_leftovers(pid_file: Path, say: Say) -> None:
+    """SIGTERM (then SIGKILL) the services an earlier run recorded, if they still run."""
+    try:
+        recorded = json.loads(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    for name, entry in recorded.items():
+        pid, module = int(entry["pid"]), str(entry["module"])
+        command = cmdline(pid) or []
+        if not pid_alive(pid) or module not in command:
+            continue  # gone, or the pid now belongs to something else
+        say.line("dev", f"stopping {name} (pid {pid}), left running by an earlier run")
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 25
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+
+
+async def keep_database(dsn: str, database: str) -> str:
+    """The run's own database, created the first time and kept afterwards."""
+    try:
+        return await create_database(dsn, database)
+    except asyncpg.DuplicateDatabaseError:
+        return with_database(dsn, database)
+
+
+class Say:
+    """One output stream: `name | line`, the name coloured on a terminal."""
+
+    def __init__(self) -> None:
+        self.colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        self.width = 22
+        self._colours: dict[str, str] = {}
+
+    def line(self, name: str, text: str) -> None:
+        label = name.ljust(self.width)
+        if self.colour:
+            code = self._colours.setdefault(name, COLOURS[len(self._colours) % len(COLOURS)])
+            label = f"\033[{code}m{label}\033[0m"
+        print(f"{label}| {text}", flush=True)
+
+
+def readable(line: str) -> str:
+    """A service's JSON log record as `HH:MM:SS LEVEL logger: message key=value`."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or "msg" not in record:
+        return line
+    rest = " ".join(f"{k}={v}" for k, v in record.items()
+                    if k not in ("ts", "level", "logger", "msg"))
+    clock = str(record.get("ts", ""))[11:19]
+    return (f"{clock} {record.get('level', '')!s:<7} {record.get('logger', '')}: "
+            f"{record['msg']}{' ' + rest if rest else ''}")
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    if not path.exists():
+        return b""
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read()
+
+
+async def follow(name: str, path: Path, say: Say, stopping: asyncio.Event) -> None:
+    """Print what the service appends to its log, from where the log ends now."""
+    offset = len(await asyncio.to_thread(_read_from, path, 0))
+    pending = b""
+    while True:
+        chunk = await asyncio.to_thread(_read_from, path, offset)
+        if chunk:
+            offset += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                say.line(name, readable(raw.decode(errors="replace")))
+        if stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), 0.2)
+
+
+def write_instructions(lockgate: Lockgate, settings: Settings, kubeconfigs: dict[str, str],
+                       token_file: Path) -> tuple[Path, Path]:
+    directory = dev_dir(settings)
+    env = directory / "env.sh"
+    venv_bin = Path(sys.executable).parent
+    env.write_text(
+        "# Written by `make run` (python -m devstack.dev): source it in another terminal.\n"
+        f"export KUBECONFIG={kubeconfigs[CLUSTER]}\n"
+        + "".join(f"export LOCKGATE_KUBECONFIG_{c.upper().replace('-', '_')}={p}\n"
+                  for c, p in kubeconfigs.items())
+        + f"export LOCKGATE_API={lockgate.admin_url}\n"
+        f"export LOCKGATE_TOKEN_FILE={token_file}\n"
+        f"export PATH={venv_bin}:{settings.bin_dir}:$PATH\n")
+    pod = directory / "example-pod.yaml"
+    pod.write_text(f"""# A pod for lockgate's queue {QUEUE}: created gated, released by the fair
+# scheduler.
+apiVersion: v1
+kind: Pod
+metadata:
+  generateName: sleeper-
+  namespace: {NAMESPACE}
+  labels: {{{QUEUE_LABEL}: {QUEUE}}}
+spec:
+  restartPolicy: Never
+  # The local stack's nodes are kwok's (tainted, simulated): nothing really runs.
+  tolerations: [{{operator: Exists}}]
+  containers:
+    - name: main
+      image: registry.invalid/sleeper:1
+      resources: {{requests: {{cpu: 500m, memory: 256Mi}}}}
+""")
+    return env, pod
+
+
+def next_steps(env: Path, pod: Path, lockgate: Lockgate) -> list[str]:
+    return [
+        "lockgate is running. In another terminal:",
+        f"  source {env}",
+        f"  lockgate queue create {QUEUE} --namespace {CLUSTER}/{NAMESPACE}",
+        f"  kubectl create namespace {NAMESPACE}",
+        f"  kubectl label namespace {NAMESPACE} {MANAGED_NAMESPACE_LABEL}=true "
+        f"lockgate.io/run={RUN_ID}",
+        f"  kubectl create -f {pod}",
+        f"  kubectl -n {NAMESPACE} get pods -w      # SchedulingGated, then Running",
+        f"  lockgate jobs list --queue {QUEUE}",
+        f"Admin API {lockgate.admin_url}; logs also in {lockgate.log_dir}.",
+        "Ctrl-C stops lockgate's services (and the stack, if this command started it).",
+    ]
+
+
+async def run(args: argparse.Namespace) -> int:
+    say = Say()
+    # This process's own Kafka admin calls (isolating the run's consumer groups) would print
+    # aiokafka's retries unformatted into the stream; the services log their own.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    settings = Settings.from_env()
+    stack = Stack(settings, say=lambda text: say.line("devstack", text))
+    directory = dev_dir(settings)
+    directory.mkdir(parents=True, exist_ok=True)
+    pid_file = directory / "pids.json"
+    await asyncio.to_thread(stop_leftovers, pid_file, say)
+    chosen = ports(int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0))
+    busy = busy_ports(chosen)
+    if busy:
+        say.line("dev", f"ports {', '.join(map(str, busy))} are taken: is another `make run` "
+                        "(or a program of yours) using them? Stop it and run again.")
+        return 1
+    stack_was_up = not await asyncio.to_thread(stack.problems)
+    info = await asyncio.to_thread(stack.up)
+    started_stack = not stack_was_up
+    dsn = await keep_database(info.postgres_dsn, DATABASE)
+    lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, run_id=RUN_ID, ports=chosen,
+                                  log_dir=directory / "logs", standby_scheduler=False)
+    stopping, followers_done = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for stop_signal in STOP_SIGNALS:
+        loop.add_signal_handler(stop_signal, stopping.set)
+    followers = [asyncio.create_task(follow(name, lockgate.log_dir / f"{name}.log", say,
+                                            followers_done))
+                 for name, *_ in lockgate.definitions()]
+    code = 0
+    try:
+        starting = asyncio.create_task(lockgate.start())
+        waiting = asyncio.create_task(stopping.wait())
+        await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+        else:
+            waiting.cancel()
+            starting.result()  # a service that did not come up: its log tail is in the error
+            pid_file.write_text(json.dumps({
+                name: {"pid": p.pid, "module": p.module}
+                for name, p in lockgate.processes.items()}))
+            env, pod = write_instructions(lockgate, settings, info.kubeconfigs,
+                                          lockgate.write_token_files()["admin"])
+            for text in next_steps(env, pod, lockgate):
+                say.line("dev", text)
+            while not stopping.is_set():
+                crashed = lockgate.crashed()
+                if crashed:
+                    say.line("dev", f"{', '.join(crashed)} exited: stopping everything")
+                    code = 1
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), 0.5)
+    except Exception as error:  # noqa: BLE001 - reported, then everything is stopped
+        say.line("dev", f"error: {error}")
+        code = 1
+    finally:
+        say.line("dev", "stopping lockgate's services")
+        codes = await lockgate.stop()
+        pid_file.unlink(missing_ok=True)
+        followers_done.set()
+        await asyncio.gather(*followers)
+        say.line("dev", "stopped: " + ", ".join(f"{name} exit {c}" for name, c in codes.items()))
+        if started_stack and not args.keep_stack:
+            say.line("dev", "stopping the stack this command started (--keep-stack keeps it)")
+            await asyncio.to_thread(stack.down)
+        elif started_stack:
+            say.line("dev", "the stack stays up: `make stack-down` stops it")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devstack.dev", description=__doc__)
+    parser.add_argument("--keep-stack", action="store_true",
+                        help="leave the local stack running on exit even if this started it")
+    return asyncio.run(run(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
