@@ -1,10 +1,21 @@
 # One image for every lockgate service; the command picks the service (python -m <service>).
-FROM python:3.11-slim AS base
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# BASE: any image with Python >= 3.11 and venv; the official python image by default. Without a
+# registry, devstack builds one from Debian (deploy/images/python, libs/devstack/images.py).
+# extra-ca.crt, if the build context has one, is trusted by pip: a CA that re-signs outbound TLS
+# (a corporate proxy), used by pip while installing.
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/lockgate/bin:$PATH
 WORKDIR /app
-COPY pyproject.toml README.md ./
+# extra-ca.cr[t]: a pattern, so the build works whether or not the file is there.
+COPY pyproject.toml README.md extra-ca.cr[t] ./
 COPY libs ./libs
 COPY services ./services
-RUN pip install --disable-pip-version-check . && useradd --uid 10001 lockgate
+RUN python -m venv /opt/lockgate \
+ && if [ -f extra-ca.crt ]; then export PIP_CERT=/app/extra-ca.crt; fi \
+ && pip install --disable-pip-version-check . \
+ && rm -f extra-ca.crt \
+ && useradd --uid 10001 lockgate
 USER 10001
 CMD ["python", "-m", "queue_store"]

@@ -7,6 +7,7 @@ with defaults, so unknown LOCKGATE_* variables under a service's prefix are an e
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -62,6 +63,13 @@ class DependencyChecks(BaseModel):
         "counts as down (one slow answer on a busy machine is not an outage)")
     summary_every_seconds: float = Field(
         default=30.0, gt=0, description="while a dependency is down, log one summary this often")
+
+
+# What a kubelet injects for every Service of the pod's namespace (service links): a Service
+# named like a prefix (lockgate-webhook) gives LOCKGATE_WEBHOOK_SERVICE_HOST,
+# LOCKGATE_WEBHOOK_PORT_443_TCP_ADDR and the like, which are not settings.
+_SERVICE_LINK = re.compile(
+    r"^(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)$")
 
 
 class ServiceSettings(BaseSettings):
@@ -170,6 +178,7 @@ class ServiceSettings(BaseSettings):
             unknown = sorted(
                 key for key in os.environ
                 if key.startswith(prefix) and key[len(prefix):].split("__")[0] not in known
+                and not _SERVICE_LINK.match(key[len(prefix):])
             )
             if unknown:
                 raise ValueError(f"unknown settings in the environment: {', '.join(unknown)}")

@@ -1,0 +1,127 @@
+"""docker compose with docker-compose.local.yml against the local stack's control planes.
+
+Why: docker-compose.yml is what a user runs with the official images; here no registry is
+reachable, so the override swaps in locally built images (devstack.images), puts every service on
+the host's network (the local apiservers listen on 127.0.0.1, as every server here does) and
+points the services at the local stack's kubeconfigs. `make compose-test` drives it through
+`ComposeProject`; `python -m devstack images` only builds the images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devstack.config import Settings
+from devstack.docker import DockerEngine, docker_engine
+from devstack.errors import StackError
+from devstack.images import REPO, Images, compose_command
+
+COMPOSE_FILES = (REPO / "docker-compose.yml", REPO / "docker-compose.local.yml")
+LOCKGATE_SERVICES = ("queue-store", "cluster-watcher", "fair-scheduler", "ungater")
+
+
+def _say(msg: str) -> None:
+    print(f"[compose] {msg}", file=sys.stderr, flush=True)
+
+
+def build_images(settings: Settings | None = None,
+                 say: Callable[[str], None] = _say) -> dict[str, str]:
+    settings = settings or Settings.from_env()
+    with docker_engine(settings, say) as engine:
+        images = Images(engine, say).all()
+        compose_command(engine, say)
+        return images
+
+
+@dataclass
+class ComposeProject:
+    """One `docker compose -p <project>` of docker-compose.yml + docker-compose.local.yml."""
+
+    engine: DockerEngine
+    project: str
+    env: Mapping[str, str]  # the variables docker-compose.local.yml reads
+    say: Callable[[str], None] = _say
+    _argv: list[str] = field(default_factory=list)
+    _env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        argv, extra_env = compose_command(self.engine, self.say)
+        self._argv = [*argv, "-p", self.project,
+                      *[arg for path in COMPOSE_FILES for arg in ("-f", str(path))]]
+        self._env = {**os.environ, **self.engine.env(), **extra_env, **self.env}
+
+    def run(self, *args: str, check: bool = True, timeout: float = 600,
+            capture: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([*self._argv, *args], capture_output=capture, text=True,
+                              env=self._env, timeout=timeout, check=False, cwd=REPO)
+        if check and done.returncode != 0:
+            raise StackError(f"docker compose {' '.join(args)} failed ({done.returncode}):\n"
+                             f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
+        return done
+
+    def up(self, *services: str, wait: bool = True, timeout: int = 300) -> None:
+        args = ["up", "-d", "--no-build", "--quiet-pull"]
+        if wait:
+            args += ["--wait", "--wait-timeout", str(timeout)]
+        done = self.run(*args, *services, check=False, timeout=timeout + 60)
+        if done.returncode != 0:
+            raise StackError(f"docker compose up {' '.join(services)} failed "
+                             f"({done.returncode}):\n{done.stderr[-3000:]}\n"
+                             f"{self.logs(tail=40)}\n{self.ps_text()}")
+
+    def ps(self) -> list[dict[str, object]]:
+        out = self.run("ps", "--all", "--format", "json").stdout.strip()
+        if not out:
+            return []
+        if out.startswith("["):
+            return list(json.loads(out))
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def ps_text(self) -> str:
+        return self.run("ps", "--all", check=False).stdout
+
+    def health(self) -> dict[str, str]:
+        """service → its container's health (healthy, starting, unhealthy, or '' without one)."""
+        return {str(c["Service"]): str(c.get("Health") or "") for c in self.ps()}
+
+    def logs(self, *services: str, tail: int = 200) -> str:
+        done = self.run("logs", "--no-color", "--tail", str(tail), *services, check=False)
+        return (done.stdout or "") + (done.stderr or "")
+
+    def down(self) -> None:
+        self.run("down", "--volumes", "--remove-orphans", "--timeout", "30", timeout=300)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Containers, networks and volumes still labelled with this project."""
+        label = f"label=com.docker.compose.project={self.project}"
+        found: dict[str, list[str]] = {}
+        for kind, args in (("containers", ["ps", "-a", "-q", "--filter", label]),
+                           ("networks", ["network", "ls", "-q", "--filter", label]),
+                           ("volumes", ["volume", "ls", "-q", "--filter", label])):
+            out = self.engine.docker(*args).stdout.split()
+            if out:
+                found[kind] = out
+        return found
+
+
+@contextmanager
+def compose_project(engine: DockerEngine, project: str, env: Mapping[str, str],
+                    say: Callable[[str], None] = _say) -> Iterator[ComposeProject]:
+    """The project, taken down with its volumes at the end whatever happened."""
+    project_ = ComposeProject(engine, project, env, say)
+    try:
+        yield project_
+    finally:
+        started = time.monotonic()
+        try:
+            project_.down()
+        finally:
+            say(f"compose down in {time.monotonic() - started:.0f} s")
