@@ -1,4 +1,5 @@
-"""`python -m devstack up | down [--purge] | status | env | build | images | kill <c> | start <c>`."""
+"""`python -m devstack up | down [--purge] | status | env | build | images | kill <c> |
+start <c>`."""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from devstack.config import Settings
 from devstack.docker import DockerEngine, docker_engine

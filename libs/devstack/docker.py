@@ -34,6 +34,41 @@ DOCKER_TABLES = ("ip nat", "ip filter", "ip6 nat", "ip6 filter")
 BRIDGE = "docker0"
 
 
+# Debian package → a program it brings: what the compose test needs on the host.
+HOST_PACKAGES = {"docker.io": "dockerd", "debootstrap": "debootstrap", "nftables": "nft"}
+
+
+def _which(program: str) -> str | None:
+    return shutil.which(program) or next(
+        (str(p) for d in ("/usr/sbin", "/sbin") if (p := Path(d, program)).exists()), None)
+
+
+def ensure_host_tools(settings: Settings, say: Callable[[str], None]) -> None:
+    """Install Debian's docker.io, debootstrap and nftables where missing (as root with apt),
+    as devstack installs PostgreSQL; otherwise say what to install."""
+    missing = [pkg for pkg, program in HOST_PACKAGES.items() if _which(program) is None]
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise StackError(f"missing: {', '.join(missing)} (Debian packages; e.g. "
+                         f"`apt-get install {' '.join(missing)}`)")
+    log = settings.cache_logs_dir / "apt-compose-tools.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    say(f"installing {', '.join(missing)} with apt-get (log {log})")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    with open(log, "ab") as logf:
+        rc = subprocess.call(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                             stdin=subprocess.DEVNULL)
+        if rc != 0:
+            subprocess.call(["apt-get", "update"], stdout=logf, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+            rc = subprocess.call(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                 stdin=subprocess.DEVNULL)
+    if rc != 0:
+        raise StackError(f"installing {', '.join(missing)} failed; log {log}:\n{tail(log)}")
+
+
 def docker_cli() -> str:
     found = shutil.which("docker")
     if not found:
@@ -127,8 +162,7 @@ class DockerEngine:
 
 
 def _start_dockerd(settings: Settings, say: Callable[[str], None]) -> DockerEngine:
-    dockerd = shutil.which("dockerd") or (
-        "/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
+    dockerd = _which("dockerd")
     if dockerd is None:
         raise StackError("no Docker engine answers and dockerd is missing: install Debian's "
                          "docker.io (`apt-get install docker.io`) or start Docker Engine")
@@ -175,6 +209,7 @@ def _start_dockerd(settings: Settings, say: Callable[[str], None]) -> DockerEngi
 def docker_engine(settings: Settings, say: Callable[[str], None]) -> Iterator[DockerEngine]:
     """The engine at DOCKER_HOST or the system socket if one answers, else a dockerd of our own
     for the duration (one at a time: a lock in the cache serialises concurrent users)."""
+    ensure_host_tools(settings, say)
     configured = os.environ.get("DOCKER_HOST")
     if configured:
         if not _answers(configured):

@@ -210,7 +210,8 @@ class Images:
         self.say(f"made {DEBIAN_IMAGE} in {time.monotonic() - started:.0f} s")
         return DEBIAN_IMAGE
 
-    def _recipe_image(self, name: str, version: str, *, context_files: dict[str, Path] | None = None,
+    def _recipe_image(self, name: str, version: str, *,
+                      context_files: dict[str, Path] | None = None,
                       build_args: dict[str, str] | None = None) -> str:
         """localhost/lockgate-<name>:<version>-<recipe hash>, built from deploy/images/<name>
         plus `context_files` (name in the context → file or directory on the host)."""
@@ -293,5 +294,5 @@ def debian_mirror() -> str:
         text = path.read_text(errors="replace")
         for url in re.findall(r"(?:URIs:\s*|^deb\s+(?:\[[^\]]*\]\s+)?)(\S+)", text, re.M):
             if "debian" in url and "security" not in url:
-                return url
+                return str(url)
     return "http://deb.debian.org/debian"
