@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from devstack.config import Settings
 from devstack.docker import DockerEngine, docker_engine
@@ -42,7 +43,11 @@ def build_images(settings: Settings | None = None,
 
 @dataclass
 class ComposeProject:
-    """One `docker compose -p <project>` of docker-compose.yml + docker-compose.local.yml."""
+    """One `docker compose -p <project>` of docker-compose.yml + docker-compose.local.yml.
+
+    Works with compose v1 (Debian's docker-compose) and v2 alike: only commands and flags both
+    have, and the containers' state is read from the engine (by the project's labels), not from
+    `compose ps`, whose output differs between them."""
 
     engine: DockerEngine
     project: str
@@ -66,30 +71,53 @@ class ComposeProject:
                              f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
         return done
 
-    def up(self, *services: str, wait: bool = True, timeout: int = 300) -> None:
-        args = ["up", "-d", "--no-build", "--quiet-pull"]
-        if wait:
-            args += ["--wait", "--wait-timeout", str(timeout)]
-        done = self.run(*args, *services, check=False, timeout=timeout + 60)
+    def up(self, *services: str, timeout: float = 300) -> None:
+        """`up -d` (dependencies healthy first, as depends_on says), then every container of
+        the project healthy (running, for one without a healthcheck) within `timeout`."""
+        started = time.monotonic()
+        try:
+            done = self.run("up", "-d", "--no-build", *services, check=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StackError(f"docker compose up {' '.join(services)} took over {timeout:.0f} s:"
+                             f"\n{self.logs(tail=40)}\n{self.state()}") from None
         if done.returncode != 0:
             raise StackError(f"docker compose up {' '.join(services)} failed "
                              f"({done.returncode}):\n{done.stderr[-3000:]}\n"
-                             f"{self.logs(tail=40)}\n{self.ps_text()}")
+                             f"{self.logs(tail=40)}\n{self.state()}")
+        while True:
+            health = self.health()
+            waiting = {s: h for s, h in health.items() if h not in ("healthy", "running")}
+            if not waiting and (not services or set(services) <= set(health)):
+                return
+            if any(h in ("unhealthy", "exited", "dead") for h in waiting.values()) or (
+                    time.monotonic() - started > timeout):
+                raise StackError(f"not healthy: {waiting}\n{self.logs(tail=40)}")
+            time.sleep(1)
 
-    def ps(self) -> list[dict[str, object]]:
-        out = self.run("ps", "--all", "--format", "json").stdout.strip()
-        if not out:
+    def containers(self) -> list[dict[str, Any]]:
+        """`docker inspect` of every container of the project."""
+        ids = self.engine.docker("ps", "-a", "-q", "--filter",
+                                 f"label=com.docker.compose.project={self.project}").stdout.split()
+        if not ids:
             return []
-        if out.startswith("["):
-            return list(json.loads(out))
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-    def ps_text(self) -> str:
-        return self.run("ps", "--all", check=False).stdout
+        return list(json.loads(self.engine.docker("inspect", *ids).stdout))
 
     def health(self) -> dict[str, str]:
-        """service → its container's health (healthy, starting, unhealthy, or '' without one)."""
-        return {str(c["Service"]): str(c.get("Health") or "") for c in self.ps()}
+        """service → its container's health (healthy, starting, unhealthy), or its state
+        (running, exited, ...) without a healthcheck."""
+        found: dict[str, str] = {}
+        for container in self.containers():
+            service = container["Config"]["Labels"].get("com.docker.compose.service")
+            if not service:
+                continue  # not a compose service (the webhook containers carry the project)
+            state = container["State"]
+            found[service] = (state.get("Health") or {}).get("Status") or state["Status"]
+            if state["Status"] != "running":
+                found[service] = state["Status"]
+        return found
+
+    def state(self) -> str:
+        return ", ".join(f"{s}: {h}" for s, h in sorted(self.health().items()))
 
     def logs(self, *services: str, tail: int = 200) -> str:
         done = self.run("logs", "--no-color", "--tail", str(tail), *services, check=False)

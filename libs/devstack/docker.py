@@ -35,7 +35,8 @@ BRIDGE = "docker0"
 
 
 # Debian package → a program it brings: what the compose test needs on the host.
-HOST_PACKAGES = {"docker.io": "dockerd", "debootstrap": "debootstrap", "nftables": "nft"}
+HOST_PACKAGES = {"docker.io": "dockerd", "debootstrap": "debootstrap", "nftables": "nft",
+                 "docker-compose": "docker-compose"}
 
 
 def _which(program: str) -> str | None:
@@ -44,8 +45,8 @@ def _which(program: str) -> str | None:
 
 
 def ensure_host_tools(settings: Settings, say: Callable[[str], None]) -> None:
-    """Install Debian's docker.io, debootstrap and nftables where missing (as root with apt),
-    as devstack installs PostgreSQL; otherwise say what to install."""
+    """Install Debian's docker.io, docker-compose, debootstrap and nftables where missing (as
+    root with apt), as devstack installs PostgreSQL; otherwise say what to install."""
     missing = [pkg for pkg, program in HOST_PACKAGES.items() if _which(program) is None]
     if not missing:
         return

@@ -3,8 +3,8 @@
 Why: no image registry is reachable from lockgate's development machines, yet docker compose
 should run there exactly as a user runs it with the official images. Every image is built from
 what is reachable: a Debian base made with debootstrap, Debian's packages, Kafka's jars from
-Maven Central (devstack's own download), Jaeger v2 and the compose CLI plugin from the Go module
-proxy (built once into the cache), and lockgate's own Dockerfile on a Debian Python base.
+Maven Central (devstack's own download), Jaeger v2 from the Go module proxy (built once into
+the cache), and lockgate's own Dockerfile on a Debian Python base.
 
 An image's tag carries its version and a hash of its recipe (deploy/images/<name>/), lockgate's
 a hash of its sources: a tag that exists is never built again. Each image is also tagged with
@@ -41,7 +41,6 @@ DEBIAN_IMAGE = f"localhost/debian:{DEBIAN_SUITE}"
 PG_MAJOR = "15"  # bookworm's PostgreSQL
 JAEGER_MODULE_VERSION = "v1.76.0"  # the module's tag of Jaeger v2.13.0
 JAEGER_VERSION = "2.13.0"
-COMPOSE_VERSION = "v2.40.3"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -61,8 +60,6 @@ class GoTool:
 
 JAEGER = GoTool("jaeger", "github.com/jaegertracing/jaeger", JAEGER_MODULE_VERSION,
                 "./cmd/jaeger")
-COMPOSE = GoTool("docker-compose", "github.com/docker/compose/v2", COMPOSE_VERSION, "./cmd",
-                 f"-X github.com/docker/compose/v2/internal.Version={COMPOSE_VERSION}")
 
 
 def ensure_go_tool(settings: Settings, tool: GoTool, say: Callable[[str], None]) -> Path:
@@ -99,19 +96,19 @@ def ensure_go_tool(settings: Settings, tool: GoTool, say: Callable[[str], None])
 
 def compose_command(engine: DockerEngine, say: Callable[[str], None]) -> tuple[list[str],
                                                                              dict[str, str]]:
-    """`docker compose` (argv, extra env): the installed plugin if there is one, else the v2
-    plugin built from the Go module proxy, put in a DOCKER_CONFIG of the cache's own."""
+    """(argv, extra env) of compose: the `docker compose` v2 plugin if installed, else Debian's
+    docker-compose 1.29 (devstack.docker installs it with apt). The compose files use no syntax
+    of v2 only, so either runs them; v1 comes from apt in seconds, where building v2 from the Go
+    module proxy takes about 10 minutes cold."""
     if engine.docker("compose", "version", check=False).returncode == 0:
         return ["docker", "compose"], {}
-    plugin = ensure_go_tool(engine.settings, COMPOSE, say)
-    config = engine.settings.cache_dir / "docker" / "config"
-    plugins = config / "cli-plugins"
-    plugins.mkdir(parents=True, exist_ok=True)
-    link = plugins / "docker-compose"
-    if not link.is_symlink() or link.resolve() != plugin.resolve():
-        link.unlink(missing_ok=True)
-        link.symlink_to(plugin)
-    return ["docker", "compose"], {"DOCKER_CONFIG": str(config)}
+    v1 = shutil.which("docker-compose")
+    if v1 is None:
+        raise StackError("neither `docker compose` (v2 plugin) nor docker-compose (v1) is "
+                         "installed: `apt-get install docker-compose` (Debian) or install "
+                         "Docker's compose plugin")
+    say(f"compose: {v1} (v1)")
+    return [v1], {}
 
 
 def _digest(paths: Iterable[tuple[str, Path]], *extra: str) -> str:
@@ -130,14 +127,15 @@ def _recipe_files(name: str) -> list[tuple[str, Path]]:
 
 
 def lockgate_sources() -> list[tuple[str, Path]]:
-    """What the repo's Dockerfile copies: pyproject, README, libs/ and services/ (no caches)."""
+    """What the repo's Dockerfile copies: pyproject, README, libs/ and services/ (no caches),
+    without libs/devstack, which no service imports (so changing the stack rebuilds nothing)."""
     files = [("Dockerfile", REPO / "Dockerfile"), ("pyproject.toml", REPO / "pyproject.toml"),
              ("README.md", REPO / "README.md")]
     for top in ("libs", "services"):
         for path in (REPO / top).rglob("*"):
             rel = path.relative_to(REPO)
-            if path.is_file() and not any(part == "__pycache__" or part.endswith(".egg-info")
-                                           for part in rel.parts):
+            if path.is_file() and rel.parts[:2] != ("libs", "devstack") and not any(
+                    part == "__pycache__" or part.endswith(".egg-info") for part in rel.parts):
                 files.append((str(rel), path))
     return files
 

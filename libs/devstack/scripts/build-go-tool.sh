@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds one command of a Go module at a version into a cached binary (Jaeger v2 for the compose
-# images, the docker compose v2 CLI plugin). Why not `go install module/cmd@version`: both
-# modules' go.mod files have replace or exclude directives, which `go install pkg@version`
-# refuses; building inside a copy of the downloaded module honours them.
+# images). Why not `go install module/cmd@version`: the module's go.mod has replace or exclude
+# directives, which `go install pkg@version` refuses; building inside a copy of the downloaded
+# module honours them.
 #
 # usage: build-go-tool.sh <out-binary> <module> <version> <package-dir> [ldflags]
 set -euo pipefail
