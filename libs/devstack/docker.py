@@ -110,6 +110,8 @@ class DockerEngine:
     settings: Settings
     say: Callable[[str], None]
     pid: int | None = None
+    # Kept so that it is waited for: a Popen dropped while its process runs is a ResourceWarning.
+    proc: subprocess.Popen[bytes] | None = None
     _tables_before: set[str] = field(default_factory=set)
     _bridge_before: bool = True
 
@@ -149,11 +151,17 @@ class DockerEngine:
             self.say(f"dockerd (pid {pid}) did not stop within 40 s; SIGKILL")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        if self.proc is not None:
+            self.proc.wait()
+            self.proc = None
+        else:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
         self._remove_leftovers()
 
     def _remove_leftovers(self) -> None:
+        # Its exec root, pid file and socket: state of a daemon that no longer runs.
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
         if not self._bridge_before and link_exists(BRIDGE):
             subprocess.run(["ip", "link", "delete", BRIDGE], check=False)
         for table in sorted(nft_tables() - self._tables_before):
@@ -194,7 +202,7 @@ def _start_dockerd(settings: Settings, say: Callable[[str], None]) -> DockerEngi
     with open(log, "ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    engine.pid = proc.pid
+    engine.pid, engine.proc = proc.pid, proc
     deadline = time.monotonic() + 60
     while not _answers(host):
         if proc.poll() is not None or time.monotonic() > deadline:
