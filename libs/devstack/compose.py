@@ -62,6 +62,15 @@ class ComposeProject:
                       *[arg for path in COMPOSE_FILES for arg in ("-f", str(path))]]
         self._env = {**os.environ, **self.engine.env(), **extra_env, **self.env}
 
+    @property
+    def argv_base(self) -> list[str]:
+        """The compose command itself, without project or files."""
+        return self._argv[:self._argv.index("-p")]
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(self._env)
+
     def run(self, *args: str, check: bool = True, timeout: float = 600,
             capture: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([*self._argv, *args], capture_output=capture, text=True,

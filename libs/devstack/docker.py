@@ -98,6 +98,18 @@ def nft_tables() -> set[str]:
             if line.startswith("table ")}
 
 
+def mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below `directory`, outermost first (from /proc/self/mounts)."""
+    prefix = str(directory)
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        # Spaces in paths are escaped as \040 there; ours have none.
+        point = line.split()[1]
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return sorted(found, key=len)
+
+
 def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
@@ -160,7 +172,10 @@ class DockerEngine:
         self._remove_leftovers()
 
     def _remove_leftovers(self) -> None:
-        # Its exec root, pid file and socket: state of a daemon that no longer runs.
+        # Its exec root, pid file and socket: state of a daemon that no longer runs. dockerd
+        # leaves its default network namespace mounted there (nsfs): unmount it first.
+        for mount in reversed(mounts_under(RUN_DIR)):
+            subprocess.run(["umount", "--lazy", mount], check=False)
         shutil.rmtree(RUN_DIR, ignore_errors=True)
         if not self._bridge_before and link_exists(BRIDGE):
             subprocess.run(["ip", "link", "delete", BRIDGE], check=False)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,8 +42,16 @@ from kubernetes_asyncio import client
 
 from devstack.compose import LOCKGATE_SERVICES, ComposeProject, compose_project
 from devstack.config import Settings
-from devstack.docker import BRIDGE, DockerEngine, docker_engine, link_exists, nft_tables
-from devstack.images import Images
+from devstack.docker import (
+    BRIDGE,
+    RUN_DIR,
+    DockerEngine,
+    docker_engine,
+    link_exists,
+    mounts_under,
+    nft_tables,
+)
+from devstack.images import REPO, Images
 from devstack.incluster import InClusterWebhook, kubeconfig_token_and_ca
 from devstack.launcher import RUN_LABEL, free_port
 from devstack.manifests import delete_queue_copies, ensure_queue_crd
@@ -200,6 +209,7 @@ async def deployment(stack: Any, tmp_path_factory: pytest.TempPathFactory
     TIMINGS.write_text(json.dumps(timings, indent=2) + "\n")
     # Nothing behind: the dockerd it started, its nft tables, docker0.
     assert dockerd_pid is None or not pid_alive(dockerd_pid), "the dockerd it started runs on"
+    assert dockerd_pid is None or not mounts_under(RUN_DIR), f"mounts left: {mounts_under(RUN_DIR)}"
     assert nft_tables() <= tables_before, f"nft tables left: {nft_tables() - tables_before}"
     assert link_exists(BRIDGE) == bridge_before
 
@@ -283,6 +293,17 @@ async def test_the_containerised_webhook_gates_pods_and_queues_release_them_fair
                              what=f"the trace of pod {uid} in Jaeger")
     names = {span["operationName"] for span in trace["spans"]}
     assert "release decided" in names, names
+
+
+async def test_the_users_compose_files_are_valid(deployment: Deployment) -> None:
+    # What a plain `docker compose up` reads (docker-compose.yml + docker-compose.override.yml),
+    # checked by the same compose as the rest of the test.
+    done = subprocess.run(
+        [*deployment.compose.argv_base, "-f", str(REPO / "docker-compose.yml"),
+         "-f", str(REPO / "docker-compose.override.yml"), "config", "-q"],
+        env={**deployment.compose.environment, "KUBECONFIG_DIR": "./.kube"},
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 async def test_every_lockgate_service_is_healthy(deployment: Deployment) -> None:
