@@ -298,7 +298,8 @@ async def test_the_containerised_webhook_gates_pods_and_queues_release_them_fair
 async def test_the_users_compose_files_are_valid(deployment: Deployment) -> None:
     # What a plain `docker compose up` reads (docker-compose.yml + docker-compose.override.yml),
     # checked by the same compose as the rest of the test.
-    done = subprocess.run(
+    done = await asyncio.to_thread(
+        subprocess.run,
         [*deployment.compose.argv_base, "-f", str(REPO / "docker-compose.yml"),
          "-f", str(REPO / "docker-compose.override.yml"), "config", "-q"],
         env={**deployment.compose.environment, "KUBECONFIG_DIR": "./.kube"},
