@@ -5,13 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test demo run bench fresh-check clean
+.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
 	@echo "make run           the local stack and every service in the foreground, for you to use (Ctrl-C stops)"
 	@echo "make test          lint, type-check, unit, integration and end-to-end tests (real stack)"
 	@echo "make unit          fast unit tests only (no stack)"
+	@echo "make compose-test  docker compose up (local images, docker-compose.local.yml) against the stack"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
 	@echo "make fresh-check   clone HEAD, brand-new stack state, make demo + make test (BURN=2 adds CPU burners)"
 	@echo "make stack-up|stack-down|stack-status|stack-env"
@@ -55,6 +56,16 @@ test: venv lint
 	$(BIN)/python -m devstack.tilt >/dev/null
 	$(BIN)/python -m devstack.fabric8
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
+
+# docker compose with locally built images against the local stack (tests/compose); starts a
+# dockerd of its own if none runs, and stops it again. Timings: compose-test-timings.json.
+compose-test: venv
+	$(BIN)/python -m devstack up
+	$(BIN)/pytest -q --timeout=2400 tests/compose
+	@cat "$${LOCKGATE_CACHE_DIR:-$$HOME/.cache/lockgate}/logs/compose-test-timings.json" 2>/dev/null || true
+
+images: venv
+	$(BIN)/python -m devstack images
 
 demo: venv
 	$(BIN)/python -m devstack up

@@ -31,7 +31,7 @@ _TESTS_DIR = Path(__file__).resolve().parent
 # it) create topics with one replica, not the production default of 3.
 os.environ.setdefault("LOCKGATE_KAFKA_REPLICATION_FACTOR", "1")
 os.environ.setdefault("LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS", "1")
-_STACK_DIRS = {"integration", "e2e"}
+_STACK_DIRS = {"integration", "e2e", "compose"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

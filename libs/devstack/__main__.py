@@ -1,4 +1,5 @@
-"""`python -m devstack up | down [--purge] | status | env | build | kill <c> | start <c>`."""
+"""`python -m devstack up | down [--purge] | status | env | build | images | kill <c> |
+start <c>`."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     kill.add_argument("component")
     start = sub.add_parser("start", help="start one component again and wait until healthy")
     start.add_argument("component")
+    sub.add_parser("images", help="build the images of docker-compose.local.yml (cached; starts "
+                   "a dockerd of its own for the build if none runs)")
     args = parser.parse_args(argv)
     try:
         stack = Stack()
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             stack.kill(args.component)
         elif args.command == "start":
             stack.start_component(args.component)
+        elif args.command == "images":
+            from devstack.compose import build_images
+            for name, tag in build_images(stack.s).items():
+                print(f"{name}: {tag}")
         elif args.command == "build":
             stack.build()
             print(f"everything is installed; binaries in {stack.s.bin_dir}")

@@ -45,8 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from lockgate_adapters import cli_views
-from lockgate_adapters import cli_deploy
+from lockgate_adapters import cli_deploy, cli_views
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.cli_output import (
     Table,

@@ -96,6 +96,7 @@ class DependencyChecks(BaseModel):
         default=30.0, gt=0, description="while a dependency is down, log one summary this often")
 
 
+
 class ServiceSettings(BaseSettings):
     """Common settings. Subclasses set `model_config` with env_prefix, e.g. LOCKGATE_WATCHER_."""
 
