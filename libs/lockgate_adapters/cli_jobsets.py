@@ -16,15 +16,12 @@ one noun, whichever registers first.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import urllib.parse
 from typing import Any, TextIO
 
-import yaml
-
 from lockgate_adapters.cli import AdminClient, CliError
-from lockgate_adapters.cli_output import print_table, verbs_of
+from lockgate_adapters.cli_output import dump_structured, print_table, verbs_of
 
 POLL_SECONDS = 0.5
 
@@ -137,12 +134,4 @@ def _print_records(records: list[dict[str, Any]], out: TextIO) -> None:
 
 
 def _structured(value: object, args: argparse.Namespace, out: TextIO) -> bool:
-    output = getattr(args, "output", "table")
-    if output == "json":
-        json.dump(value, out, indent=2)
-        print(file=out)
-        return True
-    if output == "yaml":
-        yaml.safe_dump(value, out, sort_keys=False)
-        return True
-    return False
+    return dump_structured(out, getattr(args, "output", "table"), value)

@@ -16,7 +16,6 @@ same namespace with a fresh token.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import urllib.parse
 from pathlib import Path
@@ -26,7 +25,7 @@ import yaml
 
 from lockgate.namespace_access import parse_duration
 from lockgate_adapters.cli import AdminClient, CliError
-from lockgate_adapters.cli_output import duration, print_table, verbs_of
+from lockgate_adapters.cli_output import dump_structured, duration, print_table, verbs_of
 
 PATH = "/api/v1/namespaces"
 
@@ -40,14 +39,7 @@ def _duration(text: str) -> int:
 
 def _dump(value: Any, output: str, out: TextIO) -> bool:
     """Print `value` as JSON or YAML; False for table output (the caller prints)."""
-    if output == "json":
-        json.dump(value, out, indent=2)
-        print(file=out)
-        return True
-    if output == "yaml":
-        yaml.safe_dump(value, out, sort_keys=False)
-        return True
-    return False
+    return dump_structured(out, output, value)
 
 
 def _ref(text: str) -> tuple[str, str]:

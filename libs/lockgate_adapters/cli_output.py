@@ -54,13 +54,7 @@ TableView = Table | Mapping[str, str] | str
 def render(out: TextIO, output: str, data: Any,
            *, table: Callable[[], TableView] | None = None) -> None:
     """Print `data` as JSON or YAML, or `table()` (default: `data` as key/value lines)."""
-    if output == "json":
-        json.dump(data, out, indent=2, default=str)
-        print(file=out)
-        return
-    if output == "yaml":
-        yaml.safe_dump(_plain(data), out, sort_keys=False, default_flow_style=False,
-                       allow_unicode=True)
+    if dump_structured(out, output, data):
         return
     view: TableView = table() if table is not None else _as_lines(data)
     if isinstance(view, str):
@@ -74,6 +68,19 @@ def render(out: TextIO, output: str, data: Any,
             print(f"note: {note}", file=out)
     else:
         print_fields(out, view)
+
+
+def dump_structured(out: TextIO, output: str, data: Any) -> bool:
+    """Print `data` as JSON or YAML; False for table output (the caller prints that)."""
+    if output == "json":
+        json.dump(data, out, indent=2, default=str)
+        print(file=out)
+        return True
+    if output == "yaml":
+        yaml.safe_dump(_plain(data), out, sort_keys=False, default_flow_style=False,
+                       allow_unicode=True)
+        return True
+    return False
 
 
 def print_table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
