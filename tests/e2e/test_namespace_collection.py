@@ -32,7 +32,7 @@ from helpers.kube import Namespaces, a_pod, wait_for_default_service_account
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
-from lockgate.namespace_access import EPHEMERAL_LABEL
+from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, namespace_object
 from lockgate_adapters import cli, namespace_store
 from lockgate_adapters.kube import api_client
 
@@ -143,15 +143,15 @@ async def _release_holds(apis: dict[str, client.ApiClient], namespaces: Namespac
 async def ephemeral(run: Run, cluster: str, name: str, jobset: str, *,
                     ttl_seconds: int | None = None, held: bool = False) -> str:
     """An ephemeral namespace as creation leaves it: labelled, and its active record."""
-    # Marked ephemeral as lockgate's own are: namespace-keeper may delete no other namespace.
-    labels = {MANAGED_NAMESPACE_LABEL: "true", QUEUE_LABEL: QUEUE, JOBSET_LABEL: jobset,
-              EPHEMERAL_LABEL: "true",
-              SELECT_LABEL: RUN, **run.lockgate.run_namespace_labels}
-    metadata: dict[str, Any] = {"name": name, "labels": labels}
+    # The object lockgate's creation makes (marked ephemeral, with the queue's allowed kinds):
+    # namespace-keeper may delete no other namespace.
+    namespace = namespace_object(
+        name=name, queue=QUEUE, jobset=jobset, kinds=DEFAULT_ALLOWED_KINDS,
+        extra_labels={SELECT_LABEL: RUN, **run.lockgate.run_namespace_labels})
     if held:
-        metadata["finalizers"] = [HOLD]
+        namespace["metadata"]["finalizers"] = [HOLD]
     core = run.core(cluster)
-    await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+    await core.create_namespace(namespace)
     run.namespaces.created.append((cluster, name))
     await wait_for_default_service_account(core, name)
     async with run.pool.acquire() as connection:
