@@ -55,6 +55,9 @@ def ports(offset: int) -> ServicePorts:
                            for f in fields(ServicePorts)})
 
 
+BUSY_PORT_PATIENCE_SECONDS = 20.0
+
+
 def busy_ports(chosen: ServicePorts) -> list[int]:
     busy = []
     for f in fields(ServicePorts):
@@ -217,6 +220,12 @@ async def run(args: argparse.Namespace) -> int:
     await asyncio.to_thread(stop_leftovers, pid_file, say)
     chosen = ports(int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0))
     busy = busy_ports(chosen)
+    # These fixed ports lie in the kernel's ephemeral range: a busy machine's outgoing
+    # connection may hold one for a moment. Only a port still taken after a while is refused.
+    deadline = time.monotonic() + BUSY_PORT_PATIENCE_SECONDS
+    while busy and time.monotonic() < deadline:
+        await asyncio.sleep(1)
+        busy = busy_ports(chosen)
     if busy:
         say.line("dev", f"ports {', '.join(map(str, busy))} are taken: is another `make run` "
                         "(or a program of yours) using them? Stop it and run again.")
