@@ -26,13 +26,13 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import asyncpg
 
 from devstack.config import Settings
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate, ServicePorts, free_port
 from devstack.procs import cmdline, pid_alive
 from devstack.stack import Stack
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
@@ -219,10 +219,20 @@ async def run(args: argparse.Namespace) -> int:
     pid_file = directory / "pids.json"
     await asyncio.to_thread(stop_leftovers, pid_file, say)
     chosen = ports(int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0))
-    busy = busy_ports(chosen)
-    # These fixed ports lie in the kernel's ephemeral range: a busy machine's outgoing
-    # connection may hold one for a moment. Only a port still taken after a while is refused.
+    # A health port taken by someone else only moves (nobody types it; the next steps print
+    # what matters). These fixed ports lie in the kernel's ephemeral range, where any client
+    # connection, even a long-lived one (an apiserver's to its etcd), may hold one.
+    health = {f.name: getattr(chosen, f.name) for f in fields(ServicePorts)
+              if f.name != "admin_api"}
+    taken = set(busy_ports(chosen))
+    moved = {name: free_port() for name, port in health.items() if port in taken}
+    if moved:
+        say.line("dev", "health ports taken, using others: " + ", ".join(
+            f"{name} {health[name]} -> {port}" for name, port in moved.items()))
+        chosen = replace(chosen, **moved)
+    # The admin API's port is the one people use: wait a moment for a passing connection.
     deadline = time.monotonic() + BUSY_PORT_PATIENCE_SECONDS
+    busy = busy_ports(chosen)
     while busy and time.monotonic() < deadline:
         await asyncio.sleep(1)
         busy = busy_ports(chosen)
