@@ -30,7 +30,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from lockgate_adapters.quieting import quiet
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
 from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,32 @@ async def hold_change_feed_lock(connection: AnyConnection) -> None:
 
 async def notify_changes(connection: AnyConnection, payload: str = "") -> None:
     await connection.execute("SELECT pg_notify($1, $2)", CHANGES_CHANNEL, payload)
+
+
+async def watch_changes(dsn: str, tables: frozenset[str], changed: asyncio.Event,
+                        stopping: asyncio.Event, *, name: str, retry_seconds: float) -> None:
+    """Set `changed` whenever a writer notifies a change to one of `tables` (an empty payload
+    counts as any), and once on every (re)connection, so changes made while not listening are
+    caught up at once. Reconnects after `retry_seconds`; a reader's periodic pass covers gaps."""
+    def on_notification(_: object, __: int, ___: str, payload: object) -> None:
+        if not payload or tables & set(str(payload).split(",")):
+            changed.set()
+
+    while not stopping.is_set():
+        connection: asyncpg.Connection | None = None
+        try:
+            connection = await asyncpg.connect(dsn, timeout=10)
+            lost = asyncio.Event()
+            connection.add_termination_listener(lambda _, lost=lost: lost.set())
+            await connection.add_listener(CHANGES_CHANNEL, on_notification)
+            changed.set()
+            await lost.wait()
+        except Exception as error:  # noqa: BLE001 - periodic passes go on meanwhile
+            log.warning("%s: change feed: %r", name, error)
+        finally:
+            if connection is not None:
+                await connection.close(timeout=1)
+        await sleep_unless_stopped(stopping, retry_seconds)
 
 
 def record_to_dict(record: Any) -> dict[str, Any]:

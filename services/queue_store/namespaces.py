@@ -35,8 +35,7 @@ from lockgate import namespace_access as access
 from lockgate.max_queued import JobSetMaxQueued, stamped_annotations
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store, namespace_catalog
-from lockgate_adapters.postgres import CHANGES_CHANNEL
-from lockgate_adapters.retrying import sleep_unless_stopped
+from lockgate_adapters.postgres import watch_changes
 
 log = logging.getLogger(__name__)
 
@@ -303,22 +302,7 @@ class RoleReconciler:
         return failed
 
     async def _listen(self, stopping: asyncio.Event) -> None:
-        def on_notification(_: object, __: int, ___: str, payload: object) -> None:
-            if not payload or {"queues", namespace_catalog.TABLE} & set(str(payload).split(",")):
-                self._changed.set()
-
-        while not stopping.is_set():
-            connection: asyncpg.Connection | None = None
-            try:
-                connection = await asyncpg.connect(self._dsn, timeout=10)
-                lost = asyncio.Event()
-                connection.add_termination_listener(lambda _, lost=lost: lost.set())
-                await connection.add_listener(CHANGES_CHANNEL, on_notification)
-                self._changed.set()
-                await lost.wait()
-            except Exception as error:  # noqa: BLE001 - periodic passes go on meanwhile
-                log.warning("namespaces: change feed: %r", error)
-            finally:
-                if connection is not None:
-                    await connection.close(timeout=1)
-            await sleep_unless_stopped(stopping, min(self._resync, 5.0))
+        """Wake the loop on a change to `queues` or `ephemeral_namespaces`."""
+        await watch_changes(self._dsn, frozenset({"queues", namespace_catalog.TABLE}),
+                            self._changed, stopping, name="namespaces",
+                            retry_seconds=min(self._resync, 5.0))
