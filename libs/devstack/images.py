@@ -197,12 +197,14 @@ class Images:
             if rc != 0:
                 raise StackError(f"debootstrap failed (exit {rc}); log {log}:\n{tail(log)}")
             # The archive's ordinary sources, so `apt-get update` works inside builds.
-            tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."],
-                                   stdout=subprocess.PIPE)
-            done = subprocess.run(
-                ["docker", "import", "-", DEBIAN_IMAGE], stdin=tar.stdout, capture_output=True,
-                text=True, env={**os.environ, **self.engine.env()}, check=False)
-            tar.wait()
+            # The context manager closes our end of the pipe (an unclosed one is a
+            # ResourceWarning, an error under pytest) and waits for tar.
+            with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."],
+                                  stdout=subprocess.PIPE) as tar:
+                done = subprocess.run(
+                    ["docker", "import", "-", DEBIAN_IMAGE], stdin=tar.stdout,
+                    capture_output=True, text=True, env={**os.environ, **self.engine.env()},
+                    check=False)
             if done.returncode != 0 or tar.returncode != 0:
                 raise StackError(f"docker import of the Debian rootfs failed: {done.stderr}")
         self.say(f"made {DEBIAN_IMAGE} in {time.monotonic() - started:.0f} s")
