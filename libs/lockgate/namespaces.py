@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 
 class NamespaceState(StrEnum):
@@ -79,7 +80,7 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class NamespaceRecord:
-    """One row of `ephemeral_namespaces`, as far as collection reads and writes it."""
+    """One row of `ephemeral_namespaces`."""
 
     cluster: str
     name: str
@@ -94,6 +95,12 @@ class NamespaceRecord:
     attempts: int = 0
     next_attempt_at: datetime | None = None
     deleted_at: datetime | None = None
+    # What creation wrote and collection never changes: the coordinator ServiceAccount, the
+    # time to live, and the job set's maximum time queued (lockgate.max_queued.JobSetMaxQueued
+    # as JSON, stamped on the namespace for the webhook).
+    service_account: str = ""
+    ttl_seconds: int | None = None
+    max_queued: Mapping[str, Any] | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -1,17 +1,22 @@
-"""Postgres reads and writes of ephemeral namespaces' collection records and job-set cancels.
+"""Postgres reads and writes of ephemeral namespace records: their creation, their collection
+(migrations 005, 010) and job-set cancels.
 
-Why one module: a record and its history change together or not at all (the row and its
-transition in one statement pair, inside the caller's transaction), and every writer locks the
-row first, so several queue-store replicas never step on one record at once (`SKIP LOCKED`
-hands each due record to one of them).
+Creation (queue-store's admin API) writes the record before anything exists in the cluster, so
+whatever is made there is always recorded; the queue copies and the Role reconciler read the
+active ones, woken through the change feed (`TABLE`).
 
-A record's `serial` takes a new value on every change, like every other changed row, but the
-change feed lock is not taken for it: no reader follows these rows by serial, and collection
-must not wait on ingest. Cancelling a job set changes jobs, so that does take the lock.
+A record and its history change together or not at all (the row and its transition in one
+statement pair, inside the caller's transaction), and every collection writer locks the row
+first, so several queue-store replicas never step on one record at once (`SKIP LOCKED` hands each
+due record to one of them). A collected record's `serial` takes a new value like every other
+changed row, but the change feed lock is not taken for it: no reader follows these rows by
+serial, and collection must not wait on ingest. Cancelling a job set changes jobs, so that does
+take the lock.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -30,9 +35,13 @@ from lockgate.namespaces import (
 )
 from lockgate_adapters.postgres import AnyConnection, hold_change_feed_lock, notify_changes
 
+TABLE = "ephemeral_namespaces"
+CREATED_CAUSE = "created"
+
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 _RECORD_COLUMNS = ("cluster, name, queue, jobset, state, created_at, state_changed_at,"
-                   " expires_at, trigger, failure_reason, attempts, next_attempt_at, deleted_at")
+                   " expires_at, trigger, failure_reason, attempts, next_attempt_at, deleted_at,"
+                   " service_account, ttl_seconds, max_queued")
 _COLLECTING = [NamespaceState.EXPIRING.value, NamespaceState.DELETING.value,
                NamespaceState.FAILED.value]
 
@@ -42,28 +51,36 @@ def _record(row: asyncpg.Record) -> NamespaceRecord:
                               (c.strip() for c in _RECORD_COLUMNS.split(","))}
     values["state"] = NamespaceState(values["state"])
     values["trigger"] = Trigger(values["trigger"]) if values["trigger"] else None
+    if isinstance(values["max_queued"], str):
+        values["max_queued"] = json.loads(values["max_queued"])  # no jsonb codec on it
     return NamespaceRecord(**values)
 
 
-async def insert_active(connection: AnyConnection, *, cluster: str, name: str, queue: str,
+async def create_or_get(connection: AnyConnection, *, cluster: str, name: str, queue: str,
                         jobset: str, service_account: str, ttl_seconds: int | None,
-                        cause: str = "created") -> NamespaceRecord:
-    """A new active record and its creation transition (namespace creation's part; tests use
-    it to stand a record up without the creation path)."""
+                        max_queued: dict[str, Any] | None = None
+                        ) -> tuple[NamespaceRecord, bool]:
+    """The record of (cluster, name), created active with its "created" transition unless it
+    exists; returns it and whether this call created it (a retry finds the first one)."""
     async with connection.transaction():
         row = await connection.fetchrow(
-            f"INSERT INTO ephemeral_namespaces (cluster, name, queue, jobset, service_account,"  # noqa: S608
-            " state, ttl_seconds, expires_at)"
-            " VALUES ($1, $2, $3, $4, $5, 'active', $6::int,"
-            " CASE WHEN $6::int IS NULL THEN NULL ELSE now() + make_interval(secs => $6::int)"
-            f" END) RETURNING {_RECORD_COLUMNS}",
-            cluster, name, queue, jobset, service_account, ttl_seconds)
-        assert row is not None
+            "INSERT INTO ephemeral_namespaces (cluster, name, queue, jobset, service_account,"  # noqa: S608
+            " state, ttl_seconds, expires_at, max_queued) VALUES ($1, $2, $3, $4, $5, $6,"
+            " $7::integer, CASE WHEN $7::integer IS NULL THEN NULL"
+            " ELSE now() + make_interval(secs => $7::integer) END, $8::text::jsonb)"
+            f" ON CONFLICT (cluster, name) DO NOTHING RETURNING {_RECORD_COLUMNS}",
+            cluster, name, queue, jobset, service_account, NamespaceState.ACTIVE.value,
+            ttl_seconds, None if max_queued is None else json.dumps(max_queued))
+        if row is None:
+            existing = await get(connection, cluster, name)
+            assert existing is not None
+            return existing, False
         await connection.execute(
             "INSERT INTO ephemeral_namespace_transitions (cluster, name, from_state, to_state,"
-            " cause, at) VALUES ($1, $2, NULL, 'active', $3, $4)",
-            cluster, name, cause, row["created_at"])
-    return _record(row)
+            " cause, at) VALUES ($1, $2, NULL, $3, $4, $5)",
+            cluster, name, NamespaceState.ACTIVE.value, CREATED_CAUSE, row["created_at"])
+        await notify_changes(connection, TABLE)
+    return _record(row), True
 
 
 async def get(connection: AnyConnection, cluster: str, name: str, *,
@@ -72,6 +89,29 @@ async def get(connection: AnyConnection, cluster: str, name: str, *,
         f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
         " WHERE cluster = $1 AND name = $2" + (" FOR UPDATE" if lock else ""), cluster, name)
     return None if row is None else _record(row)
+
+
+async def list_records(connection: AnyConnection, *, queue: str | None = None,
+                       jobset: str | None = None, cluster: str | None = None,
+                       state: NamespaceState | None = None) -> list[NamespaceRecord]:
+    rows = await connection.fetch(
+        f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
+        " WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR jobset = $2)"
+        " AND ($3::text IS NULL OR cluster = $3) AND ($4::text IS NULL OR state = $4)"
+        " ORDER BY created_at, cluster, name", queue, jobset, cluster,
+        None if state is None else state.value)
+    return [_record(row) for row in rows]
+
+
+async def active_names_by_cluster(connection: AnyConnection) -> dict[str, dict[str, list[str]]]:
+    """cluster → queue → names of its active ephemeral namespaces there."""
+    rows = await connection.fetch(
+        "SELECT cluster, queue, name FROM ephemeral_namespaces WHERE state = $1"
+        " ORDER BY cluster, queue, name", NamespaceState.ACTIVE.value)
+    found: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        found.setdefault(row["cluster"], {}).setdefault(row["queue"], []).append(row["name"])
+    return found
 
 
 async def transitions(connection: AnyConnection, cluster: str,
@@ -203,29 +243,35 @@ async def cancellation(connection: AnyConnection, queue: str,
 
 
 def transition_json(t: Transition) -> dict[str, Any]:
-    return {"from": t.from_state.value if t.from_state else None, "to": t.to_state.value,
-            "cause": t.cause, "at": t.at.isoformat()}
+    return {"from_state": t.from_state.value if t.from_state else None,
+            "to_state": t.to_state.value, "cause": t.cause, "at": t.at.isoformat()}
 
 
 def record_json(r: NamespaceRecord) -> dict[str, Any]:
+    """A record as every admin API answer gives it."""
     def iso(value: datetime | None) -> str | None:
         return value.isoformat() if value else None
 
     return {"cluster": r.cluster, "name": r.name, "queue": r.queue, "jobset": r.jobset,
-            "state": r.state.value, "trigger": r.trigger.value if r.trigger else None,
+            "service_account": r.service_account, "state": r.state.value,
+            "ttl_seconds": r.ttl_seconds, "expires_at": iso(r.expires_at),
             "created_at": iso(r.created_at), "state_changed_at": iso(r.state_changed_at),
-            "expires_at": iso(r.expires_at), "failure_reason": r.failure_reason,
-            "attempts": r.attempts, "next_attempt_at": iso(r.next_attempt_at),
-            "deleted_at": iso(r.deleted_at)}
+            "trigger": r.trigger.value if r.trigger else None,
+            "failure_reason": r.failure_reason, "attempts": r.attempts,
+            "next_attempt_at": iso(r.next_attempt_at), "deleted_at": iso(r.deleted_at),
+            "max_queued": None if r.max_queued is None else dict(r.max_queued)}
 
 
 __all__: Sequence[str] = (
+    "TABLE",
+    "active_names_by_cluster",
     "active_with_facts",
     "cancel_jobs",
     "cancellation",
     "clusters_with_due",
+    "create_or_get",
     "get",
-    "insert_active",
+    "list_records",
     "lock_active_of_jobset",
     "lock_due",
     "of_jobset",

@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from lockgate import namespace_access as access
 from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
 from lockgate.max_queued import JobSetMaxQueued
-from lockgate_adapters import job_store, namespace_catalog
+from lockgate.namespaces import NamespaceRecord, NamespaceState
+from lockgate_adapters import job_store, namespace_store
 from queue_store.admin_api import ApiError, caller_of, json_object
 from queue_store.namespaces import (
     ClusterUnavailableError,
@@ -94,8 +95,8 @@ class NamespaceApi:
                                 f"uncordon it with 'lockgate queue uncordon {queue}'")
         name = access.namespace_name(queue=queue, jobset=jobset, prefix=self.prefix)
         async with self.pool.acquire() as connection:
-            existing = await namespace_catalog.get(connection, cluster=cluster, name=name)
-        if existing is not None and existing.state != namespace_catalog.ACTIVE:
+            existing = await namespace_store.get(connection, cluster, name)
+        if existing is not None and existing.state is not NamespaceState.ACTIVE:
             raise ApiError(409, f"job set {jobset!r} of queue {queue!r} already had namespace "
                                 f"{name} in cluster {cluster}, now {existing.state}"
                                 f"{' (' + existing.trigger + ')' if existing.trigger else ''}; "
@@ -105,7 +106,7 @@ class NamespaceApi:
                 await self.keeper.check_free(cluster=cluster, name=name, queue=queue,
                                              jobset=jobset)
             async with self.pool.acquire() as connection:
-                record, created = await namespace_catalog.create_or_get(
+                record, created = await namespace_store.create_or_get(
                     connection, cluster=cluster, name=name, queue=queue, jobset=jobset,
                     service_account=access.COORDINATOR, ttl_seconds=ttl,
                     max_queued=None if max_queued is None else max_queued.model_dump(mode="json"))
@@ -127,16 +128,21 @@ class NamespaceApi:
 
     async def list(self, request: web.Request) -> web.Response:
         query = request.query
+        state = query.get("state") or None
+        if state is not None and state not in {s.value for s in NamespaceState}:
+            raise ApiError(400, f"unknown state {state!r}: use one of "
+                                + ", ".join(s.value for s in NamespaceState))
         async with self.pool.acquire() as connection:
-            records = await namespace_catalog.list_records(
+            records = await namespace_store.list_records(
                 connection, queue=query.get("queue") or None, jobset=query.get("jobset") or None,
-                cluster=query.get("cluster") or None, state=query.get("state") or None)
-        return web.json_response({"namespaces": [r.json() for r in records]})
+                cluster=query.get("cluster") or None,
+                state=None if state is None else NamespaceState(state))
+        return web.json_response({"namespaces": [namespace_store.record_json(r) for r in records]})
 
-    async def _record(self, request: web.Request) -> namespace_catalog.EphemeralNamespace:
+    async def _record(self, request: web.Request) -> NamespaceRecord:
         cluster, name = request.match_info["cluster"], request.match_info["name"]
         async with self.pool.acquire() as connection:
-            record = await namespace_catalog.get(connection, cluster=cluster, name=name)
+            record = await namespace_store.get(connection, cluster, name)
         if record is None:
             raise ApiError(404, f"no ephemeral namespace {name} in cluster {cluster}; "
                                 "see 'lockgate namespace list'")
@@ -145,18 +151,18 @@ class NamespaceApi:
     async def describe(self, request: web.Request) -> web.Response:
         record = await self._record(request)
         async with self.pool.acquire() as connection:
-            history = await namespace_catalog.transitions(connection, cluster=record.cluster,
-                                                        name=record.name)
+            history = await namespace_store.transitions(connection, record.cluster,
+                                                      record.name)
             spec = await job_store.get_queue(connection, record.queue)
         return web.json_response({
-            **record.json(),
+            **namespace_store.record_json(record),
             "allowed_kinds": list(spec.effective_allowed_kinds) if spec else None,
-            "transitions": [t.json() for t in history],
+            "transitions": [namespace_store.transition_json(t) for t in history],
         })
 
     async def token(self, request: web.Request) -> web.Response:
         record = await self._record(request)
-        if record.state != namespace_catalog.ACTIVE:
+        if record.state is not NamespaceState.ACTIVE:
             raise ApiError(409, f"namespace {record.name} in cluster {record.cluster} is "
                                 f"{record.state}: no new tokens")
         self._cluster(record.cluster)
@@ -183,10 +189,10 @@ def _max_queued(value: object) -> JobSetMaxQueued | None:
                        ) from error
 
 
-def _with_credentials(record: namespace_catalog.EphemeralNamespace,
+def _with_credentials(record: NamespaceRecord,
                       credentials: CoordinatorCredentials) -> dict[str, Any]:
     return {
-        "namespace": record.json(),
+        "namespace": namespace_store.record_json(record),
         "token": credentials.token,
         "token_expires_at": (credentials.expires_at.isoformat()
                              if credentials.expires_at else None),

@@ -33,8 +33,9 @@ from prometheus_client import Counter
 
 from lockgate import namespace_access as access
 from lockgate.max_queued import JobSetMaxQueued, stamped_annotations
+from lockgate.namespaces import NamespaceRecord, NamespaceState
 from lockgate.queues import QueueSpec
-from lockgate_adapters import job_store, namespace_catalog
+from lockgate_adapters import job_store, namespace_store
 from lockgate_adapters.postgres import watch_changes
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class NamespaceKeeper:
                 f"namespace {name} already exists in cluster {cluster} and was not made by "
                 f"lockgate for queue {queue}, job set {jobset}; delete it or use another job set")
 
-    async def ensure(self, record: namespace_catalog.EphemeralNamespace, spec: QueueSpec) -> None:
+    async def ensure(self, record: NamespaceRecord, spec: QueueSpec) -> None:
         """Create what is missing and correct what differs; raises ClusterUnavailableError."""
         try:
             await self._ensure(record, spec)
@@ -130,7 +131,7 @@ class NamespaceKeeper:
                 raise _unavailable(record.cluster, error) from error
             raise
 
-    async def _ensure(self, record: namespace_catalog.EphemeralNamespace, spec: QueueSpec) -> None:
+    async def _ensure(self, record: NamespaceRecord, spec: QueueSpec) -> None:
         api = self.apis[record.cluster]
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         name, kinds = record.name, spec.effective_allowed_kinds
@@ -211,7 +212,7 @@ class NamespaceKeeper:
             if error.status != 409:
                 raise
 
-    async def credentials(self, record: namespace_catalog.EphemeralNamespace,
+    async def credentials(self, record: NamespaceRecord,
                           ttl_seconds: int | None) -> CoordinatorCredentials:
         """A fresh token of the coordinator's ServiceAccount (TokenRequest), bounded by the
         configured lifetime and by the namespace's TTL, and a kubeconfig holding it."""
@@ -280,8 +281,8 @@ class RoleReconciler:
         """One pass; returns how many namespaces failed (retried soon)."""
         try:
             async with self._pool.acquire() as connection:
-                records = await namespace_catalog.list_records(connection,
-                                                             state=namespace_catalog.ACTIVE)
+                records = await namespace_store.list_records(connection,
+                                                           state=NamespaceState.ACTIVE)
                 queues = {q.name: q for q in await job_store.list_queues(connection)}
         except Exception as error:  # noqa: BLE001 - Postgres down: retried at the next pass
             log.warning("namespaces: cannot read records: %r", error)
@@ -303,6 +304,6 @@ class RoleReconciler:
 
     async def _listen(self, stopping: asyncio.Event) -> None:
         """Wake the loop on a change to `queues` or `ephemeral_namespaces`."""
-        await watch_changes(self._dsn, frozenset({"queues", namespace_catalog.TABLE}),
+        await watch_changes(self._dsn, frozenset({"queues", namespace_store.TABLE}),
                             self._changed, stopping, name="namespaces",
                             retry_seconds=min(self._resync, 5.0))

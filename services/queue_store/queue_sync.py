@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge
 
 from lockgate import queue_copies
 from lockgate.queues import QueueSpec
-from lockgate_adapters import job_store, namespace_catalog
+from lockgate_adapters import job_store, namespace_store
 from lockgate_adapters.postgres import watch_changes
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
@@ -87,7 +87,7 @@ class QueueSync:
         try:
             async with self._pool.acquire() as connection:
                 queues = await job_store.list_queues(connection)
-                ephemeral = await namespace_catalog.active_names_by_cluster(connection)
+                ephemeral = await namespace_store.active_names_by_cluster(connection)
         except Exception as error:  # noqa: BLE001 - Postgres down: the copies stay as they are
             log.warning("queue sync: cannot read queues: %r", error)
             return dict.fromkeys(self._apis, f"postgres: {error!r}")
@@ -154,7 +154,7 @@ class QueueSync:
 
     async def _listen(self, stopping: asyncio.Event) -> None:
         """Wake the loop on a change to `queues` or `ephemeral_namespaces`."""
-        await watch_changes(self._dsn, frozenset({"queues", namespace_catalog.TABLE}),
+        await watch_changes(self._dsn, frozenset({"queues", namespace_store.TABLE}),
                             self._changed, stopping, name="queue sync",
                             retry_seconds=min(self._resync, 5.0))
 

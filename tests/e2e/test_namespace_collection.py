@@ -155,7 +155,7 @@ async def ephemeral(run: Run, cluster: str, name: str, jobset: str, *,
     run.namespaces.created.append((cluster, name))
     await wait_for_default_service_account(core, name)
     async with run.pool.acquire() as connection:
-        await namespace_store.insert_active(
+        await namespace_store.create_or_get(
             connection, cluster=cluster, name=name, queue=QUEUE, jobset=jobset,
             service_account="coordinator", ttl_seconds=ttl_seconds)
     return name
