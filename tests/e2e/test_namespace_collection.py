@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -291,6 +292,16 @@ async def test_a_namespace_whose_ttl_passed_is_collected(run: Run) -> None:
     assert await gone(run, ALIAS_A, name)
     assert states(await history(run, ALIAS_A, name)) == [
         "active", "expiring", "deleting", "deleted"]
+    # Every admin API answer gives the record in one shape: describe, and delete once collected.
+    described = json.loads(run.cli("namespace", "describe", f"{ALIAS_A}/{name}", "-o", "json"))
+    again = json.loads(run.cli("namespace", "delete", f"{ALIAS_A}/{name}", "-o", "json"))
+    assert {k: v for k, v in described.items()
+            if k not in ("allowed_kinds", "transitions")} == again
+    assert (again["state"], again["ttl_seconds"], again["service_account"]) == (
+        "deleted", 3, "coordinator")
+    assert [(t["from_state"], t["to_state"]) for t in described["transitions"]] == [
+        (None, "active"), ("active", "expiring"), ("expiring", "deleting"),
+        ("deleting", "deleted")]
 
 
 async def test_a_finished_job_set_s_namespace_is_collected_after_the_grace(run: Run) -> None:
