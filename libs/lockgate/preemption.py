@@ -161,6 +161,8 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
 
 def _units(state: SchedulerState, result: RoundResult, queue: str,
            entries: list[tuple[int, float, str]], where: set[str], limit: int) -> list[_Unit]:
+    """The queue's units in the heap entries given (sorted: release order), fresh entries only,
+    up to the `limit`-th candidate."""
     jobs = state._jobs
     seen: set[str] = set()
     seen_groups: set[GroupKey] = set()
@@ -199,12 +201,13 @@ def _waits_for_room_only(state: SchedulerState, result: RoundResult, key: GroupK
     status = state._groups.status(key)
     if status is None or not status.complete:
         return False
-    members = [state._jobs[member] for member in state._groups.queued_members(key)]
+    member_ids = state._groups.queued_members(key)
+    members = [state._jobs[member] for member in member_ids]
     if any(member.parked for member in members):
         return False
-    if any(result.skipped_jobs.get(member_id, SkipReason.NO_NODE_WITH_ROOM)
-           is not SkipReason.NO_NODE_WITH_ROOM
-           for member_id in state._groups.queued_members(key)):
+    # A member the round did not look at (lookback, set aside) has no reason: room it is.
+    if any(result.skipped_jobs.get(member, SkipReason.NO_NODE_WITH_ROOM)
+           is not SkipReason.NO_NODE_WITH_ROOM for member in member_ids):
         return False
     queue = state._queues[key[1]]
     if queue.limit_pairs:

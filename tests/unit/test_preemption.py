@@ -160,8 +160,7 @@ def test_a_group_below_its_share_gets_room_for_every_member_and_then_runs_whole(
     released = run_round(state)
     # Whole, in one round; a's new pods wait.
     assert sorted(d.job_id for d in released.decisions) == sorted(members)
-    assert all(state.job(job.job_id).state is JobState.QUEUED  # type: ignore[union-attr]
-               for job in recreated)
+    assert state.queue_usage("a").queued_jobs == len(recreated) == 4
     assert not state.groups().reserved
 
 
@@ -271,13 +270,14 @@ def test_no_ping_pong_for_groups_over_repeated_rounds() -> None:
 def test_a_cluster_reserved_for_another_queues_group_is_not_preempted_into() -> None:
     # c (holding nothing) is cheaper than b (holding one pod): c's group is planned first and
     # reserves the cluster; room freed there for b's pods would go to c's group, so none is.
-    running = _a_fills(4)[:-1] + [a_job("b").running_on("node-4").build()]
+    running = [*_a_fills(4)[:-1], a_job("b").running_on("node-4").build()]
     state = (a_state().with_queues("a", "b", "c")
              .with_cluster("cluster-a", a_node(cpu="4").times(4))
              .with_jobs(running, _gang(2, queue="c", cpu="2"), a_job("b").times(2)).build())
     result = run_round(state)
-    assert {state.job(j).queue for j, reason in result.skipped_jobs.items()  # type: ignore[union-attr]
-            if reason is SkipReason.NO_NODE_WITH_ROOM} == {"b", "c"}
+    no_room = [j for j, reason in result.skipped_jobs.items()
+               if reason is SkipReason.NO_NODE_WITH_ROOM]
+    assert {job.queue for job in map(state.job, no_room) if job is not None} == {"b", "c"}
     evictions = plan_evictions(state, result, policy=POLICY, evicting=())
     assert len(evictions) == 4 and {e.for_queue for e in evictions} == {"c"}
     assert state.groups().reserved == {"cluster-a": ("cluster-a", "c", "ns/g")}
