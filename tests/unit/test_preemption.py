@@ -164,6 +164,21 @@ def test_a_group_below_its_share_gets_room_for_every_member_and_then_runs_whole(
     assert not state.groups().reserved
 
 
+def test_room_freed_for_a_group_is_not_taken_by_small_pods_that_arrive_meanwhile() -> None:
+    state = (a_state().with_queues("a", "b", "c")
+             .with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(_a_fills(2), _gang(2, cpu="2")).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 4
+    # c's small pods arrive while the victims terminate: each is cheaper than b's whole group,
+    # so without the reservation they would take the freed room first.
+    state.upsert_jobs(a_job("c").times(4))
+    carry_out(state, evictions)
+    result = run_round(state)
+    assert released_per_queue(result) == {"b": 2}
+    assert set(result.queues["c"].skipped) == {SkipReason.RESERVED_FOR_GROUP}
+
+
 def test_a_group_that_cannot_be_made_to_fit_evicts_nothing_and_changes_nothing() -> None:
     # Two members of 4 cpu need two whole nodes; only node-1 holds nothing but preemptible pods
     # (each other node has one that is not): no room for the second member, so nothing at all.
