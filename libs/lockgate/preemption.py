@@ -15,6 +15,8 @@ filling equalises: pods V of queues A may be evicted for J only if
   1. B is below its adjusted fair share and stays at or below it with J;
   2. no A drops below its adjusted fair share without its pods in V;
   3. cost(B with J) <= cost(A without V_A)   (each eviction of a batch judged cumulatively);
+     for a single pod, also cost(B with U) for each unit U before J that gets no room: the
+     round ranks B by them before it reaches J;
   4. V is preemptible, runs (bound to a node) in J's cluster, is not B's, and V makes room for
      J: a single pod on one node; a group all at once, every member on some node (largest
      first, first fit, as the round places groups), or nothing at all is evicted for it.
