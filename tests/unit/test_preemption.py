@@ -16,6 +16,7 @@ from builders import a_job, a_node, a_queue, a_state, released_per_queue
 
 from lockgate.fairness import RoundResult, SkipReason, schedule_round
 from lockgate.jobs import JobState
+from lockgate.placement import placement_of_pod
 from lockgate.preemption import Eviction, PreemptionPolicy, _Planner, plan_evictions
 from lockgate.scheduling import SchedJob, SchedulerState
 
@@ -237,6 +238,19 @@ def test_a_group_of_a_queue_at_its_share_or_one_it_would_pass_never_preempts() -
              .with_jobs(_a_fills(2), _gang(6)).build())
     assert plan_evictions(state, run_round(state), policy=POLICY, evicting=()) == []
     assert not state.groups().reserved
+
+
+def test_a_group_evicts_only_on_nodes_its_members_may_land_on() -> None:
+    ssd = placement_of_pod({"nodeSelector": {"disk": "ssd"}})
+    nodes = {"node-1": a_node(cpu="4").build(),
+             "node-2": replace(a_node(cpu="4").build(), labels={"disk": "ssd"})}
+    members = [replace(job, placement=ssd) for job in _gang(2)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", nodes)
+             .with_jobs(_a_fills(2), members).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert [e.node for e in evictions] == ["node-2", "node-2"]
+    carry_out(state, evictions)
+    assert {d.node_hint for d in run_round(state).decisions} == {"node-2"}
 
 
 def test_evictions_in_flight_for_a_group_are_not_repeated() -> None:
