@@ -433,7 +433,7 @@ class _Planner:
         candidates.sort(key=lambda item: (-self.cost(item[1].queue, alloc[item[1].queue]),
                                           item[1].priority, -item[1].created_at, item[0]))
         freed = room[:]
-        trial = {name: vector[:] for name, vector in alloc.items()}
+        trial: dict[str, list[int]] = {}  # the victims' queues' allocations, as chosen so far
         chosen: list[tuple[str, _Job]] = []
         for victim_id, victim in candidates:
             if _fits(freed, shape):
@@ -441,7 +441,7 @@ class _Planner:
             short = [axis for axis, amount in shape.pairs if freed[axis] < amount]
             if not any(axis in short for axis, _ in victim.shape.pairs):
                 continue  # would not help
-            without = _minus(trial[victim.queue], victim.shape)
+            without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
             if self.share(victim.queue, without) < self.fair.get(victim.queue, 0.0) - _EPSILON:
                 continue  # rule 2: never below its own fair share
             if self.cost(victim.queue, without) < preemptor_cost - _EPSILON:
