@@ -137,7 +137,8 @@ class GroupIndex:
     """Unfinished members of every group, kept current by `SchedulerState` change by change.
 
     Also holds the reservations: a cluster reserved for a group releases nothing else until the
-    group is released or gone (see `lockgate.fairness` and docs/scheduling.md, "Gangs").
+    group is released or gone (see `lockgate.fairness` and docs/scheduling.md, "Gangs"). The
+    round reserves for a group that aged; `lockgate.preemption` for one it planned room for.
     """
 
     def __init__(self) -> None:

@@ -7,22 +7,30 @@ capacity that never comes back. With it, running pods marked preemptible (the po
 `lockgate.io/preemptible=true`, or a priority class the operator lists) may be evicted, that is
 deleted; their controller creates them again, gated, and they queue again.
 
-The rule (compare Kueue's `LessThanOrEqualToFinalShare`), with cost = dominant share / weight,
-the quantity progressive filling equalises: a pod V of queue A may be evicted for a pod J of
-queue B only if
+A waiting *unit* J of queue B is a single pod, or a complete pod group (lockgate.groups) judged
+as one: J is then the sum of its queued members. The rule (compare Kueue's
+`LessThanOrEqualToFinalShare`), with cost = dominant share / weight, the quantity progressive
+filling equalises: pods V of queues A may be evicted for J only if
 
   1. B is below its adjusted fair share and stays at or below it with J;
-  2. A does not drop below its adjusted fair share without V;
-  3. cost(B with J) <= cost(A without V)   (each eviction of a batch judged cumulatively);
-  4. V is preemptible, runs (bound to a node) in J's cluster, and the victims chosen on one
-     node make room there for J; J is a single pod (groups are not preempted for).
+  2. no A drops below its adjusted fair share without its pods in V;
+  3. cost(B with J) <= cost(A without V_A)   (each eviction of a batch judged cumulatively);
+     for a single pod, also cost(B with U) for each unit U before J that gets no room: the
+     round ranks B by them before it reaches J;
+  4. V is preemptible, runs (bound to a node) in J's cluster, is not B's, and V makes room for
+     J: a single pod on one node; a group all at once, every member on some node (largest
+     first, first fit, as the round places groups), or nothing at all is evicted for it.
 
 Rule 3 is the no-thrash invariant; docs/scheduling.md ("Preemption") proves that it rules out
-evicting back and forth, and that in a closed system every run of evictions ends.
+evicting back and forth, and that in a closed system every run of evictions ends. Room freed for
+a group must reach the group, not the small pods of other queues in the next rounds: the planner
+reserves the group's cluster for it (`GroupIndex.reserved`, as an aged group reserves) as soon as
+it plans room for it, so the round releases nothing else there until the group goes.
 
 Pure: the caller passes the state after a round, that round's result (which jobs found no
 room), and the jobs already being evicted (still running until their deletion is observed: they
-are counted as gone, so a later round does not evict again for the same need).
+are counted as gone, so a later round does not evict again for the same need). Its only effect
+on the state is those reservations.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from lockgate.fairness import RoundResult, SkipReason, fair_shares
+from lockgate.groups import GroupKey
 from lockgate.jobs import JobState
 from lockgate.labels import PREEMPTIBLE_LABEL
+from lockgate.placement import can_land
 from lockgate.scheduling import SchedulerState, _Job, _Shape
 
 __all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
@@ -51,7 +61,8 @@ class PreemptionPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    """Delete `job_id` (queue `queue`, on `node`) to make room for `for_job` of `for_queue`."""
+    """Delete `job_id` (queue `queue`, on `node`) to make room for `for_job` of `for_queue`
+    (for a pod group, `for_job` is its first member and `for_group` names the group)."""
 
     job_id: str
     queue: str
@@ -66,15 +77,32 @@ class Eviction:
     victim_fair_share: float
     preemptor_share: float
     preemptor_fair_share: float
+    for_group: str | None = None  # "<namespace>/<name>"
+    for_group_size: int = 0  # its queued members, all of which the evictions make room for
 
     @property
     def message(self) -> str:
+        waiting = ("a pod" if self.for_group is None else
+                   f"a pod group {self.for_group!r} of {self.for_group_size} pods")
         return (
             f"preempted by lockgate to fair share: queue {self.queue!r} holds "
             f"{self.victim_share:.1%} of the pool (fair share {self.victim_fair_share:.1%}); "
             f"queue {self.for_queue!r} holds {self.preemptor_share:.1%} (fair share "
-            f"{self.preemptor_fair_share:.1%}) and has a pod waiting for this room. The pod's "
-            f"controller may create it again; it then waits in queue {self.queue!r}.")
+            f"{self.preemptor_fair_share:.1%}) and has {waiting} waiting for this room. The "
+            f"pod's controller may create it again; it then waits in queue {self.queue!r}.")
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """What a queue has waiting, in release order: a single pod, or a whole group (at its first
+    member). Only a *candidate* may be preempted for: it waits where the round found no room,
+    and for nothing but room. The others still count, for what the round ranks the queue by
+    before it reaches a candidate (see `_Planner.plan`)."""
+
+    job_id: str
+    group: GroupKey | None
+    candidate: bool
+    request: list[int]  # the pod's requests, or the sum of the group's queued members
 
 
 def is_preemptible(job: _Job, policy: PreemptionPolicy) -> bool:
@@ -84,9 +112,10 @@ def is_preemptible(job: _Job, policy: PreemptionPolicy) -> bool:
 
 def plan_evictions(state: SchedulerState, result: RoundResult, *, policy: PreemptionPolicy,
                    evicting: Collection[str]) -> list[Eviction]:
-    """Evictions that would let queues below their fair share run their waiting pods.
+    """Evictions that would let queues below their fair share run their waiting pods and
+    groups; reserves the cluster of each group it plans room for (see the module docstring).
 
-    Costs O(jobs) when some queue below its fair share has a pod that found no room (to index
+    Costs O(jobs) when some queue below its fair share has a unit that found no room (to index
     running pods by node), nothing otherwise.
     """
     if policy.max_evictions_per_round <= 0:
@@ -98,9 +127,14 @@ def plan_evictions(state: SchedulerState, result: RoundResult, *, policy: Preemp
 
 
 def _waiting_for_room(state: SchedulerState, result: RoundResult,
-                      limit: int) -> dict[str, list[str]]:
-    """Per queue, the first `limit` single pods waiting in clusters where the round found no
-    room for one of its pods (or set the cluster aside for it), in release order."""
+                      limit: int) -> dict[str, list[_Unit]]:
+    """Per queue that has a unit waiting for room, its units in release order over all its
+    clusters, up to its `limit`-th candidate.
+
+    A unit is a candidate when it waits in a cluster where the round found no room for one of
+    the queue's pods (or set the cluster aside for it, or the cluster is reserved for one of its
+    groups), and, for a group, when it is complete and only room keeps it waiting.
+    """
     jobs = state._jobs
     clusters: dict[str, set[str]] = {}
     for job_id, reason in result.skipped_jobs.items():
@@ -110,32 +144,81 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
     for name, report in result.queues.items():
         if report.set_aside:
             clusters.setdefault(name, set()).update(report.set_aside)
-    waiting: dict[str, list[str]] = {}
+    for cluster_name, key in state._groups.reserved.items():
+        clusters.setdefault(key[1], set()).add(cluster_name)
+    waiting: dict[str, list[_Unit]] = {}
     for name, where in clusters.items():
         queue = state._queues.get(name)
         if queue is None:
             continue
         entries = []
-        for cluster in where:
-            pending = queue.pending.get(cluster)
-            if pending is not None:
-                # Stale entries are filtered below; twice the limit leaves room for them.
-                entries += heapq.nsmallest(2 * limit + 16, pending.heap)
-        seen: set[str] = set()
-        picked: list[str] = []
-        for priority, created_at, job_id in sorted(entries):
-            job = jobs.get(job_id)
-            if (job_id in seen or job is None or job.state is not JobState.QUEUED
-                    or job.parked or job.group is not None or job.queue != name
-                    or job.priority != -priority or job.created_at != created_at):
-                continue
-            seen.add(job_id)
-            picked.append(job_id)
-            if len(picked) >= limit:
-                break
-        if picked:
-            waiting[name] = picked
+        for pending in queue.pending.values():
+            # Stale entries are filtered below; twice the limit leaves room for them.
+            entries += heapq.nsmallest(2 * limit + 16, pending.heap)
+        units = _units(state, result, name, sorted(entries), where, limit)
+        if any(unit.candidate for unit in units):
+            waiting[name] = units
     return waiting
+
+
+def _units(state: SchedulerState, result: RoundResult, queue: str,
+           entries: list[tuple[int, float, str]], where: set[str], limit: int) -> list[_Unit]:
+    """The queue's units in the heap entries given (sorted: release order), fresh entries only,
+    up to the `limit`-th candidate."""
+    jobs = state._jobs
+    seen: set[str] = set()
+    seen_groups: set[GroupKey] = set()
+    units: list[_Unit] = []
+    candidates = 0
+    for priority, created_at, job_id in entries:
+        job = jobs.get(job_id)
+        if (job_id in seen or job is None or job.state is not JobState.QUEUED
+                or job.parked or job.queue != queue
+                or job.priority != -priority or job.created_at != created_at):
+            continue
+        seen.add(job_id)
+        if job.group is None:
+            candidate = job.cluster in where
+            units.append(_Unit(job_id, None, candidate, _plus([0] * len(state._pool_total),
+                                                              job.shape)))
+        else:
+            key = (job.cluster, job.queue, job.group)
+            if key in seen_groups:
+                continue  # a later member of a group already listed
+            seen_groups.add(key)
+            candidate = job.cluster in where and _waits_for_room_only(state, result, key)
+            request = [0] * len(state._pool_total)
+            for member in state._groups.queued_members(key):
+                _add(request, jobs[member].shape)
+            units.append(_Unit(job_id, key, candidate, request))
+        candidates += candidate
+        if candidates >= limit:
+            break
+    return units
+
+
+def _waits_for_room_only(state: SchedulerState, result: RoundResult, key: GroupKey) -> bool:
+    """Whether a group waits for nothing but room: complete, no member parked as too big, within
+    its queue's limits, and not turned down this round for another reason."""
+    status = state._groups.status(key)
+    if status is None or not status.complete:
+        return False
+    member_ids = state._groups.queued_members(key)
+    members = [state._jobs[member] for member in member_ids]
+    if any(member.parked for member in members):
+        return False
+    # A member the round did not look at (lookback, set aside) has no reason: room it is.
+    if any(result.skipped_jobs.get(member, SkipReason.NO_NODE_WITH_ROOM)
+           is not SkipReason.NO_NODE_WITH_ROOM for member in member_ids):
+        return False
+    queue = state._queues[key[1]]
+    if queue.limit_pairs:
+        total = queue.allocation[:]
+        for member in members:
+            _add(total, member.shape)
+        if any(total[axis] > limit for axis, limit in queue.limit_pairs):
+            return False
+    return True
 
 
 class _Planner:
@@ -157,6 +240,7 @@ class _Planner:
             job = jobs.get(job_id)
             if job is not None and job.state is not JobState.QUEUED:
                 _subtract(self.alloc[job.queue], job.shape)  # as good as gone
+        self.reserved = state._groups.reserved
 
     def share(self, queue: str, vector: list[int] | None = None) -> float:
         vector = self.alloc[queue] if vector is None else vector
@@ -165,7 +249,7 @@ class _Planner:
     def cost(self, queue: str, vector: list[int] | None = None) -> float:
         return self.share(queue, vector) * self.factor[queue]
 
-    def plan(self, waiting: dict[str, list[str]]) -> list[Eviction]:
+    def plan(self, waiting: dict[str, list[_Unit]]) -> list[Eviction]:
         state = self.state
         preemptors = [
             name for name in waiting
@@ -175,69 +259,181 @@ class _Planner:
         evictions: list[Eviction] = []
         limit = self.policy.max_evictions_per_round
         for name in preemptors:
-            for job_id in waiting[name]:
+            # The round ranks a queue by its next unit, whether or not that unit can go (a
+            # group that is incomplete, or that nothing can make room for, included). Room
+            # freed for a single pod reaches it only if the queue is ranked no higher than the
+            # victims' queues all the way to it: rule 3 holds for the units before it too.
+            ranked = 0.0
+            for unit in waiting[name]:
                 if len(evictions) >= limit:
                     return evictions
-                job = state._jobs[job_id]
-                with_job = _plus(self.alloc[name], job.shape)
-                if self.share(name, with_job) > self.fair[name] + _EPSILON:
-                    break  # the queue would pass its fair share: nothing more to free for it
-                found = self._make_room(name, job_id, job, limit - len(evictions))
-                if found is None:
+                with_unit = [a + b for a, b in zip(self.alloc[name], unit.request, strict=True)]
+                cost = self.cost(name, with_unit)
+                if not unit.candidate:
+                    ranked = max(ranked, cost)
                     continue
-                self.alloc[name] = with_job
+                if unit.group is not None:
+                    # Its cluster is reserved for it once room is planned: the ranking does
+                    # not matter. One too large for its queue's fair share is passed over (it
+                    # can never be preempted for); the queue's later units may still be.
+                    found = self._make_room_for_group(name, unit.job_id, unit.group,
+                                                      limit - len(evictions))
+                    if found is None:
+                        ranked = max(ranked, cost)
+                    else:
+                        evictions.extend(found)
+                    continue
+                if self.share(name, with_unit) > self.fair[name] + _EPSILON:
+                    break  # the queue would pass its fair share: nothing more to free for it
+                job = state._jobs[unit.job_id]
+                holder = self.reserved.get(job.cluster)
+                found = None
+                if holder is None or holder[1] == name:  # else room would go to that group
+                    found = self._make_room(name, unit.job_id, job, limit - len(evictions),
+                                            max(ranked, cost))
+                if found is None:
+                    ranked = max(ranked, cost)
+                    continue
+                self.alloc[name] = with_unit
                 evictions.extend(found)
         return evictions
 
-    def _make_room(self, queue: str, job_id: str, job: _Job,
-                   budget: int) -> list[Eviction] | None:
+    def _make_room(self, queue: str, job_id: str, job: _Job, budget: int,
+                   preemptor_cost: float) -> list[Eviction] | None:
         """Evictions that make room for `job` on one node (empty if room is already free), and
-        take that room for it; None when no node can be freed by the rule."""
+        take that room for it; None when no node can be freed by the rule, with victims' costs
+        kept at or above `preemptor_cost`."""
         rooms = self._rooms(job.cluster)
         if rooms is None:
             return None
         shape = job.shape
-        for room in rooms.values():
+        nodes = self._nodes_for(job.cluster, shape, rooms)
+        for node in nodes:
+            room = rooms[node]
             if _fits(room, shape):
                 _take(room, shape)  # freed already (earlier evictions in flight), or free
                 return []
-        preemptor_cost = self.cost(queue, _plus(self.alloc[queue], shape))
-        for node, room in rooms.items():
-            chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost)
+        for node in nodes:
+            room = rooms[node]
+            chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
+                                      self.alloc, ())
             if chosen is None or len(chosen) > budget:
                 continue
-            evictions = []
-            for victim_id, victim in chosen:
-                before = self.share(victim.queue)
-                _subtract(self.alloc[victim.queue], victim.shape)
+            evictions = self._record([(victim_id, victim, node) for victim_id, victim in chosen],
+                                     cluster=job.cluster, for_job=job_id, for_queue=queue,
+                                     preemptor_cost=preemptor_cost)
+            for _, victim in chosen:
                 _add(room, victim.shape)
-                self.evicting.add(victim_id)
-                evictions.append(Eviction(
-                    job_id=victim_id, queue=victim.queue, cluster=job.cluster, node=node,
-                    for_job=job_id, for_queue=queue,
-                    victim_cost_after=self.cost(victim.queue),
-                    preemptor_cost_after=preemptor_cost,
-                    victim_share=before, victim_fair_share=self.fair.get(victim.queue, 0.0),
-                    preemptor_share=self.share(queue),
-                    preemptor_fair_share=self.fair[queue]))
             _take(room, shape)
             return evictions
         return None
 
+    def _make_room_for_group(self, queue: str, first_id: str, key: GroupKey,
+                             budget: int) -> list[Eviction] | None:
+        """Evictions that make room for every queued member of a group at once (empty if the
+        room is already free), and take that room for them; None, with nothing changed, when
+        the rule cannot make all of them fit or it would take more than `budget` evictions.
+
+        On success the group's cluster is reserved for it, so the room reaches it.
+        """
+        cluster = key[0]
+        holder = self.reserved.get(cluster)
+        if holder is not None and holder != key:
+            return None  # one reservation per cluster: room freed there goes to that group
+        rooms = self._rooms(cluster)
+        if rooms is None:
+            return None
+        jobs = self.state._jobs
+        members = [jobs[member] for member in self.state._groups.queued_members(key)]
+        with_group = self.alloc[queue][:]
+        for member in members:
+            _add(with_group, member.shape)
+        if self.share(queue, with_group) > self.fair[queue] + _EPSILON:
+            return None  # rule 1, with J the whole group
+        preemptor_cost = self.cost(queue, with_group)
+        # Worked on copies: a group that cannot be made to fit leaves everything as it was.
+        trial_rooms = {node: room[:] for node, room in rooms.items()}
+        trial_alloc = {name: vector[:] for name, vector in self.alloc.items()}
+        taken: set[str] = set()
+        chosen: list[tuple[str, _Job, str]] = []
+        inverse = self.state.fairness_inverse()
+        # Largest first, as the round places a group (a stable sort keeps ties in order).
+        for member in sorted(members, reverse=True,
+                             key=lambda m: _dominant_pairs(m.shape, inverse)):
+            shape = member.shape
+            nodes = self._nodes_for(cluster, shape, trial_rooms)
+            node = next((node for node in nodes if _fits(trial_rooms[node], shape)), None)
+            if node is None:
+                for candidate in nodes:
+                    victims = self._victims_on(cluster, candidate, queue, shape,
+                                               trial_rooms[candidate], preemptor_cost,
+                                               trial_alloc, taken)
+                    if victims is None or len(chosen) + len(victims) > budget:
+                        continue
+                    for victim_id, victim in victims:
+                        _subtract(trial_alloc[victim.queue], victim.shape)
+                        _add(trial_rooms[candidate], victim.shape)
+                        taken.add(victim_id)
+                        chosen.append((victim_id, victim, candidate))
+                    node = candidate
+                    break
+                else:
+                    return None  # all or nothing: this member cannot be made to fit
+            _take(trial_rooms[node], shape)
+        evictions = self._record(chosen, cluster=cluster, for_job=first_id, for_queue=queue,
+                                 preemptor_cost=preemptor_cost, group=key[2],
+                                 size=len(members))
+        for node, room in trial_rooms.items():
+            rooms[node][:] = room
+        self.alloc[queue] = with_group
+        self.reserved[cluster] = key
+        return evictions
+
+    def _record(self, chosen: list[tuple[str, _Job, str]], *, cluster: str, for_job: str,
+                for_queue: str, preemptor_cost: float, group: str | None = None,
+                size: int = 0) -> list[Eviction]:
+        """Count the victims (id, job, node) as gone from their queues' allocations, each after
+        the ones before it, and describe each eviction."""
+        evictions = []
+        for victim_id, victim, node in chosen:
+            before = self.share(victim.queue)
+            _subtract(self.alloc[victim.queue], victim.shape)
+            self.evicting.add(victim_id)
+            evictions.append(Eviction(
+                job_id=victim_id, queue=victim.queue, cluster=cluster, node=node,
+                for_job=for_job, for_queue=for_queue,
+                victim_cost_after=self.cost(victim.queue),
+                preemptor_cost_after=preemptor_cost,
+                victim_share=before, victim_fair_share=self.fair.get(victim.queue, 0.0),
+                preemptor_share=self.share(for_queue),
+                preemptor_fair_share=self.fair[for_queue],
+                for_group=group, for_group_size=size))
+        return evictions
+
+    def _nodes_for(self, cluster: str, shape: _Shape, rooms: dict[str, list[int]]) -> list[str]:
+        """The nodes (first-fit order) the pod's taints, selectors and affinity let it on."""
+        if shape.placement is None:
+            return list(rooms)
+        nodes = self.state._clusters[cluster].nodes
+        return [name for name in rooms if can_land(shape.placement, nodes[name].traits)]
+
     def _victims_on(self, cluster: str, node: str, queue: str, shape: _Shape,
-                    room: list[int], preemptor_cost: float) -> list[tuple[str, _Job]] | None:
-        """The fewest-first greedy choice of victims on `node` that the rule allows and that
-        make room for `shape`; None if they cannot."""
+                    room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
+                    taken: Collection[str]) -> list[tuple[str, _Job]] | None:
+        """The fewest-first greedy choice of victims on `node` that the rule allows, given the
+        allocations `alloc` (victims chosen before for the same unit already taken out), and
+        that make room for `shape`; None if they cannot."""
         candidates = [(victim_id, victim) for victim_id, victim
                       in self.victims[cluster].get(node, ())
-                      if victim.queue != queue and victim_id not in self.evicting]
+                      if victim.queue != queue and victim_id not in self.evicting
+                      and victim_id not in taken]
         if not candidates:
             return None
         # Take from the most over-served queue first, its lowest priority and newest pods first.
-        candidates.sort(key=lambda item: (-self.cost(item[1].queue), item[1].priority,
-                                          -item[1].created_at, item[0]))
+        candidates.sort(key=lambda item: (-self.cost(item[1].queue, alloc[item[1].queue]),
+                                          item[1].priority, -item[1].created_at, item[0]))
         freed = room[:]
-        trial = {name: vector[:] for name, vector in self.alloc.items()}
+        trial: dict[str, list[int]] = {}  # the victims' queues' allocations, as chosen so far
         chosen: list[tuple[str, _Job]] = []
         for victim_id, victim in candidates:
             if _fits(freed, shape):
@@ -245,7 +441,7 @@ class _Planner:
             short = [axis for axis, amount in shape.pairs if freed[axis] < amount]
             if not any(axis in short for axis, _ in victim.shape.pairs):
                 continue  # would not help
-            without = _minus(trial[victim.queue], victim.shape)
+            without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
             if self.share(victim.queue, without) < self.fair.get(victim.queue, 0.0) - _EPSILON:
                 continue  # rule 2: never below its own fair share
             if self.cost(victim.queue, without) < preemptor_cost - _EPSILON:
@@ -282,6 +478,10 @@ class _Planner:
             self.victims[cluster_name] = victims
         self.free[cluster_name] = rooms
         return rooms
+
+
+def _dominant_pairs(shape: _Shape, inverse: list[float]) -> float:
+    return max((amount * inverse[axis] for axis, amount in shape.pairs), default=0.0)
 
 
 def _fits(room: list[int], shape: _Shape) -> bool:

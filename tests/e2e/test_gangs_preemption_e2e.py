@@ -7,7 +7,9 @@ eighth appears all 8 are released in one round; a group that never fills up time
 queue says (deleted, with an Event and a row in `evictions`). Preemption: queue A's Deployment of
 preemptible pods (and one pod that is not preemptible) fills the cluster; queue B, same weight,
 arrives with pods that wait; A is evicted down to its fair share, B's pods are released, nothing
-not preemptible is evicted, and over a further window of rounds nothing is evicted again.
+not preemptible is evicted, and over a further window of rounds nothing is evicted again. The
+same for a pod group: B's complete group of 4 gets room by evicting 4 of A's pods, and runs
+whole, released in one round.
 
 Isolation as in test_fairness_e2e: a database, cluster alias, webhook registration and consumer
 groups of this run's own.
@@ -264,6 +266,47 @@ async def test_preemption_frees_room_down_to_fair_share_and_does_not_thrash(run:
     assert await run.pool.fetchval("SELECT count(*) FROM evictions") == 4
     assert sum(1 for p in await pods(run, "b-") if _running(p)) == 4
     assert (await run.core.read_namespaced_pod("a-fixed", NAMESPACE)).metadata.uid == fixed_uid
+
+
+@pytest.mark.timeout(180)
+async def test_a_group_below_its_fair_share_gets_room_by_preemption_all_at_once(run: Run) -> None:
+    # A's Deployment of preemptible pods fills the cluster.
+    await run.apps.create_namespaced_deployment(NAMESPACE, deployment("a-deploy", QA, 8))
+
+    async def a_fills() -> bool:
+        return sum(1 for p in await pods(run, "a-") if _running(p)) == 8
+    await eventually(a_fills, within=45, what="queue A's 8 pods to run")
+    # B, same weight, arrives with a complete group of 4: exactly its fair share.
+    names = [f"bg-{i}" for i in range(4)]
+    for name in names:
+        await run.core.create_namespaced_pod(NAMESPACE, member(name, QB, "bg", 4))
+
+    async def group_runs() -> bool:
+        group = await pods(run, "bg-")
+        return len(group) == 4 and all(released(p) and _running(p) for p in group)
+    await eventually(group_runs, within=45, what="B's whole group to be released and bound")
+    evicted = await run.pool.fetch("SELECT name, kind, for_queue, for_uid, message"
+                                   " FROM evictions")
+    assert len(evicted) == 4, evicted
+    assert all(r["kind"] == "preempted" and r["for_queue"] == QB for r in evicted)
+    assert all(r["name"].startswith("a-deploy-") for r in evicted)
+    assert all("pod group" in r["message"] for r in evicted), evicted[0]["message"]
+    decided = await run.pool.fetch(
+        "SELECT DISTINCT d.decided_at FROM release_decisions d JOIN jobs j"
+        " ON j.cluster = d.cluster AND j.uid = d.uid WHERE j.queue = $1", QB)
+    assert len(decided) == 1, f"the group was released over {len(decided)} rounds"
+    events = await run.core.list_namespaced_event(NAMESPACE)
+    preempted = {e.involved_object.name for e in events.items
+                 if e.reason == "LockgatePreempted"}
+    assert preempted == {r["name"] for r in evicted}
+    # A is down to its fair share: 4 running, its Deployment's new pods wait (gated).
+    a_pods = await pods(run, "a-")
+    assert sum(1 for p in a_pods if _running(p)) == 4
+    assert sum(1 for p in a_pods if not released(p)) == 4
+    # A further window of rounds: nothing is evicted again, the group keeps running.
+    await rounds(run, 10)
+    assert await run.pool.fetchval("SELECT count(*) FROM evictions") == 4
+    assert sum(1 for p in await pods(run, "bg-") if _running(p)) == 4
 
 
 def deployment(name: str, queue: str, replicas: int) -> dict[str, Any]:

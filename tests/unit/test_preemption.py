@@ -12,11 +12,12 @@ import random
 from dataclasses import replace
 
 import pytest
-from builders import a_job, a_node, a_queue, a_state
+from builders import a_job, a_node, a_queue, a_state, released_per_queue
 
-from lockgate.fairness import RoundResult, schedule_round
+from lockgate.fairness import RoundResult, SkipReason, schedule_round
 from lockgate.jobs import JobState
-from lockgate.preemption import Eviction, PreemptionPolicy, plan_evictions
+from lockgate.placement import placement_of_pod
+from lockgate.preemption import Eviction, PreemptionPolicy, _Planner, plan_evictions
 from lockgate.scheduling import SchedJob, SchedulerState
 
 POLICY = PreemptionPolicy(preemptible_priority_classes=frozenset({"batch-low"}))
@@ -111,10 +112,231 @@ def test_the_limit_per_round_holds() -> None:
     assert len(plan_evictions(state, run_round(state), policy=policy, evicting=())) == 3
 
 
+# ---- pod groups: one unit, all or nothing -----------------------------------------------------
+
+KEY = ("cluster-a", "b", "ns/g")
+
+
+def _gang(size: int, *, queue: str = "b", cpu: str = "1", name: str = "ns/g",
+          created: float = -1000.0) -> list[SchedJob]:
+    """A complete group, older than every other job the test builds."""
+    return [a_job(queue).in_group(name, size).requesting(cpu=cpu).created_at(created + i)
+            .build() for i in range(size)]
+
+
+def _a_fills(nodes: int, *, per_node: int = 4, fixed_on: tuple[str, ...] = ()) -> list[SchedJob]:
+    """Queue a's 1-cpu pods on every slot of `nodes` nodes; one not preemptible on each node
+    named in `fixed_on`."""
+    running = []
+    for n in range(1, nodes + 1):
+        node = f"node-{n}"
+        for i in range(per_node):
+            job = a_job("a").running_on(node)
+            running.append((job if node in fixed_on and i == 0 else job.preemptible()).build())
+    return running
+
+
+def _group_evictions_hold_the_rule(evictions: list[Eviction]) -> None:
+    for eviction in evictions:
+        assert eviction.preemptor_cost_after <= eviction.victim_cost_after + 1e-9
+        assert eviction.preemptor_share < eviction.preemptor_fair_share
+
+
+def test_a_group_below_its_share_gets_room_for_every_member_and_then_runs_whole() -> None:
+    # Two 2-cpu members on 4-cpu nodes full of a's 1-cpu pods: two victims per member.
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(_a_fills(2), _gang(2, cpu="2")).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    assert SkipReason.NO_NODE_WITH_ROOM in result.skipped_jobs.values()
+    evictions = plan_evictions(state, result, policy=POLICY, evicting=())
+    assert len(evictions) == 4
+    assert {(e.queue, e.for_queue, e.for_group) for e in evictions} == {("a", "b", "ns/g")}
+    assert "pod group 'ns/g' of 2 pods waiting" in evictions[0].message
+    _group_evictions_hold_the_rule(evictions)
+    # The freed room is the group's: the cluster is reserved for it at once.
+    assert state.groups().reserved == {"cluster-a": KEY}
+    members = state.groups().queued_members(KEY)
+    recreated = carry_out(state, evictions)
+    released = run_round(state)
+    # Whole, in one round; a's new pods wait.
+    assert sorted(d.job_id for d in released.decisions) == sorted(members)
+    assert state.queue_usage("a").queued_jobs == len(recreated) == 4
+    assert not state.groups().reserved
+
+
+def test_room_freed_for_a_group_is_not_taken_by_small_pods_that_arrive_meanwhile() -> None:
+    state = (a_state().with_queues("a", "b", "c")
+             .with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(_a_fills(2), _gang(2, cpu="2")).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 4
+    # c's small pods arrive while the victims terminate: each is cheaper than b's whole group,
+    # so without the reservation they would take the freed room first.
+    state.upsert_jobs(a_job("c").times(4))
+    carry_out(state, evictions)
+    result = run_round(state)
+    assert released_per_queue(result) == {"b": 2}
+    assert set(result.queues["c"].skipped) == {SkipReason.RESERVED_FOR_GROUP}
+
+
+def test_a_group_that_cannot_be_made_to_fit_evicts_nothing_and_changes_nothing() -> None:
+    # Two members of 4 cpu need two whole nodes; only node-1 holds nothing but preemptible pods
+    # (each other node has one that is not): no room for the second member, so nothing at all.
+    running = _a_fills(4, fixed_on=("node-2", "node-3", "node-4"))
+    single = a_job("b").created_at(0).build()  # after the group in b's release order
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(4))
+             .with_jobs(running, _gang(2, cpu="4"), single).build())
+    result = run_round(state)
+    evictions = plan_evictions(state, result, policy=POLICY, evicting=())
+    # The single pod after it is planned as if the group had never been tried: one victim, on
+    # the first node (room the failed attempt freed there must not look free).
+    assert [(e.for_job, e.node, e.for_group) for e in evictions] == [
+        (single.job_id, "node-1", None)]
+    assert not state.groups().reserved
+
+
+def test_a_failed_group_attempt_leaves_the_planners_working_state_as_it_was() -> None:
+    running = _a_fills(4, fixed_on=("node-2", "node-3", "node-4"))
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(4))
+             .with_jobs(running, _gang(2, cpu="4")).build())
+    run_round(state)
+    planner = _Planner(state, POLICY, ())
+    rooms = planner._rooms("cluster-a")
+    assert rooms is not None
+    before = ({q: v[:] for q, v in planner.alloc.items()},
+              {n: r[:] for n, r in rooms.items()}, set(planner.evicting))
+    members = state.groups().queued_members(KEY)
+    assert planner._make_room_for_group("b", members[0], KEY, 100) is None
+    assert (planner.alloc, planner.free["cluster-a"], planner.evicting) == before
+    assert not state.groups().reserved
+
+
+def test_a_group_needing_more_evictions_than_the_budget_left_gets_none() -> None:
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(_a_fills(2), _gang(2, cpu="2"), a_job("b").created_at(0)).build())
+    result = run_round(state)
+    # The group needs 4; with 3 left it gets none, and the single pod behind it gets its one.
+    evictions = plan_evictions(state, result, policy=PreemptionPolicy(max_evictions_per_round=3),
+                               evicting=())
+    assert [(e.for_group, e.node) for e in evictions] == [(None, "node-1")]
+    assert not state.groups().reserved
+    run_round(state)
+    assert len(plan_evictions(state, run_round(state), policy=PreemptionPolicy(
+        max_evictions_per_round=4), evicting=())) == 4
+
+
+def test_a_group_of_a_queue_at_its_share_or_one_it_would_pass_never_preempts() -> None:
+    # b already holds its half: its group waits.
+    running = [a_job("a").preemptible().running_on("node-1").build() for _ in range(4)]
+    running += [a_job("b").running_on("node-2").build() for _ in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(running, _gang(2), a_job("a").times(2)).build())
+    assert plan_evictions(state, run_round(state), policy=POLICY, evicting=()) == []
+    # b holds nothing, but its group of 6 would take it past its half (rule 1, whole group).
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(_a_fills(2), _gang(6)).build())
+    assert plan_evictions(state, run_round(state), policy=POLICY, evicting=()) == []
+    assert not state.groups().reserved
+
+
+def test_a_group_evicts_only_on_nodes_its_members_may_land_on() -> None:
+    ssd = placement_of_pod({"nodeSelector": {"disk": "ssd"}})
+    nodes = {"node-1": a_node(cpu="4").build(),
+             "node-2": replace(a_node(cpu="4").build(), labels={"disk": "ssd"})}
+    members = [replace(job, placement=ssd) for job in _gang(2)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", nodes)
+             .with_jobs(_a_fills(2), members).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert [e.node for e in evictions] == ["node-2", "node-2"]
+    carry_out(state, evictions)
+    assert {d.node_hint for d in run_round(state).decisions} == {"node-2"}
+
+
+def test_evictions_in_flight_for_a_group_are_not_repeated() -> None:
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(_a_fills(2), _gang(2, cpu="2")).build())
+    first = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(first) == 4
+    # The deletions are not observed yet: later rounds plan nothing more for the group.
+    in_flight = {e.job_id for e in first}
+    for _ in range(3):
+        result = run_round(state)
+        assert result.decisions == ()
+        assert plan_evictions(state, result, policy=POLICY, evicting=in_flight) == []
+    assert state.groups().reserved == {"cluster-a": KEY}
+
+
+def test_a_group_never_evicts_its_own_queues_pods() -> None:
+    # b's own preemptible pods hold node-1, a's node-2: only a's are victims.
+    running = [a_job("b").preemptible().running_on("node-1").build() for _ in range(2)]
+    running += [a_job("a").preemptible().running_on(f"node-{n}").build()
+                for n in (1, 1, 2, 2, 2, 2)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(running, _gang(2)).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 2 and {e.queue for e in evictions} == {"a"}
+
+
+def test_no_ping_pong_for_groups_over_repeated_rounds() -> None:
+    # a fills 16 cpu; b's two groups of 2 x 2 cpu take b to its half, in turn.
+    second = _gang(2, cpu="2", name="ns/h", created=-500)
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(4))
+             .with_jobs(_a_fills(4), _gang(2, cpu="2"), second).build())
+    total = 0
+    for _ in range(8):
+        evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+        _group_evictions_hold_the_rule(evictions)
+        assert all(e.queue == "a" for e in evictions)
+        total += len(evictions)
+        carry_out(state, evictions)
+    assert total == 8
+    assert state.queue_usage("a").allocated_jobs == 8
+    assert state.queue_usage("b").allocated_jobs == 4
+    assert not state.groups().reserved
+
+
+def test_a_cluster_reserved_for_another_queues_group_is_not_preempted_into() -> None:
+    # c (holding nothing) is cheaper than b (holding one pod): c's group is planned first and
+    # reserves the cluster; room freed there for b's pods would go to c's group, so none is.
+    running = [*_a_fills(4)[:-1], a_job("b").running_on("node-4").build()]
+    state = (a_state().with_queues("a", "b", "c")
+             .with_cluster("cluster-a", a_node(cpu="4").times(4))
+             .with_jobs(running, _gang(2, queue="c", cpu="2"), a_job("b").times(2)).build())
+    result = run_round(state)
+    no_room = [j for j, reason in result.skipped_jobs.items()
+               if reason is SkipReason.NO_NODE_WITH_ROOM]
+    assert {job.queue for job in map(state.job, no_room) if job is not None} == {"b", "c"}
+    evictions = plan_evictions(state, result, policy=POLICY, evicting=())
+    assert len(evictions) == 4 and {e.for_queue for e in evictions} == {"c"}
+    assert state.groups().reserved == {"cluster-a": ("cluster-a", "c", "ns/g")}
+
+
+def test_pods_behind_a_group_that_ranks_their_queue_too_high_are_not_preempted_for() -> None:
+    # b's next unit is a group too big for the cluster: the round ranks b by it (cost 1.5),
+    # above a's replacement pods (1.0), so room freed for b's single pod would go straight back
+    # to a, round after round. Nothing is evicted.
+    too_big = _gang(3, cpu="2")
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(_a_fills(1), too_big, a_job("b").created_at(0)).build())
+    for _ in range(3):
+        evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+        assert evictions == []
+    # Once the group is gone, the single pod is preempted for, and keeps its room.
+    for member in too_big:
+        state.upsert_job(replace(member, state=JobState.DELETED))
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 1
+    carry_out(state, evictions)
+    assert released_per_queue(run_round(state)) == {"b": 1}
+    for _ in range(3):
+        assert plan_evictions(state, run_round(state), policy=POLICY, evicting=()) == []
+
+
 # ---- property: the invariant holds and evictions stop ---------------------------------------
 
 
-def _random_state(rng: random.Random) -> SchedulerState:
+def _random_state(rng: random.Random, *, groups: bool = False) -> SchedulerState:
     queues = [f"q{i}" for i in range(rng.randint(2, 4))]
     nodes = {f"node-{i}": a_node(cpu=str(rng.choice((4, 8, 16))), memory="64Gi").build()
              for i in range(rng.randint(1, 4))}
@@ -130,16 +352,24 @@ def _random_state(rng: random.Random) -> SchedulerState:
             state.upsert_job((job.preemptible() if rng.random() < 0.8 else job).build())
             room -= cpu
     for queue in queues:
+        # Groups (complete, of 2-4 pods) first: older, they come before the queue's singles.
+        for number in range(rng.randint(0, 2) if groups else 0):
+            size = rng.randint(2, 4)
+            cpu = str(rng.choice((1, 2)))
+            for _ in range(size):
+                state.upsert_job(a_job(queue).in_group(f"ns/g{number}", size)
+                                 .requesting(cpu=cpu).preemptible().build())
         for _ in range(rng.randint(0, 12)):
             job = a_job(queue).requesting(cpu=str(rng.choice((1, 1, 2))))
             state.upsert_job(job.preemptible().build())
     return state
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_no_eviction_breaks_the_invariant_and_evictions_stop(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "groups"), [(seed, False) for seed in range(60)]
+                         + [(seed, True) for seed in range(60)])
+def test_no_eviction_breaks_the_invariant_and_evictions_stop(seed: int, groups: bool) -> None:
     rng = random.Random(seed)
-    state = _random_state(rng)
+    state = _random_state(rng, groups=groups)
     per_round: list[int] = []
     pairs: set[tuple[str, str]] = set()
     for _ in range(25):
