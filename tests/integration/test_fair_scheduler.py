@@ -438,8 +438,17 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
                 await until(lambda: not leading(frozen), within=steps_down_within + 5,
                             what="the leader on the frozen connection to step down")
                 stepped_down = time.monotonic() - frozen_at
-                await until(lambda: leading(standby), within=4.0 + 10,
-                            what="the standby to take over once Postgres ends the idle session")
+                try:
+                    await until(lambda: leading(standby), within=4.0 + 10,
+                                what="the standby to take over once Postgres ends the idle "
+                                     "session")
+                except AssertionError as error:
+                    # What kept Postgres from ending the old leader's session, if it lives.
+                    session = await store.pool.fetchrow(
+                        "SELECT state, wait_event_type, wait_event, xact_start, state_change,"
+                        " query FROM pg_stat_activity WHERE pid = $1", backend)
+                    raise AssertionError(f"{error}; the old leader's session {backend}: "
+                                         f"{dict(session) if session else 'gone'}") from error
                 took_over = time.monotonic() - frozen_at
                 assert not leading(frozen)
                 assert await store.leader_backend() not in (None, backend)
