@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from builders import a_job, a_node, a_queue, a_state, released_ids
 
 from lockgate.backoff import BackoffPolicy, ControllerBackoff, ControllerBackoffs
+from lockgate.events import PodEvent
 from lockgate.fairness import SkipReason, fair_shares, schedule_round
+from lockgate.ingest import CurrentRows, fold_batch
 from lockgate.jobs import JobState
+from lockgate.observing import pod_event
 from lockgate.preemption import PreemptionPolicy, plan_evictions
 from lockgate.scheduling import SchedJob, SchedulerState
 from lockgate.waiting import EVENT_REASONS, Explainer, WaitReason, queue_statuses
@@ -265,3 +269,33 @@ def test_a_cordoned_queue_is_said_before_a_back_off() -> None:
     hold(state, "rs-uid")
     explanation = Explainer(state, now=T0).explain("cluster-a/rs-1")
     assert explanation is not None and explanation.reason is WaitReason.QUEUE_CORDONED
+
+
+# ---- how a pod's controller gets to the scheduler ---------------------------------------------
+
+
+def _replica(owners: list[dict[str, object]]) -> dict[str, object]:
+    return {"metadata": {"name": "rs-x", "namespace": "ns", "uid": "pod-uid",
+                         "labels": {"lockgate.io/queue": "a"},
+                         "creationTimestamp": "2026-01-01T00:00:00Z", "ownerReferences": owners},
+            "spec": {"containers": []}, "status": {"phase": "Pending"}}
+
+
+def test_the_watcher_reports_the_uid_of_the_controlling_owner_only() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    owners: list[dict[str, object]] = [
+        {"kind": "ConfigMap", "name": "c", "uid": "not-a-controller"},
+        {"kind": "ReplicaSet", "name": "rs", "uid": "rs-uid", "controller": True}]
+    event = pod_event(_replica(owners), cluster="c", event_id="e", observed_at=at)
+    assert (event.controlled, event.controller_uid) == (True, "rs-uid")
+    bare = pod_event(_replica(owners[:1]), cluster="c", event_id="e", observed_at=at)
+    assert (bare.controlled, bare.controller_uid) == (False, "")
+    # queue-store keeps it on the job row, from the newest event.
+    row = fold_batch(CurrentRows(), [event]).jobs[0]
+    assert row.controller_uid == "rs-uid"
+    orphaned = bare.model_copy(update={"event_id": "e2", "observed_at": at + timedelta(seconds=1)})
+    assert fold_batch(CurrentRows(jobs={row.key: row}), [orphaned]).jobs[0].controller_uid == ""
+    # An event without the field (an older watcher) still decodes.
+    older = event.model_dump(mode="json")
+    del older["controller_uid"]
+    assert PodEvent.model_validate(older).controller_uid == ""
