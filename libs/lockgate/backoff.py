@@ -15,7 +15,8 @@ The rule (docs/scheduling.md, "Released pods that cannot be placed"):
   `initial * 2**(attempts - 1)` seconds, at most `max_seconds`, where `attempts` counts C's
   consecutive give-ups; a give-up while C still backs off changes nothing (that pod was released
   before the back-off began: the same attempt, e.g. two replicas released together);
-- a pod of C created after C's last give-up that gets bound resets C (the model fits again);
+- a pod of C created after C's last give-up (to the second: creation times have no more) that
+  gets bound resets C (the model fits again);
 - when the delay ends C's pods go again; C's record is forgotten `forget_after_seconds` after
   that without another give-up, so counting starts afresh and the records stay bounded.
 
@@ -126,10 +127,11 @@ class ControllerBackoffs:
 
     def bound(self, key: ControllerKey, created_at: float) -> ControllerBackoff | None:
         """A pod of this controller, created at `created_at`, is bound: returns the record it
-        resets (now forgotten), or None. Pods created before the last give-up (replicas that
-        ran all along) reset nothing."""
+        resets (now forgotten), or None. Pods created before the second of the last give-up
+        (replicas that ran all along) reset nothing: creation times have whole seconds only,
+        so a replacement created in that second must count."""
         record = self._records.get(key)
-        if record is None or created_at <= record.given_up_at:
+        if record is None or created_at < math.floor(record.given_up_at):
             return None
         del self._records[key]
         return record

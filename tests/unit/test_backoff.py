@@ -69,11 +69,12 @@ def test_a_give_up_while_the_controller_backs_off_is_the_same_attempt() -> None:
 
 def test_a_pod_created_after_the_give_up_that_binds_resets_the_controller() -> None:
     book = backoffs()
-    book.give_up(RS, T0)
+    book.give_up(RS, T0 + 0.7)
     # A replica that ran all along (created before the give-up) resets nothing.
-    assert book.bound(RS, created_at=T0 - 50) is None
+    assert book.bound(RS, created_at=T0 - 1) is None
     assert book.bound(("cluster-a", "other"), created_at=T0 + 10) is None
-    reset = book.bound(RS, created_at=T0 + 10)
+    # Creation times are whole seconds: a replacement created in the give-up's second counts.
+    reset = book.bound(RS, created_at=T0)
     assert reset is not None and reset.attempts == 1
     assert book.get(RS) is None
     # Counting starts afresh.
