@@ -565,8 +565,11 @@ class Leader:
                 return False
             NOTICES.labels(NoticeReason.UNPLACEABLE.value).inc(len(notices))
         # Their controllers back off (lockgate.backoff), recorded with the give-up.
-        backoffs = [row for job, namespace, pod in deleted if (
-            row := self._controller_backoffs.give_up(job, namespace=namespace, pod=pod, now=now))]
+        backoffs = []
+        for job, namespace, pod in deleted:
+            row = self._controller_backoffs.give_up(job, namespace=namespace, pod=pod, now=now)
+            if row is not None:
+                backoffs.append(row)
         await store.record_unplaceable(
             self._connection, keys=keys, reasons=[last_reason(job, now) for job in due], at=at,
             backoffs=backoffs)
