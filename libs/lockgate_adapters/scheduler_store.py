@@ -380,7 +380,9 @@ async def record_unplaceable(connection: asyncpg.Connection, *, keys: Sequence[t
                              backoffs: Sequence[BackoffRow] = ()) -> int:
     """Mark released, still unbound jobs as given up on (unplaceable_at, last_reason), and
     store the back-offs of their controllers that this starts, in one transaction; returns how
-    many job rows changed. Jobs that got bound meanwhile are left alone."""
+    many job rows changed. Jobs that got bound meanwhile are left alone; jobs already deleted
+    without ever being bound are marked too: the ungater, told first, may have deleted the pod
+    (and queue-store recorded that) before this runs."""
     if not keys:
         return 0
     async with connection.transaction():
@@ -392,7 +394,9 @@ async def record_unplaceable(connection: asyncpg.Connection, *, keys: Sequence[t
             " serial = nextval('change_serial')"
             " FROM unnest($1::text[], $2::text[], $3::text[]) AS t(cluster, uid, reason)"
             " WHERE j.cluster = t.cluster AND j.uid = t.uid"
-            " AND j.state IN ('released', 'ungated') AND j.unplaceable_at IS NULL",
+            " AND (j.state IN ('released', 'ungated')"
+            " OR (j.state = 'deleted' AND j.node_name IS NULL AND j.released_at IS NOT NULL))"
+            " AND j.unplaceable_at IS NULL",
             [k[0] for k in keys], [k[1] for k in keys], list(reasons), at)
         changed = int(result.split()[-1])
         if changed:

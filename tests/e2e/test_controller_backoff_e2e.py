@@ -4,9 +4,10 @@ Its pods select a kwok node of this run's that has room for one of them, but car
 pod anti-affinity to a bare pod already on that node: a filter lockgate does not model, so
 lockgate releases them and kube-scheduler refuses them. The test shows the whole cycle on the
 real services: the first give-up deletes the pod; the replacement waits with the back-off reason
-(`lockgate explain`, the fairness report), is released only after the delay (across a restart
-of the scheduler: the back-off is in Postgres), is refused again, and the next delay is twice as
-long; once the blocker is gone, the next replacement binds and resets the back-off.
+(`lockgate explain`, the fairness report), is released only after the delay, is refused again,
+and the next delay is twice as long; the next replacement says so in its waiting Event, still
+waits after a restart of the scheduler (the back-off is in Postgres), and, the blocker gone,
+binds after the delay and resets the back-off.
 
 Isolation as in test_placement_e2e: a database of its own, cluster-a under a name of its own, its
 own webhook registration, consumer groups and namespaces. Bounded: each step waits on a condition
@@ -103,6 +104,7 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
                 "LOCKGATE_SCHEDULER_UNPLACEABLE_BACKOFF_INITIAL_SECONDS": str(BACKOFF),
                 "LOCKGATE_SCHEDULER_UNPLACEABLE_BACKOFF_MAX_SECONDS": str(8 * BACKOFF),
                 "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1",
+                "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "1",
             },
             run_id=f"backoff-{run_id}", cert_dir=tmp_path_factory.mktemp("webhook-certs"),
             standby_scheduler=False,
@@ -251,6 +253,16 @@ async def test_a_controller_whose_pods_keep_being_refused_backs_off(run: Run) ->
     third = await eventually(lambda: one_replica_other_than(first.metadata.uid,
                                                             second.metadata.uid),
                              within=60, what="the second replacement")
+
+    async def told_backing_off() -> client.CoreV1Event | None:
+        events = await run.core.list_namespaced_event(
+            run.namespace, field_selector=f"involvedObject.uid={third.metadata.uid}")
+        return next((e for e in events.items
+                     if "backing off after 2 unplaceable attempts" in (e.message or "")), None)
+
+    # The waiting Event on the pod says it too (written while it is gated, so before the end).
+    await eventually(told_backing_off, within=2 * BACKOFF,
+                     what="a waiting Event on the second replacement saying it backs off")
 
     async def bound() -> str | None:
         pod = await run.core.read_namespaced_pod(third.metadata.name, run.namespace)
