@@ -65,6 +65,9 @@ class PodEvent(Event):
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
     controlled: bool = False  # has an ownerReference with controller: true (e.g. a ReplicaSet)
+    # Added in place (optional, defaulted): that controller's uid, which a back-off is kept by
+    # (lockgate.backoff); "" when none. Upgrade queue-store before cluster-watcher.
+    controller_uid: str = ""
     # Pod groups and preemption (lockgate.groups, lockgate.preemption); a group is per namespace.
     group: str | None = None
     group_size: int = 0

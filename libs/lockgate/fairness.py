@@ -13,8 +13,9 @@ hold). Jobs released earlier but not yet on a node are first placed, virtually, 
 their release had in mind, else first-fit largest first; if one fits nowhere, the cluster gets
 no new releases this round rather than risk over-committing it. A job too big for every node of
 its cluster is reported unschedulable and parked off its queue until the cluster gains a node of
-a new size, so it never blocks the jobs behind it. Cordoned queues release nothing; queue limits
-cap a queue's allocation over all clusters.
+a new size, so it never blocks the jobs behind it. The queued jobs of a controller that backs
+off (`lockgate.backoff`) are held out of their queue's line the same way, and only counted.
+Cordoned queues release nothing; queue limits cap a queue's allocation over all clusters.
 
 The round is pure computation on `SchedulerState` (no I/O, no clock) and *applies its own
 decisions*: every released job is RELEASED in the state when the round returns, so the next round
@@ -67,6 +68,9 @@ class SkipReason(StrEnum):
     GROUP_INCOMPLETE = "group_incomplete"  # not every member exists yet
     GROUP_TOO_BIG = "group_too_big"  # the members fit no empty cluster together
     RESERVED_FOR_GROUP = "reserved_for_group"  # the cluster waits for a group to fit
+    # Its controller backs off after lockgate gave up on its pods (lockgate.backoff): held out
+    # of its queue's line, so only counted (`QueueReport.backing_off`), never looked at.
+    BACKING_OFF = "backing_off"
 
 
 UNSCHEDULABLE_REASONS = frozenset(
@@ -124,6 +128,7 @@ class QueueReport:
     # Clusters where none of its waiting jobs could go this round (no room, over its limits, or
     # the cluster over-committed), so their jobs were not looked at one by one.
     set_aside: tuple[str, ...] = ()
+    backing_off: int = 0  # queued jobs held while their controller backs off
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +417,7 @@ class _Round:
                 del self.groups.reserved[cluster_name]
         candidates: list[tuple[float, str, _QueueRound]] = []
         for name, queue in state._queues.items():
-            if not queue.schedulable or queue.queued == queue.parked:
+            if not queue.schedulable or queue.queued == queue.parked + queue.held:
                 continue
             progress = self.queue_rounds[name] = _QueueRound(
                 queue, _dominant(queue.allocation, inverse)
@@ -528,6 +533,8 @@ class _Round:
         reason: SkipReason | None = None
         if status is None or not status.complete:
             reason = SkipReason.GROUP_INCOMPLETE
+        elif any(member.held for member in members):
+            reason = SkipReason.BACKING_OFF
         elif any(member.parked for member in members):
             reason = SkipReason.TOO_BIG_FOR_ANY_NODE
         elif queue.limit_pairs and _exceeds_all(queue.allocation, shapes, queue.limit_pairs):
@@ -618,6 +625,7 @@ class _Round:
                 job is None
                 or job.state is not _QUEUED
                 or job.parked
+                or job.held
                 or job.queue != name
                 or job.cluster != cluster_name
                 or job.priority != -entry[0]
@@ -664,6 +672,12 @@ class _Round:
             if record is not None:
                 counts = per_queue.setdefault(record.queue, {})
                 counts[reason] = counts.get(reason, 0) + 1
+        backing_off = SkipReason.BACKING_OFF
+        for name, queue in self.state._queues.items():
+            if queue.held:  # skipped without being looked at, as parked jobs are
+                counts = per_queue.setdefault(name, {})
+                counts[backing_off] = counts.get(backing_off, 0) + queue.held
+                totals[backing_off] = totals.get(backing_off, 0) + queue.held
         reports: dict[str, QueueReport] = {}
         for name, queue in self.state._queues.items():
             progress = self.queue_rounds.get(name)
@@ -684,6 +698,7 @@ class _Round:
                 skipped=per_queue.get(name, {}),
                 outcome=outcome,
                 set_aside=() if progress is None else tuple(sorted(progress.set_aside)),
+                backing_off=queue.held,
             )
         return RoundResult(
             decisions=tuple(decisions),

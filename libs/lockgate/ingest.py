@@ -87,6 +87,9 @@ class JobRow:
     # The job set's maximum time queued (lockgate.max_queued.JobSetMaxQueued as JSON), taken
     # from the first event, as the group is: the webhook fixes it at admission.
     max_queued: Mapping[str, Any] | None = None
+    # The uid of its controlling owner (migration 012; "" none), from the newest event: what a
+    # back-off per controller is kept by (lockgate.backoff).
+    controller_uid: str = ""
 
     @property
     def key(self) -> JobKey:
@@ -532,6 +535,7 @@ def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any
         "unschedulable_since": since,
         "unschedulable_message": event.unschedulable_message,
         "controlled": event.controlled,
+        "controller_uid": event.controller_uid,
     }
 
 

@@ -174,6 +174,15 @@ def has_controller(pod: KubeObject) -> bool:
     return any(ref.get("controller") for ref in _metadata(pod).get("ownerReferences") or ())
 
 
+def controller_uid(pod: KubeObject) -> str:
+    """The uid of the pod's controlling owner ("" if none): what identifies its controller
+    across the pods it creates (a name may be reused by a new object, a uid never)."""
+    for ref in _metadata(pod).get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("uid"):
+            return str(ref["uid"])[:128]
+    return ""
+
+
 def pod_event(
     pod: KubeObject,
     *,
@@ -210,6 +219,7 @@ def pod_event(
         unschedulable_since=None if stuck is None else stuck[0],
         unschedulable_message="" if stuck is None else stuck[1],
         controlled=has_controller(pod),
+        controller_uid=controller_uid(pod),
         max_queued=read_from_pod(metadata.get("annotations") or {}),
         **_group_and_preemption(metadata, spec),
     )

@@ -23,6 +23,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from lockgate.backoff import ControllerBackoff, ControllerKey
 from lockgate.groups import GroupIndex, GroupKey
 from lockgate.jobs import JobState
 from lockgate.max_queued import JobSetMaxQueued
@@ -100,6 +101,9 @@ class SchedJob:
     # Its job set's own maximum time queued (lockgate.max_queued); the stricter of it and its
     # queue's ends the pod (lockgate.waiting).
     max_queued: JobSetMaxQueued | None = None
+    # The uid of its controlling ownerReference ("": none, or not reported): while that
+    # controller backs off (lockgate.backoff), the job waits out of its queue's line.
+    controller: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,7 @@ class QueueUsage:
     allocated_jobs: int
     allocation: Resources
     pending_requests: Resources  # sum of requests of queued jobs that are not unschedulable
+    backing_off_jobs: int = 0  # queued, held while their controller backs off
 
 
 class _Shape:
@@ -137,9 +142,11 @@ class _Job:
 
     __slots__ = (
         "cluster",
+        "controller",
         "created_at",
         "group",
         "group_size",
+        "held",
         "max_queued",
         "node_name",
         "parked",
@@ -176,6 +183,10 @@ class _Job:
         # Parked: queued, but too big for every node of its cluster; kept out of the heap until
         # the cluster gains a node of a new size.
         self.parked = False
+        self.controller: ControllerKey | None = None
+        # Held: queued while its controller backs off; out of the heap and of its queue's
+        # demand (never parked meanwhile) until the back-off ends.
+        self.held = False
 
 
 class _Pending:
@@ -201,6 +212,7 @@ class _Queue:
         "allocated",
         "allocation",
         "demand",
+        "held",
         "limit_pairs",
         "name",
         "parked",
@@ -216,8 +228,9 @@ class _Queue:
         self.priority_factor = 1.0  # cost = share * priority_factor, i.e. share / weight
         self.limit_pairs: tuple[tuple[int, int], ...] = ()
         self.pending: dict[str, _Pending] = {}  # by cluster
-        self.queued = 0  # queued jobs, parked included
+        self.queued = 0  # queued jobs, parked and held included
         self.parked = 0
+        self.held = 0  # queued jobs held while their controller backs off
         self.demand = [0] * axes  # requests of queued, unparked jobs
         self.allocated = 0
         self.allocation = [0] * axes  # requests of jobs holding capacity
@@ -301,6 +314,10 @@ class SchedulerState:
         self._clusters: dict[str, _Cluster] = {}
         self._pool_total: list[int] = []
         self._groups = GroupIndex()
+        # Controllers backing off (lockgate.backoff), and every queued job with a controller,
+        # so a hold or its end moves exactly that controller's jobs.
+        self._holds: dict[ControllerKey, ControllerBackoff] = {}
+        self._queued_by_controller: dict[ControllerKey, set[str]] = {}
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -340,6 +357,7 @@ class SchedulerState:
             allocated_jobs=queue.allocated,
             allocation=self._resources(queue.allocation),
             pending_requests=self._resources(queue.demand),
+            backing_off_jobs=queue.held,
         )
 
     # ---- clusters --------------------------------------------------------------------------
@@ -432,6 +450,7 @@ class SchedulerState:
             and old.preemptible == job.preemptible
             and old.priority_class == job.priority_class
             and old.max_queued == job.max_queued
+            and old.controller == _controller_key(job)
         ):
             return
         shape.refs += 1
@@ -450,6 +469,7 @@ class SchedulerState:
             record.preemptible = job.preemptible
             record.priority_class = job.priority_class
             record.max_queued = job.max_queued
+            record.controller = _controller_key(job)
             self._apply(job.job_id, record, None)
             if record.state is _QUEUED:
                 self._push(record, job.job_id)
@@ -467,7 +487,8 @@ class SchedulerState:
         )
         # A parked job's entry stays valid among the parked ones if its requests did not change.
         stays_parked = entry_in_place and old.parked and old_shape is shape
-        entry_in_place = entry_in_place and (not old.parked or stays_parked)
+        # A held job has no entry to keep.
+        entry_in_place = entry_in_place and (not old.parked or stays_parked) and not old.held
         hint = self._retract(job.job_id, old)
         self._release_shape(old_shape)
         old.queue = job.queue
@@ -482,6 +503,7 @@ class SchedulerState:
         old.preemptible = job.preemptible
         old.priority_class = job.priority_class
         old.max_queued = job.max_queued
+        old.controller = _controller_key(job)
         old.parked = stays_parked
         self._apply(job.job_id, old, hint)
         if old.state is _QUEUED and not entry_in_place:
@@ -519,6 +541,7 @@ class SchedulerState:
             preemptible=record.preemptible,
             priority_class=record.priority_class,
             max_queued=record.max_queued,
+            controller="" if record.controller is None else record.controller[1],
         )
 
     def __len__(self) -> int:
@@ -526,6 +549,43 @@ class SchedulerState:
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._jobs
+
+    # ---- controllers backing off (lockgate.backoff) ----------------------------------------
+
+    def hold_controller(self, backoff: ControllerBackoff) -> None:
+        """The controller backs off: its queued jobs, and those queued later, wait out of their
+        queues' lines (not released, not demand) until `release_controller`. O(its jobs)."""
+        key = backoff.key
+        held = key in self._holds
+        self._holds[key] = backoff  # the newest record, for what explain says
+        if not held:
+            self._move_controller_jobs(key)
+
+    def release_controller(self, key: ControllerKey) -> None:
+        """The controller's back-off ended (or was reset): its jobs queue again."""
+        if self._holds.pop(key, None) is not None:
+            self._move_controller_jobs(key)
+
+    def controller_hold(self, job_id: str) -> ControllerBackoff | None:
+        """The back-off a queued job waits out, if it is held."""
+        record = self._jobs.get(job_id)
+        if record is None or not record.held or record.controller is None:
+            return None
+        return self._holds.get(record.controller)
+
+    def held_controllers(self) -> list[ControllerBackoff]:
+        return list(self._holds.values())
+
+    def _move_controller_jobs(self, key: ControllerKey) -> None:
+        """Re-apply a controller's queued jobs after its hold changed: `_apply` decides from
+        `_holds` whether each is held."""
+        for job_id in sorted(self._queued_by_controller.get(key, ())):
+            record = self._jobs[job_id]
+            self._retract(job_id, record)
+            record.parked = False  # judged again by _push
+            self._apply(job_id, record, None)
+            self._push(record, job_id)
+            self._tidy(record.queue, record.cluster)
 
     # ---- for the round (lockgate.fairness) -------------------------------------------------
 
@@ -551,6 +611,8 @@ class SchedulerState:
     # ---- internals -------------------------------------------------------------------------
 
     def _push(self, record: _Job, job_id: str) -> None:
+        if record.held:
+            return  # out of the line until its controller's back-off ends
         queue = self._queues[record.queue]
         pending = queue.pending[record.cluster]
         entry = (-record.priority, record.created_at, job_id)
@@ -582,6 +644,15 @@ class SchedulerState:
             self._groups.remove(_group_key(record), job_id, queued=record.state is _QUEUED)
         if record.state is _QUEUED:
             queue.queued -= 1
+            controller = record.controller
+            if controller is not None:
+                bucket = self._queued_by_controller[controller]
+                bucket.discard(job_id)
+                if not bucket:
+                    del self._queued_by_controller[controller]
+            if record.held:
+                queue.held -= 1
+                return hint
             pending = queue.pending[record.cluster]
             if record.parked:
                 queue.parked -= 1
@@ -616,6 +687,18 @@ class SchedulerState:
             if record.cluster not in self._clusters:
                 self._cluster(record.cluster)
             queue.queued += 1
+            controller = record.controller
+            if controller is not None:
+                bucket = self._queued_by_controller.get(controller)
+                if bucket is None:
+                    bucket = self._queued_by_controller[controller] = set()
+                bucket.add(job_id)
+                if controller in self._holds:
+                    record.held = True
+                    record.parked = False
+                    queue.held += 1
+                    return
+            record.held = False
             pending = queue.pending.get(record.cluster) or queue.pending_in(record.cluster)
             if record.parked:
                 queue.parked += 1
@@ -628,6 +711,7 @@ class SchedulerState:
                 shapes = pending.shapes
                 shapes[shape] = shapes.get(shape, 0) + 1
         else:
+            record.held = False
             cluster = self._cluster(record.cluster)
             queue.allocated += 1
             _add_pairs(queue.allocation, shape.pairs)
@@ -657,6 +741,7 @@ class SchedulerState:
             record is not None
             and record.state is _QUEUED
             and not record.parked
+            and not record.held
             and record.queue == queue.name
             and record.cluster == pending.cluster
             and record.priority == -entry[0]
@@ -793,6 +878,10 @@ class SchedulerState:
 
     def _resources(self, vector: list[int]) -> Resources:
         return Resources(dict(zip(self._axis_names, vector, strict=False)))
+
+
+def _controller_key(job: SchedJob) -> ControllerKey | None:
+    return (job.cluster, job.controller) if job.controller else None
 
 
 def _group_key(record: _Job) -> GroupKey:

@@ -12,8 +12,9 @@ cluster's room in the model for good. A gate cannot be put back, so after
 - `jobs.last_reason` says why (`lockgate explain` shows it) and a Warning Event
   `LockgateUnplaceable` on the pod says it too;
 - a pod with a controller (ReplicaSet, Job, StatefulSet...) is deleted, so its controller
-  creates a replacement that is gated and queued again, and placed by what lockgate knows now;
-  a bare pod is left alone (deleting it would lose it), still reported.
+  creates a replacement that is gated and queued again, and placed by what lockgate knows now
+  (after a back-off of its controller's, so a model wrong for good does not churn:
+  `lockgate.backoff`); a bare pod is left alone (deleting it would lose it), still reported.
 
 If kube-scheduler binds it after all, it is charged again from then on (bound pods always are).
 

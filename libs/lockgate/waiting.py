@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from lockgate.backoff import backing_off_message
 from lockgate.fairness import FairShare, _ClusterRound, fair_shares
 from lockgate.jobs import JobState
 from lockgate.max_queued import JobSetMaxQueued, Limit, stricter
@@ -43,6 +44,9 @@ class WaitReason(StrEnum):
     QUEUE_LIMIT = "queue_limit"  # it would take its queue over the queue's resource limits
     QUEUE_CORDONED = "queue_cordoned"  # its queue releases nothing until uncordoned
     QUEUE_UNKNOWN = "queue_unknown"  # nobody defined its queue
+    # Its controller backs off: lockgate gave up on its pods that kube-scheduler kept refusing
+    # (lockgate.backoff); it waits until the back-off ends.
+    BACKING_OFF = "backing_off"
     NEXT_ROUND = "next_round"  # there is room and nothing ahead of it: the next round takes it
 
 
@@ -56,6 +60,7 @@ EVENT_REASONS: dict[WaitReason, tuple[str, bool]] = {
     WaitReason.QUEUE_LIMIT: ("LockgateQueueLimit", False),
     WaitReason.QUEUE_CORDONED: ("LockgateQueueCordoned", True),
     WaitReason.QUEUE_UNKNOWN: ("LockgateQueueUnknown", True),
+    WaitReason.BACKING_OFF: ("LockgateBackingOff", True),
     WaitReason.NEXT_ROUND: ("LockgateWaitingForRound", False),
 }
 QUEUED_EVENT_REASON = "LockgateQueued"
@@ -74,6 +79,7 @@ class WaitFacts:
     fits_free_room: bool  # some node has room for it now
     at_fair_share: bool  # its queue holds at least its adjusted fair share
     others_below_share_waiting: bool  # another queue below its share waits in the same cluster
+    backing_off: bool = False  # its controller backs off (lockgate.backoff)
 
 
 def choose_reason(facts: WaitFacts) -> WaitReason:
@@ -83,6 +89,8 @@ def choose_reason(facts: WaitFacts) -> WaitReason:
         return WaitReason.QUEUE_UNKNOWN
     if facts.cordoned:
         return WaitReason.QUEUE_CORDONED
+    if facts.backing_off:
+        return WaitReason.BACKING_OFF
     if not facts.cluster_has_nodes:
         return WaitReason.NO_NODES
     if not facts.fits_some_node:
@@ -126,6 +134,10 @@ class Explanation:
     competing_queues: tuple[str, ...]  # queues below their share waiting in the same cluster
     message: str = ""
     max_queued_by: str | None = None  # whose maximum applies: "queue" or "jobset"
+    # Its controller's back-off (lockgate.backoff): consecutive give-ups, and until when
+    # (epoch seconds) it waits; 0 and None when it does not back off.
+    backoff_attempts: int = 0
+    backoff_until: float | None = None
 
 
 def explain(state: SchedulerState, job_id: str, *, now: float) -> Explanation | None:
@@ -211,6 +223,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         if name != job.queue and other.schedulable
         and (pending := other.pending.get(job.cluster)) is not None and pending.live > 0
         and shares[name].actual_share + _SHARE_EPSILON < shares[name].adjusted_fair_share))
+    hold = state.controller_hold(job_id)
     reason = choose_reason(WaitFacts(
         queue_defined=spec is not None,
         cordoned=spec is not None and spec.cordoned,
@@ -220,6 +233,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         fits_free_room=fits_free,
         at_fair_share=at_share,
         others_below_share_waiting=bool(competing),
+        backing_off=hold is not None,
     )) if queued else None
     max_queued = stricter(None if spec is None else spec.max_queued, job.max_queued)
 
@@ -244,6 +258,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         max_queued_action=None if max_queued is None else max_queued.action,
         competing_queues=competing,
         max_queued_by=None if max_queued is None else max_queued.by,
+        backoff_attempts=0 if hold is None else hold.attempts,
+        backoff_until=None if hold is None else hold.until,
     )
     return _with_message(explanation)
 
@@ -321,6 +337,8 @@ def wait_message(e: Explanation) -> str:
                f"`lockgate queue uncordon {e.queue}`")
     elif reason is WaitReason.QUEUE_UNKNOWN:
         why = f'queue "{e.queue}" does not exist: it waits until the queue is created'
+    elif reason is WaitReason.BACKING_OFF and e.backoff_until is not None:
+        why = backing_off_message(e.backoff_attempts, e.backoff_until)
     elif reason is WaitReason.NEXT_ROUND:
         why = "there is room: the next scheduling round releases it"
     else:
@@ -575,6 +593,7 @@ class QueueStatus:
     running: int  # bound or running
     oldest_queued_at: float | None  # epoch seconds: the creation of its oldest queued pod
     max_queued_seconds: float | None
+    backing_off: int = 0  # queued, held while their controller backs off (lockgate.backoff)
 
 
 def queue_statuses(state: SchedulerState) -> list[QueueStatus]:
@@ -604,5 +623,6 @@ def queue_statuses(state: SchedulerState) -> list[QueueStatus]:
             queued=usage.queued_jobs, unschedulable=usage.unschedulable_jobs,
             released=released, running=running, oldest_queued_at=oldest.get(name),
             max_queued_seconds=None if spec is None or spec.max_queued is None
-            else spec.max_queued.seconds))
+            else spec.max_queued.seconds,
+            backing_off=usage.backing_off_jobs))
     return statuses

@@ -88,6 +88,8 @@ def _queue_note(q: Mapping[str, Any]) -> str:
         notes.append("cordoned")
     if q.get("unschedulable"):
         notes.append(f"{q['unschedulable']} fit no node")
+    if q.get("backing_off"):
+        notes.append(f"{q['backing_off']} backing off")
     if q.get("max_queued_seconds"):
         notes.append(f"max queued {duration(q['max_queued_seconds'])}")
     return ", ".join(notes) or "-"

@@ -10,6 +10,7 @@ jobs, which is fine for a command a person runs, not for a loop.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -37,6 +38,10 @@ async def scheduler_state(connection: AnyConnection) -> SchedulerState:
     for node in everything.nodes:
         state.set_node(node.cluster, node.node, node.info)
     state.upsert_jobs(everything.jobs)
+    now = time.time()
+    for backoff in everything.backoffs:  # as the leader holds them (lockgate.backoff)
+        if backoff.waits(now):
+            state.hold_controller(backoff)
     return state
 
 

@@ -23,11 +23,12 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
+from lockgate.backoff import ControllerBackoff
 from lockgate.jobs import TERMINAL_STATES, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
@@ -119,6 +120,9 @@ class Changes:
     # Queued jobs that were released before and came back (the release failed): job id ->
     # (how many releases it had, when it came back), so the scheduler can back off.
     returned: dict[str, tuple[int, datetime]] = field(default_factory=dict)
+    # Controllers backing off or remembered (lockgate.backoff): only the first load has them;
+    # the leader alone writes them.
+    backoffs: list[ControllerBackoff] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.queues or self.nodes or self.jobs)
@@ -195,7 +199,8 @@ _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, pres
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
                 " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
-                " pod_group, pod_group_size, preemptible, priority_class, max_queued")
+                " pod_group, pod_group_size, preemptible, priority_class, max_queued,"
+                " controller_uid")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
 _PLACEMENT_CACHE_SIZE = 4096
@@ -213,7 +218,16 @@ async def load_everything(connection: asyncpg.Connection) -> Changes:
         jobs = await connection.fetch(
             f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state <> ALL($1::text[])",  # noqa: S608
             _TERMINAL)
-    return _changes(serial, queues, nodes, jobs)
+        backoffs = await connection.fetch(
+            "SELECT cluster, controller_uid, attempts, given_up_at, until"
+            " FROM controller_backoffs")
+    changes = _changes(serial, queues, nodes, jobs)
+    changes.backoffs = [
+        ControllerBackoff(cluster=r["cluster"], controller_uid=r["controller_uid"],
+                          attempts=r["attempts"], given_up_at=r["given_up_at"].timestamp(),
+                          until=r["until"].timestamp())
+        for r in backoffs]
+    return changes
 
 
 async def changes_since(connection: asyncpg.Connection, serial: int) -> Changes:
@@ -341,6 +355,7 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         preemptible=record["preemptible"],
         priority_class=record["priority_class"],
         max_queued=_jobset_max_queued(record["max_queued"]),
+        controller=record["controller_uid"],
     )
 
 
@@ -351,20 +366,37 @@ def _jobset_max_queued(value: Any) -> JobSetMaxQueued | None:
 
 # Giving up on released pods kube-scheduler cannot place -------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class BackoffRow:
+    """A controller's back-off as stored, with the pod whose give-up set it."""
+
+    backoff: ControllerBackoff
+    namespace: str
+    pod: str
+
+
 async def record_unplaceable(connection: asyncpg.Connection, *, keys: Sequence[tuple[str, str]],
-                             reasons: Sequence[str], at: datetime) -> int:
-    """Mark released, still unbound jobs as given up on (unplaceable_at, last_reason); returns
-    how many rows changed. Jobs that got bound meanwhile are left alone."""
+                             reasons: Sequence[str], at: datetime,
+                             backoffs: Sequence[BackoffRow] = ()) -> int:
+    """Mark released, still unbound jobs as given up on (unplaceable_at, last_reason), and
+    store the back-offs of their controllers that this starts, in one transaction; returns how
+    many job rows changed. Jobs that got bound meanwhile are left alone; jobs already deleted
+    without ever being bound are marked too: the ungater, told first, may have deleted the pod
+    (and queue-store recorded that) before this runs."""
     if not keys:
         return 0
     async with connection.transaction():
+        if backoffs:
+            await _store_backoffs(connection, backoffs)
         await hold_change_feed_lock(connection)
         result = await connection.execute(
             "UPDATE jobs j SET unplaceable_at = $4, last_reason = t.reason,"
             " serial = nextval('change_serial')"
             " FROM unnest($1::text[], $2::text[], $3::text[]) AS t(cluster, uid, reason)"
             " WHERE j.cluster = t.cluster AND j.uid = t.uid"
-            " AND j.state IN ('released', 'ungated') AND j.unplaceable_at IS NULL",
+            " AND (j.state IN ('released', 'ungated')"
+            " OR (j.state = 'deleted' AND j.node_name IS NULL AND j.released_at IS NOT NULL))"
+            " AND j.unplaceable_at IS NULL",
             [k[0] for k in keys], [k[1] for k in keys], list(reasons), at)
         changed = int(result.split()[-1])
         if changed:
@@ -437,3 +469,36 @@ async def decisions_to_republish(
         include_unpublished, now - unanswered_for, limit,
     )
     return [RecordedRelease(**dict(row.items())) for row in rows]
+
+
+# Back-off per controller (lockgate.backoff) ---------------------------------------------------
+
+async def _store_backoffs(connection: asyncpg.Connection, rows: Sequence[BackoffRow]) -> None:
+    await connection.execute(
+        "INSERT INTO controller_backoffs"
+        " (cluster, controller_uid, attempts, given_up_at, until, namespace, pod)"
+        " SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::timestamptz[],"
+        " $5::timestamptz[], $6::text[], $7::text[])"
+        " ON CONFLICT (cluster, controller_uid) DO UPDATE SET attempts = EXCLUDED.attempts,"
+        " given_up_at = EXCLUDED.given_up_at, until = EXCLUDED.until,"
+        " namespace = EXCLUDED.namespace, pod = EXCLUDED.pod",
+        [r.backoff.cluster for r in rows], [r.backoff.controller_uid for r in rows],
+        [r.backoff.attempts for r in rows],
+        [datetime.fromtimestamp(r.backoff.given_up_at, UTC) for r in rows],
+        [datetime.fromtimestamp(r.backoff.until, UTC) for r in rows],
+        [r.namespace for r in rows], [r.pod for r in rows])
+
+
+async def forget_backoffs(connection: asyncpg.Connection,
+                          backoffs: Sequence[ControllerBackoff]) -> None:
+    """Delete these back-offs (reset by a bind, or over long enough), each only as it was read:
+    a row a give-up has changed since stays."""
+    if not backoffs:
+        return
+    await connection.execute(
+        "DELETE FROM controller_backoffs b"
+        " USING unnest($1::text[], $2::text[], $3::timestamptz[]) AS t(cluster, uid, given_up_at)"
+        " WHERE b.cluster = t.cluster AND b.controller_uid = t.uid"
+        " AND b.given_up_at = t.given_up_at",
+        [b.cluster for b in backoffs], [b.controller_uid for b in backoffs],
+        [datetime.fromtimestamp(b.given_up_at, UTC) for b in backoffs])

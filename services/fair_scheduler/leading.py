@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaProducer
 from opentelemetry import trace
 from prometheus_client import Counter as MetricCounter
 
+from fair_scheduler.backing_off import ControllerBackoffKeeper
 from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
@@ -121,6 +122,9 @@ class Leader:
         self._state = SchedulerState(settings.fairness_resources)
         # Released pods kube-scheduler reports Unschedulable, until the leader gives up on them.
         self._unplaceable = UnplaceableWatch(settings.unplaceable_after_seconds)
+        # Controllers whose pods it gave up on and had deleted wait before the next try.
+        self._controller_backoffs = ControllerBackoffKeeper(
+            self._state, settings.backoff_policy(), enabled=settings.unplaceable_backoff)
         # Queued jobs whose queue may turn out undefined, and which of them were noticed.
         self._notices = UndefinedQueueNotices()
         # Queued pods: when each is next told why it waits, and which waited too long.
@@ -179,11 +183,12 @@ class Leader:
         next_waiting_check = time.monotonic()  # after the first round
         while not stopping.is_set():
             if not more_to_do:
-                unplaceable_due = time.monotonic() + (
-                    self._unplaceable.next_due() - self._now().timestamp())
+                wall = self._now().timestamp()
+                unplaceable_due = time.monotonic() + (self._unplaceable.next_due() - wall)
+                controller_due = time.monotonic() + (self._controller_backoffs.next_due() - wall)
                 timeout = max(0.0, min(next_safety_round, next_republish, next_check,
                                        next_waiting_check, self._next_backoff_end(),
-                                       unplaceable_due)
+                                       unplaceable_due, controller_due)
                               - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -199,6 +204,8 @@ class Leader:
             listener = await self._listen(listener)
             changed = self._apply(await store.changes_since(self._connection, self._serial))
             changed = self._end_due_backoffs() or changed
+            changed = await self._controller_backoffs.end_due(
+                self._connection, self._now().timestamp()) or changed
             changed = await self._give_up_unplaceable() or changed
             now = time.monotonic()
             safety_due = now >= next_safety_round
@@ -221,6 +228,7 @@ class Leader:
     async def _load(self) -> None:
         started = time.monotonic()
         everything = await store.load_everything(self._connection)
+        self._controller_backoffs.load(everything.backoffs, self._now().timestamp())
         self._apply(everything)
         log.info("loaded %d queues, %d nodes, %d unfinished jobs up to serial %d in %.2fs",
                  len(everything.queues), len(everything.nodes), len(everything.jobs),
@@ -242,6 +250,7 @@ class Leader:
             self._notices.observe(job)
             self._unplaceable.observe(job)
             self._waiting.observe(job, now)
+            changed = self._controller_backoffs.observe(job) or changed
             if job.state.is_terminal:
                 self._removing.discard(job.job_id)
             if job.job_id in self._expired:
@@ -531,11 +540,14 @@ class Leader:
         names = await store.pod_names(self._connection, keys)
         at = self._now()
         notices = []
+        deleted: list[tuple[SchedJob, str, str]] = []
         for job, (cluster, uid) in zip(due, keys, strict=True):
             found = names.get((cluster, uid))
             if found is None:
                 continue
             deleting = job.controlled and settings.delete_unplaceable_controlled
+            if deleting:
+                deleted.append((job, found[0], found[1]))
             notices.append(PodNotice(
                 cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
                 reason=NoticeReason.UNPLACEABLE.value,
@@ -552,8 +564,15 @@ class Leader:
                             "later round", len(notices), error, extra=quiet("kafka"))
                 return False
             NOTICES.labels(NoticeReason.UNPLACEABLE.value).inc(len(notices))
+        # Their controllers back off (lockgate.backoff), recorded with the give-up.
+        backoffs = []
+        for job, namespace, pod in deleted:
+            row = self._controller_backoffs.give_up(job, namespace=namespace, pod=pod, now=now)
+            if row is not None:
+                backoffs.append(row)
         await store.record_unplaceable(
-            self._connection, keys=keys, reasons=[last_reason(job, now) for job in due], at=at)
+            self._connection, keys=keys, reasons=[last_reason(job, now) for job in due], at=at,
+            backoffs=backoffs)
         for job in due:
             self._unplaceable.forget(job.job_id)
             current = self._state.job(job.job_id)

@@ -80,6 +80,8 @@ class FairnessReport:
                 "demand_share": share.demand_share,
                 "queued": counts["queued"],
                 "unschedulable": report.unschedulable,
+                # Queued, held while their controller backs off (lockgate.backoff).
+                "backing_off": report.backing_off,
                 "released": counts["released"],
                 "running": counts["running"],
                 "allocated": report.allocated,

@@ -9,6 +9,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from lockgate.backoff import BackoffPolicy
 from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.settings import ServiceSettings
 
@@ -62,6 +63,13 @@ class SchedulerSettings(ServiceSettings):
                 f"({least}): Postgres would end a live leader's session")
         return self
 
+    def backoff_policy(self) -> BackoffPolicy:
+        return BackoffPolicy(
+            initial_seconds=(self.unplaceable_backoff_initial_seconds
+                             or self.unplaceable_after_seconds),
+            max_seconds=self.unplaceable_backoff_max_seconds,
+            forget_after_seconds=self.unplaceable_backoff_forget_seconds)
+
     def liveness(self) -> SessionLiveness:
         return SessionLiveness(
             check_interval=self.leader_check_interval_seconds,
@@ -98,6 +106,22 @@ class SchedulerSettings(ServiceSettings):
     delete_unplaceable_controlled: bool = Field(
         default=True,
         description="delete such a pod when a controller owns it, so a gated replacement comes")
+    # Back-off per controller (lockgate.backoff; docs/scheduling.md, "Released pods that cannot
+    # be placed"): a controller whose pod was deleted that way does not churn.
+    unplaceable_backoff: bool = Field(
+        default=True,
+        description="after such a pod is deleted, its controller's queued pods wait (not "
+                    "released) for a delay that doubles with each consecutive give-up; a pod "
+                    "of it that binds resets it")
+    unplaceable_backoff_initial_seconds: float | None = Field(
+        default=None, gt=0,
+        description="the first such delay; unset: unplaceable_after_seconds")
+    unplaceable_backoff_max_seconds: float = Field(
+        default=1800.0, gt=0, description="the longest such delay (the cap of the doubling)")
+    unplaceable_backoff_forget_seconds: float = Field(
+        default=3600.0, ge=0,
+        description="a controller none of whose pods was given up on for this long after its "
+                    "delay ended starts again from the first delay")
     # Pods that wait (Events through lockgate.pod-notices.v1; see lockgate.waiting)
     wait_notices: bool = Field(
         default=True, description="tell every queued pod, with an Event, why it waits")

@@ -39,6 +39,11 @@ class JobBuilder:
     group_size: int = 0
     is_preemptible: bool = False
     priority_class: str = ""
+    controller: str = ""
+
+    def controlled_by(self, uid: str) -> JobBuilder:
+        """Owned by the controller (ReplicaSet, Job...) with this uid."""
+        return replace(self, controller=uid)
 
     def in_group(self, name: str, size: int) -> JobBuilder:
         """A member of pod group `name` (per namespace: "<namespace>/<name>") of `size` pods."""
@@ -93,6 +98,8 @@ class JobBuilder:
             group_size=self.group_size,
             preemptible=self.is_preemptible,
             priority_class=self.priority_class,
+            controlled=bool(self.controller),
+            controller=self.controller,
         )
 
     def times(self, count: int) -> list[SchedJob]:

@@ -44,6 +44,9 @@ WAITING = WaitFacts(queue_defined=True, cordoned=False, cluster_has_nodes=True,
     # The most blocking reason wins: a cordoned queue releases nothing, whatever the room.
     ({"cordoned": True, "fits_some_node": False}, WaitReason.QUEUE_CORDONED),
     ({"queue_defined": False, "cordoned": True}, WaitReason.QUEUE_UNKNOWN),
+    # Its controller backs off: released at the earliest when that ends, whatever the room.
+    ({"backing_off": True, "fits_some_node": False}, WaitReason.BACKING_OFF),
+    ({"backing_off": True, "cordoned": True}, WaitReason.QUEUE_CORDONED),
 ])
 def test_the_reason_is_the_most_blocking_one(change: dict[str, bool], want: WaitReason) -> None:
     assert choose_reason(replace(WAITING, **change)) is want
