@@ -87,7 +87,7 @@ class JobRow:
     # The job set's maximum time queued (lockgate.max_queued.JobSetMaxQueued as JSON), taken
     # from the first event, as the group is: the webhook fixes it at admission.
     max_queued: Mapping[str, Any] | None = None
-    # The uid of its controlling owner (migration 012; "" none), from the newest event: what a
+    # The uid of its controlling owner (migration 011; "" none), from the newest event: what a
     # back-off per controller is kept by (lockgate.backoff).
     controller_uid: str = ""
 

@@ -1,4 +1,4 @@
-"""Back-offs per controller in real Postgres (migration 012), as each service's own role.
+"""Back-offs per controller in real Postgres (migration 011), as each service's own role.
 
 The scheduler writes a back-off with the give-up that starts it, a new leader loads it with the
 jobs, queue-store's admin views read it (so `lockgate explain` says a pod backs off), and a reset
