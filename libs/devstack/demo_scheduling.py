@@ -27,6 +27,7 @@ import asyncpg
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.stack import StackInfo
 from lockgate.groups import GROUP_LABEL, GROUP_SIZE_KEY
@@ -255,15 +256,4 @@ async def _keep_only(dsn: str, alias: str) -> None:
         await migrate(migrating)
     finally:
         await migrating.close()
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(
-            "CREATE FUNCTION only_our_cluster() RETURNS trigger AS $$ BEGIN"
-            " IF NEW.cluster = TG_ARGV[0] THEN RETURN NEW; END IF; RETURN NULL;"
-            " END $$ LANGUAGE plpgsql")
-        for table in ("jobs", "cluster_nodes"):
-            await connection.execute(
-                f"CREATE TRIGGER only_our_cluster BEFORE INSERT ON {table} FOR EACH ROW"
-                f" EXECUTE FUNCTION only_our_cluster({alias!r})")
-    finally:
-        await connection.close()
+    await keep_only_clusters(dsn, [alias])

@@ -27,6 +27,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import KWOK_NODE_ANNOTATION, Namespaces, a_pod
 from helpers.postgres import fresh_database, migrate_database
@@ -82,18 +83,7 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     alias = f"backoff-{run_id}-a"
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_backoff_{run_id}") as dsn:
         await migrate_database(dsn)
-        connection = await asyncpg.connect(dsn)
-        try:  # only this run's rows (the cluster is shared with other tests)
-            await connection.execute(
-                "CREATE FUNCTION only_our_cluster() RETURNS trigger AS $$ BEGIN"
-                " IF NEW.cluster = TG_ARGV[0] THEN RETURN NEW; END IF; RETURN NULL;"
-                " END $$ LANGUAGE plpgsql")
-            for table in ("jobs", "cluster_nodes"):
-                await connection.execute(
-                    f"CREATE TRIGGER only_our_cluster BEFORE INSERT ON {table} FOR EACH ROW"
-                    f" EXECUTE FUNCTION only_our_cluster('{alias}')")
-        finally:
-            await connection.close()
+        await keep_only_clusters(dsn, [alias])
         api = await api_client(stack.kubeconfigs["cluster-a"])
         await ensure_topics(stack.kafka_bootstrap)
         lockgate = Lockgate.for_stack(

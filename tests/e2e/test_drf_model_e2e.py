@@ -39,6 +39,7 @@ import asyncpg
 import pytest
 from kubernetes_asyncio import client
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import Namespaces, a_pod
 from helpers.postgres import fresh_database, migrate_database
@@ -80,7 +81,8 @@ class Run:
 @pytest.fixture
 async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_drf_{RUN}") as dsn:
-        await keep_only_our_clusters(dsn)
+        await migrate_database(dsn)
+        await keep_only_clusters(dsn, CLUSTERS)
         apis = {alias: await api_client(stack.kubeconfigs[real])
                 for alias, real in CLUSTERS.items()}
         bootstrap = stack.kafka_bootstrap
@@ -124,23 +126,6 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             await pool.close()
     unclean = {name: code for name, code in codes.items() if code not in (0, None)}
     assert not unclean, f"services did not stop gracefully: {unclean}"
-
-
-async def keep_only_our_clusters(dsn: str) -> None:
-    """Migrate, then drop rows about clusters this run does not know."""
-    await migrate_database(dsn)
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(
-            "CREATE FUNCTION only_our_clusters() RETURNS trigger AS $$ BEGIN"
-            " IF NEW.cluster = ANY(TG_ARGV) THEN RETURN NEW; END IF; RETURN NULL;"
-            " END $$ LANGUAGE plpgsql")
-        for table in ("jobs", "cluster_nodes"):
-            await connection.execute(
-                f"CREATE TRIGGER only_our_clusters BEFORE INSERT ON {table} FOR EACH ROW"
-                f" EXECUTE FUNCTION only_our_clusters({', '.join(map(repr, CLUSTERS))})")
-    finally:
-        await connection.close()
 
 
 # ---------------------------------------------------------------- facts from Postgres

@@ -30,6 +30,7 @@ import asyncpg
 import pytest
 from kubernetes_asyncio import client
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kafka import TopicTail
 from helpers.kube import COMPLETE_ANNOTATION, Namespaces, a_pod
@@ -80,7 +81,8 @@ class Run:
 @pytest.fixture
 async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_e2e_{RUN}") as dsn:
-        await keep_only_our_clusters(dsn)
+        await migrate_database(dsn)
+        await keep_only_clusters(dsn, CLUSTERS)
         kubeconfigs = {alias: stack.kubeconfigs[real] for alias, real in CLUSTERS.items()}
         apis = {alias: await api_client(path) for alias, path in kubeconfigs.items()}
         bootstrap = stack.kafka_bootstrap
@@ -135,23 +137,6 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     unclean = {name: code for name, code in codes.items()
                if code not in (0, None) and name != LEADER}  # the leader was SIGKILLed
     assert not unclean, f"services did not stop gracefully: {unclean}"
-
-
-async def keep_only_our_clusters(dsn: str) -> None:
-    """Migrate, then drop rows about clusters this run does not know (see the docstring)."""
-    await migrate_database(dsn)
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(
-            "CREATE FUNCTION only_our_clusters() RETURNS trigger AS $$ BEGIN"
-            " IF NEW.cluster = ANY(TG_ARGV) THEN RETURN NEW; END IF; RETURN NULL;"
-            " END $$ LANGUAGE plpgsql")
-        for table in ("jobs", "cluster_nodes"):
-            await connection.execute(
-                f"CREATE TRIGGER only_our_clusters BEFORE INSERT ON {table} FOR EACH ROW"
-                f" EXECUTE FUNCTION only_our_clusters({', '.join(map(repr, CLUSTERS))})")
-    finally:
-        await connection.close()
 
 
 # ---------------------------------------------------------------- pods

@@ -27,6 +27,7 @@ import asyncpg
 import pytest
 from kubernetes_asyncio import client
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import Namespaces, a_pod
 from helpers.postgres import fresh_database, migrate_database
@@ -60,7 +61,8 @@ class Run:
 @pytest.fixture
 async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_gang_{RUN}") as dsn:
-        await keep_only_our_cluster(dsn)
+        await migrate_database(dsn)
+        await keep_only_clusters(dsn, [ALIAS])
         api = await api_client(stack.kubeconfigs["cluster-a"])
         nodes = (await client.CoreV1Api(api).list_node()).items
         sizes = sorted((n.metadata.name, n.status.allocatable.get("cpu")) for n in nodes)
@@ -109,23 +111,6 @@ async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             await api.close()
             await pool.close()
     assert not {name: code for name, code in codes.items() if code not in (0, None)}, codes
-
-
-async def keep_only_our_cluster(dsn: str) -> None:
-    """Migrate, then drop rows of clusters this run does not watch (other runs' watchers)."""
-    await migrate_database(dsn)
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(
-            "CREATE FUNCTION only_our_cluster() RETURNS trigger AS $$ BEGIN"
-            " IF NEW.cluster = TG_ARGV[0] THEN RETURN NEW; END IF; RETURN NULL;"
-            " END $$ LANGUAGE plpgsql")
-        for table in ("jobs", "cluster_nodes"):
-            await connection.execute(
-                f"CREATE TRIGGER only_our_cluster BEFORE INSERT ON {table} FOR EACH ROW"
-                f" EXECUTE FUNCTION only_our_cluster({ALIAS!r})")
-    finally:
-        await connection.close()
 
 
 def pod(name: str, queue: str, *, labels: dict[str, str] | None = None,
