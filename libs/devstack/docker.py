@@ -173,8 +173,10 @@ class DockerEngine:
 
     def _remove_leftovers(self) -> None:
         # Its exec root, pid file and socket: state of a daemon that no longer runs. dockerd
-        # leaves its default network namespace mounted there (nsfs): unmount it first.
-        for mount in reversed(mounts_under(RUN_DIR)):
+        # leaves its default network namespace mounted there (nsfs), and its data root bound
+        # onto itself (made a private mount): unmount them first.
+        data_root = self.settings.cache_dir / "docker" / "data-root"
+        for mount in reversed(mounts_under(RUN_DIR) + mounts_under(data_root)):
             subprocess.run(["umount", "--lazy", mount], check=False)
         shutil.rmtree(RUN_DIR, ignore_errors=True)
         if not self._bridge_before and link_exists(BRIDGE):
