@@ -29,6 +29,7 @@ import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import a_pod, gates_of
 from helpers.postgres import fresh_database, migrate_database
@@ -52,24 +53,6 @@ class Running:
     db: asyncpg.Pool
 
 
-async def only_this_run(dsn: str) -> None:
-    """Migrated, and keeping only rows of this run's cluster name (other runs' watchers publish
-    the same clusters under their names on the shared topics)."""
-    await migrate_database(dsn)
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(
-            "CREATE FUNCTION only_this_run() RETURNS trigger AS $$ BEGIN"
-            " IF NEW.cluster = ANY(TG_ARGV) THEN RETURN NEW; END IF; RETURN NULL;"
-            " END $$ LANGUAGE plpgsql")
-        for table in ("jobs", "cluster_nodes"):
-            await connection.execute(
-                f"CREATE TRIGGER only_this_run BEFORE INSERT ON {table} FOR EACH ROW"
-                f" EXECUTE FUNCTION only_this_run({ALIAS!r})")
-    finally:
-        await connection.close()
-
-
 def as_user(admin_kubeconfig: str, token: str) -> dict[str, Any]:
     cluster = yaml.safe_load(Path(admin_kubeconfig).read_text())["clusters"][0]
     return {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
@@ -86,7 +69,8 @@ async def running(stack: Any, kube_clients: dict[str, client.ApiClient],
     admin = client.CoreV1Api(admin_api)
     namespace = f"enf-e2e-{RUN}"
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_enf_{RUN}") as dsn:
-        await only_this_run(dsn)
+        await migrate_database(dsn)
+        await keep_only_clusters(dsn, [ALIAS])
         ports = ServicePorts.free()
         lockgate = Lockgate.for_stack(
             stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ports, run_id=f"enf-{RUN}",

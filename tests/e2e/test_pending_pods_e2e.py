@@ -38,6 +38,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import a_pod
 from helpers.postgres import fresh_database, migrate_database
@@ -73,22 +74,6 @@ class Running:
     token_file: str
 
 
-async def only_this_run(dsn: str) -> None:
-    await migrate_database(dsn)
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(
-            "CREATE FUNCTION only_this_run() RETURNS trigger AS $$ BEGIN"
-            " IF NEW.cluster = ANY(TG_ARGV) THEN RETURN NEW; END IF; RETURN NULL;"
-            " END $$ LANGUAGE plpgsql")
-        for table in ("jobs", "cluster_nodes"):
-            await connection.execute(
-                f"CREATE TRIGGER only_this_run BEFORE INSERT ON {table} FOR EACH ROW"
-                f" EXECUTE FUNCTION only_this_run({ALIAS!r})")
-    finally:
-        await connection.close()
-
-
 @pytest.fixture(scope="module")
 async def running(stack: Any, kube_clients: dict[str, client.ApiClient],
                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Running]:
@@ -96,7 +81,8 @@ async def running(stack: Any, kube_clients: dict[str, client.ApiClient],
     core = client.CoreV1Api(api)
     namespace = f"pend-e2e-{RUN}"
     async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_pend_{RUN}") as dsn:
-        await only_this_run(dsn)
+        await migrate_database(dsn)
+        await keep_only_clusters(dsn, [ALIAS])
         lockgate = Lockgate.for_stack(
             stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
             run_id=f"pend-{RUN}", standby_scheduler=False,
