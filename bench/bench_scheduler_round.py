@@ -33,11 +33,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from lockgate.fairness import schedule_round
 from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
-from lockgate.scheduling import NodeInfo, SchedJob, SchedulerState
+from lockgate.scheduler import NodeInfo, SchedJob, SchedulerState, schedule_round
 
 CLUSTERS = ("cluster-a", "cluster-b")
 NODES_PER_CLUSTER = 40

@@ -68,7 +68,8 @@ class PodEvent(Event):
     # Added in place (optional, defaulted): that controller's uid, which a back-off is kept by
     # (lockgate.backoff); "" when none. Upgrade queue-store before cluster-watcher.
     controller_uid: str = ""
-    # Pod groups and preemption (lockgate.groups, lockgate.preemption); a group is per namespace.
+    # Pod groups and preemption (lockgate.groups, lockgate.scheduler.preemption); a group is per
+    # namespace.
     group: str | None = None
     group_size: int = 0
     preemptible: bool = False  # the pod's lockgate.io/preemptible label is "true"

@@ -15,7 +15,8 @@ MANAGED_NAMESPACE_LABEL = f"{DOMAIN}/managed"
 QUEUE_LABEL = f"{DOMAIN}/queue"
 JOBSET_LABEL = f"{DOMAIN}/jobset"
 PRIORITY_LABEL = f"{DOMAIN}/priority"
-# "true": the pod may be evicted to give another queue its fair share (lockgate.preemption).
+# "true": the pod may be evicted to give another queue its fair share
+# (lockgate.scheduler.preemption).
 PREEMPTIBLE_LABEL = f"{DOMAIN}/preemptible"
 # Annotation the webhook leaves so a pod says where its labels came from.
 LABEL_SOURCE_ANNOTATION = f"{DOMAIN}/labels-from"

@@ -21,7 +21,7 @@ from typing import Any
 
 from lockgate.events import PodNotice
 from lockgate.jobs import JobState
-from lockgate.scheduling import SchedJob
+from lockgate.scheduler import SchedJob
 
 # A Kubernetes object name (DNS subdomain) is at most this long.
 _MAX_NAME = 253
@@ -32,7 +32,7 @@ EVENT_SOURCE = "lockgate-ungater"
 class NoticeReason(StrEnum):
     """Why a pod stays gated: the Event's `reason` (CamelCase, as Kubernetes reasons are).
 
-    Open: `lockgate.waiting` adds the reasons of pods that wait their turn, and an ungater
+    Open: `lockgate.scheduler.explain` adds the reasons of pods that wait their turn, and an ungater
     writes a reason it does not know as it is.
     """
 

@@ -1,7 +1,7 @@
 """Placement as kube-scheduler sees it: may a pod land on a node at all, whatever the room?
 
 Why here: lockgate releases a pod only where kube-scheduler would put it. Room is one half of
-that (see `lockgate.fairness`); the other half is the node filters a pod carries: taints and
+that (see `lockgate.scheduler.room`); the other half is the node filters a pod carries: taints and
 tolerations, nodeSelector and required node affinity. They are matched here, purely, with
 kube-scheduler's semantics (the TaintToleration, NodeAffinity plugins and
 `k8s.io/component-helpers/scheduling/corev1`), so the scheduler, the watcher and the tests agree:

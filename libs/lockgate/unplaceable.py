@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from lockgate.jobs import JobState
-from lockgate.scheduling import SchedJob
+from lockgate.scheduler import SchedJob
 
 _UNBOUND_RELEASED = frozenset({JobState.RELEASED, JobState.UNGATED})
 

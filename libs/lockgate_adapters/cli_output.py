@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from lockgate.waiting import format_amount, format_duration
+from lockgate.scheduler import format_amount, format_duration
 
 FORMATS = ("table", "json", "yaml")
 

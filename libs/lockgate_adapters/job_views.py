@@ -19,7 +19,7 @@ import asyncpg
 
 from lockgate.ingest import JobRow
 from lockgate.jobs import TERMINAL_STATES
-from lockgate.scheduling import SchedulerState
+from lockgate.scheduler import SchedulerState
 from lockgate_adapters import job_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.postgres import AnyConnection

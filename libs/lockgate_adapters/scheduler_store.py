@@ -34,7 +34,7 @@ from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
-from lockgate.scheduling import NodeInfo, SchedJob
+from lockgate.scheduler import NodeInfo, SchedJob
 from lockgate_adapters.postgres import LEADER_LOCK, hold_change_feed_lock, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]

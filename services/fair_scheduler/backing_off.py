@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import asyncpg
 
 from lockgate.backoff import BackoffPolicy, ControllerBackoff, ControllerBackoffs
-from lockgate.scheduling import SchedJob, SchedulerState
+from lockgate.scheduler import SchedJob, SchedulerState
 from lockgate_adapters import scheduler_store as store
 
 log = logging.getLogger(__name__)

@@ -32,24 +32,29 @@ from fair_scheduler.backing_off import ControllerBackoffKeeper
 from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
-from lockgate.fairness import RoundResult, schedule_round
-from lockgate.groups import GroupTimeoutAction, timed_out, timeout_message
+from lockgate.groups import GroupTimeoutAction
 from lockgate.jobs import JobState
 from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
-from lockgate.preemption import PreemptionPolicy, plan_evictions
 from lockgate.queues import MaxQueued
-from lockgate.scheduling import SchedJob, SchedulerState
-from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
-from lockgate.waiting import (
+from lockgate.scheduler import (
     EVENT_REASONS,
     MAX_QUEUED_EVENT_REASON,
     QUEUED_EVENT_REASON,
     Explainer,
     NoticeLimits,
+    PreemptionPolicy,
+    RoundResult,
+    SchedJob,
+    SchedulerState,
     WaitingPods,
     format_duration,
+    plan_evictions,
     positions,
+    schedule_round,
+    timed_out,
+    timeout_message,
 )
+from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
 from lockgate_adapters import eviction_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness

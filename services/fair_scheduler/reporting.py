@@ -14,8 +14,8 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from lockgate.fairness import RoundResult
 from lockgate.jobs import JobState
+from lockgate.scheduler import RoundResult
 
 IS_LEADER = Gauge("lockgate_scheduler_is_leader",
                   "1 while this instance holds the leader lock, else 0")

@@ -122,7 +122,7 @@ class SchedulerSettings(ServiceSettings):
         default=3600.0, ge=0,
         description="a controller none of whose pods was given up on for this long after its "
                     "delay ended starts again from the first delay")
-    # Pods that wait (Events through lockgate.pod-notices.v1; see lockgate.waiting)
+    # Pods that wait (Events through lockgate.pod-notices.v1; see lockgate.scheduler.waiting)
     wait_notices: bool = Field(
         default=True, description="tell every queued pod, with an Event, why it waits")
     wait_notice_check_seconds: float = Field(

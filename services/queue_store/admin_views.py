@@ -2,7 +2,7 @@
 
 Why here, beside the queue endpoints: they are read-only and served to the same tokens by the
 same `lockgate` CLI. `status` and `explain` compute over the scheduler's picture loaded from
-Postgres (`job_views.scheduler_state`) with the pure `lockgate.waiting`, which is what the
+Postgres (`job_views.scheduler_state`) with the pure `lockgate.scheduler.explain`, which is what the
 fair-scheduler leader uses for the Events on waiting pods: both say the same.
 
     GET /api/v1/status                               {"queues": [...], "at": ...}
@@ -23,7 +23,7 @@ import asyncpg
 from aiohttp import web
 
 from lockgate.ingest import JobRow
-from lockgate.waiting import Explainer, Explanation, queue_statuses
+from lockgate.scheduler import Explainer, Explanation, queue_statuses
 from lockgate_adapters import job_store, job_views
 
 MAX_JOBSETS_LISTED = 10_000

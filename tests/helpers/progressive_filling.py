@@ -3,7 +3,7 @@
 Why it exists: the end-to-end fairness test compares what lockgate released against what dominant
 resource fairness says it should have released. That verdict must not come from the code under
 test, so this is written from the semantics alone (docs/scheduling.md, Armada's DRF), and shares
-no code with `lockgate.fairness` or `lockgate.scheduling`. It is small and slow on purpose
+no code with `lockgate.scheduler`. It is small and slow on purpose
 (quadratic in pods): it only has to be obviously right for a few hundred pods.
 
 The semantics, step by step (progressive filling, as Armada runs it):

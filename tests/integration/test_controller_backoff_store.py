@@ -18,7 +18,7 @@ import pytest
 from devstack.roles import service_dsn
 from helpers.postgres import fresh_database
 from lockgate.backoff import ControllerBackoff
-from lockgate.waiting import Explainer, WaitReason
+from lockgate.scheduler import Explainer, WaitReason
 from lockgate_adapters import job_views
 from lockgate_adapters import scheduler_store as store
 

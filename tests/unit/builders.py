@@ -15,11 +15,10 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from lockgate.fairness import RoundResult
 from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
-from lockgate.scheduling import NodeInfo, SchedJob, SchedulerState
+from lockgate.scheduler import NodeInfo, RoundResult, SchedJob, SchedulerState
 
 _sequence = itertools.count(1)
 _BASE_TIME = 1_700_000_000.0

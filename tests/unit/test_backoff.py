@@ -12,13 +12,22 @@ from builders import a_job, a_node, a_queue, a_state, released_ids
 
 from lockgate.backoff import BackoffPolicy, ControllerBackoff, ControllerBackoffs
 from lockgate.events import PodEvent
-from lockgate.fairness import SkipReason, fair_shares, schedule_round
 from lockgate.ingest import CurrentRows, fold_batch
 from lockgate.jobs import JobState
 from lockgate.observing import pod_event
-from lockgate.preemption import PreemptionPolicy, plan_evictions
-from lockgate.scheduling import SchedJob, SchedulerState
-from lockgate.waiting import EVENT_REASONS, Explainer, WaitReason, queue_statuses
+from lockgate.scheduler import (
+    EVENT_REASONS,
+    Explainer,
+    PreemptionPolicy,
+    SchedJob,
+    SchedulerState,
+    SkipReason,
+    WaitReason,
+    fair_shares,
+    plan_evictions,
+    queue_statuses,
+    schedule_round,
+)
 
 POLICY = BackoffPolicy(initial_seconds=120, max_seconds=1800, forget_after_seconds=3600)
 RS = ("cluster-a", "rs-uid")

@@ -15,18 +15,20 @@ from builders import (
     released_per_queue,
 )
 
-from lockgate.fairness import (
+from lockgate.jobs import JobState
+from lockgate.queues import QueueSpec
+from lockgate.resources import Resources
+from lockgate.scheduler import (
+    NodeInfo,
     QueueOutcome,
     RoundResult,
+    SchedJob,
+    SchedulerState,
     SkipReason,
     adjusted_fair_shares,
     fair_shares,
     schedule_round,
 )
-from lockgate.jobs import JobState
-from lockgate.queues import QueueSpec
-from lockgate.resources import Resources
-from lockgate.scheduling import NodeInfo, SchedJob, SchedulerState
 
 GI = 2**30
 GPU = "nvidia.com/gpu"
@@ -686,7 +688,7 @@ def test_removing_jobs_updates_the_books_and_the_heap() -> None:
 
     assert state.queue_usage("a").queued_jobs == 2
     # Removed jobs' heap entries are deleted lazily, and compacted once they outnumber the rest.
-    assert len(state._queues["a"].pending["cluster-a"].heap) <= 2 * 2 + 64
+    assert len(state.queue_records["a"].pending["cluster-a"].heap) <= 2 * 2 + 64
     assert sorted(released_ids(run_round(state))) == sorted(j.job_id for j in jobs[98:])
 
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 from builders import a_job, a_node, a_queue, a_state, released_ids, released_per_queue
 
-from lockgate.fairness import RoundResult, SkipReason, schedule_round
 from lockgate.groups import (
     GROUP_LABEL,
     GROUP_SIZE_KEY,
@@ -18,11 +17,17 @@ from lockgate.groups import (
     InvalidPodGroupError,
     PodGroup,
     pod_group,
+)
+from lockgate.jobs import JobState
+from lockgate.scheduler import (
+    RoundResult,
+    SchedJob,
+    SchedulerState,
+    SkipReason,
+    schedule_round,
     timed_out,
     timeout_message,
 )
-from lockgate.jobs import JobState
-from lockgate.scheduling import SchedJob, SchedulerState
 
 T0 = 1_700_000_000.0
 
@@ -157,7 +162,7 @@ def test_a_large_group_reserves_its_cluster_after_waiting_and_small_pods_stop_fi
         state.upsert_job(replace(blocker, state=JobState.SUCCEEDED))
     third = run_round(state, now=now + 2, reserve_after=30)
     assert released_per_queue(third) == {"a": 4}
-    assert not state._groups.reserved  # released: the reservation is gone
+    assert not state.groups().reserved  # released: the reservation is gone
 
 
 def test_a_young_group_does_not_reserve() -> None:
@@ -177,9 +182,9 @@ def test_an_incomplete_group_times_out_after_its_queues_timeout_only() -> None:
              .with_jobs(_gang(3, present=2, created=0), _gang(3, present=2, queue="b",
                                                               name="ns/h", created=0),
                         _gang(2, queue="a", name="ns/full", created=0)).build())
-    late = timed_out(state._groups, now=T0 + 61, timeout_of={"a": 60.0, "b": None})
+    late = timed_out(state.groups(), now=T0 + 61, timeout_of={"a": 60.0, "b": None})
     assert [status.key for status in late] == [("cluster-a", "a", "ns/g")]
-    assert timed_out(state._groups, now=T0 + 59, timeout_of={"a": 60.0}) == []
+    assert timed_out(state.groups(), now=T0 + 59, timeout_of={"a": 60.0}) == []
     message = timeout_message(late[0], timeout=60, action=GroupTimeoutAction.DELETE)
     assert "2 of 3 members" in message and "deleted" in message
 

@@ -21,7 +21,7 @@ from lockgate.max_queued import (
 )
 from lockgate.observing import pod_event
 from lockgate.queues import MaxQueued
-from lockgate.waiting import NoticeLimits, WaitingPods, explain
+from lockgate.scheduler import NoticeLimits, WaitingPods, explain
 
 LIMITS = NoticeLimits(pod_interval=60, cluster_rate=1, cluster_burst=1)
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from lockgate.events import PodEvent
-from lockgate.fairness import SkipReason, fair_shares, schedule_round
 from lockgate.ingest import CurrentRows, fold_batch
 from lockgate.jobs import JobState
 from lockgate.observing import NodeRoom, pod_event, unschedulable
@@ -33,7 +32,14 @@ from lockgate.placement import (
 )
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
-from lockgate.scheduling import NodeInfo, SchedJob, SchedulerState
+from lockgate.scheduler import (
+    NodeInfo,
+    SchedJob,
+    SchedulerState,
+    SkipReason,
+    fair_shares,
+    schedule_round,
+)
 from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
 
 GPU = "nvidia.com/gpu"

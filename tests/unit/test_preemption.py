@@ -14,11 +14,19 @@ from dataclasses import replace
 import pytest
 from builders import a_job, a_node, a_queue, a_state, released_per_queue
 
-from lockgate.fairness import RoundResult, SkipReason, schedule_round
 from lockgate.jobs import JobState
 from lockgate.placement import placement_of_pod
-from lockgate.preemption import Eviction, PreemptionPolicy, _Planner, plan_evictions
-from lockgate.scheduling import SchedJob, SchedulerState
+from lockgate.scheduler import (
+    Eviction,
+    PreemptionPolicy,
+    RoundResult,
+    SchedJob,
+    SchedulerState,
+    SkipReason,
+    plan_evictions,
+    schedule_round,
+)
+from lockgate.scheduler.preemption import _Planner
 
 POLICY = PreemptionPolicy(preemptible_priority_classes=frozenset({"batch-low"}))
 

@@ -1,4 +1,4 @@
-"""Why a queued pod waits, when it is told, and when it has waited too long (lockgate.waiting)."""
+"""Why a queued pod waits, when it is told, and when it has waited too long (lockgate.scheduler)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import pytest
 from builders import a_job, a_node, a_queue, a_state
 
 from lockgate.events import POD_NOTICES, PodNotice
-from lockgate.fairness import schedule_round
 from lockgate.jobs import JobState
 from lockgate.max_queued import Limit
 from lockgate.noticing import event_for, event_name
 from lockgate.queues import MaxQueued, QueueSpec
-from lockgate.waiting import (
+from lockgate.scheduler import (
     NoticeLimits,
     TokenBucket,
     WaitFacts,
@@ -25,6 +24,7 @@ from lockgate.waiting import (
     format_duration,
     positions,
     queue_statuses,
+    schedule_round,
 )
 
 WAITING = WaitFacts(queue_defined=True, cordoned=False, cluster_has_nodes=True,

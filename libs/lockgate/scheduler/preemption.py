@@ -39,12 +39,14 @@ import heapq
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from lockgate.fairness import RoundResult, SkipReason, fair_shares
-from lockgate.groups import GroupKey
 from lockgate.jobs import JobState
 from lockgate.labels import PREEMPTIBLE_LABEL
 from lockgate.placement import can_land
-from lockgate.scheduling import SchedulerState, _Job, _Shape
+from lockgate.scheduler.costs import dominant_of, fair_shares
+from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.room import fits, take
+from lockgate.scheduler.round import RoundResult, SkipReason
+from lockgate.scheduler.state import JobRecord, SchedulerState, Shape, add_pairs, subtract_pairs
 
 __all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
 # Shares are floats: a queue exactly at its fair share must not look a hair above or below it.
@@ -105,7 +107,7 @@ class _Unit:
     request: list[int]  # the pod's requests, or the sum of the group's queued members
 
 
-def is_preemptible(job: _Job, policy: PreemptionPolicy) -> bool:
+def is_preemptible(job: JobRecord, policy: PreemptionPolicy) -> bool:
     return job.preemptible or (
         bool(job.priority_class) and job.priority_class in policy.preemptible_priority_classes)
 
@@ -135,7 +137,7 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
     the queue's pods (or set the cluster aside for it, or the cluster is reserved for one of its
     groups), and, for a group, when it is complete and only room keeps it waiting.
     """
-    jobs = state._jobs
+    jobs = state.job_records
     clusters: dict[str, set[str]] = {}
     for job_id, reason in result.skipped_jobs.items():
         job = jobs.get(job_id)
@@ -144,11 +146,11 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
     for name, report in result.queues.items():
         if report.set_aside:
             clusters.setdefault(name, set()).update(report.set_aside)
-    for cluster_name, key in state._groups.reserved.items():
+    for cluster_name, key in state.groups().reserved.items():
         clusters.setdefault(key[1], set()).add(cluster_name)
     waiting: dict[str, list[_Unit]] = {}
     for name, where in clusters.items():
-        queue = state._queues.get(name)
+        queue = state.queue_records.get(name)
         if queue is None:
             continue
         entries = []
@@ -165,7 +167,7 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
            entries: list[tuple[int, float, str]], where: set[str], limit: int) -> list[_Unit]:
     """The queue's units in the heap entries given (sorted: release order), fresh entries only,
     up to the `limit`-th candidate."""
-    jobs = state._jobs
+    jobs = state.job_records
     seen: set[str] = set()
     seen_groups: set[GroupKey] = set()
     units: list[_Unit] = []
@@ -179,7 +181,7 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
         seen.add(job_id)
         if job.group is None:
             candidate = job.cluster in where
-            units.append(_Unit(job_id, None, candidate, _plus([0] * len(state._pool_total),
+            units.append(_Unit(job_id, None, candidate, _plus([0] * len(state.pool_vector),
                                                               job.shape)))
         else:
             key = (job.cluster, job.queue, job.group)
@@ -187,8 +189,8 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
                 continue  # a later member of a group already listed
             seen_groups.add(key)
             candidate = job.cluster in where and _waits_for_room_only(state, result, key)
-            request = [0] * len(state._pool_total)
-            for member in state._groups.queued_members(key):
+            request = [0] * len(state.pool_vector)
+            for member in state.groups().queued_members(key):
                 _add(request, jobs[member].shape)
             units.append(_Unit(job_id, key, candidate, request))
         candidates += candidate
@@ -200,18 +202,18 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
 def _waits_for_room_only(state: SchedulerState, result: RoundResult, key: GroupKey) -> bool:
     """Whether a group waits for nothing but room: complete, no member parked as too big, within
     its queue's limits, and not turned down this round for another reason."""
-    status = state._groups.status(key)
+    status = state.groups().status(key)
     if status is None or not status.complete:
         return False
-    member_ids = state._groups.queued_members(key)
-    members = [state._jobs[member] for member in member_ids]
+    member_ids = state.groups().queued_members(key)
+    members = [state.job_records[member] for member in member_ids]
     if any(member.parked for member in members):
         return False
     # A member the round did not look at (lookback, set aside) has no reason: room it is.
     if any(result.skipped_jobs.get(member, SkipReason.NO_NODE_WITH_ROOM)
            is not SkipReason.NO_NODE_WITH_ROOM for member in member_ids):
         return False
-    queue = state._queues[key[1]]
+    queue = state.queue_records[key[1]]
     if queue.limit_pairs:
         total = queue.allocation[:]
         for member in members:
@@ -226,21 +228,21 @@ class _Planner:
                  evicting: Collection[str]) -> None:
         self.state = state
         self.policy = policy
-        total = state._pool_total
+        total = state.pool_vector
         self.inverse = [1.0 / amount if amount > 0 else 0.0 for amount in total]
         shares = fair_shares(state)
         self.fair = {name: share.adjusted_fair_share for name, share in shares.items()}
-        self.alloc = {name: queue.allocation[:] for name, queue in state._queues.items()}
-        self.factor = {name: queue.priority_factor for name, queue in state._queues.items()}
+        self.alloc = {name: queue.allocation[:] for name, queue in state.queue_records.items()}
+        self.factor = {name: queue.priority_factor for name, queue in state.queue_records.items()}
         self.evicting = set(evicting)
         self.free: dict[str, dict[str, list[int]] | None] = {}
-        self.victims: dict[str, dict[str, list[tuple[str, _Job]]]] = {}
-        jobs = state._jobs
+        self.victims: dict[str, dict[str, list[tuple[str, JobRecord]]]] = {}
+        jobs = state.job_records
         for job_id in self.evicting:
             job = jobs.get(job_id)
             if job is not None and job.state is not JobState.QUEUED:
                 _subtract(self.alloc[job.queue], job.shape)  # as good as gone
-        self.reserved = state._groups.reserved
+        self.reserved = state.groups().reserved
 
     def share(self, queue: str, vector: list[int] | None = None) -> float:
         vector = self.alloc[queue] if vector is None else vector
@@ -253,7 +255,8 @@ class _Planner:
         state = self.state
         preemptors = [
             name for name in waiting
-            if state._queues[name].schedulable and self.share(name) < self.fair[name] - _EPSILON
+            if state.queue_records[name].schedulable
+            and self.share(name) < self.fair[name] - _EPSILON
         ]
         preemptors.sort(key=lambda name: (self.cost(name), name))
         evictions: list[Eviction] = []
@@ -285,7 +288,7 @@ class _Planner:
                     continue
                 if self.share(name, with_unit) > self.fair[name] + _EPSILON:
                     break  # the queue would pass its fair share: nothing more to free for it
-                job = state._jobs[unit.job_id]
+                job = state.job_records[unit.job_id]
                 holder = self.reserved.get(job.cluster)
                 found = None
                 if holder is None or holder[1] == name:  # else room would go to that group
@@ -298,7 +301,7 @@ class _Planner:
                 evictions.extend(found)
         return evictions
 
-    def _make_room(self, queue: str, job_id: str, job: _Job, budget: int,
+    def _make_room(self, queue: str, job_id: str, job: JobRecord, budget: int,
                    preemptor_cost: float) -> list[Eviction] | None:
         """Evictions that make room for `job` on one node (empty if room is already free), and
         take that room for it; None when no node can be freed by the rule, with victims' costs
@@ -310,8 +313,8 @@ class _Planner:
         nodes = self._nodes_for(job.cluster, shape, rooms)
         for node in nodes:
             room = rooms[node]
-            if _fits(room, shape):
-                _take(room, shape)  # freed already (earlier evictions in flight), or free
+            if fits(room, shape):
+                take(room, shape)  # freed already (earlier evictions in flight), or free
                 return []
         for node in nodes:
             room = rooms[node]
@@ -324,7 +327,7 @@ class _Planner:
                                      preemptor_cost=preemptor_cost)
             for _, victim in chosen:
                 _add(room, victim.shape)
-            _take(room, shape)
+            take(room, shape)
             return evictions
         return None
 
@@ -343,8 +346,8 @@ class _Planner:
         rooms = self._rooms(cluster)
         if rooms is None:
             return None
-        jobs = self.state._jobs
-        members = [jobs[member] for member in self.state._groups.queued_members(key)]
+        jobs = self.state.job_records
+        members = [jobs[member] for member in self.state.groups().queued_members(key)]
         with_group = self.alloc[queue][:]
         for member in members:
             _add(with_group, member.shape)
@@ -355,14 +358,14 @@ class _Planner:
         trial_rooms = {node: room[:] for node, room in rooms.items()}
         trial_alloc = {name: vector[:] for name, vector in self.alloc.items()}
         taken: set[str] = set()
-        chosen: list[tuple[str, _Job, str]] = []
+        chosen: list[tuple[str, JobRecord, str]] = []
         inverse = self.state.fairness_inverse()
         # Largest first, as the round places a group (a stable sort keeps ties in order).
         for member in sorted(members, reverse=True,
-                             key=lambda m: _dominant_pairs(m.shape, inverse)):
+                             key=lambda m: dominant_of(m.shape, inverse)):
             shape = member.shape
             nodes = self._nodes_for(cluster, shape, trial_rooms)
-            node = next((node for node in nodes if _fits(trial_rooms[node], shape)), None)
+            node = next((node for node in nodes if fits(trial_rooms[node], shape)), None)
             if node is None:
                 for candidate in nodes:
                     victims = self._victims_on(cluster, candidate, queue, shape,
@@ -379,7 +382,7 @@ class _Planner:
                     break
                 else:
                     return None  # all or nothing: this member cannot be made to fit
-            _take(trial_rooms[node], shape)
+            take(trial_rooms[node], shape)
         evictions = self._record(chosen, cluster=cluster, for_job=first_id, for_queue=queue,
                                  preemptor_cost=preemptor_cost, group=key[2],
                                  size=len(members))
@@ -389,7 +392,7 @@ class _Planner:
         self.reserved[cluster] = key
         return evictions
 
-    def _record(self, chosen: list[tuple[str, _Job, str]], *, cluster: str, for_job: str,
+    def _record(self, chosen: list[tuple[str, JobRecord, str]], *, cluster: str, for_job: str,
                 for_queue: str, preemptor_cost: float, group: str | None = None,
                 size: int = 0) -> list[Eviction]:
         """Count the victims (id, job, node) as gone from their queues' allocations, each after
@@ -410,16 +413,16 @@ class _Planner:
                 for_group=group, for_group_size=size))
         return evictions
 
-    def _nodes_for(self, cluster: str, shape: _Shape, rooms: dict[str, list[int]]) -> list[str]:
+    def _nodes_for(self, cluster: str, shape: Shape, rooms: dict[str, list[int]]) -> list[str]:
         """The nodes (first-fit order) the pod's taints, selectors and affinity let it on."""
         if shape.placement is None:
             return list(rooms)
-        nodes = self.state._clusters[cluster].nodes
+        nodes = self.state.cluster_records[cluster].nodes
         return [name for name in rooms if can_land(shape.placement, nodes[name].traits)]
 
-    def _victims_on(self, cluster: str, node: str, queue: str, shape: _Shape,
+    def _victims_on(self, cluster: str, node: str, queue: str, shape: Shape,
                     room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
-                    taken: Collection[str]) -> list[tuple[str, _Job]] | None:
+                    taken: Collection[str]) -> list[tuple[str, JobRecord]] | None:
         """The fewest-first greedy choice of victims on `node` that the rule allows, given the
         allocations `alloc` (victims chosen before for the same unit already taken out), and
         that make room for `shape`; None if they cannot."""
@@ -434,9 +437,9 @@ class _Planner:
                                           item[1].priority, -item[1].created_at, item[0]))
         freed = room[:]
         trial: dict[str, list[int]] = {}  # the victims' queues' allocations, as chosen so far
-        chosen: list[tuple[str, _Job]] = []
+        chosen: list[tuple[str, JobRecord]] = []
         for victim_id, victim in candidates:
-            if _fits(freed, shape):
+            if fits(freed, shape):
                 break
             short = [axis for axis, amount in shape.pairs if freed[axis] < amount]
             if not any(axis in short for axis, _ in victim.shape.pairs):
@@ -449,14 +452,14 @@ class _Planner:
             trial[victim.queue] = without
             _add(freed, victim.shape)
             chosen.append((victim_id, victim))
-        return chosen if _fits(freed, shape) else None
+        return chosen if fits(freed, shape) else None
 
     def _rooms(self, cluster_name: str) -> dict[str, list[int]] | None:
         """Free room per schedulable node of a cluster, counting evictions in flight as done;
         None while released pods there are not bound yet (they may be about to take it)."""
         if cluster_name in self.free:
             return self.free[cluster_name]
-        cluster = self.state._clusters.get(cluster_name)
+        cluster = self.state.cluster_records.get(cluster_name)
         rooms: dict[str, list[int]] | None = None
         if cluster is not None and not cluster.held_unbound:
             rooms = {}
@@ -466,8 +469,8 @@ class _Planner:
                 rooms[name] = [a - u - (used[i] if used is not None else 0)
                                for i, (a, u) in enumerate(zip(node.allocatable, node.unmanaged,
                                                               strict=True))]
-            victims: dict[str, list[tuple[str, _Job]]] = {}
-            for job_id, job in self.state._jobs.items():
+            victims: dict[str, list[tuple[str, JobRecord]]] = {}
+            for job_id, job in self.state.job_records.items():
                 if (job.cluster != cluster_name or job.state is JobState.QUEUED
                         or job.node_name not in rooms):
                     continue
@@ -480,36 +483,21 @@ class _Planner:
         return rooms
 
 
-def _dominant_pairs(shape: _Shape, inverse: list[float]) -> float:
-    return max((amount * inverse[axis] for axis, amount in shape.pairs), default=0.0)
+def _add(room: list[int], shape: Shape) -> None:
+    add_pairs(room, shape.pairs)
 
 
-def _fits(room: list[int], shape: _Shape) -> bool:
-    return all(room[axis] >= amount for axis, amount in shape.pairs)
+def _subtract(vector: list[int], shape: Shape) -> None:
+    subtract_pairs(vector, shape.pairs)
 
 
-def _take(room: list[int], shape: _Shape) -> None:
-    for axis, amount in shape.pairs:
-        room[axis] -= amount
-
-
-def _add(room: list[int], shape: _Shape) -> None:
-    for axis, amount in shape.pairs:
-        room[axis] += amount
-
-
-def _subtract(vector: list[int], shape: _Shape) -> None:
-    for axis, amount in shape.pairs:
-        vector[axis] -= amount
-
-
-def _plus(vector: list[int], shape: _Shape) -> list[int]:
+def _plus(vector: list[int], shape: Shape) -> list[int]:
     result = vector[:]
     _add(result, shape)
     return result
 
 
-def _minus(vector: list[int], shape: _Shape) -> list[int]:
+def _minus(vector: list[int], shape: Shape) -> list[int]:
     result = vector[:]
     _subtract(result, shape)
     return result

@@ -7,12 +7,15 @@ change, exactly what a round needs: per queue and cluster a heap of its pending 
 order; per queue its allocation and demand; per cluster its nodes and what managed jobs hold.
 
 It mirrors what it is told and judges nothing: callers fold events through
-`lockgate.jobs.advance` first. The round that reads this state lives in `lockgate.fairness`; the two
-modules are one unit, so `fairness` reads the private records below directly.
+`lockgate.jobs.advance` first. The rest of the package (`round`, `room`, `preemption`,
+`explain`) reads the records below (`JobRecord`, `QueueRecord`, `ClusterRecord`, ...) through
+the state's read-only views (`job_records`, `queue_records`, `cluster_records`); only the round
+changes them, through `mark_released` and `park`. `lockgate.scheduler.invariants` checks that
+every aggregate agrees with the records.
 
 Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
 resource name on first sight (the axes only ever grow), and a job's requests are interned into a
-shared `_Shape` holding the nonzero (axis, amount) pairs, because a million jobs typically share
+shared `Shape` holding the nonzero (axis, amount) pairs, because a million jobs typically share
 a handful of request shapes and the hot loops stay on small tuples.
 """
 
@@ -24,12 +27,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
-from lockgate.groups import GroupIndex, GroupKey
 from lockgate.jobs import JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
+from lockgate.scheduler.groups import GroupIndex, GroupKey
 
 _QUEUED = JobState.QUEUED
 
@@ -68,7 +71,7 @@ class SchedJob:
 
     A QUEUED job is pending. A job whose state holds capacity (released, ungated, bound, running)
     counts towards its queue's allocation and uses room in its cluster: on `node_name` once it
-    is bound there, before that wherever a round can fit it (see `lockgate.fairness`). A node
+    is bound there, before that wherever a round can fit it (see `lockgate.scheduler.room`). A node
     the state does not know offers no room, so jobs bound to it take none from other nodes.
     Terminal jobs are dropped.
     """
@@ -82,7 +85,7 @@ class SchedJob:
     state: JobState = JobState.QUEUED
     node_name: str | None = None
     # The pod's node filters (None: it carries none); jobs with other filters never share a
-    # `_Shape`, so everything a round caches per shape is per (requests, placement).
+    # `Shape`, so everything a round caches per shape is per (requests, placement).
     placement: PodPlacement | None = None
     # Read by the leader only (lockgate.unplaceable): kube-scheduler reports the pod
     # Unschedulable since then (epoch seconds), whether a controller owns it, and whether the
@@ -94,12 +97,12 @@ class SchedJob:
     # A pod group (lockgate.groups): "<namespace>/<name>" and how many members it has.
     group: str | None = None
     group_size: int = 0
-    # May be evicted to give a queue below its fair share its room (lockgate.preemption): the
-    # pod's lockgate.io/preemptible label, or a priority class configured as preemptible.
+    # May be evicted to give a queue below its fair share its room (lockgate.scheduler.preemption):
+    # the pod's lockgate.io/preemptible label, or a priority class configured as preemptible.
     preemptible: bool = False
     priority_class: str = ""
     # Its job set's own maximum time queued (lockgate.max_queued); the stricter of it and its
-    # queue's ends the pod (lockgate.waiting).
+    # queue's ends the pod (lockgate.scheduler.waiting).
     max_queued: JobSetMaxQueued | None = None
     # The uid of its controlling ownerReference ("": none, or not reported): while that
     # controller backs off (lockgate.backoff), the job waits out of its queue's line.
@@ -118,7 +121,7 @@ class QueueUsage:
     backing_off_jobs: int = 0  # queued, held while their controller backs off
 
 
-class _Shape:
+class Shape:
     """An interned request vector: shared by every job that asks for exactly the same."""
 
     __slots__ = ("key", "pairs", "placement", "refs", "requests")
@@ -137,7 +140,7 @@ class _Shape:
         self.refs = 0
 
 
-class _Job:
+class JobRecord:
     """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`."""
 
     __slots__ = (
@@ -162,7 +165,7 @@ class _Job:
         self,
         queue: str,
         cluster: str,
-        shape: _Shape,
+        shape: Shape,
         priority: int,
         created_at: float,
         state: JobState,
@@ -189,7 +192,7 @@ class _Job:
         self.held = False
 
 
-class _Pending:
+class PendingJobs:
     """A queue's pending jobs in one cluster: a heap in release order, lazily deleted.
 
     Split per cluster so that a round can set a whole cluster aside for a queue once that cluster
@@ -202,12 +205,12 @@ class _Pending:
         self.cluster = cluster
         self.heap: list[HeapEntry] = []
         self.live = 0  # queued jobs not parked; each has at least one valid heap entry
-        self.shapes: dict[_Shape, int] = {}  # live jobs per request shape
+        self.shapes: dict[Shape, int] = {}  # live jobs per request shape
         self.parked = 0
         self.parked_entries: list[HeapEntry] = []
 
 
-class _Queue:
+class QueueRecord:
     __slots__ = (
         "allocated",
         "allocation",
@@ -227,7 +230,7 @@ class _Queue:
         self.spec: QueueSpec | None = None  # None: jobs name a queue nobody defined (yet)
         self.priority_factor = 1.0  # cost = share * priority_factor, i.e. share / weight
         self.limit_pairs: tuple[tuple[int, int], ...] = ()
-        self.pending: dict[str, _Pending] = {}  # by cluster
+        self.pending: dict[str, PendingJobs] = {}  # by cluster
         self.queued = 0  # queued jobs, parked and held included
         self.parked = 0
         self.held = 0  # queued jobs held while their controller backs off
@@ -246,14 +249,14 @@ class _Queue:
     def is_empty(self) -> bool:
         return self.queued == 0 and self.allocated == 0
 
-    def pending_in(self, cluster: str) -> _Pending:
+    def pending_in(self, cluster: str) -> PendingJobs:
         pending = self.pending.get(cluster)
         if pending is None:
-            pending = self.pending[cluster] = _Pending(cluster)
+            pending = self.pending[cluster] = PendingJobs(cluster)
         return pending
 
 
-class _Node:
+class NodeRecord:
     __slots__ = ("allocatable", "info", "traits", "unmanaged")
 
     def __init__(self, info: NodeInfo, allocatable: list[int], unmanaged: list[int],
@@ -264,7 +267,7 @@ class _Node:
         self.traits = traits
 
 
-class _Cluster:
+class ClusterRecord:
     __slots__ = (
         "fits_no_node",
         "held_unbound",
@@ -279,7 +282,7 @@ class _Cluster:
 
     def __init__(self, name: str, axes: int) -> None:
         self.name = name
-        self.nodes: dict[str, _Node] = {}
+        self.nodes: dict[str, NodeRecord] = {}
         self.order: list[str] = []  # schedulable node names, sorted: the first-fit order
         self.total = [0] * axes  # allocatable of schedulable nodes
         # How many schedulable nodes have each distinct (allocatable vector, traits). A job that
@@ -287,31 +290,32 @@ class _Cluster:
         # never seen before may let it fit, so it unparks.
         self.node_sizes: dict[NodeClass, int] = {}
         # Per request shape: fits none of node_sizes (cleared whenever they change).
-        self.fits_no_node: dict[_Shape, bool] = {}
+        self.fits_no_node: dict[Shape, bool] = {}
         # Requests of managed jobs holding capacity on a named node (the node may be unknown).
         self.used_by_node: dict[str, list[int]] = {}
         self.jobs_on_node: dict[str, int] = {}
         # Jobs holding capacity without a node yet (released, ungated): job_id -> (shape, the
         # node the round that released it had in mind, if any).
-        self.held_unbound: dict[str, tuple[_Shape, str | None]] = {}
+        self.held_unbound: dict[str, tuple[Shape, str | None]] = {}
 
 
 class SchedulerState:
     """Queues, cluster capacity and jobs, each change applied incrementally in O(log n).
 
-    `lockgate.fairness.schedule_round` reads it and applies its own decisions to it (as RELEASED).
+    `lockgate.scheduler.round.schedule_round` reads it and applies its own decisions to it (as
+    RELEASED).
     """
 
     def __init__(self, fairness_resources: Iterable[str] = DEFAULT_FAIRNESS_RESOURCES) -> None:
         self._fairness_resources = frozenset(fairness_resources)
         self._axes: dict[str, int] = {}
         self._axis_names: list[str] = []
-        self._shapes: dict[tuple[frozenset[tuple[str, int]], PodPlacement | None], _Shape] = {}
+        self._shapes: dict[tuple[frozenset[tuple[str, int]], PodPlacement | None], Shape] = {}
         self._shape_of_object: dict[
-            tuple[int, int], tuple[Resources, PodPlacement | None, _Shape]] = {}
-        self._jobs: dict[str, _Job] = {}
-        self._queues: dict[str, _Queue] = {}
-        self._clusters: dict[str, _Cluster] = {}
+            tuple[int, int], tuple[Resources, PodPlacement | None, Shape]] = {}
+        self._jobs: dict[str, JobRecord] = {}
+        self._queues: dict[str, QueueRecord] = {}
+        self._clusters: dict[str, ClusterRecord] = {}
         self._pool_total: list[int] = []
         self._groups = GroupIndex()
         # Controllers backing off (lockgate.backoff), and every queued job with a controller,
@@ -395,7 +399,7 @@ class SchedulerState:
             return
         for resource in (*info.allocatable, *info.unmanaged_usage):
             self._axis(resource)  # every axis first: a new one would leave a vector short
-        node = _Node(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage),
+        node = NodeRecord(info, self._dense(info.allocatable), self._dense(info.unmanaged_usage),
                      NodeTraits(name, info.labels, info.taints))
         state.nodes[name] = node
         if info.schedulable:
@@ -420,6 +424,35 @@ class SchedulerState:
         fair = self._fairness_resources
         return [1.0 / amount if amount > 0 and names[axis] in fair else 0.0
                 for axis, amount in enumerate(self._pool_total)]
+
+    # ---- read-only views for the rest of the package (round, room, preemption, explain) ------
+
+    @property
+    def fairness_resources(self) -> frozenset[str]:
+        return self._fairness_resources
+
+    @property
+    def job_records(self) -> Mapping[str, JobRecord]:
+        return self._jobs
+
+    @property
+    def queue_records(self) -> Mapping[str, QueueRecord]:
+        return self._queues
+
+    @property
+    def cluster_records(self) -> Mapping[str, ClusterRecord]:
+        return self._clusters
+
+    @property
+    def axis_names(self) -> list[str]:
+        """Resource names by axis (callers must not change it)."""
+        return self._axis_names
+
+    @property
+    def pool_vector(self) -> list[int]:
+        """The pool's total as a dense vector (callers must not change it)."""
+        return self._pool_total
+
     def groups(self) -> GroupIndex:
         """Pod groups with members still unfinished (lockgate.groups)."""
         return self._groups
@@ -455,7 +488,7 @@ class SchedulerState:
             return
         shape.refs += 1
         if old is None:
-            record = self._jobs[job.job_id] = _Job(
+            record = self._jobs[job.job_id] = JobRecord(
                 job.queue,
                 job.cluster,
                 shape,
@@ -587,21 +620,22 @@ class SchedulerState:
             self._push(record, job_id)
             self._tidy(record.queue, record.cluster)
 
-    # ---- for the round (lockgate.fairness) -------------------------------------------------
+    # ---- for the round (lockgate.scheduler.round) --------------------------------------------
 
-    def _mark_released(self, job_id: str, record: _Job, node_hint: str | None) -> None:
+    def mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
         """The round decided to release this queued job: it now holds capacity."""
         self._retract(job_id, record)
         record.state = JobState.RELEASED
         record.node_name = None
         self._apply(job_id, record, node_hint)
 
-    def _park(self, queue: _Queue, pending: _Pending, record: _Job, entry: HeapEntry) -> None:
+    def park(self, queue: QueueRecord, pending: PendingJobs, record: JobRecord,
+             entry: HeapEntry) -> None:
         """Set aside a queued job that fits no node of its cluster (its entry already popped)."""
         record.parked = True
         queue.parked += 1
         pending.parked += 1
-        _subtract_pairs(queue.demand, record.shape.pairs)
+        subtract_pairs(queue.demand, record.shape.pairs)
         self._forget_shape(pending, record.shape)
         entries = pending.parked_entries
         entries.append(entry)
@@ -610,7 +644,7 @@ class SchedulerState:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _push(self, record: _Job, job_id: str) -> None:
+    def _push(self, record: JobRecord, job_id: str) -> None:
         if record.held:
             return  # out of the line until its controller's back-off ends
         queue = self._queues[record.queue]
@@ -620,11 +654,11 @@ class SchedulerState:
             # Parked at once, wherever it would sit in its queue: a round may set a full
             # cluster aside without reaching it, and it must neither pass for waiting nor swell
             # its queue's demand.
-            self._park(queue, pending, record, entry)
+            self.park(queue, pending, record, entry)
             return
         heapq.heappush(pending.heap, entry)
 
-    def _fits_no_node(self, cluster_name: str, shape: _Shape) -> bool:
+    def _fits_no_node(self, cluster_name: str, shape: Shape) -> bool:
         """Known nodes exist in the cluster, and none of their sizes could hold the shape."""
         cluster = self._clusters.get(cluster_name)
         if cluster is None or not cluster.node_sizes:
@@ -635,7 +669,7 @@ class SchedulerState:
                 _fits_class(shape, size) for size in cluster.node_sizes)
         return known
 
-    def _retract(self, job_id: str, record: _Job) -> str | None:
+    def _retract(self, job_id: str, record: JobRecord) -> str | None:
         """Remove a record's contribution to every aggregate; returns its node hint, if any."""
         hint: str | None = None
         queue = self._queues[record.queue]
@@ -658,25 +692,25 @@ class SchedulerState:
                 queue.parked -= 1
                 pending.parked -= 1
             else:
-                _subtract_pairs(queue.demand, shape.pairs)
+                subtract_pairs(queue.demand, shape.pairs)
                 self._forget_shape(pending, shape)
         else:
             cluster = self._clusters[record.cluster]
             queue.allocated -= 1
-            _subtract_pairs(queue.allocation, shape.pairs)
+            subtract_pairs(queue.allocation, shape.pairs)
             node = record.node_name
             if node is None:
                 held = cluster.held_unbound.pop(job_id, None)
                 hint = None if held is None else held[1]
             else:
-                _subtract_pairs(cluster.used_by_node[node], shape.pairs)
+                subtract_pairs(cluster.used_by_node[node], shape.pairs)
                 cluster.jobs_on_node[node] -= 1
                 if cluster.jobs_on_node[node] == 0:
                     del cluster.jobs_on_node[node]
                     del cluster.used_by_node[node]
         return hint
 
-    def _apply(self, job_id: str, record: _Job, hint: str | None) -> None:
+    def _apply(self, job_id: str, record: JobRecord, hint: str | None) -> None:
         # The hot path of loading a million jobs: lookups inlined on purpose.
         queue = self._queues.get(record.queue) or self._queue(record.queue)
         shape = record.shape
@@ -714,7 +748,7 @@ class SchedulerState:
             record.held = False
             cluster = self._cluster(record.cluster)
             queue.allocated += 1
-            _add_pairs(queue.allocation, shape.pairs)
+            add_pairs(queue.allocation, shape.pairs)
             node = record.node_name
             if node is None:
                 cluster.held_unbound[job_id] = (shape, hint)
@@ -723,11 +757,11 @@ class SchedulerState:
                 if used is None:
                     used = cluster.used_by_node[node] = [0] * len(self._axis_names)
                     cluster.jobs_on_node[node] = 0
-                _add_pairs(used, shape.pairs)
+                add_pairs(used, shape.pairs)
                 cluster.jobs_on_node[node] += 1
 
     @staticmethod
-    def _forget_shape(pending: _Pending, shape: _Shape) -> None:
+    def _forget_shape(pending: PendingJobs, shape: Shape) -> None:
         pending.live -= 1
         left = pending.shapes[shape] - 1
         if left:
@@ -735,7 +769,7 @@ class SchedulerState:
         else:
             del pending.shapes[shape]
 
-    def _is_heap_entry(self, queue: _Queue, pending: _Pending, entry: HeapEntry) -> bool:
+    def _is_heap_entry(self, queue: QueueRecord, pending: PendingJobs, entry: HeapEntry) -> bool:
         record = self._jobs.get(entry[2])
         return (
             record is not None
@@ -748,7 +782,7 @@ class SchedulerState:
             and record.created_at == entry[1]
         )
 
-    def _is_parked_entry(self, queue: _Queue, pending: _Pending, entry: HeapEntry) -> bool:
+    def _is_parked_entry(self, queue: QueueRecord, pending: PendingJobs, entry: HeapEntry) -> bool:
         record = self._jobs.get(entry[2])
         return (
             record is not None
@@ -800,24 +834,24 @@ class SchedulerState:
                 record.parked = False
                 queue.parked -= 1
                 pending.parked -= 1
-                _add_pairs(queue.demand, record.shape.pairs)
+                add_pairs(queue.demand, record.shape.pairs)
                 pending.live += 1
                 pending.shapes[record.shape] = pending.shapes.get(record.shape, 0) + 1
                 heapq.heappush(pending.heap, entry)
 
-    def _queue(self, name: str) -> _Queue:
+    def _queue(self, name: str) -> QueueRecord:
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = _Queue(name, len(self._axis_names))
+            queue = self._queues[name] = QueueRecord(name, len(self._axis_names))
         return queue
 
-    def _cluster(self, name: str) -> _Cluster:
+    def _cluster(self, name: str) -> ClusterRecord:
         cluster = self._clusters.get(name)
         if cluster is None:
-            cluster = self._clusters[name] = _Cluster(name, len(self._axis_names))
+            cluster = self._clusters[name] = ClusterRecord(name, len(self._axis_names))
         return cluster
 
-    def _intern(self, requests: Resources, placement: PodPlacement | None = None) -> _Shape:
+    def _intern(self, requests: Resources, placement: PodPlacement | None = None) -> Shape:
         # Callers usually share one Resources object per distinct request (the ingest path
         # decodes the same JSON again and again), so look the object itself up first.
         seen = self._shape_of_object.get((id(requests), id(placement)))
@@ -831,14 +865,14 @@ class SchedulerState:
             if any(amount < 0 for amount in amounts.values()):
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
-            shape = self._shapes[key] = _Shape(key, requests, pairs, placement)
+            shape = self._shapes[key] = Shape(key, requests, pairs, placement)
         if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
             self._shape_of_object.clear()
         # Holding the objects keeps their ids from being reused while the entry exists.
         self._shape_of_object[(id(requests), id(placement))] = (requests, placement, shape)
         return shape
 
-    def _release_shape(self, shape: _Shape) -> None:
+    def _release_shape(self, shape: Shape) -> None:
         shape.refs -= 1
         if shape.refs == 0 and self._shapes.get(shape.key) is shape:
             del self._shapes[shape.key]
@@ -884,17 +918,17 @@ def _controller_key(job: SchedJob) -> ControllerKey | None:
     return (job.cluster, job.controller) if job.controller else None
 
 
-def _group_key(record: _Job) -> GroupKey:
+def _group_key(record: JobRecord) -> GroupKey:
     assert record.group is not None
     return (record.cluster, record.queue, record.group)
 
 
-def _add_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
+def add_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
     for axis, amount in pairs:
         vector[axis] += amount
 
 
-def _subtract_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
+def subtract_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
     for axis, amount in pairs:
         vector[axis] -= amount
 
@@ -920,7 +954,7 @@ def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
     return unique
 
 
-def _fits_class(shape: _Shape, node_class: NodeClass) -> bool:
+def _fits_class(shape: Shape, node_class: NodeClass) -> bool:
     """Whether a job of this shape fits an empty node of this class: room and filters."""
     size, traits = node_class
     return all(axis < len(size) and amount <= size[axis] for axis, amount in shape.pairs) and (

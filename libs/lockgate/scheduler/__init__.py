@@ -1,0 +1,97 @@
+"""The scheduler: one pure package, from the state it keeps to what a waiting pod is told.
+
+Why a package: the round, its room, preemption, explain and status must judge by one state and
+one cost model. Its modules talk only through public names, in layers (pyproject.toml's
+import-linter contracts keep them so): `state` (with `groups`) at the bottom; `costs` (the one
+cost model) and `invariants` over it; `room`; `round`; then `preemption`, `explain`, `waiting`
+at the top. docs/scheduling.md describes the policy, docs/ARCHITECTURE.md where each part lives.
+Services, adapters, tests and the benchmarks import from here.
+"""
+
+from lockgate.scheduler.costs import FairShare, adjusted_fair_shares, fair_shares
+from lockgate.scheduler.explain import (
+    EVENT_REASONS,
+    MAX_QUEUED_EVENT_REASON,
+    QUEUED_EVENT_REASON,
+    Explainer,
+    Explanation,
+    QueueStatus,
+    WaitFacts,
+    WaitReason,
+    choose_reason,
+    explain,
+    format_amount,
+    format_duration,
+    positions,
+    queue_statuses,
+    wait_message,
+)
+from lockgate.scheduler.groups import GroupIndex, GroupKey, GroupStatus, timed_out, timeout_message
+from lockgate.scheduler.preemption import (
+    PREEMPTIBLE_LABEL,
+    Eviction,
+    PreemptionPolicy,
+    plan_evictions,
+)
+from lockgate.scheduler.round import (
+    UNSCHEDULABLE_REASONS,
+    Decision,
+    QueueOutcome,
+    QueueReport,
+    RoundResult,
+    SkipReason,
+    schedule_round,
+)
+from lockgate.scheduler.state import (
+    DEFAULT_FAIRNESS_RESOURCES,
+    NodeInfo,
+    QueueUsage,
+    SchedJob,
+    SchedulerState,
+)
+from lockgate.scheduler.waiting import NoticeLimits, TokenBucket, WaitingPods
+
+__all__ = [
+    "DEFAULT_FAIRNESS_RESOURCES",
+    "EVENT_REASONS",
+    "MAX_QUEUED_EVENT_REASON",
+    "PREEMPTIBLE_LABEL",
+    "QUEUED_EVENT_REASON",
+    "UNSCHEDULABLE_REASONS",
+    "Decision",
+    "Eviction",
+    "Explainer",
+    "Explanation",
+    "FairShare",
+    "GroupIndex",
+    "GroupKey",
+    "GroupStatus",
+    "NodeInfo",
+    "NoticeLimits",
+    "PreemptionPolicy",
+    "QueueOutcome",
+    "QueueReport",
+    "QueueStatus",
+    "QueueUsage",
+    "RoundResult",
+    "SchedJob",
+    "SchedulerState",
+    "SkipReason",
+    "TokenBucket",
+    "WaitFacts",
+    "WaitReason",
+    "WaitingPods",
+    "adjusted_fair_shares",
+    "choose_reason",
+    "explain",
+    "fair_shares",
+    "format_amount",
+    "format_duration",
+    "plan_evictions",
+    "positions",
+    "queue_statuses",
+    "schedule_round",
+    "timed_out",
+    "timeout_message",
+    "wait_message",
+]

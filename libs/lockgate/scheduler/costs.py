@@ -1,0 +1,115 @@
+"""The cost model: how much of the pool a queue holds, what it is owed, and what it costs.
+
+Why it exists: the round, preemption, explain and status must judge a queue by the same numbers,
+or they contradict each other (a pod told to wait for a share that preemption thinks is met).
+The policy follows Armada's dominant resource fairness. A queue's *share* is the largest, over
+the fairness resources (`SchedulerState.fairness_inverse`), of its allocation divided by the
+pool's total (every schedulable node of every cluster); its *cost* is that share divided by its
+weight (1 / priority factor). Progressive filling keeps giving the next job to the queue whose
+cost *after* taking it would be lowest, so the queues furthest below their share go first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lockgate.scheduler.state import SchedulerState, Shape
+
+# Adjusted fair share stops redistributing when less than this much of the pool is left over...
+_REDISTRIBUTION_THRESHOLD = 0.01
+# ...or after this many passes.
+_REDISTRIBUTION_PASSES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """A queue's standing; shares are fractions of the whole pool's dominant resource."""
+
+    queue: str
+    weight: float
+    fair_share: float  # weight / sum of weights of active queues
+    adjusted_fair_share: float  # fair share, with what others cannot use redistributed
+    actual_share: float  # dominant share of its allocation
+    demand_share: float  # dominant share of allocation plus schedulable queued requests
+
+
+def adjusted_fair_shares(
+    weights: Mapping[str, float], demands: Mapping[str, float]
+) -> dict[str, float]:
+    """Divide the pool by weight, capping each queue at its demand and re-dividing the excess.
+
+    Passes repeat while at least 1% of the pool is left over, at most 10 times; what no queue
+    can use stays unallocated.
+    """
+    adjusted = dict.fromkeys(weights, 0.0)
+    uncapped = sorted(name for name, weight in weights.items() if weight > 0)
+    left = 1.0
+    for _ in range(_REDISTRIBUTION_PASSES):
+        if left < _REDISTRIBUTION_THRESHOLD or not uncapped:
+            break
+        total_weight = sum(weights[name] for name in uncapped)
+        excess = 0.0
+        still_uncapped: list[str] = []
+        for name in uncapped:
+            share = adjusted[name] + left * weights[name] / total_weight
+            demand = demands.get(name, 0.0)
+            if share >= demand:
+                excess += share - demand
+                share = demand
+            else:
+                still_uncapped.append(name)
+            adjusted[name] = share
+        uncapped = still_uncapped
+        left = excess
+    return adjusted
+
+
+def fair_shares(state: SchedulerState) -> dict[str, FairShare]:
+    """Every known queue's fair, adjusted fair, actual and demanded share, from current state."""
+    return fair_shares_over(state, state.fairness_inverse())
+
+
+def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, FairShare]:
+    weights: dict[str, float] = {}
+    demands: dict[str, float] = {}
+    actual: dict[str, float] = {}
+    for name, queue in state.queue_records.items():
+        actual[name] = dominant(queue.allocation, inverse)
+        # Only defined queues share the pool: jobs naming a queue nobody defined (or one since
+        # deleted) still hold what they hold, but do not dilute the others' fair shares.
+        if queue.is_empty() or queue.spec is None:
+            continue
+        weights[name] = queue.weight
+        demands[name] = (
+            dominant_sum(queue.allocation, queue.demand, inverse)
+            if queue.schedulable
+            else actual[name]
+        )
+    total_weight = sum(weights.values())
+    adjusted = adjusted_fair_shares(weights, demands)
+    return {
+        name: FairShare(
+            queue=name,
+            weight=queue.weight,
+            fair_share=weights[name] / total_weight if name in weights else 0.0,
+            adjusted_fair_share=adjusted.get(name, 0.0),
+            actual_share=actual[name],
+            demand_share=demands.get(name, actual[name]),
+        )
+        for name, queue in state.queue_records.items()
+    }
+
+
+def dominant(vector: list[int], inverse: list[float]) -> float:
+    return max((amount * inv for amount, inv in zip(vector, inverse, strict=False)), default=0.0)
+
+
+def dominant_sum(first: list[int], second: list[int], inverse: list[float]) -> float:
+    return max(
+        ((a + b) * inv for a, b, inv in zip(first, second, inverse, strict=False)), default=0.0
+    )
+
+
+def dominant_of(shape: Shape, inverse: list[float]) -> float:
+    return max((amount * inverse[axis] for axis, amount in shape.pairs), default=0.0)

@@ -1,0 +1,172 @@
+"""Room in one cluster during a round: free room per node, virtual placement, first fit.
+
+Why it exists: a job runs only in the cluster it was created in, and only when one node there has
+room for all of it (allocatable, minus what unmanaged pods use, minus what managed jobs hold).
+Jobs released earlier but not yet on a node are first placed, virtually, on the node their release
+had in mind, else first-fit largest first; if one fits nowhere, the cluster is over-committed and
+gets no new releases this round rather than risk it. `ClusterRoom` is built per round (and by
+explain) from the state's records; room only shrinks while a round consumes it.
+"""
+
+from __future__ import annotations
+
+from lockgate.placement import PodPlacement, can_land
+from lockgate.scheduler.costs import dominant_of
+from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.state import ClusterRecord, Shape
+
+
+class ClusterRoom:
+    """One cluster's free room per schedulable node, as the round consumes it.
+
+    A job goes only to a node its placement lets it land on (`lockgate.placement`): per
+    placement, the round works out once which nodes those are (`eligible`), and first-fit walks
+    only them.
+    """
+
+    __slots__ = ("cursor", "eligible", "empty", "fits_cache", "free", "names", "overcommitted",
+                 "rejected", "reserved_for", "sizes", "traits")
+
+    def __init__(self, cluster: ClusterRecord, inverse_total: list[float],
+                 reserved_for: GroupKey | None = None) -> None:
+        self.names = cluster.order
+        # A pod group this cluster waits for: nothing else is released here meanwhile.
+        self.reserved_for = reserved_for
+        # Each node's room with no managed job on it (computed when a group first asks).
+        self.empty: list[list[int]] | None = None
+        self.sizes = list(cluster.node_sizes)
+        self.traits = [cluster.nodes[name].traits for name in self.names]
+        self.eligible: dict[PodPlacement | None, list[int]] = {}
+        self.fits_cache: dict[Shape, bool] = {}
+        # First-fit resumes per shape where it last succeeded: free room only shrinks during a
+        # round, so nodes before that point cannot take that shape again.
+        self.cursor: dict[Shape, int] = {}
+        # Shapes no node had room for: free room only shrinks, so they stay turned down until
+        # the round ends, for every queue.
+        self.rejected: set[Shape] = set()
+        self.free: list[list[int]] = []
+        for name in self.names:
+            node = cluster.nodes[name]
+            used = cluster.used_by_node.get(name)
+            if used is None:
+                free = [a - u for a, u in zip(node.allocatable, node.unmanaged, strict=True)]
+            else:
+                free = [
+                    a - u - m
+                    for a, u, m in zip(node.allocatable, node.unmanaged, used, strict=True)
+                ]
+            self.free.append(free)
+        self.overcommitted = self._place_held_unbound(cluster, inverse_total)
+
+    def _place_held_unbound(self, cluster: ClusterRecord, inverse_total: list[float]) -> int:
+        """Charge released-but-unbound jobs to nodes; returns how many fit nowhere."""
+        if not cluster.held_unbound:
+            return 0
+        index = {name: i for i, name in enumerate(self.names)}
+        without_room: list[Shape] = []
+        for shape, hint in cluster.held_unbound.values():
+            i = index.get(hint) if hint is not None else None
+            if (i is not None and fits(self.free[i], shape)
+                    and can_land(shape.placement, self.traits[i])):
+                take(self.free[i], shape)
+            else:
+                without_room.append(shape)
+        without_room.sort(key=lambda shape: dominant_of(shape, inverse_total), reverse=True)
+        return sum(1 for shape in without_room if self.place(shape) < 0)
+
+    def fits_some_node(self, shape: Shape) -> bool:
+        """Whether some schedulable node could hold `shape` when empty."""
+        fits = self.fits_cache.get(shape)
+        if fits is None:
+            pairs = shape.pairs
+            placement = shape.placement
+            fits = any(all(size[a] >= amount for a, amount in pairs)
+                       and can_land(placement, traits) for size, traits in self.sizes)
+            self.fits_cache[shape] = fits
+        return fits
+
+    def nodes_for(self, placement: PodPlacement | None) -> list[int]:
+        """Indexes of the nodes a pod with this placement may land on, in first-fit order."""
+        nodes = self.eligible.get(placement)
+        if nodes is None:
+            nodes = self.eligible[placement] = [
+                i for i, traits in enumerate(self.traits) if can_land(placement, traits)]
+        return nodes
+
+    def place(self, shape: Shape) -> int:
+        """First-fit: the index of the node now holding `shape`, or -1 when none has room."""
+        free = self.free
+        order = self.nodes_for(shape.placement)
+        count = len(order)
+        pairs = shape.pairs
+        i = self.cursor.get(shape, 0)
+        while i < count:
+            room = free[order[i]]
+            for axis, amount in pairs:
+                if room[axis] < amount:
+                    break
+            else:
+                for axis, amount in pairs:
+                    room[axis] -= amount
+                self.cursor[shape] = i
+                return order[i]
+            i += 1
+        self.cursor[shape] = count
+        self.rejected.add(shape)
+        return -1
+
+    def place_all(self, shapes: list[Shape], inverse_total: list[float]) -> list[int] | None:
+        """Place every shape (largest first) or none: the node of each, in the order given."""
+        saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected))
+        nodes = [-1] * len(shapes)
+        order = sorted(range(len(shapes)), reverse=True,
+                       key=lambda i: dominant_of(shapes[i], inverse_total))
+        for i in order:
+            node = self.place(shapes[i])
+            if node < 0:
+                self.free, self.cursor, self.rejected = saved
+                return None
+            nodes[i] = node
+        return nodes
+
+    def fits_empty(self, shapes: list[Shape], inverse_total: list[float],
+                   cluster: ClusterRecord) -> bool:
+        """Whether the shapes fit together on the nodes with no managed job on any of them."""
+        if self.empty is None:
+            self.empty = [
+                [a - u for a, u in zip(node.allocatable, node.unmanaged, strict=True)]
+                for node in (cluster.nodes[name] for name in self.names)
+            ]
+        room = [free[:] for free in self.empty]
+        for shape in sorted(shapes, key=lambda s: dominant_of(s, inverse_total),
+                            reverse=True):
+            for free, traits in zip(room, self.traits, strict=True):
+                if fits(free, shape) and can_land(shape.placement, traits):
+                    take(free, shape)
+                    break
+            else:
+                return False
+        return True
+
+
+def fits(room: list[int], shape: Shape) -> bool:
+    return all(room[axis] >= amount for axis, amount in shape.pairs)
+
+
+def take(room: list[int], shape: Shape) -> None:
+    for axis, amount in shape.pairs:
+        room[axis] -= amount
+
+
+def exceeds_all(allocation: list[int], shapes: list[Shape],
+                 limits: tuple[tuple[int, int], ...]) -> bool:
+    requested: dict[int, int] = {}
+    for shape in shapes:
+        for axis, amount in shape.pairs:
+            requested[axis] = requested.get(axis, 0) + amount
+    return any(allocation[axis] + requested.get(axis, 0) > limit for axis, limit in limits)
+
+
+def exceeds(allocation: list[int], shape: Shape, limits: tuple[tuple[int, int], ...]) -> bool:
+    requested = dict(shape.pairs)
+    return any(allocation[axis] + requested.get(axis, 0) > limit for axis, limit in limits)
