@@ -1,0 +1,346 @@
+"""An independent model of the fair allocation: weighted, constrained max-min fair DRF.
+
+Why it exists: tests, the fleet simulator and the demo must judge the scheduler against a
+definition, not against the scheduler's own numbers. This module computes that definition in a
+different way from the scheduler (a sequence of linear programs instead of progressive filling
+pod by pod), so that a bug in one is not copied into the other. It must never import
+`lockgate.scheduler` or lockgate's fairness code.
+
+The definition (constrained max-min fairness, Ghodsi et al., "Choosy", EuroSys 2013, with DRF
+shares and weights):
+- The *pool* is every cluster together; its total is the sum of every cluster's capacity.
+- A queue's demand in cluster C (pods of given shapes, optionally only on some node groups of C)
+  can only be met from C's capacity (and from those node groups).
+- A queue's *share* is its dominant share against the pool total, summed over clusters; its
+  *cost* is share / weight.
+- The fair allocation is the lexicographic max-min of the costs, fluid (pods may be split).
+
+Algorithm: progressive filling over all clusters at once, as linear programs (HiGHS via
+scipy.optimize.linprog). Each *level*: maximise the common cost t that every unfrozen queue can
+reach while every frozen queue keeps its level; then find the queues that cannot rise above t
+(with the others kept at t) and freeze them at t; repeat until every queue is frozen. Which
+queues cannot rise is found exactly: maximise the sum of every candidate's rise; those that rise
+are not stuck; repeat on the rest until the sum is zero (by convexity, if each of a set of queues
+could rise on its own, all could rise together, so a zero sum means none of them can).
+
+A queue's share is linear here: the sum over its pods of each pod's own dominant share. That is
+the DRF dominant share exactly whenever a queue's shapes share one dominant resource (the usual
+case: cpu-heavy pods); for a queue mixing, say, cpu-heavy and memory-heavy pods it counts a little
+more than the dominant share of the sum. Tests that compare against the scheduler use queues
+whose shapes share their dominant resource.
+
+The split of a queue's allocation across clusters need not be unique; the shares are. Judge on
+each queue's total (`FairAllocation.shares`, `pods`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+# The resources whose pool share can make a queue's dominant share (the scheduler's default).
+FAIRNESS_RESOURCES: tuple[str, ...] = ("cpu", "memory", "nvidia.com/gpu")
+
+# A queue whose best rise is below this (in pods of a typical shape) cannot rise.
+_RISE_TOLERANCE = 1e-6
+# Frozen queues keep their level less this relative slack, so that the solver's rounding never
+# makes the next program infeasible.
+_LEVEL_SLACK = 1e-9
+
+
+class FairModelError(ValueError):
+    """Input the model cannot work with (an unknown cluster, a negative count, a zero weight)."""
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Nodes of one cluster that the same pods may land on; capacity is summed over its nodes."""
+
+    name: str
+    capacity: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster: one or more node groups. `Cluster.of(name, capacity)` makes one group."""
+
+    name: str
+    groups: tuple[NodeGroup, ...]
+
+    @classmethod
+    def of(cls, name: str, capacity: Mapping[str, float]) -> Cluster:
+        return cls(name, (NodeGroup("", dict(capacity)),))
+
+    @property
+    def capacity(self) -> dict[str, float]:
+        total: dict[str, float] = defaultdict(float)
+        for group in self.groups:
+            for resource, amount in group.capacity.items():
+                total[resource] += amount
+        return dict(total)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """`count` pods of one `shape` that `queue` wants in `cluster` (running or queued).
+
+    `groups` names the node groups of the cluster its pods may land on; None means any."""
+
+    queue: str
+    cluster: str
+    shape: Mapping[str, float]
+    count: float
+    groups: frozenset[str] | None = None
+
+
+def shape_key(shape: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    """A hashable, order-free key of a shape (zero amounts dropped)."""
+    return tuple(sorted((r, float(a)) for r, a in shape.items() if a))
+
+
+@dataclass(frozen=True)
+class FairAllocation:
+    """The fair allocation. `shares` and `costs` are unique; the split across clusters is one of
+    the possible ones (`cluster_shares`, `cluster_pods`)."""
+
+    pool_total: dict[str, float]
+    weights: dict[str, float]
+    shares: dict[str, float]  # queue -> dominant share of the pool (fluid)
+    cluster_shares: dict[str, dict[str, float]]  # queue -> cluster -> share
+    cluster_pods: dict[str, dict[str, dict[tuple[tuple[str, float], ...], float]]]
+    # queue -> cluster -> shape key -> pods (fluid)
+    common_shapes: dict[str, dict[str, float]]  # queue -> its most common shape (by pod count)
+    levels: int  # how many levels progressive filling took
+    programs: int  # how many linear programs were solved
+    demand_shares: dict[str, float] = field(default_factory=dict)  # queue -> share if fully met
+
+    @property
+    def costs(self) -> dict[str, float]:
+        return {q: share / self.weights[q] for q, share in self.shares.items()}
+
+    def dominant_share(self, shape: Mapping[str, float]) -> float:
+        """One pod's dominant share of the pool."""
+        return _dominant(shape, self.pool_total)
+
+    def pods(self, queue: str, cluster: str | None = None) -> float:
+        """The queue's fair allocation in pods of its most common shape (fluid), in total or in
+        one cluster (one of the possible splits)."""
+        share = self.shares[queue] if cluster is None else self.cluster_shares[queue].get(
+            cluster, 0.0)
+        unit = self.dominant_share(self.common_shapes[queue])
+        return share / unit if unit > 0 else 0.0
+
+    def resources(self, queue: str, cluster: str | None = None) -> dict[str, float]:
+        """The queue's fair allocation as a resource vector (one of the possible splits)."""
+        total: dict[str, float] = defaultdict(float)
+        for name, by_shape in self.cluster_pods[queue].items():
+            if cluster is not None and name != cluster:
+                continue
+            for key, count in by_shape.items():
+                for resource, amount in key:
+                    total[resource] += amount * count
+        return dict(total)
+
+
+    def resources_by_cluster(self, queue: str, resource: str = "cpu") -> dict[str, float]:
+        """How much of one resource the queue's allocation holds in each cluster (one split)."""
+        return {name: sum(dict(key).get(resource, 0.0) * count for key, count in by_shape.items())
+                for name, by_shape in self.cluster_pods[queue].items()}
+
+
+def _dominant(shape: Mapping[str, float], pool_total: Mapping[str, float]) -> float:
+    return max((float(amount) / pool_total[r] for r, amount in shape.items()
+                if pool_total.get(r, 0) > 0), default=0.0)
+
+
+def fair_allocation(*, clusters: Sequence[Cluster], weights: Mapping[str, float],
+                    demands: Iterable[Demand],
+                    resources: Sequence[str] = FAIRNESS_RESOURCES,
+                    pool_total: Mapping[str, float] | None = None) -> FairAllocation:
+    """The weighted, constrained max-min fair DRF allocation (see the module docstring).
+
+    `pool_total` defaults to the sum of every cluster's capacity over `resources`; pass it when
+    the pool holds capacity that `clusters` does not offer (nodes taken by unmanaged pods)."""
+    by_cluster = {c.name: c for c in clusters}
+    if len(by_cluster) != len(clusters):
+        raise FairModelError("cluster names must be unique")
+    for queue, queue_weight in weights.items():
+        if not queue_weight > 0:
+            raise FairModelError(f"queue {queue!r}: weight must be positive, got {queue_weight}")
+    demands = [d for d in demands if d.count != 0]
+    for demand in demands:
+        if demand.cluster not in by_cluster:
+            raise FairModelError(f"queue {demand.queue!r}: unknown cluster {demand.cluster!r}")
+        if demand.queue not in weights:
+            raise FairModelError(f"demand for queue {demand.queue!r}, which has no weight")
+        if demand.count < 0 or any(a < 0 for a in demand.shape.values()):
+            raise FairModelError(f"queue {demand.queue!r}: negative demand")
+    if pool_total is None:
+        total: dict[str, float] = defaultdict(float)
+        for cluster in clusters:
+            for resource, amount in cluster.capacity.items():
+                if resource in resources:
+                    total[resource] += amount
+        pool = dict(total)
+    else:
+        pool = {r: float(a) for r, a in pool_total.items() if r in resources}
+
+    queues = sorted(weights)
+    queue_index = {q: i for i, q in enumerate(queues)}
+    # Variables: pods of each demand on each node group it may use; then t (or the rises).
+    columns: list[tuple[int, str]] = []  # (demand index, group name)
+    for d_index, demand in enumerate(demands):
+        for group in by_cluster[demand.cluster].groups:
+            if demand.groups is None or group.name in demand.groups:
+                columns.append((d_index, group.name))
+    n = len(columns)
+    dominant = np.array([_dominant(d.shape, pool) for d in demands]) if demands else np.zeros(0)
+    positive = dominant[dominant > 0]
+    # Scale shares to "pods of a typical shape", so the solver's tolerances mean fractions of a pod.
+    scale = 1.0 / float(np.median(positive)) if positive.size else 1.0
+
+    cap_rows: list[int] = []
+    cap_cols: list[int] = []
+    cap_vals: list[float] = []
+    cap_rhs: list[float] = []
+    row_of: dict[tuple[str, str, str], int] = {}
+    for col, (d_index, group_name) in enumerate(columns):
+        demand = demands[d_index]
+        for resource, amount in demand.shape.items():
+            if amount == 0:
+                continue
+            key = (demand.cluster, group_name, resource)
+            if key not in row_of:
+                row_of[key] = len(cap_rhs)
+                group = next(g for g in by_cluster[demand.cluster].groups if g.name == group_name)
+                cap_rhs.append(float(group.capacity.get(resource, 0.0)))
+            cap_rows.append(row_of[key])
+            cap_cols.append(col)
+            cap_vals.append(float(amount))
+    # Each demand is met at most `count` times, over its groups.
+    count_rows = [d_index for d_index, _ in columns]
+    count_matrix = sparse.csr_matrix((np.ones(n), (count_rows, np.arange(n))),
+                                     shape=(len(demands), n))
+    count_rhs = np.array([float(d.count) for d in demands])
+    capacity = sparse.csr_matrix((cap_vals, (cap_rows, cap_cols)), shape=(len(cap_rhs), n))
+    # Rows scaled so the largest coefficient is 1 (the solver's tolerances are absolute).
+    row_max = np.asarray(abs(capacity).max(axis=1).todense()).ravel() if n else np.zeros(0)
+    row_max[row_max == 0] = 1.0
+    capacity = sparse.diags(1.0 / row_max) @ capacity
+    cap_rhs_scaled = np.array(cap_rhs) / row_max
+    # share_q = sum over its columns of pods x dominant share (scaled).
+    share_matrix = sparse.csr_matrix(
+        ([dominant[d] * scale for d, _ in columns],
+         ([queue_index[demands[d].queue] for d, _ in columns], np.arange(n))),
+        shape=(len(queues), n))
+    demand_share = np.zeros(len(queues))
+    for d_index, demand in enumerate(demands):
+        demand_share[queue_index[demand.queue]] += dominant[d_index] * demand.count * scale
+    weight = np.array([float(weights[q]) for q in queues])
+
+    base_ub = sparse.vstack([capacity, count_matrix]).tocsr()
+    base_rhs = np.concatenate([cap_rhs_scaled, count_rhs])
+
+    frozen_level = np.full(len(queues), np.nan)  # scaled share each frozen queue keeps
+    # A queue with nothing it can ask for stays at zero.
+    frozen_level[demand_share <= 0] = 0.0
+    programs = 0
+    levels = 0
+    solution = np.zeros(n)
+
+    def solve(extra_cols: int, objective_extra: np.ndarray, rows: sparse.spmatrix,
+              rhs: np.ndarray, bounds_extra: list[tuple[float, float | None]]) -> np.ndarray:
+        nonlocal programs
+        programs += 1
+        a_ub = sparse.vstack([sparse.hstack([base_ub, sparse.csr_matrix(
+            (base_ub.shape[0], extra_cols))]), rows]).tocsr()
+        b_ub = np.concatenate([base_rhs, rhs])
+        objective = np.concatenate([np.zeros(n), objective_extra])
+        result = linprog(objective, A_ub=a_ub, b_ub=b_ub,
+                         bounds=[(0, None)] * n + bounds_extra, method="highs")
+        if result.status != 0:
+            raise FairModelError(f"linear program failed: {result.message}")
+        return np.asarray(result.x)
+
+    def floor_rows(indices: np.ndarray, extra_cols: int) -> tuple[sparse.spmatrix, np.ndarray]:
+        """-share_q <= -level_q for frozen queues (no extra columns involved)."""
+        rows = sparse.hstack([-share_matrix[indices], sparse.csr_matrix(
+            (len(indices), extra_cols))])
+        return rows, -frozen_level[indices] * (1 - _LEVEL_SLACK)
+
+    while np.isnan(frozen_level).any():
+        levels += 1
+        unfrozen = np.flatnonzero(np.isnan(frozen_level))
+        frozen = np.flatnonzero(~np.isnan(frozen_level))
+        # 1. The highest common cost t of the unfrozen queues: -share_q + w_q t <= 0.
+        rise_rows = sparse.hstack([-share_matrix[unfrozen],
+                                   sparse.csr_matrix(weight[unfrozen].reshape(-1, 1))])
+        keep_rows, keep_rhs = floor_rows(frozen, 1)
+        x = solve(1, np.array([-1.0]), sparse.vstack([rise_rows, keep_rows]),
+                  np.concatenate([np.zeros(len(unfrozen)), keep_rhs]), [(0, None)])
+        level = float(x[n]) * (1 - _LEVEL_SLACK)
+        solution = x[:n]
+        # 2. Which unfrozen queues cannot rise above w_q t while the others keep it.
+        candidates = unfrozen
+        while True:
+            k = len(candidates)
+            # share_q >= w_q t + rise_q for candidates, share_q >= w_q t for the other unfrozen.
+            is_candidate = np.isin(unfrozen, candidates)
+            rise_matrix = sparse.csr_matrix(
+                (np.ones(k), (np.flatnonzero(is_candidate), np.arange(k))),
+                shape=(len(unfrozen), k))
+            rows = [sparse.hstack([-share_matrix[unfrozen], rise_matrix])]
+            rhs = [-weight[unfrozen] * level]
+            keep_rows, keep_rhs = floor_rows(frozen, k)
+            x = solve(k, -np.ones(k), sparse.vstack([*rows, keep_rows]),
+                      np.concatenate([*rhs, keep_rhs]), [(0, 1.0)] * k)
+            rises = x[n:]
+            rising = rises > _RISE_TOLERANCE
+            if not rising.any():
+                break
+            solution = x[:n]
+            candidates = candidates[~rising]
+        frozen_level[candidates] = weight[candidates] * level
+
+    # The final split: the last program's pods (every queue at its level).
+    cluster_shares: dict[str, dict[str, float]] = {q: {} for q in queues}
+    cluster_pods: dict[str, dict[str, dict[tuple[tuple[str, float], ...], float]]] = {
+        q: {} for q in queues}
+    for col, (d_index, _) in enumerate(columns):
+        demand = demands[d_index]
+        pods = max(0.0, float(solution[col]))
+        if pods <= 0:
+            continue
+        shares = cluster_shares[demand.queue]
+        shares[demand.cluster] = shares.get(demand.cluster, 0.0) + pods * dominant[d_index]
+        by_shape = cluster_pods[demand.queue].setdefault(demand.cluster, {})
+        shape = shape_key(demand.shape)
+        by_shape[shape] = by_shape.get(shape, 0.0) + pods
+    common: dict[str, dict[str, float]] = {}
+    counts: dict[str, dict[tuple[tuple[str, float], ...], float]] = defaultdict(dict)
+    for demand in demands:
+        shape = shape_key(demand.shape)
+        counts[demand.queue][shape] = counts[demand.queue].get(shape, 0.0) + demand.count
+    for queue in queues:
+        if counts[queue]:
+            # Most pods first; ties to the smallest shape key, so the choice is deterministic.
+            best = min(counts[queue].items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            common[queue] = dict(best)
+        else:
+            common[queue] = {}
+    return FairAllocation(
+        pool_total=pool,
+        weights={q: float(weights[q]) for q in queues},
+        shares={q: float(frozen_level[i]) / scale for i, q in enumerate(queues)},
+        cluster_shares=cluster_shares,
+        cluster_pods=cluster_pods,
+        common_shapes=common,
+        levels=levels,
+        programs=programs,
+        demand_shares={q: float(demand_share[i]) / scale for i, q in enumerate(queues)},
+    )
