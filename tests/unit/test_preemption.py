@@ -78,6 +78,24 @@ def test_a_queue_that_filled_the_cluster_is_evicted_down_to_its_fair_share() -> 
     assert state.queue_usage("b").allocated_jobs == 4
 
 
+def test_preemption_weighs_shares_over_the_fairness_resources_only() -> None:
+    # One cost model (lockgate.scheduler.costs): b's fair share is half the pool's cpu, and
+    # ephemeral-storage, which fair shares are not over, must not count against b. (Preemption
+    # used to take shares over every resource: b's 300Gi of 2000Gi per pod made it stop at 3.)
+    storage = "ephemeral-storage"
+    running = [a_job("a").preemptible().requesting_resources({"cpu": "1", storage: "1Gi"})
+               .running_on(f"node-{1 + i // 4}").build() for i in range(8)]
+    waiting = a_job("b").requesting_resources({"cpu": "1", storage: "300Gi"}).times(6)
+    state = (a_state().with_queues("a", "b")
+             .with_cluster("cluster-a", a_node(**{"cpu": "4", storage: "1000Gi"}).times(2))
+             .with_jobs(running, waiting).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 4  # b's fair share: 4 of the 8 cpu
+    carry_out(state, evictions)
+    assert [d.queue for d in run_round(state).decisions] == ["b"] * 4
+    assert plan_evictions(state, run_round(state), policy=POLICY, evicting=()) == []
+
+
 def test_nothing_that_is_not_preemptible_is_evicted() -> None:
     running = [a_job("a").running_on("node-1").build() for _ in range(4)]
     running += [a_job("a").with_priority_class("batch-low").running_on("node-2").build()

@@ -3,10 +3,15 @@
 Why it exists: the round, preemption, explain and status must judge a queue by the same numbers,
 or they contradict each other (a pod told to wait for a share that preemption thinks is met).
 The policy follows Armada's dominant resource fairness. A queue's *share* is the largest, over
-the fairness resources (`SchedulerState.fairness_inverse`), of its allocation divided by the
-pool's total (every schedulable node of every cluster); its *cost* is that share divided by its
-weight (1 / priority factor). Progressive filling keeps giving the next job to the queue whose
-cost *after* taking it would be lowest, so the queues furthest below their share go first.
+the fairness resources (`SchedulerState.fairness_inverse`: 1 / the pool's total per axis, 0 on
+every other axis), of its allocation divided by the pool's total (every schedulable node of
+every cluster); its *cost* is that share divided by its weight (1 / priority factor).
+Progressive filling keeps giving the next job to the queue whose cost *after* taking it would be
+lowest, so the queues furthest below their share go first.
+
+Everything that weighs a queue uses the functions here with that one inverse: the round
+(`share_after`, `cost`), preemption (its rules compare shares and costs), explain and status
+(`fair_shares`). Nothing else divides by the pool.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from dataclasses import dataclass
 
 from lockgate.scheduler.state import SchedulerState, Shape
 
+# Shares are floats: a queue exactly at its fair share must not look a hair above or below it.
+SHARE_EPSILON = 1e-9
 # Adjusted fair share stops redistributing when less than this much of the pool is left over...
 _REDISTRIBUTION_THRESHOLD = 0.01
 # ...or after this many passes.
@@ -71,6 +78,7 @@ def fair_shares(state: SchedulerState) -> dict[str, FairShare]:
 
 
 def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, FairShare]:
+    """`fair_shares` with the pool's inverse already at hand (a round computes it once)."""
     weights: dict[str, float] = {}
     demands: dict[str, float] = {}
     actual: dict[str, float] = {}
@@ -102,14 +110,43 @@ def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, F
 
 
 def dominant(vector: list[int], inverse: list[float]) -> float:
+    """The dominant share of a vector: its largest amount over the pool's, on fairness axes."""
     return max((amount * inv for amount, inv in zip(vector, inverse, strict=False)), default=0.0)
 
 
 def dominant_sum(first: list[int], second: list[int], inverse: list[float]) -> float:
+    """The dominant share of `first + second`, without building the sum."""
     return max(
         ((a + b) * inv for a, b, inv in zip(first, second, inverse, strict=False)), default=0.0
     )
 
 
 def dominant_of(shape: Shape, inverse: list[float]) -> float:
+    """A request shape's own dominant share: how large it is, as the pool measures it."""
     return max((amount * inverse[axis] for axis, amount in shape.pairs), default=0.0)
+
+
+def share_after(share: float, allocation: list[int], pairs: tuple[tuple[int, int], ...],
+                inverse: list[float]) -> float:
+    """The dominant share of `allocation` plus `pairs`, given `share`, that of `allocation`:
+    only the axes taken can rise, so this costs O(len(pairs))."""
+    for axis, amount in pairs:
+        after = (allocation[axis] + amount) * inverse[axis]
+        if after > share:
+            share = after
+    return share
+
+
+def cost(share: float, priority_factor: float) -> float:
+    """A queue's cost: its share divided by its weight (weight = 1 / priority factor)."""
+    return share * priority_factor
+
+
+def is_below(share: float, target: float) -> bool:
+    """Whether a share is below a target share (one a hair below it, from float sums, is at it)."""
+    return share < target - SHARE_EPSILON
+
+
+def is_above(share: float, target: float) -> bool:
+    """Whether a share is above a target share, by more than float rounding."""
+    return share > target + SHARE_EPSILON

@@ -20,12 +20,9 @@ from enum import StrEnum
 from lockgate.backoff import backing_off_message
 from lockgate.jobs import JobState
 from lockgate.max_queued import stricter
-from lockgate.scheduler.costs import FairShare, fair_shares
+from lockgate.scheduler.costs import FairShare, dominant, fair_shares, is_below
 from lockgate.scheduler.room import ClusterRoom
 from lockgate.scheduler.state import SchedJob, SchedulerState
-
-# A queue this close to its adjusted fair share counts as at it.
-_SHARE_EPSILON = 1e-9
 
 
 class WaitReason(StrEnum):
@@ -193,30 +190,29 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         for index, free in enumerate(rounds.free):
             for axis, amount in enumerate(free):
                 free_total[axis] += max(0, amount)
-            dominant = max((max(0, a) * i for a, i in zip(free, inverse, strict=False)),
-                           default=0.0)
-            if dominant > best:
-                best, largest_free = dominant, [max(0, a) for a in free]
+            room = [max(0, a) for a in free]
+            size = dominant(room, inverse)
+            if size > best:
+                best, largest_free = size, room
             if index in eligible and all(free[axis] >= amount for axis, amount in shape.pairs):
                 fits_free = True  # room only on a node the pod may land on
         biggest = -1.0
         for name in cluster.order:
             allocatable = cluster.nodes[name].allocatable
-            dominant = max((a * i for a, i in zip(allocatable, inverse, strict=False)),
-                           default=0.0)
-            if dominant > biggest:
-                biggest, largest_node = dominant, list(allocatable)
+            size = dominant(allocatable, inverse)
+            if size > biggest:
+                biggest, largest_node = size, list(allocatable)
     allocation = state.queue_usage(job.queue).allocation.as_dict()
     limits = {} if spec is None else spec.limits.as_dict()
     over_limit = any(allocation.get(name, 0) + requests.get(name, 0) > limit
                      for name, limit in limits.items())
-    at_share = share is not None and (
-        share.actual_share + _SHARE_EPSILON >= share.adjusted_fair_share)
+    at_share = share is not None and not is_below(share.actual_share,
+                                                  share.adjusted_fair_share)
     competing = tuple(sorted(
         name for name, other in state.queue_records.items()
         if name != job.queue and other.schedulable
         and (pending := other.pending.get(job.cluster)) is not None and pending.live > 0
-        and shares[name].actual_share + _SHARE_EPSILON < shares[name].adjusted_fair_share))
+        and is_below(shares[name].actual_share, shares[name].adjusted_fair_share)))
     hold = state.controller_hold(job_id)
     reason = choose_reason(WaitFacts(
         queue_defined=spec is not None,

@@ -42,15 +42,21 @@ from dataclasses import dataclass
 from lockgate.jobs import JobState
 from lockgate.labels import PREEMPTIBLE_LABEL
 from lockgate.placement import can_land
-from lockgate.scheduler.costs import dominant_of, fair_shares
+from lockgate.scheduler.costs import (
+    SHARE_EPSILON,
+    cost,
+    dominant,
+    dominant_of,
+    fair_shares_over,
+    is_above,
+    is_below,
+)
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.room import fits, take
 from lockgate.scheduler.round import RoundResult, SkipReason
 from lockgate.scheduler.state import JobRecord, SchedulerState, Shape, add_pairs, subtract_pairs
 
 __all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
-# Shares are floats: a queue exactly at its fair share must not look a hair above or below it.
-_EPSILON = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +234,10 @@ class _Planner:
                  evicting: Collection[str]) -> None:
         self.state = state
         self.policy = policy
-        total = state.pool_vector
-        self.inverse = [1.0 / amount if amount > 0 else 0.0 for amount in total]
-        shares = fair_shares(state)
+        # The round's cost model (lockgate.scheduler.costs): shares over the fairness
+        # resources only, so a rule never weighs what the fair shares it compares with do not.
+        self.inverse = state.fairness_inverse()
+        shares = fair_shares_over(state, self.inverse)
         self.fair = {name: share.adjusted_fair_share for name, share in shares.items()}
         self.alloc = {name: queue.allocation[:] for name, queue in state.queue_records.items()}
         self.factor = {name: queue.priority_factor for name, queue in state.queue_records.items()}
@@ -246,17 +253,17 @@ class _Planner:
 
     def share(self, queue: str, vector: list[int] | None = None) -> float:
         vector = self.alloc[queue] if vector is None else vector
-        return max((a * i for a, i in zip(vector, self.inverse, strict=False)), default=0.0)
+        return dominant(vector, self.inverse)
 
     def cost(self, queue: str, vector: list[int] | None = None) -> float:
-        return self.share(queue, vector) * self.factor[queue]
+        return cost(self.share(queue, vector), self.factor[queue])
 
     def plan(self, waiting: dict[str, list[_Unit]]) -> list[Eviction]:
         state = self.state
         preemptors = [
             name for name in waiting
             if state.queue_records[name].schedulable
-            and self.share(name) < self.fair[name] - _EPSILON
+            and is_below(self.share(name), self.fair[name])
         ]
         preemptors.sort(key=lambda name: (self.cost(name), name))
         evictions: list[Eviction] = []
@@ -286,7 +293,7 @@ class _Planner:
                     else:
                         evictions.extend(found)
                     continue
-                if self.share(name, with_unit) > self.fair[name] + _EPSILON:
+                if is_above(self.share(name, with_unit), self.fair[name]):
                     break  # the queue would pass its fair share: nothing more to free for it
                 job = state.job_records[unit.job_id]
                 holder = self.reserved.get(job.cluster)
@@ -351,7 +358,7 @@ class _Planner:
         with_group = self.alloc[queue][:]
         for member in members:
             _add(with_group, member.shape)
-        if self.share(queue, with_group) > self.fair[queue] + _EPSILON:
+        if is_above(self.share(queue, with_group), self.fair[queue]):
             return None  # rule 1, with J the whole group
         preemptor_cost = self.cost(queue, with_group)
         # Worked on copies: a group that cannot be made to fit leaves everything as it was.
@@ -359,7 +366,7 @@ class _Planner:
         trial_alloc = {name: vector[:] for name, vector in self.alloc.items()}
         taken: set[str] = set()
         chosen: list[tuple[str, JobRecord, str]] = []
-        inverse = self.state.fairness_inverse()
+        inverse = self.inverse
         # Largest first, as the round places a group (a stable sort keeps ties in order).
         for member in sorted(members, reverse=True,
                              key=lambda m: dominant_of(m.shape, inverse)):
@@ -445,9 +452,9 @@ class _Planner:
             if not any(axis in short for axis, _ in victim.shape.pairs):
                 continue  # would not help
             without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
-            if self.share(victim.queue, without) < self.fair.get(victim.queue, 0.0) - _EPSILON:
+            if is_below(self.share(victim.queue, without), self.fair.get(victim.queue, 0.0)):
                 continue  # rule 2: never below its own fair share
-            if self.cost(victim.queue, without) < preemptor_cost - _EPSILON:
+            if self.cost(victim.queue, without) < preemptor_cost - SHARE_EPSILON:
                 continue  # rule 3: the preemptor would end up above its victim
             trial[victim.queue] = without
             _add(freed, victim.shape)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lockgate.jobs import JobState
-from lockgate.scheduler.costs import FairShare, dominant, fair_shares_over
+from lockgate.scheduler.costs import FairShare, cost, dominant, fair_shares_over, share_after
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
 from lockgate.scheduler.state import (
@@ -295,14 +295,11 @@ class _Round:
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 if reason is None:
                     hint = cluster.names[node]
+                    progress.share = share_after(progress.share, queue.allocation, shape.pairs,
+                                                 inverse)
                     state.mark_released(entry[2], job, hint)
                     decisions.append(Decision(entry[2], name, pending.cluster, hint))
                     progress.released += 1
-                    allocation = queue.allocation
-                    for axis, _amount in shape.pairs:
-                        share = allocation[axis] * inverse[axis]
-                        if share > progress.share:
-                            progress.share = share
                 else:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
@@ -370,13 +367,11 @@ class _Round:
                 inverse = self.inverse_total
                 for member_id, member, node in zip(member_ids, members, nodes, strict=True):
                     hint = cluster.names[node]
+                    progress.share = share_after(progress.share, queue.allocation,
+                                                 member.shape.pairs, inverse)
                     self.state.mark_released(member_id, member, hint)
                     decisions.append(Decision(member_id, queue.name, pending.cluster, hint))
                     progress.released += 1
-                    for axis, _amount in member.shape.pairs:
-                        share = queue.allocation[axis] * inverse[axis]
-                        if share > progress.share:
-                            progress.share = share
                 if cluster.reserved_for == key:
                     cluster.reserved_for = None
                     self.groups.reserved.pop(pending.cluster, None)
@@ -464,14 +459,10 @@ class _Round:
         return False
 
     def _cost_after(self, progress: _QueueRound, pairs: tuple[tuple[int, int], ...]) -> float:
-        share = progress.share
-        allocation = progress.queue.allocation
-        inverse = self.inverse_total
-        for axis, amount in pairs:
-            after = (allocation[axis] + amount) * inverse[axis]
-            if after > share:
-                share = after
-        return share * progress.queue.priority_factor
+        """The queue's cost once it takes `pairs` (its next unit): what the round ranks by."""
+        queue = progress.queue
+        return cost(share_after(progress.share, queue.allocation, pairs, self.inverse_total),
+                    queue.priority_factor)
 
     def _result(self, decisions: list[Decision]) -> RoundResult:
         shares = fair_shares_over(self.state, self.inverse_total)
