@@ -3,8 +3,8 @@
 Why a package: the round, its room, preemption, explain and status must judge by one state and
 one cost model. Its modules talk only through public names, in layers (pyproject.toml's
 import-linter contracts keep them so): `state` (with `groups`) at the bottom; `costs` (the one
-cost model) and `invariants` over it; `room`; `round`; then `preemption`, `explain`, `waiting`
-at the top. docs/scheduling.md describes the policy, docs/ARCHITECTURE.md where each part lives.
+cost model); `room`; `round`; then `preemption`, `explain`, `waiting` and `invariants` (the
+state's consistency check, which the unit tests run after every operation) at the top. docs/scheduling.md describes the policy, docs/ARCHITECTURE.md where each part lives.
 Services, adapters, tests and the benchmarks import from here.
 """
 
@@ -27,6 +27,7 @@ from lockgate.scheduler.explain import (
     wait_message,
 )
 from lockgate.scheduler.groups import GroupIndex, GroupKey, GroupStatus, timed_out, timeout_message
+from lockgate.scheduler.invariants import check_invariants
 from lockgate.scheduler.preemption import (
     PREEMPTIBLE_LABEL,
     Eviction,
@@ -82,6 +83,7 @@ __all__ = [
     "WaitReason",
     "WaitingPods",
     "adjusted_fair_shares",
+    "check_invariants",
     "choose_reason",
     "explain",
     "fair_shares",

@@ -93,6 +93,20 @@ class GroupIndex:
                            held=members.held, first_created_at=min(created),
                            last_created_at=max(created))
 
+    def keys(self) -> list[GroupKey]:
+        """Every group with a member still unfinished."""
+        return list(self._groups)
+
+    def held(self, key: GroupKey) -> int:
+        """How many of its members hold capacity (released, running, ...)."""
+        members = self._groups.get(key)
+        return 0 if members is None else members.held
+
+    def declared_size(self, key: GroupKey) -> int:
+        """The largest size any of its members named (0: no such group)."""
+        members = self._groups.get(key)
+        return 0 if members is None else members.size
+
     def waiting(self) -> Iterator[GroupStatus]:
         """Every group with members still queued."""
         for key in list(self._groups):

@@ -453,6 +453,26 @@ class SchedulerState:
         """The pool's total as a dense vector (callers must not change it)."""
         return self._pool_total
 
+    @property
+    def axes(self) -> Mapping[str, int]:
+        """Each resource name's axis."""
+        return self._axes
+
+    @property
+    def shapes(self) -> Mapping[tuple[frozenset[tuple[str, int]], PodPlacement | None], Shape]:
+        """The interned request shapes, by (requests, placement)."""
+        return self._shapes
+
+    @property
+    def holds(self) -> Mapping[ControllerKey, ControllerBackoff]:
+        """The controllers backing off, whose queued jobs are held."""
+        return self._holds
+
+    @property
+    def queued_by_controller(self) -> Mapping[ControllerKey, set[str]]:
+        """Every queued job with a controller, by controller (callers must not change it)."""
+        return self._queued_by_controller
+
     def groups(self) -> GroupIndex:
         """Pod groups with members still unfinished (lockgate.groups)."""
         return self._groups
@@ -666,7 +686,7 @@ class SchedulerState:
         known = cluster.fits_no_node.get(shape)
         if known is None:
             known = cluster.fits_no_node[shape] = not any(
-                _fits_class(shape, size) for size in cluster.node_sizes)
+                fits_node_class(shape, size) for size in cluster.node_sizes)
         return known
 
     def _retract(self, job_id: str, record: JobRecord) -> str | None:
@@ -826,10 +846,10 @@ class SchedulerState:
             entries = _unique([e for e in pending.parked_entries
                                if self._is_parked_entry(queue, pending, e)])
             pending.parked_entries = [e for e in entries
-                                      if not _fits_class(self._jobs[e[2]].shape, size)]
+                                      if not fits_node_class(self._jobs[e[2]].shape, size)]
             for entry in entries:
                 record = self._jobs[entry[2]]
-                if not _fits_class(record.shape, size):
+                if not fits_node_class(record.shape, size):
                     continue
                 record.parked = False
                 queue.parked -= 1
@@ -954,7 +974,7 @@ def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
     return unique
 
 
-def _fits_class(shape: Shape, node_class: NodeClass) -> bool:
+def fits_node_class(shape: Shape, node_class: NodeClass) -> bool:
     """Whether a job of this shape fits an empty node of this class: room and filters."""
     size, traits = node_class
     return all(axis < len(size) and amount <= size[axis] for axis, amount in shape.pairs) and (

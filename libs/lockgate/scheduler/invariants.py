@@ -1,0 +1,303 @@
+"""Check that every aggregate the scheduler state keeps agrees with its job and node records.
+
+Why it exists: `SchedulerState` keeps, change by change, per-queue allocations and demand, heaps
+of pending jobs, per-node usage, the pool's total, a group index and the controllers' holds, so a
+round never recounts anything. A slip in that bookkeeping does not crash: it silently releases
+too much or starves a queue. `check_invariants` recounts everything from the records, in
+O(jobs + nodes), and raises AssertionError naming each aggregate that disagrees (as Armada's
+jobdb `Assert` does). The unit tests run it after every change and every round
+(tests/unit/conftest.py); it is far too slow for the leader's hot path and is not called there.
+
+Between changes and rounds, every invariant holds; inside a round (its popped heap entries not
+pushed back yet) they need not.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from lockgate.jobs import JobState
+from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.state import (
+    ClusterRecord,
+    HeapEntry,
+    JobRecord,
+    NodeClass,
+    SchedulerState,
+    Shape,
+    add_pairs,
+    fits_node_class,
+)
+
+# At most this many problems are listed in one AssertionError.
+_MAX_LISTED = 20
+
+
+def check_invariants(state: SchedulerState) -> None:
+    """Raise AssertionError listing what disagrees, if anything does."""
+    problems = _Problems()
+    axes = len(state.axis_names)
+    problems.check(len(state.axes) == axes, "axis index and axis names differ in length")
+    records = state.job_records
+    _check_jobs(state, problems)
+    _check_queues(state, problems, axes)
+    _check_clusters(state, problems, axes)
+    _check_shapes(state, problems)
+    _check_groups(state, problems)
+    _check_controllers(state, problems)
+    if problems.found:
+        listed = "\n  - ".join(problems.found[:_MAX_LISTED])
+        more = len(problems.found) - _MAX_LISTED
+        raise AssertionError(
+            f"scheduler state inconsistent ({len(records)} jobs):\n  - {listed}"
+            + (f"\n  ... and {more} more" if more > 0 else ""))
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def check(self, holds: bool, what: str) -> None:
+        if not holds:
+            self.found.append(what)
+
+
+def _check_jobs(state: SchedulerState, problems: _Problems) -> None:
+    for job_id, record in state.job_records.items():
+        problems.check(not record.state.is_terminal,
+                       f"job {job_id} is kept in terminal state {record.state}")
+        problems.check(record.queue in state.queue_records,
+                       f"job {job_id}'s queue {record.queue!r} has no record")
+        problems.check(record.cluster in state.cluster_records,
+                       f"job {job_id}'s cluster {record.cluster!r} has no record")
+        queued = record.state is JobState.QUEUED
+        problems.check(queued or not (record.parked or record.held),
+                       f"job {job_id} holds capacity ({record.state}) yet is parked or held")
+        problems.check(not (record.parked and record.held), f"job {job_id} is parked and held")
+        if queued and record.node_name is not None:
+            problems.check(False, f"queued job {job_id} names node {record.node_name!r}")
+
+
+def _check_queues(state: SchedulerState, problems: _Problems, axes: int) -> None:
+    jobs_of: dict[str, list[tuple[str, JobRecord]]] = {}
+    for job_id, record in state.job_records.items():
+        jobs_of.setdefault(record.queue, []).append((job_id, record))
+    for name, queue in state.queue_records.items():
+        mine = jobs_of.get(name, [])
+        queued = [(i, r) for i, r in mine if r.state is JobState.QUEUED]
+        holding = [(i, r) for i, r in mine if r.state is not JobState.QUEUED]
+        live = [(i, r) for i, r in queued if not r.parked and not r.held]
+        where = f"queue {name!r}"
+        problems.check(queue.name == name, f"{where} is recorded as {queue.name!r}")
+        problems.check(queue.queued == len(queued),
+                       f"{where} counts {queue.queued} queued jobs, holds {len(queued)}")
+        parked = sum(r.parked for _, r in queued)
+        held = sum(r.held for _, r in queued)
+        problems.check(queue.parked == parked, f"{where} counts {queue.parked} parked, {parked}")
+        problems.check(queue.held == held, f"{where} counts {queue.held} held, {held}")
+        problems.check(queue.allocated == len(holding),
+                       f"{where} counts {queue.allocated} allocated jobs, holds {len(holding)}")
+        problems.check(_sum(holding, axes) == queue.allocation,
+                       f"{where}'s allocation {queue.allocation} is not the sum of its "
+                       f"released and running jobs {_sum(holding, axes)}")
+        problems.check(_sum(live, axes) == queue.demand,
+                       f"{where}'s demand {queue.demand} is not the sum of its waiting jobs "
+                       f"{_sum(live, axes)}")
+        spec = queue.spec
+        problems.check(queue.priority_factor == (1.0 if spec is None else spec.priority_factor),
+                       f"{where}'s priority factor {queue.priority_factor} is not its spec's")
+        problems.check(spec is not None or not queue.is_empty(),
+                       f"{where} is undefined and empty, yet kept")
+        for cluster in {r.cluster for _, r in queued if not r.held}:
+            problems.check(cluster in queue.pending,
+                           f"{where} has jobs waiting in {cluster!r} but no pending record")
+        for cluster, pending in queue.pending.items():
+            here = f"{where} in {cluster!r}"
+            problems.check(pending.cluster == cluster, f"{here} is recorded as {pending.cluster}")
+            mine_live = [(i, r) for i, r in live if r.cluster == cluster]
+            mine_parked = [(i, r) for i, r in queued if r.parked and r.cluster == cluster]
+            problems.check(pending.live == len(mine_live),
+                           f"{here} counts {pending.live} live jobs, holds {len(mine_live)}")
+            problems.check(pending.parked == len(mine_parked),
+                           f"{here} counts {pending.parked} parked, holds {len(mine_parked)}")
+            shapes = Counter(r.shape for _, r in mine_live)
+            problems.check(dict(shapes) == pending.shapes,
+                           f"{here} counts shapes {_shape_counts(pending.shapes)}, holds "
+                           f"{_shape_counts(dict(shapes))}")
+            problems.check(_is_heap(pending.heap), f"{here}'s heap is out of heap order")
+            in_heap = {entry[2] for entry in pending.heap if _matches(entry, state, name, cluster)}
+            missing = [i for i, _ in mine_live if i not in in_heap]
+            problems.check(not missing, f"{here}'s heap lacks waiting jobs {missing[:5]}")
+            parked_in = {entry[2] for entry in pending.parked_entries
+                         if _matches(entry, state, name, cluster)}
+            lost = [i for i, _ in mine_parked if i not in parked_in]
+            problems.check(not lost, f"{here}'s parked entries lack parked jobs {lost[:5]}")
+        for vector, what in ((queue.allocation, "allocation"), (queue.demand, "demand")):
+            problems.check(len(vector) == axes, f"{where}'s {what} has {len(vector)} axes")
+
+
+def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> None:
+    pool = [0] * axes
+    bound: dict[tuple[str, str], list[tuple[str, JobRecord]]] = {}
+    unbound: dict[str, dict[str, JobRecord]] = {}
+    for job_id, record in state.job_records.items():
+        if record.state is JobState.QUEUED:
+            continue
+        if record.node_name is None:
+            unbound.setdefault(record.cluster, {})[job_id] = record
+        else:
+            bound.setdefault((record.cluster, record.node_name), []).append((job_id, record))
+    for name, cluster in state.cluster_records.items():
+        where = f"cluster {name!r}"
+        problems.check(cluster.name == name, f"{where} is recorded as {cluster.name!r}")
+        schedulable = sorted(n for n, node in cluster.nodes.items() if node.info.schedulable)
+        problems.check(cluster.order == schedulable,
+                       f"{where}'s first-fit order {cluster.order} is not its schedulable "
+                       f"nodes {schedulable}")
+        total = [0] * axes
+        sizes: Counter[NodeClass] = Counter()
+        for node_name in schedulable:
+            node = cluster.nodes[node_name]
+            _add_into(total, node.allocatable)
+            sizes[(tuple(node.allocatable), node.traits)] += 1
+            if node.info.in_pool:
+                _add_into(pool, node.allocatable)
+        for node_name, node in cluster.nodes.items():
+            problems.check(len(node.allocatable) == axes and len(node.unmanaged) == axes,
+                           f"{where}'s node {node_name!r} has vectors of the wrong length")
+            problems.check(node.traits.name == node_name,
+                           f"{where}'s node {node_name!r} carries traits of {node.traits.name!r}")
+        problems.check(cluster.total == total,
+                       f"{where}'s total {cluster.total} is not its nodes' sum {total}")
+        problems.check(dict(sizes) == cluster.node_sizes,
+                       f"{where}'s node classes disagree with its schedulable nodes")
+        _check_usage(cluster, bound, unbound.get(name, {}), problems, axes)
+        for shape, fits_none in cluster.fits_no_node.items():
+            problems.check(fits_none == (not any(fits_node_class(shape, size)
+                                                 for size in cluster.node_sizes)),
+                           f"{where}'s cached fit of {shape.requests} is stale")
+    problems.check(state.pool_vector == pool,
+                   f"pool total {state.pool_vector} is not the sum of nodes in the pool {pool}")
+    for job_id, record in state.job_records.items():
+        if record.parked:
+            home = state.cluster_records.get(record.cluster)
+            sizes_now = () if home is None else tuple(home.node_sizes)
+            problems.check(not any(fits_node_class(record.shape, size) for size in sizes_now),
+                           f"job {job_id} is parked though a node class of its cluster fits it")
+
+
+def _check_usage(cluster: ClusterRecord, bound: dict[tuple[str, str], list[tuple[str, JobRecord]]],
+                 unbound: dict[str, JobRecord], problems: _Problems, axes: int) -> None:
+    where = f"cluster {cluster.name!r}"
+    nodes = {node for (name, node) in bound if name == cluster.name}
+    problems.check(set(cluster.used_by_node) == nodes,
+                   f"{where} keeps usage for nodes {sorted(cluster.used_by_node)}, its managed "
+                   f"jobs are bound to {sorted(nodes)}")
+    problems.check(set(cluster.jobs_on_node) == nodes,
+                   f"{where} counts jobs on nodes {sorted(cluster.jobs_on_node)}, its managed "
+                   f"jobs are bound to {sorted(nodes)}")
+    for node in nodes:
+        jobs = bound[(cluster.name, node)]
+        used = _sum(jobs, axes)
+        problems.check(cluster.used_by_node.get(node) == used,
+                       f"{where}'s usage of node {node!r} {cluster.used_by_node.get(node)} is not "
+                       f"the sum of the jobs bound to it {used}")
+        problems.check(cluster.jobs_on_node.get(node) == len(jobs),
+                       f"{where} counts {cluster.jobs_on_node.get(node)} jobs on node {node!r}, "
+                       f"{len(jobs)} are bound there")
+    problems.check(set(cluster.held_unbound) == set(unbound),
+                   f"{where} holds unbound jobs {sorted(cluster.held_unbound)[:5]}, its "
+                   f"released jobs without a node are {sorted(unbound)[:5]}")
+    for job_id, (shape, _hint) in cluster.held_unbound.items():
+        record = unbound.get(job_id)
+        problems.check(record is None or record.shape is shape,
+                       f"{where} holds unbound job {job_id} with another shape")
+
+
+def _check_shapes(state: SchedulerState, problems: _Problems) -> None:
+    refs: Counter[int] = Counter(id(record.shape) for record in state.job_records.values())
+    for key, shape in state.shapes.items():
+        problems.check(shape.key == key, f"shape {shape.requests} is filed under another key")
+        problems.check(shape.refs == refs[id(shape)],
+                       f"shape {shape.requests} counts {shape.refs} users, has {refs[id(shape)]}")
+        problems.check(sorted(shape.pairs) == list(shape.pairs),
+                       f"shape {shape.requests}'s pairs are not sorted by axis")
+    for job_id, record in state.job_records.items():
+        problems.check(state.shapes.get(record.shape.key) is record.shape,
+                       f"job {job_id}'s shape is not the interned one")
+
+
+def _check_groups(state: SchedulerState, problems: _Problems) -> None:
+    groups = state.groups()
+    queued: dict[GroupKey, set[str]] = {}
+    held: Counter[GroupKey] = Counter()
+    sizes: dict[GroupKey, int] = {}
+    for job_id, record in state.job_records.items():
+        if record.group is None:
+            continue
+        key = (record.cluster, record.queue, record.group)
+        sizes[key] = max(sizes.get(key, 0), record.group_size)
+        if record.state is JobState.QUEUED:
+            queued.setdefault(key, set()).add(job_id)
+        else:
+            held[key] += 1
+    keys = set(queued) | set(held)
+    problems.check(set(groups.keys()) == keys,
+                   f"group index holds {sorted(groups.keys())[:5]}, jobs name {sorted(keys)[:5]}")
+    for key in keys:
+        members = set(groups.queued_members(key))
+        problems.check(members == queued.get(key, set()),
+                       f"group {key}'s queued members {sorted(members)[:5]} are not its queued "
+                       f"jobs {sorted(queued.get(key, set()))[:5]}")
+        problems.check(groups.held(key) == held[key],
+                       f"group {key} counts {groups.held(key)} holding capacity, {held[key]} do")
+        problems.check(groups.declared_size(key) >= sizes[key],
+                       f"group {key}'s size {groups.declared_size(key)} is below a member's")
+    for cluster, key in groups.reserved.items():
+        problems.check(key[0] == cluster, f"cluster {cluster!r} is reserved for {key} elsewhere")
+        problems.check(key in keys, f"cluster {cluster!r} is reserved for {key}, which is gone")
+
+
+def _check_controllers(state: SchedulerState, problems: _Problems) -> None:
+    expected: dict[object, set[str]] = {}
+    for job_id, record in state.job_records.items():
+        controller = record.controller
+        if record.state is not JobState.QUEUED or controller is None:
+            problems.check(not record.held, f"job {job_id} is held without a queued controller")
+            continue
+        expected.setdefault(controller, set()).add(job_id)
+        problems.check(record.held == (controller in state.holds),
+                       f"job {job_id} is {'' if record.held else 'not '}held, yet its controller "
+                       f"{'does not back' if record.held else 'backs'} off")
+    problems.check(dict(state.queued_by_controller) == expected,
+                   "the queued jobs by controller disagree with the queued jobs")
+
+
+def _sum(jobs: list[tuple[str, JobRecord]], axes: int) -> list[int]:
+    total = [0] * axes
+    for _, record in jobs:
+        add_pairs(total, record.shape.pairs)
+    return total
+
+
+def _add_into(vector: list[int], other: list[int]) -> None:
+    for axis, amount in enumerate(other):
+        vector[axis] += amount
+
+
+def _matches(entry: HeapEntry, state: SchedulerState, queue: str, cluster: str) -> bool:
+    """Whether a heap entry is current: it names a queued job of this queue and cluster, with
+    the priority and creation time the job has now."""
+    record = state.job_records.get(entry[2])
+    return (record is not None and record.state is JobState.QUEUED and record.queue == queue
+            and record.cluster == cluster and record.priority == -entry[0]
+            and record.created_at == entry[1])
+
+
+def _is_heap(heap: list[HeapEntry]) -> bool:
+    return all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap)))
+
+
+def _shape_counts(shapes: dict[Shape, int]) -> dict[str, int]:
+    return {str(shape.requests): count for shape, count in shapes.items()}
+
