@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lockgate.events import PodNotice
 from lockgate.jobs import JobState
-from lockgate.scheduler import SchedJob
+
+if TYPE_CHECKING:  # (at run time lockgate.scheduler.feed imports this module)
+    from lockgate.scheduler.state import SchedJob
 
 # A Kubernetes object name (DNS subdomain) is at most this long.
 _MAX_NAME = 253

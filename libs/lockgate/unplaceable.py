@@ -24,9 +24,12 @@ Pure: the leader feeds it every job row and asks, after each round, which are du
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from lockgate.jobs import JobState
-from lockgate.scheduler import SchedJob
+
+if TYPE_CHECKING:  # (at run time lockgate.scheduler.feed imports this module)
+    from lockgate.scheduler.state import SchedJob
 
 _UNBOUND_RELEASED = frozenset({JobState.RELEASED, JobState.UNGATED})
 

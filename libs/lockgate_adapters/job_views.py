@@ -1,9 +1,10 @@
 """Read-only Postgres views for operators: job sets, one pod's job, and the scheduler's picture.
 
 Why a module of its own: `lockgate status`, `lockgate explain` and `lockgate jobset list|describe`
-read what the other writers keep, and change nothing. `scheduler_state` loads the same rows the
-fair-scheduler leader loads (one snapshot) into a `SchedulerState`, so `lockgate explain` reasons
-over the same picture as the Events the leader sends. It costs one pass over the unfinished
+read what the other writers keep, and change nothing. `scheduler_view` loads the same rows the
+fair-scheduler leader loads (one snapshot) through the same hold-out feed into a
+`SchedulerState`, so `lockgate explain` reasons over the same picture as the Events the leader
+sends. It costs one pass over the unfinished
 jobs, which is fine for a command a person runs, not for a loop.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -19,7 +21,7 @@ import asyncpg
 
 from lockgate.ingest import JobRow
 from lockgate.jobs import TERMINAL_STATES
-from lockgate.scheduler import SchedulerState
+from lockgate.scheduler import Feed, FeedPolicy, SchedulerState
 from lockgate_adapters import job_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.postgres import AnyConnection
@@ -27,22 +29,27 @@ from lockgate_adapters.postgres import AnyConnection
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 
 
-async def scheduler_state(connection: AnyConnection) -> SchedulerState:
-    """Queues, present nodes and unfinished jobs as the scheduler would load them."""
+async def scheduler_view(connection: AnyConnection, *, fairness_resources: Iterable[str],
+                         policy: FeedPolicy) -> Feed:
+    """Queues, present nodes and unfinished jobs as the scheduler leader holds them: loaded
+    through the same hold-out policy (`lockgate.scheduler.feed`: expired, backing off, given
+    up, controller holds) over the same fairness resources, so `lockgate status` and
+    `lockgate explain` say what the scheduler does."""
     # A pooled connection proxies every method load_everything uses.
     everything = await store.load_everything(cast(asyncpg.Connection, connection))
-    state = SchedulerState()
-    for queue in everything.queues:
-        if queue.spec is not None:
-            state.upsert_queue(queue.spec)
-    for node in everything.nodes:
-        state.set_node(node.cluster, node.node, node.info)
-    state.upsert_jobs(everything.jobs)
     now = time.time()
-    for backoff in everything.backoffs:  # as the leader holds them (lockgate.backoff)
-        if backoff.waits(now):
-            state.hold_controller(backoff)
-    return state
+    feed = Feed(SchedulerState(fairness_resources), policy)
+    feed.load_backoffs(everything.backoffs, now)
+    for queue in everything.queues:
+        feed.apply_queue(queue.name, queue.spec)
+    for node in everything.nodes:
+        feed.apply_node(node.cluster, node.node, node.info)
+    feed.apply_jobs(everything.jobs, now=now, returned={
+        job_id: (releases, at.timestamp())
+        for job_id, (releases, at) in everything.returned.items()})
+    feed.end_due(now)
+    feed.expire_all_due(now)
+    return feed
 
 
 async def find_job(connection: AnyConnection, *, cluster: str, namespace: str,

@@ -4,7 +4,10 @@ Why this shape: a round must start within milliseconds of a change that could re
 (a pod queued, capacity freed, a queue changed), not at the next periodic tick. The leader LISTENs
 on `lockgate_changes` on its own connection; a notification wakes it, it waits a few
 milliseconds for more, fetches only the rows changed since the last serial it saw, applies them
-to the in-memory `SchedulerState` and runs a round. A periodic round is the safety net for lost
+through the hold-out feed (`lockgate.scheduler.feed`: what is expired, backing off, given up or
+held for its controller stays out of the line) to the in-memory `SchedulerState` and runs a
+round. Everything it decides without I/O is the feed's (unit-tested there); this module reads,
+records and publishes. A periodic round is the safety net for lost
 notifications; now and then the leader also re-publishes releases that went unanswered.
 
 Every decision is recorded (leader connection, one transaction) before its command is published.
@@ -19,7 +22,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -28,25 +30,21 @@ from aiokafka import AIOKafkaProducer
 from opentelemetry import trace
 from prometheus_client import Counter as MetricCounter
 
-from fair_scheduler.backing_off import ControllerBackoffKeeper
-from fair_scheduler.reporting import PHASE_OF_STATE, FairnessReport
+from fair_scheduler.reporting import FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.groups import GroupTimeoutAction
-from lockgate.jobs import JobState
-from lockgate.noticing import NoticeReason, UndefinedQueueNotices, queue_unknown_message
-from lockgate.queues import MaxQueued
+from lockgate.noticing import NoticeReason, queue_unknown_message
 from lockgate.scheduler import (
     EVENT_REASONS,
     MAX_QUEUED_EVENT_REASON,
     QUEUED_EVENT_REASON,
     Explainer,
-    NoticeLimits,
+    Feed,
     PreemptionPolicy,
     RoundResult,
     SchedJob,
     SchedulerState,
-    WaitingPods,
     format_duration,
     plan_evictions,
     positions,
@@ -54,7 +52,7 @@ from lockgate.scheduler import (
     timed_out,
     timeout_message,
 )
-from lockgate.unplaceable import UnplaceableWatch, event_message, is_given_up, last_reason
+from lockgate.unplaceable import event_message, last_reason
 from lockgate_adapters import eviction_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
@@ -124,30 +122,11 @@ class Leader:
         self._readiness = readiness
         self._now = now
         self._new_decision_id = new_decision_id
-        self._state = SchedulerState(settings.fairness_resources)
-        # Released pods kube-scheduler reports Unschedulable, until the leader gives up on them.
-        self._unplaceable = UnplaceableWatch(settings.unplaceable_after_seconds)
-        # Controllers whose pods it gave up on and had deleted wait before the next try.
-        self._controller_backoffs = ControllerBackoffKeeper(
-            self._state, settings.backoff_policy(), enabled=settings.unplaceable_backoff)
-        # Queued jobs whose queue may turn out undefined, and which of them were noticed.
-        self._notices = UndefinedQueueNotices()
-        # Queued pods: when each is next told why it waits, and which waited too long.
-        self._waiting = WaitingPods(NoticeLimits(
-            pod_interval=settings.wait_notice_interval_seconds,
-            cluster_rate=settings.wait_notices_per_cluster_per_second,
-            cluster_burst=settings.wait_notice_burst_per_cluster))
-        # Pods past their maximum time queued, held out of the state (never released) until
-        # their row says they are gone, failed or otherwise out of the queue: job id -> job.
-        self._expired: dict[str, SchedJob] = {}
+        # The state and every row applied to it through the hold-out policy (expired, backing
+        # off, given up, controller holds): all the leader decides that needs no I/O.
+        self._feed = Feed(SchedulerState(settings.fairness_resources), settings.feed_policy())
+        self._state = self._feed.state
         self._unsent_expiries: list[PodNotice] = []
-        # Jobs whose release failed, held out of the state until their backoff ends, so a
-        # release that keeps failing (e.g. a forbidden patch) does not spin: job id -> (due, job).
-        self._backing_off: dict[str, tuple[float, SchedJob]] = {}
-        self._phases: dict[str, Counter[str]] = {}
-        # Jobs recorded for removal (evicted, or of a timed-out group) and not finished yet: they
-        # still hold what they hold, but are as good as gone for preemption planning.
-        self._removing: set[str] = set()
         self._preemption = PreemptionPolicy(
             preemptible_priority_classes=frozenset(settings.preemptible_priority_classes),
             max_evictions_per_round=settings.max_evictions_per_round)
@@ -189,11 +168,9 @@ class Leader:
         while not stopping.is_set():
             if not more_to_do:
                 wall = self._now().timestamp()
-                unplaceable_due = time.monotonic() + (self._unplaceable.next_due() - wall)
-                controller_due = time.monotonic() + (self._controller_backoffs.next_due() - wall)
+                feed_due = time.monotonic() + (self._feed.next_due() - wall)
                 timeout = max(0.0, min(next_safety_round, next_republish, next_check,
-                                       next_waiting_check, self._next_backoff_end(),
-                                       unplaceable_due, controller_due)
+                                       next_waiting_check, feed_due)
                               - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -208,9 +185,8 @@ class Leader:
             self._wake.clear()
             listener = await self._listen(listener)
             changed = self._apply(await store.changes_since(self._connection, self._serial))
-            changed = self._end_due_backoffs() or changed
-            changed = await self._controller_backoffs.end_due(
-                self._connection, self._now().timestamp()) or changed
+            changed = self._feed.end_due(self._now().timestamp()) or changed
+            await self._forget_backoffs()
             changed = await self._give_up_unplaceable() or changed
             now = time.monotonic()
             safety_due = now >= next_safety_round
@@ -233,7 +209,9 @@ class Leader:
     async def _load(self) -> None:
         started = time.monotonic()
         everything = await store.load_everything(self._connection)
-        self._controller_backoffs.load(everything.backoffs, self._now().timestamp())
+        self._feed.load_backoffs(everything.backoffs, self._now().timestamp())
+        if everything.backoffs:
+            log.info("loaded %d controller back-offs", len(everything.backoffs))
         self._apply(everything)
         log.info("loaded %d queues, %d nodes, %d unfinished jobs up to serial %d in %.2fs",
                  len(everything.queues), len(everything.nodes), len(everything.jobs),
@@ -241,95 +219,26 @@ class Leader:
 
     def _apply(self, changes: store.Changes) -> bool:
         """Apply changed rows; returns whether any could let a round release something new."""
-        state = self._state
+        feed = self._feed
         changed = bool(changes.queues or changes.nodes)
         for queue in changes.queues:
-            if queue.spec is None:
-                state.remove_queue(queue.name)
-            else:
-                state.upsert_queue(queue.spec)
+            feed.apply_queue(queue.name, queue.spec)
         for node in changes.nodes:
-            state.set_node(node.cluster, node.node, node.info)
-        now = self._now().timestamp()
-        for job in changes.jobs:
-            self._notices.observe(job)
-            self._unplaceable.observe(job)
-            self._waiting.observe(job, now)
-            changed = self._controller_backoffs.observe(job) or changed
-            if job.state.is_terminal:
-                self._removing.discard(job.job_id)
-            if job.job_id in self._expired:
-                if job.state is JobState.QUEUED:
-                    continue  # still waiting for the ungater to fail or delete it
-                del self._expired[job.job_id]
-            held = self._backing_off.get(job.job_id)
-            old = state.job(job.job_id) if held is None else held[1]
-            if old is None and job.state.is_terminal:
-                continue
-            if held is None and is_given_up(job):
-                # Given up on while unbound: not charged (until it binds after all).
-                if old is not None:
-                    self._count(old, -1)
-                    state.remove_job(job.job_id)
-                    changed = True
-                continue
-            returned = changes.returned.get(job.job_id)
-            if returned is not None:
-                if held is not None and held[1] == job:
-                    continue  # the same row again: still backing off
-                due = self._retry_due(*returned)
-                if due > time.monotonic():
-                    self._count(old, -1)
-                    self._count(job, +1)
-                    if state.job(job.job_id) is not None:
-                        state.remove_job(job.job_id)  # its room is free again meanwhile
-                    self._backing_off[job.job_id] = (due, job)
-                    changed = True
-                    continue
-            if held is not None:  # back from its backoff, changed or not
-                del self._backing_off[job.job_id]
-                self._count(old, -1)
-                self._count(job, +1)
-                state.upsert_job(job)
-                changed = True
-                continue
-            # Our own decisions come back through the feed unchanged: not news.
-            if old != job:
-                changed = True
-                self._count(old, -1)
-                self._count(job, +1)
-                state.upsert_job(job)
+            feed.apply_node(node.cluster, node.node, node.info)
+        returned = {job_id: (releases, at.timestamp())
+                    for job_id, (releases, at) in changes.returned.items()}
+        changed = feed.apply_jobs(changes.jobs, now=self._now().timestamp(),
+                                  returned=returned) or changed
         self._serial = max(self._serial, changes.serial)
         return changed
 
-    def _retry_due(self, releases: int, returned_at: datetime) -> float:
-        """When (monotonic) a job that came back after `releases` releases may go again."""
-        settings = self._settings
-        wait = min(settings.release_retry_max_seconds,
-                   settings.release_retry_initial_seconds * 2.0 ** max(0, releases - 1))
-        waited = float((self._now() - returned_at).total_seconds())
-        return time.monotonic() + max(0.0, wait - waited)
-
-    def _end_due_backoffs(self) -> bool:
-        """Put jobs whose backoff ended back in the state; returns whether there were any."""
-        now = time.monotonic()
-        due = [job for at, job in self._backing_off.values() if at <= now]
-        at = self._now().timestamp()
-        for job in due:
-            del self._backing_off[job.job_id]
-            self._state.upsert_job(job)
-            self._waiting.observe(job, at)  # told again while it waits anew
-        return bool(due)
-
-    def _next_backoff_end(self) -> float:
-        return min((at for at, _ in self._backing_off.values()), default=float("inf"))
-
-    def _count(self, job: SchedJob | None, delta: int) -> None:
-        if job is None:
-            return
-        phase = PHASE_OF_STATE.get(job.state)
-        if phase is not None:
-            self._phases.setdefault(job.queue, Counter())[phase] += delta
+    async def _forget_backoffs(self) -> None:
+        """Delete the controller back-offs that are over, or were reset by a bind."""
+        gone = self._feed.backoffs_to_forget()
+        if gone:
+            await store.forget_backoffs(self._connection, gone)
+            log.info("controller back-offs over or reset by a bound pod: %s",
+                     ", ".join(f"{r.controller_uid} in {r.cluster}" for r in gone))
 
     # ---- rounds ---------------------------------------------------------------------------
 
@@ -350,9 +259,7 @@ class Leader:
             for decision in result.decisions:
                 cluster, uid = store.split_job_id(decision.job_id)
                 planned.append((self._new_decision_id(), cluster, uid))
-                phases = self._phases.setdefault(decision.queue, Counter())
-                phases["queued"] -= 1
-                phases["released"] += 1
+                self._feed.released(decision.queue)
             recorded = await store.record_releases(
                 self._connection, decisions=planned, decided_at=decided_at,
                 decided_by=settings.instance_id)
@@ -364,7 +271,8 @@ class Leader:
                 await self._publish(recorded)
             await self._remove(result, decided_at)
         seconds = time.perf_counter() - started
-        self._report.record_round(result, phases=self._phases, at=decided_at, seconds=seconds,
+        self._report.record_round(result, phases=self._feed.phases, at=decided_at,
+                                  seconds=seconds,
                                   decisions=len(recorded))
         if recorded:
             log.info("round (%s): released %d of %d decided in %.1f ms", trigger, len(recorded),
@@ -383,19 +291,10 @@ class Leader:
         DROPPED_DECISIONS.inc(len(dropped))
         current = {job.job_id: job for job in
                    await store.current_jobs(self._connection, dropped)}
+        at = self._now().timestamp()
         for cluster, uid in dropped:
             job_id = store.job_id(cluster, uid)
-            self._count(self._state.job(job_id), -1)
-            now = current.get(job_id)
-            if now is None:
-                self._state.remove_job(job_id)
-                self._notices.forget(job_id)
-                self._waiting.forget(job_id)
-            else:
-                self._notices.observe(now)
-                self._waiting.observe(now, self._now().timestamp())
-                self._count(now, +1)
-                self._state.upsert_job(now)
+            self._feed.dropped(job_id, current.get(job_id), now=at)
         log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
 
     # ---- removals: preemption and timed-out groups ----------------------------------------
@@ -406,7 +305,7 @@ class Leader:
         planned: list[eviction_store.PlannedRemoval] = []
         if self._settings.preemption_enabled:
             for eviction in plan_evictions(self._state, result, policy=self._preemption,
-                                           evicting=self._removing):
+                                           evicting=self._feed.removing):
                 cluster, uid = store.split_job_id(eviction.job_id)
                 planned.append(eviction_store.PlannedRemoval(
                     eviction_id=self._new_decision_id(), cluster=cluster, uid=uid,
@@ -416,7 +315,7 @@ class Leader:
         planned += self._timed_out_groups(at)
         if not planned:
             return
-        self._removing.update(store.job_id(p.cluster, p.uid) for p in planned)
+        self._feed.removing.update(store.job_id(p.cluster, p.uid) for p in planned)
         recorded = await eviction_store.record_removals(
             self._connection, planned, decided_at=at, decided_by=self._settings.instance_id)
         for removal in recorded:
@@ -443,7 +342,7 @@ class Leader:
             assert timeout is not None
             message = timeout_message(status, timeout=timeout, action=actions[queue])
             for job_id in groups.queued_members(status.key):
-                if job_id in self._removing:
+                if job_id in self._feed.removing:
                     continue
                 cluster, uid = store.split_job_id(job_id)
                 planned.append(eviction_store.PlannedRemoval(
@@ -479,7 +378,7 @@ class Leader:
         now = self._now()
         after = timedelta(seconds=self._settings.republish_after_seconds)
         in_flight = await eviction_store.removals_in_flight(self._connection)
-        self._removing.update(store.job_id(r.cluster, r.uid) for r, _ in in_flight)
+        self._feed.removing.update(store.job_id(r.cluster, r.uid) for r, _ in in_flight)
         due = [r for r, published in in_flight
                if eviction_store.due_again(published, now=now, after=after)]
         if due:
@@ -496,12 +395,13 @@ class Leader:
         after later rounds. A failed publish is only logged: those jobs are due again next round.
         """
         limit = self._settings.max_notices_per_round
-        if limit == 0 or not len(self._notices):
+        notices_due = self._feed.notices
+        if limit == 0 or not len(notices_due):
             return
         # A defined queue always stays in the state, so a queue the state does not hold (a
         # job's that is backing off) is undefined too.
-        due = self._notices.due(is_undefined=lambda q: self._state.queue_spec(q) is None,
-                                limit=limit)
+        due = notices_due.due(is_undefined=lambda q: self._state.queue_spec(q) is None,
+                              limit=limit)
         if not due:
             return
         keys = [store.split_job_id(job_id) for job_id, _ in due]
@@ -511,7 +411,7 @@ class Leader:
         for (job_id, queue), (cluster, uid) in zip(due, keys, strict=True):
             found = names.get((cluster, uid))
             if found is None:  # the row is gone: nothing to tell
-                self._notices.forget(job_id)
+                notices_due.forget(job_id)
                 continue
             notices.append(PodNotice(
                 cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=queue,
@@ -528,7 +428,7 @@ class Leader:
                 return
             NOTICES.labels(NoticeReason.QUEUE_UNKNOWN.value).inc(len(notices))
             log.info("noticed %d queued pods that their queue does not exist", len(notices))
-        self._notices.noticed([job_id for job_id, _ in due])
+        notices_due.noticed([job_id for job_id, _ in due])
 
     # ---- released pods kube-scheduler cannot place ---------------------------------------
 
@@ -538,7 +438,7 @@ class Leader:
         take it out of the state. Returns whether any was given up on (room may be free)."""
         settings = self._settings
         now = self._now().timestamp()
-        due = self._unplaceable.due(now, limit=max(1, settings.max_notices_per_round))
+        due = self._feed.unplaceable_due(now, limit=max(1, settings.max_notices_per_round))
         if not due:
             return False
         keys = [store.split_job_id(job.job_id) for job in due]
@@ -572,18 +472,16 @@ class Leader:
         # Their controllers back off (lockgate.backoff), recorded with the give-up.
         backoffs = []
         for job, namespace, pod in deleted:
-            row = self._controller_backoffs.give_up(job, namespace=namespace, pod=pod, now=now)
-            if row is not None:
-                backoffs.append(row)
+            record = self._feed.give_up_controller(job, now)
+            if record is not None:
+                log.warning("controller %s of pod %s/%s in %s backs off for %.0fs: %s",
+                            record.controller_uid, namespace, pod, record.cluster,
+                            record.until - now, record.message())
+                backoffs.append(store.BackoffRow(record, namespace, pod))
         await store.record_unplaceable(
             self._connection, keys=keys, reasons=[last_reason(job, now) for job in due], at=at,
             backoffs=backoffs)
-        for job in due:
-            self._unplaceable.forget(job.job_id)
-            current = self._state.job(job.job_id)
-            if current is not None and current.node_name is None:
-                self._count(current, -1)
-                self._state.remove_job(job.job_id)
+        self._feed.given_up(due)
         log.warning("gave up on %d released pods kube-scheduler kept reporting Unschedulable "
                     "(%d to be deleted for their controllers to replace)", len(due),
                     sum(n.delete_pod for n in notices))
@@ -598,15 +496,11 @@ class Leader:
         """
         settings = self._settings
         state = self._state
+        waiting = self._feed.waiting
         at = self._now()
         now = at.timestamp()
-
-        def max_queued_of(queue: str) -> MaxQueued | None:
-            spec = state.queue_spec(queue)
-            return None if spec is None else spec.max_queued
-
-        expired = self._waiting.expired(now, max_queued_of)
-        due = (self._waiting.due(now, limit=settings.max_notices_per_round)
+        expired = self._feed.expired_due(now)
+        due = (waiting.due(now, limit=settings.max_notices_per_round)
                if settings.wait_notices and settings.max_notices_per_round else [])
         if not expired and not due and not self._unsent_expiries:
             return
@@ -622,7 +516,7 @@ class Leader:
             found = names.get((cluster, uid))
             explanation = explainer.explain(job_id, places.get(job_id))
             if found is None or explanation is None or explanation.reason is None:
-                self._waiting.forget(job_id)
+                waiting.forget(job_id)
                 continue
             reason, warning = EVENT_REASONS[explanation.reason]
             waiting_notices.append(PodNotice(
@@ -637,11 +531,13 @@ class Leader:
         for job_id, limit in expired:
             cluster, uid = store.split_job_id(job_id)
             found = names.get((cluster, uid))
-            held = self._backing_off.pop(job_id, None)  # a failed release's backoff
-            job = state.job(job_id) or (None if held is None else held[1])
-            if found is None or job is None:
+            if found is None:
                 continue
             explanation = explainer.explain(job_id, places.get(job_id))
+            # Out of the state: no round may release it while the ungater acts.
+            job = self._feed.expire(job_id)
+            if job is None:
+                continue
             waited = format_duration(now - job.created_at)
             why = "" if explanation is None else f"; it was waiting: {explanation.message}"
             done = "failed" if limit.action == "fail" else "deleted"
@@ -651,11 +547,6 @@ class Leader:
                 reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
                 message=(f"lockgate {done} this pod: it waited {waited} queued, longer than "
                          f"{whose} allows ({format_duration(limit.seconds)}){why}")))
-            # Out of the state: no round may release it while the ungater acts.
-            self._count(job, -1)
-            if state.job(job_id) is not None:
-                state.remove_job(job_id)
-            self._expired[job_id] = job
         notices = waiting_notices + expiries
         try:
             await publish_many(self._producer, POD_NOTICES, notices)
@@ -664,10 +555,10 @@ class Leader:
                 raise
             log.warning("publishing %d pod notices failed (%s); retrying after a later round",
                         len(notices), error, extra=quiet("kafka"))
-            self._waiting.untold(told, now)
+            waiting.untold(told, now)
             self._unsent_expiries = expiries
             return
-        self._waiting.told(told, now)
+        waiting.told(told, now)
         for notice in notices:
             NOTICES.labels(notice.reason).inc()
         if expiries:

@@ -14,8 +14,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from lockgate.jobs import JobState
-from lockgate.scheduler import RoundResult
+from lockgate.scheduler import PHASES, RoundResult
 
 IS_LEADER = Gauge("lockgate_scheduler_is_leader",
                   "1 while this instance holds the leader lock, else 0")
@@ -31,15 +30,6 @@ QUEUE_JOBS = Gauge("lockgate_scheduler_queue_jobs",
                    "A queue's unfinished jobs (count), by phase: queued, released (gate being "
                    "removed or removed), running (bound or running)", ["queue", "phase"])
 
-# Which phase of the report each unfinished job state counts in.
-PHASE_OF_STATE: dict[JobState, str] = {
-    JobState.QUEUED: "queued",
-    JobState.RELEASED: "released",
-    JobState.UNGATED: "released",
-    JobState.BOUND: "running",
-    JobState.RUNNING: "running",
-}
-PHASES = ("queued", "released", "running")
 
 
 @dataclass

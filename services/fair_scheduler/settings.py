@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lockgate.backoff import BackoffPolicy
+from lockgate.scheduler import FeedPolicy, NoticeLimits
 from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.settings import ServiceSettings
 
@@ -69,6 +70,19 @@ class SchedulerSettings(ServiceSettings):
                              or self.unplaceable_after_seconds),
             max_seconds=self.unplaceable_backoff_max_seconds,
             forget_after_seconds=self.unplaceable_backoff_forget_seconds)
+
+    def feed_policy(self) -> FeedPolicy:
+        """The hold-out policy (lockgate.scheduler.feed) these settings give."""
+        return FeedPolicy(
+            release_retry_initial_seconds=self.release_retry_initial_seconds,
+            release_retry_max_seconds=self.release_retry_max_seconds,
+            unplaceable_after_seconds=self.unplaceable_after_seconds,
+            controller_backoff=self.backoff_policy(),
+            controller_backoff_enabled=self.unplaceable_backoff,
+            notices=NoticeLimits(
+                pod_interval=self.wait_notice_interval_seconds,
+                cluster_rate=self.wait_notices_per_cluster_per_second,
+                cluster_burst=self.wait_notice_burst_per_cluster))
 
     def liveness(self) -> SessionLiveness:
         return SessionLiveness(

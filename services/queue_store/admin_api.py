@@ -138,8 +138,10 @@ class AdminApi:
     """The aiohttp application over a Postgres pool."""
 
     def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
-                 extensions: Sequence[Callable[[web.Application], None]] = ()) -> None:
+                 extensions: Sequence[Callable[[web.Application], None]] = (),
+                 view: admin_views.SchedulerView | None = None) -> None:
         self.pool, self.tokens = pool, tokens
+        self.view = view or admin_views.SchedulerView()
         # Routes of other modules (admin_collection, namespace_api, admin_views), behind the
         # same auth and errors.
         self.extensions = tuple(extensions)
@@ -155,7 +157,7 @@ class AdminApi:
         app.router.add_get("/api/v1/jobs", self.list_jobs)
         for register in self.extensions:
             register(app)
-        admin_views.register(app, self.pool, job_json=job_json)
+        admin_views.register(app, self.pool, job_json=job_json, view=self.view)
         return app
 
     @web.middleware

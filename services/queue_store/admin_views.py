@@ -2,8 +2,10 @@
 
 Why here, beside the queue endpoints: they are read-only and served to the same tokens by the
 same `lockgate` CLI. `status` and `explain` compute over the scheduler's picture loaded from
-Postgres (`job_views.scheduler_state`) with the pure `lockgate.scheduler.explain`, which is what the
-fair-scheduler leader uses for the Events on waiting pods: both say the same.
+Postgres through the leader's hold-out feed (`job_views.scheduler_view`, with the fair-scheduler's
+fairness resources and retry policy: `SchedulerViewSettings`) with the pure
+`lockgate.scheduler.explain`, which is what the leader uses for the Events on waiting pods: both
+say the same.
 
     GET /api/v1/status                               {"queues": [...], "at": ...}
     GET /api/v1/explain/{cluster}/{namespace}/{pod}  the pod's explanation; 404
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,8 +25,17 @@ import asyncpg
 from aiohttp import web
 
 from lockgate.ingest import JobRow
-from lockgate.scheduler import Explainer, Explanation, queue_statuses
+from lockgate.scheduler import (
+    Explainer,
+    Explanation,
+    Feed,
+    FeedPolicy,
+    format_duration,
+    queue_statuses,
+)
+from lockgate.scheduler.state import DEFAULT_FAIRNESS_RESOURCES
 from lockgate_adapters import job_store, job_views
+from lockgate_adapters.postgres import AnyConnection
 
 MAX_JOBSETS_LISTED = 10_000
 JOBS_IN_DESCRIBE = 500
@@ -33,9 +44,18 @@ JOBS_IN_DESCRIBE = 500
 JobJson = Callable[[JobRow], dict[str, Any]]
 
 
-def register(app: web.Application, pool: asyncpg.Pool, *, job_json: JobJson) -> None:
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """What the views must share with the fair-scheduler to see its state as it does."""
+
+    fairness_resources: tuple[str, ...] = DEFAULT_FAIRNESS_RESOURCES
+    policy: FeedPolicy = field(default_factory=FeedPolicy)
+
+
+def register(app: web.Application, pool: asyncpg.Pool, *, job_json: JobJson,
+             view: SchedulerView) -> None:
     """Add the views to the admin API's app; `job_json` is its one shape of a job."""
-    views = AdminViews(pool, job_json)
+    views = AdminViews(pool, job_json, view)
     app.router.add_get("/api/v1/status", views.status)
     app.router.add_get("/api/v1/explain/{cluster}/{namespace}/{pod}", views.explain)
     app.router.add_get("/api/v1/jobsets", views.list_jobsets)
@@ -54,13 +74,19 @@ def explanation_json(e: Explanation) -> dict[str, Any]:
 
 
 class AdminViews:
-    def __init__(self, pool: asyncpg.Pool, job_json: JobJson) -> None:
+    def __init__(self, pool: asyncpg.Pool, job_json: JobJson, view: SchedulerView) -> None:
         self.pool = pool
         self.job_json = job_json
+        self.view = view
+
+    async def _feed(self, connection: AnyConnection) -> Feed:
+        return await job_views.scheduler_view(
+            connection, fairness_resources=self.view.fairness_resources,
+            policy=self.view.policy)
 
     async def status(self, _: web.Request) -> web.Response:
         async with self.pool.acquire() as connection:
-            state = await job_views.scheduler_state(connection)
+            state = (await self._feed(connection)).state
         now = time.time()
         queues = []
         for s in queue_statuses(state):
@@ -81,16 +107,20 @@ class AdminViews:
                 return _error(404, f"lockgate knows no pod {cluster}/{namespace}/{pod}: check "
                                    "the names (`kubectl get pod -n NAMESPACE`), and that the "
                                    "pod carries a lockgate.io/queue label in a managed namespace")
-            state = await job_views.scheduler_state(connection)
+            feed = await self._feed(connection)
         job_id = f"{row.cluster}/{row.uid}"
-        explanation = Explainer(state, now=time.time()).explain(job_id)
+        now = time.time()
+        explanation = Explainer(feed.state, now=now).explain(job_id)
         body: dict[str, Any] = {"pod": {"cluster": row.cluster, "namespace": row.namespace,
                                         "name": row.name, "uid": row.uid, "jobset": row.jobset,
                                         "state": row.state.value,
                                         "last_reason": row.last_reason}}
+        held_out = feed.held_out(job_id)
         if explanation is None:
             body["explanation"] = None
-            body["message"] = f"not waiting: the pod is {row.state.value}"
+            body["held_out"] = held_out
+            body["message"] = _held_out_message(held_out, feed.retry_due(job_id), now) or (
+                f"not waiting: the pod is {row.state.value}")
         else:
             body["explanation"] = explanation_json(explanation)
             body["message"] = explanation.message
@@ -126,3 +156,14 @@ class AdminViews:
         body["jobs"] = [self.job_json(job_store._job_row(record)) for record in jobs]
         body["jobs_shown"] = len(jobs)
         return web.json_response(body)
+
+
+def _held_out_message(held_out: str | None, retry_due: float | None, now: float) -> str | None:
+    """What a pod the scheduler holds out of its queue's line waits for."""
+    if held_out == "expired":
+        return ("it waited longer than its maximum time queued: lockgate is having it failed "
+                "or deleted, and releases it no more")
+    if held_out == "backing_off" and retry_due is not None:
+        return (f"its release failed; it queues again in {format_duration(retry_due - now)} "
+                "(the wait doubles with each failed release)")
+    return None

@@ -36,6 +36,7 @@ from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi
 from queue_store.admin_collection import CollectionApi
+from queue_store.admin_views import SchedulerView
 from queue_store.collecting import NamespaceCollector
 from queue_store.ingesting import BatchStore
 from queue_store.namespace_api import NamespaceApi
@@ -127,7 +128,10 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     collection_api = CollectionApi(pool, send)
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
                      extensions=[collection_api.register,
-                                 lambda app: namespace_api.add_routes(app.router)])
+                                 lambda app: namespace_api.add_routes(app.router)],
+                     view=SchedulerView(
+                         fairness_resources=tuple(settings.scheduler_view.fairness_resources),
+                         policy=settings.scheduler_view.feed_policy()))
     sync_apis = await api_clients(settings.queue_sync_clusters)
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,

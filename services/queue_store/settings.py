@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from lockgate.scheduler import DEFAULT_FAIRNESS_RESOURCES, FeedPolicy
 from lockgate_adapters.admin_tokens import TokenConfigError, TokenEntry, parse_lines
 from lockgate_adapters.settings import ServiceSettings
 
@@ -31,6 +32,24 @@ class CollectionSettings(BaseModel):
     commands_group_id: str | None = Field(
         default=None, description="Kafka consumer group of the job-set and namespace commands; "
         "default <group_id>-commands")
+
+
+class SchedulerViewSettings(BaseModel):
+    """How `lockgate status` and `lockgate explain` see the scheduler's state
+    (LOCKGATE_QUEUE_STORE_SCHEDULER_VIEW__*): set each as the fair-scheduler's setting of the
+    same name (LOCKGATE_SCHEDULER_*), so the views weigh and hold out pods as it does."""
+
+    fairness_resources: list[str] = Field(
+        default=list(DEFAULT_FAIRNESS_RESOURCES), min_length=1,
+        description="the resources fair shares are computed over (JSON list)")
+    release_retry_initial_seconds: float = Field(
+        default=2.0, gt=0, description="a job whose release failed waits this long, doubling")
+    release_retry_max_seconds: float = Field(default=300.0, gt=0,
+                                             description="the longest such wait")
+
+    def feed_policy(self) -> FeedPolicy:
+        return FeedPolicy(release_retry_initial_seconds=self.release_retry_initial_seconds,
+                          release_retry_max_seconds=self.release_retry_max_seconds)
 
 
 class QueueStoreSettings(ServiceSettings):
@@ -103,6 +122,8 @@ class QueueStoreSettings(ServiceSettings):
     # namespace-keeper identity of `namespace_clusters`; a record of a cluster not listed there
     # waits, failed, until it is.
     collection: CollectionSettings = Field(default_factory=CollectionSettings)
+    # `lockgate status` / `lockgate explain` (the fair-scheduler's view of the queues)
+    scheduler_view: SchedulerViewSettings = Field(default_factory=SchedulerViewSettings)
 
     @property
     def commands_group(self) -> str:

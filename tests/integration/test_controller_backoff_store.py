@@ -18,7 +18,7 @@ import pytest
 from devstack.roles import service_dsn
 from helpers.postgres import fresh_database
 from lockgate.backoff import ControllerBackoff
-from lockgate.scheduler import Explainer, WaitReason
+from lockgate.scheduler import DEFAULT_FAIRNESS_RESOURCES, Explainer, FeedPolicy, WaitReason
 from lockgate_adapters import job_views
 from lockgate_adapters import scheduler_store as store
 
@@ -66,7 +66,9 @@ async def test_a_back_off_is_stored_with_the_give_up_and_read_by_every_service(d
         # queue-store's admin views hold the controller's queued pod, as the leader does.
         queue_store = await asyncpg.connect(service_dsn(dsn, "queue-store"))
         try:
-            state = await job_views.scheduler_state(queue_store)
+            state = (await job_views.scheduler_view(
+                queue_store, fairness_resources=DEFAULT_FAIRNESS_RESOURCES,
+                policy=FeedPolicy())).state
         finally:
             await queue_store.close()
         explanation = Explainer(state, now=at.timestamp()).explain(f"{CLUSTER}/replacement")

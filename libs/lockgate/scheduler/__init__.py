@@ -2,10 +2,12 @@
 
 Why a package: the round, its room, preemption, explain and status must judge by one state and
 one cost model. Its modules talk only through public names, in layers (pyproject.toml's
-import-linter contracts keep them so): `state` (with `groups`) at the bottom; `costs` (the one
+import-linter contract keeps them so): `state` (with `groups`) at the bottom; `costs` (the one
 cost model); `room`; `round`; then `preemption`, `explain`, `waiting` and `invariants` (the
-state's consistency check, which the unit tests run after every operation) at the top. docs/scheduling.md describes the policy, docs/ARCHITECTURE.md where each part lives.
-Services, adapters, tests and the benchmarks import from here.
+state's consistency check, which the unit tests run after every operation); and on top `feed`
+(the hold-out policy between the job rows and the state). docs/scheduling.md describes the
+policy, docs/ARCHITECTURE.md where each part lives. Services, adapters, tests and the benchmarks
+import from here.
 """
 
 from lockgate.scheduler.costs import FairShare, adjusted_fair_shares, fair_shares
@@ -26,6 +28,7 @@ from lockgate.scheduler.explain import (
     queue_statuses,
     wait_message,
 )
+from lockgate.scheduler.feed import PHASE_OF_STATE, PHASES, Feed, FeedPolicy
 from lockgate.scheduler.groups import GroupIndex, GroupKey, GroupStatus, timed_out, timeout_message
 from lockgate.scheduler.invariants import check_invariants
 from lockgate.scheduler.preemption import (
@@ -56,6 +59,8 @@ __all__ = [
     "DEFAULT_FAIRNESS_RESOURCES",
     "EVENT_REASONS",
     "MAX_QUEUED_EVENT_REASON",
+    "PHASES",
+    "PHASE_OF_STATE",
     "PREEMPTIBLE_LABEL",
     "QUEUED_EVENT_REASON",
     "UNSCHEDULABLE_REASONS",
@@ -64,6 +69,8 @@ __all__ = [
     "Explainer",
     "Explanation",
     "FairShare",
+    "Feed",
+    "FeedPolicy",
     "GroupIndex",
     "GroupKey",
     "GroupStatus",
