@@ -29,7 +29,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
-from helpers.kube import KWOK_NODE_ANNOTATION, Namespaces, a_pod
+from helpers.kube import Namespaces
+from helpers.pods import KWOK_NODE_ANNOTATION, a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.services import fairness_report
 from helpers.waiting import eventually

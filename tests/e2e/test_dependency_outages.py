@@ -38,7 +38,8 @@ from kubernetes_asyncio import client
 import devstack
 from devstack.launcher import RUN_LABEL, Lockgate, ServicePorts
 from devstack.stack import Stack, StackInfo
-from helpers.kube import Namespaces, a_pod, gates_of
+from helpers.kube import Namespaces, gates_of
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE

@@ -41,7 +41,8 @@ from kubernetes_asyncio import client
 
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
-from helpers.kube import Namespaces, a_pod
+from helpers.kube import Namespaces
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.progressive_filling import Node, Pod, progressive_filling
 from helpers.waiting import eventually

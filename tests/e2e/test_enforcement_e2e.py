@@ -31,7 +31,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
-from helpers.kube import a_pod, gates_of
+from helpers.kube import gates_of
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE

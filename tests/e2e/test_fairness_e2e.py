@@ -33,7 +33,8 @@ from kubernetes_asyncio import client
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.kafka import TopicTail
-from helpers.kube import COMPLETE_ANNOTATION, Namespaces, a_pod
+from helpers.kube import Namespaces
+from helpers.pods import COMPLETE_ANNOTATION, a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.services import fairness_report
 from helpers.waiting import eventually, until

@@ -38,7 +38,8 @@ from devstack.manifests import (
     render_webhook_configuration,
 )
 from devstack.stack import StackInfo
-from helpers.kube import Namespaces, a_pod
+from helpers.kube import Namespaces
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database
 from helpers.services import watcher_process, webhook_process
 from helpers.waiting import eventually

@@ -29,7 +29,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import devstack
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.stack import Stack, StackInfo
-from helpers.kube import Namespaces, a_pod, wait_for_default_service_account
+from helpers.kube import Namespaces, wait_for_default_service_account
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL

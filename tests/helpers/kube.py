@@ -1,12 +1,5 @@
-"""Kubernetes objects for tests: pods and deployments built like sentences, namespaces ready
-for pods, and reading or removing scheduling gates.
-
-    a_pod("worker").in_queue(queue).gated().requesting(cpu="1", memory="1Gi").manifest()
-    a_deployment("web").labelled({QUEUE_LABEL: queue}).with_replicas(2).of(a_pod("web"))
-
-Builders are immutable: every call returns a new builder, so one can serve as a template. Pods
-stop at once when deleted (grace period 0) and mount no service-account token: nothing runs in
-them (kwok only pretends), and a test's cleanup should not wait for them.
+"""Kubernetes for tests: namespaces ready for pods (and removed after), reading or removing
+scheduling gates, kubeconfigs through a relay. Pods themselves are built with helpers.pods.
 """
 
 from __future__ import annotations
@@ -15,164 +8,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
-
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# kwok's stages for the stack's pods: a pod with this annotation completes after the duration,
-# and fails instead if it also carries FAIL_ANNOTATION.
-COMPLETE_ANNOTATION = "lockgate.io/complete-after"
-FAIL_ANNOTATION = "lockgate.io/fail"
-
-
-# ---------------------------------------------------------------- pods
-
-
-@dataclass(frozen=True)
-class PodBuilder:
-    name: str
-    namespace: str | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    gates: tuple[str, ...] = ()
-    requests: Mapping[str, str] = field(default_factory=dict)
-    limits: Mapping[str, str] = field(default_factory=dict)
-    node: str | None = None
-    tolerations: tuple[Mapping[str, str], ...] = ()
-    restart_policy: str | None = None
-    owners: tuple[Mapping[str, Any], ...] = ()
-    image: str = "registry.invalid/sleep:1"
-
-    def named(self, name: str) -> PodBuilder:
-        return replace(self, name=name)
-
-    def in_namespace(self, namespace: str) -> PodBuilder:
-        return replace(self, namespace=namespace)
-
-    def labelled(self, labels: Mapping[str, str] | None = None, **more: str) -> PodBuilder:
-        return replace(self, labels={**self.labels, **(labels or {}), **more})
-
-    def in_queue(self, queue: str) -> PodBuilder:
-        return self.labelled({QUEUE_LABEL: queue})
-
-    def in_jobset(self, jobset: str) -> PodBuilder:
-        return self.labelled({JOBSET_LABEL: jobset})
-
-    def annotated(self, annotations: Mapping[str, str]) -> PodBuilder:
-        return replace(self, annotations={**self.annotations, **annotations})
-
-    def gated(self, *gates: str) -> PodBuilder:
-        """With these scheduling gates, in this order (lockgate's gate when none is named)."""
-        return replace(self, gates=gates or (SCHEDULING_GATE,))
-
-    def requesting(self, **quantities: str) -> PodBuilder:
-        """Resource requests, e.g. requesting(cpu="250m", memory="64Mi")."""
-        return replace(self, requests={**self.requests, **quantities})
-
-    def limited_to(self, **quantities: str) -> PodBuilder:
-        return replace(self, limits={**self.limits, **quantities})
-
-    def on_node(self, node: str) -> PodBuilder:
-        """Bound directly to `node`, bypassing the scheduler (as unmanaged pods may be)."""
-        return replace(self, node=node)
-
-    def tolerating_kwok_nodes(self) -> PodBuilder:
-        return replace(self, tolerations=(
-            *self.tolerations, {"key": KWOK_NODE_ANNOTATION, "operator": "Exists"}))
-
-    def never_restarted(self) -> PodBuilder:
-        return replace(self, restart_policy="Never")
-
-    def completing_after(self, duration: str, *, failing: bool = False) -> PodBuilder:
-        """kwok ends the pod `duration` after it starts running: Succeeded, or Failed."""
-        ending = {COMPLETE_ANNOTATION: duration, **({FAIL_ANNOTATION: "true"} if failing else {})}
-        return self.annotated(ending)
-
-    def owned_by(self, reference: Mapping[str, Any]) -> PodBuilder:
-        return replace(self, owners=(*self.owners, reference))
-
-    def spec(self) -> dict[str, Any]:
-        container: dict[str, Any] = {"name": "main", "image": self.image}
-        if self.requests or self.limits:
-            container["resources"] = {"requests": dict(self.requests),
-                                      "limits": dict(self.limits)}
-        spec: dict[str, Any] = {
-            "containers": [container],
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-        }
-        if self.gates:
-            spec["schedulingGates"] = [{"name": gate} for gate in self.gates]
-        if self.node:
-            spec["nodeName"] = self.node
-        if self.tolerations:
-            spec["tolerations"] = [dict(t) for t in self.tolerations]
-        if self.restart_policy:
-            spec["restartPolicy"] = self.restart_policy
-        return spec
-
-    def metadata(self) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.name, "labels": dict(self.labels)}
-        if self.namespace:
-            metadata["namespace"] = self.namespace
-        if self.annotations:
-            metadata["annotations"] = dict(self.annotations)
-        if self.owners:
-            metadata["ownerReferences"] = [dict(o) for o in self.owners]
-        return metadata
-
-    def manifest(self) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": self.metadata(),
-                "spec": self.spec()}
-
-
-def a_pod(name: str) -> PodBuilder:
-    return PodBuilder(name)
-
-
-@dataclass(frozen=True)
-class DeploymentBuilder:
-    """A Deployment selecting its pods by `app=<name>`."""
-
-    name: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    replicas: int = 1
-    pod: PodBuilder = field(default_factory=lambda: PodBuilder("unused"))
-
-    def labelled(self, labels: Mapping[str, str]) -> DeploymentBuilder:
-        return replace(self, labels={**self.labels, **labels})
-
-    def with_replicas(self, replicas: int) -> DeploymentBuilder:
-        return replace(self, replicas=replicas)
-
-    def of(self, pod: PodBuilder) -> DeploymentBuilder:
-        """Replicas made from `pod`: its labels and spec (its name is not used)."""
-        return replace(self, pod=pod)
-
-    def manifest(self) -> dict[str, Any]:
-        selector = {"app": self.name}
-        return {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": self.name, "labels": dict(self.labels)},
-            "spec": {
-                "replicas": self.replicas,
-                "selector": {"matchLabels": selector},
-                "template": {"metadata": {"labels": {**selector, **self.pod.labels}},
-                             "spec": self.pod.spec()},
-            },
-        }
-
-
-def a_deployment(name: str) -> DeploymentBuilder:
-    return DeploymentBuilder(name)
-
+from lockgate.labels import SCHEDULING_GATE
 
 # ---------------------------------------------------------------- gates
 

@@ -27,16 +27,9 @@ from cluster_watcher.settings import WatcherSettings
 from cluster_watcher.watching import ResourceWatcher, WatchExpired, WatchOptions
 from devstack.kube import compact_etcd
 from helpers.kafka import TopicTail
-from helpers.kube import (
-    KWOK_NODE_ANNOTATION,
-    PodBuilder,
-    a_pod,
-    kubeconfig_through,
-    remove_first_gate,
-    server_port,
-    temporary_namespaces,
-)
+from helpers.kube import kubeconfig_through, remove_first_gate, server_port, temporary_namespaces
 from helpers.network import TcpRelay
+from helpers.pods import KWOK_NODE_ANNOTATION, PodBuilder, a_pod
 from helpers.services import FAST_RETRY, service_in_process, watcher_process
 from helpers.waiting import until
 from lockgate.events import (

@@ -18,7 +18,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from helpers.kube import a_deployment, a_pod, remove_first_gate
+from helpers.kube import remove_first_gate
+from helpers.pods import a_deployment, a_pod
 from helpers.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240)]

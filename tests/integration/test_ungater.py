@@ -37,7 +37,8 @@ from helpers.kafka import (
     produce_raw,
     wait_committed_past,
 )
-from helpers.kube import a_pod, gates_of, kubeconfig_through, temporary_namespaces
+from helpers.kube import gates_of, kubeconfig_through, temporary_namespaces
+from helpers.pods import a_pod
 from helpers.services import FAST_RETRY, service_in_process
 from helpers.waiting import eventually, until
 from lockgate.events import (
