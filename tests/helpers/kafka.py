@@ -236,6 +236,35 @@ async def wait_committed_past(bootstrap: str, group_id: str, landed: Sequence[Re
         await admin.close()
 
 
+async def wait_consumed(bootstrap: str, topic: Topic[Any], *, groups: Sequence[str], what: str,
+                        within: float = 30) -> None:
+    """Until every group in `groups` has committed past everything on `topic` now: whatever was
+    published before the call (e.g. a command the admin API took) has been consumed by all."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer.topics()  # fetches the cluster's metadata
+        partitions = [TopicPartition(topic.name, p)
+                      for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
+        assert partitions, f"topic {topic.name} has no partitions"
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        for group in groups:
+            async def caught_up(group: str = group) -> bool:
+                committed = await admin.list_consumer_group_offsets(group)
+                return all(end == 0 or (tp in committed and committed[tp].offset >= end)
+                           for tp, end in ends.items())
+
+            await eventually(caught_up, within=within,
+                             what=f"group {group} to consume {what} on {topic.name}")
+    finally:
+        await admin.close()
+
+
 @dataclass(frozen=True)
 class BadInput:
     """A message no lockgate model reads, and one its dead letter cannot copy as it is."""

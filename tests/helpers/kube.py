@@ -70,14 +70,55 @@ class Namespaces:
         await wait_for_default_service_account(core, name)
         return name
 
-    async def delete_all(self) -> None:
-        """Delete the pods first, at once (grace 0), then the namespaces; no waiting for either."""
+    async def delete_all(self, *, pods_gone_within: float = 60.0) -> None:
+        """Delete each namespace's controllers, then its pods (at once, grace 0), wait until no
+        pod is left, then delete the namespaces (not awaited: no test reuses a name).
+
+        Why wait for the pods: they hold room on the nodes, and the next test may need all of
+        it. Why the controllers first: a ReplicaSet or Job would make new pods for the deleted
+        ones, ungated once the run's webhook is gone, until the namespace controller got round
+        to it.
+        """
         for cluster, name in reversed(self.created):
-            core = client.CoreV1Api(self._apis[cluster])
-            await _unless_gone(core.delete_collection_namespaced_pod(
-                name, grace_period_seconds=0))
-            await _unless_gone(core.delete_namespace(name))
+            api = self._apis[cluster]
+            await delete_controllers(api, name)
+            await delete_pods_until_none(client.CoreV1Api(api), name, within=pods_gone_within)
+            await _unless_gone(client.CoreV1Api(api).delete_namespace(name))
         self.created.clear()
+
+
+async def delete_controllers(api: client.ApiClient, namespace: str) -> None:
+    """Every Deployment, ReplicaSet, StatefulSet, DaemonSet and Job in the namespace."""
+    apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
+    for delete in (apps.delete_collection_namespaced_deployment,
+                   apps.delete_collection_namespaced_replica_set,
+                   apps.delete_collection_namespaced_stateful_set,
+                   apps.delete_collection_namespaced_daemon_set,
+                   batch.delete_collection_namespaced_job):
+        await _unless_gone(delete(namespace, propagation_policy="Background"))
+
+
+async def delete_pods_until_none(core: client.CoreV1Api, namespace: str, *,
+                                 within: float) -> None:
+    """Delete the namespace's pods at once (grace 0) until none is left (a controller being
+    deleted may still make one more)."""
+    deadline = time.monotonic() + within
+    while True:
+        await _unless_gone(core.delete_collection_namespaced_pod(namespace,
+                                                                 grace_period_seconds=0))
+        try:
+            left = (await core.list_namespaced_pod(namespace)).items
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            names = sorted(p.metadata.name for p in left)
+            raise AssertionError(f"timed out after {within:.0f}s waiting for the pods of "
+                                 f"namespace {namespace} to be gone: {names[:10]}")
+        await asyncio.sleep(0.2)
 
 
 async def _unless_gone(call: Awaitable[object]) -> None:

@@ -21,9 +21,11 @@ for with `run.name(...)` and `run.namespace`. Nothing waits for the previous run
 be gone, and nothing needs to: no name is ever reused.
 
 Teardown: the services are stopped (each must exit gracefully, except those the test killed on
-purpose with `run.kill`), then the run's webhook registration and Queue objects are removed
-(Lockgate.stop), its namespaces and nodes are deleted (not awaited: nothing reuses them) and its
-database dropped.
+purpose with `run.kill`), and the run's webhook registration and Queue objects are removed
+(Lockgate.stop). In its namespaces the controllers are deleted, then the pods, and the teardown
+waits until no pod is left (they hold room the next test may need); the namespaces themselves
+are deleted without waiting (nothing reuses their names), and so are the nodes the run added.
+The database is dropped.
 """
 
 from __future__ import annotations
@@ -104,6 +106,31 @@ class LockgateRun:
         port = self.lockgate.processes[service].health_port
         assert port is not None, f"{service} has no health port"
         return port
+
+    # ------------------------------------------------------------ pods and jobs
+
+    async def create_pod(self, manifest: Mapping[str, Any], *, namespace: str | None = None,
+                         alias: str | None = None) -> client.V1Pod:
+        """Create a pod (in the run's namespace unless told otherwise); as the API returned it,
+        after admission."""
+        return await self.core(alias).create_namespaced_pod(namespace or self.namespace,
+                                                            dict(manifest))
+
+    async def pod(self, name: str, *, namespace: str | None = None,
+                  alias: str | None = None) -> client.V1Pod | None:
+        """The pod, or None if it is gone."""
+        try:
+            return await self.core(alias).read_namespaced_pod(name, namespace or self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def job(self, uid: str, *, alias: str | None = None) -> asyncpg.Record | None:
+        """lockgate's row for the pod with this uid."""
+        row: asyncpg.Record | None = await self.pool.fetchrow(
+            "SELECT * FROM jobs WHERE cluster = $1 AND uid = $2", alias or self.alias(), uid)
+        return row
 
     # ------------------------------------------------------------ queues and namespaces
 
@@ -254,16 +281,26 @@ async def lockgate_run(
             try:
                 codes = await lockgate.stop()
             finally:
-                if run is not None:
-                    await run.namespaces.delete_all()
-                    for alias, node in run.nodes:
-                        await _delete_node(run.core(alias), node)
-                for api in apis.values():
-                    await api.close()
-                await pool.close()
+                try:
+                    if run is not None:
+                        await _remove_what_the_run_made(run)
+                finally:
+                    for api in apis.values():
+                        await api.close()
+                    await pool.close()
     unclean = {service: code for service, code in codes.items()
                if code not in (0, None) and service not in dead_on_purpose}
     assert not unclean, f"services of run {run_id} did not stop gracefully: {unclean}"
+
+
+async def _remove_what_the_run_made(run: LockgateRun) -> None:
+    """Its namespaces (their controllers and pods first, awaited: they hold room on the nodes)
+    and the nodes it added."""
+    try:
+        await run.namespaces.delete_all()
+    finally:
+        for alias, node in run.nodes:
+            await _delete_node(run.core(alias), node)
 
 
 async def _delete_node(core: client.CoreV1Api, node: str) -> None:
