@@ -23,6 +23,14 @@ def gates_of(pod: client.V1Pod) -> list[str]:
     return [gate.name for gate in pod.spec.scheduling_gates or ()]
 
 
+async def held_by_its_gates(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    """kube-scheduler has seen the pod and holds it for its scheduling gates (its PodScheduled
+    condition says SchedulingGated): were it not gated, it would be scheduling it now."""
+    pod = await core.read_namespaced_pod(name, namespace)
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "SchedulingGated"
+               for c in pod.status.conditions or ())
+
+
 async def remove_first_gate(core: client.CoreV1Api, namespace: str, name: str,
                             gate: str = SCHEDULING_GATE) -> None:
     """Remove the pod's first scheduling gate, only if it is `gate` (as an ungater would).

@@ -50,8 +50,8 @@ async def test_gated_pod_waits_until_the_gate_is_removed_then_binds_and_runs(
 
     cond = await eventually(gated_condition, within=60, every=0.1,
                             what="the PodScheduled condition")
+    # kube-scheduler has judged the pod: it holds it for its gate, instead of binding it.
     assert (cond.status, cond.reason) == ("False", "SchedulingGated")
-    await asyncio.sleep(1.0)  # time enough for kube-scheduler to bind it, were it not gated
     pod = await core.read_namespaced_pod("gated", ns)
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"

@@ -37,7 +37,7 @@ from helpers.kafka import (
     produce_raw,
     wait_committed_past,
 )
-from helpers.kube import gates_of, kubeconfig_through, temporary_namespaces
+from helpers.kube import gates_of, held_by_its_gates, kubeconfig_through, temporary_namespaces
 from helpers.pods import a_pod
 from helpers.services import FAST_RETRY, service_in_process
 from helpers.waiting import eventually, until
@@ -250,8 +250,10 @@ async def test_an_ungated_pod_binds_and_runs(
     for cluster, api in kube_clients.items():
         namespace = namespaces[cluster]
         name, uid = await create_pod(api, namespace, [SCHEDULING_GATE])
-        await asyncio.sleep(1)
-        pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+        core = client.CoreV1Api(api)
+        await eventually(partial(held_by_its_gates, core, namespace, name), within=60,
+                         every=0.2, what=f"kube-scheduler to hold pod {name} for its gate")
+        pod = await core.read_namespaced_pod(name, namespace)
         assert pod.spec.node_name is None, "a gated pod was bound"
         command = await ungater.command(cluster=ALIAS[cluster], namespace=namespace, name=name,
                                         uid=uid)
