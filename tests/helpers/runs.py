@@ -24,8 +24,8 @@ Teardown: the services are stopped (each must exit gracefully, except those the 
 purpose with `run.kill`), and the run's webhook registration and Queue objects are removed
 (Lockgate.stop). In its namespaces the controllers are deleted, then the pods, and the teardown
 waits until no pod is left (they hold room the next test may need); the namespaces themselves
-are deleted without waiting (nothing reuses their names), and so are the nodes the run added.
-The database is dropped.
+are deleted without waiting (nothing reuses their names). The nodes the run added are deleted,
+and awaited (a test may count the cluster's nodes). The database is dropped.
 """
 
 from __future__ import annotations
@@ -304,8 +304,20 @@ async def _remove_what_the_run_made(run: LockgateRun) -> None:
 
 
 async def _delete_node(core: client.CoreV1Api, node: str) -> None:
+    """Delete the node and wait until it is gone: the next test may count the cluster's nodes."""
     try:
         await core.delete_node(node)
     except ApiException as error:
         if error.status != 404:
             raise
+
+    async def gone() -> bool:
+        try:
+            await core.read_node(node)
+        except ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+        return False
+
+    await eventually(gone, within=60, what=f"node {node} to be gone")
