@@ -14,7 +14,7 @@ help:
 	@echo "make unit          fast unit tests only (no stack)"
 	@echo "make compose-test  docker compose up (local images, docker-compose.local.yml) against the stack"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
-	@echo "make fresh-check   clone HEAD, brand-new stack state, make demo + make test (BURN=2 adds CPU burners)"
+	@echo "make fresh-check   clone HEAD, brand-new stack state, make demo + make test (BURN=2 adds CPU burners, REPEAT=2 runs the stack tests twice)"
 	@echo "make stack-up|stack-down|stack-status|stack-env"
 
 venv: $(INSTALLED)
@@ -79,7 +79,7 @@ bench: venv
 	$(BIN)/python bench/run.py
 
 fresh-check:
-	.ci/fresh-check --burn $${BURN:-0} $(FRESH_ARGS)
+	.ci/fresh-check --burn $${BURN:-0} --repeat $${REPEAT:-1} $(FRESH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -132,7 +132,9 @@ async def make_namespace(kube_clients: dict[str, ApiClient]) -> AsyncIterator[Ma
     """`await make_namespace("cluster-a", prefix="t", labels=None)` -> a new namespace's name.
 
     Waits until kube-controller-manager has created its `default` ServiceAccount (pods are
-    rejected before that) and deletes the namespaces after the test (without waiting).
+    rejected before that). After the test it deletes each namespace's controllers and pods and
+    waits until the pods are gone (they hold room on the nodes), then deletes the namespaces
+    (without waiting: their names are never reused).
     """
     from helpers.kube import temporary_namespaces
 

@@ -41,6 +41,7 @@ from lockgate.events import (
     POD_NOTICES,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
+    Topic,
 )
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
@@ -304,19 +305,26 @@ class Lockgate:
             })
         return {**env, **self.extra_env}
 
-    async def _isolate_consumer_groups(self) -> None:
+    def consumer_groups(self) -> dict[str, list[Topic[Any]]]:
+        """This run's consumer groups (its run_id's) and the topics each reads."""
         if not self.run_id:
-            return
-        await commit_group_at_end(self.kafka_bootstrap, f"queue-store-{self.run_id}", [
-            POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
-        await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}",
-                                  [RELEASE_COMMANDS])
-        await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}-notices",
-                                  [POD_NOTICES])
-        await commit_group_at_end(self.kafka_bootstrap, f"ungater-{self.run_id}-jobsets",
-                                  [JOBSET_COMMANDS])
-        await commit_group_at_end(self.kafka_bootstrap, f"queue-store-{self.run_id}-commands",
-                                  [JOBSET_COMMANDS, NAMESPACE_COMMANDS])
+            return {}
+        return {
+            f"queue-store-{self.run_id}": [POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY,
+                                           RELEASE_OUTCOMES],
+            f"ungater-{self.run_id}": [RELEASE_COMMANDS],
+            f"ungater-{self.run_id}-notices": [POD_NOTICES],
+            f"ungater-{self.run_id}-jobsets": [JOBSET_COMMANDS],
+            f"queue-store-{self.run_id}-commands": [JOBSET_COMMANDS, NAMESPACE_COMMANDS],
+        }
+
+    def groups_reading(self, topic: Topic[Any]) -> list[str]:
+        """This run's consumer groups that read `topic`."""
+        return [group for group, topics in self.consumer_groups().items() if topic in topics]
+
+    async def _isolate_consumer_groups(self) -> None:
+        for group, topics in self.consumer_groups().items():
+            await commit_group_at_end(self.kafka_bootstrap, group, topics)
 
     def _namespace_env(self) -> dict[str, str]:
         """Ephemeral namespaces, made as namespace-keeper, carrying this run's label (so its

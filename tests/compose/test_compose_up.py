@@ -56,7 +56,8 @@ from devstack.incluster import InClusterWebhook, kubeconfig_token_and_ca
 from devstack.launcher import RUN_LABEL, free_port
 from devstack.manifests import delete_queue_copies, ensure_queue_crd
 from devstack.procs import pid_alive
-from helpers.kube import Namespaces, a_pod, gates_of
+from helpers.kube import Namespaces, gates_of
+from helpers.pods import a_pod
 from helpers.waiting import eventually
 from lockgate.labels import ADMISSION_TRACE_ANNOTATION, MANAGED_NAMESPACE_LABEL, SCHEDULING_GATE
 from lockgate.resources import Resources

@@ -14,9 +14,9 @@ These tests stop components of the stack they run on, so develop them on a stack
 whatever was killed again and waits until the whole stack is healthy, even when a test fails, so
 the tests after these find the stack as it was.
 
-Isolation on a shared stack: a database of its own, cluster names of its own (aliases of the real
-clusters), consumer groups starting at the topics' end and a webhook registration serving only
-this run's namespace (`Lockgate(run_id=...)`), free ports, and logs in a temporary directory.
+Isolation on a shared stack (helpers.runs): a database of its own, cluster names of its own
+(aliases of the real clusters), consumer groups starting at the topics' end and a webhook
+registration serving only this run's namespace, free ports, and logs in a temporary directory.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,20 +35,16 @@ import pytest
 from kubernetes_asyncio import client
 
 import devstack
-from devstack.launcher import RUN_LABEL, Lockgate, ServicePorts
+from devstack.launcher import RUN_LABEL, Lockgate
 from devstack.stack import Stack, StackInfo
-from helpers.kube import Namespaces, a_pod, gates_of
-from helpers.postgres import fresh_database
+from helpers.kube import gates_of
+from helpers.pods import a_pod
+from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
-from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
-from lockgate_adapters.kube import api_client
+from lockgate.labels import QUEUE_LABEL, SCHEDULING_GATE
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 
-RUN = uuid.uuid4().hex[:6]
-CLUSTERS = {f"out-{RUN}-a": "cluster-a", f"out-{RUN}-b": "cluster-b"}
-ALIAS_A, ALIAS_B = CLUSTERS
-QUEUE = f"outage-{RUN}"
 KAFKA_USERS = ("queue-store", "cluster-watcher", "ungater", "fair-scheduler")
 APISERVER_USERS = ("cluster-watcher", "ungater")
 # Probes every 0.5 s, unready after 2 failures: an outage shows within ~1-3 s; the bound below
@@ -98,10 +93,13 @@ def restored_stack(stack: StackInfo) -> Iterator[Stack]:
 
 @dataclass
 class Run:
+    run: LockgateRun
     lockgate: Lockgate
     apis: dict[str, client.ApiClient]  # by alias
-    namespace: str  # in ALIAS_A
+    namespace: str  # in run.a
     pool: asyncpg.Pool
+    a: str  # the run's alias of cluster-a
+    b: str  # and of cluster-b
 
     def log(self, service: str) -> Path:
         return self.lockgate.processes[service].log_path
@@ -118,46 +116,22 @@ class Run:
             return 0, {"unanswered": {"ready": False, "detail": repr(error)}}
 
     def logs(self) -> str:
-        return "\n".join(f"--- {name} ({p.log_path})\n{p.log_tail(20)}"
-                         for name, p in self.lockgate.processes.items())
+        return self.run.logs()
 
 
 @pytest.fixture(scope="module")
 async def run(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
-    extra_env = {f"{prefix}{key}": value
-                 for prefix in PREFIXES.values() for key, value in FAST.items()}
-    apis = {alias: await api_client(stack.kubeconfigs[real]) for alias, real in CLUSTERS.items()}
-    namespaces = Namespaces(apis)
-    namespace = f"outage-{RUN}"
-    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_outage_{RUN}") as dsn:
-        lockgate = Lockgate.for_stack(
-            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
-            run_id=f"outage-{RUN}", log_dir=tmp_path_factory.mktemp("service-logs"),
-            cert_dir=tmp_path_factory.mktemp("webhook-certs"), extra_env=extra_env,
-            standby_scheduler=False)
-        # No floor of connections to restore: a pool reconnecting in the background after the
-        # Postgres outage would outlive the test (and the leak check fails it).
-        pool = await asyncpg.create_pool(dsn, min_size=0, max_size=2)
-        try:
-            await lockgate.start()
-            binding = [{"cluster": "*", "names": [namespace]}]
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{lockgate.admin_url}/api/v1/queues", headers=lockgate.admin_headers,
-                    json={"name": QUEUE, "namespaces": binding}) as reply:
-                assert reply.status == 201, await reply.text()
-            await lockgate.wait_for_queues({QUEUE: {"cordoned": False, "namespaces": binding}})
-            await namespaces.create(ALIAS_A, namespace, labels={
-                MANAGED_NAMESPACE_LABEL: "true", QUEUE_LABEL: QUEUE,
-                **lockgate.run_namespace_labels})
-            assert RUN_LABEL in lockgate.run_namespace_labels
-            yield Run(lockgate, apis, namespace, pool)
-        finally:
-            codes = await lockgate.stop()  # also removes the run's webhook registration
-            await namespaces.delete_all()
-            for api in apis.values():
-                await api.close()
-            await pool.close()
-    assert all(code == 0 for code in codes.values()), f"unclean stops: {codes}"
+    """One run for the module: each test creates pods of its own in the run's namespace."""
+    env = {f"{prefix}{key}": value for prefix in PREFIXES.values() for key, value in FAST.items()}
+    async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="outage", env=env,
+                            clusters=("cluster-a", "cluster-b"),
+                            standby_scheduler=False) as run:
+        queue = run.name("q")
+        await run.create_queue(queue, namespaces=[run.namespace])
+        await run.create_namespace(labels={QUEUE_LABEL: queue})
+        assert RUN_LABEL in run.lockgate.run_namespace_labels
+        yield Run(run, run.lockgate, run.apis, run.namespace, run.pool,
+                  run.alias("cluster-a"), run.alias("cluster-b"))
 
 
 async def all_ready(run: Run, services: tuple[str, ...], within: float) -> None:
@@ -172,7 +146,7 @@ async def all_ready(run: Run, services: tuple[str, ...], within: float) -> None:
 
 async def create_pod(run: Run, name: str) -> str:
     manifest = a_pod(name).never_restarted().requesting(cpu="100m", memory="64Mi").manifest()
-    created = await client.CoreV1Api(run.apis[ALIAS_A]).create_namespaced_pod(run.namespace,
+    created = await client.CoreV1Api(run.apis[run.a]).create_namespaced_pod(run.namespace,
                                                                               manifest)
     assert SCHEDULING_GATE in gates_of(created), "the webhook did not gate the pod"
     return str(created.metadata.uid)
@@ -180,7 +154,7 @@ async def create_pod(run: Run, name: str) -> str:
 
 async def released_and_recorded(run: Run, name: str, uid: str, within: float) -> None:
     """The pod's gate is removed and queue-store recorded the job past its release."""
-    core = client.CoreV1Api(run.apis[ALIAS_A])
+    core = client.CoreV1Api(run.apis[run.a])
 
     async def released() -> bool:
         pod = await core.read_namespaced_pod(name, run.namespace)
@@ -188,7 +162,7 @@ async def released_and_recorded(run: Run, name: str, uid: str, within: float) ->
 
     async def recorded() -> str | None:
         state = await run.pool.fetchval(
-            "SELECT state FROM jobs WHERE cluster = $1 AND uid = $2", ALIAS_A, uid)
+            "SELECT state FROM jobs WHERE cluster = $1 AND uid = $2", run.a, uid)
         return state if state in ("released", "running") else None
 
     await eventually(released, within=within, every=0.2,
@@ -278,7 +252,7 @@ async def test_an_apiserver_whose_etcd_is_down_makes_its_users_unready(
     mark = LogMark.now(run, APISERVER_USERS)
     killed_at = time.monotonic()
     restored_stack.kill("cluster-b/etcd")
-    check_b, check_a = f"apiserver:{ALIAS_B}", f"apiserver:{ALIAS_A}"
+    check_b, check_a = f"apiserver:{run.b}", f"apiserver:{run.a}"
     for service in APISERVER_USERS:
         checks = await wait_unready(run, service, check_b, UNREADY_WITHIN_SECONDS)
         # An apiserver without etcd answers /readyz "[-]etcd failed" only after its own etcd

@@ -6,137 +6,71 @@ that complete goes to the most under-served queue; a pod too big for any node wa
 holding up the others; and when the leading scheduler is SIGKILLed mid-run the standby carries
 on and no pod is released twice.
 
-Isolation on the shared stack: a database of its own; the real clusters under names of its own
-(so other runs' commands and events cannot be confused with these); its own webhook registration,
-serving only namespaces that carry this run's label; consumer groups that start at the current
-end of the topics; free ports. Other runs' cluster-watchers may be watching the same clusters
-under other names, and their events reach this run's queue-store through the shared topics: a
-trigger in this run's database keeps only jobs and nodes of this run's cluster names, as if those
-watchers did not exist.
+Isolation on the shared stack (helpers.runs): a database of its own; the real clusters under
+names of its own (so other runs' commands and events cannot be confused with these); its own
+webhook registration, serving only namespaces that carry this run's label; consumer groups that
+start at the current end of the topics; free ports. Other runs' cluster-watchers may be watching
+the same clusters under other names, and their events reach this run's queue-store through the
+shared topics: a trigger in this run's database keeps only jobs and nodes of this run's cluster
+names, as if those watchers did not exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import aiohttp
-import asyncpg
 import pytest
 from kubernetes_asyncio import client
 
-from devstack.isolation import keep_only_clusters
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.stack import StackInfo
 from helpers.kafka import TopicTail
-from helpers.kube import COMPLETE_ANNOTATION, Namespaces, a_pod
-from helpers.postgres import fresh_database, migrate_database
+from helpers.pods import COMPLETE_ANNOTATION, a_pod
+from helpers.runs import LockgateRun, lockgate_run
 from helpers.services import fairness_report
 from helpers.waiting import eventually, until
-from lockgate.events import (
-    CLUSTER_CAPACITY,
-    CLUSTER_SNAPSHOTS,
-    POD_EVENTS,
-    RELEASE_COMMANDS,
-    RELEASE_OUTCOMES,
-    ReleaseOutcomeKind,
-)
-from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.events import RELEASE_OUTCOMES, ReleaseOutcomeKind
+from lockgate.labels import QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.resources import Resources
-from lockgate_adapters.kafka import commit_group_at_end, ensure_topics
-from lockgate_adapters.kube import api_client
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
-RUN = uuid.uuid4().hex[:6]
-INSTANCE_LABEL = "lockgate-test.io/e2e-fairness"
-# Aliases of the real clusters, unique to this run.
-CLUSTERS = {f"e2e-{RUN}-a": "cluster-a", f"e2e-{RUN}-b": "cluster-b"}
-LIGHT1, LIGHT2, HEAVY = f"light1-{RUN}", f"light2-{RUN}", f"heavy-{RUN}"
-PRIORITY_FACTORS = {LIGHT1: 1.0, LIGHT2: 1.0, HEAVY: 0.5}  # weights 1:1:2
-WEIGHTS = {queue: 1 / factor for queue, factor in PRIORITY_FACTORS.items()}
+PRIORITY_FACTORS = {"light1": 1.0, "light2": 1.0, "heavy": 0.5}  # weights 1:1:2
 POD_CPU, POD_MEMORY = "4", "1Gi"
 TOO_BIG_CPU = "1000"  # more than any node has
 LEADER, STANDBY = "fair-scheduler", "fair-scheduler-standby"
 
 
-@dataclass
-class Run:
-    lockgate: Lockgate
-    apis: dict[str, client.ApiClient]  # by alias
-    namespaces: dict[str, str]  # alias -> namespace
-    pool: asyncpg.Pool
-    outcomes: TopicTail  # release outcomes for this run's clusters
-
-    def scheduler(self, name: str) -> int:
-        port = self.lockgate.processes[name].health_port
-        assert port is not None
-        return port
+def factors(run: LockgateRun) -> dict[str, float]:
+    """The run's queue names and their priority factors."""
+    return {run.name(base): factor for base, factor in PRIORITY_FACTORS.items()}
 
 
 @pytest.fixture
-async def run(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
-    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_e2e_{RUN}") as dsn:
-        await migrate_database(dsn)
-        await keep_only_clusters(dsn, CLUSTERS)
-        kubeconfigs = {alias: stack.kubeconfigs[real] for alias, real in CLUSTERS.items()}
-        apis = {alias: await api_client(path) for alias, path in kubeconfigs.items()}
-        bootstrap = stack.kafka_bootstrap
-        await ensure_topics(bootstrap)
-        queue_store_group = f"queue-store-e2e-{RUN}"
-        await commit_group_at_end(bootstrap, queue_store_group, [
-            POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES])
-        await commit_group_at_end(bootstrap, "ungater-" + "+".join(sorted(CLUSTERS)),
-                                  [RELEASE_COMMANDS])
-        outcomes = TopicTail(bootstrap, [RELEASE_OUTCOMES],
-                             keep=lambda outcome: outcome.cluster in CLUSTERS)
-        await outcomes.start()
-        ports = ServicePorts.free()
-        # Each service with its own ServiceAccount (k8s/base), as in a worker cluster.
-        lockgate = Lockgate.for_stack(
-            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ports,
-            log_dir=tmp_path_factory.mktemp("service-logs"),
-            extra_env={"LOCKGATE_QUEUE_STORE_GROUP_ID": queue_store_group},
-            # Its own webhook registration (for namespaces labelled with the run) and Queue
-            # objects; consumer groups as set above.
-            run_id=f"e2e-{RUN}", cert_dir=tmp_path_factory.mktemp("webhook-certs"),
-        )
-        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-        namespaces = Namespaces(apis)
-        try:
-            # The schedulers start later, once the whole backlog is queued (see the test).
-            await lockgate.start(only=["queue-store", "admission-webhook", "cluster-watcher",
-                                       "ungater"])
-            admin_url = f"{lockgate.admin_url}/api/v1/queues"
-            async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
-                binding = [{"cluster": "*", "names": [f"e2e-fair-{RUN}"]}]
-                for queue, factor in PRIORITY_FACTORS.items():
-                    async with session.post(admin_url, json={
-                            "name": queue, "priority_factor": factor,
-                            "namespaces": binding}) as response:
-                        assert response.status in (200, 201), await response.text()
-            await lockgate.wait_for_queues({queue: {"cordoned": False, "namespaces": binding}
-                                            for queue in PRIORITY_FACTORS})
-            for alias in apis:
-                await namespaces.create(alias, f"e2e-fair-{RUN}", labels={
-                    MANAGED_NAMESPACE_LABEL: "true", INSTANCE_LABEL: RUN,
-                    **lockgate.run_namespace_labels})
-            yield Run(lockgate, apis, {alias: f"e2e-fair-{RUN}" for alias in apis}, pool,
-                      outcomes)
-        finally:
-            codes = await lockgate.stop()
-            await namespaces.delete_all()
-            for api in apis.values():
-                await api.close()
-            await outcomes.stop()
-            await pool.close()
-    unclean = {name: code for name, code in codes.items()
-               if code not in (0, None) and name != LEADER}  # the leader was SIGKILLed
-    assert not unclean, f"services did not stop gracefully: {unclean}"
+async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
+    # The schedulers start later, once the whole backlog is queued (see the test).
+    async with lockgate_run(stack, tmp_path, name="fair", clusters=("cluster-a", "cluster-b"),
+                            services=["queue-store", "admission-webhook", "cluster-watcher",
+                                      "ungater"]) as run:
+        await run.create_queues({queue: {"priority_factor": factor}
+                                 for queue, factor in factors(run).items()},
+                                namespaces=[run.namespace])
+        for alias in run.apis:
+            await run.create_namespace(alias)
+        yield run
+
+
+@pytest.fixture
+async def outcomes(run: LockgateRun) -> AsyncIterator[TopicTail]:
+    """Release outcomes for this run's clusters, from before any scheduler runs."""
+    async with TopicTail(run.lockgate.kafka_bootstrap, [RELEASE_OUTCOMES],
+                         keep=lambda outcome: outcome.cluster in run.clusters) as tail:
+        yield tail
 
 
 # ---------------------------------------------------------------- pods
@@ -158,10 +92,10 @@ class PodView:
     phase: str
 
 
-async def pods_of(run: Run) -> list[PodView]:
+async def pods_of(run: LockgateRun) -> list[PodView]:
     views = []
     for alias, api in run.apis.items():
-        listed = await client.CoreV1Api(api).list_namespaced_pod(run.namespaces[alias])
+        listed = await client.CoreV1Api(api).list_namespaced_pod(run.namespace)
         for item in listed.items:
             gates = {gate.name for gate in item.spec.scheduling_gates or ()}
             views.append(PodView(alias, item.metadata.name, item.metadata.uid,
@@ -175,12 +109,12 @@ def released_per_queue(pods: list[PodView]) -> Counter[str]:
     return Counter(p.queue for p in pods if not p.gated and p.phase in ("Pending", "Running"))
 
 
-async def create_pods(run: Run, per_queue_and_cluster: int, *, first: int = 0) -> None:
+async def create_pods(run: LockgateRun, per_queue_and_cluster: int, *, first: int = 0) -> None:
     for i in range(first, first + per_queue_and_cluster):
-        for alias, api in run.apis.items():
-            for queue in PRIORITY_FACTORS:
+        for api in run.apis.values():
+            for queue in factors(run):
                 await client.CoreV1Api(api).create_namespaced_pod(
-                    run.namespaces[alias], pod(f"{queue}-{i}", queue))
+                    run.namespace, pod(f"{queue}-{i}", queue))
 
 
 async def pool_capacity_in_pods(apis: Mapping[str, client.ApiClient]) -> int:
@@ -195,7 +129,7 @@ async def pool_capacity_in_pods(apis: Mapping[str, client.ApiClient]) -> int:
     return total
 
 
-async def room_for_more(run: Run) -> dict[str, int]:
+async def room_for_more(run: LockgateRun) -> dict[str, int]:
     """node → how many more of this test's pods it would hold, counting the requests of every
     pod bound to it (any namespace, other runs' too); a cluster whose released pods not yet
     bound would fill that room is left out, as are nodes without room."""
@@ -220,7 +154,7 @@ async def room_for_more(run: Run) -> dict[str, int]:
             fits = min(free[name] // amount for name, amount in per_pod.items())
             if fits > 0:
                 in_cluster[f"{alias}/{node.metadata.name}"] = fits
-        ours = (await core.list_namespaced_pod(run.namespaces[alias])).items
+        ours = (await core.list_namespaced_pod(run.namespace)).items
         about_to_bind = sum(1 for item in ours if not item.spec.node_name
                             and item.status.phase == "Pending" and not any(
                                 g.name == SCHEDULING_GATE
@@ -230,7 +164,8 @@ async def room_for_more(run: Run) -> dict[str, int]:
     return room
 
 
-async def wait_until_steady(run: Run, *, quiet_seconds: float, within: float) -> list[PodView]:
+async def wait_until_steady(run: LockgateRun, *, quiet_seconds: float,
+                            within: float) -> list[PodView]:
     """Pods once no gate has been removed for `quiet_seconds`."""
     deadline = time.monotonic() + within
     last_released: frozenset[str] = frozenset()
@@ -242,92 +177,98 @@ async def wait_until_steady(run: Run, *, quiet_seconds: float, within: float) ->
             last_released, since = released, time.monotonic()
         elif time.monotonic() - since >= quiet_seconds:
             return pods
-        assert time.monotonic() < deadline, "releases did not settle"
+        assert time.monotonic() < deadline, (
+            f"timed out after {within:.0f}s waiting for {quiet_seconds}s without a gate removed "
+            f"({len(last_released)} pods released so far)")
         await asyncio.sleep(0.5)
 
 
 # ---------------------------------------------------------------- the scenario
 
 
-async def describe(run: Run, pods: list[PodView]) -> str:
+async def describe(run: LockgateRun, pods: list[PodView]) -> str:
     """What Kubernetes and Postgres say, for assertion messages."""
     phases = Counter((p.queue, "gated" if p.gated else p.phase) for p in pods)
     rows = await run.pool.fetch(
         "SELECT queue, state, count(*) AS n FROM jobs WHERE queue = ANY($1::text[])"
-        " GROUP BY queue, state", list(PRIORITY_FACTORS))
+        " GROUP BY queue, state", list(factors(run)))
     nodes = await run.pool.fetch(
         "SELECT cluster, count(*) AS n FROM cluster_nodes WHERE present GROUP BY cluster")
     return (f"pods {dict(phases)}; jobs {[tuple(r) for r in rows]}; "
             f"nodes {[tuple(r) for r in nodes]}")
 
 
-async def wait_for_queued_jobs(run: Run, count: int, *, within: float) -> None:
+async def wait_for_queued_jobs(run: LockgateRun, count: int, *, within: float) -> None:
     queued: list[int] = []
 
     async def all_queued() -> bool:
         queued.append(await run.pool.fetchval(
             "SELECT count(*) FROM jobs WHERE queue = ANY($1::text[]) AND state = 'queued'",
-            list(PRIORITY_FACTORS)))
+            list(factors(run))))
         return queued[-1] >= count
 
     await eventually(all_queued, within=within, every=0.3,
                      what=lambda: f"{count} pods queued in Postgres (have {queued[-1]})")
 
 
-async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: Run) -> None:
+async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(
+        run: LockgateRun, outcomes: TopicTail) -> None:
+    queues = factors(run)
+    light1, light2, heavy = queues
+    weights = {queue: 1 / factor for queue, factor in queues.items()}
     capacity = await pool_capacity_in_pods(run.apis)
     # Every queue asks for more than the heaviest share of the pool, split over both clusters.
     per_queue_and_cluster = capacity // 4 + 3
     big_alias = next(iter(run.apis))
     await client.CoreV1Api(run.apis[big_alias]).create_namespaced_pod(
-        run.namespaces[big_alias], pod("too-big", LIGHT2, cpu=TOO_BIG_CPU))
+        run.namespace, pod("too-big", light2, cpu=TOO_BIG_CPU))
     await create_pods(run, per_queue_and_cluster)
-    created = 1 + per_queue_and_cluster * len(run.apis) * len(PRIORITY_FACTORS)
+    created = 1 + per_queue_and_cluster * len(run.apis) * len(queues)
     pods = await pods_of(run)
     assert len(pods) == created and all(p.gated for p in pods), "the webhook did not gate"
 
     # The backlog is complete before any scheduler runs, so the first rounds divide a
     # contended pool (releasing as pods trickle in would hand it out first come first served).
     await wait_for_queued_jobs(run, created, within=120)
-    await run.lockgate.start(only=[LEADER, STANDBY])
+    await run.start(LEADER, STANDBY)
 
     # Full: each queue holds its weighted share of what was released, within one job.
     pods = await wait_until_steady(run, quiet_seconds=4, within=180)
     released = released_per_queue(pods)
     gated = Counter(p.queue for p in pods if p.gated and p.name != "too-big")
-    assert all(gated[queue] > 0 for queue in PRIORITY_FACTORS), (
+    assert all(gated[queue] > 0 for queue in queues), (
         f"not every queue still waits, so the pool is not contended: {gated}")
     total = sum(released.values())
     state = await describe(run, pods)
     # Work-conserving: with pods of every queue still waiting, no node has room for one more.
     room = await room_for_more(run)
     assert not room, f"{total} pods released, yet nodes have room for more: {room}; {state}"
-    for queue, weight in WEIGHTS.items():
-        fair = total * weight / sum(WEIGHTS.values())
+    for queue, weight in weights.items():
+        fair = total * weight / sum(weights.values())
         assert abs(released[queue] - fair) <= 1, (queue, dict(released), fair, state)
     # The pod too big for any node waits, and its queue got its share regardless.
     too_big = next(p for p in pods if p.name == "too-big")
     assert too_big.gated, "a pod too big for every node was released"
-    report = await fairness_report(run.scheduler(LEADER))
+    report = await fairness_report(run.health_port(LEADER))
     assert report["leader"] is True
     by_queue = {q["name"]: q for q in report["queues"]}
-    assert by_queue[LIGHT2]["unschedulable"] == 1, f"{by_queue[LIGHT2]}; {state}"
+    assert by_queue[light2]["unschedulable"] == 1, f"{by_queue[light2]}; {state}"
     # Pods of other runs in the same clusters may count as queues of their own: compare ratios.
-    assert by_queue[HEAVY]["fair_share"] == pytest.approx(2 * by_queue[LIGHT1]["fair_share"])
-    assert by_queue[LIGHT2]["fair_share"] == pytest.approx(by_queue[LIGHT1]["fair_share"])
+    assert by_queue[heavy]["fair_share"] == pytest.approx(2 * by_queue[light1]["fair_share"])
+    assert by_queue[light2]["fair_share"] == pytest.approx(by_queue[light1]["fair_share"])
 
     # The leader dies; the standby takes over.
-    await run.lockgate.processes[LEADER].kill()
+    await run.kill(LEADER)
     await eventually(run.lockgate.processes[STANDBY].ready, within=30, every=0.2,
                      what="the standby to take over")
 
     # Freed capacity goes to the most under-served queue: complete three of light1's pods.
     before = {p.uid for p in pods if not p.gated}
-    finishing = [p for p in pods if p.queue == LIGHT1 and p.phase == "Running"][:3]
+    finishing = [p for p in pods if p.queue == light1 and p.phase == "Running"][:3]
     assert len(finishing) == 3, "light1 has fewer than three running pods"
     for finished in finishing:
         await client.CoreV1Api(run.apis[finished.alias]).patch_namespaced_pod(
-            finished.name, run.namespaces[finished.alias],
+            finished.name, run.namespace,
             {"metadata": {"annotations": {COMPLETE_ANNOTATION: "1s"}}})
     newly: list[PodView] = []
 
@@ -337,7 +278,7 @@ async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: 
 
     await eventually(three_released, within=60, every=0.2,
                      what=lambda: f"freed capacity to be reused: {newly}")
-    assert [p.queue for p in newly] == [LIGHT1] * 3, newly
+    assert [p.queue for p in newly] == [light1] * 3, newly
     pods = await wait_until_steady(run, quiet_seconds=3, within=60)
 
     # Nothing released twice, across the failover: one decision per released pod, and every
@@ -349,11 +290,11 @@ async def test_weighted_shares_freed_capacity_big_pods_and_leader_failover(run: 
     assert all(row["n"] == 1 for row in decisions), [dict(r) for r in decisions if r["n"] > 1]
     deciders = Counter(row["by"] for row in decisions)
     assert deciders["scheduler-0"] > 0 and deciders["scheduler-1"] == 3, deciders
-    await until(lambda: len({o.uid for o in run.outcomes.events()}) >= len(ungated_uids),
+    await until(lambda: len({o.uid for o in outcomes.events()}) >= len(ungated_uids),
                 within=30, every=0.2, what="an outcome of every release")
-    removed = Counter(o.uid for o in run.outcomes.events()
+    removed = Counter(o.uid for o in outcomes.events()
                       if o.outcome is ReleaseOutcomeKind.UNGATED and o.reason == "gate removed")
     assert set(removed) == ungated_uids
     assert all(n == 1 for n in removed.values()), removed
-    assert not run.outcomes.events(lambda o: o.outcome is ReleaseOutcomeKind.FAILED)
+    assert not outcomes.events(lambda o: o.outcome is ReleaseOutcomeKind.FAILED)
     assert run.lockgate.crashed() == [LEADER], run.lockgate.crashed()

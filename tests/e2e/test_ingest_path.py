@@ -2,7 +2,7 @@
 
 Everything runs as real processes on the local stack: queue-store on a database of this module
 (its admin API creates the queue first, as an operator would), the admission webhook registered
-under a unique name for namespaces carrying this module's label only, and a cluster-watcher of
+under a name of the run (helpers.runs) for namespaces carrying its label only, and a watcher of
 both clusters. Pods are created plain, in managed namespaces of both clusters; the webhook gates
 and labels them. The last test SIGKILLs and restarts the watcher and queue-store in the middle of
 a stream of pod creations and deletions and then compares Postgres with the apiservers.
@@ -14,152 +14,67 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import asyncpg
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import ServiceProcess
-from devstack.manifests import (
-    WEBHOOK_CONFIGURATION as STATIC_CONFIGURATION,
-)
-from devstack.manifests import (
-    apply_webhook_configuration,
-    delete_queue_copies,
-    delete_webhook_configuration,
-    ensure_queue_crd,
-    load,
-    render_webhook_configuration,
-)
 from devstack.stack import StackInfo
-from helpers.kube import Namespaces, a_pod
-from helpers.postgres import fresh_database
-from helpers.services import watcher_process, webhook_process
+from helpers.pods import a_pod
+from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
 from lockgate.jobs import JobState
-from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.observing import observed_state
-from lockgate_adapters.postgres import connect_pool
-from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(420)]
 
-RUN = uuid.uuid4().hex[:8]
-INSTANCE_LABEL = "lockgate-test.io/ingest-path"
-QUEUE = f"e2e-ingest-{RUN}"
-CLUSTERS = ("cluster-a", "cluster-b")
 SHOW_UP_WITHIN_SECONDS = 10.0
-WEBHOOK_CONFIGURATION = f"lockgate-e2e-ingest-{RUN}"
-QUEUE_SOURCE = f"e2e-ingest-{RUN}"
 
 
 # The system under test ------------------------------------------------------------------------
 
 @dataclass
 class IngestPath:
-    stack: StackInfo
-    store: QueueStoreUnderTest
+    run: LockgateRun
     queue_store: ServiceProcess
     watcher: ServiceProcess
     webhook: ServiceProcess
     db: asyncpg.Pool
-    cores: dict[str, client.CoreV1Api]
-    namespaces: dict[str, str]  # cluster → this module's managed namespace there
-    processes: list[ServiceProcess] = field(default_factory=list)
+    clusters: list[str]  # the run's aliases of cluster-a and cluster-b
+    cores: dict[str, client.CoreV1Api]  # by alias
+    namespaces: dict[str, str]  # alias → this module's managed namespace there
+    queue: str  # the namespaces' queue
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}"
-                         for p in self.processes)
+        return self.run.logs(15)
 
 
 @pytest.fixture(scope="module")
-async def path(stack: StackInfo, kube_clients: dict[str, client.ApiClient],
+async def path(stack: StackInfo,
                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[IngestPath]:
-    cores = {name: client.CoreV1Api(kube_clients[name]) for name in CLUSTERS}
-    # Each service with its own ServiceAccount (k8s/base), as in a worker cluster.
-    as_webhook = {c: stack.kubeconfigs_of("webhook")[c] for c in CLUSTERS}
-    as_watcher = {c: stack.kubeconfigs_of("cluster-watcher")[c] for c in CLUSTERS}
-    as_queue_sync = {c: stack.kubeconfigs_of("queue-sync")[c] for c in CLUSTERS}
-    processes: list[ServiceProcess] = []
-    made = Namespaces(kube_clients)
-    db: asyncpg.Pool | None = None
-    async with fresh_database(stack.postgres_dsn, prefix="e2e_ingest") as dsn:
-        store = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
-        try:
-            for cluster in CLUSTERS:
-                await ensure_queue_crd(kube_clients[cluster])
-            queue_store = await store.start(f"queue-store-e2e-{RUN}", env={
-                # Copies of the queues for the webhook, as this module's own Queue objects.
-                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": json.dumps(as_queue_sync),
-                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": QUEUE_SOURCE,
-                "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": f"{QUEUE_SOURCE}-",
-            })
-            processes.append(queue_store)
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{store.admin_url}/api/v1/queues", json={
-                        "name": QUEUE, "namespaces": [{"cluster": "*", "selector": {
-                            "matchLabels": {INSTANCE_LABEL: RUN}}}]},
-                    headers=store.admin_headers) as reply:
-                assert reply.status == 201, await reply.text()
-
-            webhook_under_test = webhook_process(
-                f"admission-webhook-e2e-{RUN}",
-                cert_dir=tmp_path_factory.mktemp("webhook-certs"), env={
-                    "LOCKGATE_WEBHOOK_CLUSTERS": json.dumps(as_webhook),
-                    "LOCKGATE_WEBHOOK_QUEUE_SOURCE": QUEUE_SOURCE,
-                })
-            webhook = webhook_under_test.process
-            webhook.env.pop("LOCKGATE_POSTGRES_DSN", None)  # it needs no database
-            watcher = watcher_process(f"cluster-watcher-e2e-{RUN}", clusters=as_watcher,
-                                      kafka_bootstrap=stack.kafka_bootstrap)
-            processes += [webhook, watcher]
-            for process in (webhook, watcher):
-                await process.start()
-            for process in (webhook, watcher):
-                await process.wait_ready(90)
-            for cluster in CLUSTERS:
-                await apply_webhook_configuration(
-                    kube_clients[cluster], render_webhook_configuration(
-                        load(STATIC_CONFIGURATION), name=WEBHOOK_CONFIGURATION,
-                        url=f"https://127.0.0.1:{webhook_under_test.port}/mutate/{cluster}",
-                        ca_bundle_pem=(webhook_under_test.cert_dir / "ca.crt").read_bytes(),
-                        extra_namespace_labels={INSTANCE_LABEL: RUN}))
-            await webhook_sees(webhook, QUEUE)
-            # Namespaces the webhook manages, whose pods default to QUEUE.
-            namespaces = {
-                cluster: await made.create(cluster, f"e2e-ingest-{RUN}-{uuid.uuid4().hex[:4]}",
-                                           labels={MANAGED_NAMESPACE_LABEL: "true",
-                                                   INSTANCE_LABEL: RUN, QUEUE_LABEL: QUEUE})
-                for cluster in CLUSTERS}
-            db = await connect_pool(dsn, policy=FAST_RETRY)
-            yield IngestPath(stack, store, queue_store, watcher, webhook, db, cores, namespaces,
-                             processes)
-        finally:
-            for process in reversed(processes):
-                await process.stop()
-            for cluster in CLUSTERS:
-                await delete_webhook_configuration(kube_clients[cluster], WEBHOOK_CONFIGURATION)
-                await delete_queue_copies(kube_clients[cluster], source=QUEUE_SOURCE)
-            await made.delete_all()
-            if db is not None:
-                await db.close()
-
-
-async def webhook_sees(webhook: ServiceProcess, queue: str) -> None:
-    """Until the webhook's copy of the queues (from queue-store's Queue objects) has `queue`."""
-    async def seen() -> bool:
-        async with aiohttp.ClientSession() as session, session.get(
-                f"http://127.0.0.1:{webhook.health_port}/api/v1/queues") as reply:
-            copies = await reply.json()
-        return all(queue in (copies.get(cluster) or {}) for cluster in CLUSTERS)
-
-    await eventually(seen, within=30, what=f"the webhook to see queue {queue}")
+    """One run for the module (no scheduler: nothing is released); each test makes pods of its
+    own."""
+    async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="ingest",
+                            clusters=("cluster-a", "cluster-b"),
+                            services=["queue-store", "admission-webhook",
+                                      "cluster-watcher"]) as run:
+        queue = run.name("q")
+        # Its admin API creates the queue first, as an operator would.
+        await run.create_queue(queue, namespaces=[run.namespace])
+        clusters = [run.alias("cluster-a"), run.alias("cluster-b")]
+        for alias in clusters:  # namespaces whose pods default to the queue
+            await run.create_namespace(alias, labels={QUEUE_LABEL: queue})
+        processes = run.lockgate.processes
+        yield IngestPath(run, processes["queue-store"], processes["cluster-watcher"],
+                         processes["admission-webhook"], run.pool, clusters,
+                         {alias: run.core(alias) for alias in clusters},
+                         {alias: run.namespace for alias in clusters}, queue)
 
 
 # Pods -----------------------------------------------------------------------------------------
@@ -183,12 +98,11 @@ async def delete_pod(path: IngestPath, cluster: str, name: str) -> None:
 async def job_states(path: IngestPath) -> dict[tuple[str, str], str]:
     """(cluster, uid) → state of this module's jobs.
 
-    Only the real cluster names count: a watcher of another test may watch the same clusters
-    under names of its own, and what it reports lands in this database too.
+    The run's database keeps only its own clusters' rows (helpers.runs).
     """
     rows = await path.db.fetch(
         "SELECT cluster, uid, state FROM jobs WHERE namespace = ANY($1) AND cluster = ANY($2)",
-        list(path.namespaces.values()), list(CLUSTERS))
+        list(path.namespaces.values()), path.clusters)
     return {(r["cluster"], r["uid"]): r["state"] for r in rows}
 
 
@@ -210,12 +124,12 @@ async def apiserver_truth(path: IngestPath) -> dict[tuple[str, str], JobState]:
 async def test_pods_created_in_both_clusters_show_up_as_queued_jobs_within_seconds(
         path: IngestPath) -> None:
     created: dict[tuple[str, str], float] = {}
-    for cluster in CLUSTERS:
+    for cluster in path.clusters:
         for i in range(5):
             pod = await create_pod(path, cluster, f"appear-{i}", jobset="sweep-7")
             assert SCHEDULING_GATE in [g.name for g in pod.spec.scheduling_gates or ()], (
                 f"the webhook did not gate the pod:\n{path.logs()}")
-            assert pod.metadata.labels[QUEUE_LABEL] == QUEUE
+            assert pod.metadata.labels[QUEUE_LABEL] == path.queue
             created[(cluster, pod.metadata.uid)] = time.monotonic()
 
     latencies: dict[tuple[str, str], float] = {}
@@ -235,22 +149,23 @@ async def test_pods_created_in_both_clusters_show_up_as_queued_jobs_within_secon
 
     rows = await path.db.fetch(
         "SELECT cluster, queue, jobset, requests FROM jobs WHERE uid = ANY($1)"
-        " AND cluster = ANY($2)", [uid for _, uid in created], list(CLUSTERS))
-    assert {r["cluster"] for r in rows} == set(CLUSTERS)
-    assert {(r["queue"], r["jobset"]) for r in rows} == {(QUEUE, "sweep-7")}
+        " AND cluster = ANY($2)", [uid for _, uid in created], path.clusters)
+    assert {r["cluster"] for r in rows} == set(path.clusters)
+    assert {(r["queue"], r["jobset"]) for r in rows} == {(path.queue, "sweep-7")}
     assert all(r["requests"] == {"cpu": 250, "memory": 64 * 2**20} for r in rows)
 
 
 async def test_deleting_a_gated_pod_marks_its_job_deleted(path: IngestPath) -> None:
-    pod = await create_pod(path, "cluster-b", "short-lived")
-    key = ("cluster-b", pod.metadata.uid)
+    cluster_b = path.clusters[1]
+    pod = await create_pod(path, cluster_b, "short-lived")
+    key = (cluster_b, pod.metadata.uid)
 
     async def in_state(state: JobState) -> bool:
         return (await job_states(path)).get(key) == state
 
     await eventually(lambda: in_state(JobState.QUEUED), within=30, every=0.1,
                      what=lambda: f"the job to be queued\n{path.logs()}")
-    await delete_pod(path, "cluster-b", "short-lived")
+    await delete_pod(path, cluster_b, "short-lived")
     await eventually(lambda: in_state(JobState.DELETED), within=30, every=0.1,
                      what=lambda: f"the job to be deleted\n{path.logs()}")
 
@@ -268,7 +183,7 @@ async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_coun
         pause = STREAM_SECONDS / STREAM_PODS
         next_to_delete = 0
         for i in range(STREAM_PODS):
-            cluster = CLUSTERS[i % 2]
+            cluster = path.clusters[i % 2]
             pod = await create_pod(path, cluster, f"stream-{i}")
             created.append((cluster, pod.metadata.name, pod.metadata.uid, time.monotonic()))
             # Every third pod is deleted once it is 2s old (older than a snapshot's rounding).
@@ -322,7 +237,7 @@ async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_coun
     assert len(stream_rows) >= len(stream_uids) - len(deleted)
     attempts = await path.db.fetchval(
         "SELECT coalesce(sum(release_attempts), 0) FROM jobs WHERE namespace = ANY($1)"
-        " AND cluster = ANY($2)", list(path.namespaces.values()), list(CLUSTERS))
+        " AND cluster = ANY($2)", list(path.namespaces.values()), path.clusters)
     assert attempts == 0
     print(f"stream: {len(created)} pods created, {len(deleted)} deleted, "
           f"{sum(1 for s in stream_rows.values() if s == JobState.QUEUED)} queued at the end")

@@ -12,37 +12,32 @@ starts whatever was stopped again, even when a test fails.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import asyncpg
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
 from devstack.stack import Stack, StackInfo
-from helpers.kube import Namespaces, a_pod, wait_for_default_service_account
-from helpers.postgres import fresh_database
+from helpers.kafka import wait_consumed
+from helpers.kube import Namespaces, wait_for_default_service_account
+from helpers.pods import a_pod
+from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
-from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
+from lockgate.events import JOBSET_COMMANDS
+from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, namespace_object
 from lockgate_adapters import cli, namespace_store
-from lockgate_adapters.kube import api_client
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 
-RUN = uuid.uuid4().hex[:6]
-CLUSTERS = {f"gc-{RUN}-a": "cluster-a", f"gc-{RUN}-b": "cluster-b"}
-ALIAS_A, ALIAS_B = CLUSTERS
-QUEUE = f"gc-{RUN}"
 SELECT_LABEL = "lockgate.io/test-gc"
 HOLD = "lockgate.io/test-hold"  # a finalizer only the tests remove
 FINISHED_GRACE_SECONDS = 3.0
@@ -62,14 +57,21 @@ ENV = {
 
 @dataclass
 class Run:
+    run: LockgateRun
     lockgate: Lockgate
     apis: dict[str, client.ApiClient]  # admin, by alias
     pool: asyncpg.Pool  # superuser, the run's database
     namespaces: Namespaces
     token_file: str
+    a: str  # the run's alias of cluster-a
+    b: str  # and of cluster-b
+    queue: str
 
     def core(self, cluster: str) -> client.CoreV1Api:
         return client.CoreV1Api(self.apis[cluster])
+
+    def name(self, base: str) -> str:
+        return self.run.name(base)
 
     def cli(self, *args: str) -> str:
         out, err = io.StringIO(), io.StringIO()
@@ -79,42 +81,25 @@ class Run:
         return out.getvalue()
 
     def logs(self) -> str:
-        return "\n".join(f"--- {name}\n{p.log_tail(25)}"
-                         for name, p in self.lockgate.processes.items())
+        return self.run.logs(25)
 
 
 @pytest.fixture(scope="module")
 async def run(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
-    apis = {alias: await api_client(stack.kubeconfigs[real]) for alias, real in CLUSTERS.items()}
-    namespaces = Namespaces(apis)
-    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_gc_{RUN}") as dsn:
-        log_dir = tmp_path_factory.mktemp("service-logs")
-        lockgate = Lockgate.for_stack(
-            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
-            run_id=f"gc-{RUN}", log_dir=log_dir, extra_env=ENV,
-            cert_dir=tmp_path_factory.mktemp("webhook-certs"), standby_scheduler=False)
-        pool = await asyncpg.create_pool(dsn, min_size=0, max_size=3)
+    """One run for the module: each test makes namespaces and job sets of its own."""
+    async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="gc", env=ENV,
+                            clusters=("cluster-a", "cluster-b"),
+                            standby_scheduler=False) as run:
+        queue = run.name("q")
+        # One pod of 1 cpu at a time: the others of a job set stay gated.
+        await run.create_queue(queue, resource_limits={"cpu": "1"}, binding=[
+            {"cluster": "*", "selector": {"matchLabels": {SELECT_LABEL: run.id}}}])
+        token_file = str(run.lockgate.write_token_files()["admin"])
         try:
-            await lockgate.start()
-            binding = [{"cluster": "*", "selector": {"matchLabels": {SELECT_LABEL: RUN}}}]
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{lockgate.admin_url}/api/v1/queues", headers=lockgate.admin_headers,
-                    json={"name": QUEUE, "namespaces": binding,
-                          # One pod of 1 cpu at a time: the others of a job set stay gated.
-                          "resource_limits": {"cpu": "1"}}) as reply:
-                assert reply.status == 201, await reply.text()
-                created = await reply.json()
-            await lockgate.wait_for_queues({QUEUE: created})
-            token_file = str(lockgate.write_token_files()["admin"])
-            yield Run(lockgate, apis, pool, namespaces, token_file)
+            yield Run(run, run.lockgate, run.apis, run.pool, run.namespaces, token_file,
+                      run.alias("cluster-a"), run.alias("cluster-b"), queue)
         finally:
-            codes = await lockgate.stop()
-            await _release_holds(apis, namespaces)
-            await namespaces.delete_all()
-            for api in apis.values():
-                await api.close()
-            await pool.close()
-    assert all(code == 0 for code in codes.values()), f"unclean stops: {codes}"
+            await _release_holds(run.apis, run.namespaces)
 
 
 @pytest.fixture
@@ -147,8 +132,8 @@ async def ephemeral(run: Run, cluster: str, name: str, jobset: str, *,
     # The object lockgate's creation makes (marked ephemeral, with the queue's allowed kinds):
     # namespace-keeper may delete no other namespace.
     namespace = namespace_object(
-        name=name, queue=QUEUE, jobset=jobset, kinds=DEFAULT_ALLOWED_KINDS,
-        extra_labels={SELECT_LABEL: RUN, **run.lockgate.run_namespace_labels})
+        name=name, queue=run.queue, jobset=jobset, kinds=DEFAULT_ALLOWED_KINDS,
+        extra_labels={SELECT_LABEL: run.run.id, **run.lockgate.run_namespace_labels})
     if held:
         namespace["metadata"]["finalizers"] = [HOLD]
     core = run.core(cluster)
@@ -157,7 +142,7 @@ async def ephemeral(run: Run, cluster: str, name: str, jobset: str, *,
     await wait_for_default_service_account(core, name)
     async with run.pool.acquire() as connection:
         await namespace_store.create_or_get(
-            connection, cluster=cluster, name=name, queue=QUEUE, jobset=jobset,
+            connection, cluster=cluster, name=name, queue=run.queue, jobset=jobset,
             service_account="coordinator", ttl_seconds=ttl_seconds)
     return name
 
@@ -167,7 +152,7 @@ async def create_pod(run: Run, cluster: str, namespace: str, name: str, **kind: 
     if kind.get("completing_after"):
         pod = pod.completing_after(kind["completing_after"])
     if kind.get("jobset"):
-        pod = pod.in_queue(QUEUE).in_jobset(kind["jobset"])
+        pod = pod.in_queue(run.queue).in_jobset(kind["jobset"])
     await run.core(cluster).create_namespaced_pod(namespace, pod.manifest())
 
 
@@ -225,13 +210,13 @@ def states(steps: list[tuple[str | None, str, str]]) -> list[str]:
 
 async def pods_of(run: Run, cluster: str, jobset: str) -> list[str]:
     pods = await run.core(cluster).list_pod_for_all_namespaces(
-        label_selector=f"{QUEUE_LABEL}={QUEUE},{JOBSET_LABEL}={jobset}")
+        label_selector=f"{QUEUE_LABEL}={run.queue},{JOBSET_LABEL}={jobset}")
     return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods.items]
 
 
 async def jobs_of(run: Run, jobset: str) -> list[tuple[str, str]]:
     rows = await run.pool.fetch("SELECT state, last_reason FROM jobs WHERE queue = $1 AND"
-                                " jobset = $2 ORDER BY uid", QUEUE, jobset)
+                                " jobset = $2 ORDER BY uid", run.queue, jobset)
     return [(r["state"], r["last_reason"]) for r in rows]
 
 
@@ -240,17 +225,16 @@ async def jobs_of(run: Run, jobset: str) -> list[tuple[str, str]]:
 
 async def test_cancel_deletes_pods_everywhere_collects_namespaces_and_cancels_jobs(
         run: Run) -> None:
-    jobset = f"cancel-{RUN}"
-    ns_a = await ephemeral(run, ALIAS_A, f"gc-{RUN}-cancel-a", jobset)
-    ns_b = await ephemeral(run, ALIAS_B, f"gc-{RUN}-cancel-b", jobset)
+    jobset = run.name("cancel")
+    ns_a = await ephemeral(run, run.a, f"{run.run.id}-cancel-a", jobset)
+    ns_b = await ephemeral(run, run.b, f"{run.run.id}-cancel-b", jobset)
     # A pod of the job set outside its ephemeral namespaces: only the ungater deletes it.
-    plain = f"gc-{RUN}-plain"
-    await run.namespaces.create(ALIAS_B, plain, labels={
-        MANAGED_NAMESPACE_LABEL: "true", SELECT_LABEL: RUN, **run.lockgate.run_namespace_labels})
+    plain = f"{run.run.id}-plain"
+    await run.run.create_namespace(run.b, plain, labels={SELECT_LABEL: run.run.id})
     for i in range(3):
-        await create_pod(run, ALIAS_A, ns_a, f"worker-{i}")
-    await create_pod(run, ALIAS_B, ns_b, "worker-b")
-    await create_pod(run, ALIAS_B, plain, "outside", jobset=jobset)
+        await create_pod(run, run.a, ns_a, f"worker-{i}")
+    await create_pod(run, run.b, ns_b, "worker-b")
+    await create_pod(run, run.b, plain, "outside", jobset=jobset)
 
     async def running_and_queued() -> bool:
         found = [state for state, _ in await jobs_of(run, jobset)]
@@ -259,17 +243,17 @@ async def test_cancel_deletes_pods_everywhere_collects_namespaces_and_cancels_jo
     await eventually(running_and_queued, within=90, every=0.2,
                      what=lambda: f"jobs of {jobset} running and queued:\n{run.logs()}")
 
-    answer = run.cli("jobset", "cancel", QUEUE, jobset, "--reason", "superseded by run 2",
+    answer = run.cli("jobset", "cancel", run.queue, jobset, "--reason", "superseded by run 2",
                      "--wait", "90", "-o", "json")
     assert '"state": "deleted"' in answer
 
-    for cluster in (ALIAS_A, ALIAS_B):
+    for cluster in (run.a, run.b):
         async def no_pods(cluster: str = cluster) -> bool:
             return not await pods_of(run, cluster, jobset)
 
         await eventually(no_pods, within=60, every=0.2, what=f"no pods of {jobset} in {cluster}")
-    assert await gone(run, ALIAS_A, ns_a) and await gone(run, ALIAS_B, ns_b)
-    for cluster, name in ((ALIAS_A, ns_a), (ALIAS_B, ns_b)):
+    assert await gone(run, run.a, ns_a) and await gone(run, run.b, ns_b)
+    for cluster, name in ((run.a, ns_a), (run.b, ns_b)):
         record = await record_of(run, cluster, name)
         assert (record["state"], record["trigger"]) == ("deleted", "cancelled")
         steps = await history(run, cluster, name)
@@ -277,24 +261,26 @@ async def test_cancel_deletes_pods_everywhere_collects_namespaces_and_cancels_jo
         assert "superseded by run 2" in steps[1][2]
     assert await jobs_of(run, jobset) == [("cancelled", "cancelled: superseded by run 2")] * 5
     # A second cancel changes nothing and says so through the same path.
-    run.cli("jobset", "cancel", QUEUE, jobset, "--reason", "again")
-    await asyncio.sleep(1)
+    run.cli("jobset", "cancel", run.queue, jobset, "--reason", "again")
+    await wait_consumed(run.lockgate.kafka_bootstrap, JOBSET_COMMANDS,
+                        groups=run.lockgate.groups_reading(JOBSET_COMMANDS),
+                        what="the second cancel")
     assert await jobs_of(run, jobset) == [("cancelled", "cancelled: superseded by run 2")] * 5
-    assert len(await history(run, ALIAS_A, ns_a)) == 4
+    assert len(await history(run, run.a, ns_a)) == 4
 
 
 async def test_a_namespace_whose_ttl_passed_is_collected(run: Run) -> None:
-    name = await ephemeral(run, ALIAS_A, f"gc-{RUN}-ttl", f"ttl-{RUN}", ttl_seconds=3)
-    assert (await record_of(run, ALIAS_A, name))["state"] == "active"
-    record = await deleted(run, ALIAS_A, name)
+    name = await ephemeral(run, run.a, f"{run.run.id}-ttl", run.name("ttl"), ttl_seconds=3)
+    assert (await record_of(run, run.a, name))["state"] == "active"
+    record = await deleted(run, run.a, name)
     assert record["trigger"] == "ttl"
     assert record["deleted_at"] >= record["expires_at"]
-    assert await gone(run, ALIAS_A, name)
-    assert states(await history(run, ALIAS_A, name)) == [
+    assert await gone(run, run.a, name)
+    assert states(await history(run, run.a, name)) == [
         "active", "expiring", "deleting", "deleted"]
     # Every admin API answer gives the record in one shape: describe, and delete once collected.
-    described = json.loads(run.cli("namespace", "describe", f"{ALIAS_A}/{name}", "-o", "json"))
-    again = json.loads(run.cli("namespace", "delete", f"{ALIAS_A}/{name}", "-o", "json"))
+    described = json.loads(run.cli("namespace", "describe", f"{run.a}/{name}", "-o", "json"))
+    again = json.loads(run.cli("namespace", "delete", f"{run.a}/{name}", "-o", "json"))
     assert {k: v for k, v in described.items()
             if k not in ("allowed_kinds", "transitions")} == again
     assert (again["state"], again["ttl_seconds"], again["service_account"]) == (
@@ -305,80 +291,88 @@ async def test_a_namespace_whose_ttl_passed_is_collected(run: Run) -> None:
 
 
 async def test_a_finished_job_set_s_namespace_is_collected_after_the_grace(run: Run) -> None:
-    jobset = f"done-{RUN}"
-    name = await ephemeral(run, ALIAS_A, f"gc-{RUN}-done", jobset)
-    await create_pod(run, ALIAS_A, name, "only", completing_after="1s")
+    jobset = run.name("done")
+    name = await ephemeral(run, run.a, f"{run.run.id}-done", jobset)
+    await create_pod(run, run.a, name, "only", completing_after="1s")
 
     async def succeeded() -> asyncpg.Record | None:
         row = await run.pool.fetchrow(
-            "SELECT state, finished_at FROM jobs WHERE queue = $1 AND jobset = $2", QUEUE,
+            "SELECT state, finished_at FROM jobs WHERE queue = $1 AND jobset = $2", run.queue,
             jobset)
         return row if row is not None and row["state"] == "succeeded" else None
 
     job = await eventually(succeeded, within=90, every=0.2,
                            what=lambda: f"the job of {jobset} succeeded:\n{run.logs()}")
-    record = await deleted(run, ALIAS_A, name)
+    record = await deleted(run, run.a, name)
     assert record["trigger"] == "finished"
     async with run.pool.acquire() as connection:
         expired_at = await connection.fetchval(
             "SELECT at FROM ephemeral_namespace_transitions WHERE cluster = $1 AND name = $2"
-            " AND to_state = 'expiring'", ALIAS_A, name)
+            " AND to_state = 'expiring'", run.a, name)
     finished_at = job["finished_at"]
     assert (expired_at - finished_at).total_seconds() >= FINISHED_GRACE_SECONDS - 0.5
-    assert await gone(run, ALIAS_A, name)
+    assert await gone(run, run.a, name)
 
 
 async def test_a_collector_killed_mid_deletion_finishes_after_restart(run: Run) -> None:
-    name = await ephemeral(run, ALIAS_A, f"gc-{RUN}-kill", f"kill-{RUN}", held=True)
-    run.cli("namespace", "delete", f"{ALIAS_A}/{name}", "--reason", "crash test")
-    await in_state(run, ALIAS_A, name, "deleting")
-    # Held by the finalizer, it stays Terminating: the collector keeps looking.
-    await asyncio.sleep(1)
-    assert (await record_of(run, ALIAS_A, name))["state"] == "deleting"
-    assert not await gone(run, ALIAS_A, name)
+    name = await ephemeral(run, run.a, f"{run.run.id}-kill", run.name("kill"), held=True)
+    run.cli("namespace", "delete", f"{run.a}/{name}", "--reason", "crash test")
+    deleting = await in_state(run, run.a, name, "deleting")
+    # Held by the finalizer, it stays Terminating: the collector keeps looking (each look moves
+    # the next one on), and it stays deleting.
+    checks: list[Any] = [deleting["next_attempt_at"]]
 
-    queue_store = run.lockgate.processes["queue-store"]
-    await queue_store.kill()
-    await run.core(ALIAS_A).patch_namespace(name, {"metadata": {"finalizers": None}})
-    await eventually(lambda: gone(run, ALIAS_A, name), within=60, every=0.2,
+    async def looked_twice_more() -> bool:
+        record = await record_of(run, run.a, name)
+        assert record["state"] == "deleting", record
+        if record["next_attempt_at"] != checks[-1]:
+            checks.append(record["next_attempt_at"])
+        return len(checks) >= 3
+
+    await eventually(looked_twice_more, within=30, every=0.1,
+                     what=lambda: f"the collector to look at {name} twice more ({checks})")
+    assert not await gone(run, run.a, name)
+
+    await run.run.kill("queue-store")
+    await run.core(run.a).patch_namespace(name, {"metadata": {"finalizers": None}})
+    await eventually(lambda: gone(run, run.a, name), within=60, every=0.2,
                      what=f"{name} gone from its cluster")
-    assert (await record_of(run, ALIAS_A, name))["state"] == "deleting"  # nobody collects now
-    await queue_store.start()
-    await queue_store.wait_ready(90)
+    assert (await record_of(run, run.a, name))["state"] == "deleting"  # nobody collects now
+    await run.run.restart("queue-store")
 
-    record = await deleted(run, ALIAS_A, name)
+    record = await deleted(run, run.a, name)
     assert record["trigger"] == "requested"
-    steps = await history(run, ALIAS_A, name)
+    steps = await history(run, run.a, name)
     assert states(steps) == ["active", "expiring", "deleting", "deleted"], steps
     assert "crash test" in steps[1][2]
 
 
 async def test_an_unreachable_cluster_delays_collection_and_loses_nothing(
         run: Run, restored_stack: Stack) -> None:
-    held = await ephemeral(run, ALIAS_B, f"gc-{RUN}-outage-b", f"out-{RUN}", held=True)
-    other = await ephemeral(run, ALIAS_A, f"gc-{RUN}-outage-a", f"out-{RUN}")
-    run.cli("namespace", "delete", f"{ALIAS_B}/{held}")
-    await in_state(run, ALIAS_B, held, "deleting")
+    held = await ephemeral(run, run.b, f"{run.run.id}-outage-b", run.name("out"), held=True)
+    other = await ephemeral(run, run.a, f"{run.run.id}-outage-a", run.name("out"))
+    run.cli("namespace", "delete", f"{run.b}/{held}")
+    await in_state(run, run.b, held, "deleting")
 
     restored_stack.kill("cluster-b/kube-apiserver")
-    failed = await in_state(run, ALIAS_B, held, "failed", within=60)
+    failed = await in_state(run, run.b, held, "failed", within=60)
     assert "unreachable" in failed["failure_reason"], failed
     # The other cluster is not held up meanwhile.
-    run.cli("namespace", "delete", f"{ALIAS_A}/{other}")
-    await deleted(run, ALIAS_A, other)
+    run.cli("namespace", "delete", f"{run.a}/{other}")
+    await deleted(run, run.a, other)
 
     async def retried() -> dict[str, Any] | None:
-        record = await record_of(run, ALIAS_B, held)
+        record = await record_of(run, run.b, held)
         return record if record["attempts"] >= 2 else None
 
     await eventually(retried, within=60, every=0.2, what="a second failed attempt")
     restored_stack.start_component("cluster-b/kube-apiserver")
-    await run.core(ALIAS_B).patch_namespace(held, {"metadata": {"finalizers": None}})
+    await run.core(run.b).patch_namespace(held, {"metadata": {"finalizers": None}})
 
-    record = await deleted(run, ALIAS_B, held, within=90)
+    record = await deleted(run, run.b, held, within=90)
     assert record["failure_reason"] == ""
-    assert await gone(run, ALIAS_B, held)
-    steps = await history(run, ALIAS_B, held)
+    assert await gone(run, run.b, held)
+    steps = await history(run, run.b, held)
     assert states(steps)[:4] == ["active", "expiring", "deleting", "failed"], steps
     assert states(steps)[-2:] == ["deleting", "deleted"], steps
     assert states(steps).count("deleted") == 1, steps

@@ -16,8 +16,8 @@ Postgres and a real kube-apiserver with kwok nodes (4 nodes of 16 cpu in cluster
   `lockgate namespace create --max-queued-time 3s` is stamped with it by the webhook and failed
   with the reason and an Event, although its queue has no maximum.
 
-Isolation as in test_enforcement_e2e: a database of its own keeping only this run's cluster
-name, its own webhook registration and consumer groups.
+Isolation as in every end-to-end test (helpers.runs): a database of its own keeping only this
+run's cluster name, its own namespace, webhook registration and consumer groups.
 """
 
 from __future__ import annotations
@@ -31,27 +31,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import aiohttp
 import asyncpg
 import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.isolation import keep_only_clusters
-from devstack.launcher import Lockgate, ServicePorts
-from helpers.kube import a_pod
-from helpers.postgres import fresh_database, migrate_database
+from devstack.launcher import Lockgate
+from devstack.stack import StackInfo
+from helpers.pods import a_pod
+from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
-from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
+from lockgate.labels import QUEUE_LABEL
 from lockgate.max_queued import MAX_QUEUED_TIME_ANNOTATION
 from lockgate_adapters import cli
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 
-RUN = uuid.uuid4().hex[:6]
-ALIAS = f"pend-{RUN}"
-CLUSTERS = {ALIAS: "cluster-a"}
+RUN = uuid.uuid4().hex[:6]  # queues of this module's run; each test has queues of its own
 FILL, LATE, BIG, CORDON = (f"{name}-{RUN}" for name in ("fill", "late", "big", "cordon"))
 FAILS, DELETES = f"fails-{RUN}", f"deletes-{RUN}"
 PATIENT = f"patient-{RUN}"  # no maximum of its own: a job set's applies
@@ -66,62 +63,34 @@ NODE_CPU = "16"  # every kwok node of cluster-a
 
 @dataclass
 class Running:
+    run: LockgateRun
     lockgate: Lockgate
     core: client.CoreV1Api
     batch: client.BatchV1Api
     namespace: str
+    alias: str
     db: asyncpg.Pool
     token_file: str
 
 
 @pytest.fixture(scope="module")
-async def running(stack: Any, kube_clients: dict[str, client.ApiClient],
+async def running(stack: StackInfo,
                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Running]:
-    api = kube_clients["cluster-a"]
-    core = client.CoreV1Api(api)
-    namespace = f"pend-e2e-{RUN}"
-    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_pend_{RUN}") as dsn:
-        await migrate_database(dsn)
-        await keep_only_clusters(dsn, [ALIAS])
-        lockgate = Lockgate.for_stack(
-            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
-            run_id=f"pend-{RUN}", standby_scheduler=False,
-            log_dir=tmp_path_factory.mktemp("service-logs"),
-            cert_dir=tmp_path_factory.mktemp("webhook-certs"),
-            extra_env={
-                "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
-                "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5",
-                "LOCKGATE_SCHEDULER_WAIT_NOTICE_INTERVAL_SECONDS": str(POD_INTERVAL),
-                "LOCKGATE_SCHEDULER_WAIT_NOTICES_PER_CLUSTER_PER_SECOND": str(CLUSTER_RATE),
-                "LOCKGATE_SCHEDULER_WAIT_NOTICE_BURST_PER_CLUSTER": str(CLUSTER_BURST),
-            })
-        db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-        try:
-            await lockgate.start()
-            binding = [{"cluster": "*", "names": [namespace]}]
-            async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
-                for queue in QUEUES:
-                    body: dict[str, Any] = {"name": queue, "namespaces": binding}
-                    if queue in MAX_QUEUED:
-                        body["max_queued"] = MAX_QUEUED[queue]
-                    async with session.post(f"{lockgate.admin_url}/api/v1/queues",
-                                            json=body) as response:
-                        assert response.status == 201, await response.text()
-            await lockgate.wait_for_queues({q: {"cordoned": False, "namespaces": binding}
-                                            for q in QUEUES})
-            await core.create_namespace({"metadata": {"name": namespace, "labels": {
-                MANAGED_NAMESPACE_LABEL: "true", **lockgate.run_namespace_labels}}})
-            token_file = str(lockgate.write_token_files()["admin"])
-            yield Running(lockgate, core, client.BatchV1Api(api), namespace, db, token_file)
-        finally:
-            codes = await lockgate.stop()
-            try:
-                await core.delete_namespace(namespace, propagation_policy="Background")
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-            await db.close()
-    assert all(code in (0, None) for code in codes.values()), codes
+    """One run for the module: each test uses queues and pods of its own in its namespace."""
+    async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="pend",
+                            standby_scheduler=False, env={
+            "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
+            "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5",
+            "LOCKGATE_SCHEDULER_WAIT_NOTICE_INTERVAL_SECONDS": str(POD_INTERVAL),
+            "LOCKGATE_SCHEDULER_WAIT_NOTICES_PER_CLUSTER_PER_SECOND": str(CLUSTER_RATE),
+            "LOCKGATE_SCHEDULER_WAIT_NOTICE_BURST_PER_CLUSTER": str(CLUSTER_BURST)}) as run:
+        await run.create_queues({queue: {"max_queued": MAX_QUEUED[queue]}
+                                 if queue in MAX_QUEUED else {} for queue in QUEUES},
+                                namespaces=[run.namespace])
+        await run.create_namespace()
+        token_file = str(run.lockgate.write_token_files()["admin"])
+        yield Running(run, run.lockgate, run.core(), run.batch(), run.namespace, run.alias(),
+                      run.pool, token_file)
 
 
 def lockgate_cli(running: Running, *argv: str) -> str:
@@ -135,14 +104,14 @@ def lockgate_cli(running: Running, *argv: str) -> str:
 
 def explain(running: Running, pod: str) -> dict[str, Any]:
     answer: dict[str, Any] = json.loads(lockgate_cli(
-        running, "explain", f"{ALIAS}/{running.namespace}/{pod}", "-o", "json"))
+        running, "explain", f"{running.alias}/{running.namespace}/{pod}", "-o", "json"))
     return answer
 
 
 async def state_of(running: Running, name: str) -> str | None:
     row = await running.db.fetchrow(
         "SELECT state FROM jobs WHERE cluster = $1 AND namespace = $2 AND name = $3"
-        " ORDER BY created_at DESC LIMIT 1", ALIAS, running.namespace, name)
+        " ORDER BY created_at DESC LIMIT 1", running.alias, running.namespace, name)
     return None if row is None else str(row["state"])
 
 
@@ -228,7 +197,7 @@ async def test_explain_and_events_name_what_each_waiting_pod_waits_for(running: 
     await until_reason(running, "cordon-0", "queue_cordoned")
 
     # The table output says it for a person, with the numbers.
-    text = lockgate_cli(running, "explain", f"{ALIAS}/{running.namespace}/fill-extra")
+    text = lockgate_cli(running, "explain", f"{running.alias}/{running.namespace}/fill-extra")
     assert "Waiting for:" in text and "fair_share" in text and "Adjusted fair share:" in text
     assert f"queue \"{FILL}\", position 1 of 1" in text
 
@@ -275,8 +244,7 @@ def a_job(name: str, queue: str) -> dict[str, Any]:
     pod = a_pod(name).in_queue(queue).tolerating_kwok_nodes().never_restarted() \
         .requesting(cpu="1000", memory="64Mi")  # fits no node: it waits until it expires
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": dict(pod.labels)},
-                                                     "spec": pod.spec()}}}
+            "spec": {"backoffLimit": 0, "template": pod.template()}}
 
 
 async def the_pod_of(running: Running, job: str) -> client.V1Pod:
@@ -348,7 +316,7 @@ async def test_a_pod_past_its_job_sets_max_time_queued_is_failed_although_its_qu
     assert queue["max_queued"] is None
     created = json.loads(lockgate_cli(
         running, "namespace", "create", "--queue", PATIENT, "--jobset", "impatient",
-        "--cluster", ALIAS, "--max-queued-time", "3s", "--kubeconfig-out",
+        "--cluster", running.alias, "--max-queued-time", "3s", "--kubeconfig-out",
         str(tmp_path / "coordinator.kubeconfig"), "-o", "json"))
     record = created["namespace"]
     assert record["max_queued"] == {"seconds": 3.0, "action": None}
@@ -381,7 +349,7 @@ async def test_a_pod_past_its_job_sets_max_time_queued_is_failed_although_its_qu
                                    what="an Event LockgateMaxQueuedTimeExceeded on the pod")
         assert written.type == "Warning" and "lockgate failed this pod" in written.message
         row = await running.db.fetchrow(
-            "SELECT max_queued, state FROM jobs WHERE cluster = $1 AND uid = $2", ALIAS,
+            "SELECT max_queued, state FROM jobs WHERE cluster = $1 AND uid = $2", running.alias,
             pod.metadata.uid)
         assert row is not None
         max_queued = row["max_queued"]

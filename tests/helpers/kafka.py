@@ -25,7 +25,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata
 from pydantic import ValidationError
 
-from helpers.waiting import eventually
+from helpers.waiting import eventually, until
 from lockgate.events import Topic
 from lockgate_adapters.kafka import ensure_topics
 
@@ -80,12 +80,15 @@ class TopicTail:
         # branches' tests, the demo) running on the same stack, e.g. older dead letters.
         self.undecodable = 0
         self._arrived = asyncio.Event()
+        self._read: dict[TopicPartition, int] = {}  # partition -> next offset not yet collected
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await ensure_topics(self.bootstrap, topics=list(self.topics.values()))
         self._consumer = await consumer_at_end(self.bootstrap, *self.topics)
+        for partition in self._consumer.assignment():
+            self._read[partition] = await self._consumer.position(partition)
         self._task = asyncio.create_task(self._collect(), name="topic-tail")
 
     async def stop(self) -> None:
@@ -111,7 +114,7 @@ class TopicTail:
         assert self._consumer is not None
         while True:
             batches = await self._consumer.getmany(timeout_ms=100)
-            for records in batches.values():
+            for partition, records in batches.items():
                 for record in records:
                     try:
                         event = self.topics[record.topic].decode(record.value or b"")
@@ -121,8 +124,23 @@ class TopicTail:
                     message = Published(event, dict(record.headers or ()), time.monotonic())
                     if await self.accept(message):
                         self.messages.append(message)
+                if records:
+                    self._read[partition] = records[-1].offset + 1
             if batches:
                 self._arrived.set()
+
+    async def caught_up(self, *, within: float = 30.0) -> None:
+        """Until the tail has collected everything published on its topics before the call: a
+        message that is not among `messages` then was not published before it."""
+        assert self._consumer is not None, "the tail is not started"
+        ends = await self._consumer.end_offsets(list(self._read))
+
+        def read_to_the_end() -> bool:
+            self._raise_if_collecting_failed()
+            return all(self._read.get(tp, 0) >= end for tp, end in ends.items())
+
+        await until(read_to_the_end, within=within,
+                    what=lambda: f"the tail to read {sorted(self.topics)} to the end")
 
     def events(self, predicate: Predicate = lambda event: True) -> list[Any]:
         return [m.event for m in self.messages if predicate(m.event)]
@@ -232,6 +250,35 @@ async def wait_committed_past(bootstrap: str, group_id: str, landed: Sequence[Re
                        for tp, offset in needed.items())
 
         await eventually(caught_up, within=within, what=f"group {group_id} to commit past them")
+    finally:
+        await admin.close()
+
+
+async def wait_consumed(bootstrap: str, topic: Topic[Any], *, groups: Sequence[str], what: str,
+                        within: float = 30) -> None:
+    """Until every group in `groups` has committed past everything on `topic` now: whatever was
+    published before the call (e.g. a command the admin API took) has been consumed by all."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer.topics()  # fetches the cluster's metadata
+        partitions = [TopicPartition(topic.name, p)
+                      for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
+        assert partitions, f"topic {topic.name} has no partitions"
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        for group in groups:
+            async def caught_up(group: str = group) -> bool:
+                committed = await admin.list_consumer_group_offsets(group)
+                return all(end == 0 or (tp in committed and committed[tp].offset >= end)
+                           for tp, end in ends.items())
+
+            await eventually(caught_up, within=within,
+                             what=f"group {group} to consume {what} on {topic.name}")
     finally:
         await admin.close()
 

@@ -1,12 +1,5 @@
-"""Kubernetes objects for tests: pods and deployments built like sentences, namespaces ready
-for pods, and reading or removing scheduling gates.
-
-    a_pod("worker").in_queue(queue).gated().requesting(cpu="1", memory="1Gi").manifest()
-    a_deployment("web").labelled({QUEUE_LABEL: queue}).with_replicas(2).of(a_pod("web"))
-
-Builders are immutable: every call returns a new builder, so one can serve as a template. Pods
-stop at once when deleted (grace period 0) and mount no service-account token: nothing runs in
-them (kwok only pretends), and a test's cleanup should not wait for them.
+"""Kubernetes for tests: namespaces ready for pods (and removed after), reading or removing
+scheduling gates, kubeconfigs through a relay. Pods themselves are built with helpers.pods.
 """
 
 from __future__ import annotations
@@ -15,170 +8,27 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL, SCHEDULING_GATE
-
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# kwok's stages for the stack's pods: a pod with this annotation completes after the duration,
-# and fails instead if it also carries FAIL_ANNOTATION.
-COMPLETE_ANNOTATION = "lockgate.io/complete-after"
-FAIL_ANNOTATION = "lockgate.io/fail"
-
-
-# ---------------------------------------------------------------- pods
-
-
-@dataclass(frozen=True)
-class PodBuilder:
-    name: str
-    namespace: str | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    gates: tuple[str, ...] = ()
-    requests: Mapping[str, str] = field(default_factory=dict)
-    limits: Mapping[str, str] = field(default_factory=dict)
-    node: str | None = None
-    tolerations: tuple[Mapping[str, str], ...] = ()
-    restart_policy: str | None = None
-    owners: tuple[Mapping[str, Any], ...] = ()
-    image: str = "registry.invalid/sleep:1"
-
-    def named(self, name: str) -> PodBuilder:
-        return replace(self, name=name)
-
-    def in_namespace(self, namespace: str) -> PodBuilder:
-        return replace(self, namespace=namespace)
-
-    def labelled(self, labels: Mapping[str, str] | None = None, **more: str) -> PodBuilder:
-        return replace(self, labels={**self.labels, **(labels or {}), **more})
-
-    def in_queue(self, queue: str) -> PodBuilder:
-        return self.labelled({QUEUE_LABEL: queue})
-
-    def in_jobset(self, jobset: str) -> PodBuilder:
-        return self.labelled({JOBSET_LABEL: jobset})
-
-    def annotated(self, annotations: Mapping[str, str]) -> PodBuilder:
-        return replace(self, annotations={**self.annotations, **annotations})
-
-    def gated(self, *gates: str) -> PodBuilder:
-        """With these scheduling gates, in this order (lockgate's gate when none is named)."""
-        return replace(self, gates=gates or (SCHEDULING_GATE,))
-
-    def requesting(self, **quantities: str) -> PodBuilder:
-        """Resource requests, e.g. requesting(cpu="250m", memory="64Mi")."""
-        return replace(self, requests={**self.requests, **quantities})
-
-    def limited_to(self, **quantities: str) -> PodBuilder:
-        return replace(self, limits={**self.limits, **quantities})
-
-    def on_node(self, node: str) -> PodBuilder:
-        """Bound directly to `node`, bypassing the scheduler (as unmanaged pods may be)."""
-        return replace(self, node=node)
-
-    def tolerating_kwok_nodes(self) -> PodBuilder:
-        return replace(self, tolerations=(
-            *self.tolerations, {"key": KWOK_NODE_ANNOTATION, "operator": "Exists"}))
-
-    def never_restarted(self) -> PodBuilder:
-        return replace(self, restart_policy="Never")
-
-    def completing_after(self, duration: str, *, failing: bool = False) -> PodBuilder:
-        """kwok ends the pod `duration` after it starts running: Succeeded, or Failed."""
-        ending = {COMPLETE_ANNOTATION: duration, **({FAIL_ANNOTATION: "true"} if failing else {})}
-        return self.annotated(ending)
-
-    def owned_by(self, reference: Mapping[str, Any]) -> PodBuilder:
-        return replace(self, owners=(*self.owners, reference))
-
-    def spec(self) -> dict[str, Any]:
-        container: dict[str, Any] = {"name": "main", "image": self.image}
-        if self.requests or self.limits:
-            container["resources"] = {"requests": dict(self.requests),
-                                      "limits": dict(self.limits)}
-        spec: dict[str, Any] = {
-            "containers": [container],
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-        }
-        if self.gates:
-            spec["schedulingGates"] = [{"name": gate} for gate in self.gates]
-        if self.node:
-            spec["nodeName"] = self.node
-        if self.tolerations:
-            spec["tolerations"] = [dict(t) for t in self.tolerations]
-        if self.restart_policy:
-            spec["restartPolicy"] = self.restart_policy
-        return spec
-
-    def metadata(self) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.name, "labels": dict(self.labels)}
-        if self.namespace:
-            metadata["namespace"] = self.namespace
-        if self.annotations:
-            metadata["annotations"] = dict(self.annotations)
-        if self.owners:
-            metadata["ownerReferences"] = [dict(o) for o in self.owners]
-        return metadata
-
-    def manifest(self) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": self.metadata(),
-                "spec": self.spec()}
-
-
-def a_pod(name: str) -> PodBuilder:
-    return PodBuilder(name)
-
-
-@dataclass(frozen=True)
-class DeploymentBuilder:
-    """A Deployment selecting its pods by `app=<name>`."""
-
-    name: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    replicas: int = 1
-    pod: PodBuilder = field(default_factory=lambda: PodBuilder("unused"))
-
-    def labelled(self, labels: Mapping[str, str]) -> DeploymentBuilder:
-        return replace(self, labels={**self.labels, **labels})
-
-    def with_replicas(self, replicas: int) -> DeploymentBuilder:
-        return replace(self, replicas=replicas)
-
-    def of(self, pod: PodBuilder) -> DeploymentBuilder:
-        """Replicas made from `pod`: its labels and spec (its name is not used)."""
-        return replace(self, pod=pod)
-
-    def manifest(self) -> dict[str, Any]:
-        selector = {"app": self.name}
-        return {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": self.name, "labels": dict(self.labels)},
-            "spec": {
-                "replicas": self.replicas,
-                "selector": {"matchLabels": selector},
-                "template": {"metadata": {"labels": {**selector, **self.pod.labels}},
-                             "spec": self.pod.spec()},
-            },
-        }
-
-
-def a_deployment(name: str) -> DeploymentBuilder:
-    return DeploymentBuilder(name)
-
+from lockgate.labels import SCHEDULING_GATE
 
 # ---------------------------------------------------------------- gates
 
 
 def gates_of(pod: client.V1Pod) -> list[str]:
     return [gate.name for gate in pod.spec.scheduling_gates or ()]
+
+
+async def held_by_its_gates(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    """kube-scheduler has seen the pod and holds it for its scheduling gates (its PodScheduled
+    condition says SchedulingGated): were it not gated, it would be scheduling it now."""
+    pod = await core.read_namespaced_pod(name, namespace)
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "SchedulingGated"
+               for c in pod.status.conditions or ())
 
 
 async def remove_first_gate(core: client.CoreV1Api, namespace: str, name: str,
@@ -228,14 +78,55 @@ class Namespaces:
         await wait_for_default_service_account(core, name)
         return name
 
-    async def delete_all(self) -> None:
-        """Delete the pods first, at once (grace 0), then the namespaces; no waiting for either."""
+    async def delete_all(self, *, pods_gone_within: float = 120.0) -> None:
+        """Delete each namespace's controllers, then its pods (at once, grace 0), wait until no
+        pod is left, then delete the namespaces (not awaited: no test reuses a name).
+
+        Why wait for the pods: they hold room on the nodes, and the next test may need all of
+        it. Why the controllers first: a ReplicaSet or Job would make new pods for the deleted
+        ones, ungated once the run's webhook is gone, until the namespace controller got round
+        to it.
+        """
         for cluster, name in reversed(self.created):
-            core = client.CoreV1Api(self._apis[cluster])
-            await _unless_gone(core.delete_collection_namespaced_pod(
-                name, grace_period_seconds=0))
-            await _unless_gone(core.delete_namespace(name))
+            api = self._apis[cluster]
+            await delete_controllers(api, name)
+            await delete_pods_until_none(client.CoreV1Api(api), name, within=pods_gone_within)
+            await _unless_gone(client.CoreV1Api(api).delete_namespace(name))
         self.created.clear()
+
+
+async def delete_controllers(api: client.ApiClient, namespace: str) -> None:
+    """Every Deployment, ReplicaSet, StatefulSet, DaemonSet and Job in the namespace."""
+    apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
+    for delete in (apps.delete_collection_namespaced_deployment,
+                   apps.delete_collection_namespaced_replica_set,
+                   apps.delete_collection_namespaced_stateful_set,
+                   apps.delete_collection_namespaced_daemon_set,
+                   batch.delete_collection_namespaced_job):
+        await _unless_gone(delete(namespace, propagation_policy="Background"))
+
+
+async def delete_pods_until_none(core: client.CoreV1Api, namespace: str, *,
+                                 within: float) -> None:
+    """Delete the namespace's pods at once (grace 0) until none is left (a controller being
+    deleted may still make one more)."""
+    deadline = time.monotonic() + within
+    while True:
+        await _unless_gone(core.delete_collection_namespaced_pod(namespace,
+                                                                 grace_period_seconds=0))
+        try:
+            left = (await core.list_namespaced_pod(namespace)).items
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            names = sorted(p.metadata.name for p in left)
+            raise AssertionError(f"timed out after {within:.0f}s waiting for the pods of "
+                                 f"namespace {namespace} to be gone: {names[:10]}")
+        await asyncio.sleep(0.2)
 
 
 async def _unless_gone(call: Awaitable[object]) -> None:

@@ -33,7 +33,8 @@ from devstack.manifests import (
     render_webhook_configuration,
 )
 from devstack.stack import StackInfo
-from helpers.kube import PodBuilder, a_deployment, a_pod, gates_of
+from helpers.kube import gates_of
+from helpers.pods import PodBuilder, a_deployment, a_pod
 from helpers.services import WebhookProcess, webhook_process
 from helpers.waiting import eventually
 from lockgate import queue_copies

@@ -21,22 +21,16 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import REGISTRY
 
 from cluster_watcher.app import compose
 from cluster_watcher.settings import WatcherSettings
 from cluster_watcher.watching import ResourceWatcher, WatchExpired, WatchOptions
 from devstack.kube import compact_etcd
 from helpers.kafka import TopicTail
-from helpers.kube import (
-    KWOK_NODE_ANNOTATION,
-    PodBuilder,
-    a_pod,
-    kubeconfig_through,
-    remove_first_gate,
-    server_port,
-    temporary_namespaces,
-)
+from helpers.kube import kubeconfig_through, remove_first_gate, server_port, temporary_namespaces
 from helpers.network import TcpRelay
+from helpers.pods import KWOK_NODE_ANNOTATION, PodBuilder, a_pod
 from helpers.services import FAST_RETRY, service_in_process, watcher_process
 from helpers.waiting import until
 from lockgate.events import (
@@ -62,6 +56,17 @@ TOPICS = (POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY)
 
 
 # Reading what the watcher published
+
+
+def watch_failures(cluster: str, resource: str = "pods") -> float:
+    """The in-process watcher's failed lists or watches of `resource` in `cluster` so far."""
+    return REGISTRY.get_sample_value("lockgate_watcher_watch_failures_total",
+                                     {"cluster": cluster, "resource": resource}) or 0.0
+
+
+def pending_events() -> float:
+    """Events the in-process watcher has seen and Kafka has not acknowledged."""
+    return REGISTRY.get_sample_value("lockgate_watcher_pending_events") or 0.0
 
 
 def pod_events(cluster: str, uid: str) -> Callable[[Any], bool]:
@@ -369,9 +374,11 @@ async def test_an_apiserver_outage_makes_the_watcher_unready_then_it_relists_wha
             await until(lambda: not ctx.readiness.ready, within=30,
                         what="the watcher to notice the outage")
             assert not ctx.readiness.report()[f"{cluster}/pods"]["ready"]
+            failed_before = watch_failures(cluster)
             name = f"during-outage-{uuid.uuid4().hex[:6]}"
             uid = await create_pod(core, gated_pod(name))
-            await asyncio.sleep(1)  # a few failed reconnects
+            await until(lambda: watch_failures(cluster) >= failed_before + 2, within=30,
+                        what="a few failed reconnects of the pods' watch")
             await forwarder.start()
             queued: PodEvent = await tail.wait_for(pod_event_in(cluster, uid, JobState.QUEUED),
                                                    what="the pod created during the outage")
@@ -398,8 +405,10 @@ async def test_while_kafka_is_unreachable_the_watcher_keeps_what_it_saw_and_send
                                    f"127.0.0.1:{forwarder.port}", wait_ready=False) as ctx:
             await until(lambda: ctx.readiness.report().get(f"{cluster}/pods", {}).get("ready")
                         is True, within=30, what="pods watched")
+            pending_before = pending_events()
             uid = await create_pod(core, gated_pod(name))
-            await asyncio.sleep(2)
+            await until(lambda: pending_events() > pending_before, within=30,
+                        what="the watcher to hold the pod's event, unsent")
             report = ctx.readiness.report()
             assert not ctx.readiness.ready and not report["kafka"]["ready"], report
             assert not tail.events(pod_events(cluster, uid))

@@ -36,8 +36,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.stack import StackInfo
-from helpers.kube import a_pod, gates_of
+from helpers.kube import gates_of
 from helpers.network import TcpRelay
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate import namespace_access as access

@@ -34,7 +34,8 @@ from devstack.manifests import (
     render_webhook_configuration,
 )
 from devstack.stack import StackInfo
-from helpers.kube import a_pod, gates_of
+from helpers.kube import gates_of
+from helpers.pods import a_pod
 from helpers.waiting import eventually
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 

@@ -9,7 +9,6 @@ Schedulers run in this process (or, to be SIGKILLed, as a subprocess).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -205,6 +204,29 @@ def leading(ctx: ServiceContext) -> bool:
     return ctx.readiness.report().get("leader", {}).get("ready") is True
 
 
+def standing_by(ctx: ServiceContext) -> bool:
+    """It tried to take the lead and found another instance holding it."""
+    return ctx.readiness.report().get("leader", {}).get("detail") == "standby"
+
+
+async def round_finished(ctx: ServiceContext, *, releasing: int) -> dict[str, Any]:
+    """Until the leader reports a finished round that released `releasing` jobs; its report.
+
+    The report is written after the round has published every command, so nothing more of
+    that round may come; and no other round runs without a change (safety rounds are rare).
+    """
+    seen: list[Any] = [None]
+
+    async def finished() -> dict[str, Any] | None:
+        report = await fairness_report(ctx.health.bound_port)
+        seen[0] = report.get("last_round")
+        return report if seen[0] and seen[0]["decisions"] == releasing else None
+
+    found: dict[str, Any] = await eventually(
+        finished, within=30, what=lambda: f"a round releasing {releasing} (last: {seen[0]})")
+    return found
+
+
 async def prometheus_text(ctx: ServiceContext) -> str:
     async with aiohttp.ClientSession() as session, session.get(
             f"http://127.0.0.1:{ctx.health.bound_port}/metrics") as response:
@@ -226,7 +248,7 @@ async def test_releases_within_capacity_recording_each_decision_before_publishin
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
         await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(8)
-        await asyncio.sleep(0.5)  # nothing more may come: the pool holds 8 such jobs
+        await round_finished(ctx, releasing=8)  # the pool holds 8 such jobs: nothing more
 
     assert len(commands.commands) == 8
     assert all(commands.recorded_first.values()), commands.recorded_first
@@ -284,8 +306,7 @@ async def test_weights_and_the_fairness_report(
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
         await until(lambda: leading(ctx), within=30, what="leadership")
         await commands.wait_for_count(6)
-        await asyncio.sleep(0.3)
-        report = await fairness_report(ctx.health.bound_port)
+        report = await round_finished(ctx, releasing=6)
         metrics = await prometheus_text(ctx)
 
     by_queue = {p.queue: 0 for p in commands.commands}
@@ -354,8 +375,8 @@ async def test_a_release_left_unanswered_is_published_again(
     settings = scheduler_settings(store, kafka_bootstrap, "s1", republish_after_seconds=1.0)
     async with running_scheduler(settings) as ctx:
         await until(lambda: leading(ctx), within=30, what="leadership")
-        await commands.wait_for_count(2, within=10)  # once on taking over, once a while later
-        await asyncio.sleep(0.3)
+        # Once on taking over, then every republish interval: the answered one never.
+        await commands.wait_for_count(3, within=10)
 
     assert {p.decision_id for p in commands.commands} == {"d-unanswered"}
     assert await store.decisions_per_job() == {(cluster, unanswered): 1, (cluster, answered): 1}
@@ -375,7 +396,7 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
         await until(lambda: leading(one), within=30, what="the first leader")
         async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "two")) as two:
             await commands.wait_for_count(4)
-            await asyncio.sleep(0.5)
+            await until(lambda: standing_by(two), within=30, what="two to try and stand by")
             assert not leading(two), "two leaders at once"
             assert {p.uid for p in commands.commands} == set(first[:4])
 
@@ -392,7 +413,7 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
             # The new leader carries on: freed capacity goes to the queued jobs.
             await store.set_state(cluster, first[:2], "succeeded")
             await commands.wait_for_count(6, within=10)
-            await asyncio.sleep(0.5)
+            await round_finished(two, releasing=2)
 
     assert sorted(commands.uids()) == sorted(first)
     assert len(commands.commands) == 6
@@ -459,7 +480,7 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
 
                 await store.set_state(cluster, first[:2], "succeeded")
                 await commands.wait_for_count(6, within=10)
-                await asyncio.sleep(0.5)
+                await round_finished(standby, releasing=2)
     finally:
         relay.thaw()
         await relay.sever()
@@ -469,6 +490,12 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
     assert all(n == 1 for n in (await store.decisions_per_job()).values())
     decided_by = dict(await store.pool.fetch("SELECT uid, decided_by FROM release_decisions"))
     assert [decided_by[uid] for uid in first] == ["frozen"] * 4 + ["standby"] * 2
+
+
+async def _waiting_for_a_lock(store: Store, backend: int | None) -> bool:
+    kind = await store.pool.fetchval(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", backend)
+    return bool(kind == "Lock")
 
 
 async def _leader_changed(store: Store, old_backend: int) -> bool:
@@ -498,13 +525,13 @@ async def test_a_standby_takes_over_from_a_killed_leader_process(
         await process.wait_ready(60)
         await commands.wait_for_count(3)
         async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "standby")) as ctx:
-            await asyncio.sleep(0.5)
+            await until(lambda: standing_by(ctx), within=30, what="the standby to stand by")
             assert not leading(ctx)
             await process.kill()
             await until(lambda: leading(ctx), within=15, what="the standby to lead")
             await store.set_state(cluster, first[:2], "succeeded")
             await commands.wait_for_count(5, within=10)
-            await asyncio.sleep(0.5)
+            await round_finished(ctx, releasing=2)
     finally:
         await process.kill()
 
@@ -531,7 +558,8 @@ async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
 
     async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "s1")) as ctx:
         await until(lambda: leading(ctx), within=30, what="leadership")
-        await asyncio.sleep(0.3)  # loaded; the job waits: its cluster has no node yet
+        # Loaded, and a first round run: the job waits, its cluster has no node yet.
+        await round_finished(ctx, releasing=0)
         async with store.pool.acquire() as deleting:
             deleting_transaction = deleting.transaction()
             await deleting_transaction.start()
@@ -545,7 +573,10 @@ async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
                     " VALUES ($1, 'n1', $2::text::jsonb, now())",
                     cluster, json.dumps({"cpu": CPU, "memory": 16 * GIB}))
                 await store.pool.execute("SELECT pg_notify($1, 'node')", CHANGES_CHANNEL)
-                await asyncio.sleep(0.5)  # the round decided, and its write waits for the lock
+                # The round decided, and its write waits for the lock.
+                backend = await store.leader_backend()
+                await eventually(lambda: _waiting_for_a_lock(store, backend), within=30,
+                                 what="the leader's write to wait for the change-feed lock")
             finally:
                 await deleting_transaction.commit()
         # The room the doomed job would have taken goes to the next job.

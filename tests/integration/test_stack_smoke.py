@@ -18,7 +18,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from helpers.kube import a_deployment, a_pod, remove_first_gate
+from helpers.kube import remove_first_gate
+from helpers.pods import a_deployment, a_pod
 from helpers.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -49,8 +50,8 @@ async def test_gated_pod_waits_until_the_gate_is_removed_then_binds_and_runs(
 
     cond = await eventually(gated_condition, within=60, every=0.1,
                             what="the PodScheduled condition")
+    # kube-scheduler has judged the pod: it holds it for its gate, instead of binding it.
     assert (cond.status, cond.reason) == ("False", "SchedulingGated")
-    await asyncio.sleep(1.0)  # time enough for kube-scheduler to bind it, were it not gated
     pod = await core.read_namespaced_pod("gated", ns)
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"

@@ -10,7 +10,6 @@ read back from Kafka.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 import uuid
@@ -36,8 +35,10 @@ from helpers.kafka import (
     max_message_bytes,
     produce_raw,
     wait_committed_past,
+    wait_consumed,
 )
-from helpers.kube import a_pod, gates_of, kubeconfig_through, temporary_namespaces
+from helpers.kube import gates_of, held_by_its_gates, kubeconfig_through, temporary_namespaces
+from helpers.pods import a_pod
 from helpers.services import FAST_RETRY, service_in_process
 from helpers.waiting import eventually, until
 from lockgate.events import (
@@ -95,6 +96,7 @@ class RunningUngater:
     ctx: ServiceContext
     producer: AIOKafkaProducer
     tail: OutcomeTail
+    group: str  # its consumer group of release commands
 
     async def command(self, *, cluster: str, namespace: str, name: str, uid: str,
                       decision_id: str | None = None) -> ReleaseCommand:
@@ -154,7 +156,7 @@ async def ungater(served_clusters: dict[str, str], kafka_bootstrap: str,
                 settings, compose, name="ungater-under-test",
                 ready=lambda ctx: ctx.readiness.report().get("kafka", {}).get("ready") is True
         ) as ctx:
-            yield RunningUngater(ctx, producer, tail)
+            yield RunningUngater(ctx, producer, tail, settings.consumer_group)
     finally:
         await producer.stop()
 
@@ -249,8 +251,10 @@ async def test_an_ungated_pod_binds_and_runs(
     for cluster, api in kube_clients.items():
         namespace = namespaces[cluster]
         name, uid = await create_pod(api, namespace, [SCHEDULING_GATE])
-        await asyncio.sleep(1)
-        pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+        core = client.CoreV1Api(api)
+        await eventually(partial(held_by_its_gates, core, namespace, name), within=60,
+                         every=0.2, what=f"kube-scheduler to hold pod {name} for its gate")
+        pod = await core.read_namespaced_pod(name, namespace)
         assert pod.spec.node_name is None, "a gated pod was bound"
         command = await ungater.command(cluster=ALIAS[cluster], namespace=namespace, name=name,
                                         uid=uid)
@@ -275,10 +279,12 @@ async def test_commands_for_clusters_not_served_are_left_alone(
                                     name=name, uid=uid)
     served = await ungater.command(cluster=ALIAS["cluster-b"], namespace=namespaces["cluster-b"],
                                    name=f"never-{SUFFIX}", uid=str(uuid.uuid4()))
-    # Commands are handled in order of their batch: once a later one is settled, the foreign
-    # one has been seen and skipped.
     await ungater.tail.outcome_of(served.decision_id)
-    await asyncio.sleep(0.5)
+    # The ungater has consumed the foreign command (it publishes an outcome before it commits),
+    # and the tail has read every outcome published until then: none is the foreign one's.
+    await wait_consumed(ungater.tail.bootstrap, RELEASE_COMMANDS, groups=[ungater.group],
+                        what="the foreign command")
+    await ungater.tail.caught_up()
     assert not ungater.tail.decided(foreign.decision_id)
     assert await gates_now(api, namespace, name) == [SCHEDULING_GATE]
 

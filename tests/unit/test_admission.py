@@ -21,6 +21,7 @@ from cryptography import x509
 from admission_webhook.certificates import RENEW_BEFORE, ensure_certificates, needs_renewal
 from admission_webhook.cluster_lookups import TtlCache
 from admission_webhook.settings import WebhookSettings
+from helpers.pods import a_pod
 from lockgate.admission import (
     AdmissionRequest,
     Decision,
@@ -49,27 +50,7 @@ from lockgate.queues import NamespaceBinding, QueueSpec
 NS = "team-a"
 MANAGED = {"lockgate.io/managed": "true"}
 OPEN = QueueLookup(QueueStatus.OPEN)
-
-
-def make_pod(
-    *,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    gates: list[str] | None = None,
-    node_name: str | None = None,
-    name: str = "worker-1",
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": NS}
-    if labels is not None:
-        metadata["labels"] = labels
-    if annotations is not None:
-        metadata["annotations"] = annotations
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
-    if gates is not None:
-        spec["schedulingGates"] = [{"name": gate} for gate in gates]
-    if node_name is not None:
-        spec["nodeName"] = node_name
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+POD = a_pod("worker-1").in_namespace(NS)  # what a user sends: no gates, labels or annotations
 
 
 def make_review(
@@ -125,7 +106,7 @@ def apply_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> dict[s
 @dataclass
 class Case:
     id: str
-    pod: dict[str, Any] | None = field(default_factory=make_pod)
+    pod: dict[str, Any] | None = field(default_factory=POD.manifest)
     namespace_labels: dict[str, str] | None = field(default_factory=lambda: dict(MANAGED))
     owners: list[OwnerLabels] = field(default_factory=list)
     queue: QueueLookup | None = OPEN
@@ -139,10 +120,10 @@ class Case:
 
 
 CASES = [
-    Case("pod labels", pod=make_pod(labels={QUEUE_LABEL: "q1", JOBSET_LABEL: "js"}),
+    Case("pod labels", pod=POD.labelled({QUEUE_LABEL: "q1", JOBSET_LABEL: "js"}).manifest(),
          want_queue="q1", want_jobset="js", want_sources={"queue": "pod", "jobset": "pod"}),
     Case("queue from pod, jobset falls back to the namespace name",
-         pod=make_pod(labels={QUEUE_LABEL: "q1"}), want_queue="q1", want_jobset=NS,
+         pod=POD.labelled({QUEUE_LABEL: "q1"}).manifest(), want_queue="q1", want_jobset=NS,
          want_sources={"queue": "pod", "jobset": "default:namespace-name"}),
     Case("labels from the Deployment through its ReplicaSet",
          owners=[owner("ReplicaSet", "web-5d9c"),
@@ -159,7 +140,7 @@ CASES = [
          want_queue="nsq", want_jobset="nsjs",
          want_sources={"queue": f"namespace/{NS}", "jobset": f"namespace/{NS}"}),
     Case("pod labels win over owners and namespace",
-         pod=make_pod(labels={QUEUE_LABEL: "podq"}),
+         pod=POD.labelled({QUEUE_LABEL: "podq"}).manifest(),
          owners=[owner("StatefulSet", "db", **{QUEUE_LABEL: "ownerq", JOBSET_LABEL: "db"})],
          namespace_labels={**MANAGED, QUEUE_LABEL: "nsq", JOBSET_LABEL: "nsjs"},
          want_queue="podq", want_jobset="db",
@@ -170,7 +151,7 @@ CASES = [
          want_queue="ownerq", want_jobset="nsjs",
          want_sources={"queue": "Deployment/web", "jobset": f"namespace/{NS}"}),
     Case("an empty label value counts as unset",
-         pod=make_pod(labels={QUEUE_LABEL: ""}),
+         pod=POD.labelled({QUEUE_LABEL: ""}).manifest(),
          namespace_labels={**MANAGED, QUEUE_LABEL: "nsq"}, want_queue="nsq", want_jobset=NS),
     Case("an unreadable owner is skipped and recorded",
          owners=[unreadable("ReplicaSet", "web-5d9c")],
@@ -181,7 +162,7 @@ CASES = [
          want_message=[f"pod {NS}/worker-1 has no queue: set label {QUEUE_LABEL} on the pod "
                        f"or namespace {NS}"]),
     Case("a pod named by generateName is described by its prefix",
-         pod={**make_pod(), "metadata": {"generateName": "web-5d9c-"}},
+         pod={**POD.manifest(), "metadata": {"generateName": "web-5d9c-"}},
          want_outcome=Outcome.DENIED, want_message=[f"pod {NS}/web-5d9c-* has no queue"]),
     Case("no queue anywhere, with owners", want_outcome=Outcome.DENIED,
          owners=[owner("ReplicaSet", "web-5d9c"), owner("Deployment", "web")],
@@ -190,7 +171,7 @@ CASES = [
     Case("no queue, and an owner was unreadable", want_outcome=Outcome.DENIED,
          owners=[unreadable("ReplicaSet", "web-5d9c")],
          want_message=["has no queue", "lockgate could not read ReplicaSet/web-5d9c"]),
-    Case("unknown queue", pod=make_pod(labels={QUEUE_LABEL: "nope"}),
+    Case("unknown queue", pod=POD.labelled({QUEUE_LABEL: "nope"}).manifest(),
          queue=QueueLookup(QueueStatus.MISSING, existing=("beta", "alpha")),
          want_outcome=Outcome.DENIED,
          want_message=['queue "nope" does not exist; create it with '
@@ -210,26 +191,26 @@ CASES = [
                        f"'lockgate queue update team-b --namespace c1/{NS}'",
                        f"({QUEUE_LABEL} from Job/etl)"]),
     Case("unknown queue, many exist: suggestions are bounded",
-         pod=make_pod(labels={QUEUE_LABEL: "nope"}),
+         pod=POD.labelled({QUEUE_LABEL: "nope"}).manifest(),
          queue=QueueLookup(QueueStatus.MISSING, existing=tuple(f"q{i:02}" for i in range(25))),
          want_outcome=Outcome.DENIED, want_message=["q00, q01", "q09 (and 15 more)"]),
-    Case("cordoned queue", pod=make_pod(labels={QUEUE_LABEL: "frozen"}),
+    Case("cordoned queue", pod=POD.labelled({QUEUE_LABEL: "frozen"}).manifest(),
          queue=QueueLookup(QueueStatus.CORDONED), want_outcome=Outcome.DENIED,
          want_message=['queue "frozen" is cordoned', "lockgate queue update frozen --uncordon"]),
-    Case("queue could not be checked", pod=make_pod(labels={QUEUE_LABEL: "q1"}), queue=None,
+    Case("queue could not be checked", pod=POD.labelled({QUEUE_LABEL: "q1"}).manifest(), queue=None,
          want_outcome=Outcome.UNVERIFIABLE,
          want_message=['lockgate cannot verify queue "q1" right now, retry']),
     Case("namespace could not be read", namespace_labels=None, want_outcome=Outcome.UNVERIFIABLE,
          want_message=[f"lockgate cannot verify the labels of namespace {NS} right now, retry"]),
     Case("invalid queue label value on the pod",
-         pod=make_pod(labels={QUEUE_LABEL: "-bad-"}), want_outcome=Outcome.DENIED,
+         pod=POD.labelled({QUEUE_LABEL: "-bad-"}).manifest(), want_outcome=Outcome.DENIED,
          want_message=[f"label {QUEUE_LABEL}='-bad-' is not a valid label value",
                        "(on the pod)"]),
     Case("a valid label value that is no valid queue name",
          namespace_labels={**MANAGED, QUEUE_LABEL: "Team_A"}, want_outcome=Outcome.DENIED,
          want_message=["queue name 'Team_A' is invalid", f"(from namespace/{NS})"]),
     Case("invalid jobset label value",
-         pod=make_pod(labels={QUEUE_LABEL: "q1", JOBSET_LABEL: "x" * 64}),
+         pod=POD.labelled({QUEUE_LABEL: "q1", JOBSET_LABEL: "x" * 64}).manifest(),
          want_outcome=Outcome.DENIED, want_message=[f"label {JOBSET_LABEL}="]),
     Case("unmanaged namespace", namespace_labels={}, want_outcome=Outcome.UNCHANGED,
          want_message=[f"namespace {NS} is not managed"]),
@@ -240,7 +221,7 @@ CASES = [
          want_message=["namespace kube-system is never managed"]),
     Case("kube-node-lease", review={"namespace": "kube-node-lease"},
          namespace="kube-node-lease", want_outcome=Outcome.UNCHANGED),
-    Case("pod already bound to a node", pod=make_pod(node_name="node-1"),
+    Case("pod already bound to a node", pod=POD.on_node("node-1").manifest(),
          want_outcome=Outcome.UNCHANGED, want_message=["already bound to node node-1"]),
     Case("UPDATE is not mutated", review={"operation": "UPDATE"},
          want_outcome=Outcome.UNCHANGED),
@@ -285,7 +266,7 @@ def gate(pod: dict[str, Any], namespace_labels: dict[str, str] | None = None) ->
 
 
 def test_other_gates_are_kept_and_ours_appended() -> None:
-    pod = make_pod(labels={QUEUE_LABEL: "q1"}, gates=["example.com/other"])
+    pod = POD.labelled({QUEUE_LABEL: "q1"}).with_gates("example.com/other").manifest()
     patched = apply_patch(pod, list(gate(pod).patch))
     assert patched["spec"]["schedulingGates"] == [
         {"name": "example.com/other"}, {"name": SCHEDULING_GATE},
@@ -293,13 +274,14 @@ def test_other_gates_are_kept_and_ours_appended() -> None:
 
 
 def test_gate_is_not_added_twice() -> None:
-    pod = make_pod(labels={QUEUE_LABEL: "q1"}, gates=[SCHEDULING_GATE, "example.com/other"])
+    pod = (POD.labelled({QUEUE_LABEL: "q1"}).with_gates(SCHEDULING_GATE, "example.com/other")
+           .manifest())
     patch = gate(pod).patch
     assert not any(op["path"].startswith("/spec") for op in patch)
 
 
 def test_other_labels_and_annotations_are_kept() -> None:
-    pod = make_pod(labels={"app": "web", QUEUE_LABEL: "q1"}, annotations={"note": "keep"})
+    pod = POD.labelled({"app": "web", QUEUE_LABEL: "q1"}).annotated({"note": "keep"}).manifest()
     patched = apply_patch(pod, list(gate(pod).patch))
     assert patched["metadata"]["labels"] == {"app": "web", QUEUE_LABEL: "q1", JOBSET_LABEL: NS}
     assert patched["metadata"]["annotations"]["note"] == "keep"
@@ -307,7 +289,7 @@ def test_other_labels_and_annotations_are_kept() -> None:
 
 def test_reinvocation_changes_nothing() -> None:
     """A second call (reinvocationPolicy IfNeeded) on our own output patches nothing."""
-    pod = make_pod(labels={"app": "web"})
+    pod = POD.labelled({"app": "web"}).manifest()
     namespace_labels = {**MANAGED, QUEUE_LABEL: "nsq"}
     once = apply_patch(pod, list(gate(pod, namespace_labels).patch))
     again = gate(once, namespace_labels)
@@ -322,7 +304,7 @@ TRACEPARENT = "00-6f1c2d3e4a5b4c6d8e9f0a1b2c3d4e5f-0123456789abcdef-01"
 
 
 def test_a_gated_pod_records_the_review_trace_once() -> None:
-    pod = make_pod(labels={QUEUE_LABEL: "q1"})
+    pod = POD.labelled({QUEUE_LABEL: "q1"}).manifest()
     request = AdmissionRequest.from_review(make_review(pod))
     decision = decide(request=request, namespace_labels=dict(MANAGED), owners=[], queue=OPEN,
                       trace_parent=TRACEPARENT)
@@ -338,7 +320,7 @@ def test_a_gated_pod_records_the_review_trace_once() -> None:
 
 
 def test_label_key_is_escaped_in_the_patch_path() -> None:
-    pod = make_pod(labels={"app": "web"}, annotations={})
+    pod = POD.labelled({"app": "web"}).annotated({}).manifest()
     paths = {op["path"] for op in gate(pod, {**MANAGED, QUEUE_LABEL: "q"}).patch}
     assert "/metadata/labels/lockgate.io~1queue" in paths
     assert "/metadata/annotations/lockgate.io~1labels-from" in paths
@@ -356,21 +338,21 @@ def test_label_key_is_escaped_in_the_patch_path() -> None:
 def test_owner_labels_are_needed_only_when_the_pod_lacks_its_own(
     pod_labels: dict[str, str], namespace_labels: dict[str, str], want: bool
 ) -> None:
-    request = AdmissionRequest.from_review(make_review(make_pod(labels=pod_labels)))
+    request = AdmissionRequest.from_review(make_review(POD.labelled(pod_labels).manifest()))
     assert needs_owner_labels(request, namespace_labels) is want
 
 
 def test_queue_to_check() -> None:
     deployment = [owner("Deployment", "web", **{QUEUE_LABEL: "ownerq"})]
-    request = AdmissionRequest.from_review(make_review(make_pod()))
+    request = AdmissionRequest.from_review(make_review(POD.manifest()))
     assert queue_to_check(request, MANAGED, deployment) == "ownerq"
     assert queue_to_check(request, MANAGED, []) is None  # no queue: denied without a lookup
-    bound = AdmissionRequest.from_review(make_review(make_pod(node_name="n1")))
+    bound = AdmissionRequest.from_review(make_review(POD.on_node("n1").manifest()))
     assert queue_to_check(bound, {**MANAGED, QUEUE_LABEL: "q"}, []) is None
     assert exemption(bound) is not None
     # A bound pod naming a queue itself: that queue must be open to it (it counts as a job).
     labelled = AdmissionRequest.from_review(make_review(
-        make_pod(node_name="n1", labels={QUEUE_LABEL: "q"})))
+        POD.on_node("n1").labelled({QUEUE_LABEL: "q"}).manifest()))
     assert exemption(labelled) is None
     assert not needs_owner_labels(labelled, MANAGED)
     assert queue_to_check(labelled, {**MANAGED, QUEUE_LABEL: "other"}, deployment) == "q"
@@ -382,7 +364,7 @@ def test_queue_to_check() -> None:
 def test_a_pod_bound_at_creation_may_name_only_a_queue_open_to_its_namespace(
         status: QueueStatus, want: Outcome) -> None:
     request = AdmissionRequest.from_review(make_review(
-        make_pod(node_name="n1", labels={QUEUE_LABEL: "q"})))
+        POD.on_node("n1").labelled({QUEUE_LABEL: "q"}).manifest()))
     decision = decide(request=request, namespace_labels=MANAGED, owners=[],
                       queue=QueueLookup(status, existing=("mine",)))
     assert decision.outcome is want
@@ -407,7 +389,7 @@ def test_malformed_reviews_are_rejected(body: object) -> None:
 
 
 def test_response_for_a_gated_pod_carries_a_base64_json_patch() -> None:
-    pod = make_pod(labels={QUEUE_LABEL: "q1"})
+    pod = POD.labelled({QUEUE_LABEL: "q1"}).manifest()
     decision = gate(pod)
     response = admission_response("uid-1", decision)["response"]
     assert response["uid"] == "uid-1" and response["allowed"] is True
@@ -416,7 +398,7 @@ def test_response_for_a_gated_pod_carries_a_base64_json_patch() -> None:
 
 
 def test_response_for_unchanged_has_no_patch() -> None:
-    decision = gate(make_pod(), namespace_labels={"other": "x"})
+    decision = gate(POD.manifest(), namespace_labels={"other": "x"})
     response = admission_response("uid-2", decision)["response"]
     assert response == {"uid": "uid-2", "allowed": True}
 
@@ -426,7 +408,7 @@ def test_response_for_unchanged_has_no_patch() -> None:
     [(QueueLookup(QueueStatus.CORDONED), 403, "Forbidden"), (None, 503, "ServiceUnavailable")],
 )
 def test_response_for_refusals(queue: QueueLookup | None, code: int, reason: str) -> None:
-    request = AdmissionRequest.from_review(make_review(make_pod(labels={QUEUE_LABEL: "q"})))
+    request = AdmissionRequest.from_review(make_review(POD.labelled({QUEUE_LABEL: "q"}).manifest()))
     decision = decide(request=request, namespace_labels=MANAGED, owners=[], queue=queue)
     response = admission_response("uid-3", decision)["response"]
     assert response["allowed"] is False
@@ -437,7 +419,7 @@ def test_response_for_refusals(queue: QueueLookup | None, code: int, reason: str
 
 
 def test_response_warns_about_unreadable_owners() -> None:
-    request = AdmissionRequest.from_review(make_review(make_pod(labels={QUEUE_LABEL: "q"})))
+    request = AdmissionRequest.from_review(make_review(POD.labelled({QUEUE_LABEL: "q"}).manifest()))
     decision = decide(request=request, namespace_labels=MANAGED,
                       owners=[unreadable("ReplicaSet", "rs-1")], queue=OPEN)
     warnings = admission_response("uid-4", decision)["response"]["warnings"]
@@ -617,7 +599,7 @@ def test_a_queue_is_usable_only_from_the_namespaces_bound_to_it(
 def test_a_namespace_label_cannot_smuggle_in_another_teams_queue() -> None:
     """The namespace (not only the pod) naming a queue it may not use is refused too."""
     labels = {**MANAGED, QUEUE_LABEL: "team-b"}
-    request = AdmissionRequest.from_review(make_review(make_pod()))
+    request = AdmissionRequest.from_review(make_review(POD.manifest()))
     lookup = lookup_queue("team-b", queues=QUEUES, cluster="c1", namespace=NS,
                           namespace_labels=labels)
     decision = decide(request=request, namespace_labels=labels, owners=[], queue=lookup)
@@ -675,7 +657,7 @@ def gate_in(pod: dict[str, Any], namespace_annotations: dict[str, str]) -> Decis
 def test_an_unreadable_max_queued_time_is_refused_saying_what_to_write(
         pod_annotations: dict[str, str], namespace_annotations: dict[str, str],
         want_in_message: str) -> None:
-    decision = gate_in(make_pod(labels={QUEUE_LABEL: "q1"}, annotations=pod_annotations),
+    decision = gate_in(POD.labelled({QUEUE_LABEL: "q1"}).annotated(pod_annotations).manifest(),
                        namespace_annotations)
     assert decision.outcome is Outcome.DENIED
     assert want_in_message in decision.message
@@ -683,15 +665,16 @@ def test_an_unreadable_max_queued_time_is_refused_saying_what_to_write(
 
 def test_the_namespace_stamps_its_max_queued_time_on_its_pods_and_the_shorter_wins() -> None:
     namespace = {MAX_QUEUED_TIME_ANNOTATION: "30m", ON_MAX_QUEUED_ANNOTATION: "delete"}
-    plain = apply_patch(make_pod(labels={QUEUE_LABEL: "q1"}),
-                        list(gate_in(make_pod(labels={QUEUE_LABEL: "q1"}), namespace).patch))
+    in_q1 = POD.labelled({QUEUE_LABEL: "q1"}).manifest()
+    plain = apply_patch(in_q1, list(gate_in(in_q1, namespace).patch))
     assert plain["metadata"]["annotations"][MAX_QUEUED_TIME_ANNOTATION] == "1800s"
     assert plain["metadata"]["annotations"][ON_MAX_QUEUED_ANNOTATION] == "delete"
     # The pod's own shorter time and its own action win; the namespace's shorter time wins.
-    pod = make_pod(labels={QUEUE_LABEL: "q1"}, annotations={
-        MAX_QUEUED_TIME_ANNOTATION: "10m", ON_MAX_QUEUED_ANNOTATION: "fail"})
+    pod = POD.labelled({QUEUE_LABEL: "q1"}).annotated({
+        MAX_QUEUED_TIME_ANNOTATION: "10m", ON_MAX_QUEUED_ANNOTATION: "fail"}).manifest()
     assert gate_in(pod, namespace).patch == gate(pod).patch  # nothing stamped
-    longer = make_pod(labels={QUEUE_LABEL: "q1"}, annotations={MAX_QUEUED_TIME_ANNOTATION: "2h"})
+    longer = (POD.labelled({QUEUE_LABEL: "q1"}).annotated({MAX_QUEUED_TIME_ANNOTATION: "2h"})
+              .manifest())
     stamped = apply_patch(longer, list(gate_in(longer, namespace).patch))
     assert stamped["metadata"]["annotations"][MAX_QUEUED_TIME_ANNOTATION] == "1800s"
     # Reinvoked on its own output, nothing more is written.
@@ -699,6 +682,6 @@ def test_the_namespace_stamps_its_max_queued_time_on_its_pods_and_the_shorter_wi
 
 
 def test_a_pod_without_any_max_queued_time_gets_no_such_annotation() -> None:
-    pod = make_pod(labels={QUEUE_LABEL: "q1"})
+    pod = POD.labelled({QUEUE_LABEL: "q1"}).manifest()
     patched = apply_patch(pod, list(gate_in(pod, {"other": "x"}).patch))
     assert MAX_QUEUED_TIME_ANNOTATION not in patched["metadata"]["annotations"]

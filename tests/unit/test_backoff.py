@@ -285,10 +285,12 @@ def test_a_cordoned_queue_is_said_before_a_back_off() -> None:
 
 
 def _replica(owners: list[dict[str, object]]) -> dict[str, object]:
-    return {"metadata": {"name": "rs-x", "namespace": "ns", "uid": "pod-uid",
-                         "labels": {"lockgate.io/queue": "a"},
-                         "creationTimestamp": "2026-01-01T00:00:00Z", "ownerReferences": owners},
-            "spec": {"containers": []}, "status": {"phase": "Pending"}}
+    from helpers.pods import a_pod
+
+    pod = a_pod("rs-x").in_namespace("ns").with_uid("pod-uid").in_queue("a")
+    for owner in owners:
+        pod = pod.owned_by(owner)
+    return pod.obj()
 
 
 def test_the_watcher_reports_the_uid_of_the_controlling_owner_only() -> None:

@@ -205,15 +205,15 @@ def test_within_a_queue_higher_priority_goes_first_then_older() -> None:
 
 
 def test_the_webhook_refuses_a_bad_group_and_gates_a_good_one() -> None:
-    from test_admission import gate, make_pod
+    from test_admission import POD, gate
 
     from lockgate.admission import Outcome
     from lockgate.labels import QUEUE_LABEL
 
-    good = make_pod(labels={QUEUE_LABEL: "q1", GROUP_LABEL: "w"},
-                    annotations={GROUP_SIZE_KEY: "8"})
+    member = POD.labelled({QUEUE_LABEL: "q1", GROUP_LABEL: "w"})
+    good = member.annotated({GROUP_SIZE_KEY: "8"}).manifest()
     assert gate(good).outcome is Outcome.GATED
-    bad = make_pod(labels={QUEUE_LABEL: "q1", GROUP_LABEL: "w"})
+    bad = member.manifest()
     decision = gate(bad)
     assert decision.outcome is Outcome.DENIED
     assert "has no size" in decision.message and GROUP_SIZE_KEY in decision.message
@@ -222,18 +222,18 @@ def test_the_webhook_refuses_a_bad_group_and_gates_a_good_one() -> None:
 def test_the_watcher_reports_group_preemptible_label_and_priority_class() -> None:
     from datetime import UTC, datetime
 
-    from lockgate.labels import PREEMPTIBLE_LABEL, QUEUE_LABEL
+    from helpers.pods import a_pod
+    from lockgate.labels import PREEMPTIBLE_LABEL
     from lockgate.observing import pod_event
 
-    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1",
-                        "labels": {QUEUE_LABEL: "q", KUEUE_GROUP_LABEL: "g",
-                                   PREEMPTIBLE_LABEL: "true"},
-                        "annotations": {KUEUE_TOTAL_ANNOTATION: "4"}},
-           "spec": {"priorityClassName": "batch-low", "priority": 5, "containers": []}}
+    member = (a_pod("p").in_namespace("ns").with_uid("u1").in_queue("q")
+              .labelled({KUEUE_GROUP_LABEL: "g", PREEMPTIBLE_LABEL: "true"})
+              .with_spec(priorityClassName="batch-low", priority=5))
+    pod = member.annotated({KUEUE_TOTAL_ANNOTATION: "4"}).obj()
     event = pod_event(pod, cluster="c", event_id="e", observed_at=datetime.now(UTC))
     assert (event.group, event.group_size, event.preemptible, event.priority_class,
             event.priority) == ("ns/g", 4, True, "batch-low", 5)
-    pod["metadata"]["annotations"] = {KUEUE_TOTAL_ANNOTATION: "many"}  # type: ignore[index]
+    pod = member.annotated({KUEUE_TOTAL_ANNOTATION: "many"}).obj()
     event = pod_event(pod, cluster="c", event_id="e", observed_at=datetime.now(UTC))
     assert (event.group, event.group_size) == (None, 0)
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from builders import a_job, a_node, a_queue, a_state
 
+from helpers.pods import a_pod
 from lockgate.jobs import JobState
 from lockgate.max_queued import (
     MAX_QUEUED_TIME_ANNOTATION,
@@ -67,11 +68,9 @@ def test_the_watcher_reads_the_pods_rule_and_ignores_one_made_unreadable_later()
     assert read_from_pod({MAX_QUEUED_TIME_ANNOTATION: "1800s"}) == JobSetMaxQueued(seconds=1800)
     assert read_from_pod({MAX_QUEUED_TIME_ANNOTATION: "soon"}) is None
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    pod = {"metadata": {"name": "p", "namespace": "n", "uid": "u",
-                        "labels": {"lockgate.io/queue": "q"},
-                        "annotations": {MAX_QUEUED_TIME_ANNOTATION: "600s",
-                                        ON_MAX_QUEUED_ANNOTATION: "delete"}},
-           "spec": {"containers": []}, "status": {}}
+    pod = (a_pod("p").in_namespace("n").with_uid("u").in_queue("q")
+           .annotated({MAX_QUEUED_TIME_ANNOTATION: "600s", ON_MAX_QUEUED_ANNOTATION: "delete"})
+           .obj())
     event = pod_event(pod, cluster="c", event_id="e", observed_at=now)
     assert event.max_queued == JobSetMaxQueued(seconds=600, action="delete")
     assert type(event).model_validate_json(event.model_dump_json()) == event

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from helpers import pods
+from helpers.pods import PodBuilder
 from lockgate.jobs import JobState
-from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
+from lockgate.labels import MANAGED_NAMESPACE_LABEL, SCHEDULING_GATE
 from lockgate.observing import (
     ObservedCluster,
     holds_node_room,
@@ -24,83 +25,9 @@ from lockgate.observing import (
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-@dataclass
-class PodBuilder:
-    """`a_pod("p").in_queue("q").gated().requesting(cpu="1").obj()` reads like the pod it builds."""
-
-    name: str
-    namespace: str = "team-a"
-    uid: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    gates: list[str] = field(default_factory=list)
-    containers: list[dict[str, Any]] = field(default_factory=list)
-    init_containers: list[dict[str, Any]] = field(default_factory=list)
-    extra_spec: dict[str, Any] = field(default_factory=dict)
-    phase: str = "Pending"
-    deletion_timestamp: str | None = None
-    resource_version: str = "1"
-
-    def in_queue(self, queue: str, jobset: str | None = None) -> PodBuilder:
-        self.labels[QUEUE_LABEL] = queue
-        if jobset is not None:
-            self.labels[JOBSET_LABEL] = jobset
-        return self
-
-    def gated(self, *gates: str) -> PodBuilder:
-        self.gates = list(gates or (SCHEDULING_GATE,))
-        return self
-
-    def requesting(self, **requests: str) -> PodBuilder:
-        self.containers.append({"name": f"c{len(self.containers)}",
-                                "resources": {"requests": requests}})
-        return self
-
-    def with_init(self, *, sidecar: bool = False, **requests: str) -> PodBuilder:
-        container: dict[str, Any] = {"name": f"i{len(self.init_containers)}",
-                                     "resources": {"requests": requests}}
-        if sidecar:
-            container["restartPolicy"] = "Always"
-        self.init_containers.append(container)
-        return self
-
-    def with_spec(self, **spec: Any) -> PodBuilder:
-        self.extra_spec.update(spec)
-        return self
-
-    def on_node(self, node: str) -> PodBuilder:
-        return self.with_spec(nodeName=node)
-
-    def in_phase(self, phase: str) -> PodBuilder:
-        self.phase = phase
-        return self
-
-    def being_deleted(self) -> PodBuilder:
-        self.deletion_timestamp = "2026-01-02T03:05:00Z"
-        return self
-
-    def at_version(self, resource_version: str) -> PodBuilder:
-        self.resource_version = resource_version
-        return self
-
-    def obj(self) -> dict[str, Any]:
-        metadata: dict[str, Any] = {
-            "name": self.name, "namespace": self.namespace, "uid": self.uid or f"uid-{self.name}",
-            "labels": dict(self.labels), "creationTimestamp": "2026-01-02T03:00:00Z",
-            "resourceVersion": self.resource_version,
-        }
-        if self.deletion_timestamp:
-            metadata["deletionTimestamp"] = self.deletion_timestamp
-        spec: dict[str, Any] = {"containers": self.containers or [{"name": "main"}],
-                                **self.extra_spec}
-        if self.init_containers:
-            spec["initContainers"] = self.init_containers
-        if self.gates:
-            spec["schedulingGates"] = [{"name": g} for g in self.gates]
-        return {"metadata": metadata, "spec": spec, "status": {"phase": self.phase}}
-
-
 def a_pod(name: str) -> PodBuilder:
-    return PodBuilder(name)
+    """A pod in team-a, the namespace `a_cluster` manages."""
+    return pods.a_pod(name).in_namespace("team-a")
 
 
 def a_node(name: str, *, cpu: str = "8", memory: str = "32Gi", ready: bool = True,
@@ -167,7 +94,7 @@ def test_observed_state(pod: PodBuilder, deleted: bool, want: JobState) -> None:
 
 
 def test_requests_of_regular_containers_add_up_in_canonical_units() -> None:
-    pod = a_pod("p").requesting(cpu="500m", memory="1Gi").requesting(cpu="1", memory="512Mi")
+    pod = a_pod("p").requesting(cpu="500m", memory="1Gi").with_container(cpu="1", memory="512Mi")
     assert pod_requests(pod.obj()) == {"cpu": 1500, "memory": 1536 * 2**20}
 
 
@@ -354,7 +281,7 @@ def test_an_unreadable_pod_is_skipped_but_a_managed_one_is_not_taken_for_vanishe
 
 
 def pod_in(namespace: str, name: str) -> PodBuilder:
-    return PodBuilder(name, namespace=namespace)
+    return pods.a_pod(name).in_namespace(namespace)
 
 
 @pytest.mark.parametrize("pod", [
@@ -413,8 +340,8 @@ def test_a_namespace_losing_its_label_keeps_its_jobs_until_they_end() -> None:
 def test_a_namespace_gaining_the_label_does_not_turn_its_old_pods_into_jobs() -> None:
     cluster = a_cluster()
     cluster.relist_nodes([a_node("n1")])
-    old = pod_in("free", "old").in_queue("q").on_node("n1").in_phase("Running")
-    cluster.relist_pods([old.requesting(cpu="1").obj()])
+    old = pod_in("free", "old").in_queue("q").on_node("n1").in_phase("Running").requesting(cpu="1")
+    cluster.relist_pods([old.obj()])
 
     cluster.observe_namespace(a_namespace("free"))
 

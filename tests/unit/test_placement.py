@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from helpers import pods
 from lockgate.events import PodEvent
 from lockgate.ingest import CurrentRows, fold_batch
 from lockgate.jobs import JobState
@@ -399,14 +400,11 @@ def test_a_pod_given_up_on_is_not_charged_until_it_binds() -> None:
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def a_pod(conditions: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {
-            "lockgate.io/queue": "a"}, "creationTimestamp": "2026-01-01T00:00:00Z",
-            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "controller": True}]},
-        "spec": {"containers": [], **spec},
-        "status": {"phase": "Pending", "conditions": conditions},
-    }
+def a_replica(conditions: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
+    """A ReplicaSet's pod in queue a, with these PodScheduled conditions and spec fields."""
+    return (pods.a_pod("p").in_namespace("ns").with_uid("u1").in_queue("a")
+            .owned_by({"kind": "ReplicaSet", "name": "rs", "controller": True})
+            .with_spec(**spec).with_status(conditions=conditions).obj())
 
 
 UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -415,8 +413,8 @@ UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedul
 
 def test_the_watcher_reports_placement_the_podscheduled_condition_and_the_controller() -> None:
     gated = {**UNSCHEDULABLE, "reason": "SchedulingGated"}
-    assert unschedulable(a_pod([gated]), T0) is None
-    event = pod_event(a_pod([UNSCHEDULABLE], nodeSelector={"pool": "gpu"}), cluster="c",
+    assert unschedulable(a_replica([gated]), T0) is None
+    event = pod_event(a_replica([UNSCHEDULABLE], nodeSelector={"pool": "gpu"}), cluster="c",
                       event_id="e", observed_at=T0)
     assert event.unschedulable_since == T0
     assert event.unschedulable_message == "0/4 nodes are available"

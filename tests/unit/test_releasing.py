@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from helpers.pods import a_pod
 from lockgate.events import ReleaseCommand, ReleaseOutcomeKind
 from lockgate.labels import SCHEDULING_GATE
 from lockgate.releasing import (
@@ -51,16 +52,12 @@ def apply_json_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> d
     return result
 
 
-def pod_json(uid: str, *gates: str, deleting: bool = False) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"uid": uid, "name": "p", "resourceVersion": "7"}
-    if deleting:
-        metadata["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    return {"metadata": metadata,
-            "spec": {"schedulingGates": [{"name": gate} for gate in gates]}}
+POD = a_pod("p").at_version("7")  # as the ungater reads it back
 
 
 def test_pod_gates_read_from_json() -> None:
-    pod = PodGates.from_json(pod_json("u1", OTHER_GATE, SCHEDULING_GATE, deleting=True))
+    deleting = POD.with_uid("u1").with_gates(OTHER_GATE, SCHEDULING_GATE).being_deleted()
+    pod = PodGates.from_json(deleting.obj())
     assert pod == PodGates(uid="u1", gates=(OTHER_GATE, SCHEDULING_GATE), being_deleted=True,
                            resource_version="7")
     assert PodGates.from_json({"metadata": {"uid": "u2"}, "spec": {}}).gates == ()
@@ -80,7 +77,7 @@ def test_gate_index(gates: tuple[str, ...], want: int | None) -> None:
 
 
 def test_patch_removes_only_lockgates_gate() -> None:
-    pod = pod_json("u1", OTHER_GATE, SCHEDULING_GATE, "example.com/third")
+    pod = POD.with_uid("u1").with_gates(OTHER_GATE, SCHEDULING_GATE, "example.com/third").obj()
     plan = plan_release(uid="u1", pod=PodGates.from_json(pod))
     assert isinstance(plan, PatchNeeded)
     patched = apply_json_patch(pod, plan.patch)
@@ -89,11 +86,11 @@ def test_patch_removes_only_lockgates_gate() -> None:
 
 
 def test_patch_built_from_a_stale_read_fails_instead_of_removing_another_gate() -> None:
-    read = pod_json("u1", OTHER_GATE, SCHEDULING_GATE)
+    read = POD.with_uid("u1").with_gates(OTHER_GATE, SCHEDULING_GATE).obj()
     plan = plan_release(uid="u1", pod=PodGates.from_json(read))
     assert isinstance(plan, PatchNeeded)
     # Another controller removed its own gate after our read: ours moved to index 0.
-    now = pod_json("u1", SCHEDULING_GATE)
+    now = POD.with_uid("u1").with_gates(SCHEDULING_GATE).obj()
     with pytest.raises(PatchTestFailedError):
         apply_json_patch(now, plan.patch)
 
@@ -101,11 +98,11 @@ def test_patch_built_from_a_stale_read_fails_instead_of_removing_another_gate() 
 def test_patch_fails_when_the_pod_was_replaced_under_the_same_name() -> None:
     patch = ungate_patch(uid="old-uid", index=0)
     with pytest.raises(PatchTestFailedError):
-        apply_json_patch(pod_json("new-uid", SCHEDULING_GATE), patch)
+        apply_json_patch(POD.with_uid("new-uid").with_gates(SCHEDULING_GATE).obj(), patch)
 
 
 def test_repeating_the_patch_fails_rather_than_removing_more() -> None:
-    pod = pod_json("u1", SCHEDULING_GATE, OTHER_GATE)
+    pod = POD.with_uid("u1").with_gates(SCHEDULING_GATE, OTHER_GATE).obj()
     patch = ungate_patch(uid="u1", index=0)
     once = apply_json_patch(pod, patch)
     assert once["spec"]["schedulingGates"] == [{"name": OTHER_GATE}]

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from helpers.waiting import until
 from lockgate_adapters.retrying import BackoffIterator, retry
 from lockgate_adapters.service import Loop, ServiceContext, run_service
 from lockgate_adapters.settings import RetryPolicy, ServiceSettings
@@ -71,13 +72,16 @@ async def test_retry_retries_only_retryable_errors() -> None:
 async def test_service_stops_gracefully_and_cancels_what_hangs() -> None:
     settings = ExampleSettings(shutdown_grace_seconds=0.2)
     ctx = ServiceContext(settings)
+    started: list[str] = []
     finished: list[str] = []
 
     async def polite(stopping: asyncio.Event) -> None:
+        started.append("polite")
         await stopping.wait()
         finished.append("polite")
 
     async def stubborn(stopping: asyncio.Event) -> None:
+        started.append("stubborn")
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -90,7 +94,7 @@ async def test_service_stops_gracefully_and_cancels_what_hangs() -> None:
     runner = asyncio.create_task(
         run_service(settings, compose, install_signal_handlers=False, context=ctx)
     )
-    await asyncio.sleep(0.05)
+    await until(lambda: len(started) == 2, within=5, what="both loops to run")
     ctx.stopping.set()
     await asyncio.wait_for(runner, timeout=5)
     assert sorted(finished) == ["polite", "stubborn cancelled"]

@@ -109,17 +109,13 @@ def test_a_pods_observed_span_links_to_the_admission_that_gated_it(
     from opentelemetry.sdk.trace import TracerProvider
 
     from cluster_watcher import publishing
-    from lockgate.labels import ADMISSION_TRACE_ANNOTATION, QUEUE_LABEL, SCHEDULING_GATE
+    from helpers.pods import a_pod
+    from lockgate.labels import ADMISSION_TRACE_ANNOTATION, SCHEDULING_GATE
     from lockgate.observing import pod_event
 
     admission = "00-11111111111111111111111111111111-2222222222222222-01"
-    pod = {
-        "metadata": {"name": "p", "namespace": "ns", "uid": UID,
-                     "labels": {QUEUE_LABEL: "q"},
-                     "annotations": {ADMISSION_TRACE_ANNOTATION: admission}},
-        "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}], "containers": []},
-        "status": {"phase": "Pending"},
-    }
+    pod = (a_pod("p").in_namespace("ns").with_uid(UID).in_queue("q").gated(SCHEDULING_GATE)
+           .annotated({ADMISSION_TRACE_ANNOTATION: admission}).obj())
     event = pod_event(pod, cluster="c", event_id="e", observed_at=T0)
     assert event.admission_trace == admission
 
