@@ -137,6 +137,16 @@ def share_after(share: float, allocation: list[int], pairs: tuple[tuple[int, int
     return share
 
 
+def cost_after(share: float, allocation: list[int], pairs: tuple[tuple[int, int], ...],
+               inverse: list[float], priority_factor: float) -> float:
+    """`cost(share_after(...))` in one call: the round ranks every queue by it, per unit."""
+    for axis, amount in pairs:
+        after = (allocation[axis] + amount) * inverse[axis]
+        if after > share:
+            share = after
+    return share * priority_factor
+
+
 def cost(share: float, priority_factor: float) -> float:
     """A queue's cost: its share divided by its weight (weight = 1 / priority factor)."""
     return share * priority_factor

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lockgate.jobs import JobState
-from lockgate.scheduler.costs import FairShare, cost, dominant, fair_shares_over, share_after
+from lockgate.scheduler.costs import (
+    FairShare,
+    cost_after,
+    dominant,
+    fair_shares_over,
+    share_after,
+)
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
 from lockgate.scheduler.state import (
@@ -461,8 +467,8 @@ class _Round:
     def _cost_after(self, progress: _QueueRound, pairs: tuple[tuple[int, int], ...]) -> float:
         """The queue's cost once it takes `pairs` (its next unit): what the round ranks by."""
         queue = progress.queue
-        return cost(share_after(progress.share, queue.allocation, pairs, self.inverse_total),
-                    queue.priority_factor)
+        return cost_after(progress.share, queue.allocation, pairs, self.inverse_total,
+                          queue.priority_factor)
 
     def _result(self, decisions: list[Decision]) -> RoundResult:
         shares = fair_shares_over(self.state, self.inverse_total)
