@@ -53,9 +53,6 @@ from lockgate.labels import MANAGED_NAMESPACE_LABEL
 from lockgate_adapters.kafka import ensure_topics
 from lockgate_adapters.kube import api_client
 
-ALL_SERVICES = ("queue-store", "admission-webhook", "cluster-watcher", "ungater",
-                "fair-scheduler", "fair-scheduler-standby")
-
 
 def new_run_id(name: str) -> str:
     """`name` and 6 random hex digits: short enough for every Kubernetes name built from it."""
@@ -232,7 +229,7 @@ async def lockgate_run(
     clusters: Sequence[str] = ("cluster-a",),
     env: Mapping[str, str] | None = None,
     services: Sequence[str] | None = None,
-    standby_scheduler: bool = True,
+    standby_scheduler: bool = False,
     migrate: bool = True,
     only_own_clusters: bool = True,
 ) -> AsyncIterator[LockgateRun]:
@@ -242,7 +239,9 @@ async def lockgate_run(
     - `clusters`: which of the stack's clusters it manages (each under an alias of the run's);
     - `env`: settings for the services (LOCKGATE_*), on top of the launcher's;
     - `services`: which to start now (default: all); start the others later with `run.start`;
-    - `standby_scheduler`: run a second fair-scheduler instance that takes over the lead;
+    - `standby_scheduler`: a second fair-scheduler instance ("fair-scheduler-standby") that
+      takes over the lead, for tests of a failover (off by default: one stopped while still
+      starting dies of the SIGTERM, which teardown reports as an unclean exit);
     - `migrate`: migrate the database before queue-store starts (it migrates too);
     - `only_own_clusters`: keep other runs' jobs and nodes out of the database (the trigger of
       devstack.isolation; it needs `migrate`).
