@@ -80,17 +80,28 @@ class PodEvent(Event):
 
 
 class ClusterSnapshot(Event):
-    """Sent after cluster-watcher (re)listed a cluster: every managed, unfinished pod it saw.
+    """Sent after cluster-watcher (re)listed a cluster: every managed pod it saw, and how each
+    listed pod that had already ended ended.
 
-    queue-store marks as deleted the unfinished jobs of this cluster that are not listed and were
-    created before `listed_at`: they vanished while nobody was watching.
+    queue-store marks as deleted the unfinished jobs of this cluster that are not listed (in
+    `pod_uids` or `ended`) and were created before `listed_at`: they vanished while nobody was
+    watching. A job listed in `ended` takes that outcome: the snapshot travels on another topic
+    than its pods' events, so it may be folded before the event that says the pod finished
+    (lockgate.ingest).
     """
 
     v: Literal[1] = 1
     snapshot_id: str
     cluster: str
     listed_at: datetime
-    pod_uids: list[str]
+    pod_uids: list[str]  # listed, not ended
+    # Added in place (optional, defaulted): listed pods that had ended, by how (succeeded,
+    # failed, or deleted: being deleted). An older consumer dead-letters snapshots that carry
+    # it, so queue-store is upgraded before cluster-watcher.
+    ended: dict[JobState, list[str]] = Field(default_factory=dict)
+
+    def ended_by_uid(self) -> dict[str, JobState]:
+        return {uid: state for state, uids in self.ended.items() for uid in uids}
 
 
 class NodeCapacity(Event):
