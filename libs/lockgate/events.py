@@ -267,8 +267,14 @@ class DeadLetter(Event):
     key: PayloadExcerpt | None  # None: the message had no key
     value: PayloadExcerpt | None  # None: the message had no value (a tombstone)
     reason: str
-    consumer: str
+    consumer: str  # the service's name for the consuming loop, e.g. "queue-store:<topic>"
     at: datetime
+    # Added in place (optional, defaulted): who wrote the letter, so a letter on a Kafka that
+    # several deployments share leads to the one that wrote it: its consumer group (which
+    # deployment) and its instance (which process: LOCKGATE_<SERVICE>_INSTANCE_ID, by default
+    # host-pid; the pod's name in k8s/).
+    group: str = ""
+    instance: str = ""
 
     @property
     def source_key(self) -> str | None:
@@ -282,6 +288,10 @@ class DeadLetter(Event):
             if payload is not None:
                 parts.append(f"{name} {payload.size} bytes sha256 {payload.sha256}")
         return ", ".join(parts)
+
+    def writer(self) -> str:
+        """Who wrote the letter, for a log line."""
+        return f"consumer {self.consumer} of group {self.group!r}, instance {self.instance!r}"
 
 
 def _dead_letter_key(letter: DeadLetter) -> str:

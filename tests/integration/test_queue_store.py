@@ -92,9 +92,10 @@ async def own_dsn(pg_dsn: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 async def queue_store(store_dsn: str, kafka_bootstrap: str) -> AsyncIterator[RunningQueueStore]:
+    name = f"queue-store-it-{uuid.uuid4().hex[:6]}"
     running = await start_queue_store(
-        QueueStoreUnderTest(postgres_dsn=store_dsn, kafka_bootstrap=kafka_bootstrap),
-        f"queue-store-it-{uuid.uuid4().hex[:6]}")
+        QueueStoreUnderTest(postgres_dsn=store_dsn, kafka_bootstrap=kafka_bootstrap), name,
+        LOCKGATE_QUEUE_STORE_INSTANCE_ID=name)
     yield running
     assert await running.process.stop() == 0, running.process.log_tail()
 
@@ -390,6 +391,9 @@ async def test_a_message_too_large_or_not_text_is_dead_lettered_by_reference_and
             lambda d: (d.source_topic, d.partition, d.offset) == (
                 topic.name, dead.partition, dead.offset), what=f"the letter of {bad.name}")
     assert letter.consumer == f"queue-store:{topic.name}"
+    # Who wrote it, so a letter on a shared Kafka leads to its deployment and process.
+    assert (letter.group, letter.instance) == (queue_store.spec.group_id,
+                                               queue_store.process.name)
     assert letter.reason.startswith(f"invalid {topic.model.__name__}")
     assert letter.source_key == key
     assert letter.value is not None
