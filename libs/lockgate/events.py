@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Generic, Literal, TypeVar
 
@@ -193,6 +193,11 @@ class JobSetCommand(Event):
     collecting its ephemeral namespaces; every ungater deletes the job set's pods, gated and
     running, in the clusters it serves. Both are idempotent: a redelivered or repeated cancel
     changes nothing more.
+
+    A cancel is about the pods that existed when it was asked for (`covers`), not those that
+    exist when a consumer gets to it: a consumer restarted after a while, or behind a backlog,
+    must do what it would have done at once, or queue-store would cancel a job whose pod the
+    ungater left alone (or the reverse), and the books would depend on who lagged.
     """
 
     v: Literal[1] = 1
@@ -203,6 +208,18 @@ class JobSetCommand(Event):
     reason: str
     requested_by: str
     at: datetime
+
+    @property
+    def covers_created_before(self) -> datetime:
+        """The cancel covers the job set's pods created before this instant.
+
+        Kubernetes creationTimestamps have whole seconds, so a pod created in the second of the
+        cancel cannot be told from one created just before: it is covered too.
+        """
+        return self.at.replace(microsecond=0) + timedelta(seconds=1)
+
+    def covers(self, created_at: datetime) -> bool:
+        return created_at < self.covers_created_before
 
 
 class NamespaceCommand(Event):

@@ -27,6 +27,10 @@ Rules:
   and a pod it lists is never taken for vanished. A pod event observed before the latest
   snapshot may likewise be stored after it: a job first stored from such a late event is judged
   by that snapshot too (its listing, with the outcomes, is kept for this).
+- A job cancelled with its job set (queue-store stamps it with the cancel's time) whose pod was
+  seen succeeded or failed before that time had ended before the cancel: it takes that outcome,
+  the one exception to "terminal is final". So the books do not depend on whether queue-store
+  stored the pod's end before or after it took the cancel (a restart, a backlog).
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -439,6 +443,12 @@ class _Folding:
             row = _stamp_milestones(row, event.state, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)
             return
+        if _ended_before_its_cancel(row, event):
+            self.jobs[row.key] = replace(
+                row, state=event.state, state_changed_at=event.observed_at,
+                finished_at=event.observed_at, last_reason="ended before its job set was "
+                f"cancelled ({row.last_reason.removeprefix('cancelled: ')})")
+            return
         updated = _moved_to(row, advance(row.state, event.state), event.observed_at)
         if updated.node_name is None and event.node_name:
             updated = replace(updated, node_name=event.node_name)
@@ -575,6 +585,12 @@ def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any
         "controlled": event.controlled,
         "controller_uid": event.controller_uid,
     }
+
+
+def _ended_before_its_cancel(row: JobRow, event: PodEvent) -> bool:
+    return (row.state is JobState.CANCELLED
+            and event.state in (JobState.SUCCEEDED, JobState.FAILED)
+            and event.observed_at < row.state_changed_at)
 
 
 def _vanished(row: JobRow, snapshot_id: str | None, listed_at: datetime) -> JobRow:

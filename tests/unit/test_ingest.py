@@ -545,3 +545,29 @@ def test_batching_does_not_change_the_outcome() -> None:
     whole = apply_in_batches(len(events))
     assert apply_in_batches(1) == whole
     assert apply_in_batches(17) == whole
+
+
+# A job set's cancel and its pods' ends, stored in either order --------------------------------
+
+def cancelled(uid: str = "u1", *, at_: float = 50) -> JobRow:
+    """As queue-store's cancel leaves a job: cancelled as of the cancel's time."""
+    return job(uid, JobState.CANCELLED, state_changed_at=at(at_), finished_at=at(at_),
+               last_reason="cancelled: sweep abandoned")
+
+
+def test_a_pod_seen_finished_before_the_cancel_keeps_its_outcome_whatever_was_stored_first(
+        ) -> None:
+    # The end stored after the cancel (queue-store restarted, or behind on pod events).
+    row = only_job(rows(cancelled()), pod_event("u1", JobState.SUCCEEDED, seen=40))
+    assert (row.state, row.finished_at) == (JobState.SUCCEEDED, at(40))
+    assert row.last_reason == "ended before its job set was cancelled (sweep abandoned)"
+    # The end stored first: the cancel leaves a finished job alone (queue-store's UPDATE).
+    failed = only_job(rows(job("u2", JobState.RUNNING)), pod_event("u2", JobState.FAILED, seen=40))
+    assert failed.state is JobState.FAILED
+
+
+def test_a_pod_that_ended_after_the_cancel_stays_cancelled() -> None:
+    for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.DELETED, JobState.RUNNING):
+        assert fold_batch(rows(cancelled()), [pod_event("u1", state, seen=60)]).jobs == []
+    # A deletion seen before the cancel is no end of its own choosing: cancelled it stays.
+    assert fold_batch(rows(cancelled()), [pod_event("u1", JobState.DELETED, seen=40)]).jobs == []
