@@ -19,6 +19,11 @@ succeeded, failed, or `deleted` for a pod the apiserver no longer has; pods stil
 running. Two rounds, so a second relist (with the first round's finished pods lying around)
 is judged too.
 
+A cancel taken late by a restarted ungater: while the ungater is down, a job set is cancelled
+(queue-store cancels its jobs at once) and the job set then creates another pod. The ungater,
+started again, deletes the pods the cancel covered and leaves the new one, whose job was not
+cancelled either: it is released and runs. (It deleted every pod of the job set it found.)
+
 Everything is real: every service as a process with its own identity (Lockgate.for_stack),
 Kafka, Postgres, the kube-apiserver and kube-scheduler of cluster-a with kwok nodes (4 of 16
 cpu). The database is this module's, keeping only its cluster's rows.
@@ -44,6 +49,7 @@ from devstack.launcher import Lockgate, ServicePorts
 from helpers.kube import COMPLETE_ANNOTATION, FAIL_ANNOTATION, a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
+from lockgate.events import JobSetCommand
 from lockgate.labels import MANAGED_NAMESPACE_LABEL
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
@@ -225,3 +231,57 @@ async def outage_round(books: Books, round_: int) -> None:
         raise AssertionError(f"round {round_}: {await mismatches()}") from failure
     print(f"round {round_}: all {PER_ROUND} booked as the apiserver says "
           f"({sorted(set(truth.values()))})")
+
+
+async def test_a_cancel_taken_by_a_restarted_ungater_leaves_the_pods_created_after_it(
+        books: Books) -> None:
+    jobset = f"cancelled-{RUN}"
+    pod = (a_pod("member").in_namespace(books.namespace).in_queue(QUEUE).in_jobset(jobset)
+           .requesting(cpu="100m", memory="64Mi").never_restarted())
+    before = [f"before-{RUN}-{i}" for i in range(3)]
+    await create_pods(books, [pod.named(name).manifest() for name in before])
+
+    async def running(names: list[str]) -> bool:
+        states = await states_in_postgres(books, names)
+        return len(states) == len(names) and set(states.values()) == {"running"}
+
+    await eventually(lambda: running(before), within=120, every=0.5,
+                     what="the job set's first pods running")
+    ungater = books.lockgate.processes["ungater"]
+    await ungater.kill()
+    async with aiohttp.ClientSession(headers=books.lockgate.admin_headers) as session, \
+            session.post(f"{books.lockgate.admin_url}/api/v1/jobsets/{QUEUE}/{jobset}/cancel",
+                         json={"reason": "superseded"}) as reply:
+        assert reply.status == 202, await reply.text()
+        command = JobSetCommand.model_validate(await reply.json())
+
+    async def cancelled_in_postgres() -> bool:
+        return set((await states_in_postgres(books, before)).values()) == {"cancelled"}
+
+    await eventually(cancelled_in_postgres, within=60, every=0.2,
+                     what="queue-store to cancel the job set's jobs")
+
+    async def past_the_cancels_second() -> bool:
+        return bool(await books.db.fetchval("SELECT now() >= $1", command.covers_created_before))
+
+    # A pod the job set creates after the cancel (creationTimestamps are whole seconds).
+    await eventually(past_the_cancels_second, within=5, every=0.05,
+                     what="the second of the cancel to pass")
+    after = f"after-{RUN}"
+    await create_pods(books, [pod.named(after).manifest()])
+    await eventually(lambda: states_in_postgres(books, [after]), within=60, every=0.2,
+                     what="the pod created after the cancel stored")
+    await ungater.start()
+    await ungater.wait_ready(60)
+
+    async def covered_pods_gone() -> bool:
+        return set((await apiserver_truth(books, before)).values()) == {"deleted"}
+
+    await eventually(covered_pods_gone, within=60, every=0.2,
+                     what="the restarted ungater to delete the pods the cancel covered")
+    survivor = await books.core.read_namespaced_pod(after, books.namespace)
+    assert survivor.metadata.deletion_timestamp is None, "the ungater deleted a pod the " \
+        "job set created after the cancel"
+    await eventually(lambda: running([after]), within=120, every=0.5,
+                     what="the pod created after the cancel released and running")
+    assert set((await states_in_postgres(books, before)).values()) == {"cancelled"}
