@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -261,10 +262,12 @@ async def test_a_cancel_taken_by_a_restarted_ungater_leaves_the_pods_created_aft
     await eventually(cancelled_in_postgres, within=60, every=0.2,
                      what="queue-store to cancel the job set's jobs")
 
-    async def past_the_cancels_second() -> bool:
-        return bool(await books.db.fetchval("SELECT now() >= $1", command.covers_created_before))
+    # Creation timestamps are whole seconds: a pod of the cancel's own second may be covered.
+    covered_until = command.at.replace(microsecond=0) + timedelta(seconds=1)
 
-    # A pod the job set creates after the cancel (creationTimestamps are whole seconds).
+    async def past_the_cancels_second() -> bool:
+        return bool(await books.db.fetchval("SELECT now() >= $1", covered_until))
+
     await eventually(past_the_cancels_second, within=5, every=0.05,
                      what="the second of the cancel to pass")
     after = f"after-{RUN}"
