@@ -51,7 +51,7 @@ from helpers.kube import COMPLETE_ANNOTATION, FAIL_ANNOTATION, a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
 from lockgate.events import JobSetCommand
-from lockgate.labels import MANAGED_NAMESPACE_LABEL
+from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
@@ -64,6 +64,7 @@ BACKLOG = 1500  # queued pods too big for any node: a relist publishes all their
 PER_ROUND = 120  # pods that end while the watcher is down, each round
 ROUNDS = 2
 CREATE_CONCURRENCY = 16
+ROUND_LABEL = "lockgate-test.io/round"
 TRUTH = {"Succeeded": "succeeded", "Failed": "failed", "Running": "running"}
 
 
@@ -132,15 +133,17 @@ async def states_in_postgres(books: Books, names: list[str]) -> dict[str, str]:
     return {row["name"]: row["state"] for row in rows}
 
 
-async def apiserver_truth(books: Books, names: list[str]) -> dict[str, str]:
-    """How the apiserver says each pod is: its phase as a job state, `deleted` when gone."""
-    pods = await books.core.list_namespaced_pod(books.namespace)
+async def apiserver_truth(books: Books, names: list[str], *, selector: str) -> dict[str, str]:
+    """How the apiserver says each pod is: its phase as a job state, `deleted` when gone
+    (`selector` picks them out of the backlog's pods)."""
+    pods = await books.core.list_namespaced_pod(books.namespace, label_selector=selector)
     phases = {p.metadata.name: p.status.phase for p in pods.items}
     return {name: TRUTH.get(phases[name], phases[name]) if name in phases else "deleted"
             for name in names}
 
 
-async def end_while_nobody_watches(books: Books, names: list[str]) -> dict[str, str]:
+async def end_while_nobody_watches(books: Books, names: list[str], *,
+                                   selector: str) -> dict[str, str]:
     """End the pods every way a pod ends (some stay running); the apiserver's final word."""
     patch = {"metadata": {"annotations": {COMPLETE_ANNOTATION: "0s"}}}
     failing = {"metadata": {"annotations": {COMPLETE_ANNOTATION: "0s", FAIL_ANNOTATION: "true"}}}
@@ -163,7 +166,7 @@ async def end_while_nobody_watches(books: Books, names: list[str]) -> dict[str, 
     await asyncio.gather(*(end(name, how) for name, how in planned.items()))
 
     async def all_ended() -> dict[str, str] | None:
-        truth = await apiserver_truth(books, names)
+        truth = await apiserver_truth(books, names, selector=selector)
         return truth if truth == planned else None
 
     return await eventually(all_ended, within=120, every=0.5,
@@ -194,7 +197,9 @@ async def test_pods_that_end_while_the_watcher_is_down_are_booked_as_the_apiserv
 async def outage_round(books: Books, round_: int) -> None:
     """Pods seen running; the watcher killed; the pods end; the watcher back; the books."""
     watcher = books.lockgate.processes["cluster-watcher"]
+    selector = f"{ROUND_LABEL}=r{round_}"
     small = (a_pod("small").in_namespace(books.namespace).in_queue(QUEUE)
+             .labelled({ROUND_LABEL: f"r{round_}"})
              .requesting(cpu="100m", memory="64Mi").never_restarted())
     names = [f"r{round_}-{RUN}-{i}" for i in range(PER_ROUND)]
     await create_pods(books, [small.named(name).manifest() for name in names])
@@ -208,7 +213,7 @@ async def outage_round(books: Books, round_: int) -> None:
 
     await watcher.kill()
     down_at = time.monotonic()
-    truth = await end_while_nobody_watches(books, names)
+    truth = await end_while_nobody_watches(books, names, selector=selector)
     await watcher.start()
     await watcher.wait_ready(90)
     print(f"round {round_}: watcher down {time.monotonic() - down_at:.1f}s")
@@ -278,7 +283,8 @@ async def test_a_cancel_taken_by_a_restarted_ungater_leaves_the_pods_created_aft
     await ungater.wait_ready(60)
 
     async def covered_pods_gone() -> bool:
-        return set((await apiserver_truth(books, before)).values()) == {"deleted"}
+        truth = await apiserver_truth(books, before, selector=f"{JOBSET_LABEL}={jobset}")
+        return set(truth.values()) == {"deleted"}
 
     await eventually(covered_pods_gone, within=60, every=0.2,
                      what="the restarted ungater to delete the pods the cancel covered")
