@@ -64,6 +64,7 @@ BACKLOG = 1500  # queued pods too big for any node: a relist publishes all their
 PER_ROUND = 120  # pods that end while the watcher is down, each round
 ROUNDS = 2
 CREATE_CONCURRENCY = 16
+CREATE_RETRY_SECONDS = 180  # a loaded machine's webhook may time out reading the namespace
 ROUND_LABEL = "lockgate-test.io/round"
 TRUTH = {"Succeeded": "succeeded", "Failed": "failed", "Running": "running"}
 
@@ -122,15 +123,18 @@ async def create_pods(books: Books, manifests: list[dict[str, Any]]) -> None:
     slots = asyncio.Semaphore(CREATE_CONCURRENCY)
 
     async def create(manifest: dict[str, Any]) -> None:
+        deadline = time.monotonic() + CREATE_RETRY_SECONDS
+        delay = 0.25
         async with slots:
-            for attempt in range(8):
+            while True:
                 try:
                     await books.core.create_namespaced_pod(books.namespace, manifest)
                     return
                 except ApiException as error:
-                    if error.status != 503 or attempt == 7:
+                    if error.status != 503 or time.monotonic() > deadline:
                         raise
-                await asyncio.sleep(0.25 * 2 ** attempt)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async with asyncio.TaskGroup() as group:
         for manifest in manifests:
@@ -228,7 +232,7 @@ async def outage_round(books: Books, round_: int) -> None:
     down_at = time.monotonic()
     truth = await end_while_nobody_watches(books, names, selector=selector)
     await watcher.start()
-    await watcher.wait_ready(90)
+    await watcher.wait_ready(180)
     print(f"round {round_}: watcher down {time.monotonic() - down_at:.1f}s")
 
     async def booked_as_the_apiserver_says() -> bool:
@@ -293,7 +297,7 @@ async def test_a_cancel_taken_by_a_restarted_ungater_leaves_the_pods_created_aft
     await eventually(lambda: states_in_postgres(books, [after]), within=60, every=0.2,
                      what="the pod created after the cancel stored")
     await ungater.start()
-    await ungater.wait_ready(60)
+    await ungater.wait_ready(180)
 
     async def covered_pods_gone() -> bool:
         truth = await apiserver_truth(books, before, selector=f"{JOBSET_LABEL}={jobset}")
