@@ -63,8 +63,8 @@ BACKLOG_QUEUE = f"books-backlog-{RUN}"
 BACKLOG = 1500  # queued pods too big for any node: a relist publishes all their events
 PER_ROUND = 120  # pods that end while the watcher is down, each round
 ROUNDS = 2
-CREATE_CONCURRENCY = 16
-CREATE_RETRY_SECONDS = 180  # a loaded machine's webhook may time out reading the namespace
+CREATE_CONCURRENCY = 8
+CREATE_RETRY_SECONDS = 600  # a loaded machine's webhook may time out reading the namespace
 ROUND_LABEL = "lockgate-test.io/round"
 TRUTH = {"Succeeded": "succeeded", "Failed": "failed", "Running": "running"}
 
