@@ -26,6 +26,7 @@ _SHORT_ESCAPES = frozenset('"\\\b\f\n\r\t')
 _TRUNCATED = "…"  # appended to reasons and names that were cut
 # Everything but the budgeted strings: field names, quotes, numbers, digests, the timestamp.
 _ENVELOPE_BYTES = 1024
+_NAMES = 4  # budgeted names: source topic, consumer, group, instance
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class LetterLimits:
     value_bytes: int = 64 * 1024
     key_bytes: int = 1024
     reason_bytes: int = 8 * 1024
-    name_bytes: int = 256  # the source topic's and the consumer's names, each
+    name_bytes: int = 256  # the source topic's, consumer's, group's and instance's names, each
 
     def __post_init__(self) -> None:
         budgets = (self.value_bytes, self.key_bytes, self.reason_bytes, self.name_bytes)
@@ -45,14 +46,15 @@ class LetterLimits:
     @property
     def max_letter_bytes(self) -> int:
         """No encoded letter built with these limits is larger."""
-        return (self.value_bytes + self.key_bytes + self.reason_bytes + 2 * self.name_bytes
-                + _ENVELOPE_BYTES)
+        return (self.value_bytes + self.key_bytes + self.reason_bytes
+                + _NAMES * self.name_bytes + _ENVELOPE_BYTES)
 
 
 def dead_letter(*, source_topic: str, partition: int, offset: int, key: bytes | None,
-                value: bytes | None, reason: str, consumer: str, at: datetime,
-                limits: LetterLimits | None = None) -> DeadLetter:
-    """The letter of one message, encoded in at most `limits.max_letter_bytes`."""
+                value: bytes | None, reason: str, consumer: str, group: str, instance: str,
+                at: datetime, limits: LetterLimits | None = None) -> DeadLetter:
+    """The letter of one message, written by `consumer` of consumer group `group` in process
+    `instance`, encoded in at most `limits.max_letter_bytes`."""
     limits = limits or LetterLimits()
     return DeadLetter(
         source_topic=_text_within(source_topic, limits.name_bytes),
@@ -63,6 +65,8 @@ def dead_letter(*, source_topic: str, partition: int, offset: int, key: bytes | 
         reason=_text_within(reason, limits.reason_bytes),
         consumer=_text_within(consumer, limits.name_bytes),
         at=at,
+        group=_text_within(group, limits.name_bytes),
+        instance=_text_within(instance, limits.name_bytes),
     )
 
 

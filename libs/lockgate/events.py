@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Generic, Literal, TypeVar
 
@@ -80,17 +80,28 @@ class PodEvent(Event):
 
 
 class ClusterSnapshot(Event):
-    """Sent after cluster-watcher (re)listed a cluster: every managed, unfinished pod it saw.
+    """Sent after cluster-watcher (re)listed a cluster: every managed pod it saw, and how each
+    listed pod that had already ended ended.
 
-    queue-store marks as deleted the unfinished jobs of this cluster that are not listed and were
-    created before `listed_at`: they vanished while nobody was watching.
+    queue-store marks as deleted the unfinished jobs of this cluster that are not listed (in
+    `pod_uids` or `ended`) and were created before `listed_at`: they vanished while nobody was
+    watching. A job listed in `ended` takes that outcome: the snapshot travels on another topic
+    than its pods' events, so it may be folded before the event that says the pod finished
+    (lockgate.ingest).
     """
 
     v: Literal[1] = 1
     snapshot_id: str
     cluster: str
     listed_at: datetime
-    pod_uids: list[str]
+    pod_uids: list[str]  # listed, not ended
+    # Added in place (optional, defaulted): listed pods that had ended, by how (succeeded,
+    # failed, or deleted: being deleted). An older consumer dead-letters snapshots that carry
+    # it, so queue-store is upgraded before cluster-watcher.
+    ended: dict[JobState, list[str]] = Field(default_factory=dict)
+
+    def ended_by_uid(self) -> dict[str, JobState]:
+        return {uid: state for state, uids in self.ended.items() for uid in uids}
 
 
 class NodeCapacity(Event):
@@ -182,6 +193,11 @@ class JobSetCommand(Event):
     collecting its ephemeral namespaces; every ungater deletes the job set's pods, gated and
     running, in the clusters it serves. Both are idempotent: a redelivered or repeated cancel
     changes nothing more.
+
+    A cancel is about the pods that existed when it was asked for (`covers`), not those that
+    exist when a consumer gets to it: a consumer restarted after a while, or behind a backlog,
+    must do what it would have done at once, or queue-store would cancel a job whose pod the
+    ungater left alone (or the reverse), and the books would depend on who lagged.
     """
 
     v: Literal[1] = 1
@@ -192,6 +208,18 @@ class JobSetCommand(Event):
     reason: str
     requested_by: str
     at: datetime
+
+    @property
+    def covers_created_before(self) -> datetime:
+        """The cancel covers the job set's pods created before this instant.
+
+        Kubernetes creationTimestamps have whole seconds, so a pod created in the second of the
+        cancel cannot be told from one created just before: it is covered too.
+        """
+        return self.at.replace(microsecond=0) + timedelta(seconds=1)
+
+    def covers(self, created_at: datetime) -> bool:
+        return created_at < self.covers_created_before
 
 
 class NamespaceCommand(Event):
@@ -256,8 +284,14 @@ class DeadLetter(Event):
     key: PayloadExcerpt | None  # None: the message had no key
     value: PayloadExcerpt | None  # None: the message had no value (a tombstone)
     reason: str
-    consumer: str
+    consumer: str  # the service's name for the consuming loop, e.g. "queue-store:<topic>"
     at: datetime
+    # Added in place (optional, defaulted): who wrote the letter, so a letter on a Kafka that
+    # several deployments share leads to the one that wrote it: its consumer group (which
+    # deployment) and its instance (which process: LOCKGATE_<SERVICE>_INSTANCE_ID, by default
+    # host-pid; the pod's name in k8s/).
+    group: str = ""
+    instance: str = ""
 
     @property
     def source_key(self) -> str | None:
@@ -271,6 +305,10 @@ class DeadLetter(Event):
             if payload is not None:
                 parts.append(f"{name} {payload.size} bytes sha256 {payload.sha256}")
         return ", ".join(parts)
+
+    def writer(self) -> str:
+        """Who wrote the letter, for a log line."""
+        return f"consumer {self.consumer} of group {self.group!r}, instance {self.instance!r}"
 
 
 def _dead_letter_key(letter: DeadLetter) -> str:

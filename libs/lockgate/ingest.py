@@ -19,9 +19,18 @@ Rules:
   RELEASED job to its queue, the one backward move.
 - A cluster snapshot marks DELETED the unfinished jobs of its cluster that it does not list,
   that were created before its cutoff (see `snapshot_cutoff`) and whose state last changed
-  before it was listed (see `SnapshotScope`). Snapshots and pod events travel on different
-  topics, so a pod event observed before the latest snapshot may be stored after it: a job first
-  stored from such a late event is judged by that snapshot too (its listing is kept for this).
+  before it was listed (see `SnapshotScope`); it moves the jobs it lists as ended to how they
+  ended. Snapshots and pod events travel on different topics and are consumed independently,
+  so either may be stored first: the snapshot of a relist may be folded before the event, in
+  the same relist, that says a pod finished while nobody watched (behind a backlog of pod
+  events, it nearly always is). Hence the snapshot carries each listed pod's outcome itself,
+  and a pod it lists is never taken for vanished. A pod event observed before the latest
+  snapshot may likewise be stored after it: a job first stored from such a late event is judged
+  by that snapshot too (its listing, with the outcomes, is kept for this).
+- A job cancelled with its job set (queue-store stamps it with the cancel's time) whose pod was
+  seen succeeded or failed before that time had ended before the cancel: it takes that outcome,
+  the one exception to "terminal is final". So the books do not depend on whether queue-store
+  stored the pod's end before or after it took the cancel (a restart, a backlog).
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -156,7 +165,7 @@ class JobsetSighting:
 @dataclass(frozen=True)
 class SnapshotScope:
     """The jobs one snapshot may delete: unfinished, of `cluster`, not `listed`, created before
-    `cutoff`, and last changed before `listed_at`.
+    `cutoff`, and last changed before `listed_at`; and those it says ended (`ended`, listed too).
 
     The last condition protects pods created while the list was running: the watch that follows
     the list reports them, possibly before queue-store reads the snapshot (another topic), and
@@ -168,7 +177,8 @@ class SnapshotScope:
     cluster: str
     cutoff: datetime
     listed_at: datetime
-    listed: frozenset[str]
+    listed: frozenset[str]  # every listed pod, ended ones included
+    ended: Mapping[str, JobState] = field(default_factory=dict)
 
     def judges(self, row: JobRow) -> bool:
         """Whether `row` vanished according to this snapshot."""
@@ -194,13 +204,18 @@ class CurrentRows:
     Contract: `jobs` holds every existing job of `RowsToRead.job_keys` and every job in the scope
     of each of `RowsToRead.snapshots`; `nodes` holds every node of a capacity cluster; `clusters`
     holds every existing cluster row asked for; `listed_by_latest_snapshot` holds those of
-    `RowsToRead.job_keys` that the latest stored snapshot of their cluster listed.
+    `RowsToRead.job_keys` that the latest stored snapshot of their cluster listed, each with how
+    that snapshot said it ended (None: not ended).
     """
 
     jobs: dict[JobKey, JobRow] = field(default_factory=dict)
     nodes: dict[NodeKey, NodeRow] = field(default_factory=dict)
     clusters: dict[str, ClusterRow] = field(default_factory=dict)
-    listed_by_latest_snapshot: set[JobKey] = field(default_factory=set)
+    listed_by_latest_snapshot: dict[JobKey, JobState | None] = field(default_factory=dict)
+
+
+Listing = Mapping[str, JobState | None]
+"""The pods one snapshot listed: uid → how it had ended (None: not ended)."""
 
 
 @dataclass
@@ -213,7 +228,7 @@ class IngestResult:
     decision_outcomes: list[DecisionOutcome] = field(default_factory=list)
     jobsets: list[JobsetSighting] = field(default_factory=list)
     # cluster → the pods its new latest snapshot listed (replaces the stored listing).
-    snapshot_listings: dict[str, frozenset[str]] = field(default_factory=dict)
+    snapshot_listings: dict[str, Listing] = field(default_factory=dict)
     # Events that changed nothing on purpose (stale outcome, old capacity), with why.
     ignored: list[tuple[IngestEvent, str]] = field(default_factory=list)
 
@@ -234,9 +249,7 @@ def invalid_reason(event: IngestEvent) -> str | None:
             return _pod_event_problem(event)
         case ClusterSnapshot():
             return (_blank("cluster", event.cluster) or _blank("snapshot_id", event.snapshot_id)
-                    or _naive("listed_at", event.listed_at)
-                    or next((f"pod_uids contains a blank uid ({uid!r})"
-                             for uid in event.pod_uids if not _text_ok(uid)), None))
+                    or _naive("listed_at", event.listed_at) or _snapshot_listing_problem(event))
         case ClusterCapacity():
             return _capacity_problem(event)
         case ReleaseOutcome():
@@ -266,6 +279,22 @@ def _pod_event_problem(event: PodEvent) -> str | None:
     return (_nul("node_name", event.node_name or "") or _nul("event_id", event.event_id)
             or _nul("resource_version", event.resource_version)
             or _naive("created_at", event.created_at) or _naive("observed_at", event.observed_at))
+
+
+def _snapshot_listing_problem(event: ClusterSnapshot) -> str | None:
+    if (blank := next((uid for uid in event.pod_uids if not _text_ok(uid)), None)) is not None:
+        return f"pod_uids contains a blank uid ({blank!r})"
+    seen = set(event.pod_uids)
+    for state, uids in event.ended.items():
+        if not state.is_terminal or state is JobState.CANCELLED:
+            return f"ended lists pods as {state.value}, which is not how a pod ends"
+        for uid in uids:
+            if not _text_ok(uid):
+                return f"ended contains a blank uid ({uid!r})"
+            if uid in seen:
+                return f"pod {uid} is listed twice"
+            seen.add(uid)
+    return None
 
 
 def _capacity_problem(event: ClusterCapacity) -> str | None:
@@ -327,8 +356,14 @@ def _cutoff(listed_at: datetime) -> datetime:
 
 
 def _scope(snapshot: ClusterSnapshot) -> SnapshotScope:
+    ended = snapshot.ended_by_uid()
     return SnapshotScope(cluster=snapshot.cluster, cutoff=snapshot_cutoff(snapshot),
-                         listed_at=snapshot.listed_at, listed=frozenset(snapshot.pod_uids))
+                         listed_at=snapshot.listed_at,
+                         listed=frozenset(snapshot.pod_uids) | frozenset(ended), ended=ended)
+
+
+def _listing(scope: SnapshotScope) -> Listing:
+    return {uid: scope.ended.get(uid) for uid in scope.listed}
 
 
 def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
@@ -380,7 +415,7 @@ class _Folding:
         self.jobs = dict(current.jobs)
         self.nodes = dict(current.nodes)
         self.clusters = dict(current.clusters)
-        self.listings: dict[str, frozenset[str]] = {}  # new latest snapshots, by cluster
+        self.listings: dict[str, Listing] = {}  # new latest snapshots, by cluster
         self.outcomes: dict[str, DecisionOutcome] = {}
         self.jobsets: dict[tuple[str, str, str], JobsetSighting] = {}
         self.ignored: list[tuple[IngestEvent, str]] = []
@@ -407,6 +442,12 @@ class _Folding:
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)
+            return
+        if _ended_before_its_cancel(row, event):
+            self.jobs[row.key] = replace(
+                row, state=event.state, state_changed_at=event.observed_at,
+                finished_at=event.observed_at, last_reason="ended before its job set was "
+                f"cancelled ({row.last_reason.removeprefix('cancelled: ')})")
             return
         updated = _moved_to(row, advance(row.state, event.state), event.observed_at)
         if updated.node_name is None and event.node_name:
@@ -451,36 +492,43 @@ class _Folding:
                 self.jobs[row.key] = updated
 
     def snapshot(self, event: ClusterSnapshot) -> None:
+        """Apply a snapshot whatever its order among pod events and other snapshots: what it
+        says ended is final and true whenever it is folded, and what it does not list was gone
+        when it was listed (an older snapshot folded late deletes only what was gone then)."""
         scope = _scope(event)
         for key, row in list(self.jobs.items()):
-            if scope.judges(row):
-                self.jobs[key] = replace(
-                    _moved_to(row, JobState.DELETED, event.listed_at),
-                    last_reason=f"vanished: not listed by snapshot {event.snapshot_id}",
-                )
+            if row.cluster != event.cluster or row.state.is_terminal:
+                continue
+            if (ended := scope.ended.get(row.uid)) is not None:
+                self.jobs[key] = _moved_to(row, advance(row.state, ended), event.listed_at)
+            elif scope.judges(row):
+                self.jobs[key] = _vanished(row, event.snapshot_id, event.listed_at)
         cluster = self.clusters.get(event.cluster) or ClusterRow(event.cluster)
         if cluster.last_snapshot_at is None or cluster.last_snapshot_at < event.listed_at:
             self.clusters[event.cluster] = replace(
                 cluster, last_snapshot_id=event.snapshot_id, last_snapshot_at=event.listed_at)
-            self.listings[event.cluster] = scope.listed
+            self.listings[event.cluster] = _listing(scope)
 
     def _judged_by_latest_snapshot(self, row: JobRow) -> JobRow:
-        """A job first stored now, from an event older than the cluster's latest snapshot:
-        deleted if that snapshot says it was gone."""
+        """A job first stored now, from an event older than the cluster's latest snapshot: as
+        that snapshot says it ended, or deleted if it says it was gone."""
         cluster = self.clusters.get(row.cluster)
         if cluster is None or cluster.last_snapshot_at is None:
             return row
         if row.cluster in self.listings:
-            listed = row.uid in self.listings[row.cluster]
+            listing = self.listings[row.cluster]
+            listed, ended = row.uid in listing, listing.get(row.uid)
         else:
             listed = row.key in self._original.listed_by_latest_snapshot
+            ended = self._original.listed_by_latest_snapshot.get(row.key)
+        if ended is not None:
+            return _moved_to(row, advance(row.state, ended), cluster.last_snapshot_at)
         scope = SnapshotScope(cluster=row.cluster, cutoff=_cutoff(cluster.last_snapshot_at),
                               listed_at=cluster.last_snapshot_at,
                               listed=frozenset({row.uid}) if listed else frozenset())
         if not scope.judges(row):
             return row
-        return replace(_moved_to(row, JobState.DELETED, cluster.last_snapshot_at),
-                       last_reason=f"vanished: not listed by snapshot {cluster.last_snapshot_id}")
+        return _vanished(row, cluster.last_snapshot_id, cluster.last_snapshot_at)
 
     def capacity(self, event: ClusterCapacity) -> None:
         cluster = self.clusters.get(event.cluster) or ClusterRow(event.cluster)
@@ -537,6 +585,17 @@ def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any
         "controlled": event.controlled,
         "controller_uid": event.controller_uid,
     }
+
+
+def _ended_before_its_cancel(row: JobRow, event: PodEvent) -> bool:
+    return (row.state is JobState.CANCELLED
+            and event.state in (JobState.SUCCEEDED, JobState.FAILED)
+            and event.observed_at < row.state_changed_at)
+
+
+def _vanished(row: JobRow, snapshot_id: str | None, listed_at: datetime) -> JobRow:
+    return replace(_moved_to(row, JobState.DELETED, listed_at),
+                   last_reason=f"vanished: not listed by snapshot {snapshot_id}")
 
 
 def _moved_to(row: JobRow, state: JobState, at: datetime) -> JobRow:

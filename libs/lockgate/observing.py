@@ -383,6 +383,7 @@ class ObservedCluster:
         self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in listed_uids}
         events: list[PodEvent] = []
         unfinished: list[str] = []
+        ended: dict[JobState, list[str]] = {}
         unreadable: list[str] = []
         for pod in pods:
             try:
@@ -398,7 +399,9 @@ class ObservedCluster:
                 continue
             self._managed[event.uid] = _Observation.of(event)
             events.append(event)
-            if not event.state.is_terminal:
+            if event.state.is_terminal:
+                ended.setdefault(event.state, []).append(event.uid)
+            else:
                 unfinished.append(event.uid)
         # Pods waiting for their namespace are listed too, so none is taken for vanished.
         unfinished += [uid for waiting in self._pending.values() for uid in waiting]
@@ -407,7 +410,8 @@ class ObservedCluster:
         return Snapshot(
             pod_events=events,
             cluster_snapshot=ClusterSnapshot(snapshot_id=snapshot_id, cluster=self.cluster,
-                                             listed_at=listed_at, pod_uids=unfinished),
+                                             listed_at=listed_at, pod_uids=unfinished,
+                                             ended=ended),
             unreadable=unreadable,
         )
 

@@ -18,7 +18,7 @@ Sections: ingest (lock + read, write), queues, job views for operators.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -28,6 +28,7 @@ from lockgate.ingest import (
     CurrentRows,
     IngestResult,
     JobRow,
+    Listing,
     NodeRow,
     RowsToRead,
 )
@@ -69,18 +70,23 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
         )
         current.jobs.update((row.key, row) for row in map(_job_row, records))
         listed = await connection.fetch(
-            "SELECT p.cluster, p.uid FROM cluster_snapshot_pods p"
+            "SELECT p.cluster, p.uid, p.state FROM cluster_snapshot_pods p"
             " JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid)"
             " ON p.cluster = k.cluster AND p.uid = k.uid",
             list(clusters), list(uids),
         )
-        current.listed_by_latest_snapshot = {(r["cluster"], r["uid"]) for r in listed}
+        current.listed_by_latest_snapshot = {
+            (r["cluster"], r["uid"]): None if r["state"] is None else JobState(r["state"])
+            for r in listed}
     for scope in needed.snapshots:
+        # Unfinished jobs it did not list (it may delete them), and those it says ended.
         records = await connection.fetch(
             f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
-            " WHERE cluster = $1 AND created_at < $2 AND state_changed_at < $3"
-            " AND state <> ALL($4::text[]) AND uid <> ALL($5::text[]) ORDER BY uid FOR UPDATE",
+            " WHERE cluster = $1 AND state <> ALL($4::text[]) AND ("
+            " (created_at < $2 AND state_changed_at < $3 AND uid <> ALL($5::text[]))"
+            " OR uid = ANY($6::text[])) ORDER BY uid FOR UPDATE",
             scope.cluster, scope.cutoff, scope.listed_at, _TERMINAL, sorted(scope.listed),
+            sorted(scope.ended),
         )
         current.jobs.update((row.key, row) for row in map(_job_row, records))
     if needed.capacity_clusters:
@@ -227,13 +233,16 @@ async def upsert_clusters(connection: AnyConnection, rows: Sequence[ClusterRow])
 
 
 async def replace_snapshot_listing(connection: AnyConnection, cluster: str,
-                                   listed: Iterable[str]) -> None:
-    """Keep the pods listed by `cluster`'s latest snapshot (see migration 002)."""
+                                   listed: Listing) -> None:
+    """Keep the pods listed by `cluster`'s latest snapshot, with how the ended ones ended
+    (migrations 002 and 012)."""
+    uids = sorted(listed)
     await connection.execute("DELETE FROM cluster_snapshot_pods WHERE cluster = $1", cluster)
     await connection.execute(
-        "INSERT INTO cluster_snapshot_pods (cluster, uid)"
-        " SELECT $1, uid FROM unnest($2::text[]) AS t(uid) ON CONFLICT DO NOTHING",
-        cluster, sorted(listed))
+        "INSERT INTO cluster_snapshot_pods (cluster, uid, state)"
+        " SELECT $1, uid, state FROM unnest($2::text[], $3::text[]) AS t(uid, state)"
+        " ON CONFLICT DO NOTHING",
+        cluster, uids, [None if (state := listed[uid]) is None else state.value for uid in uids])
 
 
 def _columns(rows: Sequence[object], *names: str) -> list[list[Any]]:

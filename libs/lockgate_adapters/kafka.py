@@ -43,7 +43,7 @@ from lockgate.dead_lettering import LetterLimits, dead_letter
 from lockgate.events import ALL_TOPICS, DEAD_LETTERS, Event, Topic
 from lockgate_adapters.quieting import KAFKA, quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
-from lockgate_adapters.settings import KafkaConfig, RetryPolicy
+from lockgate_adapters.settings import KafkaConfig, RetryPolicy, default_instance_id
 from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
 
 log = logging.getLogger(__name__)
@@ -279,6 +279,8 @@ class BatchConsumer(Generic[E]):
     poll_timeout_ms: int = 200
     on_ready: Callable[[bool, str], None] = lambda ready, detail: None
     letter_limits: LetterLimits = field(default_factory=LetterLimits)
+    # Which process this is (the service's instance_id), written on its dead letters.
+    instance: str = field(default_factory=default_instance_id)
     _producer: AIOKafkaProducer | None = None
     _consumer: AIOKafkaConsumer | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -406,8 +408,10 @@ class BatchConsumer(Generic[E]):
         letter = dead_letter(
             source_topic=record.topic, partition=record.partition, offset=record.offset,
             key=record.key, value=record.value, reason=reason, consumer=self.consumer_name,
-            at=datetime.now(UTC), limits=self.letter_limits)
-        log.warning("dead-lettering %s: %s", letter.reference(), letter.reason[:500])
+            group=self.group_id, instance=self.instance, at=datetime.now(UTC),
+            limits=self.letter_limits)
+        log.warning("dead-lettering %s (%s): %s", letter.reference(), letter.writer(),
+                    letter.reason[:500])
         delays = BackoffIterator(self.retry_policy)
         waited = False
         while True:

@@ -207,8 +207,13 @@ async def lock_active_of_jobset(connection: AnyConnection, queue: str,
 
 
 async def cancel_jobs(connection: AnyConnection, command: JobSetCommand) -> int:
-    """Record the cancel (the first one of a job set wins) and set its unfinished jobs to
-    cancelled with the reason; returns how many jobs this call cancelled (0 when repeated)."""
+    """Record the cancel (the first one of a job set wins) and set its unfinished jobs created
+    before it (`JobSetCommand.covers`, as the ungaters judge their pods) to cancelled with the
+    reason, as of the cancel's time; returns how many jobs this call cancelled (0 when repeated).
+
+    A job whose pod finished before the cancel but whose event is stored after it (queue-store
+    restarted, or behind) takes that outcome then (lockgate.ingest): the cancel's time, on the
+    row, tells the two apart."""
     await hold_change_feed_lock(connection)
     await connection.execute(
         "INSERT INTO jobset_cancellations (queue, jobset, command_id, reason, requested_by,"
@@ -218,12 +223,13 @@ async def cancel_jobs(connection: AnyConnection, command: JobSetCommand) -> int:
     # Jobs whose pods were deleted after the cancel was asked for were deleted by it: the
     # ungaters act on the same command, and their pods' deletion may be stored first.
     status = await connection.execute(
-        "UPDATE jobs SET state = $3, last_reason = $4, state_changed_at = now(),"
-        " finished_at = COALESCE(finished_at, now()), serial = nextval('change_serial')"
-        " WHERE queue = $1 AND jobset = $2 AND (state <> ALL($5::text[])"
+        "UPDATE jobs SET state = $3, last_reason = $4, state_changed_at = $7,"
+        " finished_at = COALESCE(finished_at, $7), serial = nextval('change_serial')"
+        " WHERE queue = $1 AND jobset = $2 AND created_at < $8 AND (state <> ALL($5::text[])"
         " OR (state = $6 AND state_changed_at >= $7))",
         command.queue, command.jobset, JobState.CANCELLED.value,
-        f"cancelled: {command.reason}", _TERMINAL, JobState.DELETED.value, command.at)
+        f"cancelled: {command.reason}", _TERMINAL, JobState.DELETED.value, command.at,
+        command.covers_created_before)
     cancelled = int(status.split()[-1])
     if cancelled:
         await connection.execute(

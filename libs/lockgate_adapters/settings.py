@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,11 @@ from pydantic_settings import (
 
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+def default_instance_id() -> str:
+    """This process, where nothing names it better: host and pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,10 @@ class ServiceSettings(BaseSettings):
         default="INFO", validation_alias=AliasChoices("LOCKGATE_LOG_LEVEL", "log_level")
     )
     # Per service, under the service's own prefix.
+    instance_id: str = Field(
+        default_factory=default_instance_id,
+        description="names this process: on its dead letters, in release_decisions.decided_by "
+                    "(the fair-scheduler); k8s/ sets the pod's name")
     http_host: str = Field(default="127.0.0.1", description="health/metrics bind address")
     http_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     shutdown_grace_seconds: float = Field(default=20.0, gt=0)

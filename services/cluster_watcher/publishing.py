@@ -119,6 +119,7 @@ def snapshot_message(snapshot: ClusterSnapshot) -> Outgoing:
         "lockgate.cluster": snapshot.cluster,
         "lockgate.snapshot": snapshot.snapshot_id,
         "lockgate.managed_unfinished_pods": len(snapshot.pod_uids),
+        "lockgate.managed_ended_pods": sum(len(uids) for uids in snapshot.ended.values()),
     })
     return _traced(CLUSTER_SNAPSHOTS, snapshot, span)
 

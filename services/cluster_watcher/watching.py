@@ -287,7 +287,9 @@ class ClusterWatcher:
         for problem in snapshot.unreadable:
             log.error("%s: cannot read pod %s", self.cluster, problem)
         messages = [pod_event_message(e) for e in snapshot.pod_events]
-        # The snapshot goes after its pods' events: a reader that has it has seen them all.
+        # The snapshot goes after its pods' events, but on another topic, which queue-store
+        # consumes on its own: it may fold the snapshot first. So the snapshot says itself how
+        # each listed pod that had ended ended (lockgate.ingest).
         messages.append(snapshot_message(snapshot.cluster_snapshot))
         await self._outbox.put(messages)
         self._note_capacity()

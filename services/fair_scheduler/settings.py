@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import ClassVar
 
 from pydantic import Field, model_validator
@@ -15,10 +13,6 @@ from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.settings import ServiceSettings
 
 
-def _default_instance_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 class SchedulerSettings(ServiceSettings):
     """Leadership, round triggering and limits, and re-publishing of unanswered releases."""
 
@@ -26,8 +20,6 @@ class SchedulerSettings(ServiceSettings):
                                       extra="forbid")
     service_name: ClassVar[str] = "fair-scheduler"
 
-    instance_id: str = Field(default_factory=_default_instance_id,
-                             description="names this instance in release_decisions.decided_by")
     # Leadership
     standby_retry_seconds: float = Field(
         default=1.0, gt=0, description="how often a standby tries to take the leader lock")

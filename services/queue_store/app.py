@@ -94,6 +94,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             poll_timeout_ms=settings.poll_timeout_ms,
             on_ready=_reporter(ctx, f"consume {topic.name}"),
             letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+            instance=settings.instance_id,
         )
         for topic in CONSUMED_TOPICS
     ]
@@ -107,6 +108,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             poll_timeout_ms=settings.poll_timeout_ms,
             on_ready=_reporter(ctx, f"consume {topic.name}"),
             letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+            instance=settings.instance_id,
         )
         for topic, handle in ((JOBSET_COMMANDS, collector.handle_jobset_commands),
                               (NAMESPACE_COMMANDS, collector.handle_namespace_commands))

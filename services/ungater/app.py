@@ -80,6 +80,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 retry_policy=settings.retry,
                 on_ready=_readiness_setter(ctx, "kafka"),
                 letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+                instance=settings.instance_id,
             )
             await consumer.run(stopping)
         finally:
@@ -99,6 +100,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 retry_policy=settings.retry,
                 max_records=200,
                 letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+                instance=settings.instance_id,
             )
             await consumer.run(stopping)
         finally:
@@ -117,6 +119,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                 retry_policy=settings.retry,
                 max_records=50,
                 letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
+                instance=settings.instance_id,
             )
             await consumer.run(stopping)
         finally:

@@ -4,9 +4,14 @@ Why the ungater: it is the per-cluster service that already acts on pods, and ea
 ungater sees every job-set command (its own consumer group), so a cancel reaches every cluster.
 Its identity may list and delete pods (k8s/base/ungater-rbac.yaml), nothing more.
 
-Idempotent: a redelivered cancel lists the pods again and finds none (or deletes what appeared
-meanwhile); a pod already gone (404) counts as deleted. The batch is acknowledged only once
-every served cluster has answered; an unreachable cluster makes the batch fail and retry.
+Only the pods created before the cancel was asked for (`JobSetCommand.covers`): a cancel taken
+late — after a restart, behind a backlog, redelivered — deletes what it would have deleted at
+once, never a pod the job set created afterwards (queue-store leaves those jobs alone too).
+
+Idempotent: a redelivered cancel lists the pods again and finds none left that it covers; a pod
+already gone (404), or replaced under its name (409: the uid precondition), counts as deleted.
+The batch is acknowledged only once every served cluster has answered; an unreachable cluster
+makes the batch fail and retry.
 """
 
 from __future__ import annotations
@@ -52,12 +57,21 @@ class JobSetCanceller:
                                                           _request_timeout=self._timeout)
             deleted = 0
             for pod in pods.items:
+                created = pod.metadata.creation_timestamp
+                if created is not None and not command.covers(created):
+                    log.info("job set %s/%s: pod %s/%s was created after the cancel; left",
+                             command.queue, command.jobset, pod.metadata.namespace,
+                             pod.metadata.name)
+                    continue
                 try:
-                    await core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
-                                                     _request_timeout=self._timeout)
+                    await core.delete_namespaced_pod(
+                        pod.metadata.name, pod.metadata.namespace,
+                        body=client.V1DeleteOptions(
+                            preconditions=client.V1Preconditions(uid=pod.metadata.uid)),
+                        _request_timeout=self._timeout)
                     deleted += 1
                 except ApiException as error:
-                    if error.status != 404:  # gone meanwhile: that is what we want
+                    if error.status not in (404, 409):  # gone or replaced meanwhile: done
                         raise
         except ApiException as error:
             raise PodDeletionError(f"{cluster}: {error.status} {error.reason}") from error

@@ -73,7 +73,7 @@ async def test_clients_authenticate_with_scram(
     try:
         await publish(producer, DEAD_LETTERS, dead_letter(
             source_topic="t", partition=0, offset=0, key=None, value=b"{}", reason=reason,
-            consumer="sasl-test", at=datetime.now(UTC)))
+            consumer="sasl-test", group=group, instance="sasl-test", at=datetime.now(UTC)))
     finally:
         await producer.stop()
 

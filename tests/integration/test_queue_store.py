@@ -92,9 +92,10 @@ async def own_dsn(pg_dsn: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 async def queue_store(store_dsn: str, kafka_bootstrap: str) -> AsyncIterator[RunningQueueStore]:
+    name = f"queue-store-it-{uuid.uuid4().hex[:6]}"
     running = await start_queue_store(
-        QueueStoreUnderTest(postgres_dsn=store_dsn, kafka_bootstrap=kafka_bootstrap),
-        f"queue-store-it-{uuid.uuid4().hex[:6]}")
+        QueueStoreUnderTest(postgres_dsn=store_dsn, kafka_bootstrap=kafka_bootstrap), name,
+        LOCKGATE_QUEUE_STORE_INSTANCE_ID=name)
     yield running
     assert await running.process.stop() == 0, running.process.log_tail()
 
@@ -390,6 +391,9 @@ async def test_a_message_too_large_or_not_text_is_dead_lettered_by_reference_and
             lambda d: (d.source_topic, d.partition, d.offset) == (
                 topic.name, dead.partition, dead.offset), what=f"the letter of {bad.name}")
     assert letter.consumer == f"queue-store:{topic.name}"
+    # Who wrote it, so a letter on a shared Kafka leads to its deployment and process.
+    assert (letter.group, letter.instance) == (queue_store.spec.group_id,
+                                               queue_store.process.name)
     assert letter.reason.startswith(f"invalid {topic.model.__name__}")
     assert letter.source_key == key
     assert letter.value is not None
@@ -454,6 +458,38 @@ async def test_a_pod_event_stored_after_a_newer_snapshot_is_judged_by_that_snaps
     assert gone["last_reason"] == "vanished: not listed by snapshot snap-late"
     await job_in_state(db, cluster, "listed", JobState.QUEUED)
     await job_in_state(db, cluster, "seen-after", JobState.QUEUED)
+
+
+async def test_a_snapshot_stored_before_its_pods_events_books_how_each_ended(
+        queue_store: RunningQueueStore, db: asyncpg.Pool, producer: AIOKafkaProducer,
+        cluster: str) -> None:
+    """A restarted watcher's relist: its snapshot (own topic) folded before the events that say
+    pods finished while it was down; and an event of the dead watcher stored after both."""
+    await publish(producer, POD_EVENTS, *(pod_event(cluster, uid, JobState.RUNNING, seen=1)
+                                          for uid in ("done", "broke", "gone", "alive")))
+    for uid in ("done", "broke", "gone", "alive"):
+        await job_in_state(db, cluster, uid, JobState.RUNNING)
+    await wait_processed(queue_store, await publish(producer, CLUSTER_SNAPSHOTS, ClusterSnapshot(
+        snapshot_id="snap-ended", cluster=cluster, listed_at=NOW + timedelta(seconds=10),
+        pod_uids=["alive"], ended={JobState.SUCCEEDED: ["done", "late"],
+                                   JobState.FAILED: ["broke"]})))
+    states = {r["uid"]: (r["state"], r["last_reason"]) for r in
+              await db.fetch("SELECT uid, state, last_reason FROM jobs WHERE cluster = $1",
+                             cluster)}
+    assert states == {"done": ("succeeded", ""), "broke": ("failed", ""),
+                      "gone": ("deleted", "vanished: not listed by snapshot snap-ended"),
+                      "alive": ("running", "")}
+    listing = {r["uid"]: r["state"] for r in await db.fetch(
+        "SELECT uid, state FROM cluster_snapshot_pods WHERE cluster = $1", cluster)}
+    assert listing == {"alive": None, "done": "succeeded", "late": "succeeded",
+                       "broke": "failed"}
+    # The events that follow change nothing; a pod first stored now, from an event of the
+    # watcher that died (seen running before the snapshot), takes the outcome it listed.
+    await publish(producer, POD_EVENTS, pod_event(cluster, "done", JobState.SUCCEEDED, seen=10),
+                  pod_event(cluster, "late", JobState.RUNNING, seen=2))
+    late = await job_in_state(db, cluster, "late", JobState.SUCCEEDED)
+    assert late["finished_at"] == NOW + timedelta(seconds=10)
+    assert (await job(db, cluster, "done") or {})["state"] == JobState.SUCCEEDED
 
 
 # Capacity -------------------------------------------------------------------------------------

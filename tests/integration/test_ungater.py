@@ -359,6 +359,9 @@ async def test_a_command_too_large_or_not_text_is_dead_lettered_by_reference_and
     assert outcome.outcome is ReleaseOutcomeKind.UNGATED, outcome
     assert await gates_now(api, namespace, name) == []
     assert (letter.consumer, letter.source_key) == ("ungater", uid)
+    settings = ungater.ctx.settings
+    assert isinstance(settings, UngaterSettings)
+    assert (letter.group, letter.instance) == (settings.consumer_group, settings.instance_id)
     assert letter.reason.startswith("invalid ReleaseCommand")
     assert letter.value is not None
     assert (letter.value.size, letter.value.sha256) == (len(value),

@@ -11,7 +11,9 @@ import asyncio
 import base64
 import dataclasses
 import hashlib
+import os
 import random
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,9 +47,11 @@ EMOJI = "🦀".encode()  # four bytes: a cut can split it three ways
 
 def letter_of(value: bytes | None, *, key: bytes | None = b"uid-1", reason: str = "bad",
               limits: LetterLimits | None = None, source_topic: str = POD_EVENTS.name,
-              consumer: str = "queue-store:" + POD_EVENTS.name) -> DeadLetter:
+              consumer: str = "queue-store:" + POD_EVENTS.name, group: str = "queue-store",
+              instance: str = "queue-store-7d9f-x2k4") -> DeadLetter:
     return dead_letter(source_topic=source_topic, partition=3, offset=2**63 - 1, key=key,
-                       value=value, reason=reason, consumer=consumer, at=AT, limits=limits)
+                       value=value, reason=reason, consumer=consumer, group=group,
+                       instance=instance, at=AT, limits=limits)
 
 
 def assert_describes(payload: PayloadExcerpt | None, raw: bytes | None) -> None:
@@ -89,7 +93,8 @@ def test_a_letter_fits_its_bound_and_describes_the_message_whatever_it_held(
     key = value[:5000]  # keys are arbitrary bytes too
     reason = "invalid PodEvent: \x00\ud800 " + value[:20000].decode(errors="replace") * 3
     letter = letter_of(value, key=key, reason=reason, limits=limits,
-                       source_topic="t" * 300, consumer="c\n" * 300)
+                       source_topic="t" * 300, consumer="c\n" * 300, group="g\x00" * 300,
+                       instance="🦀" * 300)
     encoded = DEAD_LETTERS.encode(letter)
     assert len(encoded) <= limits.max_letter_bytes
     assert DEAD_LETTERS.decode(encoded) == letter
@@ -222,9 +227,10 @@ def consumer_with(producer: RefusingProducer,
         return None
 
     consumer: BatchConsumer[Any] = BatchConsumer(
-        bootstrap="127.0.0.1:1", topic=POD_EVENTS, group_id="g", consumer_name="unit",
+        bootstrap="127.0.0.1:1", topic=POD_EVENTS, group_id="queue-store-eu", consumer_name="unit",
         handle=handle, retry_policy=RetryPolicy(initial_seconds=0.001, max_seconds=0.002),
-        on_ready=lambda ready, detail: readiness.append((ready, detail)))
+        on_ready=lambda ready, detail: readiness.append((ready, detail)),
+        instance="queue-store-5c4b9-abcde")
     consumer._producer = producer  # type: ignore[assignment]
     return consumer
 
@@ -300,6 +306,33 @@ async def test_a_header_without_a_value_is_read_as_empty() -> None:
                                   headers=(("traceparent", None),))
     received = await consumer_with(RefusingProducer([]), [])._decode(message)
     assert received is not None and received.event == event
+
+
+async def test_a_letter_names_the_group_and_instance_that_wrote_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Two deployments on one Kafka share the dead-letter topic: the letter says which one."""
+    producer = RefusingProducer([])
+    await consumer_with(producer, [])._dead_letter(record(b"{"), "invalid PodEvent")
+    (sent,) = producer.sent
+    letter = DEAD_LETTERS.decode(sent)
+    assert (letter.consumer, letter.group, letter.instance) == (
+        "unit", "queue-store-eu", "queue-store-5c4b9-abcde")
+    (logged,) = [r.getMessage() for r in caplog.records if "dead-lettering" in r.getMessage()]
+    assert "queue-store-eu" in logged and "queue-store-5c4b9-abcde" in logged
+
+
+def test_a_consumer_is_named_by_its_host_and_pid_unless_told_otherwise() -> None:
+    consumer = BatchConsumer[Any](bootstrap="127.0.0.1:1", topic=POD_EVENTS, group_id="g",
+                                  consumer_name="unit", handle=lambda *_: asyncio.sleep(0))
+    assert consumer.instance == f"{socket.gethostname()}-{os.getpid()}"
+
+
+def test_a_letter_without_group_or_instance_still_decodes() -> None:
+    """Letters written before they named their writer (the fields were added in place)."""
+    older = (b'{"v":2,"source_topic":"t","partition":0,"offset":1,"key":null,"value":null,'
+             b'"reason":"r","consumer":"c","at":"2026-11-30T18:00:00Z"}')
+    letter = DEAD_LETTERS.decode(older)
+    assert (letter.group, letter.instance) == ("", "")
 
 
 def test_a_v1_letter_is_not_mistaken_for_a_v2_one() -> None:

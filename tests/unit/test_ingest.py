@@ -29,7 +29,7 @@ from lockgate.ingest import (
     rows_to_read,
     snapshot_cutoff,
 )
-from lockgate.jobs import JobState
+from lockgate.jobs import JobState, advance
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 CLUSTER = "cluster-a"
@@ -216,9 +216,10 @@ def test_an_outcome_for_an_unknown_job_is_recorded_on_its_decision_only() -> Non
 
 # Snapshots ------------------------------------------------------------------------------------
 
-def snapshot(*uids: str, listed: float = 100, cluster: str = CLUSTER) -> ClusterSnapshot:
-    return ClusterSnapshot(snapshot_id="s1", cluster=cluster, listed_at=at(listed),
-                           pod_uids=list(uids))
+def snapshot(*uids: str, listed: float = 100, cluster: str = CLUSTER,
+             ended: dict[JobState, list[str]] | None = None, sid: str = "s1") -> ClusterSnapshot:
+    return ClusterSnapshot(snapshot_id=sid, cluster=cluster, listed_at=at(listed),
+                           pod_uids=list(uids), ended=ended or {})
 
 
 def test_a_snapshot_deletes_unfinished_jobs_it_does_not_list() -> None:
@@ -255,11 +256,14 @@ def test_a_snapshot_spares_jobs_seen_changing_after_it_was_listed() -> None:
     assert deleted.uid == "gone"
 
 
-def after_snapshot(listed: set[str], *, listed_at: float = 100) -> CurrentRows:
-    """Rows as stored once snapshot s1 (listing `listed`) of CLUSTER was applied."""
+def after_snapshot(listed: set[str], *, listed_at: float = 100,
+                   ended: dict[str, JobState] | None = None) -> CurrentRows:
+    """Rows as stored once snapshot s1 (listing `listed` unfinished and `ended`) of CLUSTER was
+    applied."""
     current = rows(clusters=(ClusterRow(CLUSTER, last_snapshot_id="s1",
                                         last_snapshot_at=at(listed_at)),))
-    current.listed_by_latest_snapshot = {(CLUSTER, uid) for uid in listed}
+    current.listed_by_latest_snapshot = {(CLUSTER, uid): None for uid in listed}
+    current.listed_by_latest_snapshot |= {(CLUSTER, uid): s for uid, s in (ended or {}).items()}
     return current
 
 
@@ -283,7 +287,7 @@ def test_a_snapshot_earlier_in_the_batch_judges_late_events_after_it() -> None:
                                  pod_event("u2", seen=50)])
     states = {r.uid: r.state for r in result.jobs}
     assert states == {"u1": JobState.QUEUED, "u2": JobState.DELETED}
-    assert result.snapshot_listings == {CLUSTER: frozenset({"u1"})}
+    assert result.snapshot_listings == {CLUSTER: {"u1": None}}
 
 
 def test_an_older_snapshot_does_not_replace_the_latest_listing() -> None:
@@ -305,6 +309,151 @@ def test_rows_to_read_asks_for_every_key_and_each_snapshots_scope() -> None:
 def test_an_event_after_a_snapshot_deletion_does_not_revive_the_job() -> None:
     deleted = only_job(rows(job("u1")), snapshot())
     assert fold_batch(rows(deleted), [pod_event("u1", JobState.RUNNING, seen=200)]).jobs == []
+
+
+# A watcher restart: the snapshot and its pods' events fold in any order ---------------------
+
+def test_a_snapshot_folded_before_the_finish_event_records_how_the_pod_ended() -> None:
+    # Running when the watcher died; finished while it was down. The restarted watcher's
+    # relist publishes "succeeded" on pod-events and the snapshot on cluster-snapshots, and
+    # queue-store folds the snapshot first (the pod-events consumer is behind a backlog).
+    current = rows(job("done", JobState.RUNNING), job("broke", JobState.BOUND),
+                   job("gone", JobState.RUNNING), job("alive", JobState.RUNNING))
+    result = fold_batch(current, [snapshot("alive", ended={JobState.SUCCEEDED: ["done"],
+                                                          JobState.FAILED: ["broke"]})])
+    by_uid = {r.uid: r for r in result.jobs}
+    assert {uid: r.state for uid, r in by_uid.items()} == {
+        "done": JobState.SUCCEEDED, "broke": JobState.FAILED, "gone": JobState.DELETED}
+    assert by_uid["done"].finished_at == at(100) and by_uid["done"].last_reason == ""
+    assert result.snapshot_listings == {CLUSTER: {"alive": None, "done": JobState.SUCCEEDED,
+                                                  "broke": JobState.FAILED}}
+    # The finish event, folded afterwards, changes nothing.
+    stored = rows(*(by_uid.get(j.uid, j) for j in current.jobs.values()))
+    assert fold_batch(stored, [pod_event("done", JobState.SUCCEEDED, seen=100)]).jobs == []
+
+
+def test_a_snapshot_says_ended_even_for_a_job_changed_after_it_was_listed() -> None:
+    # What a snapshot says ended is final whenever it is folded: a pod never un-finishes.
+    running = job("u1", JobState.RUNNING, state_changed_at=at(150))
+    (row,) = fold_batch(rows(running), [snapshot(ended={JobState.FAILED: ["u1"]})]).jobs
+    assert row.state is JobState.FAILED
+
+
+def test_a_snapshot_leaves_a_job_already_ended_as_it_ended() -> None:
+    done = job("u1", JobState.SUCCEEDED)
+    assert fold_batch(rows(done), [snapshot(ended={JobState.DELETED: ["u1"]})]).jobs == []
+
+
+def test_a_late_event_of_a_pod_the_latest_snapshot_listed_as_ended_takes_that_outcome() -> None:
+    # Seen running at 50 by the watcher that died; stored only after the restarted watcher's
+    # snapshot (100), which saw it succeeded.
+    row = only_job(after_snapshot(set(), ended={"u1": JobState.SUCCEEDED}),
+                   pod_event("u1", JobState.RUNNING, seen=50, created=40))
+    assert (row.state, row.finished_at, row.running_at) == (JobState.SUCCEEDED, at(100), at(50))
+
+
+def test_a_snapshot_earlier_in_the_batch_gives_late_events_their_outcome() -> None:
+    result = fold_batch(rows(), [snapshot(listed=100, ended={JobState.FAILED: ["u1"]}),
+                                 pod_event("u1", JobState.RUNNING, seen=50)])
+    assert [r.state for r in result.jobs] == [JobState.FAILED]
+
+
+def test_rows_to_read_asks_for_the_jobs_a_snapshot_says_ended() -> None:
+    (scope,) = rows_to_read([snapshot("u1", ended={JobState.SUCCEEDED: ["u2"]})]).snapshots
+    assert scope.listed == {"u1", "u2"} and scope.ended == {"u2": JobState.SUCCEEDED}
+
+
+@pytest.mark.parametrize(("ended", "problem"), [
+    ({JobState.RUNNING: ["u2"]}, "not how a pod ends"),
+    ({JobState.CANCELLED: ["u2"]}, "not how a pod ends"),
+    ({JobState.SUCCEEDED: ["u1"]}, "listed twice"),
+    ({JobState.SUCCEEDED: ["u2"], JobState.FAILED: ["u2"]}, "listed twice"),
+    ({JobState.SUCCEEDED: [" "]}, "blank uid"),
+])
+def test_a_snapshot_with_an_impossible_listing_is_refused(
+        ended: dict[JobState, list[str]], problem: str) -> None:
+    reason = invalid_reason(snapshot("u1", ended=ended))
+    assert reason is not None and problem in reason
+
+
+class _Books:
+    """Postgres as queue-store's adapter keeps it: jobs, the clusters' latest snapshot, and its
+    listing; each fold reads everything (a superset of what `rows_to_read` asks for)."""
+
+    def __init__(self, jobs: list[JobRow]) -> None:
+        self.jobs = {j.key: j for j in jobs}
+        self.clusters: dict[str, ClusterRow] = {}
+        self.listing: dict[tuple[str, str], JobState | None] = {}
+
+    def fold(self, events: list[IngestEvent]) -> None:
+        current = CurrentRows(jobs=dict(self.jobs), clusters=dict(self.clusters),
+                              listed_by_latest_snapshot=dict(self.listing))
+        result = fold_batch(current, events)
+        self.jobs |= {r.key: r for r in result.jobs}
+        self.clusters |= {c.name: c for c in result.clusters}
+        for cluster, listed in result.snapshot_listings.items():
+            self.listing = {k: v for k, v in self.listing.items() if k[0] != cluster}
+            self.listing |= {(cluster, uid): state for uid, state in listed.items()}
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_restart_records_every_pod_as_the_apiserver_last_saw_it_in_any_order(
+        seed: int) -> None:
+    """Pods seen before the outage (some stored, some still in Kafka), then a relist: its
+    events on pod-events (per pod in order, across pods in any order, some delivered twice)
+    and its snapshot on cluster-snapshots, folded at any point, older snapshots redelivered
+    too. Every pod ends as the relist saw it; a pod it did not list is deleted."""
+    chooser = random.Random(seed)
+    truth: dict[str, JobState] = {}  # as the relist at 100 saw each pod (DELETED: not listed)
+    stored, pod_topic = [], []
+    for i in range(12):
+        uid = f"p{i}"
+        before = chooser.choice([JobState.QUEUED, JobState.BOUND, JobState.RUNNING])
+        seen_before = pod_event(uid, before, seen=chooser.uniform(10, 90), created=5)
+        if chooser.random() < 0.5:
+            stored.append(job(uid, before, created=5, state_changed_at=seen_before.observed_at))
+            old_events: list[PodEvent] = []
+        else:
+            old_events = [seen_before]  # published by the dead watcher, not yet stored
+        truth[uid] = chooser.choice([before, JobState.RUNNING, JobState.SUCCEEDED,
+                                     JobState.FAILED, JobState.DELETED, JobState.DELETED])
+        truth[uid] = advance(before, truth[uid])
+        relist = ([] if truth[uid] is JobState.DELETED and chooser.random() < 0.8
+                  else [pod_event(uid, truth[uid], seen=100, created=5, snapshot_id="s2")])
+        if not relist:
+            pass  # truly gone: the relist did not see it
+        pod_topic.append(old_events + relist)
+    listed_unfinished = [uid for uid, s in truth.items() if not s.is_terminal]
+    ended: dict[JobState, list[str]] = {}
+    for uid, state in truth.items():
+        if state.is_terminal and any(e.uid == uid and e.snapshot_id for e in
+                                     itertools.chain.from_iterable(pod_topic)):
+            ended.setdefault(state, []).append(uid)
+    old_snapshot = snapshot(*truth, listed=1, sid="s1")
+    new_snapshot = snapshot(*listed_unfinished, listed=100, ended=ended, sid="s2")
+
+    # Interleave: pods' event sequences merged at random (order kept per pod), some events
+    # twice; the snapshots (and a redelivered old one) dropped in anywhere; random batches.
+    queues = [list(events) for events in pod_topic if events]
+    merged: list[IngestEvent] = []
+    while queues:
+        events = chooser.choice(queues)
+        event = events.pop(0)
+        merged.append(event)
+        if chooser.random() < 0.2:
+            merged.append(event)
+        queues = [q for q in queues if q]
+    for extra in (new_snapshot, old_snapshot, new_snapshot):
+        merged.insert(chooser.randrange(len(merged) + 1), extra)
+    books = _Books(stored)
+    while merged:
+        size = chooser.randint(1, 5)
+        books.fold(merged[:size])
+        merged = merged[size:]
+
+    recorded = {j.uid: j.state for j in books.jobs.values()}
+    expected = {uid: state for uid, state in truth.items() if uid in recorded}
+    assert recorded == expected
 
 
 # Capacity -------------------------------------------------------------------------------------
@@ -396,3 +545,29 @@ def test_batching_does_not_change_the_outcome() -> None:
     whole = apply_in_batches(len(events))
     assert apply_in_batches(1) == whole
     assert apply_in_batches(17) == whole
+
+
+# A job set's cancel and its pods' ends, stored in either order --------------------------------
+
+def cancelled(uid: str = "u1", *, at_: float = 50) -> JobRow:
+    """As queue-store's cancel leaves a job: cancelled as of the cancel's time."""
+    return job(uid, JobState.CANCELLED, state_changed_at=at(at_), finished_at=at(at_),
+               last_reason="cancelled: sweep abandoned")
+
+
+def test_a_pod_seen_finished_before_the_cancel_keeps_its_outcome_whatever_was_stored_first(
+        ) -> None:
+    # The end stored after the cancel (queue-store restarted, or behind on pod events).
+    row = only_job(rows(cancelled()), pod_event("u1", JobState.SUCCEEDED, seen=40))
+    assert (row.state, row.finished_at) == (JobState.SUCCEEDED, at(40))
+    assert row.last_reason == "ended before its job set was cancelled (sweep abandoned)"
+    # The end stored first: the cancel leaves a finished job alone (queue-store's UPDATE).
+    failed = only_job(rows(job("u2", JobState.RUNNING)), pod_event("u2", JobState.FAILED, seen=40))
+    assert failed.state is JobState.FAILED
+
+
+def test_a_pod_that_ended_after_the_cancel_stays_cancelled() -> None:
+    for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.DELETED, JobState.RUNNING):
+        assert fold_batch(rows(cancelled()), [pod_event("u1", state, seen=60)]).jobs == []
+    # A deletion seen before the cancel is no end of its own choosing: cancelled it stays.
+    assert fold_batch(rows(cancelled()), [pod_event("u1", JobState.DELETED, seen=40)]).jobs == []

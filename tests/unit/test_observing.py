@@ -171,20 +171,25 @@ def test_pods_hold_node_room_while_bound_and_unfinished() -> None:
 # ObservedCluster: snapshots, dedupe, capacity
 
 
-def test_relist_reports_every_managed_pod_and_lists_the_unfinished_ones() -> None:
+def test_relist_reports_every_managed_pod_and_lists_each_with_how_it_ended() -> None:
     cluster = a_cluster()
     snapshot = cluster.relist_pods([
         a_pod("queued").in_queue("q").gated().obj(),
         a_pod("done").in_queue("q").on_node("n1").in_phase("Succeeded").obj(),
+        a_pod("broke").in_queue("q").on_node("n1").in_phase("Failed").obj(),
         a_pod("unmanaged").on_node("n1").in_phase("Running").requesting(cpu="1").obj(),
     ])
-    assert [e.name for e in snapshot.pod_events] == ["queued", "done"]
+    assert [e.name for e in snapshot.pod_events] == ["queued", "done", "broke"]
     sid = snapshot.cluster_snapshot.snapshot_id
     assert all(e.snapshot_id == sid for e in snapshot.pod_events)
     assert snapshot.cluster_snapshot.pod_uids == ["uid-queued"]
+    # Finished pods are listed too, with their outcome: the snapshot may be stored before
+    # their events, and must not pass them for vanished.
+    assert snapshot.cluster_snapshot.ended_by_uid() == {"uid-done": JobState.SUCCEEDED,
+                                                        "uid-broke": JobState.FAILED}
     assert snapshot.cluster_snapshot.cluster == "cluster-a"
     # Events carry distinct ids, and none reuses the snapshot's.
-    assert len({sid, *(e.event_id for e in snapshot.pod_events)}) == 3
+    assert len({sid, *(e.event_id for e in snapshot.pod_events)}) == 4
 
 
 def test_only_changes_of_a_managed_pods_observation_are_reported() -> None:
