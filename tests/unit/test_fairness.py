@@ -816,8 +816,8 @@ class _Model:
 def _reference_round(model: _Model, max_decisions: int, lookback: int,
                      targets: FairTargets) -> list[tuple[str, str]]:
     """The round as its docs say it, naively: each queue is ranked in each cluster by its next
-    pod there, (0, fraction of its fair target there after it) while within the target, else
-    (1, its cost after it); the lowest rank goes, then the queue's name."""
+    pod there, (0, fraction of its fair target there after it) while it holds less than that
+    target there, else (1, its cost after it); the lowest rank goes, then the queue's name."""
     pool: dict[str, int] = {}
     for nodes in model.nodes.values():
         for info in nodes.values():
@@ -842,7 +842,8 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
         here = allocation_in.get((name, job.cluster), {})
         after = max((here.get(r, 0) + job.requests[r]) * inv for r, inv in inverse.items())
         target = targets.queues[name].in_cluster(job.cluster) if name in targets.queues else 0.0
-        if target > 0 and after <= target * (1 + 1e-9) + 1e-12:
+        before = max(here.get(r, 0) * inv for r, inv in inverse.items())
+        if target > 0 and before < target * (1 - 1e-9) - 1e-12:
             return (0, after / target)
         return (1, cost)
 

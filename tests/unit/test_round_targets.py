@@ -157,7 +157,9 @@ def test_a_queue_of_big_pods_is_not_starved_by_a_stream_of_small_ones() -> None:
     # Its target in cluster-a is half: 32 cpu; 1 + 15 x 2 = 31 within it.
     assert fleet.q_at(60) >= 30, fleet.q_cpu
     assert fleet.q_at(89) <= 33, "held room never serves a queue past its target"
-    assert len(fleet.state.room_holds()) == 0  # every hold ended with its pod released
+    # A hold left is for a queue that holds less than its target (32 cpu each) there.
+    for hold in fleet.state.room_holds():
+        assert fleet.state.queue_usage(hold.queue).allocation["cpu"] < 32_000, hold
 
 
 def test_without_holds_every_gap_goes_to_the_small_pods() -> None:

@@ -268,10 +268,12 @@ def test_random_pinned_fleets_match_unit_by_unit_filling(seed: int) -> None:
         for where in clusters:
             if rng.random() < 0.6:
                 demand[(queue, where)] = rng.randint(1, 12)
+    # What queues hold already only steers the split, never the shares.
     targets = fair_targets(
         groups=[cluster(where, cpu) for where, cpu in clusters.items()],
         weights={q: float(w) for q, w in queues.items()},
-        demands=[asks(q, where, amount) for (q, where), amount in demand.items()],
+        demands=[asks(q, where, amount, held=rng.randint(0, amount) * (rng.random() < 0.5))
+                 for (q, where), amount in demand.items()],
     )
     # The model fills in twelfths of a cpu: a continuous answer is within half a cpu of it.
     fine = 12
@@ -293,3 +295,17 @@ def test_random_pinned_fleets_match_unit_by_unit_filling(seed: int) -> None:
             for (q, w), amount in demand.items():
                 if w == where:
                     assert cpus(targets, q, where) >= amount - 1e-6, (seed, where, q)
+
+
+def test_the_split_never_puts_more_in_a_cluster_than_is_asked_there() -> None:
+    # p holds 3 in y (all it asks there) and asks 9 in x; q holds 5 in y, 3 in x, asks 4 more
+    # in x. The split that keeps what they hold first must still respect each demand.
+    targets = fair_targets(
+        groups=[cluster("x", 4), cluster("y", 8)],
+        weights={"p": 2.0, "q": 1.0},
+        demands=[asks("p", "x", 9, held=1), asks("q", "x", 7, held=3),
+                 asks("p", "y", 3, held=3), asks("q", "y", 5, held=5)],
+    )
+    assert cpus(targets, "p", "y") <= 3 + 1e-9
+    assert cpus(targets, "p") == pytest.approx(7)
+    assert cpus(targets, "q") == pytest.approx(5)

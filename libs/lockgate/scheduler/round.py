@@ -203,9 +203,16 @@ Rank = tuple[int, float]
 _TARGET_SLACK = 1e-9
 
 
-def rank_in_cluster(*, after: float, target: float, cost_after: float) -> Rank:
+def below_target(share: float, target: float) -> bool:
+    """Whether a share is short of its target (pods are whole: a queue below its target may
+    take its next pod even if that pod carries it past the target, by less than the pod)."""
+    return target > 0 and share < target * (1 - _TARGET_SLACK) - 1e-12
+
+
+def rank_in_cluster(*, before: float, after: float, target: float,
+                    cost_after: float) -> Rank:
     """The round's order in a cluster (docs/scheduling.md, "Fair targets")."""
-    if target > 0 and after <= target * (1 + _TARGET_SLACK) + 1e-12:
+    if below_target(before, target):
         return (0, after / target)
     return (1, cost_after)
 
@@ -383,7 +390,8 @@ class _Round:
     def rank(self, progress: _QueueRound, cluster: str,
              pairs: tuple[tuple[int, int], ...]) -> Rank:
         queue = progress.queue
-        return rank_in_cluster(after=self.share_in(queue, cluster, pairs),
+        return rank_in_cluster(before=self.share_in(queue, cluster, ()),
+                               after=self.share_in(queue, cluster, pairs),
                                target=self.target_in(queue.name, cluster),
                                cost_after=self._cost_after(progress, pairs))
 
@@ -415,8 +423,8 @@ class _Round:
                 holds.end(hold.job_id)
                 continue
             held = taken.setdefault((hold.queue, hold.cluster), [0] * len(self.inverse_total))
-            if self.share_in(queue, hold.cluster, job.shape.pairs, held) > self.target_in(
-                    hold.queue, hold.cluster) * (1 + _TARGET_SLACK) + 1e-12:
+            if not below_target(self.share_in(queue, hold.cluster, (), held),
+                                self.target_in(hold.queue, hold.cluster)):
                 holds.end(hold.job_id)  # its queue no longer needs that much to reach it
                 continue
             _add_pairs_to(held, job.shape.pairs)
@@ -431,8 +439,7 @@ class _Round:
         if target <= 0:
             return
         held = cluster.held_by.get(queue.name)
-        if self.share_in(queue, pending.cluster, shape.pairs, held) > target * (
-                1 + _TARGET_SLACK) + 1e-12:
+        if not below_target(self.share_in(queue, pending.cluster, (), held), target):
             return
         assert self.now is not None and self.hold_seconds is not None
         holds = self.state.room_holds()

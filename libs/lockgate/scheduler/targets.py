@@ -373,7 +373,9 @@ class _Problem:
         net, _, demand_edges = self._network(self.level, prefer_held=True)
         net.max_flow(0, net.size - 1)
         for d, edge in enumerate(demand_edges):
-            net.capacity[edge] = self.demands[d][2]
+            # Widen each demand's edge to all it asks: its residual is what is not yet routed.
+            net.capacity[edge] = max(0.0, self.demands[d][2] - net.flow_of(edge))
+            net.original[edge] = self.demands[d][2]
         net.max_flow(0, net.size - 1)
         self.split = [net.flow_of(edge) for edge in demand_edges]
 
