@@ -510,7 +510,7 @@ class Leader:
         keys = [store.split_job_id(job_id) for job_id in ids]
         names = await store.pod_names(self._connection, keys)
         places = positions(state, ids)
-        explainer = Explainer(state, now=now)
+        explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled)
         told: list[str] = []
         waiting_notices: list[PodNotice] = []
         for job_id, first in due:

@@ -14,7 +14,7 @@ Pure: the clock is passed in, as epoch seconds (pods' creation times are epoch s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -569,6 +569,11 @@ class QueueStatus:
     oldest_queued_at: float | None  # epoch seconds: the creation of its oldest queued pod
     max_queued_seconds: float | None
     backing_off: int = 0  # queued, held while their controller backs off (lockgate.backoff)
+    # Its constrained fair target (lockgate.scheduler.targets), over the pool and per cluster,
+    # and what it holds per cluster: shares of the pool.
+    fair_target: float = 0.0
+    cluster_targets: Mapping[str, float] = field(default_factory=dict)
+    cluster_shares: Mapping[str, float] = field(default_factory=dict)
 
 
 def queue_statuses(state: SchedulerState) -> list[QueueStatus]:
@@ -599,5 +604,7 @@ def queue_statuses(state: SchedulerState) -> list[QueueStatus]:
             released=released, running=running, oldest_queued_at=oldest.get(name),
             max_queued_seconds=None if spec is None or spec.max_queued is None
             else spec.max_queued.seconds,
-            backing_off=usage.backing_off_jobs))
+            backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
+            cluster_targets=dict(share.cluster_targets),
+            cluster_shares=dict(share.cluster_shares)))
     return statuses
