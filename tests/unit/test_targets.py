@@ -309,3 +309,16 @@ def test_the_split_never_puts_more_in_a_cluster_than_is_asked_there() -> None:
     assert cpus(targets, "p", "y") <= 3 + 1e-9
     assert cpus(targets, "p") == pytest.approx(7)
     assert cpus(targets, "q") == pytest.approx(5)
+
+
+def test_a_queue_that_may_run_anywhere_is_split_in_proportion_to_what_it_asks() -> None:
+    # Symmetric clusters, every queue asking alike in both: each target splits evenly, so the
+    # round's order in each cluster is the same as over the pool.
+    targets = fair_targets(
+        groups=[cluster("A", 64), cluster("B", 64)],
+        weights={"w1": 1.0, "w2": 2.0, "w4": 4.0},
+        demands=[asks(q, c, 100) for q in ("w1", "w2", "w4") for c in "AB"],
+    )
+    for queue, total in (("w1", 128 / 7), ("w2", 256 / 7), ("w4", 512 / 7)):
+        assert cpus(targets, queue) == pytest.approx(total)
+        assert cpus(targets, queue, "A") == pytest.approx(total / 2)

@@ -35,7 +35,9 @@ The algorithm (docs/scheduling.md, "Fair targets"):
   asking 10 in A and 10 in B, q2 asking 10 in A, and A = B = 10, only the flow sees that q1
   belongs in B and q2 gets all of A.
 - The split per cluster is a last max flow at the final levels, routed first through what each
-  queue already holds (so a queue is not moved without need), then through the rest.
+  queue already holds (so a queue is not moved without need), then in proportion to what it asks
+  in each cluster (so a queue that may run anywhere is owed room everywhere it asks, evenly, not
+  all in the first cluster by name), then through all it asks.
 
 Exact for one resource, and for several when each queue's demands in a node group share one
 resource profile (cpu-only pods, or pods of one cpu:memory ratio). With mixed profiles a queue's
@@ -369,13 +371,27 @@ class _Problem:
         return _highest_level(rising, budget, level)
 
     def _split(self) -> None:
-        """Route the final levels: first through what queues hold, then through the rest."""
+        """Route the final levels: first through what queues hold; then each queue's level
+        in proportion to what it asks in each cluster, as far as room allows; then through
+        all it asks (augmenting paths move a flexible queue out of a cluster a pinned one
+        needs). Each stage only widens edges, so what an earlier stage routed stays routed
+        unless a later one needs it moved."""
         net, _, demand_edges = self._network(self.level, prefer_held=True)
         net.max_flow(0, net.size - 1)
+
+        def widen(edge: int, to: float) -> None:
+            routed = net.flow_of(edge)
+            to = max(to, routed)
+            net.capacity[edge] = max(0.0, to - routed)
+            net.original[edge] = to
+
         for d, edge in enumerate(demand_edges):
-            # Widen each demand's edge to all it asks: its residual is what is not yet routed.
-            net.capacity[edge] = max(0.0, self.demands[d][2] - net.flow_of(edge))
-            net.original[edge] = self.demands[d][2]
+            queue, _, dominant, _, _, _ = self.demands[d]
+            asked = self.asked[queue]
+            widen(edge, dominant * self.level.get(queue, 0.0) / asked if asked > 0 else 0.0)
+        net.max_flow(0, net.size - 1)
+        for d, edge in enumerate(demand_edges):
+            widen(edge, self.demands[d][2])
         net.max_flow(0, net.size - 1)
         self.split = [net.flow_of(edge) for edge in demand_edges]
 
