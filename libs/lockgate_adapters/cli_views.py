@@ -69,15 +69,24 @@ def show_status(client: _Client, args: argparse.Namespace, out: TextIO) -> None:
 
     def table() -> Table:
         return Table(
-            ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "QUEUED", "RELEASED", "RUNNING",
-             "OLDEST-WAIT", "NOTE"],
+            ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET", "BY-CLUSTER", "QUEUED",
+             "RELEASED", "RUNNING", "OLDEST-WAIT", "NOTE"],
             [[q["queue"], f"{q['weight']:.3g}", share(q["fair_share"]),
-              share(q["adjusted_fair_share"]), share(q["actual_share"]), str(q["queued"]),
+              share(q["adjusted_fair_share"]), share(q["actual_share"]),
+              share(q.get("fair_target", 0.0)), _by_cluster(q), str(q["queued"]),
               str(q["released"]), str(q["running"]), duration(q.get("oldest_wait_seconds")),
               _queue_note(q)] for q in answer["queues"]],
             empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`")
 
     render(out, args.output, answer, table=table)
+
+
+def _by_cluster(q: Mapping[str, Any]) -> str:
+    """What the queue holds of its fair target in each cluster: "cluster-a 18.8%/18.8%"."""
+    targets = q.get("cluster_targets") or {}
+    held = q.get("cluster_shares") or {}
+    return ", ".join(f"{cluster} {share(held.get(cluster, 0.0))}/{share(targets.get(cluster, 0.0))}"
+                     for cluster in sorted({*targets, *held})) or "-"
 
 
 def _queue_note(q: Mapping[str, Any]) -> str:
@@ -124,6 +133,9 @@ def _explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
         "Fair share": share(e["fair_share"]),
         "Adjusted fair share": share(e["adjusted_fair_share"]),
         "Actual share": share(e["actual_share"]),
+        "Fair target": f"{share(e.get('fair_target', 0.0))} of the pool; in {e['cluster']} "
+        f"{share(e.get('cluster_target', 0.0))} (holds {share(e.get('cluster_share', 0.0))})",
+        "Room held": "-" if not e.get("held_on") else f"on node {e['held_on']}",
         "Queue holds": amounts(e["queue_allocation"]),
         "Queue limits": amounts(e["queue_limits"]),
         "Cluster": f"{e['cluster']} ({e['cluster_nodes']} schedulable nodes)",

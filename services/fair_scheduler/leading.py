@@ -254,7 +254,9 @@ class Leader:
                                     max_lookback_per_queue=settings.max_lookback_per_queue,
                                     now=decided_at.timestamp(),
                                     group_reserve_after_seconds=(
-                                        settings.group_reserve_after_seconds))
+                                        settings.group_reserve_after_seconds),
+                                    room_hold_seconds=settings.room_hold_seconds or None,
+                                    targets_max_age=settings.targets_max_age_seconds)
             planned: list[tuple[str, str, str]] = []
             for decision in result.decisions:
                 cluster, uid = store.split_job_id(decision.job_id)
@@ -508,7 +510,7 @@ class Leader:
         keys = [store.split_job_id(job_id) for job_id in ids]
         names = await store.pod_names(self._connection, keys)
         places = positions(state, ids)
-        explainer = Explainer(state, now=now)
+        explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled)
         told: list[str] = []
         waiting_notices: list[PodNotice] = []
         for job_id, first in due:

@@ -25,7 +25,7 @@ ROUND_SECONDS = Histogram(
 )
 SHARE = Gauge("lockgate_scheduler_queue_share",
               "A queue's share of the pool's dominant resource (ratio), by kind: fair, "
-              "adjusted_fair, actual", ["queue", "kind"])
+              "adjusted_fair, actual, target (its constrained fair target)", ["queue", "kind"])
 QUEUE_JOBS = Gauge("lockgate_scheduler_queue_jobs",
                    "A queue's unfinished jobs (count), by phase: queued, released (gate being "
                    "removed or removed), running (bound or running)", ["queue", "phase"])
@@ -68,6 +68,13 @@ class FairnessReport:
                 "adjusted_fair_share": share.adjusted_fair_share,
                 "actual_share": share.actual_share,
                 "demand_share": share.demand_share,
+                # The constrained fair target (docs/scheduling.md, "Fair targets"): over the
+                # pool, and per cluster, beside what the queue holds there.
+                "fair_target": share.fair_target,
+                "clusters": {cluster: {"target": share.cluster_targets.get(cluster, 0.0),
+                                       "actual": share.cluster_shares.get(cluster, 0.0)}
+                             for cluster in sorted({*share.cluster_targets,
+                                                    *share.cluster_shares})},
                 "queued": counts["queued"],
                 "unschedulable": report.unschedulable,
                 # Queued, held while their controller backs off (lockgate.backoff).
@@ -86,6 +93,7 @@ class FairnessReport:
             SHARE.labels(name, "fair").set(share.fair_share)
             SHARE.labels(name, "adjusted_fair").set(share.adjusted_fair_share)
             SHARE.labels(name, "actual").set(share.actual_share)
+            SHARE.labels(name, "target").set(share.fair_target)
             for phase in PHASES:
                 QUEUE_JOBS.labels(name, phase).set(counts[phase])
         self.queues = queues

@@ -148,6 +148,17 @@ class SchedulerSettings(ServiceSettings):
         description="a complete pod group that has not fitted for this long after its last "
                     "member arrived reserves its cluster: nothing else is released there until "
                     "it fits")
+    # Fair targets and holds of freed room (docs/scheduling.md, "Fair targets", "Holds").
+    room_hold_seconds: float = Field(
+        default=120.0, ge=0,
+        description="a pod of a queue below its fair target that does not fit has room freed "
+                    "on one node held for it for at most this long (then on another node); "
+                    "0 turns holds off")
+    targets_max_age_seconds: float = Field(
+        default=1.0, ge=0,
+        description="fair targets are recomputed when demand, weights or capacity change; "
+                    "while only amounts change, a result this recent is kept (bounds the cost "
+                    "with many queues)")
     # Preemption to fair share (docs/scheduling.md, "Preemption"): off unless enabled.
     preemption_enabled: bool = Field(
         default=False, description="evict preemptible pods of queues above their fair share "

@@ -236,8 +236,8 @@ async def test_explain_and_events_name_what_each_waiting_pod_waits_for(running: 
     assert fill["oldest_wait_seconds"] > 0
     assert yaml.safe_load(lockgate_cli(running, "status", "-o", "yaml"))["queues"]
     table = lockgate_cli(running, "status")
-    assert table.splitlines()[0].split()[:5] == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED",
-                                                 "ACTUAL"]
+    assert table.splitlines()[0].split()[:6] == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED",
+                                                 "ACTUAL", "TARGET"]
 
 
 def a_job(name: str, queue: str) -> dict[str, Any]:

@@ -91,7 +91,8 @@ STATUS = {"at": "2026-01-01T00:00:00+00:00", "queues": [
     {"queue": "team-a", "defined": True, "cordoned": False, "weight": 2.0, "fair_share": 2 / 3,
      "adjusted_fair_share": 0.75, "actual_share": 0.5, "queued": 12, "unschedulable": 1,
      "released": 2, "running": 30, "oldest_queued_at": 0, "oldest_wait_seconds": 192,
-     "max_queued_seconds": 3600},
+     "max_queued_seconds": 3600, "fair_target": 0.625,
+     "cluster_targets": {"cluster-a": 0.625}, "cluster_shares": {"cluster-a": 0.5}},
     {"queue": "b", "defined": True, "cordoned": True, "weight": 1.0, "fair_share": 1 / 3,
      "adjusted_fair_share": 0.25, "actual_share": 0.0, "queued": 0, "unschedulable": 0,
      "released": 0, "running": 0, "oldest_queued_at": None, "oldest_wait_seconds": None,
@@ -102,12 +103,14 @@ def test_status_shows_shares_as_percentages_and_the_oldest_wait_as_a_duration() 
     text, client = run(["status"], STATUS)
     assert client.requests == [("GET", "/api/v1/status", None)]
     header, team_a, b = text.splitlines()
-    assert header.split() == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "QUEUED",
-                              "RELEASED", "RUNNING", "OLDEST-WAIT", "NOTE"]
-    assert team_a.split()[:9] == ["team-a", "2", "66.7%", "75.0%", "50.0%", "12", "2", "30",
-                                  "3m12s"]
+    assert header.split() == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET",
+                              "BY-CLUSTER", "QUEUED", "RELEASED", "RUNNING", "OLDEST-WAIT",
+                              "NOTE"]
+    assert team_a.split()[:12] == ["team-a", "2", "66.7%", "75.0%", "50.0%", "62.5%",
+                                   "cluster-a", "50.0%/62.5%", "12", "2", "30", "3m12s"]
     assert "1 fit no node" in team_a and "max queued 1h" in team_a
-    assert b.split()[8:] == ["-", "cordoned"]
+    assert b.split()[5:7] == ["0.0%", "-"]
+    assert b.split()[10:] == ["-", "cordoned"]
     assert yaml.safe_load(run(["status", "-o", "yaml"], STATUS)[0]) == STATUS
 
 

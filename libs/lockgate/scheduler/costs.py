@@ -17,7 +17,7 @@ Everything that weighs a queue uses the functions here with that one inverse: th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lockgate.scheduler.state import SchedulerState, Shape
 
@@ -39,6 +39,11 @@ class FairShare:
     adjusted_fair_share: float  # fair share, with what others cannot use redistributed
     actual_share: float  # dominant share of its allocation
     demand_share: float  # dominant share of allocation plus schedulable queued requests
+    # Its constrained fair target (lockgate.scheduler.targets): over the pool, and per cluster
+    # it asks for room in; and what it holds in each cluster (all as shares of the pool).
+    fair_target: float = 0.0
+    cluster_targets: Mapping[str, float] = field(default_factory=dict)
+    cluster_shares: Mapping[str, float] = field(default_factory=dict)
 
 
 def adjusted_fair_shares(
@@ -96,17 +101,23 @@ def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, F
         )
     total_weight = sum(weights.values())
     adjusted = adjusted_fair_shares(weights, demands)
-    return {
-        name: FairShare(
+    targets = state.fair_targets()
+    shares: dict[str, FairShare] = {}
+    for name, queue in state.queue_records.items():
+        target = targets.queues.get(name)
+        shares[name] = FairShare(
             queue=name,
             weight=queue.weight,
             fair_share=weights[name] / total_weight if name in weights else 0.0,
             adjusted_fair_share=adjusted.get(name, 0.0),
             actual_share=actual[name],
             demand_share=demands.get(name, actual[name]),
+            fair_target=0.0 if target is None else target.share,
+            cluster_targets={} if target is None else dict(target.cluster_shares),
+            cluster_shares={cluster: dominant(vector, inverse)
+                            for cluster, vector in sorted(queue.alloc_in.items())},
         )
-        for name, queue in state.queue_records.items()
-    }
+    return shares
 
 
 def dominant(vector: list[int], inverse: list[float]) -> float:

@@ -14,21 +14,26 @@ Pure: the clock is passed in, as epoch seconds (pods' creation times are epoch s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from lockgate.backoff import backing_off_message
 from lockgate.jobs import JobState
 from lockgate.max_queued import stricter
-from lockgate.scheduler.costs import FairShare, dominant, fair_shares, is_below
-from lockgate.scheduler.room import ClusterRoom
-from lockgate.scheduler.state import SchedJob, SchedulerState
+from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, fair_shares
+from lockgate.scheduler.holds import RoomHold
+from lockgate.scheduler.room import ClusterRoom, fits
+from lockgate.scheduler.round import Rank, below_target, rank_in_cluster
+from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState
 
 
 class WaitReason(StrEnum):
     """What a queued pod waits for. Open: readers show a value they do not know as it is."""
 
-    FAIR_SHARE = "fair_share"  # its queue holds its fair share; queues below theirs go first
+    # Its queue holds its fair target in the pod's cluster, and queues the round ranks before it
+    # there (below their own targets) go first.
+    FAIR_SHARE = "fair_share"
     CLUSTER_ROOM = "cluster_room"  # no node of its cluster has room for it right now
     NODE_FIT = "node_fit"  # it fits no node of its cluster, even an empty one
     NO_NODES = "no_nodes"  # its cluster has no schedulable node (unknown, empty, cordoned)
@@ -68,8 +73,8 @@ class WaitFacts:
     fits_some_node: bool  # some schedulable node could hold it when empty
     over_queue_limit: bool
     fits_free_room: bool  # some node has room for it now
-    at_fair_share: bool  # its queue holds at least its adjusted fair share
-    others_below_share_waiting: bool  # another queue below its share waits in the same cluster
+    at_fair_share: bool  # its queue holds at least its fair target in the pod's cluster
+    others_below_share_waiting: bool  # queues the round ranks before it there wait there
     backing_off: bool = False  # its controller backs off (lockgate.backoff)
 
 
@@ -122,30 +127,54 @@ class Explanation:
     largest_node: Mapping[str, int]  # the largest allocatable of one node
     max_queued_seconds: float | None
     max_queued_action: str | None
-    competing_queues: tuple[str, ...]  # queues below their share waiting in the same cluster
+    # Queues with pods waiting in the same cluster that the round ranks before this pod's queue
+    # there (the round's order: below their fair target first, in proportion to it). Two pods
+    # never list each other's queue: the order is one total order.
+    competing_queues: tuple[str, ...]
     message: str = ""
     max_queued_by: str | None = None  # whose maximum applies: "queue" or "jobset"
     # Its controller's back-off (lockgate.backoff): consecutive give-ups, and until when
     # (epoch seconds) it waits; 0 and None when it does not back off.
     backoff_attempts: int = 0
     backoff_until: float | None = None
+    # The constrained fair target (lockgate.scheduler.targets) of its queue, over the pool and
+    # in the pod's cluster, and what the queue holds there (shares of the pool).
+    fair_target: float = 0.0
+    cluster_target: float = 0.0
+    cluster_share: float = 0.0
+    below_target: bool = False  # its queue holds less than its target in the pod's cluster
+    # Room held for this pod (lockgate.scheduler.holds): on which node, until when, and what
+    # is free there for it now.
+    held_on: str | None = None
+    held_until: float | None = None
+    held_free: Mapping[str, int] | None = None
+    # Queues whose waiting pods in this cluster fit the room free now beyond every hold: the
+    # gaps that open go to them while this pod does not fit.
+    gaps_to: tuple[str, ...] = ()
+    # Queues above their fair target in this cluster (what preemption could take from).
+    above_target: tuple[str, ...] = ()
+    preemption: bool | None = None  # whether preemption is on (None: not known here)
 
 
-def explain(state: SchedulerState, job_id: str, *, now: float) -> Explanation | None:
+def explain(state: SchedulerState, job_id: str, *, now: float,
+            preemption: bool | None = None) -> Explanation | None:
     """Why `job_id` waits, from the state as it is (after a round, as the leader holds it)."""
-    return Explainer(state, now=now).explain(job_id)
+    return Explainer(state, now=now, preemption=preemption).explain(job_id)
 
 
 class Explainer:
     """Explains many pods of one state at one time, sharing what they have in common (the fair
     shares, each cluster's free room); build a new one after the state changed."""
 
-    def __init__(self, state: SchedulerState, *, now: float) -> None:
+    def __init__(self, state: SchedulerState, *, now: float,
+                 preemption: bool | None = None) -> None:
         self.state = state
         self.now = now
+        self.preemption = preemption
         self.shares = fair_shares(state)
         self.inverse = state.fairness_inverse()
         self._rounds: dict[str, ClusterRoom] = {}
+        self._ranks: dict[str, dict[str, Rank]] = {}  # per cluster, per queue waiting there
 
     def explain(self, job_id: str, position: tuple[int, int] | None = None
                 ) -> Explanation | None:
@@ -162,12 +191,68 @@ class Explainer:
         cluster = state.cluster_records.get(job.cluster)
         if rounds is None and cluster is not None and cluster.order:
             rounds = self._rounds[job.cluster] = ClusterRoom(cluster, self.inverse)
-        return _explain(state, job, position, self.shares, self.inverse, rounds, self.now)
+            index = {node: i for i, node in enumerate(rounds.names)}
+            axes = len(self.inverse)
+            for hold in state.room_holds().in_cluster(job.cluster):
+                held = state.job_records.get(hold.job_id)
+                if (held is not None and held.state is JobState.QUEUED
+                        and hold.node in index):
+                    rounds.hold(hold.job_id, hold.queue, held.shape, axes,
+                                node=index[hold.node])
+        ranks = self._ranks.get(job.cluster)
+        if ranks is None:
+            ranks = self._ranks[job.cluster] = _ranks_in(state, job.cluster, self.inverse)
+        return _explain(state, job, position, self.shares, self.inverse, rounds, self.now,
+                        ranks, self.preemption)
+
+
+def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> str | None:
+    """The queue's next pod in the cluster, in release order (the heap drops stale entries
+    lazily, so check them)."""
+    jobs = state.job_records
+
+    def valid(entry: tuple[int, float, str]) -> bool:
+        job = jobs.get(entry[2])
+        return (job is not None and job.state is JobState.QUEUED and not job.parked
+                and not job.held and job.queue == queue.name and job.cluster == pending.cluster
+                and job.priority == -entry[0] and job.created_at == entry[1])
+
+    if pending.heap and valid(pending.heap[0]):
+        return pending.heap[0][2]
+    live = [entry for entry in pending.heap if valid(entry)]
+    return min(live)[2] if live else None
+
+
+def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict[str, Rank]:
+    """How the round ranks each queue with pods waiting in `cluster`, by its next pod there."""
+    targets = state.fair_targets()
+    ranks: dict[str, Rank] = {}
+    for name, queue in state.queue_records.items():
+        pending = queue.pending.get(cluster)
+        if not queue.schedulable or pending is None or pending.live == 0:
+            continue
+        head = _head(state, queue, pending)
+        if head is None:
+            continue
+        pairs = state.job_records[head].shape.pairs
+        held = queue.alloc_in.get(cluster, [0] * len(inverse))
+        after = held[:]
+        total = queue.allocation[:]
+        for axis, amount in pairs:
+            after[axis] += amount
+            total[axis] += amount
+        target = targets.queues.get(name)
+        ranks[name] = rank_in_cluster(
+            before=dominant(held, inverse), after=dominant(after, inverse),
+            target=0.0 if target is None else target.in_cluster(cluster),
+            cost_after=dominant(total, inverse) * queue.priority_factor)
+    return ranks
 
 
 def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
              shares: Mapping[str, FairShare], inverse: list[float],
-             rounds: ClusterRoom | None, now: float) -> Explanation:
+             rounds: ClusterRoom | None, now: float, ranks: Mapping[str, Rank],
+             preemption: bool | None) -> Explanation:
     job_id = job.job_id
     spec = state.queue_spec(job.queue)
     share = shares.get(job.queue)
@@ -181,6 +266,9 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     largest_node: list[int] = []
     fits_some = fits_free = False
     node_count = 0
+    held_on: RoomHold | None = None
+    held_room: list[int] | None = None
+    gaps: list[str] = []
     if cluster is not None and rounds is not None:
         node_count = len(cluster.order)
         shape = state.job_records[job_id].shape
@@ -196,6 +284,22 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
                 best, largest_free = size, room
             if index in eligible and all(free[axis] >= amount for axis, amount in shape.pairs):
                 fits_free = True  # room only on a node the pod may land on
+        room_hold = state.room_holds().of(job_id)
+        if room_hold is not None and job_id in rounds.hold_node:
+            held_free = _room_for_holder(rounds, job_id)
+            fits_free = fits_free or fits(held_free, shape)
+            held_on = room_hold
+            held_room = [max(0, a) for a in held_free]
+        for other in ranks:
+            if other == job.queue:
+                continue
+            head = _head(state, state.queue_records[other],
+                         state.queue_records[other].pending[job.cluster])
+            if head is not None and any(
+                    i in set(rounds.nodes_for(state.job_records[head].shape.placement))
+                    and fits(rounds.free[i], state.job_records[head].shape)
+                    for i in range(len(rounds.free))):
+                gaps.append(other)
         biggest = -1.0
         for name in cluster.order:
             allocatable = cluster.nodes[name].allocatable
@@ -206,13 +310,18 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     limits = {} if spec is None else spec.limits.as_dict()
     over_limit = any(allocation.get(name, 0) + requests.get(name, 0) > limit
                      for name, limit in limits.items())
-    at_share = share is not None and not is_below(share.actual_share,
-                                                  share.adjusted_fair_share)
-    competing = tuple(sorted(
-        name for name, other in state.queue_records.items()
-        if name != job.queue and other.schedulable
-        and (pending := other.pending.get(job.cluster)) is not None and pending.live > 0
-        and is_below(shares[name].actual_share, shares[name].adjusted_fair_share)))
+    cluster_target = 0.0 if share is None else share.cluster_targets.get(job.cluster, 0.0)
+    cluster_share = 0.0 if share is None else share.cluster_shares.get(job.cluster, 0.0)
+    below = below_target(cluster_share, cluster_target)
+    # The round's order in this cluster, one total order: (rank, name) before this queue's.
+    mine = ranks.get(job.queue)
+    competing = () if mine is None else tuple(sorted(
+        name for name, rank in ranks.items()
+        if name != job.queue and (rank, name) < (mine, job.queue)))
+    above = tuple(sorted(
+        name for name, other in shares.items()
+        if name != job.queue and other.cluster_shares.get(job.cluster, 0.0)
+        > other.cluster_targets.get(job.cluster, 0.0) + SHARE_EPSILON))
     hold = state.controller_hold(job_id)
     reason = choose_reason(WaitFacts(
         queue_defined=spec is not None,
@@ -221,7 +330,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         fits_some_node=fits_some,
         over_queue_limit=over_limit,
         fits_free_room=fits_free,
-        at_fair_share=at_share,
+        at_fair_share=not below,
         others_below_share_waiting=bool(competing),
         backing_off=hold is not None,
     )) if queued else None
@@ -250,8 +359,28 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         max_queued_by=None if max_queued is None else max_queued.by,
         backoff_attempts=0 if hold is None else hold.attempts,
         backoff_until=None if hold is None else hold.until,
+        fair_target=0.0 if share is None else share.fair_target,
+        cluster_target=cluster_target, cluster_share=cluster_share, below_target=below,
+        held_on=None if held_on is None else held_on.node,
+        held_until=None if held_on is None else held_on.until,
+        held_free=None if held_room is None else named(held_room),
+        gaps_to=tuple(sorted(gaps)), above_target=above, preemption=preemption,
     )
     return _with_message(explanation)
+
+
+def _room_for_holder(rounds: ClusterRoom, job_id: str) -> list[int]:
+    """What is free for a held pod on its node: the room beyond every hold there, plus its
+    own hold's and the younger holds' (it is served before them)."""
+    node = rounds.hold_node[job_id]
+    room = rounds.free[node][:]
+    younger = False
+    for other, shape in rounds.holds_on.get(node, []):
+        younger = younger or other == job_id
+        if younger:
+            for axis, amount in shape.pairs:
+                room[axis] += amount
+    return room
 
 
 def _position(state: SchedulerState, job: SchedJob) -> tuple[int, int]:
@@ -307,12 +436,14 @@ def wait_message(e: Explanation) -> str:
     where = f'queue "{e.queue}", position {e.position} of {e.queued_in_queue}'
     reason = e.reason
     if reason is WaitReason.FAIR_SHARE:
-        why = (f"waiting for its queue's fair share: the queue holds {_percent(e.actual_share)} "
-               f"of the pool, its adjusted fair share is {_percent(e.adjusted_fair_share)}, and "
-               f"queues below theirs go first ({', '.join(e.competing_queues)})")
+        why = (f"waiting for its queue's fair share: in cluster {e.cluster} the queue holds "
+               f"{_percent(e.cluster_share)} of the pool, its fair target there is "
+               f"{_percent(e.cluster_target)}, and queues the round ranks before it there go "
+               f"first ({', '.join(e.competing_queues)})")
     elif reason is WaitReason.CLUSTER_ROOM:
         why = (f"waiting for room in cluster {e.cluster}: no node has {_amounts(e.requests)} "
                f"free (most on one node: {_amounts(e.largest_free_node) or 'nothing'})")
+        why += _room_detail(e)
     elif reason is WaitReason.NODE_FIT:
         why = (f"fits no node of cluster {e.cluster}: it asks {_amounts(e.requests)}, the "
                f"largest node offers {_amounts(e.largest_node)}; lower its requests, or add a "
@@ -339,6 +470,47 @@ def wait_message(e: Explanation) -> str:
         whose = " (its job set's maximum)" if e.max_queued_by == "jobset" else ""
         text += f"; it is {done} after {format_duration(e.max_queued_seconds)} queued{whose}"
     return text
+
+
+def _room_detail(e: Explanation) -> str:
+    """For a pod waiting for room: what is held for it, who gets the gaps, where its queue
+    stands against its target, and what would change that."""
+    parts: list[str] = []
+    if e.held_on is not None and e.held_until is not None:
+        parts.append(
+            f"room is being held for it on node {e.held_on} until "
+            f"{_clock(e.held_until)} (free there for it now: "
+            f"{_amounts(e.held_free or {}) or 'nothing'}); what frees there is kept for it")
+    elif e.gaps_to:
+        parts.append(f"the gaps that open go to {_queues(e.gaps_to)}, whose waiting pods fit "
+                     "them; this pod needs more room on one node")
+    if e.competing_queues:
+        parts.append(f"ranked before it in cluster {e.cluster}: {_queues(e.competing_queues)}")
+    if e.below_target:
+        parts.append(f"its queue holds {_percent(e.cluster_share)} of the pool in cluster "
+                     f"{e.cluster}, below its fair target there of "
+                     f"{_percent(e.cluster_target)}")
+        over = _queues(e.above_target) if e.above_target else "other queues"
+        if e.preemption is True:
+            parts.append(f"preemption may evict preemptible pods of {over} (above their "
+                         "targets there) to make room for it")
+        else:
+            off = "preemption is off" if e.preemption is False else "without preemption"
+            parts.append(
+                f"{off}, it gets room as pods of {over} (above their targets there) finish; "
+                "turning preemption on (LOCKGATE_SCHEDULER_PREEMPTION_ENABLED=true) and "
+                "marking their pods preemptible (label lockgate.io/preemptible=true) would "
+                "free room for it sooner")
+    return "".join(f"; {part}" for part in parts)
+
+
+def _queues(names: Iterable[str]) -> str:
+    listed = [f'"{name}"' for name in names]
+    return ("queue " if len(listed) == 1 else "queues ") + ", ".join(listed)
+
+
+def _clock(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%SZ")
 
 
 def _amounts(amounts: Mapping[str, int]) -> str:
@@ -397,6 +569,11 @@ class QueueStatus:
     oldest_queued_at: float | None  # epoch seconds: the creation of its oldest queued pod
     max_queued_seconds: float | None
     backing_off: int = 0  # queued, held while their controller backs off (lockgate.backoff)
+    # Its constrained fair target (lockgate.scheduler.targets), over the pool and per cluster,
+    # and what it holds per cluster: shares of the pool.
+    fair_target: float = 0.0
+    cluster_targets: Mapping[str, float] = field(default_factory=dict)
+    cluster_shares: Mapping[str, float] = field(default_factory=dict)
 
 
 def queue_statuses(state: SchedulerState) -> list[QueueStatus]:
@@ -427,5 +604,7 @@ def queue_statuses(state: SchedulerState) -> list[QueueStatus]:
             released=released, running=running, oldest_queued_at=oldest.get(name),
             max_queued_seconds=None if spec is None or spec.max_queued is None
             else spec.max_queued.seconds,
-            backing_off=usage.backing_off_jobs))
+            backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
+            cluster_targets=dict(share.cluster_targets),
+            cluster_shares=dict(share.cluster_shares)))
     return statuses

@@ -42,17 +42,9 @@ from dataclasses import dataclass
 from lockgate.jobs import JobState
 from lockgate.labels import PREEMPTIBLE_LABEL
 from lockgate.placement import can_land
-from lockgate.scheduler.costs import (
-    SHARE_EPSILON,
-    cost,
-    dominant,
-    dominant_of,
-    fair_shares_over,
-    is_above,
-    is_below,
-)
+from lockgate.scheduler.costs import SHARE_EPSILON, dominant, dominant_of
 from lockgate.scheduler.groups import GroupKey
-from lockgate.scheduler.room import fits, take
+from lockgate.scheduler.room import fits, give, take
 from lockgate.scheduler.round import RoundResult, SkipReason
 from lockgate.scheduler.state import JobRecord, SchedulerState, Shape, add_pairs, subtract_pairs
 
@@ -93,9 +85,10 @@ class Eviction:
         waiting = ("a pod" if self.for_group is None else
                    f"a pod group {self.for_group!r} of {self.for_group_size} pods")
         return (
-            f"preempted by lockgate to fair share: queue {self.queue!r} holds "
-            f"{self.victim_share:.1%} of the pool (fair share {self.victim_fair_share:.1%}); "
-            f"queue {self.for_queue!r} holds {self.preemptor_share:.1%} (fair share "
+            f"preempted by lockgate to fair targets: in cluster {self.cluster}, queue "
+            f"{self.queue!r} holds {self.victim_share:.1%} of the pool (fair target there "
+            f"{self.victim_fair_share:.1%}); queue {self.for_queue!r} holds "
+            f"{self.preemptor_share:.1%} (fair target there "
             f"{self.preemptor_fair_share:.1%}) and has {waiting} waiting for this room. The "
             f"pod's controller may create it again; it then waits in queue {self.queue!r}.")
 
@@ -234,12 +227,17 @@ class _Planner:
                  evicting: Collection[str]) -> None:
         self.state = state
         self.policy = policy
-        # The round's cost model (lockgate.scheduler.costs): shares over the fairness
-        # resources only, so a rule never weighs what the fair shares it compares with do not.
+        # The one cost model's measure (the fairness resources) and the constrained fair
+        # targets, the shares preemption converges to: per queue, and per queue and cluster.
         self.inverse = state.fairness_inverse()
-        shares = fair_shares_over(state, self.inverse)
-        self.fair = {name: share.adjusted_fair_share for name, share in shares.items()}
+        targets = state.fair_targets()
+        self.fair = {name: target.share for name, target in targets.queues.items()}
+        self.fair_in = {(name, cluster): share for name, target in targets.queues.items()
+                        for cluster, share in target.cluster_shares.items()}
         self.alloc = {name: queue.allocation[:] for name, queue in state.queue_records.items()}
+        self.alloc_in = {(name, cluster): vector[:]
+                         for name, queue in state.queue_records.items()
+                         for cluster, vector in queue.alloc_in.items()}
         self.factor = {name: queue.priority_factor for name, queue in state.queue_records.items()}
         self.evicting = set(evicting)
         self.free: dict[str, dict[str, list[int]] | None] = {}
@@ -249,6 +247,7 @@ class _Planner:
             job = jobs.get(job_id)
             if job is not None and job.state is not JobState.QUEUED:
                 _subtract(self.alloc[job.queue], job.shape)  # as good as gone
+                _subtract(self.in_cluster(job.queue, job.cluster), job.shape)
         self.reserved = state.groups().reserved
 
     def share(self, queue: str, vector: list[int] | None = None) -> float:
@@ -256,55 +255,82 @@ class _Planner:
         return dominant(vector, self.inverse)
 
     def cost(self, queue: str, vector: list[int] | None = None) -> float:
-        return cost(self.share(queue, vector), self.factor[queue])
+        """How far the queue is towards its fair target: share / target (the targets are
+        weighted already, so this is what the round equalises within targets)."""
+        share = self.share(queue, vector)
+        target = self.fair.get(queue, 0.0)
+        if target <= 0:
+            return float("inf") if share > 0 else 0.0
+        return share / target
+
+    def in_cluster(self, queue: str, cluster: str) -> list[int]:
+        vector = self.alloc_in.get((queue, cluster))
+        if vector is None:
+            vector = self.alloc_in[(queue, cluster)] = [0] * len(self.inverse)
+        return vector
+
+    def cost_in(self, queue: str, cluster: str, vector_in: list[int] | None = None) -> float:
+        """How far the queue is towards its fair target in `cluster`: share there / target
+        there (infinite where its target there is nothing but it holds some)."""
+        held = self.in_cluster(queue, cluster) if vector_in is None else vector_in
+        share = self.share(queue, held)
+        target = self.fair_in.get((queue, cluster), 0.0)
+        if target <= 0:
+            return float("inf") if share > 0 else 1.0  # holding nothing is its target
+        return share / target
+
+    def within_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
+        """Rule 1 for a group: with it (`vector_in`, what the queue would hold in the cluster)
+        the queue is at or below its fair target there."""
+        target = self.fair_in.get((queue, cluster), 0.0)
+        return self.share(queue, vector_in) <= target + SHARE_EPSILON
+
+    def below_target(self, queue: str, cluster: str) -> bool:
+        """Rule 1 for a single pod: the queue holds less than its fair target in the pod's
+        cluster (pods are whole: the pod may carry it past by less than itself, as the round's
+        ranking lets it)."""
+        return (self.share(queue, self.in_cluster(queue, cluster))
+                < self.fair_in.get((queue, cluster), 0.0) - SHARE_EPSILON)
+
+    def at_or_above_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
+        """Rule 2: a victim's queue keeps at least its fair target in the cluster."""
+        target = self.fair_in.get((queue, cluster), 0.0)
+        return self.share(queue, vector_in) >= target - SHARE_EPSILON
 
     def plan(self, waiting: dict[str, list[_Unit]]) -> list[Eviction]:
         state = self.state
-        preemptors = [
-            name for name in waiting
-            if state.queue_records[name].schedulable
-            and is_below(self.share(name), self.fair[name])
-        ]
+        preemptors = [name for name in waiting if state.queue_records[name].schedulable]
         preemptors.sort(key=lambda name: (self.cost(name), name))
         evictions: list[Eviction] = []
         limit = self.policy.max_evictions_per_round
         for name in preemptors:
-            # The round ranks a queue by its next unit, whether or not that unit can go (a
-            # group that is incomplete, or that nothing can make room for, included). Room
-            # freed for a single pod reaches it only if the queue is ranked no higher than the
-            # victims' queues all the way to it: rule 3 holds for the units before it too.
-            ranked = 0.0
             for unit in waiting[name]:
                 if len(evictions) >= limit:
                     return evictions
-                with_unit = [a + b for a, b in zip(self.alloc[name], unit.request, strict=True)]
-                cost = self.cost(name, with_unit)
                 if not unit.candidate:
-                    ranked = max(ranked, cost)
                     continue
+                cluster = state.job_records[unit.job_id].cluster
                 if unit.group is not None:
-                    # Its cluster is reserved for it once room is planned: the ranking does
-                    # not matter. One too large for its queue's fair share is passed over (it
-                    # can never be preempted for); the queue's later units may still be.
+                    # Its cluster is reserved for it once room is planned. One too large for
+                    # its queue's target there is passed over (it can never be preempted for);
+                    # the queue's later units may still be.
                     found = self._make_room_for_group(name, unit.job_id, unit.group,
                                                       limit - len(evictions))
-                    if found is None:
-                        ranked = max(ranked, cost)
-                    else:
+                    if found is not None:
                         evictions.extend(found)
                     continue
-                if is_above(self.share(name, with_unit), self.fair[name]):
-                    break  # the queue would pass its fair share: nothing more to free for it
+                if not self.below_target(name, cluster):
+                    continue  # rule 1: it holds its target there; nothing to free for it
                 job = state.job_records[unit.job_id]
                 holder = self.reserved.get(job.cluster)
-                found = None
-                if holder is None or holder[1] == name:  # else room would go to that group
-                    found = self._make_room(name, unit.job_id, job, limit - len(evictions),
-                                            max(ranked, cost))
+                if holder is not None and holder[1] != name:
+                    continue  # room freed there would go to that group
+                found = self._make_room(name, unit.job_id, job, limit - len(evictions),
+                                        self.cost_in(name, cluster))
                 if found is None:
-                    ranked = max(ranked, cost)
                     continue
-                self.alloc[name] = with_unit
+                _add(self.alloc[name], job.shape)
+                _add(self.in_cluster(name, cluster), job.shape)
                 evictions.extend(found)
         return evictions
 
@@ -318,6 +344,10 @@ class _Planner:
             return None
         shape = job.shape
         nodes = self._nodes_for(job.cluster, shape, rooms)
+        own = self.state.room_holds().of(job_id)
+        if own is not None and own.node in rooms:
+            give(rooms[own.node], shape)  # its own hold's room is its own
+            nodes.sort(key=lambda node: node != own.node)  # and room freed there meets it
         for node in nodes:
             room = rooms[node]
             if fits(room, shape):
@@ -326,7 +356,7 @@ class _Planner:
         for node in nodes:
             room = rooms[node]
             chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
-                                      self.alloc, ())
+                                      self.alloc, (), None)
             if chosen is None or len(chosen) > budget:
                 continue
             evictions = self._record([(victim_id, victim, node) for victim_id, victim in chosen],
@@ -356,14 +386,17 @@ class _Planner:
         jobs = self.state.job_records
         members = [jobs[member] for member in self.state.groups().queued_members(key)]
         with_group = self.alloc[queue][:]
+        with_group_in = self.in_cluster(queue, cluster)[:]
         for member in members:
             _add(with_group, member.shape)
-        if is_above(self.share(queue, with_group), self.fair[queue]):
+            _add(with_group_in, member.shape)
+        if not self.within_target(queue, cluster, with_group_in):
             return None  # rule 1, with J the whole group
-        preemptor_cost = self.cost(queue, with_group)
+        preemptor_cost = self.cost_in(queue, cluster, with_group_in)
         # Worked on copies: a group that cannot be made to fit leaves everything as it was.
         trial_rooms = {node: room[:] for node, room in rooms.items()}
         trial_alloc = {name: vector[:] for name, vector in self.alloc.items()}
+        trial_in = {name: self.in_cluster(name, cluster)[:] for name in self.alloc}
         taken: set[str] = set()
         chosen: list[tuple[str, JobRecord, str]] = []
         inverse = self.inverse
@@ -377,11 +410,12 @@ class _Planner:
                 for candidate in nodes:
                     victims = self._victims_on(cluster, candidate, queue, shape,
                                                trial_rooms[candidate], preemptor_cost,
-                                               trial_alloc, taken)
+                                               trial_alloc, taken, trial_in)
                     if victims is None or len(chosen) + len(victims) > budget:
                         continue
                     for victim_id, victim in victims:
                         _subtract(trial_alloc[victim.queue], victim.shape)
+                        _subtract(trial_in[victim.queue], victim.shape)
                         _add(trial_rooms[candidate], victim.shape)
                         taken.add(victim_id)
                         chosen.append((victim_id, victim, candidate))
@@ -396,6 +430,7 @@ class _Planner:
         for node, room in trial_rooms.items():
             rooms[node][:] = room
         self.alloc[queue] = with_group
+        self.alloc_in[(queue, cluster)] = with_group_in
         self.reserved[cluster] = key
         return evictions
 
@@ -406,17 +441,19 @@ class _Planner:
         the ones before it, and describe each eviction."""
         evictions = []
         for victim_id, victim, node in chosen:
-            before = self.share(victim.queue)
+            before = self.share(victim.queue, self.in_cluster(victim.queue, cluster))
             _subtract(self.alloc[victim.queue], victim.shape)
+            _subtract(self.in_cluster(victim.queue, cluster), victim.shape)
             self.evicting.add(victim_id)
             evictions.append(Eviction(
                 job_id=victim_id, queue=victim.queue, cluster=cluster, node=node,
                 for_job=for_job, for_queue=for_queue,
-                victim_cost_after=self.cost(victim.queue),
+                victim_cost_after=self.cost_in(victim.queue, cluster),
                 preemptor_cost_after=preemptor_cost,
-                victim_share=before, victim_fair_share=self.fair.get(victim.queue, 0.0),
-                preemptor_share=self.share(for_queue),
-                preemptor_fair_share=self.fair[for_queue],
+                victim_share=before,
+                victim_fair_share=self.fair_in.get((victim.queue, cluster), 0.0),
+                preemptor_share=self.share(for_queue, self.in_cluster(for_queue, cluster)),
+                preemptor_fair_share=self.fair_in.get((for_queue, cluster), 0.0),
                 for_group=group, for_group_size=size))
         return evictions
 
@@ -429,7 +466,8 @@ class _Planner:
 
     def _victims_on(self, cluster: str, node: str, queue: str, shape: Shape,
                     room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
-                    taken: Collection[str]) -> list[tuple[str, JobRecord]] | None:
+                    taken: Collection[str], alloc_in: dict[str, list[int]] | None
+                    ) -> list[tuple[str, JobRecord]] | None:
         """The fewest-first greedy choice of victims on `node` that the rule allows, given the
         allocations `alloc` (victims chosen before for the same unit already taken out), and
         that make room for `shape`; None if they cannot."""
@@ -440,10 +478,15 @@ class _Planner:
         if not candidates:
             return None
         # Take from the most over-served queue first, its lowest priority and newest pods first.
-        candidates.sort(key=lambda item: (-self.cost(item[1].queue, alloc[item[1].queue]),
+        def held_in(name: str) -> list[int]:
+            return alloc_in[name] if alloc_in is not None else self.in_cluster(name, cluster)
+
+        candidates.sort(key=lambda item: (-self.cost_in(item[1].queue, cluster,
+                                                        held_in(item[1].queue)),
                                           item[1].priority, -item[1].created_at, item[0]))
         freed = room[:]
         trial: dict[str, list[int]] = {}  # the victims' queues' allocations, as chosen so far
+        trial_in: dict[str, list[int]] = {}  # ... and in this cluster
         chosen: list[tuple[str, JobRecord]] = []
         for victim_id, victim in candidates:
             if fits(freed, shape):
@@ -452,11 +495,13 @@ class _Planner:
             if not any(axis in short for axis, _ in victim.shape.pairs):
                 continue  # would not help
             without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
-            if is_below(self.share(victim.queue, without), self.fair.get(victim.queue, 0.0)):
-                continue  # rule 2: never below its own fair share
-            if self.cost(victim.queue, without) < preemptor_cost - SHARE_EPSILON:
-                continue  # rule 3: the preemptor would end up above its victim
+            without_in = _minus(trial_in.get(victim.queue, held_in(victim.queue)), victim.shape)
+            if not self.at_or_above_target(victim.queue, cluster, without_in):
+                continue  # rule 2: never below its own fair target
+            if self.cost_in(victim.queue, cluster, without_in) < preemptor_cost - SHARE_EPSILON:
+                continue  # rule 3: the preemptor would end up further towards its target
             trial[victim.queue] = without
+            trial_in[victim.queue] = without_in
             _add(freed, victim.shape)
             chosen.append((victim_id, victim))
         return chosen if fits(freed, shape) else None
@@ -486,6 +531,11 @@ class _Planner:
                 elif is_preemptible(job, self.policy):
                     victims.setdefault(job.node_name, []).append((job_id, job))
             self.victims[cluster_name] = victims
+            # Room held for pods below their targets is theirs (lockgate.scheduler.holds).
+            for hold in self.state.room_holds().in_cluster(cluster_name):
+                held = self.state.job_records.get(hold.job_id)
+                if held is not None and held.state is JobState.QUEUED and hold.node in rooms:
+                    take(rooms[hold.node], held.shape)
         self.free[cluster_name] = rooms
         return rooms
 

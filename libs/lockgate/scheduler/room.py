@@ -24,12 +24,22 @@ class ClusterRoom:
     only them.
     """
 
-    __slots__ = ("cursor", "eligible", "empty", "fits_cache", "free", "names", "overcommitted",
-                 "rejected", "reserved_for", "sizes", "traits")
+    __slots__ = ("capacity", "cursor", "eligible", "empty", "fits_cache", "free", "held_by",
+                 "hold_node", "holds_on", "names", "overcommitted", "rejected", "reserved_for",
+                 "sizes", "traits")
 
     def __init__(self, cluster: ClusterRecord, inverse_total: list[float],
                  reserved_for: GroupKey | None = None) -> None:
         self.names = cluster.order
+        # Room held for pods below their queue's target (lockgate.scheduler.holds): per node,
+        # the holds on it, oldest first (job id, shape); per held job, its node; per queue, the
+        # sum of what it holds here. `free` is the room *beyond* the holds: what anyone may use.
+        self.holds_on: dict[int, list[tuple[str, Shape]]] = {}
+        self.hold_node: dict[str, int] = {}
+        self.held_by: dict[str, list[int]] = {}
+        self.capacity: list[list[int]] = [
+            [a - u for a, u in zip(cluster.nodes[name].allocatable, cluster.nodes[name].unmanaged,
+                                   strict=True)] for name in cluster.order]
         # A pod group this cluster waits for: nothing else is released here meanwhile.
         self.reserved_for = reserved_for
         # Each node's room with no managed job on it (computed when a group first asks).
@@ -73,6 +83,66 @@ class ClusterRoom:
                 without_room.append(shape)
         without_room.sort(key=lambda shape: dominant_of(shape, inverse_total), reverse=True)
         return sum(1 for shape in without_room if self.place(shape) < 0)
+
+    def hold(self, job_id: str, queue: str, shape: Shape, axes: int, *,
+             node: int | None = None, avoid: frozenset[str] | set[str] = frozenset(),
+             inverse_total: list[float] | None = None) -> int:
+        """Hold room for `job_id` on `node`, or (None) on the node it may land on and fit
+        when empty that is closest to having room for it (not in `avoid` unless all are):
+        from now on what frees there is kept for it. Returns the node, or -1."""
+        if node is None:
+            candidates = [i for i in self.nodes_for(shape.placement)
+                          if fits(self.capacity[i], shape)]
+            fresh = [i for i in candidates if self.names[i] not in avoid]
+            candidates = fresh or candidates
+            if not candidates:
+                return -1
+            inverse = inverse_total or [1.0] * axes
+
+            def missing(i: int) -> tuple[float, int]:
+                room = self.free[i]
+                return (max((amount - room[axis]) * inverse[axis]
+                            for axis, amount in shape.pairs), i)
+
+            node = min(candidates, key=missing)
+        take(self.free[node], shape)
+        self.holds_on.setdefault(node, []).append((job_id, shape))
+        self.hold_node[job_id] = node
+        held = self.held_by.setdefault(queue, [0] * axes)
+        for axis, amount in shape.pairs:
+            held[axis] += amount
+        return node
+
+    def unhold(self, job_id: str, queue: str, shape: Shape) -> None:
+        """The hold ends: its room is anyone's again."""
+        node = self.hold_node.pop(job_id)
+        self.holds_on[node] = [h for h in self.holds_on[node] if h[0] != job_id]
+        give(self.free[node], shape)
+        for axis, amount in shape.pairs:
+            self.held_by[queue][axis] -= amount
+
+    def place_held(self, job_id: str, queue: str, shape: Shape) -> int:
+        """Place a pod that room is held for: on its node if what is free there, less what
+        older holds on that node need, fits it; else anywhere there is room beyond the holds.
+        Its hold ends when it is placed; -1 (hold kept) when it fits nowhere yet."""
+        node = self.hold_node[job_id]
+        room = self.free[node][:]
+        # Free room on the node is what is beyond every hold; add back its own and the
+        # younger holds' amounts (they are served after it).
+        younger = False
+        for other, other_shape in self.holds_on[node]:
+            if other == job_id:
+                younger = True
+            if younger:
+                give(room, other_shape)
+        if fits(room, shape):
+            self.unhold(job_id, queue, shape)
+            take(self.free[node], shape)
+            return node
+        placed = self.place(shape)
+        if placed >= 0:
+            self.unhold(job_id, queue, shape)
+        return placed
 
     def fits_some_node(self, shape: Shape) -> bool:
         """Whether some schedulable node could hold `shape` when empty."""
@@ -151,6 +221,11 @@ class ClusterRoom:
 
 def fits(room: list[int], shape: Shape) -> bool:
     return all(room[axis] >= amount for axis, amount in shape.pairs)
+
+
+def give(room: list[int], shape: Shape) -> None:
+    for axis, amount in shape.pairs:
+        room[axis] += amount
 
 
 def take(room: list[int], shape: Shape) -> None:

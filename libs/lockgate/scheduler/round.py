@@ -34,6 +34,7 @@ from lockgate.scheduler.costs import (
     share_after,
 )
 from lockgate.scheduler.groups import GroupIndex, GroupKey
+from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
 from lockgate.scheduler.state import (
     HeapEntry,
@@ -140,6 +141,8 @@ def schedule_round(
     max_lookback_per_queue: int,
     now: float | None = None,
     group_reserve_after_seconds: float | None = None,
+    room_hold_seconds: float | None = None,
+    targets_max_age: float = 0.0,
 ) -> RoundResult:
     """Decide which queued jobs to release now, and apply those decisions to `state`.
 
@@ -151,12 +154,20 @@ def schedule_round(
     `group_reserve_after_seconds` older than `now` (epoch seconds), reserves its cluster: no
     other job is released there until the group is (docs/scheduling.md, "Gangs"). Without
     `now`, groups never reserve.
+
+    The order in a contested cluster follows the queues' fair targets there
+    (`SchedulerState.fair_targets`, kept at most `targets_max_age` seconds while only amounts
+    change): queues below their target first, in proportion to it (`rank_in_cluster`). A pod
+    of a queue below its target that finds no room has room held for it on one node for at
+    most `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap.
     """
     if max_decisions < 0 or max_lookback_per_queue < 0:
         raise ValueError("max_decisions and max_lookback_per_queue must not be negative")
     reserve_before = (None if now is None or group_reserve_after_seconds is None
                       else now - group_reserve_after_seconds)
-    return _Round(state, max_lookback_per_queue, reserve_before).run(max_decisions)
+    return _Round(state, max_lookback_per_queue, reserve_before, now=now,
+                  hold_seconds=room_hold_seconds,
+                  targets_max_age=targets_max_age).run(max_decisions)
 
 
 class _QueueRound:
@@ -190,27 +201,38 @@ class _QueueRound:
         self.released = 0
         self.outcome = QueueOutcome.ALL_CONSIDERED
 
-    def choose_head(self) -> PendingJobs | None:
-        clusters = self.clusters
-        if len(clusters) == 1:
-            self.head = clusters[0]
-        elif clusters:
-            self.head = min(clusters, key=_head_entry)
-        else:
-            self.head = None
-            if self.set_aside:
-                self.outcome = QueueOutcome.NOTHING_FITS
-        return self.head
+# A queue's rank in a cluster for its next unit: (0, fraction of its fair target there after
+# taking it) while that stays within the target, else (1, its cost after taking it). Lower
+# goes first: queues below their targets before the rest, each in proportion to its target.
+Rank = tuple[int, float]
+# A share this close above a target is at it (floating point).
+_TARGET_SLACK = 1e-9
 
 
-def _head_entry(pending: PendingJobs) -> HeapEntry:
-    return pending.heap[0]
+def below_target(share: float, target: float) -> bool:
+    """Whether a share is short of its target (pods are whole: a queue below its target may
+    take its next pod even if that pod carries it past the target, by less than the pod)."""
+    return target > 0 and share < target * (1 - _TARGET_SLACK) - 1e-12
+
+
+def rank_in_cluster(*, before: float, after: float, target: float,
+                    cost_after: float) -> Rank:
+    """The round's order in a cluster (docs/scheduling.md, "Fair targets")."""
+    if below_target(before, target):
+        return (0, after / target)
+    return (1, cost_after)
 
 
 class _Round:
     def __init__(self, state: SchedulerState, max_lookback: int,
-                 reserve_before: float | None = None) -> None:
+                 reserve_before: float | None = None, *, now: float | None = None,
+                 hold_seconds: float | None = None, targets_max_age: float = 0.0) -> None:
         self.state = state
+        self.now = now
+        # Room is held for pods below their target only with a clock (holds end in time).
+        self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
+        self.targets = state.fair_targets(now=now, max_age=targets_max_age)
+        self.holds_by_cluster: dict[str, list[RoomHold]] = {}
         self.max_lookback = max_lookback
         self.inverse_total = state.fairness_inverse()
         self.clusters: dict[str, ClusterRoom] = {}
@@ -232,7 +254,8 @@ class _Round:
                 # Released, gone, no longer whole, or its queue cordoned or undefined: a
                 # reservation nobody can use must not hold the cluster.
                 del self.groups.reserved[cluster_name]
-        candidates: list[tuple[float, str, _QueueRound]] = []
+        self._prepare_holds()
+        candidates: list[tuple[Rank, str, _QueueRound]] = []
         for name, queue in state.queue_records.items():
             if not queue.schedulable or queue.queued == queue.parked + queue.held:
                 continue
@@ -242,12 +265,11 @@ class _Round:
             for in_cluster in queue.pending.values():
                 if in_cluster.live and self._validate_head(progress, in_cluster):
                     progress.clusters.append(in_cluster)
-            head = progress.choose_head()
-            if head is None:
+            rank = self._choose_head(progress)
+            if rank is None:
                 progress.outcome = QueueOutcome.NOTHING_PENDING
                 continue
-            cost = self._cost_after(progress, self._unit_pairs(head, jobs[head.heap[0][2]]))
-            candidates.append((cost, name, progress))
+            candidates.append((rank, name, progress))
         heapq.heapify(candidates)
 
         decisions: list[Decision] = []
@@ -268,7 +290,8 @@ class _Round:
             shape = job.shape
             if (
                 shape in cluster.rejected or shape in progress.over_limit or cluster.overcommitted
-            ) and self._nothing_can_go(progress, pending, cluster):
+            ) and self._nothing_can_go(progress, pending, cluster) and not any(
+                    cluster.held_by.get(name, ())):
                 # Everything this queue has waiting in that cluster is of a kind already turned
                 # down there this round: set the cluster aside rather than look at each job.
                 progress.clusters.remove(pending)
@@ -296,11 +319,17 @@ class _Round:
                     reason = SkipReason.CLUSTER_OVERCOMMITTED
                 elif cluster.reserved_for is not None:
                     reason = SkipReason.RESERVED_FOR_GROUP
+                elif entry[2] in cluster.hold_node:
+                    node = cluster.place_held(entry[2], name, shape)
+                    reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 else:
                     node = cluster.place(shape)
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
+                    if node < 0 and self.hold_seconds is not None:
+                        self._maybe_hold(progress, pending, cluster, entry[2], shape)
                 if reason is None:
                     hint = cluster.names[node]
+                    state.room_holds().end(entry[2])
                     progress.share = share_after(progress.share, queue.allocation, shape.pairs,
                                                  inverse)
                     state.mark_released(entry[2], job, hint)
@@ -315,19 +344,120 @@ class _Round:
                         continue
                 if not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
-            head = progress.choose_head()
-            if head is None:
+            rank = self._choose_head(progress)
+            if rank is None:
                 continue
-            cost = self._cost_after(progress, self._unit_pairs(head, jobs[head.heap[0][2]]))
-            heapq.heappush(candidates, (cost, name, progress))
+            heapq.heappush(candidates, (rank, name, progress))
 
         for progress in self.queue_rounds.values():
             for pending, entry in progress.skipped:
                 heapq.heappush(pending.heap, entry)
         return self._result(decisions)
 
+    def _choose_head(self, progress: _QueueRound) -> Rank | None:
+        """The queue's next unit: in the cluster where its rank is lowest (then in release
+        order); None when it has nothing left in play."""
+        clusters = progress.clusters
+        if not clusters:
+            progress.head = None
+            if progress.set_aside:
+                progress.outcome = QueueOutcome.NOTHING_FITS
+            return None
+        jobs = self.state.job_records
+        best: tuple[Rank, HeapEntry] | None = None
+        for pending in clusters:
+            entry = pending.heap[0]
+            rank = self.rank(progress, pending.cluster,
+                             self._unit_pairs(pending, jobs[entry[2]]))
+            if best is None or (rank, entry) < best:
+                best = (rank, entry)
+                progress.head = pending
+        assert best is not None
+        return best[0]
+
+    def target_in(self, queue: str, cluster: str) -> float:
+        target = self.targets.queues.get(queue)
+        return 0.0 if target is None else target.in_cluster(cluster)
+
+    def share_in(self, queue: QueueRecord, cluster: str, pairs: tuple[tuple[int, int], ...],
+                 extra: list[int] | None = None) -> float:
+        """The dominant share of what the queue holds in `cluster`, plus `pairs` (and
+        `extra`, a dense vector), against the pool."""
+        inverse = self.inverse_total
+        held = queue.alloc_in.get(cluster)
+        total = [0] * len(inverse) if held is None else held[:]
+        if extra is not None:
+            for axis, amount in enumerate(extra):
+                total[axis] += amount
+        for axis, amount in pairs:
+            total[axis] += amount
+        return max((a * i for a, i in zip(total, inverse, strict=False)), default=0.0)
+
+    def rank(self, progress: _QueueRound, cluster: str,
+             pairs: tuple[tuple[int, int], ...]) -> Rank:
+        queue = progress.queue
+        return rank_in_cluster(before=self.share_in(queue, cluster, ()),
+                               after=self.share_in(queue, cluster, pairs),
+                               target=self.target_in(queue.name, cluster),
+                               cost_after=self._cost_after(progress, pairs))
+
+    def _prepare_holds(self) -> None:
+        """Keep the holds that still serve a pod below its queue's target, oldest first;
+        end the others (expired ones remember their node as tried)."""
+        holds = self.state.room_holds()
+        if not len(holds):
+            return
+        if self.hold_seconds is None or self.now is None:
+            for hold in holds:
+                holds.end(hold.job_id)
+            return
+        jobs = self.state.job_records
+        queues = self.state.queue_records
+        taken: dict[tuple[str, str], list[int]] = {}
+        for hold in sorted(holds, key=lambda h: h.seq):
+            job = jobs.get(hold.job_id)
+            queue = queues.get(hold.queue)
+            cluster = self.state.cluster_records.get(hold.cluster)
+            if hold.until <= self.now:
+                holds.end(hold.job_id, expired=True)
+                continue
+            if (job is None or job.state is not _QUEUED or job.parked or job.held
+                    or job.queue != hold.queue or job.cluster != hold.cluster
+                    or job.group is not None or queue is None or not queue.schedulable
+                    or cluster is None or hold.node not in cluster.nodes
+                    or not cluster.nodes[hold.node].info.schedulable):
+                holds.end(hold.job_id)
+                continue
+            held = taken.setdefault((hold.queue, hold.cluster), [0] * len(self.inverse_total))
+            if not below_target(self.share_in(queue, hold.cluster, (), held),
+                                self.target_in(hold.queue, hold.cluster)):
+                holds.end(hold.job_id)  # its queue no longer needs that much to reach it
+                continue
+            _add_pairs_to(held, job.shape.pairs)
+            self.holds_by_cluster.setdefault(hold.cluster, []).append(hold)
+
+    def _maybe_hold(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
+                    job_id: str, shape: Shape) -> None:
+        """A pod found no room: if its queue, with it and what it holds already, stays within
+        its fair target in this cluster, hold room for it (lockgate.scheduler.holds)."""
+        queue = progress.queue
+        target = self.target_in(queue.name, pending.cluster)
+        if target <= 0:
+            return
+        held = cluster.held_by.get(queue.name)
+        if not below_target(self.share_in(queue, pending.cluster, (), held), target):
+            return
+        assert self.now is not None and self.hold_seconds is not None
+        holds = self.state.room_holds()
+        node = cluster.hold(job_id, queue.name, shape, len(self.inverse_total),
+                            avoid=holds.tried(job_id), inverse_total=self.inverse_total)
+        if node >= 0:
+            holds.hold(job_id=job_id, queue=queue.name, cluster=pending.cluster,
+                       node=cluster.names[node], now=self.now, seconds=self.hold_seconds)
+
     def _group_turn(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
                     job: JobRecord, decisions: list[Decision]) -> tuple[SkipReason | None, bool]:
+
         """A group member came up: release every member of its group now, or none.
 
         Returns why not (None: released) and whether this counts as a skip of the queue's (a
@@ -452,6 +582,10 @@ class _Round:
                     self.state.cluster_records[cluster_name], self.inverse_total,
                     self.groups.reserved.get(cluster_name),
                 )
+                index = {node: i for i, node in enumerate(cluster.names)}
+                for hold in self.holds_by_cluster.get(cluster_name, ()):
+                    cluster.hold(hold.job_id, hold.queue, jobs[hold.job_id].shape,
+                                 len(self.inverse_total), node=index[hold.node])
             if not cluster.fits_some_node(job.shape):
                 heapq.heappop(heap)
                 self.state.park(progress.queue, pending, job, entry)
@@ -521,3 +655,6 @@ class _Round:
         )
 
 
+def _add_pairs_to(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
+    for axis, amount in pairs:
+        vector[axis] += amount

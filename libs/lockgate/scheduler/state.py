@@ -33,6 +33,8 @@ from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_con
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
+from lockgate.scheduler.holds import RoomHolds
+from lockgate.scheduler.targets import Demand, FairTargets, NodeGroup, fair_targets
 
 _QUEUED = JobState.QUEUED
 
@@ -44,6 +46,8 @@ HeapEntry = tuple[int, float, str]
 # What fair shares are computed over by default, as Armada does: a resource nobody schedules by
 # (ephemeral-storage, hugepages, pods) must never become a queue's dominant one by accident.
 DEFAULT_FAIRNESS_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+# Per placement, the node groups of a cluster it may land on (fair targets).
+_Usable = dict[PodPlacement | None, tuple[str, ...]]
 # A node as the parking logic compares them: its allocatable vector and its traits.
 NodeClass = tuple[tuple[int, ...], NodeTraits]
 
@@ -212,6 +216,8 @@ class PendingJobs:
 
 class QueueRecord:
     __slots__ = (
+        "alloc_in",
+        "alloc_shapes",
         "allocated",
         "allocation",
         "demand",
@@ -237,6 +243,9 @@ class QueueRecord:
         self.demand = [0] * axes  # requests of queued, unparked jobs
         self.allocated = 0
         self.allocation = [0] * axes  # requests of jobs holding capacity
+        # The same per cluster, and how many jobs of each shape hold it there (fair targets).
+        self.alloc_in: dict[str, list[int]] = {}
+        self.alloc_shapes: dict[str, dict[Shape, int]] = {}
 
     @property
     def weight(self) -> float:
@@ -278,10 +287,12 @@ class ClusterRecord:
         "order",
         "total",
         "used_by_node",
+        "version",
     )
 
     def __init__(self, name: str, axes: int) -> None:
         self.name = name
+        self.version = 0  # bumped on every change of its nodes (fair targets' node groups)
         self.nodes: dict[str, NodeRecord] = {}
         self.order: list[str] = []  # schedulable node names, sorted: the first-fit order
         self.total = [0] * axes  # allocatable of schedulable nodes
@@ -322,6 +333,11 @@ class SchedulerState:
         # so a hold or its end moves exactly that controller's jobs.
         self._holds: dict[ControllerKey, ControllerBackoff] = {}
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
+        # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
+        self._room_holds = RoomHolds()
+        # The last fair targets, what they were computed from, and when (`fair_targets`).
+        self._targets: tuple[object, object, float, FairTargets] | None = None
+        self._node_groups: dict[str, tuple[object, list[NodeGroup], _Usable]] = {}
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -380,6 +396,7 @@ class SchedulerState:
         old = state.nodes.get(name)
         if old is not None and old.info == info:
             return
+        state.version += 1
         old_class = None
         if old is not None and old.info.schedulable:
             old_class = (tuple(old.allocatable), old.traits)
@@ -477,6 +494,117 @@ class SchedulerState:
         """Pod groups with members still unfinished (lockgate.groups)."""
         return self._groups
 
+    def room_holds(self) -> RoomHolds:
+        """Room held for pods below their queue's fair target (lockgate.scheduler.holds)."""
+        return self._room_holds
+
+    def fair_targets(self, *, now: float | None = None, max_age: float = 0.0) -> FairTargets:
+        """Every queue's constrained fair target (lockgate.scheduler.targets), from the demand,
+        weights and capacity as they are now.
+
+        Recomputed only when what it depends on changed; with `now`, a result at most `max_age`
+        seconds old is kept while only amounts changed (the same queues asking in the same
+        clusters, the same weights and nodes), which bounds its cost at scale.
+        """
+        groups, weights, demands, structure, amounts = self._target_inputs()
+        cached = self._targets
+        if cached is not None:
+            old_structure, old_amounts, at, targets = cached
+            if old_structure == structure and (
+                    old_amounts == amounts
+                    or (now is not None and now - at < max_age)):
+                return targets
+        inverse = self.fairness_inverse()
+        pool = {name: float(amount) for name, amount, inv
+                in zip(self._axis_names, self._pool_total, inverse, strict=False) if inv > 0}
+        targets = fair_targets(groups=groups, weights=weights, demands=demands, pool=pool)
+        self._targets = (structure, amounts, -1e18 if now is None else now, targets)
+        return targets
+
+    def _target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
+                                      object, object]:
+        """What the fair targets are computed from: node groups per cluster, the weights of
+        defined queues, and per (queue, cluster, node filters) what is held and queued."""
+        names = self._axis_names
+        weights: dict[str, float] = {}
+        per_cluster: dict[str, dict[tuple[str, PodPlacement | None], list[list[int]]]] = {}
+        axes = len(names)
+        for name, queue in self._queues.items():
+            if queue.spec is None or queue.is_empty():
+                continue
+            weights[name] = queue.weight
+            for cluster, counts in queue.alloc_shapes.items():
+                slots = per_cluster.setdefault(cluster, {})
+                for shape, count in counts.items():
+                    slot = slots.setdefault((name, shape.placement), [[0] * axes, [0] * axes])
+                    for axis, amount in shape.pairs:
+                        slot[0][axis] += amount * count
+                        slot[1][axis] += amount * count
+            if not queue.schedulable:
+                continue  # a cordoned queue asks only for what it holds
+            for cluster, pending in queue.pending.items():
+                slots = per_cluster.setdefault(cluster, {})
+                for shape, count in pending.shapes.items():
+                    slot = slots.setdefault((name, shape.placement), [[0] * axes, [0] * axes])
+                    for axis, amount in shape.pairs:
+                        slot[0][axis] += amount * count
+        groups: list[NodeGroup] = []
+        demands: list[Demand] = []
+        structure: list[object] = [tuple(sorted(weights.items()))]
+        amounts: list[object] = []
+        for cluster_name in sorted(per_cluster):
+            slots = per_cluster[cluster_name]
+            placements = sorted({placement for _, placement in slots}, key=repr)
+            cluster_groups, usable = self._groups_for(cluster_name, placements)
+            groups += cluster_groups
+            structure.append((cluster_name, tuple((g.name, tuple(sorted(g.capacity.items())))
+                                                  for g in cluster_groups)))
+            for (queue_name, placement), slot in sorted(
+                    slots.items(), key=lambda item: (item[0][0], repr(item[0][1]))):
+                asked, held = slot
+                structure.append((cluster_name, queue_name, repr(placement)))
+                amounts.append((tuple(asked), tuple(held)))
+                demands.append(Demand(
+                    queue=queue_name, cluster=cluster_name,
+                    amount={names[a]: float(v) for a, v in enumerate(asked) if v},
+                    held={names[a]: float(v) for a, v in enumerate(held) if v},
+                    groups=usable[placement]))
+        return groups, weights, demands, tuple(structure), tuple(amounts)
+
+    def _groups_for(self, cluster_name: str, placements: list[PodPlacement | None]
+                    ) -> tuple[list[NodeGroup], dict[PodPlacement | None, tuple[str, ...]]]:
+        """The cluster's schedulable nodes grouped by which of these placements may land on
+        them, with each group's room (allocatable less unmanaged use); cached per node change."""
+        cluster = self._clusters.get(cluster_name)
+        if cluster is None:
+            return [], dict.fromkeys(placements, ())
+        key = (cluster.version, tuple(placements))
+        cached = self._node_groups.get(cluster_name)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        names = self._axis_names
+        by_signature: dict[tuple[bool, ...], list[int]] = {}
+        for node_name in cluster.order:
+            node = cluster.nodes[node_name]
+            signature = tuple(can_land(placement, node.traits) for placement in placements)
+            if not any(signature):
+                continue
+            room = by_signature.setdefault(signature, [0] * len(names))
+            for axis, (a, u) in enumerate(zip(node.allocatable, node.unmanaged, strict=True)):
+                room[axis] += max(0, a - u)
+        groups: list[NodeGroup] = []
+        usable: dict[PodPlacement | None, list[str]] = {p: [] for p in placements}
+        for index, (signature, room) in enumerate(sorted(by_signature.items(), reverse=True)):
+            group = NodeGroup(cluster=cluster_name, name=f"g{index}",
+                              capacity={names[a]: float(v) for a, v in enumerate(room) if v})
+            groups.append(group)
+            for placement, lands in zip(placements, signature, strict=True):
+                if lands:
+                    usable[placement].append(group.name)
+        result = {p: tuple(names_) for p, names_ in usable.items()}
+        self._node_groups[cluster_name] = (key, groups, result)
+        return groups, result
+
     def pool_total(self) -> Resources:
         """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
         return self._resources(self._pool_total)
@@ -490,6 +618,8 @@ class SchedulerState:
             return
         shape = self._intern(job.requests, job.placement)
         old = self._jobs.get(job.job_id)
+        if job.state is not _QUEUED:
+            self._room_holds.end(job.job_id)
         if old is not None and (
             old.state is job.state
             and old.shape is shape
@@ -568,6 +698,7 @@ class SchedulerState:
             self.upsert_job(job)
 
     def remove_job(self, job_id: str) -> None:
+        self._room_holds.end(job_id)
         old = self._jobs.pop(job_id, None)
         if old is None:
             return
@@ -718,6 +849,15 @@ class SchedulerState:
             cluster = self._clusters[record.cluster]
             queue.allocated -= 1
             subtract_pairs(queue.allocation, shape.pairs)
+            subtract_pairs(queue.alloc_in[record.cluster], shape.pairs)
+            counts = queue.alloc_shapes[record.cluster]
+            if counts[shape] == 1:
+                del counts[shape]
+                if not counts:
+                    del queue.alloc_shapes[record.cluster]
+                    del queue.alloc_in[record.cluster]
+            else:
+                counts[shape] -= 1
             node = record.node_name
             if node is None:
                 held = cluster.held_unbound.pop(job_id, None)
@@ -769,6 +909,13 @@ class SchedulerState:
             cluster = self._cluster(record.cluster)
             queue.allocated += 1
             add_pairs(queue.allocation, shape.pairs)
+            alloc_in = queue.alloc_in.get(record.cluster)
+            if alloc_in is None:
+                alloc_in = queue.alloc_in[record.cluster] = [0] * len(self._axis_names)
+                queue.alloc_shapes[record.cluster] = {}
+            add_pairs(alloc_in, shape.pairs)
+            counts = queue.alloc_shapes[record.cluster]
+            counts[shape] = counts.get(shape, 0) + 1
             node = record.node_name
             if node is None:
                 cluster.held_unbound[job_id] = (shape, hint)
@@ -910,7 +1057,7 @@ class SchedulerState:
         axes = len(self._axis_names)
         vectors: list[list[int]] = [self._pool_total]
         for queue in self._queues.values():
-            vectors += (queue.demand, queue.allocation)
+            vectors += (queue.demand, queue.allocation, *queue.alloc_in.values())
         for cluster in self._clusters.values():
             vectors.append(cluster.total)
             vectors.extend(cluster.used_by_node.values())

@@ -1,0 +1,558 @@
+"""Fair targets for pods that must run where they were created: constrained max-min DRF.
+
+Why it exists: lockgate's pods are pinned to the cluster they were created in (and, within it,
+to the nodes their taints, selectors and affinity let them on). Dominant resource fairness
+against the whole pool then promises queues shares they can never use: two queues crowded into
+one cluster of a two-cluster pool both look satisfied at a quarter each, and weights stop
+mattering. The fair allocation that respects pinning is the weighted *constrained* max-min fair
+one (Ghodsi et al., "Choosy", EuroSys 2013): raise every queue's share together, in proportion to
+its weight (progressive filling), where a queue's demand in cluster C can only be met from C's
+capacity, and stop raising a queue when it has all it asks for or when no rearrangement of what
+the others hold can give it more. A queue's share still sums over clusters (dominant share
+against the pool, cost = share / weight, the one cost model), so a queue that holds most of
+cluster-b is not owed more of cluster-a.
+
+The result is a target per queue (its fair share, unique) and per cluster (its split, which need
+not be unique: we pick the one that keeps a queue where it already runs, then the first in name
+order, deterministically).
+
+The algorithm (docs/scheduling.md, "Fair targets"):
+
+- Demand is a vector per (queue, cluster, node filters): what the queue holds there plus what it
+  has queued there. Each is measured in *share units*: its dominant share of the pool.
+- Capacity is a vector per *node group*: the schedulable nodes of one cluster that the same set of
+  demands may use (one group per cluster when no taints or selectors tell nodes apart). A group's
+  capacity is measured in the share units of the demand mix that may use it.
+- A flow network: source -> queue (its level) -> demand (its amount) -> node groups it may use
+  -> sink (the group's capacity). Level t is reachable for the queues still rising when a max
+  flow saturates every source edge (frozen queues keep their level; the others ask
+  min(t * weight, demand)).
+- Each filling step finds the highest reachable t by Dinkelbach's method on the min cut (start
+  from "everyone gets all it asks", and each failed max flow's min cut gives the exact level at
+  which that cut stops binding), then freezes every queue that has all its demand and every
+  queue that cannot reach the sink in the residual network (it is in a saturated cut: no
+  rearrangement gives it more). A greedy, per-step choice of cluster would not do: with q1
+  asking 10 in A and 10 in B, q2 asking 10 in A, and A = B = 10, only the flow sees that q1
+  belongs in B and q2 gets all of A.
+- The split per cluster is a last max flow at the final levels, routed first through what each
+  queue already holds (so a queue is not moved without need), then in proportion to what it asks
+  in each cluster (so a queue that may run anywhere is owed room everywhere it asks, evenly, not
+  all in the first cluster by name), then through all it asks.
+
+Exact for one resource, and for several when each queue's demands in a node group share one
+resource profile (cpu-only pods, or pods of one cpu:memory ratio). With mixed profiles a queue's
+share is counted as the sum of its demands' dominant shares (an upper bound of the dominant share
+of the sum) and a group's capacity in the mix it is asked for: an approximation of what is,
+exactly, a linear program per level (Choosy, section 4).
+
+Cost: F filling steps (each freezes at least one queue; in practice one per distinct bottleneck,
+a few per contested cluster), each a few max flows (Dinic, O(V^2 E) worst case, near linear on
+these shallow networks) over V = queues + demands + node groups, E = demands x their groups.
+The result depends only on capacity, weights and demand, so callers recompute it only when those
+changed, not per round (see docs/scheduling.md, "Fair targets").
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Shares are fractions of the pool: anything below this is rounding, not room.
+_EPSILON = 1e-12
+# Dinkelbach's iterations per filling step: each strictly lowers the level and changes the cut;
+# in practice two or three. The bound only guards against floating-point stalls.
+_MAX_DINKELBACH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """Schedulable capacity in one cluster that one set of demands may use.
+
+    `name` is unique within its cluster; `capacity` is per resource, in canonical units.
+    """
+
+    cluster: str
+    name: str
+    capacity: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one queue asks for in one cluster, for pods with one set of node filters.
+
+    `amount` is what it holds there plus what it has queued; `held` is the part it holds (the
+    split prefers to keep it there). `groups` names the node groups of `cluster` its pods may use
+    (None: every group of the cluster).
+    """
+
+    queue: str
+    cluster: str
+    amount: Mapping[str, float]
+    held: Mapping[str, float] = field(default_factory=dict)
+    groups: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTarget:
+    """A queue's constrained fair allocation.
+
+    `share` is the dominant share of its whole target against the pool, the quantity the cost
+    model compares (cost = share / weight). `clusters` holds, per cluster it asks for room in,
+    the resources its target gives it there, and `cluster_shares` their dominant share of the
+    pool. `demand_share` is what it asks for, in the same terms; `capped` says it gets all of it.
+    """
+
+    queue: str
+    weight: float
+    share: float
+    demand_share: float
+    clusters: Mapping[str, Mapping[str, float]]
+    cluster_shares: Mapping[str, float]
+
+    @property
+    def capped(self) -> bool:
+        """It gets everything it asks for (it is not held back by anyone)."""
+        return self.share >= self.demand_share - 1e-9
+
+    def in_cluster(self, cluster: str) -> float:
+        """Its target in `cluster`, as a dominant share of the pool (0 if it asks for none)."""
+        return self.cluster_shares.get(cluster, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FairTargets:
+    """Every queue's target, and the pool total the shares are fractions of."""
+
+    queues: Mapping[str, QueueTarget]
+    pool: Mapping[str, float]
+    levels: int = 0  # filling steps taken (for benchmarks and tests)
+
+    def of(self, queue: str) -> QueueTarget | None:
+        return self.queues.get(queue)
+
+
+def fair_targets(
+    *,
+    groups: Iterable[NodeGroup],
+    weights: Mapping[str, float],
+    demands: Iterable[Demand],
+    resources: Collection[str] | None = None,
+    pool: Mapping[str, float] | None = None,
+) -> FairTargets:
+    """The weighted constrained max-min fair allocation of `groups` to the queues' `demands`.
+
+    `resources` are the resources shares are over (None: every resource named); `pool` is what
+    shares are fractions of (None: the sum of the groups' capacity). Queues without a positive
+    weight get nothing; demands naming such a queue, a cluster without groups, or groups that
+    do not exist are met from nothing (target 0).
+    """
+    group_list = sorted(groups, key=lambda g: (g.cluster, g.name))
+    if pool is None:
+        totals: dict[str, float] = {}
+        for group in group_list:
+            for name, amount in group.capacity.items():
+                totals[name] = totals.get(name, 0.0) + amount
+        pool = totals
+    axes = sorted(name for name, amount in pool.items()
+                  if amount > 0 and (resources is None or name in resources))
+    inverse = [1.0 / pool[name] for name in axes]
+    queues: dict[str, QueueTarget] = {}
+    levels = 0
+    # Queues that share no node group never compete: solve each connected part on its own
+    # (pinned fleets fall apart into about one part per cluster, each small).
+    for part_groups, part_demands in _components(group_list, list(demands)):
+        problem = _Problem(axes, inverse, part_groups, weights, part_demands)
+        levels += problem.fill()
+        queues.update(problem.targets())
+    return FairTargets(queues=dict(sorted(queues.items())), pool=dict(pool), levels=levels)
+
+
+def _components(groups: list[NodeGroup], demands: list[Demand]
+                ) -> list[tuple[list[NodeGroup], list[Demand]]]:
+    """Split into parts joined by demand: a queue and every node group its demands may use."""
+    parent: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+
+    def find(key: tuple[str, str, str]) -> tuple[str, str, str]:
+        root = parent.setdefault(key, key)
+        while root != parent[root]:
+            root = parent[root]
+        while parent[key] != root:
+            parent[key], key = root, parent[key]
+        return root
+
+    by_cluster: dict[str, list[str]] = {}
+    for group in groups:
+        by_cluster.setdefault(group.cluster, []).append(group.name)
+        find(("g", group.cluster, group.name))
+    for demand in demands:
+        queue = find(("q", demand.queue, ""))
+        names = by_cluster.get(demand.cluster, []) if demand.groups is None else demand.groups
+        for name in names:
+            key = ("g", demand.cluster, name)
+            if key in parent:
+                root = find(key)
+                if root != queue:
+                    parent[root] = queue
+    parts: dict[tuple[str, str, str], tuple[list[NodeGroup], list[Demand]]] = {}
+    for group in groups:
+        parts.setdefault(find(("g", group.cluster, group.name)), ([], []))[0].append(group)
+    for demand in demands:
+        parts.setdefault(find(("q", demand.queue, "")), ([], []))[1].append(demand)
+    return [parts[key] for key in sorted(parts)]
+
+
+def _vector(amounts: Mapping[str, float], axes: Sequence[str], inverse: Sequence[float]
+            ) -> list[float]:
+    """Resource amounts as fractions of the pool, per axis."""
+    return [amounts.get(name, 0.0) * inv for name, inv in zip(axes, inverse, strict=True)]
+
+
+class _Problem:
+    """The network and the filling state for one computation."""
+
+    def __init__(self, axes: list[str], inverse: list[float], groups: list[NodeGroup],
+                 weights: Mapping[str, float], demands: list[Demand]) -> None:
+        self.axes = axes
+        self.inverse = inverse
+        # Demands merged per (queue, cluster, groups), in a fixed order.
+        merged: dict[tuple[str, str, tuple[str, ...] | None], list[list[float]]] = {}
+        for demand in demands:
+            key = (demand.queue, demand.cluster,
+                   None if demand.groups is None else tuple(sorted(set(demand.groups))))
+            amount = _vector(demand.amount, axes, inverse)
+            held = _vector(demand.held, axes, inverse)
+            slot = merged.get(key)
+            if slot is None:
+                merged[key] = [amount, held]
+            else:
+                slot[0] = [a + b for a, b in zip(slot[0], amount, strict=True)]
+                slot[1] = [a + b for a, b in zip(slot[1], held, strict=True)]
+        by_cluster: dict[str, list[NodeGroup]] = {}
+        for group in groups:
+            by_cluster.setdefault(group.cluster, []).append(group)
+        self.queue_names = sorted({key[0] for key in merged
+                                   if weights.get(key[0], 0.0) > 0})
+        self.weights = {name: weights[name] for name in self.queue_names}
+        # Demand records: (queue, cluster, share units asked, share units held, profile,
+        # indexes of the groups it may use).
+        self.demands: list[tuple[str, str, float, float, list[float], list[int]]] = []
+        self.groups = groups
+        group_index = {(g.cluster, g.name): i for i, g in enumerate(groups)}
+        for (queue, cluster, names), (amount, held) in sorted(
+                merged.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] or ())):
+            if queue not in self.weights:
+                continue
+            dominant = max(amount, default=0.0)
+            if dominant <= _EPSILON:
+                continue
+            profile = [a / dominant for a in amount]
+            held_units = min(dominant, max(held, default=0.0))
+            if names is None:
+                usable = [group_index[(cluster, g.name)] for g in by_cluster.get(cluster, [])]
+            else:
+                usable = [group_index[(cluster, n)] for n in names if (cluster, n) in group_index]
+            self.demands.append((queue, cluster, dominant, held_units, profile, usable))
+        # Each group's capacity in the share units of the demand mix that may use it.
+        mix = [[0.0] * len(axes) for _ in groups]
+        for _, _, dominant, _, profile, usable in self.demands:
+            for g in usable:
+                row = mix[g]
+                for axis, p in enumerate(profile):
+                    row[axis] += dominant * p
+        self.capacity: list[float] = []
+        for g, group in enumerate(groups):
+            cap = _vector(group.capacity, axes, inverse)
+            weight = max(mix[g], default=0.0)
+            if weight <= _EPSILON:
+                self.capacity.append(0.0)
+                continue
+            self.capacity.append(min(
+                (c / (m / weight) for c, m in zip(cap, mix[g], strict=True) if m > _EPSILON),
+                default=0.0))
+        self.asked = dict.fromkeys(self.queue_names, 0.0)
+        for queue, _, dominant, _, _, _ in self.demands:
+            self.asked[queue] += dominant
+        self.level: dict[str, float] = {}  # frozen queues' shares
+        self.split: list[float] = [0.0] * len(self.demands)
+
+    # ---- the network ----------------------------------------------------------------------
+
+    def _network(self, caps: Mapping[str, float], *, prefer_held: bool = False
+                 ) -> tuple[_FlowNetwork, list[int], list[int]]:
+        """source -> queues (caps) -> demands -> groups -> sink. Returns the network, each
+        queue's source edge and each demand's queue edge."""
+        nq, nd, ng = len(self.queue_names), len(self.demands), len(self.groups)
+        source, sink = 0, 1 + nq + nd + ng
+        net = _FlowNetwork(sink + 1)
+        queue_node = {name: 1 + i for i, name in enumerate(self.queue_names)}
+        source_edges = [net.add(source, queue_node[name], caps.get(name, 0.0))
+                        for name in self.queue_names]
+        demand_edges = []
+        for d, (queue, _, dominant, held, _, usable) in enumerate(self.demands):
+            node = 1 + nq + d
+            demand_edges.append(net.add(queue_node[queue], node,
+                                        held if prefer_held else dominant))
+            for g in usable:
+                net.add(node, 1 + nq + nd + g, float("inf"))
+        for g in range(ng):
+            net.add(1 + nq + nd + g, sink, self.capacity[g])
+        return net, source_edges, demand_edges
+
+    def _caps(self, level: float) -> dict[str, float]:
+        caps = dict(self.level)
+        for name in self.queue_names:
+            if name not in caps:
+                caps[name] = min(level * self.weights[name], self.asked[name])
+        return caps
+
+    # ---- progressive filling --------------------------------------------------------------
+
+    def fill(self) -> int:
+        steps = 0
+        while len(self.level) < len(self.queue_names):
+            steps += 1
+            rising = [name for name in self.queue_names if name not in self.level]
+            # Dinkelbach from the top: first ask whether everyone can have all it asks.
+            level = max(self.asked[name] / self.weights[name] for name in rising)
+            for _ in range(_MAX_DINKELBACH):
+                caps = self._caps(level)
+                net, source_edges, _ = self._network(caps)
+                total = sum(caps.values())
+                flow = net.max_flow(0, net.size - 1)
+                if flow >= total - _EPSILON * max(1.0, total):
+                    break
+                lower = self._level_of_cut(net, level)
+                if lower >= level - _EPSILON:
+                    break  # floating point: the cut no longer moves; take what flows
+                level = lower
+            # Freeze who has all it asks, and who sits behind a saturated cut.
+            reaches_sink = net.reaching(net.size - 1)
+            frozen = False
+            for i, name in enumerate(self.queue_names):
+                if name in self.level:
+                    continue
+                asked = self.asked[name]
+                if level * self.weights[name] >= asked - _EPSILON:
+                    self.level[name] = asked
+                    frozen = True
+                elif (1 + i) not in reaches_sink:
+                    self.level[name] = min(asked, net.flow_of(source_edges[i]))
+                    frozen = True
+            if not frozen:  # numerically stuck: freeze everyone where they stand
+                for name in rising:
+                    self.level[name] = min(self.asked[name], level * self.weights[name])
+        self._split()
+        return steps
+
+    def _level_of_cut(self, net: _FlowNetwork, level: float) -> float:
+        """The highest level at which the min cut of this failed max flow stops binding:
+        the queues on its source side S may ask together at most what leaves S elsewhere."""
+        side = net.reachable_from(0)
+        leaving = 0.0
+        for u in side:
+            if u == 0:
+                continue  # source edges are the level's own, counted on the left
+            for e in net.edges_of[u]:
+                if e % 2 == 0 and net.to[e] not in side:
+                    leaving += net.original[e]  # saturated: a min cut's forward edge
+        fixed = 0.0
+        rising: list[tuple[float, float]] = []  # (weight, asked) of rising queues in S
+        for i, name in enumerate(self.queue_names):
+            if 1 + i not in side:
+                continue
+            if name in self.level:
+                fixed += self.level[name]
+            else:
+                rising.append((self.weights[name], self.asked[name]))
+        budget = leaving - fixed
+        return _highest_level(rising, budget, level)
+
+    def _split(self) -> None:
+        """Route the final levels: first through what queues hold; then each queue's level
+        in proportion to what it asks in each cluster, as far as room allows; then through
+        all it asks (augmenting paths move a flexible queue out of a cluster a pinned one
+        needs). Each stage only widens edges, so what an earlier stage routed stays routed
+        unless a later one needs it moved."""
+        net, _, demand_edges = self._network(self.level, prefer_held=True)
+        net.max_flow(0, net.size - 1)
+
+        def widen(edge: int, to: float) -> None:
+            routed = net.flow_of(edge)
+            to = max(to, routed)
+            net.capacity[edge] = max(0.0, to - routed)
+            net.original[edge] = to
+
+        for d, edge in enumerate(demand_edges):
+            queue, _, dominant, _, _, _ = self.demands[d]
+            asked = self.asked[queue]
+            widen(edge, dominant * self.level.get(queue, 0.0) / asked if asked > 0 else 0.0)
+        net.max_flow(0, net.size - 1)
+        for d, edge in enumerate(demand_edges):
+            widen(edge, self.demands[d][2])
+        net.max_flow(0, net.size - 1)
+        self.split = [net.flow_of(edge) for edge in demand_edges]
+
+    # ---- the answer -----------------------------------------------------------------------
+
+    def targets(self) -> dict[str, QueueTarget]:
+        per_cluster: dict[str, dict[str, list[float]]] = {}
+        asked: dict[str, list[float]] = {}
+        for (queue, cluster, dominant, _, profile, _), units in zip(
+                self.demands, self.split, strict=True):
+            vector = per_cluster.setdefault(queue, {}).setdefault(
+                cluster, [0.0] * len(self.axes))
+            for axis, p in enumerate(profile):
+                vector[axis] += units * p
+            want = asked.setdefault(queue, [0.0] * len(self.axes))
+            for axis, p in enumerate(profile):
+                want[axis] += dominant * p
+        result: dict[str, QueueTarget] = {}
+        for name in self.queue_names:
+            clusters = per_cluster.get(name, {})
+            total = [0.0] * len(self.axes)
+            for vector in clusters.values():
+                for axis, amount in enumerate(vector):
+                    total[axis] += amount
+            result[name] = QueueTarget(
+                queue=name,
+                weight=self.weights[name],
+                share=max(total, default=0.0),
+                demand_share=max(asked.get(name, []), default=0.0),
+                clusters={
+                    cluster: {axis: amount / inv for axis, amount, inv
+                              in zip(self.axes, vector, self.inverse, strict=True)}
+                    for cluster, vector in sorted(clusters.items())},
+                cluster_shares={cluster: max(vector, default=0.0)
+                                for cluster, vector in sorted(clusters.items())},
+            )
+        return result
+
+
+def _highest_level(rising: list[tuple[float, float]], budget: float, ceiling: float) -> float:
+    """The largest t <= ceiling with sum(min(t * weight, asked)) <= budget."""
+    if budget <= 0 or not rising:
+        return 0.0 if rising else ceiling
+    # sum(min(t w, a)) is increasing and piecewise linear, with a knee at each a / w.
+    knees = sorted(rising, key=lambda item: item[1] / item[0])
+    capped = 0.0  # asked of queues capped below t
+    slope = sum(weight for weight, _ in knees)
+    start = 0.0
+    for weight, asked in knees:
+        knee = asked / weight
+        value_at_knee = capped + slope * knee
+        if value_at_knee > budget:
+            return min(ceiling, max(start, (budget - capped) / slope))
+        capped += asked
+        slope -= weight
+        start = knee
+    return ceiling
+
+
+class _FlowNetwork:
+    """A residual network with float capacities and Dinic's max flow (iterative DFS)."""
+
+    __slots__ = ("capacity", "edges_of", "original", "size", "to")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.edges_of: list[list[int]] = [[] for _ in range(size)]
+        self.to: list[int] = []
+        self.capacity: list[float] = []  # residual
+        self.original: list[float] = []
+
+    def add(self, u: int, v: int, capacity: float) -> int:
+        """An edge u -> v; returns its index (its reverse is index ^ 1)."""
+        edge = len(self.to)
+        self.to += (v, u)
+        self.capacity += (capacity, 0.0)
+        self.original += (capacity, 0.0)
+        self.edges_of[u].append(edge)
+        self.edges_of[v].append(edge + 1)
+        return edge
+
+    def flow_of(self, edge: int) -> float:
+        return self.capacity[edge ^ 1]
+
+    def max_flow(self, source: int, sink: int) -> float:
+        """Augment to a max flow from the current flow; returns the total flow out of source."""
+        capacity, to, edges_of = self.capacity, self.to, self.edges_of
+        while True:
+            depth = [-1] * self.size
+            depth[source] = 0
+            queue = deque([source])
+            while queue:
+                u = queue.popleft()
+                for e in edges_of[u]:
+                    v = to[e]
+                    if depth[v] < 0 and capacity[e] > _EPSILON:
+                        depth[v] = depth[u] + 1
+                        queue.append(v)
+            if depth[sink] < 0:
+                break
+            cursor = [0] * self.size
+            while True:
+                pushed = self._augment(source, sink, depth, cursor)
+                if pushed <= _EPSILON:
+                    break
+        return sum(self.capacity[e ^ 1] for e in edges_of[source] if e % 2 == 0)
+
+    def _augment(self, source: int, sink: int, depth: list[int], cursor: list[int]) -> float:
+        """One augmenting path in the level graph (iterative DFS), pushed; its amount."""
+        capacity, to, edges_of = self.capacity, self.to, self.edges_of
+        path: list[int] = []
+        u = source
+        while True:
+            if u == sink:
+                amount = min(capacity[e] for e in path)
+                for e in path:
+                    capacity[e] -= amount
+                    capacity[e ^ 1] += amount
+                return amount
+            edges = edges_of[u]
+            advanced = False
+            while cursor[u] < len(edges):
+                e = edges[cursor[u]]
+                v = to[e]
+                if capacity[e] > _EPSILON and depth[v] == depth[u] + 1:
+                    path.append(e)
+                    u = v
+                    advanced = True
+                    break
+                cursor[u] += 1
+            if advanced:
+                continue
+            if not path:
+                return 0.0
+            depth[u] = -1  # a dead end: never again this phase
+            e = path.pop()
+            u = to[e ^ 1]
+            cursor[u] += 1
+
+    def reachable_from(self, source: int) -> set[int]:
+        seen = {source}
+        queue = deque([source])
+        while queue:
+            u = queue.popleft()
+            for e in self.edges_of[u]:
+                v = self.to[e]
+                if v not in seen and self.capacity[e] > _EPSILON:
+                    seen.add(v)
+                    queue.append(v)
+        return seen
+
+    def reaching(self, sink: int) -> set[int]:
+        """Nodes with a residual path to `sink`."""
+        seen = {sink}
+        queue = deque([sink])
+        while queue:
+            v = queue.popleft()
+            for e in self.edges_of[v]:
+                # e leaves v; its reverse e ^ 1 enters v from to[e].
+                u = self.to[e]
+                if u not in seen and self.capacity[e ^ 1] > _EPSILON:
+                    seen.add(u)
+                    queue.append(u)
+        return seen
