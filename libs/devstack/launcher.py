@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from devstack.stack import StackInfo
 
 RUN_LABEL = "lockgate.io/run"
+# How long a service process may take to start and be ready. Python alone needs tens of seconds
+# to import a service's dependencies on a busy 2-core machine (seen: 60 s under a load of 30+).
+STARTUP_SECONDS = 180.0
 DEFAULT_CERT_DIR = Path("~/.cache/lockgate/webhook-certs").expanduser()
 # Beside the stack's own logs when a stack dir is given (a second stack, e.g. with
 # LOCKGATE_STACK_PORT_OFFSET, keeps its services' logs apart).
@@ -154,7 +157,7 @@ class ServiceProcess:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def wait_ready(self, within_seconds: float = 60.0) -> None:
+    async def wait_ready(self, within_seconds: float = STARTUP_SECONDS) -> None:
         deadline = time.monotonic() + within_seconds
         while time.monotonic() < deadline:
             if not self.alive():
@@ -385,7 +388,7 @@ class Lockgate:
         return defs
 
     async def start(self, only: Sequence[str] | None = None,
-                    within_seconds: float = 90.0) -> None:
+                    within_seconds: float = STARTUP_SECONDS) -> None:
         if not self.processes:
             await self._isolate_consumer_groups()
             await prepare_database(self.postgres_dsn)

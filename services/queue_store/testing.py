@@ -95,7 +95,7 @@ class QueueStoreUnderTest:
         process = self.process(name, env)
         await process.start()
         try:
-            await process.wait_ready(60)
+            await process.wait_ready()  # devstack.launcher.STARTUP_SECONDS
         except BaseException:
             await process.stop()
             raise

@@ -206,8 +206,8 @@ async def test_killing_watcher_and_queue_store_mid_stream_loses_nothing_and_coun
         await path.watcher.start()
 
     await asyncio.gather(stream(), crashes())
-    await path.watcher.wait_ready(90)
-    await path.queue_store.wait_ready(90)
+    await path.watcher.wait_ready()
+    await path.queue_store.wait_ready()
 
     differences: list[str] = []
 

@@ -43,7 +43,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.isolation import keep_only_clusters
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import STARTUP_SECONDS, Lockgate, ServicePorts
 from devstack.stack import StackInfo
 from helpers.kube import Namespaces
 from helpers.pods import KWOK_NODE_ANNOTATION
@@ -210,7 +210,7 @@ class LockgateRun:
         await self.lockgate.processes[service].kill()
         self.killed.add(service)
 
-    async def restart(self, service: str, *, within: float = 90.0) -> None:
+    async def restart(self, service: str, *, within: float = STARTUP_SECONDS) -> None:
         """Start a killed or stopped service again and wait until it is ready."""
         process = self.lockgate.processes[service]
         await process.start()

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import STARTUP_SECONDS, ServiceProcess, free_port
 from fair_scheduler.app import FAIRNESS_PATH
 from helpers.waiting import until
 from lockgate_adapters.service import Loop, ServiceContext, run_service
@@ -30,7 +30,7 @@ Compose = Callable[[ServiceContext], Awaitable[list[Loop]]]
 @contextlib.asynccontextmanager
 async def service_in_process(
     settings: ServiceSettings, compose: Compose, *, name: str,
-    ready: Callable[[ServiceContext], bool] | None, within: float = 60.0,
+    ready: Callable[[ServiceContext], bool] | None, within: float = STARTUP_SECONDS,
 ) -> AsyncIterator[ServiceContext]:
     """The service running in this process while the block runs, then stopped gracefully.
 

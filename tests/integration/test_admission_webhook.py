@@ -22,7 +22,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.launcher import free_port
+from devstack.launcher import STARTUP_SECONDS, free_port
 from devstack.manifests import (
     WEBHOOK_CONFIGURATION,
     apply_webhook_configuration,
@@ -55,7 +55,7 @@ SOURCE = f"test-adm-{RUN}"
 Kube = dict[str, client.ApiClient]
 INSTANCE_LABEL = "lockgate-test.io/admission-webhook"
 CLUSTERS = ("cluster-a", "cluster-b")
-READY_WITHIN_SECONDS = 60.0
+READY_WITHIN_SECONDS = STARTUP_SECONDS
 # Every namespace of this module carries the instance label: queues are bound to them by it.
 THIS_MODULES_NAMESPACES = {"cluster": "*", "selector": {"matchLabels": {INSTANCE_LABEL: RUN}}}
 

@@ -326,7 +326,7 @@ async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
     before, during = f"before-kill-{uuid.uuid4().hex[:6]}", f"while-dead-{uuid.uuid4().hex[:6]}"
     try:
         await process.start()
-        await process.wait_ready(within_seconds=60)
+        await process.wait_ready()
         before_uid = await create_pod(core, gated_pod(before))
         await tail.wait_for(pod_event_in(cluster, before_uid, JobState.QUEUED))
 
@@ -335,7 +335,7 @@ async def test_the_watcher_process_survives_sigkill_and_reports_what_it_missed(
         await remove_first_gate(ungaters["cluster-b"], NAMESPACE, before)
 
         await process.start()
-        await process.wait_ready(within_seconds=60)
+        await process.wait_ready()
         snapshot: ClusterSnapshot = await tail.wait_for(
             lambda e: isinstance(e, ClusterSnapshot) and e.cluster == cluster
             and during_uid in e.pod_uids, what="the snapshot after the restart")

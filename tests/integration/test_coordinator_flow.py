@@ -433,7 +433,7 @@ async def test_allowed_kinds_changed_just_before_a_crash_reach_the_role_after_a_
     await run.db.execute("UPDATE queues SET allowed_kinds = $2::text::jsonb WHERE name = $1",
                          queue, json.dumps(["pods", "secrets"]))
     await store.start()
-    await store.wait_ready(90)
+    await store.wait_ready()
     rbac, core = client.RbacAuthorizationV1Api(run.admin_kube), client.CoreV1Api(run.admin_kube)
 
     async def converged() -> bool:

@@ -522,7 +522,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_process(
                              log_dir=tmp_path_factory.mktemp("logs"))
     await process.start()
     try:
-        await process.wait_ready(60)
+        await process.wait_ready()
         await commands.wait_for_count(3)
         async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "standby")) as ctx:
             await until(lambda: standing_by(ctx), within=30, what="the standby to stand by")

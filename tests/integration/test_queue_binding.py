@@ -240,7 +240,7 @@ async def test_queue_labels_outside_managed_namespaces_are_never_jobs(
         watcher = run.lockgate.processes["cluster-watcher"]
         await watcher.stop()
         await watcher.start()
-        await watcher.wait_ready(60)
+        await watcher.wait_ready()
 
         async def snapshot_with_control() -> set[str] | None:
             rows = await run.db.fetch(
@@ -284,7 +284,7 @@ async def test_a_stale_copy_admits_and_the_pod_stays_gated_with_the_reason_shown
         assert gates_of(pod) == [SCHEDULING_GATE]  # admitted from the stale copy
     finally:
         await queue_store.start()
-        await queue_store.wait_ready(60)
+        await queue_store.wait_ready()
 
     await run.webhook_has(doomed, None)
     with pytest.raises(ApiException) as refused:
@@ -315,7 +315,7 @@ async def test_a_stale_copy_admits_and_the_pod_stays_gated_with_the_reason_shown
     scheduler = run.lockgate.processes["fair-scheduler"]
     await scheduler.stop()
     await scheduler.start()
-    await scheduler.wait_ready(60)
+    await scheduler.wait_ready()
 
     async def noticed_again() -> bool:
         return await _ungater_notices(run, "already_there") > already_there

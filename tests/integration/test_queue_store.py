@@ -625,7 +625,7 @@ async def test_queue_store_killed_mid_stream_loses_nothing_and_counts_nothing_tw
                 if start == 1000:
                     await running.process.kill()
                     await running.process.start()  # same group: resumes at its last commit
-            await running.process.wait_ready(60)
+            await running.process.wait_ready()
 
             async def converged() -> bool:
                 rows = await pool.fetch("SELECT state, count(*) AS n FROM jobs"
