@@ -45,19 +45,17 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.isolation import keep_only_clusters
-from devstack.launcher import Lockgate, ServicePorts
-from helpers.kube import COMPLETE_ANNOTATION, FAIL_ANNOTATION, a_pod
-from helpers.postgres import fresh_database, migrate_database
+from devstack.launcher import Lockgate
+from devstack.stack import StackInfo
+from helpers.pods import COMPLETE_ANNOTATION, FAIL_ANNOTATION, a_pod
+from helpers.runs import lockgate_run
 from helpers.waiting import eventually
 from lockgate.events import JobSetCommand
-from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL
+from lockgate.labels import JOBSET_LABEL
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
-RUN = uuid.uuid4().hex[:6]
-ALIAS = f"books-{RUN}"
-CLUSTERS = {ALIAS: "cluster-a"}
+RUN = uuid.uuid4().hex[:6]  # queues of this module's run
 QUEUE = f"books-{RUN}"
 BACKLOG_QUEUE = f"books-backlog-{RUN}"
 BACKLOG = 1500  # queued pods too big for any node: a relist publishes all their events
@@ -75,46 +73,19 @@ class Books:
     core: client.CoreV1Api
     namespace: str
     db: asyncpg.Pool
+    alias: str  # the run's name of cluster-a
 
 
 @pytest.fixture(scope="module")
-async def books(stack: Any, kube_clients: dict[str, client.ApiClient],
+async def books(stack: StackInfo,
                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Books]:
-    core = client.CoreV1Api(kube_clients["cluster-a"])
-    namespace = f"books-e2e-{RUN}"
-    async with fresh_database(stack.postgres_dsn, prefix=f"lockgate_books_{RUN}") as dsn:
-        await migrate_database(dsn)
-        await keep_only_clusters(dsn, [ALIAS])
-        lockgate = Lockgate.for_stack(
-            stack, clusters=CLUSTERS, postgres_dsn=dsn, ports=ServicePorts.free(),
-            run_id=f"books-{RUN}", standby_scheduler=False,
-            log_dir=tmp_path_factory.mktemp("service-logs"),
-            cert_dir=tmp_path_factory.mktemp("webhook-certs"),
+    """One run for the module (helpers.runs): each test has pods of its own."""
+    async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="books", env={
             # Waiting notices for 1,500 pods are not what this test is about.
-            extra_env={"LOCKGATE_SCHEDULER_WAIT_NOTICES": "false"})
-        db = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-        try:
-            await lockgate.start()
-            binding = [{"cluster": "*", "names": [namespace]}]
-            async with aiohttp.ClientSession(headers=lockgate.admin_headers) as session:
-                for queue in (QUEUE, BACKLOG_QUEUE):
-                    async with session.post(f"{lockgate.admin_url}/api/v1/queues",
-                                            json={"name": queue, "namespaces": binding}) as reply:
-                        assert reply.status == 201, await reply.text()
-            await lockgate.wait_for_queues({q: {"cordoned": False, "namespaces": binding}
-                                            for q in (QUEUE, BACKLOG_QUEUE)})
-            await core.create_namespace({"metadata": {"name": namespace, "labels": {
-                MANAGED_NAMESPACE_LABEL: "true", **lockgate.run_namespace_labels}}})
-            yield Books(lockgate, core, namespace, db)
-        finally:
-            codes = await lockgate.stop()
-            try:
-                await core.delete_namespace(namespace, propagation_policy="Background")
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-            await db.close()
-    assert all(code in (0, None) for code in codes.values()), codes
+            "LOCKGATE_SCHEDULER_WAIT_NOTICES": "false"}) as run:
+        await run.create_queues([QUEUE, BACKLOG_QUEUE], namespaces=[run.namespace])
+        await run.create_namespace()
+        yield Books(run.lockgate, run.core(), run.namespace, run.pool, run.alias())
 
 
 async def create_pods(books: Books, manifests: list[dict[str, Any]]) -> None:
@@ -144,7 +115,7 @@ async def create_pods(books: Books, manifests: list[dict[str, Any]]) -> None:
 async def states_in_postgres(books: Books, names: list[str]) -> dict[str, str]:
     rows = await books.db.fetch("SELECT name, state FROM jobs WHERE cluster = $1"
                                 " AND namespace = $2 AND name = ANY($3::text[])",
-                                ALIAS, books.namespace, names)
+                                books.alias, books.namespace, names)
     return {row["name"]: row["state"] for row in rows}
 
 
@@ -243,7 +214,7 @@ async def outage_round(books: Books, round_: int) -> None:
         wrong = {n: (stored.get(n), truth[n]) for n in names if stored.get(n) != truth[n]}
         reasons = await books.db.fetch(
             "SELECT name, last_reason FROM jobs WHERE cluster = $1 AND name = ANY($2)",
-            ALIAS, list(wrong)[:3])
+            books.alias, list(wrong)[:3])
         return (f"{len(wrong)} of {PER_ROUND} pods booked wrong (stored, apiserver): "
                 f"{dict(list(wrong.items())[:8])}; reasons {[dict(r) for r in reasons]}")
 

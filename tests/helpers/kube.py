@@ -78,7 +78,7 @@ class Namespaces:
         await wait_for_default_service_account(core, name)
         return name
 
-    async def delete_all(self, *, pods_gone_within: float = 120.0) -> None:
+    async def delete_all(self, *, pods_gone_within: float = 300.0) -> None:
         """Delete each namespace's controllers, then its pods (at once, grace 0), wait until no
         pod is left, then delete the namespaces (not awaited: no test reuses a name).
 
