@@ -18,6 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = [
     ("scheduler_round", [sys.executable, str(HERE / "bench_scheduler_round.py")]),
+    ("targets", [sys.executable, str(HERE / "bench_targets.py")]),
     ("ingest", [sys.executable, str(HERE / "bench_ingest.py")]),
     ("release", [sys.executable, str(HERE / "bench_release.py")]),
 ]

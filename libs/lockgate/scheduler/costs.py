@@ -101,7 +101,7 @@ def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, F
         )
     total_weight = sum(weights.values())
     adjusted = adjusted_fair_shares(weights, demands)
-    targets = state.fair_targets()
+    targets = state.fair_targets(latest=True)  # the round's, when one ran
     shares: dict[str, FairShare] = {}
     for name, queue in state.queue_records.items():
         target = targets.queues.get(name)

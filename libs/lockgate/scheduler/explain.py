@@ -225,7 +225,7 @@ def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> st
 
 def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict[str, Rank]:
     """How the round ranks each queue with pods waiting in `cluster`, by its next pod there."""
-    targets = state.fair_targets()
+    targets = state.fair_targets(latest=True)  # those the last round ranked by
     ranks: dict[str, Rank] = {}
     for name, queue in state.queue_records.items():
         pending = queue.pending.get(cluster)

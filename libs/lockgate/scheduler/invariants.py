@@ -134,6 +134,19 @@ def _check_queues(state: SchedulerState, problems: _Problems, axes: int) -> None
             problems.check(not lost, f"{here}'s parked entries lack parked jobs {lost[:5]}")
         for vector, what in ((queue.allocation, "allocation"), (queue.demand, "demand")):
             problems.check(len(vector) == axes, f"{where}'s {what} has {len(vector)} axes")
+        # What it holds per cluster (the fair targets' input and the round's rank).
+        by_cluster: dict[str, list[tuple[str, JobRecord]]] = {}
+        for item in holding:
+            by_cluster.setdefault(item[1].cluster, []).append(item)
+        problems.check(set(queue.alloc_in) == set(by_cluster) == set(queue.alloc_shapes),
+                       f"{where} holds in clusters {sorted(by_cluster)}, records allocation in "
+                       f"{sorted(queue.alloc_in)} and shapes in {sorted(queue.alloc_shapes)}")
+        for cluster, items in by_cluster.items():
+            problems.check(queue.alloc_in.get(cluster) == _sum(items, axes),
+                           f"{where}'s allocation in {cluster!r} {queue.alloc_in.get(cluster)} "
+                           f"is not the sum of its jobs there {_sum(items, axes)}")
+            problems.check(queue.alloc_shapes.get(cluster) == dict(Counter(
+                r.shape for _, r in items)), f"{where}'s shapes held in {cluster!r} miscounted")
 
 
 def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> None:

@@ -230,7 +230,7 @@ class _Planner:
         # The one cost model's measure (the fairness resources) and the constrained fair
         # targets, the shares preemption converges to: per queue, and per queue and cluster.
         self.inverse = state.fairness_inverse()
-        targets = state.fair_targets()
+        targets = state.fair_targets(latest=True)  # those the round just ranked by
         self.fair = {name: target.share for name, target in targets.queues.items()}
         self.fair_in = {(name, cluster): share for name, target in targets.queues.items()
                         for cluster, share in target.cluster_shares.items()}

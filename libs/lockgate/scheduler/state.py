@@ -498,20 +498,23 @@ class SchedulerState:
         """Room held for pods below their queue's fair target (lockgate.scheduler.holds)."""
         return self._room_holds
 
-    def fair_targets(self, *, now: float | None = None, max_age: float = 0.0) -> FairTargets:
+    def fair_targets(self, *, now: float | None = None, max_age: float = 0.0,
+                     latest: bool = False) -> FairTargets:
         """Every queue's constrained fair target (lockgate.scheduler.targets), from the demand,
         weights and capacity as they are now.
 
         Recomputed only when what it depends on changed; with `now`, a result at most `max_age`
         seconds old is kept while only amounts changed (the same queues asking in the same
-        clusters, the same weights and nodes), which bounds its cost at scale.
+        clusters, the same weights and nodes), which bounds its cost at scale. `latest` keeps
+        the last result whenever only amounts changed: for readers right after a round (its
+        report, preemption, explain), which must judge by the targets the round used.
         """
         groups, weights, demands, structure, amounts = self._target_inputs()
         cached = self._targets
         if cached is not None:
             old_structure, old_amounts, at, targets = cached
             if old_structure == structure and (
-                    old_amounts == amounts
+                    latest or old_amounts == amounts
                     or (now is not None and now - at < max_age)):
                 return targets
         inverse = self.fairness_inverse()

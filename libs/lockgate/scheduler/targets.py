@@ -49,9 +49,10 @@ Cost: F filling steps (each freezes at least one queue; in practice one per dist
 a few per contested cluster), each a few max flows (Dinic, O(V^2 E) worst case, near linear on
 these shallow networks) over V = queues + demands + node groups, E = demands x their groups.
 The result depends only on capacity, weights and demand, so callers recompute it only when those
-changed, not per round (see docs/scheduling.md, "Fair targets").
+changed, not per round (see docs/scheduling.md, "Fair targets"); and each connected part is
+solved again only when its own inputs changed.
 
-Pure: no I/O, no clock.
+Pure: no I/O, no clock (a memo of parts solved lately changes no answer).
 """
 
 from __future__ import annotations
@@ -163,11 +164,35 @@ def fair_targets(
     levels = 0
     # Queues that share no node group never compete: solve each connected part on its own
     # (pinned fleets fall apart into about one part per cluster, each small).
+    # A part whose inputs did not change since an earlier call has the same answer: between two
+    # rounds usually only a few parts changed, so only those are solved again.
     for part_groups, part_demands in _components(group_list, list(demands)):
-        problem = _Problem(axes, inverse, part_groups, weights, part_demands)
-        levels += problem.fill()
-        queues.update(problem.targets())
+        key = _part_key(axes, inverse, part_groups, weights, part_demands)
+        solved = _SOLVED.get(key)
+        if solved is None:
+            problem = _Problem(axes, inverse, part_groups, weights, part_demands)
+            solved = (problem.fill(), problem.targets())
+            if len(_SOLVED) >= _SOLVED_PARTS:
+                _SOLVED.clear()
+            _SOLVED[key] = solved
+        levels += solved[0]
+        queues.update(solved[1])
     return FairTargets(queues=dict(sorted(queues.items())), pool=dict(pool), levels=levels)
+
+
+# Parts solved lately, by their inputs (a memo: the answer is a function of them).
+_SOLVED_PARTS = 4096
+_SOLVED: dict[object, tuple[int, dict[str, QueueTarget]]] = {}
+
+
+def _part_key(axes: list[str], inverse: list[float], groups: list[NodeGroup],
+              weights: Mapping[str, float], demands: list[Demand]) -> object:
+    names = sorted({d.queue for d in demands})
+    return (tuple(axes), tuple(inverse),
+            tuple((g.cluster, g.name, tuple(sorted(g.capacity.items()))) for g in groups),
+            tuple((name, weights.get(name, 0.0)) for name in names),
+            tuple((d.queue, d.cluster, tuple(sorted(d.amount.items())),
+                   tuple(sorted(d.held.items())), d.groups) for d in demands))
 
 
 def _components(groups: list[NodeGroup], demands: list[Demand]
