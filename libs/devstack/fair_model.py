@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy import sparse
@@ -46,11 +47,14 @@ from scipy.optimize import linprog
 # The resources whose pool share can make a queue's dominant share (the scheduler's default).
 FAIRNESS_RESOURCES: tuple[str, ...] = ("cpu", "memory", "nvidia.com/gpu")
 
-# A queue whose best rise is below this (in pods of a typical shape) cannot rise.
-_RISE_TOLERANCE = 1e-6
-# Frozen queues keep their level less this relative slack, so that the solver's rounding never
-# makes the next program infeasible.
-_LEVEL_SLACK = 1e-9
+# A queue whose best rise is below this (in pods of a typical shape) cannot rise; well above the
+# solver's feasibility tolerance (1e-7) and the slack below, far below one pod.
+_RISE_TOLERANCE = 1e-4
+# Frozen queues keep their level less this (in pods), so that the solver's rounding never makes
+# the next program infeasible.
+_LEVEL_SLACK = 1e-6
+# A dual value above this marks a queue's level row as binding.
+_DUAL_TOLERANCE = 1e-9
 
 
 class FairModelError(ValueError):
@@ -249,12 +253,12 @@ def fair_allocation(*, clusters: Sequence[Cluster], weights: Mapping[str, float]
     frozen_level = np.full(len(queues), np.nan)  # scaled share each frozen queue keeps
     # A queue with nothing it can ask for stays at zero.
     frozen_level[demand_share <= 0] = 0.0
+    saturation = demand_share / weight  # the cost at which a queue has all it asks for
     programs = 0
     levels = 0
-    solution = np.zeros(n)
 
     def solve(extra_cols: int, objective_extra: np.ndarray, rows: sparse.spmatrix,
-              rhs: np.ndarray, bounds_extra: list[tuple[float, float | None]]) -> np.ndarray:
+              rhs: np.ndarray, bounds_extra: list[tuple[float, float | None]]) -> Any:
         nonlocal programs
         programs += 1
         a_ub = sparse.vstack([sparse.hstack([base_ub, sparse.csr_matrix(
@@ -263,49 +267,109 @@ def fair_allocation(*, clusters: Sequence[Cluster], weights: Mapping[str, float]
         objective = np.concatenate([np.zeros(n), objective_extra])
         result = linprog(objective, A_ub=a_ub, b_ub=b_ub,
                          bounds=[(0, None)] * n + bounds_extra, method="highs")
-        if result.status != 0:
+        if result.status not in (0, 2):  # 2: infeasible, which a trial may be
             raise FairModelError(f"linear program failed: {result.message}")
-        return np.asarray(result.x)
+        return result
 
-    def floor_rows(indices: np.ndarray, extra_cols: int) -> tuple[sparse.spmatrix, np.ndarray]:
-        """-share_q <= -level_q for frozen queues (no extra columns involved)."""
+    def floors(indices: np.ndarray, levels_: np.ndarray,
+               extra_cols: int) -> tuple[sparse.spmatrix, np.ndarray]:
+        """share_q >= level_q (less the slack), as -share_q <= -level_q."""
         rows = sparse.hstack([-share_matrix[indices], sparse.csr_matrix(
             (len(indices), extra_cols))])
-        return rows, -frozen_level[indices] * (1 - _LEVEL_SLACK)
+        return rows, -(levels_ - _LEVEL_SLACK)
 
-    while np.isnan(frozen_level).any():
-        levels += 1
-        unfrozen = np.flatnonzero(np.isnan(frozen_level))
+    def highest_level(rising: np.ndarray, satisfied: np.ndarray) -> Any:
+        """max t: share_q >= w_q t for `rising`, every frozen queue keeps its level and every
+        `satisfied` queue gets all it asks for. None when that is infeasible."""
         frozen = np.flatnonzero(~np.isnan(frozen_level))
-        # 1. The highest common cost t of the unfrozen queues: -share_q + w_q t <= 0.
-        rise_rows = sparse.hstack([-share_matrix[unfrozen],
-                                   sparse.csr_matrix(weight[unfrozen].reshape(-1, 1))])
-        keep_rows, keep_rhs = floor_rows(frozen, 1)
-        x = solve(1, np.array([-1.0]), sparse.vstack([rise_rows, keep_rows]),
-                  np.concatenate([np.zeros(len(unfrozen)), keep_rhs]), [(0, None)])
-        level = float(x[n]) * (1 - _LEVEL_SLACK)
-        solution = x[:n]
-        # 2. Which unfrozen queues cannot rise above w_q t while the others keep it.
+        rise_rows = sparse.hstack([-share_matrix[rising],
+                                   sparse.csr_matrix(weight[rising].reshape(-1, 1))])
+        keep_rows, keep_rhs = floors(frozen, frozen_level[frozen], 1)
+        full_rows, full_rhs = floors(satisfied, demand_share[satisfied], 1)
+        ceiling = float(saturation[rising].max()) if len(rising) else 0.0
+        return solve(1, np.array([-1.0]), sparse.vstack([rise_rows, keep_rows, full_rows]),
+                     np.concatenate([np.zeros(len(rising)), keep_rhs, full_rhs]),
+                     [(0, ceiling)])
+
+    def reaches(result: Any, cost: float) -> bool:
+        return bool(result.status == 0 and result.x[n] >= cost * (1 - 1e-9) - 1e-12)
+
+    def cannot_rise(unfrozen: np.ndarray, level: float) -> np.ndarray:
+        """The unfrozen queues that cannot rise above w_q level while the others keep it: the
+        sum of the candidates' rises is maximised; those that rise are not stuck; repeated on
+        the rest until the sum is zero (by convexity, if each of a set could rise on its own,
+        all could rise together, so a zero sum means none can). Used only when the duals do
+        not name one (numerically degenerate programs)."""
+        frozen = np.flatnonzero(~np.isnan(frozen_level))
         candidates = unfrozen
-        while True:
+        while len(candidates):
             k = len(candidates)
-            # share_q >= w_q t + rise_q for candidates, share_q >= w_q t for the other unfrozen.
             is_candidate = np.isin(unfrozen, candidates)
             rise_matrix = sparse.csr_matrix(
                 (np.ones(k), (np.flatnonzero(is_candidate), np.arange(k))),
                 shape=(len(unfrozen), k))
-            rows = [sparse.hstack([-share_matrix[unfrozen], rise_matrix])]
-            rhs = [-weight[unfrozen] * level]
-            keep_rows, keep_rhs = floor_rows(frozen, k)
-            x = solve(k, -np.ones(k), sparse.vstack([*rows, keep_rows]),
-                      np.concatenate([*rhs, keep_rhs]), [(0, 1.0)] * k)
-            rises = x[n:]
-            rising = rises > _RISE_TOLERANCE
+            rows = sparse.hstack([-share_matrix[unfrozen], rise_matrix])
+            rhs = -(weight[unfrozen] * level - _LEVEL_SLACK)
+            keep_rows, keep_rhs = floors(frozen, frozen_level[frozen], k)
+            result = solve(k, -np.ones(k), sparse.vstack([rows, keep_rows]),
+                           np.concatenate([rhs, keep_rhs]), [(0, 1.0)] * k)
+            if result.status != 0:
+                raise FairModelError(f"linear program failed: {result.message}")
+            rising = np.asarray(result.x)[n:] > _RISE_TOLERANCE
             if not rising.any():
                 break
-            solution = x[:n]
             candidates = candidates[~rising]
-        frozen_level[candidates] = weight[candidates] * level
+        return candidates
+
+    while np.isnan(frozen_level).any():
+        levels += 1
+        if levels > 2 * len(queues) + 10:
+            raise FairModelError("progressive filling made no progress (numerical trouble)")
+        unfrozen = np.flatnonzero(np.isnan(frozen_level))
+        order = unfrozen[np.argsort(saturation[unfrozen], kind="stable")]
+        first = highest_level(order, order[:0])
+        if first.status != 0:
+            raise FairModelError(f"linear program failed: {first.message}")
+        level = float(first.x[n])
+        if reaches(first, float(saturation[order[0]])):
+            # Some queues have all they ask for before any capacity stops the rise: find the
+            # most that do (galloping, then bisection: each trial is one program).
+            def all_met(count: int, order: np.ndarray = order) -> bool:
+                return reaches(highest_level(order[count:], order[:count]),
+                               float(saturation[order[count - 1]]))
+
+            known, step = 1, 1
+            while known + step <= len(order) and all_met(known + step):
+                known += step
+                step *= 2
+            low, high = known, min(known + step, len(order) + 1)  # all_met(high) is False
+            while high - low > 1:
+                middle = (low + high) // 2
+                if all_met(middle):
+                    low = middle
+                else:
+                    high = middle
+            met = order[:low]
+            frozen_level[met] = demand_share[met]
+            continue
+        # Capacity stops the rise at `level`. A queue whose row has a nonzero dual is tight in
+        # every optimum (complementary slackness): it cannot rise while the others keep
+        # `level`. At least one row has one (the duals times the weights sum to one).
+        marginals = np.asarray(first.ineqlin.marginals)[base_ub.shape[0]:][:len(order)]
+        stuck = order[np.abs(marginals) > _DUAL_TOLERANCE]
+        if not len(stuck):
+            stuck = cannot_rise(order, level)
+        frozen_level[stuck] = weight[stuck] * level
+
+    # One split with every queue at its level (the cross-cluster split is not unique).
+    solution = np.zeros(n)
+    if n:
+        every = np.arange(len(queues))
+        keep_rows, keep_rhs = floors(every, frozen_level, 0)
+        final = solve(0, np.zeros(0), keep_rows, keep_rhs, [])
+        if final.status != 0:
+            raise FairModelError(f"linear program failed: {final.message}")
+        solution = np.asarray(final.x)[:n]
 
     # The final split: the last program's pods (every queue at its level).
     cluster_shares: dict[str, dict[str, float]] = {q: {} for q in queues}
@@ -313,8 +377,8 @@ def fair_allocation(*, clusters: Sequence[Cluster], weights: Mapping[str, float]
         q: {} for q in queues}
     for col, (d_index, _) in enumerate(columns):
         demand = demands[d_index]
-        pods = max(0.0, float(solution[col]))
-        if pods <= 0:
+        pods = float(solution[col])
+        if pods <= _RISE_TOLERANCE:  # the solver's rounding, not an allocation
             continue
         shares = cluster_shares[demand.queue]
         shares[demand.cluster] = shares.get(demand.cluster, 0.0) + pods * dominant[d_index]
