@@ -20,6 +20,7 @@ BENCHES = [
     ("scheduler_round", [sys.executable, str(HERE / "bench_scheduler_round.py")]),
     ("ingest", [sys.executable, str(HERE / "bench_ingest.py")]),
     ("release", [sys.executable, str(HERE / "bench_release.py")]),
+    ("ui_pages", [sys.executable, str(HERE / "bench_ui_pages.py")]),
 ]
 
 
