@@ -208,6 +208,8 @@ class FairnessSampler:
         self.history.append({"at": now.isoformat(), "queues": {
             q["name"]: {"fair": q.get("fair_share"),
                         "adjusted_fair": q.get("adjusted_fair_share"),
+                        # The scheduler's constrained fair target when it reports one.
+                        "target": q.get("fair_target", q.get("adjusted_fair_share")),
                         "actual": q.get("actual_share"), "queued": q.get("queued")}
             for q in report.get("queues", []) if isinstance(q, dict) and "name" in q}})
 

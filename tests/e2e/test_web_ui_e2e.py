@@ -292,7 +292,7 @@ async def test_overview_shows_every_queue_shares_over_time_and_the_clusters(
                      what="A's actual share on the overview to match its bound pods' cpu")
     # The chart draws each queue's lines once there are samples.
     await page.wait_for_selector(f'polyline[data-series="{QA}:actual"]', timeout=30_000)
-    await page.wait_for_selector(f'polyline[data-series="{QB}:adjusted_fair"]', timeout=30_000)
+    await page.wait_for_selector(f'polyline[data-series="{QB}:target"]', timeout=30_000)
     # Both clusters, with their capacity as the nodes' allocatable says.
     for alias in CLUSTERS:
         capacity = await text_of(page, f'[data-table=clusters] tr[data-cluster="{alias}"] td.num')
@@ -309,8 +309,8 @@ async def test_overview_shows_every_queue_shares_over_time_and_the_clusters(
     await _create(scene.core[ALIAS_A], _pod("d-0", QD, "d", "900"))
 
     async def counted() -> bool:
-        row = page.locator(f'tr[data-queue="{QD}"] td')
-        return await row.count() > 5 and (await row.nth(5).inner_text()).strip() == "1"
+        cell = page.locator(f'tr[data-queue="{QD}"] [data-waiting]')
+        return await cell.count() == 1 and (await cell.inner_text()).strip() == "1"
     await eventually(counted, within=45, every=0.5,
                      what=f"queue {QD} with 1 waiting pod on the open overview")
     assert await page.evaluate("window.__stayed === true"), "the page was reloaded"

@@ -251,6 +251,7 @@ async function overviewPage(view) {
   // Per-cluster figures, when the scheduler gives them (fair targets per cluster).
   const perClusterOf = (r) => PER_CLUSTER_KEYS.map((k) => r[k]).find((v) => v && typeof v === "object") || null;
   const anyPerCluster = [...reported.values()].some((r) => perClusterOf(r));
+  const anyTarget = [...reported.values()].some((r) => typeof r.fair_target === "number");
   const rows = [...names].sort().map((name) => {
     const r = reported.get(name) || {};
     const spec = defined.get(name);
@@ -261,8 +262,9 @@ async function overviewPage(view) {
           : el("span", { class: "pill state-failed" }, " undefined")),
       num(spec ? +spec.weight.toPrecision(4) : r.weight),
       num(pct(r.fair_share)), num(pct(r.adjusted_fair_share)),
+      anyTarget ? el("td", { class: "num", "data-target": r.fair_target ?? "" }, pct(r.fair_target)) : null,
       el("td", { class: "num", "data-actual": r.actual_share ?? "" }, pct(r.actual_share)),
-      num(r.queued ?? waitingByQueue[name] ?? 0), num(r.released), num(r.running),
+      el("td", { class: "num", "data-waiting": "" }, String(r.queued ?? waitingByQueue[name] ?? 0)), num(r.released), num(r.running),
       anyPerCluster ? el("td", { class: "small muted", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
   });
   const source = fairness.error ? `no fairness report: ${fairness.error}`
@@ -270,7 +272,7 @@ async function overviewPage(view) {
       : `from the scheduler leader, round ${report.last_round ? ago(report.last_round.at) : "–"}`;
   const queuesCard = el("div", { class: "card" },
     el("h2", {}, "Queues"),
-    table(["Queue", "#Weight", "#Fair share", "#Adjusted fair (target)", "#Actual share",
+    table(["Queue", "#Weight", "#Fair share", "#Adjusted fair share", ...(anyTarget ? ["#Fair target"] : []), "#Actual share",
       "#Waiting", "#Released", "#Running", ...(anyPerCluster ? ["Per cluster"] : [])], rows, { "data-table": "queues" }),
     el("p", { class: "small muted" }, source));
   for (const tr of queuesCard.querySelectorAll("tr[data-queue] .swatch")) {
@@ -280,7 +282,7 @@ async function overviewPage(view) {
   region(view, "chart").replaceChildren(...kids(el("div", { class: "card" },
     el("h2", {}, "Shares over time"),
     shareChart(history.samples || [], color),
-    el("p", { class: "small muted" }, "solid: actual share · dashed: adjusted fair share (the target) · sampled every ",
+    el("p", { class: "small muted" }, "solid: actual share · dashed: the fair target (the scheduler's, else the adjusted fair share) · sampled every ",
       `${history.interval_seconds || "?"} s`))));
   region(view, "clusters").replaceChildren(...kids(el("div", { class: "card" },
     el("h2", {}, "Clusters"), clustersTable(clusters.clusters, color))));
@@ -293,7 +295,7 @@ function clusterTargets(perCluster) {
     const parts = [];
     for (const [k, v] of Object.entries(c)) {
       if (k === "cluster" || k === "name") continue;
-      parts.push(`${k.replace(/_share$/, "")} ${typeof v === "number" && v <= 1 && k.includes("share") ? pct(v) : v}`);
+      parts.push(`${k.replace(/_share$/, "")} ${typeof v === "number" && v <= 1 ? pct(v) : v}`);
     }
     return `${name}: ${parts.join(", ")}`;
   }).join(" · ");
@@ -309,7 +311,7 @@ function shareChart(samples, color) {
   }
   const t0 = new Date(samples[0].at).getTime(), t1 = new Date(samples[samples.length - 1].at).getTime();
   let top = 0.05;
-  for (const s of samples) for (const q of Object.values(s.queues)) top = Math.max(top, q.actual || 0, q.adjusted_fair || 0);
+  for (const s of samples) for (const q of Object.values(s.queues)) top = Math.max(top, q.actual || 0, q.target ?? q.adjusted_fair ?? 0);
   top = Math.min(1, Math.ceil(top * 10) / 10);
   const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
   const y = (v) => T + (1 - v / top) * (H - T - B);
@@ -323,9 +325,10 @@ function shareChart(samples, color) {
   const names = new Set();
   for (const s of samples) for (const n of Object.keys(s.queues)) names.add(n);
   for (const name of names) {
-    for (const [field, dash] of [["adjusted_fair", "5 4"], ["actual", ""]]) {
-      const points = samples.filter((s) => s.queues[name] && s.queues[name][field] !== null && s.queues[name][field] !== undefined)
-        .map((s) => `${x(new Date(s.at).getTime()).toFixed(1)},${y(s.queues[name][field]).toFixed(1)}`);
+    for (const [field, dash] of [["target", "5 4"], ["actual", ""]]) {
+      const value = (s) => (s.queues[name] ? (s.queues[name][field] ?? (field === "target" ? s.queues[name].adjusted_fair : null)) : null);
+      const points = samples.filter((s) => value(s) !== null && value(s) !== undefined)
+        .map((s) => `${x(new Date(s.at).getTime()).toFixed(1)},${y(value(s)).toFixed(1)}`);
       if (points.length < 2) continue;
       box.append(svg("polyline", { points: points.join(" "), fill: "none", stroke: color(name),
         "stroke-width": field === "actual" ? 2 : 1.4, "stroke-dasharray": dash, "data-series": `${name}:${field}` },
