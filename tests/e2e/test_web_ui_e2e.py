@@ -42,7 +42,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.browser import ARTIFACTS, browser, screenshot
-from helpers.kube import Namespaces, a_pod
+from helpers.kube import Namespaces
+from helpers.pods import a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
 from lockgate.labels import (
