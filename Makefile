@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean
+.PHONY: help venv browser stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
@@ -25,6 +26,14 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -U pip
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
+
+# The web UI's browser tests drive Debian's chromium with Playwright (pip, in the venv); never
+# `playwright install`, which downloads a browser of its own and fails offline.
+browser:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium (browser tests)"; \
+	  $(SUDO) apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q chromium >/dev/null; }; }
+	@command -v chromium >/dev/null || { echo "chromium did not install: apt-get install chromium"; exit 1; }
 
 stack-up: venv
 	$(BIN)/python -m devstack up
@@ -46,10 +55,10 @@ lint: venv
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
-integration: venv stack-up
+integration: venv browser stack-up
 	$(BIN)/pytest -q tests/integration tests/e2e
 
-test: venv lint
+test: venv lint browser
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/python -m devstack up
 	# Cached by version; built or fetched here so no test's time limit covers a cold build.

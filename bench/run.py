@@ -21,6 +21,7 @@ BENCHES = [
     ("targets", [sys.executable, str(HERE / "bench_targets.py")]),
     ("ingest", [sys.executable, str(HERE / "bench_ingest.py")]),
     ("release", [sys.executable, str(HERE / "bench_release.py")]),
+    ("ui_pages", [sys.executable, str(HERE / "bench_ui_pages.py")]),
 ]
 
 

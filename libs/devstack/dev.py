@@ -191,7 +191,8 @@ spec:
     return env, pod
 
 
-def next_steps(env: Path, pod: Path, lockgate: Lockgate) -> list[str]:
+def next_steps(env: Path, pod: Path, lockgate: Lockgate,
+               token_files: dict[str, Path]) -> list[str]:
     return [
         "lockgate is running. In another terminal:",
         f"  source {env}",
@@ -203,6 +204,8 @@ def next_steps(env: Path, pod: Path, lockgate: Lockgate) -> list[str]:
         f"  kubectl -n {NAMESPACE} get pods -w      # SchedulingGated, then Running",
         f"  lockgate jobs list --queue {QUEUE}",
         f"Admin API {lockgate.admin_url}; logs also in {lockgate.log_dir}.",
+        f"Web UI {lockgate.admin_url}/ui/ : sign in with the token in {token_files['admin']} "
+        f"(admin: sees and acts) or {token_files['read-only']} (read-only: sees).",
         "Ctrl-C stops lockgate's services (and the stack, if this command started it).",
     ]
 
@@ -268,9 +271,10 @@ async def run(args: argparse.Namespace) -> int:
             pid_file.write_text(json.dumps({
                 name: {"pid": p.pid, "module": p.module}
                 for name, p in lockgate.processes.items()}))
+            token_files = lockgate.write_token_files()
             env, pod = write_instructions(lockgate, settings, info.kubeconfigs,
-                                          lockgate.write_token_files()["admin"])
-            for text in next_steps(env, pod, lockgate):
+                                          token_files["admin"])
+            for text in next_steps(env, pod, lockgate, token_files):
                 say.line("dev", text)
             while not stopping.is_set():
                 crashed = lockgate.crashed()

@@ -93,14 +93,26 @@ async def get(connection: AnyConnection, cluster: str, name: str, *,
 
 async def list_records(connection: AnyConnection, *, queue: str | None = None,
                        jobset: str | None = None, cluster: str | None = None,
-                       state: NamespaceState | None = None) -> list[NamespaceRecord]:
+                       state: NamespaceState | None = None, offset: int = 0,
+                       limit: int | None = None) -> list[NamespaceRecord]:
+    """Oldest first; `offset` and `limit` cut a page (None: all)."""
     rows = await connection.fetch(
         f"SELECT {_RECORD_COLUMNS} FROM ephemeral_namespaces"  # noqa: S608
         " WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR jobset = $2)"
         " AND ($3::text IS NULL OR cluster = $3) AND ($4::text IS NULL OR state = $4)"
-        " ORDER BY created_at, cluster, name", queue, jobset, cluster,
-        None if state is None else state.value)
+        " ORDER BY created_at, cluster, name OFFSET $5 LIMIT $6", queue, jobset, cluster,
+        None if state is None else state.value, offset, limit)
     return [_record(row) for row in rows]
+
+
+async def count_records(connection: AnyConnection, *, queue: str | None = None,
+                        jobset: str | None = None, cluster: str | None = None,
+                        state: NamespaceState | None = None) -> int:
+    return int(await connection.fetchval(
+        "SELECT count(*) FROM ephemeral_namespaces"
+        " WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR jobset = $2)"
+        " AND ($3::text IS NULL OR cluster = $3) AND ($4::text IS NULL OR state = $4)",
+        queue, jobset, cluster, None if state is None else state.value))
 
 
 async def active_names_by_cluster(connection: AnyConnection) -> dict[str, dict[str, list[str]]]:
@@ -275,6 +287,7 @@ __all__: Sequence[str] = (
     "cancel_jobs",
     "cancellation",
     "clusters_with_due",
+    "count_records",
     "create_or_get",
     "get",
     "list_records",

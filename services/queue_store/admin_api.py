@@ -45,7 +45,7 @@ from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store
 from lockgate_adapters.admin_tokens import TokenEntry, TokenVerifier
 from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_error
-from queue_store import admin_views
+from queue_store import admin_views, openapi, web_ui
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 READING_METHODS = frozenset({"GET", "HEAD"})
+# Who made the call: the token's holder, set by the authentication middleware.
+CALLER = web.RequestKey("caller", TokenEntry)
 HOW_TO_AUTHENTICATE = ("send 'Authorization: Bearer <token>'; the lockgate CLI reads the token "
                        "from $LOCKGATE_TOKEN, --token-file or $LOCKGATE_TOKEN_FILE")
 
@@ -158,10 +160,25 @@ class AdminApi:
         for register in self.extensions:
             register(app)
         admin_views.register(app, self.pool, job_json=job_json, view=self.view)
+        web_ui.register(app)
+        app.router.add_get(openapi.PATH, self.openapi_document)
         return app
+
+    async def openapi_document(self, _: web.Request) -> web.Response:
+        return web.json_response(openapi.document())
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method in READING_METHODS and (web_ui.is_public(request.path)
+                                                  or request.path == openapi.PATH):
+            return await handler(request)  # no data in them: the UI's files, the API's shape
+        response = await self._authenticated(request, handler)
+        # Answers carry queue and pod data: no cache keeps them (a shared browser, a proxy).
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    async def _authenticated(self, request: web.Request,
+                             handler: Handler) -> web.StreamResponse:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return _unauthorized(f"authentication required: {HOW_TO_AUTHENTICATE}",
@@ -177,7 +194,7 @@ class AdminApi:
                         request.path, holder.name)
             return _error(403, f"token {holder.name!r} is {holder.role.value}: "
                                f"{request.method} {request.path} needs an admin token")
-        request["caller"] = holder
+        request[CALLER] = holder
         return await handler(request)
 
     @web.middleware
@@ -311,8 +328,8 @@ async def json_object(request: web.Request) -> dict[str, Any]:
 
 
 def caller_of(request: web.Request) -> str:
-    holder = request.get("caller")
-    return holder.name if isinstance(holder, TokenEntry) else "?"
+    holder = request.get(CALLER)
+    return holder.name if holder is not None else "?"
 
 
 def _unauthorized(message: str, *, error_code: str | None) -> web.Response:

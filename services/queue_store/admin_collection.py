@@ -34,8 +34,7 @@ from lockgate.events import (
 from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
 from lockgate.namespaces import NamespaceState
 from lockgate_adapters import namespace_store
-from lockgate_adapters.admin_tokens import TokenEntry
-from queue_store.admin_api import ApiError
+from queue_store.admin_api import ApiError, caller_of
 
 log = logging.getLogger(__name__)
 
@@ -159,5 +158,4 @@ async def _optional_json(request: web.Request) -> dict[str, Any]:
 
 
 def _caller(request: web.Request) -> str:
-    holder = request.get("caller")
-    return holder.name if isinstance(holder, TokenEntry) else "?"
+    return caller_of(request)

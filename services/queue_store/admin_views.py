@@ -9,7 +9,7 @@ say the same.
 
     GET /api/v1/status                               {"queues": [...], "at": ...}
     GET /api/v1/explain/{cluster}/{namespace}/{pod}  the pod's explanation; 404
-    GET /api/v1/jobsets?queue=&all=true&limit=       {"jobsets": [...]}
+    GET /api/v1/jobsets?queue=&all=true&limit=&offset=   {"jobsets": [...]}
     GET /api/v1/jobsets/{queue}/{jobset}             summary + "jobs"; 404
 """
 
@@ -130,15 +130,17 @@ class AdminViews:
         query = request.query
         try:
             limit = int(query.get("limit", "1000"))
+            offset = int(query.get("offset", "0"))
         except ValueError:
-            return _error(400, "limit must be an integer")
-        if not 1 <= limit <= MAX_JOBSETS_LISTED:
-            return _error(400, f"limit must be between 1 and {MAX_JOBSETS_LISTED}")
+            return _error(400, "limit and offset must be integers")
+        if not 1 <= limit <= MAX_JOBSETS_LISTED or offset < 0:
+            return _error(400, f"limit must be between 1 and {MAX_JOBSETS_LISTED}, offset 0 "
+                               "or more")
         async with self.pool.acquire() as connection:
             summaries = await job_views.list_jobsets(
                 connection, queue=query.get("queue") or None,
                 include_finished=query.get("all", "").lower() in ("1", "true", "yes"),
-                limit=limit)
+                limit=limit, offset=offset)
         return web.json_response({"jobsets": [s.as_json() for s in summaries]})
 
     async def describe_jobset(self, request: web.Request) -> web.Response:

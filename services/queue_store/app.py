@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
@@ -34,8 +35,8 @@ from lockgate_adapters.kube import api_clients
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
 from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
-from queue_store.admin_api import AdminApi
-from queue_store.admin_collection import CollectionApi
+from queue_store.admin_api import AdminApi, job_json
+from queue_store.admin_collection import CollectionApi, Publish
 from queue_store.admin_views import SchedulerView
 from queue_store.collecting import NamespaceCollector
 from queue_store.ingesting import BatchStore
@@ -43,6 +44,7 @@ from queue_store.namespace_api import NamespaceApi
 from queue_store.namespaces import NamespaceKeeper, RoleReconciler
 from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
+from queue_store.ui_api import FairnessSampler, StateCache, UiApi
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +125,9 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                              extra_labels=settings.namespace_labels,
                              token_seconds=settings.coordinator_token_seconds,
                              create_any=settings.coordinator_create_any)
-    namespace_api = NamespaceApi(pool=pool, keeper=keeper,
-                                 name_prefix=settings.namespace_name_prefix)
     reconciler = RoleReconciler(pool=pool, dsn=settings.postgres_dsn, keeper=keeper,
                                 resync_seconds=settings.namespace_resync_seconds)
-    collection_api = CollectionApi(pool, send)
-    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
-                     extensions=[collection_api.register,
-                                 lambda app: namespace_api.add_routes(app.router)],
-                     view=SchedulerView(
-                         fairness_resources=tuple(settings.scheduler_view.fairness_resources),
-                         policy=settings.scheduler_view.feed_policy()))
+    admin, sampler, ui_state = admin_api(pool, settings, publish=send, keeper=keeper)
     sync_apis = await api_clients(settings.queue_sync_clusters)
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,
@@ -158,6 +152,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(serve_admin(stopping), name="admin API")
+                group.create_task(sampler.run(stopping), name="fairness samples")
+                group.create_task(ui_state.run(stopping), name="UI picture of the queues")
                 if sync_apis:
                     group.create_task(queue_sync.run(stopping), name="queue sync")
                 group.create_task(collector.run(stopping), name="namespace collector")
@@ -172,6 +168,29 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             await pool.close()
 
     return [run]
+
+
+def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publish,
+              keeper: NamespaceKeeper) -> tuple[AdminApi, FairnessSampler, StateCache]:
+    """The admin API with every module's routes (and the web UI), the fairness sampler the
+    UI's overview reads and the picture its waiting reasons come from (both loops to run);
+    tests/unit/test_openapi.py builds it too, to check the routes."""
+    namespace_api = NamespaceApi(pool=pool, keeper=keeper,
+                                 name_prefix=settings.namespace_name_prefix)
+    collection_api = CollectionApi(pool, publish)
+    view = SchedulerView(fairness_resources=tuple(settings.scheduler_view.fairness_resources),
+                         policy=settings.scheduler_view.feed_policy())
+    ui_state = StateCache(pool, max_age_seconds=settings.ui.state_max_age_seconds, view=view)
+    sampler = FairnessSampler(scheduler_urls=settings.ui.scheduler_urls, state=ui_state,
+                              interval_seconds=settings.ui.sample_seconds,
+                              keep=settings.ui.history_samples)
+    ui_api = UiApi(pool=pool, state=ui_state, sampler=sampler, job_json=job_json,
+                   trace_url=settings.ui.trace_url)
+    admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
+                     extensions=[collection_api.register, ui_api.register,
+                                 lambda app: namespace_api.add_routes(app.router)],
+                     view=view)
+    return admin, sampler, ui_state
 
 
 async def _started_producer(settings: QueueStoreSettings) -> AIOKafkaProducer:

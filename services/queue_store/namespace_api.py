@@ -5,7 +5,8 @@
                                         -> 201 created, 200 when it existed (a retry):
                                         {"namespace": record, "token", "token_expires_at",
                                          "kubeconfig"}
-    GET  /api/v1/namespaces?queue=&jobset=&cluster=&state=   {"namespaces": [record, ...]}
+    GET  /api/v1/namespaces?queue=&jobset=&cluster=&state=&offset=&limit=
+                                        {"namespaces": [record, ...], "total": N}
     GET  /api/v1/namespaces/{cluster}/{name}   record + "transitions" + "allowed_kinds"; 404
     POST /api/v1/namespaces/{cluster}/{name}/token   a fresh coordinator token; 409 unless active
 
@@ -42,6 +43,7 @@ from queue_store.namespaces import (
 log = logging.getLogger(__name__)
 
 MAX_TTL_SECONDS = 366 * 86400
+MAX_NAMESPACES_PAGE = 10_000
 
 
 class NamespaceApi:
@@ -132,12 +134,24 @@ class NamespaceApi:
         if state is not None and state not in {s.value for s in NamespaceState}:
             raise ApiError(400, f"unknown state {state!r}: use one of "
                                 + ", ".join(s.value for s in NamespaceState))
+        filters: dict[str, Any] = {
+            "queue": query.get("queue") or None, "jobset": query.get("jobset") or None,
+            "cluster": query.get("cluster") or None,
+            "state": None if state is None else NamespaceState(state)}
+        try:
+            offset = int(query.get("offset", "0"))
+            limit = int(query["limit"]) if query.get("limit") else None
+        except ValueError as error:
+            raise ApiError(400, "offset and limit must be integers") from error
+        if offset < 0 or (limit is not None and not 1 <= limit <= MAX_NAMESPACES_PAGE):
+            raise ApiError(400, f"offset must be 0 or more, limit between 1 and "
+                                f"{MAX_NAMESPACES_PAGE}")
         async with self.pool.acquire() as connection:
-            records = await namespace_store.list_records(
-                connection, queue=query.get("queue") or None, jobset=query.get("jobset") or None,
-                cluster=query.get("cluster") or None,
-                state=None if state is None else NamespaceState(state))
-        return web.json_response({"namespaces": [namespace_store.record_json(r) for r in records]})
+            records = await namespace_store.list_records(connection, **filters, offset=offset,
+                                                         limit=limit)
+            total = await namespace_store.count_records(connection, **filters)
+        return web.json_response({"namespaces": [namespace_store.record_json(r) for r in records],
+                                  "total": total})
 
     async def _record(self, request: web.Request) -> NamespaceRecord:
         cluster, name = request.match_info["cluster"], request.match_info["name"]

@@ -52,6 +52,33 @@ class SchedulerViewSettings(BaseModel):
                           release_retry_max_seconds=self.release_retry_max_seconds)
 
 
+class UiSettings(BaseModel):
+    """The web UI at /ui/ on the admin API's port (LOCKGATE_QUEUE_STORE_UI__*; docs/web-ui.md)."""
+
+    scheduler_urls: list[str] = Field(
+        default_factory=list, description="base URLs of the fair-scheduler instances' HTTP "
+        "servers (LOCKGATE_SCHEDULER_HTTP_PORT), e.g. [\"http://fair-scheduler:8080\"]; the "
+        "leader's /api/v1/fairness is sampled. Empty, or none leading: shares are computed "
+        "from Postgres")
+    sample_seconds: float = Field(default=5.0, gt=0, le=3600,
+                                  description="between two fairness samples")
+    history_samples: int = Field(default=720, ge=1, le=100_000,
+                                 description="fairness samples kept for the chart (in memory)")
+    state_max_age_seconds: float = Field(
+        default=5.0, ge=0, description="how old the scheduler picture behind the waiting "
+        "reasons may be (one load of every unfinished job; shared by all callers)")
+    trace_url: str | None = Field(
+        default=None, description="a pod's trace in your trace store, with {trace_id} in it, "
+        "e.g. http://127.0.0.1:16686/trace/{trace_id} (Jaeger); unset: no link")
+
+    @field_validator("trace_url")
+    @classmethod
+    def _has_trace_id(cls, value: str | None) -> str | None:
+        if value is not None and "{trace_id}" not in value:
+            raise ValueError("trace_url must contain {trace_id}")
+        return value
+
+
 class QueueStoreSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_QUEUE_STORE_",
                                       env_nested_delimiter="__", extra="forbid")
@@ -102,6 +129,8 @@ class QueueStoreSettings(ServiceSettings):
             raise TokenConfigError(f"admin token names used twice: "
                                    f"{sorted({n for n in names if names.count(n) > 1})}")
         return entries
+
+    ui: UiSettings = Field(default_factory=UiSettings)
 
     # Copies of the queues in every worker cluster (Queue objects, read by the webhook there)
     queue_sync_clusters: dict[str, str] = Field(

@@ -1,0 +1,618 @@
+// lockgate's web UI: vanilla JS, no build step, no dependency (queue_store/web_ui.py says why).
+//
+// Safety rules this file keeps:
+// - The token lives in sessionStorage (this tab only) and goes out only in the Authorization
+//   header of fetch() calls to this origin: never in a URL, a cookie or the DOM.
+// - Every datum is put on the page with textContent / attributes (el() below), never innerHTML,
+//   so a pod or queue name cannot inject markup.
+// - Actions show for admin tokens only, but the API is what refuses a read-only token.
+"use strict";
+
+const POLL_MS = 3000;
+const PAGE = 50;
+const JOBSETS_PAGE = 20;
+// Where a queue's entry in the fairness report may carry per-cluster figures.
+const PER_CLUSTER_KEYS = ["clusters", "per_cluster", "by_cluster", "cluster_targets", "targets"];
+const TOKEN_KEY = "lockgate.token";
+const COLORS = ["#2360c4", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#0b7285", "#e67700",
+  "#5c940d", "#364fc7", "#a61e4d"];
+
+let me = null;          // {name, role, may_act} of the signed-in token
+let timer = null;       // the current page's refresh
+let generation = 0;     // bumps on every navigation: late answers of an old page are dropped
+const pageState = {};   // offsets and filters per route, kept while navigating
+
+// ---- DOM helpers --------------------------------------------------------------------------
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+const svgNS = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(svgNS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+const $ = (id) => document.getElementById(id);
+// Children for replaceChildren(), without the nulls of optional parts (it would print "null").
+const kids = (...children) => children.flat().filter((c) => c !== null && c !== undefined && c !== false);
+const enc = encodeURIComponent;
+const link = (href, text) => el("a", { href }, text);
+const pill = (state) => el("span", { class: `pill state-${state}`, "data-state": state }, state);
+const pct = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
+function when(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { hour12: false });
+}
+function ago(iso) {
+  if (!iso) return "";
+  const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (s < 90) return `${Math.round(s)}s ago`;
+  if (s < 5400) return `${Math.round(s / 60)}m ago`;
+  if (s < 129600) return `${Math.round(s / 3600)}h ago`;
+  return `${Math.round(s / 86400)}d ago`;
+}
+function amount(resource, value) {
+  if (resource === "cpu") return `${+(value / 1000).toPrecision(4)}`;
+  if (resource === "memory" || resource === "ephemeral-storage") {
+    for (const [unit, size] of [["Ti", 2 ** 40], ["Gi", 2 ** 30], ["Mi", 2 ** 20], ["Ki", 2 ** 10]]) {
+      if (Math.abs(value) >= size) return `${+(value / size).toPrecision(3)}${unit}`;
+    }
+  }
+  return String(value);
+}
+const requests = (r) => Object.entries(r || {}).map(([k, v]) => `${k} ${amount(k, v)}`).join(", ");
+
+// ---- API ----------------------------------------------------------------------------------
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+async function api(path, options = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const response = await fetch(path, { ...options, headers, credentials: "omit",
+    cache: "no-store", redirect: "error" });
+  let body = null;
+  try { body = await response.json(); } catch (_) { body = null; }
+  if (!response.ok) {
+    if (response.status === 401) signOut("the token was refused: sign in again");
+    throw new ApiError(response.status, (body && body.error) || `${response.status} ${response.statusText}`);
+  }
+  return body;
+}
+const query = (params) => {
+  const parts = Object.entries(params).filter(([, v]) => v !== "" && v !== null && v !== undefined)
+    .map(([k, v]) => `${enc(k)}=${enc(v)}`);
+  return parts.length ? `?${parts.join("&")}` : "";
+};
+
+// ---- sign in ------------------------------------------------------------------------------
+async function signIn(token) {
+  sessionStorage.setItem(TOKEN_KEY, token);
+  try {
+    me = await api("/api/v1/whoami");
+  } catch (error) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    me = null;
+    throw error;
+  }
+}
+function signOut(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  me = null;
+  stopPolling();
+  showSignIn(message || "");
+}
+function showSignIn(message) {
+  $("signin").hidden = false;
+  $("nav").hidden = $("who").hidden = $("signout").hidden = $("live").hidden = true;
+  $("page").replaceChildren(...kids());
+  $("error").hidden = true;
+  $("signin-error").textContent = message;
+  $("token").value = "";
+  $("token").focus();
+}
+function showSignedIn() {
+  $("signin").hidden = true;
+  $("nav").hidden = $("who").hidden = $("signout").hidden = $("live").hidden = false;
+  $("who").textContent = `${me.name} · ${me.role}`;
+  $("who").dataset.role = me.role;
+}
+
+// ---- routing and refresh ------------------------------------------------------------------
+const ROUTES = [
+  [/^#?\/?$/, "overview", overviewPage],
+  [/^#\/queues\/([^/]+)$/, "overview", queuePage],
+  [/^#\/jobsets\/([^/]+)\/([^/]+)$/, "overview", jobsetPage],
+  [/^#\/pods\/([^/]+)\/([^/]+)\/([^/]+)$/, "overview", podPage],
+  [/^#\/namespaces$/, "namespaces", namespacesPage],
+  [/^#\/namespaces\/([^/]+)\/([^/]+)$/, "namespaces", namespacePage],
+  [/^#\/evictions$/, "evictions", evictionsPage],
+];
+function stopPolling() {
+  if (timer) clearTimeout(timer);
+  timer = null;
+  generation += 1;
+}
+function route() {
+  stopPolling();
+  if (!me) return;
+  const hash = location.hash || "#/";
+  for (const [pattern, nav, page] of ROUTES) {
+    const match = hash.match(pattern);
+    if (!match) continue;
+    for (const a of document.querySelectorAll("[data-nav]")) {
+      a.classList.toggle("active", a.dataset.nav === nav);
+    }
+    const args = match.slice(1).map(decodeURIComponent);
+    const key = hash;
+    pageState[key] = pageState[key] || {};
+    const view = { root: el("div", { "data-page": page.name }), state: pageState[key] };
+    $("page").replaceChildren(...kids(view.root));
+    const mine = generation;
+    const tick = async () => {
+      try {
+        await page(view, ...args);
+        if (mine !== generation) return;
+        $("error").hidden = true;
+        $("live").classList.remove("stale");
+        $("live").textContent = `live · ${new Date().toLocaleTimeString(undefined, { hour12: false })}`;
+      } catch (error) {
+        if (mine !== generation) return;
+        $("error").hidden = false;
+        $("error").textContent = error.message;
+        $("live").classList.add("stale");
+      }
+      if (mine === generation && me) timer = setTimeout(tick, POLL_MS);
+    };
+    view.refresh = () => { if (timer) clearTimeout(timer); tick(); };
+    tick();
+    return;
+  }
+  $("page").replaceChildren(...kids(el("div", { class: "card" }, "No such page. ", link("#/", "Overview"))));
+}
+// Re-render one region of a page without touching the rest (filters keep their focus).
+function region(view, name) {
+  let node = view.root.querySelector(`[data-region="${name}"]`);
+  if (!node) {
+    node = el("div", { "data-region": name });
+    view.root.append(node);
+  }
+  return node;
+}
+function pager(view, total, onMove) {
+  const offset = view.state.offset || 0;
+  const last = Math.max(0, Math.floor((total - 1) / PAGE) * PAGE);
+  const move = (to) => () => { view.state.offset = Math.max(0, Math.min(last, to)); onMove(); };
+  return el("div", { class: "pager" },
+    el("button", { class: "quiet", onclick: move(0), disabled: offset === 0 }, "« First"),
+    el("button", { class: "quiet", onclick: move(offset - PAGE), disabled: offset === 0 }, "‹ Prev"),
+    el("span", { class: "muted", "data-pager": "" },
+      total ? `${offset + 1}–${Math.min(total, offset + PAGE)} of ${total}` : "none"),
+    el("button", { class: "quiet", onclick: move(offset + PAGE), disabled: offset + PAGE >= total }, "Next ›"),
+    el("button", { class: "quiet", onclick: move(last), disabled: offset + PAGE >= total }, "Last »"));
+}
+function filterInput(view, key, placeholder, onChange) {
+  const input = el("input", { placeholder, value: view.state[key] || "", "data-filter": key });
+  let pending = null;
+  input.addEventListener("input", () => {
+    clearTimeout(pending);
+    pending = setTimeout(() => { view.state[key] = input.value.trim(); view.state.offset = 0; onChange(); }, 300);
+  });
+  return input;
+}
+function table(headers, rows, attrs) {
+  return el("table", attrs || {},
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", { class: h.startsWith("#") ? "num" : "" }, h.replace(/^#/, ""))))),
+    el("tbody", {}, rows));
+}
+const num = (value) => el("td", { class: "num" }, value === undefined || value === null ? "–" : String(value));
+const podHref = (p) => `#/pods/${enc(p.cluster)}/${enc(p.namespace)}/${enc(p.name)}`;
+const colorOf = (names) => {
+  const sorted = [...names].sort();
+  return (name) => COLORS[sorted.indexOf(name) % COLORS.length];
+};
+
+// ---- overview -----------------------------------------------------------------------------
+async function overviewPage(view) {
+  const [fairness, history, clusters, queues] = await Promise.all([
+    api("/api/v1/fairness").catch((e) => ({ error: e.message })),
+    api("/api/v1/fairness/history").catch(() => ({ samples: [] })),
+    api("/api/v1/clusters"),
+    api("/api/v1/queues"),
+  ]);
+  if (!view.root.querySelector("h1")) view.root.prepend(el("h1", {}, "Overview"));
+  const report = (fairness && fairness.report) || { queues: [] };
+  const reported = new Map(report.queues.map((q) => [q.name, q]));
+  const names = new Set([...queues.queues.map((q) => q.name), ...reported.keys()]);
+  const color = colorOf(names);
+  const waitingByQueue = {};
+  for (const c of clusters.clusters) for (const q of c.queues) {
+    waitingByQueue[q.queue] = (waitingByQueue[q.queue] || 0) + q.queued;
+  }
+  const defined = new Map(queues.queues.map((q) => [q.name, q]));
+  // Per-cluster figures, when the scheduler gives them (fair targets per cluster).
+  const perClusterOf = (r) => PER_CLUSTER_KEYS.map((k) => r[k]).find((v) => v && typeof v === "object") || null;
+  const anyPerCluster = [...reported.values()].some((r) => perClusterOf(r));
+  const anyTarget = [...reported.values()].some((r) => typeof r.fair_target === "number");
+  const rows = [...names].sort().map((name) => {
+    const r = reported.get(name) || {};
+    const spec = defined.get(name);
+    const perCluster = perClusterOf(r);
+    return el("tr", { "data-queue": name },
+      el("td", {}, el("i", { class: "swatch" }), link(`#/queues/${enc(name)}`, name),
+        spec ? (spec.cordoned ? el("span", { class: "pill state-failed" }, " cordoned") : null)
+          : el("span", { class: "pill state-failed" }, " undefined")),
+      num(spec ? +spec.weight.toPrecision(4) : r.weight),
+      num(pct(r.fair_share)), num(pct(r.adjusted_fair_share)),
+      anyTarget ? el("td", { class: "num", "data-target": r.fair_target ?? "" }, pct(r.fair_target)) : null,
+      el("td", { class: "num", "data-actual": r.actual_share ?? "" }, pct(r.actual_share)),
+      el("td", { class: "num", "data-waiting": "" }, String(r.queued ?? waitingByQueue[name] ?? 0)), num(r.released), num(r.running),
+      anyPerCluster ? el("td", { class: "small muted", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
+  });
+  const source = fairness.error ? `no fairness report: ${fairness.error}`
+    : fairness.source === "postgres" ? `computed from Postgres ${ago(fairness.sampled_at)} (no scheduler leader answered)`
+      : `from the scheduler leader, round ${report.last_round ? ago(report.last_round.at) : "–"}`;
+  const queuesCard = el("div", { class: "card" },
+    el("h2", {}, "Queues"),
+    table(["Queue", "#Weight", "#Fair share", "#Adjusted fair share", ...(anyTarget ? ["#Fair target"] : []), "#Actual share",
+      "#Waiting", "#Released", "#Running", ...(anyPerCluster ? ["Per cluster"] : [])], rows, { "data-table": "queues" }),
+    el("p", { class: "small muted" }, source));
+  for (const tr of queuesCard.querySelectorAll("tr[data-queue] .swatch")) {
+    tr.style.cssText = `display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px;background:${color(tr.closest("tr").dataset.queue)}`;
+  }
+  region(view, "queues").replaceChildren(...kids(queuesCard));
+  region(view, "chart").replaceChildren(...kids(el("div", { class: "card" },
+    el("h2", {}, "Shares over time"),
+    shareChart(history.samples || [], color),
+    el("p", { class: "small muted" }, "solid: actual share · dashed: the fair target (the scheduler's, else the adjusted fair share) · sampled every ",
+      `${history.interval_seconds || "?"} s`))));
+  region(view, "clusters").replaceChildren(...kids(el("div", { class: "card" },
+    el("h2", {}, "Clusters"), clustersTable(clusters.clusters, color))));
+}
+function clusterTargets(perCluster) {
+  const entries = Array.isArray(perCluster) ? perCluster.map((c) => [c.cluster || c.name, c])
+    : Object.entries(perCluster);
+  return entries.map(([name, c]) => {
+    if (typeof c !== "object" || c === null) return `${name}: ${c}`;
+    const parts = [];
+    for (const [k, v] of Object.entries(c)) {
+      if (k === "cluster" || k === "name") continue;
+      parts.push(`${k.replace(/_share$/, "")} ${typeof v === "number" && v <= 1 ? pct(v) : v}`);
+    }
+    return `${name}: ${parts.join(", ")}`;
+  }).join(" · ");
+}
+function shareChart(samples, color) {
+  const W = 900, H = 240, L = 40, R = 10, T = 10, B = 24;
+  const box = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none",
+    role: "img", "aria-label": "shares over time", "data-samples": samples.length });
+  if (samples.length < 2) {
+    box.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" },
+      samples.length ? "collecting samples…" : "no samples yet"));
+    return box;
+  }
+  const t0 = new Date(samples[0].at).getTime(), t1 = new Date(samples[samples.length - 1].at).getTime();
+  let top = 0.05;
+  for (const s of samples) for (const q of Object.values(s.queues)) top = Math.max(top, q.actual || 0, q.target ?? q.adjusted_fair ?? 0);
+  top = Math.min(1, Math.ceil(top * 10) / 10);
+  const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
+  const y = (v) => T + (1 - v / top) * (H - T - B);
+  for (let i = 0; i <= 4; i++) {
+    const v = (top * i) / 4;
+    box.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: y(v), y2: y(v), "stroke-opacity": i ? 0.35 : 1 }),
+      svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end" }, `${Math.round(v * 100)}%`));
+  }
+  box.append(svg("text", { x: L, y: H - 6 }, new Date(t0).toLocaleTimeString(undefined, { hour12: false })),
+    svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, new Date(t1).toLocaleTimeString(undefined, { hour12: false })));
+  const names = new Set();
+  for (const s of samples) for (const n of Object.keys(s.queues)) names.add(n);
+  for (const name of names) {
+    for (const [field, dash] of [["target", "5 4"], ["actual", ""]]) {
+      const value = (s) => (s.queues[name] ? (s.queues[name][field] ?? (field === "target" ? s.queues[name].adjusted_fair : null)) : null);
+      const points = samples.filter((s) => value(s) !== null && value(s) !== undefined)
+        .map((s) => `${x(new Date(s.at).getTime()).toFixed(1)},${y(value(s)).toFixed(1)}`);
+      if (points.length < 2) continue;
+      box.append(svg("polyline", { points: points.join(" "), fill: "none", stroke: color(name),
+        "stroke-width": field === "actual" ? 2 : 1.4, "stroke-dasharray": dash, "data-series": `${name}:${field}` },
+      svg("title", {}, `${name} ${field.replace("_", " ")} share`)));
+    }
+  }
+  return box;
+}
+function clustersTable(clusters, color) {
+  if (!clusters.length) return el("p", { class: "muted" }, "No cluster has reported yet.");
+  const rows = [];
+  for (const c of clusters) {
+    const resources = Object.keys(c.capacity).filter((r) => r === "cpu" || r === "memory" || r.includes("gpu"))
+      .sort((x, y) => (x === "cpu" ? -1 : y === "cpu" ? 1 : x.localeCompare(y)));
+    for (const resource of resources.length ? resources : ["cpu"]) {
+      const total = c.capacity[resource] || 0;
+      const bar = el("div", { class: "bar", title: `${resource} in ${c.name}` });
+      const unmanaged = c.unmanaged[resource] || 0;
+      if (total && unmanaged) bar.append(el("span", { title: `not lockgate's: ${amount(resource, unmanaged)}` }));
+      for (const q of c.queues) {
+        const held = q.holding[resource] || 0;
+        if (!total || !held) continue;
+        bar.append(el("span", { title: `${q.queue}: ${amount(resource, held)}`, "data-queue": q.queue }));
+      }
+      // Widths set through CSSOM (the style-src policy allows no inline style attributes).
+      let i = 0;
+      for (const span of bar.children) {
+        const isUnmanaged = !span.dataset.queue;
+        const held = isUnmanaged ? unmanaged : (c.queues.find((q) => q.queue === span.dataset.queue).holding[resource] || 0);
+        span.style.width = `${Math.min(100, (100 * held) / total)}%`;
+        span.style.background = isUnmanaged ? "#9aa5b5" : color(span.dataset.queue);
+        i += 1;
+      }
+      const used = c.queues.reduce((sum, q) => sum + (q.holding[resource] || 0), 0);
+      rows.push(el("tr", { "data-cluster": c.name },
+        el("td", {}, c.name), el("td", { class: "small" }, `${c.schedulable_nodes}/${c.nodes} nodes`),
+        el("td", {}, resource), num(amount(resource, total)), num(amount(resource, used)),
+        el("td", {}, bar),
+        el("td", { class: "small" }, c.queues.filter((q) => q.pods || q.queued).map((q) =>
+          el("div", {}, link(`#/queues/${enc(q.queue)}`, q.queue),
+            ` ${q.pods} running/released, ${q.queued} waiting` +
+            (q.holding[resource] ? `, ${amount(resource, q.holding[resource])} ${resource}` : ""))))));
+    }
+  }
+  return table(["Cluster", "Nodes", "Resource", "#Capacity", "#Held by lockgate's pods", "Use by queue", "Queues"], rows,
+    { "data-table": "clusters" });
+}
+
+// ---- queue --------------------------------------------------------------------------------
+async function queuePage(view, name) {
+  const st = view.state;
+  if (!view.root.querySelector("h1")) {
+    view.root.append(el("h1", {}, "Queue ", el("span", { "data-name": name }, name)));
+    region(view, "spec");
+    const waiting = region(view, "waiting-card");
+    waiting.append(el("div", { class: "card" }, el("h2", {}, "Waiting pods"),
+      el("div", { class: "filters" }, filterInput(view, "cluster", "cluster", view.refresh),
+        filterInput(view, "namespace", "namespace", view.refresh)),
+      el("div", { "data-region": "waiting" })));
+    region(view, "jobsets");
+  }
+  // Job sets page by JOBSETS_PAGE, asked for one more to know whether a next page exists.
+  const jobsetOffset = st.jobsetOffset || 0;
+  const [spec, jobsets, waiting] = await Promise.all([
+    api(`/api/v1/queues/${enc(name)}`).catch((e) => (e.status === 404 ? null : Promise.reject(e))),
+    api(`/api/v1/jobsets${query({ queue: name, limit: JOBSETS_PAGE + 1, offset: jobsetOffset })}`),
+    api(`/api/v1/queues/${enc(name)}/waiting${query({ cluster: st.cluster, namespace: st.namespace, offset: st.offset || 0, limit: PAGE })}`),
+  ]);
+  const more = jobsets.jobsets.length > JOBSETS_PAGE;
+  jobsets.jobsets = jobsets.jobsets.slice(0, JOBSETS_PAGE);
+  const moveJobsets = (to) => () => { st.jobsetOffset = Math.max(0, to); view.refresh(); };
+  region(view, "spec").replaceChildren(...kids(el("div", { class: "card" }, spec ? queueFacts(spec)
+    : el("p", { class: "error" }, `Queue ${name} is not defined: its pods wait until it is created.`))));
+  region(view, "jobsets").replaceChildren(...kids(el("div", { class: "card" }, el("h2", {}, "Job sets with unfinished pods"),
+    jobsets.jobsets.length || jobsetOffset ? table(["Job set", "Clusters", "#Pods", "#Unfinished", "By state", "Oldest queued"],
+      jobsets.jobsets.map((j) => el("tr", { "data-jobset": j.jobset },
+        el("td", {}, link(`#/jobsets/${enc(name)}/${enc(j.jobset)}`, j.jobset)),
+        el("td", {}, j.clusters.join(", ")), num(j.pods), num(j.unfinished),
+        el("td", {}, Object.entries(j.by_state).map(([s, n]) => el("span", {}, pill(s), ` ${n} `))),
+        el("td", { class: "small" }, j.oldest_queued_at ? ago(j.oldest_queued_at) : "–"))), { "data-table": "jobsets" })
+      : el("p", { class: "muted" }, "None."),
+    jobsetOffset || more ? el("div", { class: "pager" },
+      el("button", { class: "quiet", onclick: moveJobsets(jobsetOffset - JOBSETS_PAGE), disabled: !jobsetOffset }, "‹ Prev"),
+      el("span", { class: "muted" }, `job sets ${jobsetOffset + 1}–${jobsetOffset + jobsets.jobsets.length}`),
+      el("button", { class: "quiet", onclick: moveJobsets(jobsetOffset + JOBSETS_PAGE), disabled: !more }, "Next ›")) : null)));
+  view.root.querySelector('[data-region="waiting"]').replaceChildren(...kids(
+    el("p", { class: "small muted" }, `${waiting.queued_in_queue} queued in the queue; ` + (waiting.reasons_as_of
+      ? `reasons as of ${ago(waiting.reasons_as_of)}` : "reasons are being worked out (the first look at the queues), shortly")),
+    table(["#Position", "Pod", "Cluster", "Job set", "Priority", "Requests", "Waiting", "Reason"],
+      waiting.pods.map((p) => el("tr", { "data-pod": `${p.cluster}/${p.namespace}/${p.name}` },
+        num(p.position ?? "…"), el("td", {}, link(podHref(p), `${p.namespace}/${p.name}`)), el("td", {}, p.cluster),
+        el("td", {}, link(`#/jobsets/${enc(p.queue)}/${enc(p.jobset)}`, p.jobset)), num(p.priority),
+        el("td", { class: "small" }, requests(p.requests)), el("td", { class: "small" }, ago(p.created_at)),
+        el("td", { class: "small", title: p.message || "" }, el("b", { "data-reason": p.reason || "" }, p.reason || "–"),
+          p.message ? el("div", { class: "muted" }, p.message) : null))), { "data-table": "waiting" }),
+    pager(view, waiting.total, view.refresh)));
+}
+function queueFacts(spec) {
+  const ns = spec.namespaces.length ? spec.namespaces.map((n) => el("div", {},
+    `${n.cluster}: `, (n.names || []).join(", ") || "", n.selector ? ` selector ${JSON.stringify(n.selector)}` : ""))
+    : el("span", { class: "error" }, "none: no pod may use this queue");
+  const limits = Object.entries(spec.resource_limits).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
+  return el("dl", { class: "facts", "data-facts": "queue" },
+    el("dt", {}, "Weight"), el("dd", {}, `${+spec.weight.toPrecision(4)} (priority factor ${spec.priority_factor})`),
+    el("dt", {}, "Cordoned"), el("dd", {}, spec.cordoned ? "yes: none of its pods are released" : "no"),
+    el("dt", {}, "Bound namespaces"), el("dd", { "data-field": "namespaces" }, ns),
+    el("dt", {}, "Allowed kinds"), el("dd", { "data-field": "allowed_kinds" },
+      spec.allowed_kinds.join(", "), spec.allowed_kinds_default ? el("span", { class: "muted" }, " (default)") : null),
+    el("dt", {}, "Limits"), el("dd", { "data-field": "limits" }, limits),
+    el("dt", {}, "Max time queued"), el("dd", {}, spec.max_queued ? `${spec.max_queued.seconds} s, then ${spec.max_queued.action}` : "none"),
+    el("dt", {}, "Pod group timeout"), el("dd", {}, spec.group_timeout_seconds ? `${spec.group_timeout_seconds} s, then ${spec.group_timeout_action}` : "none"));
+}
+
+// ---- job set ------------------------------------------------------------------------------
+async function jobsetPage(view, queue, jobset) {
+  const st = view.state;
+  if (!view.root.querySelector("h1")) {
+    view.root.append(el("h1", {}, "Job set ", link(`#/queues/${enc(queue)}`, queue), ` / ${jobset}`));
+    region(view, "actions");
+    region(view, "counts");
+    view.root.append(el("div", { class: "card" }, el("h2", {}, "Pods"),
+      el("div", { class: "filters" }, filterInput(view, "cluster", "cluster", view.refresh),
+        stateSelect(view)), el("div", { "data-region": "pods" })));
+  }
+  const [page, cancellation] = await Promise.all([
+    api(`/api/v1/jobsets/${enc(queue)}/${enc(jobset)}/pods${query({ cluster: st.cluster, state: st.state, offset: st.offset || 0, limit: PAGE })}`),
+    api(`/api/v1/jobsets/${enc(queue)}/${enc(jobset)}/cancellation`).catch((e) => (e.status === 404 ? null : Promise.reject(e))),
+  ]);
+  const actions = region(view, "actions");
+  const unfinished = Object.values(page.counts).reduce((sum, states) => sum + Object.entries(states)
+    .filter(([s]) => ["queued", "released", "ungated", "bound", "running"].includes(s)).reduce((a, [, n]) => a + n, 0), 0);
+  actions.replaceChildren(...kids(el("div", { class: "card" },
+    cancellation ? el("p", { "data-cancelled": "" }, `Cancelled by ${cancellation.requested_by} at ${when(cancellation.applied_at || cancellation.requested_at)}: ${cancellation.reason} (${cancellation.jobs_cancelled} pods cancelled)`)
+      : el("p", { class: "muted" }, `${unfinished} unfinished pods.`),
+    me.may_act && !cancellation ? el("button", { class: "danger", "data-action": "cancel-jobset",
+      onclick: () => confirmCancel(view, queue, jobset, unfinished) }, "Cancel job set…") : null)));
+  const clusters = Object.keys(page.counts).sort();
+  const states = [...new Set(clusters.flatMap((c) => Object.keys(page.counts[c])))].sort();
+  region(view, "counts").replaceChildren(...kids(el("div", { class: "card" }, el("h2", {}, "Pods per cluster and state"),
+    table(["Cluster", ...states.map((s) => `#${s}`)], clusters.map((c) => el("tr", { "data-cluster": c },
+      el("td", {}, c), states.map((s) => num(page.counts[c][s] || 0)))), { "data-table": "counts" }))));
+  view.root.querySelector('[data-region="pods"]').replaceChildren(...kids(
+    table(["Pod", "Cluster", "State", "Node", "Requests", "Created", "Last reason"],
+      page.pods.map((p) => el("tr", { "data-pod": `${p.cluster}/${p.namespace}/${p.name}` },
+        el("td", {}, link(podHref(p), `${p.namespace}/${p.name}`)), el("td", {}, p.cluster), el("td", {}, pill(p.state)),
+        el("td", {}, p.node_name || "–"), el("td", { class: "small" }, requests(p.requests)),
+        el("td", { class: "small" }, ago(p.created_at)), el("td", { class: "small" }, p.last_reason || ""))), { "data-table": "pods" }),
+    pager(view, page.total, view.refresh)));
+}
+function stateSelect(view) {
+  const select = el("select", { "data-filter": "state" }, el("option", { value: "" }, "any state"),
+    ["queued", "released", "ungated", "bound", "running", "succeeded", "failed", "deleted", "cancelled"]
+      .map((s) => el("option", { value: s, selected: view.state.state === s }, s)));
+  select.addEventListener("change", () => { view.state.state = select.value; view.state.offset = 0; view.refresh(); });
+  return select;
+}
+function confirmCancel(view, queue, jobset, unfinished) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = `Cancel job set ${queue}/${jobset}?`;
+  $("confirm-text").textContent = `Its ${unfinished} unfinished pods are cancelled and deleted in every cluster, ` +
+    "and its ephemeral namespaces are collected. This cannot be undone.";
+  $("confirm-reason").value = `cancelled from the web UI by ${me.name}`;
+  dialog.returnValue = "";
+  dialog.onclose = async () => {
+    if (dialog.returnValue !== "ok") return;
+    try {
+      await api(`/api/v1/jobsets/${enc(queue)}/${enc(jobset)}/cancel`, {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ reason: $("confirm-reason").value.trim() || "cancelled from the web UI" }) });
+      view.refresh();
+    } catch (error) {
+      $("error").hidden = false;
+      $("error").textContent = `cancel refused: ${error.message}`;
+    }
+  };
+  dialog.showModal();
+}
+
+// ---- pod ----------------------------------------------------------------------------------
+async function podPage(view, cluster, namespace, name) {
+  const body = await api(`/api/v1/pods/${enc(cluster)}/${enc(namespace)}/${enc(name)}`);
+  const p = body.pod;
+  view.root.replaceChildren(...kids(
+    el("h1", {}, "Pod ", el("span", {}, `${cluster}/${namespace}/${name}`), " ", pill(p.state)),
+    el("div", { class: "card" }, el("h2", {}, "Journey"),
+      el("div", { class: "journey", "data-journey": "" }, body.journey.map((s) =>
+        el("div", { class: `step${s.reached ? " reached" : ""}${s.current ? " current" : ""}`, "data-step": s.step,
+          "data-reached": s.reached ? "true" : "false" },
+        el("b", {}, s.step), el("span", { class: "small" }, s.at ? when(s.at) : (s.reached ? "" : "not yet")),
+        s.detail ? el("div", { class: "small muted" }, s.detail) : null))),
+      el("h2", {}, "Why"), el("div", { class: "explain", "data-explain": "" }, body.message || ""),
+      body.eviction ? el("p", { class: "error", "data-eviction": "" },
+        `Evicted (${body.eviction.kind}, ${body.eviction.action}) ${ago(body.eviction.decided_at)}: ${body.eviction.message}`) : null),
+    el("div", { class: "card" }, el("dl", { class: "facts" },
+      el("dt", {}, "Queue"), el("dd", {}, link(`#/queues/${enc(p.queue)}`, p.queue)),
+      el("dt", {}, "Job set"), el("dd", {}, link(`#/jobsets/${enc(p.queue)}/${enc(p.jobset)}`, p.jobset)),
+      el("dt", {}, "UID"), el("dd", {}, el("code", {}, p.uid)),
+      el("dt", {}, "Requests"), el("dd", {}, requests(p.requests)),
+      el("dt", {}, "Priority"), el("dd", {}, `${p.priority}${p.priority_class ? ` (${p.priority_class})` : ""}`),
+      el("dt", {}, "Node"), el("dd", {}, p.node_name || "–"),
+      el("dt", {}, "Release attempts"), el("dd", {}, String(p.release_attempts)),
+      p.unschedulable_message ? [el("dt", {}, "kube-scheduler"), el("dd", {}, p.unschedulable_message)] : null,
+      el("dt", {}, "Trace"), el("dd", { "data-trace": "" }, body.trace_url
+        ? el("a", { href: body.trace_url, target: "_blank", rel: "noopener noreferrer" }, `trace ${body.trace_id}`)
+        : el("span", { class: "muted" }, body.trace_id ? `trace id ${body.trace_id} (set LOCKGATE_QUEUE_STORE_UI__TRACE_URL for a link)` : "none"))))));
+}
+
+// ---- ephemeral namespaces and evictions ---------------------------------------------------
+async function namespacesPage(view) {
+  const st = view.state;
+  if (!view.root.querySelector("h1")) {
+    view.root.append(el("h1", {}, "Ephemeral namespaces"), el("div", { class: "card" },
+      el("div", { class: "filters" }, filterInput(view, "queue", "queue", view.refresh),
+        filterInput(view, "state", "state (active, expiring, …)", view.refresh)),
+      el("div", { "data-region": "namespaces" })));
+  }
+  const body = await api(`/api/v1/namespaces${query({ queue: st.queue, state: st.state, offset: st.offset || 0, limit: PAGE })}`);
+  view.root.querySelector('[data-region="namespaces"]').replaceChildren(...kids(
+    table(["Namespace", "Cluster", "Queue", "Job set", "State", "Trigger", "Created", "Expires", "Attempts"],
+      body.namespaces.map((n) => el("tr", { "data-namespace": `${n.cluster}/${n.name}` },
+        el("td", {}, link(`#/namespaces/${enc(n.cluster)}/${enc(n.name)}`, n.name)), el("td", {}, n.cluster),
+        el("td", {}, link(`#/queues/${enc(n.queue)}`, n.queue)), el("td", {}, link(`#/jobsets/${enc(n.queue)}/${enc(n.jobset)}`, n.jobset)),
+        el("td", {}, pill(n.state), n.failure_reason ? el("div", { class: "small error" }, n.failure_reason) : null),
+        el("td", {}, n.trigger || "–"), el("td", { class: "small" }, ago(n.created_at)),
+        el("td", { class: "small" }, n.expires_at ? when(n.expires_at) : "–"), num(n.attempts))), { "data-table": "namespaces" }),
+    pager(view, body.total ?? body.namespaces.length, view.refresh)));
+}
+async function namespacePage(view, cluster, name) {
+  const body = await api(`/api/v1/namespaces/${enc(cluster)}/${enc(name)}/transitions`);
+  const n = body.namespace;
+  view.root.replaceChildren(...kids(el("h1", {}, `Namespace ${cluster}/${name} `, pill(n.state)),
+    el("div", { class: "card" }, el("dl", { class: "facts" },
+      el("dt", {}, "Queue / job set"), el("dd", {}, link(`#/jobsets/${enc(n.queue)}/${enc(n.jobset)}`, `${n.queue} / ${n.jobset}`)),
+      el("dt", {}, "TTL"), el("dd", {}, n.ttl_seconds ? `${n.ttl_seconds} s (expires ${when(n.expires_at)})` : "none"),
+      el("dt", {}, "Trigger"), el("dd", {}, n.trigger || "–"),
+      el("dt", {}, "Failure"), el("dd", {}, n.failure_reason || "–"))),
+    el("div", { class: "card" }, el("h2", {}, "Transitions"),
+      table(["At", "From", "To", "Cause"], body.transitions.map((t) => el("tr", { "data-transition": t.to_state },
+        el("td", { class: "small" }, when(t.at)), el("td", {}, t.from_state ? pill(t.from_state) : "–"),
+        el("td", {}, pill(t.to_state)), el("td", {}, t.cause))), { "data-table": "transitions" }))));
+}
+async function evictionsPage(view) {
+  const st = view.state;
+  if (!view.root.querySelector("h1")) {
+    view.root.append(el("h1", {}, "Evictions"), el("div", { class: "card" },
+      el("div", { class: "filters" }, filterInput(view, "queue", "queue of the evicted pod", view.refresh),
+        filterInput(view, "cluster", "cluster", view.refresh)),
+      el("div", { "data-region": "evictions" })));
+  }
+  const body = await api(`/api/v1/evictions${query({ queue: st.queue, cluster: st.cluster, offset: st.offset || 0, limit: PAGE })}`);
+  view.root.querySelector('[data-region="evictions"]').replaceChildren(...kids(
+    table(["Decided", "Pod", "Queue", "Kind", "Action", "For queue", "Reason"],
+      body.evictions.map((e) => el("tr", { "data-eviction": e.eviction_id },
+        el("td", { class: "small" }, when(e.decided_at)),
+        el("td", {}, link(podHref(e), `${e.cluster}/${e.namespace}/${e.name}`)),
+        el("td", {}, link(`#/queues/${enc(e.queue)}`, e.queue)), el("td", {}, e.kind), el("td", {}, e.action),
+        el("td", {}, e.for_queue || "–"), el("td", { class: "small" }, e.message))), { "data-table": "evictions" }),
+    body.evictions.length ? null : el("p", { class: "muted" }, "No evictions."),
+    pager(view, body.total, view.refresh)));
+}
+
+// ---- start --------------------------------------------------------------------------------
+document.addEventListener("DOMContentLoaded", async () => {
+  $("signin-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const token = $("token").value.trim();
+    $("token").value = "";
+    try {
+      await signIn(token);
+      showSignedIn();
+      route();
+    } catch (error) {
+      showSignIn(error.status === 401 ? "That token is not valid." : `Sign-in failed: ${error.message}`);
+    }
+  });
+  $("signout").addEventListener("click", () => signOut(""));
+  window.addEventListener("hashchange", route);
+  if (sessionStorage.getItem(TOKEN_KEY)) {
+    try {
+      me = await api("/api/v1/whoami");
+      showSignedIn();
+      route();
+      return;
+    } catch (_) { /* fall through to the sign-in form */ }
+  }
+  showSignIn("");
+});
