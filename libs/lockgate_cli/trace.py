@@ -39,6 +39,7 @@ from lockgate_cli.session import Session, runs
 
 MAX_LINKED_TRACES = 8
 MIN_BAR = 20
+MIN_NAME = 16
 # Attributes every span of the journey carries: noise in the wide view.
 COMMON_ATTRIBUTES = frozenset({"lockgate.cluster", "lockgate.namespace", "lockgate.pod",
                                "lockgate.name", "lockgate.uid", "otel.scope.name",
@@ -125,6 +126,10 @@ def render_waterfall(chart: Waterfall, *, pod: str, trace_id: str, width: int = 
     start_width = max([len("START"), *(len(s) for s in starts)])
     length_width = max([len("DURATION"), *(len(d) for d in lengths)])
     fixed = service_width + name_width + start_width + length_width + 4 * 2 + 2
+    if fixed + MIN_BAR > width:  # a narrow terminal: shorten the span names, not the bars
+        name_width = max(MIN_NAME, name_width - (fixed + MIN_BAR - width))
+        names = [_shortened(n, name_width) for n in names]
+        fixed = service_width + name_width + start_width + length_width + 4 * 2 + 2
     bar = max(MIN_BAR, width - fixed)
     scale = format_micros(chart.total_us)
     ruler = "0s".ljust(bar + 2 - len(scale)) + scale
@@ -146,6 +151,10 @@ def render_waterfall(chart: Waterfall, *, pod: str, trace_id: str, width: int = 
         lines.append("~ a span of another trace the pod's spans link to (its admission "
                      "review, the round that released it)")
     return lines
+
+
+def _shortened(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def bar_cells(offset_us: int, duration_us: int, total_us: int, width: int,
