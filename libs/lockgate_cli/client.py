@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # httpx is imported when the first request is made: the CLI starts faster
+    import httpx
 
 TIMEOUT_SECONDS = 30.0
 
@@ -43,6 +44,8 @@ class JsonClient:
             raise CliError(f"the {what} URL must be http(s)://HOST[:PORT], not {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.what, self.hint = what, hint
+        import httpx
+
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"

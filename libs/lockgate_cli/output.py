@@ -26,7 +26,6 @@ from typing import Any, TextIO
 import click
 import yaml
 
-from lockgate.scheduler import format_amount, format_duration
 from lockgate_cli.jsonpath import TemplateError, check_template, render_template
 
 FORMATS = ("table", "wide", "name", "json", "yaml", "jsonpath=TEMPLATE")
@@ -229,6 +228,21 @@ def cell(value: Any) -> str:
 
 # ---- human units -------------------------------------------------------------------------------
 
+# The core's formatters (the Events on waiting pods use the same), imported on first use: the
+# scheduler package is slow to load, and `--version`, `config` or `completion` need none of it.
+
+def _format_duration(seconds: float) -> str:
+    from lockgate.scheduler import format_duration
+
+    return format_duration(seconds)
+
+
+def _format_amount(resource: str, amount: float) -> str:
+    from lockgate.scheduler import format_amount
+
+    return format_amount(resource, amount)
+
+
 def share(fraction: float | None) -> str:
     """A share of the pool as a percentage: 0.25 -> 25.0%."""
     return "-" if fraction is None else f"{fraction * 100:.1f}%"
@@ -236,14 +250,14 @@ def share(fraction: float | None) -> str:
 
 def duration(seconds: float | None) -> str:
     """3m12s, 2h5m, 4d3h; "-" for none."""
-    return "-" if seconds is None else format_duration(seconds)
+    return "-" if seconds is None else _format_duration(seconds)
 
 
 def amounts(values: Mapping[str, int | float] | None) -> str:
     """Canonical resource amounts in human units: "cpu 2, memory 4Gi"."""
     if not values:
         return "-"
-    return ", ".join(f"{name} {format_amount(name, amount)}"
+    return ", ".join(f"{name} {_format_amount(name, amount)}"
                      for name, amount in sorted(values.items()))
 
 
@@ -257,7 +271,7 @@ def age(timestamp: str | None, *, now: datetime | None = None) -> str:
         return timestamp
     if then.tzinfo is None:
         then = then.replace(tzinfo=UTC)
-    return format_duration(((now or datetime.now(UTC)) - then).total_seconds())
+    return _format_duration(((now or datetime.now(UTC)) - then).total_seconds())
 
 
 def weight(value: float) -> str:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from importlib import metadata
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
-import httpx
 from click.shell_completion import shell_complete
+
+if TYPE_CHECKING:
+    import httpx
 
 from lockgate_cli import (
     cluster,
@@ -43,16 +44,9 @@ GLOBAL_OPTIONS = {"--api": "api", "--token-file": "token_file", "--traces": "tra
 EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE
 
 
-def _version() -> str:
-    try:
-        return metadata.version("lockgate")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 @click.group("lockgate", context_settings={"help_option_names": ["-h", "--help"],
                                            "max_content_width": 100})
-@click.version_option(_version(), "--version", prog_name="lockgate",
+@click.version_option(None, "--version", package_name="lockgate", prog_name="lockgate",
                       message="%(prog)s %(version)s")
 @click.option("--api", metavar="URL", help="admin API URL (env LOCKGATE_API, else the "
               "config file's context; default http://127.0.0.1:58080)")

@@ -12,10 +12,12 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 import click
-import httpx
+
+if TYPE_CHECKING:
+    import httpx
 
 from lockgate_cli.client import ApiError, CliError, JsonClient, admin_client, traces_client
 from lockgate_cli.contexts import ConfigError, ConfigFile, Resolved, config_path, resolve
