@@ -3,8 +3,9 @@
 Why it reads two answers with `-o wide`: `/api/v1/status` is computed from Postgres with the
 same code as the Events on waiting pods; the scheduler leader's own report (`/api/v1/fairness`,
 served by the admin API where it can reach the leader) adds what only the round knows: the
-demand share, what was released last round and, where the scheduler computes them, each
-cluster's fair and actual share. A server without that report shows `-` there.
+demand share, its constrained fair target, what was released last round and, where the
+scheduler computes them, each cluster's target and actual share (`"clusters": {name:
+{"target", "actual"}}`). A server without that report shows `-` there.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
 
     def table() -> Table:
         header = ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "QUEUED", "RELEASED",
-                  "RUNNING", "OLDEST-WAIT", "NOTE", "DEMAND", "RELEASED-LAST-ROUND"]
-        header += [f"{c.upper()}:FAIR/ACTUAL" for c in clusters]
+                  "RUNNING", "OLDEST-WAIT", "NOTE", "DEMAND", "TARGET", "RELEASED-LAST-ROUND"]
+        header += [f"{c.upper()}:TARGET/ACTUAL" for c in clusters]
         rows = []
         for q in answer["queues"]:
             fair = by_queue.get(q["queue"]) or {}
@@ -63,9 +64,9 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
                  share(q["adjusted_fair_share"]), share(q["actual_share"]), str(q["queued"]),
                  str(q["released"]), str(q["running"]), duration(q.get("oldest_wait_seconds")),
                  _queue_note(q), share(fair.get("demand_share")),
-                 str(fair.get("released_last_round", "-"))]
+                 share(fair.get("fair_target")), str(fair.get("released_last_round", "-"))]
                 + [_cluster_shares(per_cluster.get(c)) for c in clusters])
-        return Table(header, rows, wide=2 + len(clusters),
+        return Table(header, rows, wide=3 + len(clusters),
                      empty="no queues yet: create one with "
                            "`lockgate queue create NAME --namespace NS`")
 
@@ -91,8 +92,8 @@ def _per_cluster(queue: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def _cluster_shares(entry: Mapping[str, Any] | None) -> str:
     if not entry:
         return "-"
-    fair = entry.get("fair_share", entry.get("fair_target", entry.get("target")))
-    actual = entry.get("actual_share", entry.get("share"))
+    fair = entry.get("target", entry.get("fair_target", entry.get("fair_share")))
+    actual = entry.get("actual", entry.get("actual_share"))
     return f"{share(fair)}/{share(actual)}"
 
 

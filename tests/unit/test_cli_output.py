@@ -86,21 +86,21 @@ def test_status_shows_shares_as_percentages_and_the_oldest_wait_as_a_duration() 
 
 def test_status_wide_adds_the_schedulers_figures_and_per_cluster_shares_when_present() -> None:
     report = {"leader": True, "queues": [
-        {"name": "team-a", "demand_share": 0.9, "released_last_round": 3,
-         "clusters": {"cluster-a": {"fair_share": 0.6, "actual_share": 0.5},
-                      "cluster-b": {"fair_share": 0.7, "actual_share": 0.4}}},
+        {"name": "team-a", "demand_share": 0.9, "released_last_round": 3, "fair_target": 0.65,
+         "clusters": {"cluster-a": {"target": 0.6, "actual": 0.5},
+                      "cluster-b": {"target": 0.7, "actual": 0.4}}},
         {"name": "b", "demand_share": 0.1, "released_last_round": 0}]}
     recorded = (RecordedApi().on("GET", "/api/v1/status", STATUS)
                 .on("GET", "/api/v1/fairness", report))
     header, team_a, b = recorded.run("status", "-o", "wide").out.splitlines()
-    assert header.split()[-4:] == ["DEMAND", "RELEASED-LAST-ROUND", "CLUSTER-A:FAIR/ACTUAL",
-                                   "CLUSTER-B:FAIR/ACTUAL"]
-    assert team_a.split()[-4:] == ["90.0%", "3", "60.0%/50.0%", "70.0%/40.0%"]
-    assert b.split()[-4:] == ["10.0%", "0", "-", "-"]
+    assert header.split()[-5:] == ["DEMAND", "TARGET", "RELEASED-LAST-ROUND",
+                                   "CLUSTER-A:TARGET/ACTUAL", "CLUSTER-B:TARGET/ACTUAL"]
+    assert team_a.split()[-5:] == ["90.0%", "65.0%", "3", "60.0%/50.0%", "70.0%/40.0%"]
+    assert b.split()[-5:] == ["10.0%", "-", "0", "-", "-"]
     # An API without the scheduler's report (older, or no leader): the wide columns say "-".
     older = RecordedApi().on("GET", "/api/v1/status", STATUS).run("status", "-o", "wide")
     assert older.code == 0, older.err
-    assert older.out.splitlines()[1].split()[-2:] == ["-", "-"]
+    assert older.out.splitlines()[1].split()[-3:] == ["-", "-", "-"]
 
 
 EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid": "u",
