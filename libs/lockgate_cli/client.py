@@ -57,6 +57,8 @@ class JsonClient:
 
     def request(self, method: str, path: str, body: object = None,
                 query: dict[str, str] | None = None) -> Any:
+        import httpx
+
         try:
             response = self._http.request(
                 method, path, params=query,

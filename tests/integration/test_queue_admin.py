@@ -639,12 +639,12 @@ def test_a_closed_pipe_ends_the_cli_quietly(admin: QueueStoreUnderTest) -> None:
     env = {"LOCKGATE_API": admin.admin_url, "LOCKGATE_TOKEN": admin.admin_token,
            "PATH": "/usr/bin"}
     # The reader is gone before the CLI writes: its first write fails with EPIPE.
-    process = subprocess.Popen([str(LOCKGATE_CLI), "status", "-o", "yaml"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert process.stdout is not None and process.stderr is not None
-    process.stdout.close()
-    err = process.stderr.read().decode()
-    assert (process.wait(timeout=60), err) == (141, "")
+    with subprocess.Popen([str(LOCKGATE_CLI), "status", "-o", "yaml"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()
+        err = process.stderr.read().decode()
+        assert (process.wait(timeout=60), err) == (141, "")
     # As a person types it; pipefail reports the CLI's status, whatever head read.
     shell = subprocess.run(["bash", "-o", "pipefail", "-c",
                             f"{LOCKGATE_CLI} status -o yaml | head -1"], env=env,

@@ -157,3 +157,21 @@ def test_global_options_may_come_after_the_command() -> None:
     assert ran.code == 0, ran.err
     assert json.loads(ran.out) == []
     assert [s.host for s in ran.sent] == ["elsewhere.test"]
+
+
+def test_an_unreachable_api_is_a_message_naming_the_command_and_where_to_set_the_url() -> None:
+    import httpx
+
+    from lockgate_cli import root
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    import io
+    err = io.StringIO()
+    code = root.main(["--api", "http://127.0.0.1:9", "queue", "list"], out=io.StringIO(),
+                     err=err, transport=httpx.MockTransport(refuse), env={})
+    assert code == 1
+    assert err.getvalue().startswith("lockgate queue list: cannot reach the lockgate API at "
+                                     "http://127.0.0.1:9: [Errno 111] Connection refused (is "
+                                     "queue-store running? set --api, LOCKGATE_API")
