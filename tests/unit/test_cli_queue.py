@@ -3,12 +3,15 @@ clusters, the list's columns and formats, and usage errors that name their comma
 
 from __future__ import annotations
 
+import io
 import json
 
+import httpx
 import pytest
 from recorded_api import CLUSTERS, RecordedApi, a_queue
 
 from lockgate.queues import NamespaceBinding
+from lockgate_cli import root
 
 
 def created(request_body: dict[str, object]) -> dict[str, object]:
@@ -160,14 +163,9 @@ def test_global_options_may_come_after_the_command() -> None:
 
 
 def test_an_unreachable_api_is_a_message_naming_the_command_and_where_to_set_the_url() -> None:
-    import httpx
-
-    from lockgate_cli import root
-
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
 
-    import io
     err = io.StringIO()
     code = root.main(["--api", "http://127.0.0.1:9", "queue", "list"], out=io.StringIO(),
                      err=err, transport=httpx.MockTransport(refuse), env={})
