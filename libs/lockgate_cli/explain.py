@@ -59,6 +59,9 @@ def explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
         "Fair share": share(e["fair_share"]),
         "Adjusted fair share": share(e["adjusted_fair_share"]),
         "Actual share": share(e["actual_share"]),
+        "Fair target": f"{share(e.get('fair_target', 0.0))} of the pool; in {e['cluster']} "
+        f"{share(e.get('cluster_target', 0.0))} (holds {share(e.get('cluster_share', 0.0))})",
+        "Room held": "-" if not e.get("held_on") else f"on node {e['held_on']}",
         "Queue holds": amounts(e["queue_allocation"]),
         "Queue limits": amounts(e["queue_limits"]),
         "Cluster": f"{e['cluster']} ({e['cluster_nodes']} schedulable nodes)",

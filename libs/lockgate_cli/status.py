@@ -1,11 +1,10 @@
-"""`lockgate status`: every queue's weight, fair / adjusted / actual share and pods by phase.
+"""`lockgate status`: every queue's weight, fair / adjusted / actual share, its constrained fair
+target (docs/scheduling.md, "Fair targets") and pods by phase.
 
-Why it reads two answers with `-o wide`: `/api/v1/status` is computed from Postgres with the
-same code as the Events on waiting pods; the scheduler leader's own report (`/api/v1/fairness`,
-served by the admin API where it can reach the leader) adds what only the round knows: the
-demand share, its constrained fair target, what was released last round and, where the
-scheduler computes them, each cluster's target and actual share (`"clusters": {name:
-{"target", "actual"}}`). A server without that report shows `-` there.
+`-o wide` adds what the queue holds of its target in each cluster (held/target), and from the
+scheduler leader's own report (`/api/v1/fairness`, served by the admin API where it can reach
+the leader) what only the round knows: the demand share and what was released last round. A
+server without that report shows `-` there.
 """
 
 from __future__ import annotations
@@ -49,26 +48,23 @@ def _fairness(session: Session) -> dict[str, Any] | None:
 
 def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None) -> View:
     by_queue = {q.get("name") or q.get("queue"): q for q in (report or {}).get("queues") or []}
-    clusters = sorted({c for q in by_queue.values() for c in _per_cluster(q)})
 
     def table() -> Table:
-        header = ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "QUEUED", "RELEASED",
-                  "RUNNING", "OLDEST-WAIT", "NOTE", "DEMAND", "TARGET", "RELEASED-LAST-ROUND"]
-        header += [f"{c.upper()}:TARGET/ACTUAL" for c in clusters]
         rows = []
         for q in answer["queues"]:
             fair = by_queue.get(q["queue"]) or {}
-            per_cluster = _per_cluster(fair)
             rows.append(
                 [q["queue"], weight(q["weight"]), share(q["fair_share"]),
-                 share(q["adjusted_fair_share"]), share(q["actual_share"]), str(q["queued"]),
-                 str(q["released"]), str(q["running"]), duration(q.get("oldest_wait_seconds")),
-                 _queue_note(q), share(fair.get("demand_share")),
-                 share(fair.get("fair_target")), str(fair.get("released_last_round", "-"))]
-                + [_cluster_shares(per_cluster.get(c)) for c in clusters])
-        return Table(header, rows, wide=3 + len(clusters),
-                     empty="no queues yet: create one with "
-                           "`lockgate queue create NAME --namespace NS`")
+                 share(q["adjusted_fair_share"]), share(q["actual_share"]),
+                 share(q.get("fair_target")), str(q["queued"]), str(q["released"]),
+                 str(q["running"]), duration(q.get("oldest_wait_seconds")), _queue_note(q),
+                 by_cluster(q), share(fair.get("demand_share")),
+                 str(fair.get("released_last_round", "-"))])
+        return Table(
+            ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET", "QUEUED", "RELEASED",
+             "RUNNING", "OLDEST-WAIT", "NOTE", "BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"],
+            rows, wide=3,
+            empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`")
 
     data = dict(answer)
     if report is not None:
@@ -77,24 +73,13 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
                                                   for q in answer["queues"]])
 
 
-def _per_cluster(queue: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """A queue's per-cluster figures in the scheduler's report, by cluster, if it has any
-    (a mapping or a list of {"cluster": ...})."""
-    found = queue.get("clusters") or queue.get("per_cluster") or {}
-    if isinstance(found, list):
-        return {str(entry.get("cluster") or entry.get("name")): entry for entry in found
-                if isinstance(entry, Mapping)}
-    if isinstance(found, Mapping):
-        return {str(k): v for k, v in found.items() if isinstance(v, Mapping)}
-    return {}
-
-
-def _cluster_shares(entry: Mapping[str, Any] | None) -> str:
-    if not entry:
-        return "-"
-    fair = entry.get("target", entry.get("fair_target", entry.get("fair_share")))
-    actual = entry.get("actual", entry.get("actual_share"))
-    return f"{share(fair)}/{share(actual)}"
+def by_cluster(q: Mapping[str, Any]) -> str:
+    """What the queue holds of its fair target in each cluster: "cluster-a:18.8%/25.0%"."""
+    targets = q.get("cluster_targets") or {}
+    held = q.get("cluster_shares") or {}
+    return ",".join(f"{cluster}:{share(held.get(cluster, 0.0))}/"
+                    f"{share(targets.get(cluster, 0.0))}"
+                    for cluster in sorted({*targets, *held})) or "-"
 
 
 def _queue_note(q: Mapping[str, Any]) -> str:

@@ -61,7 +61,8 @@ STATUS = {"at": "2026-01-01T00:00:00+00:00", "queues": [
     {"queue": "team-a", "defined": True, "cordoned": False, "weight": 2.0, "fair_share": 2 / 3,
      "adjusted_fair_share": 0.75, "actual_share": 0.5, "queued": 12, "unschedulable": 1,
      "released": 2, "running": 30, "oldest_queued_at": 0, "oldest_wait_seconds": 192,
-     "max_queued_seconds": 3600},
+     "max_queued_seconds": 3600, "fair_target": 0.625,
+     "cluster_targets": {"cluster-a": 0.625}, "cluster_shares": {"cluster-a": 0.5}},
     {"queue": "b", "defined": True, "cordoned": True, "weight": 1.0, "fair_share": 1 / 3,
      "adjusted_fair_share": 0.25, "actual_share": 0.0, "queued": 0, "unschedulable": 0,
      "released": 0, "running": 0, "oldest_queued_at": None, "oldest_wait_seconds": None,
@@ -73,34 +74,32 @@ def test_status_shows_shares_as_percentages_and_the_oldest_wait_as_a_duration() 
     ran = recorded.run("status")
     assert [(s.method, s.path) for s in ran.sent] == [("GET", "/api/v1/status")]
     header, team_a, b = ran.out.splitlines()
-    assert header.split() == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "QUEUED",
-                              "RELEASED", "RUNNING", "OLDEST-WAIT", "NOTE"]
-    assert team_a.split()[:9] == ["team-a", "2", "66.7%", "75.0%", "50.0%", "12", "2", "30",
-                                  "3m12s"]
+    assert header.split() == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET",
+                              "QUEUED", "RELEASED", "RUNNING", "OLDEST-WAIT", "NOTE"]
+    assert team_a.split()[:10] == ["team-a", "2", "66.7%", "75.0%", "50.0%", "62.5%", "12",
+                                   "2", "30", "3m12s"]
     assert "1 fit no node" in team_a and "max queued 1h" in team_a
-    assert b.split()[8:] == ["-", "cordoned"]
+    assert b.split()[5] == "-" and b.split()[9:] == ["-", "cordoned"]
     assert yaml.safe_load(recorded.run("status", "-o", "yaml").out) == STATUS
     assert recorded.run("status", "-o", "name").out == "queue/team-a\nqueue/b\n"
     assert recorded.run("status", "-o", "jsonpath={.queues[0].queued}").out == "12\n"
 
 
-def test_status_wide_adds_the_schedulers_figures_and_per_cluster_shares_when_present() -> None:
+def test_status_wide_adds_each_clusters_share_of_the_target_and_the_schedulers_figures(
+        ) -> None:
     report = {"leader": True, "queues": [
-        {"name": "team-a", "demand_share": 0.9, "released_last_round": 3, "fair_target": 0.65,
-         "clusters": {"cluster-a": {"target": 0.6, "actual": 0.5},
-                      "cluster-b": {"target": 0.7, "actual": 0.4}}},
+        {"name": "team-a", "demand_share": 0.9, "released_last_round": 3},
         {"name": "b", "demand_share": 0.1, "released_last_round": 0}]}
     recorded = (RecordedApi().on("GET", "/api/v1/status", STATUS)
                 .on("GET", "/api/v1/fairness", report))
     header, team_a, b = recorded.run("status", "-o", "wide").out.splitlines()
-    assert header.split()[-5:] == ["DEMAND", "TARGET", "RELEASED-LAST-ROUND",
-                                   "CLUSTER-A:TARGET/ACTUAL", "CLUSTER-B:TARGET/ACTUAL"]
-    assert team_a.split()[-5:] == ["90.0%", "65.0%", "3", "60.0%/50.0%", "70.0%/40.0%"]
-    assert b.split()[-5:] == ["10.0%", "-", "0", "-", "-"]
-    # An API without the scheduler's report (older, or no leader): the wide columns say "-".
+    assert header.split()[-3:] == ["BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"]
+    assert team_a.split()[-3:] == ["cluster-a:50.0%/62.5%", "90.0%", "3"]
+    assert b.split()[-3:] == ["-", "10.0%", "0"]
+    # An API without the scheduler's report (older, or no leader): those columns say "-".
     older = RecordedApi().on("GET", "/api/v1/status", STATUS).run("status", "-o", "wide")
     assert older.code == 0, older.err
-    assert older.out.splitlines()[1].split()[-3:] == ["-", "-", "-"]
+    assert older.out.splitlines()[1].split()[-2:] == ["-", "-"]
 
 
 EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid": "u",
