@@ -33,10 +33,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import devstack
 from devstack.launcher import Lockgate, ServicePorts
 from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL
-from lockgate_adapters import cli, namespace_store
+from lockgate_adapters import namespace_store
 from lockgate_adapters.kube import api_client
 from lockgate_adapters.postgres import connect_pool, create_database
 from lockgate_adapters.settings import RetryPolicy
+from lockgate_cli import root as cli
 
 QUEUE = "ephemeral"
 PODS = 4

@@ -302,15 +302,16 @@ def decide(
         return plan
     if queue is None:
         return unverifiable(f'queue "{plan.queue}"')
+    where = f"{queue.cluster}/{request.namespace}" if queue.cluster else request.namespace
     if queue.status is QueueStatus.MISSING:
-        return _denied(plan, f'queue "{plan.queue}" does not exist; create it with '
-                       f"'lockgate queue create {plan.queue}' or "
-                       f"{_suggest(queue.existing, request.namespace)}")
+        return _denied(plan, f'queue "{plan.queue}" does not exist. An operator creates it '
+                       f"for this namespace with 'lockgate queue create {plan.queue} "
+                       f"--namespace {where}'"
+                       + _instead(queue.existing, request.namespace))
     if queue.status is QueueStatus.NOT_ALLOWED:
-        where = f"{queue.cluster}/{request.namespace}" if queue.cluster else request.namespace
-        return _denied(plan, f'namespace {request.namespace} may not use queue "{plan.queue}"; '
-                       f"{_suggest(queue.existing, request.namespace)}, or ask an operator to "
-                       f"bind it: 'lockgate queue update {plan.queue} --namespace {where}'")
+        return _denied(plan, f'namespace {request.namespace} may not use queue "{plan.queue}". '
+                       f"An operator binds it with 'lockgate queue update {plan.queue} "
+                       f"--namespace {where}'" + _instead(queue.existing, request.namespace))
     if queue.status is QueueStatus.CORDONED:
         return _denied(plan, f'queue "{plan.queue}" is cordoned and accepts no new pods; '
                        f"uncordon it with 'lockgate queue update {plan.queue} --uncordon' or "
@@ -420,13 +421,15 @@ def _no_queue_message(request: AdmissionRequest, owners: Sequence[OwnerLabels]) 
     return f"{request.pod_description} has no queue: set label {QUEUE_LABEL} on {where}{suffix}"
 
 
-def _suggest(existing: Sequence[str], namespace: str) -> str:
+def _instead(existing: Sequence[str], namespace: str) -> str:
+    """What the pod could name instead: the open queues its namespace may use, or that there
+    are none yet."""
     if not existing:
-        return f"no open queue may be used by namespace {namespace}"
+        return f"; no open queue may be used by namespace {namespace} yet"
     names = sorted(existing)
     shown = ", ".join(names[:SUGGESTED_QUEUES])
     more = f" (and {len(names) - SUGGESTED_QUEUES} more)" if len(names) > SUGGESTED_QUEUES else ""
-    return f"use one of the queues namespace {namespace} may use: {shown}{more}"
+    return f"; or name a queue namespace {namespace} may use: {shown}{more}"
 
 
 def _denied(plan: _LabelPlan, message: str) -> Decision:

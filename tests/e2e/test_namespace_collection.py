@@ -34,7 +34,8 @@ from helpers.waiting import eventually
 from lockgate.events import JOBSET_COMMANDS
 from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, namespace_object
-from lockgate_adapters import cli, namespace_store
+from lockgate_adapters import namespace_store
+from lockgate_cli import root as cli
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 

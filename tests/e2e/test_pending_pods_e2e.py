@@ -44,7 +44,7 @@ from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
 from lockgate.labels import QUEUE_LABEL
 from lockgate.max_queued import MAX_QUEUED_TIME_ANNOTATION
-from lockgate_adapters import cli
+from lockgate_cli import root as cli
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 

@@ -426,9 +426,9 @@ async def test_unknown_queue_is_rejected_with_what_to_do(
 
     assert rejected.value.status == 403
     message = rejection_message(rejected.value)
-    assert f'queue "{missing}" does not exist; create it with ' \
-           f"'lockgate queue create {missing}' or use one of the queues namespace " \
-           f"{namespace} may use: " in message
+    assert f'queue "{missing}" does not exist. An operator creates it for this namespace ' \
+           f"with 'lockgate queue create {missing} --namespace " in message
+    assert f"; or name a queue namespace {namespace} may use: " in message
     assert queues.created[-1] in message or "more)" in message
 
 

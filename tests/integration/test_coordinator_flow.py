@@ -44,7 +44,7 @@ from helpers.waiting import eventually
 from lockgate import namespace_access as access
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL, SCHEDULING_GATE
 from lockgate.resources import Resources
-from lockgate_adapters import cli
+from lockgate_cli import root as cli
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(420)]
 

@@ -30,7 +30,7 @@ import yaml
 
 from devstack import StackInfo
 from devstack.config import Settings
-from lockgate_adapters.cli_deploy import ensure_webhook_tls, service_hosts
+from lockgate_adapters.webhook_tls import ensure_webhook_tls, service_hosts
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_CRDS = ROOT / "tests" / "fixtures" / "cert-manager-crds-minimal.yaml"

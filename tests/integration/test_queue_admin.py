@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -21,16 +23,24 @@ import aiohttp
 import asyncpg
 import pytest
 
+from devstack.config import Settings
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
-from lockgate.events import POD_EVENTS, PodEvent
+from lockgate.events import (
+    CLUSTER_CAPACITY,
+    POD_EVENTS,
+    ClusterCapacity,
+    NodeCapacity,
+    PodEvent,
+)
 from lockgate.jobs import JobState
 from lockgate.queues import DEFAULT_ALLOWED_KINDS
 from lockgate_adapters.kafka import make_producer, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
 from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
-pytestmark = [pytest.mark.timeout(180)]
+# Generous: each CLI call is a process of its own, slow to start on a loaded machine.
+pytestmark = [pytest.mark.timeout(420)]
 
 LOCKGATE_CLI = Path(sys.executable).parent / "lockgate"
 
@@ -367,9 +377,9 @@ async def test_the_cli_creates_updates_lists_and_deletes_queues(
     assert queue_name in [q["name"] for q in json.loads(listed.out)]
     table = await lockgate(admin, "queue", "list")
     header, *rows = table.out.splitlines()
-    assert header.split() == ["NAME", "PRIORITY-FACTOR", "WEIGHT", "CORDONED", "LIMITS",
+    assert header.split() == ["NAME", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS",
                               "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS"]
-    assert [queue_name, "0.5", "2", "yes", "cpu=200", "-",
+    assert [queue_name, "2", "0.5", "yes", "cpu=200", "-",
             "*/team-a,cluster-b/team-b,*/lockgate.io/team=ml", "(default)"] in [
         row.split() for row in rows]
     cleared = await lockgate(admin, "queue", "update", queue_name, "--clear-namespaces",
@@ -393,8 +403,9 @@ async def test_the_cli_creates_updates_lists_and_deletes_queues(
 async def test_the_cli_reports_validation_errors_and_conflicts(
         admin: QueueStoreUnderTest, queue_name: str) -> None:
     bad_factor = await lockgate(admin, "queue", "create", queue_name, "--priority-factor", "0")
-    assert bad_factor.code == 1
-    assert "priority_factor: Input should be greater than 0 (HTTP 400)" in bad_factor.err
+    assert bad_factor.code == 2
+    assert bad_factor.err.startswith("lockgate queue create: Invalid value for "
+                                     "'--priority-factor'"), bad_factor.err
     bad_quantity = await lockgate(admin, "queue", "create", queue_name, "--limit", "cpu=lots")
     assert bad_quantity.code == 1 and "invalid quantity 'lots'" in bad_quantity.err
     bad_limit = await lockgate(admin, "queue", "create", queue_name, "--limit", "cpu")
@@ -405,7 +416,7 @@ async def test_the_cli_reports_validation_errors_and_conflicts(
     assert duplicate.code == 1
     assert f"queue '{queue_name}' already exists (HTTP 409)" in duplicate.err
     nothing = await lockgate(admin, "queue", "update", queue_name)
-    assert nothing.code == 1 and "nothing to update" in nothing.err
+    assert nothing.code == 2 and "lockgate queue update: nothing to update" in nothing.err
     unknown = await lockgate(admin, "queue", "delete", f"{queue_name}-missing")
     assert unknown.code == 1 and "(HTTP 404)" in unknown.err
 
@@ -466,7 +477,9 @@ async def test_the_cli_says_where_it_could_not_reach_the_api(
         admin: QueueStoreUnderTest) -> None:
     unreachable = await lockgate(admin, "--api", "http://127.0.0.1:9", "queue", "list")
     assert unreachable.code == 1
-    assert "cannot reach the lockgate API at http://127.0.0.1:9" in unreachable.err
+    assert unreachable.err.startswith(
+        "lockgate queue list: cannot reach the lockgate API at http://127.0.0.1:9"), \
+        unreachable.err
 
 
 async def test_the_cli_lists_jobs_of_a_queue(
@@ -511,3 +524,181 @@ async def test_allowed_kinds_default_are_validated_patched_and_restored(
     restored = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
                           {"allowed_kinds": None})
     assert restored.body["allowed_kinds_default"] is True
+
+
+# The CLI's kubectl habits, against the same real queue-store --------------------------------
+
+async def test_the_cli_sets_a_queues_weight_directly_or_as_its_priority_factor(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    created = await lockgate(admin, "queue", "create", queue_name, "--weight", "4", "-o", "json")
+    assert created.code == 0, created.err
+    stored = await call(admin, "GET", f"/api/v1/queues/{queue_name}")
+    assert (stored.body["weight"], stored.body["priority_factor"]) == (4, 0.25)
+
+    updated = await lockgate(admin, "queue", "update", queue_name, "--weight", "0.5")
+    assert updated.code == 0, updated.err
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).body[
+        "priority_factor"] == 2
+    both = await lockgate(admin, "queue", "update", queue_name, "--weight", "2",
+                          "--priority-factor", "0.5")
+    assert both.code == 2 and "give --weight or --priority-factor, not both" in both.err
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).body[
+        "priority_factor"] == 2, "a refused command changes nothing"
+    listed = await lockgate(admin, "queue", "list", "-o",
+                            f"jsonpath={{[?(@.name == '{queue_name}')].weight}}")
+    assert listed.out.strip() == "0.5"
+    named = await lockgate(admin, "queue", "list", "-o", "name")
+    assert f"queue/{queue_name}" in named.out.splitlines()
+
+
+async def a_cluster_reported(admin: QueueStoreUnderTest) -> str:
+    """A cluster queue-store learns of as it does from a cluster-watcher: its capacity, over
+    Kafka. Its name is this test's own."""
+    cluster = f"known-{uuid.uuid4().hex[:8]}"
+    capacity = ClusterCapacity(
+        event_id=uuid.uuid4().hex, cluster=cluster, observed_at=datetime.now(UTC),
+        nodes=[NodeCapacity(name="node-0", allocatable={"cpu": 8000, "memory": 16 << 30})])
+    producer = make_producer(admin.kafka_bootstrap, client_id="queue-admin-it")
+    await producer.start()
+    try:
+        await publish_many(producer, CLUSTER_CAPACITY, [capacity])
+    finally:
+        await producer.stop()
+
+    async def known() -> bool:
+        listed = await call(admin, "GET", "/api/v1/clusters")
+        assert listed.status == 200, listed.body
+        return cluster in [c["name"] for c in listed.body["clusters"]]
+
+    await eventually(known, within=30, every=0.2, what=f"queue-store knows cluster {cluster}")
+    return cluster
+
+
+async def test_the_cli_refuses_an_unknown_cluster_and_lists_the_known_ones(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    cluster = await a_cluster_reported(admin)
+    typo = f"{cluster}-z"
+    refused = await lockgate(admin, "queue", "create", queue_name, "--namespace", f"{typo}/foo")
+    assert refused.code == 1
+    first = refused.err.splitlines()[0]
+    assert first.startswith(f"lockgate queue create: unknown cluster '{typo}' in the binding "
+                            f"{typo}/foo; lockgate knows "), first
+    assert cluster in first
+    assert (await call(admin, "GET", f"/api/v1/queues/{queue_name}")).status == 404
+
+    created = await lockgate(admin, "queue", "create", queue_name,
+                             "--namespace", f"{cluster}/foo")
+    assert created.code == 0, created.err
+    listing = await lockgate(admin, "cluster", "list")
+    assert cluster in [line.split()[0] for line in listing.out.splitlines()[1:]]
+    jobs = await lockgate(admin, "jobs", "list", "--cluster", typo)
+    assert jobs.code == 1 and f"unknown cluster '{typo}' in --cluster" in jobs.err
+
+
+async def test_queue_list_watch_prints_new_queues_until_ctrl_c(
+        admin: QueueStoreUnderTest, queue_name: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        str(LOCKGATE_CLI), "queue", "list", "--watch", "--interval", "0.2",
+        env={"LOCKGATE_API": admin.admin_url, "LOCKGATE_TOKEN": admin.admin_token,
+             "PATH": "/usr/bin"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    seen: list[str] = []
+
+    async def line_with(text: str) -> bool:
+        assert process.stdout is not None
+        while True:
+            line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+            assert line, f"the watch ended early; printed {seen}"
+            seen.append(line.rstrip("\n"))
+            if text in line:
+                return True
+
+    try:
+        assert await line_with("")  # the table now (or "no queues: ..."), whatever it holds
+        reply = await call(admin, "POST", "/api/v1/queues", {"name": queue_name,
+                                                             "priority_factor": 0.5})
+        assert reply.status == 201, reply.body
+        assert await line_with(queue_name)
+        row = seen[-1].split()
+        assert row[:3] == [queue_name, "2", "0.5"], seen
+        cordoned = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
+                              {"cordoned": True})
+        assert cordoned.status == 200
+        assert await line_with(queue_name)
+        assert seen[-1].split()[3] == "yes", seen
+        assert sum("NAME" in line for line in seen) <= 1, "the header prints once"
+    finally:
+        process.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(process.wait(), 30)
+    err = (await process.stderr.read()).decode()
+    assert (code, err) == (0, ""), err
+
+
+def test_a_closed_pipe_ends_the_cli_quietly(admin: QueueStoreUnderTest) -> None:
+    env = {"LOCKGATE_API": admin.admin_url, "LOCKGATE_TOKEN": admin.admin_token,
+           "PATH": "/usr/bin"}
+    # The reader is gone before the CLI writes: its first write fails with EPIPE.
+    with subprocess.Popen([str(LOCKGATE_CLI), "status", "-o", "yaml"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()
+        err = process.stderr.read().decode()
+        assert (process.wait(timeout=60), err) == (141, "")
+    # As a person types it; pipefail reports the CLI's status, whatever head read.
+    shell = subprocess.run(["bash", "-o", "pipefail", "-c",
+                            f"{LOCKGATE_CLI} status -o yaml | head -1"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert shell.returncode in (0, 141) and "Traceback" not in shell.stderr, shell.stderr
+    assert shell.stdout.startswith("at:"), shell.stdout
+
+
+def test_the_cli_is_a_kubectl_plugin_with_completion_version_and_contexts(
+        admin: QueueStoreUnderTest, queue_name: str, tmp_path: Path) -> None:
+    venv_bin = LOCKGATE_CLI.parent
+    kubectl = Settings.from_env().bin_dir / "kubectl"
+    assert kubectl.exists(), f"the stack's kubectl is missing at {kubectl}"
+    env = {"LOCKGATE_API": admin.admin_url, "LOCKGATE_TOKEN": admin.admin_token,
+           "PATH": f"{venv_bin}:/usr/bin", "HOME": str(tmp_path)}
+
+    def run(*argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env={**env, **extra}, capture_output=True, text=True,
+                              timeout=60)
+
+    made = run(str(kubectl), "lockgate", "queue", "create", queue_name, "--weight", "3")
+    assert made.returncode == 0, made.stderr
+    got = run(str(kubectl), "lockgate", "queue", "get", queue_name, "-o", "json")
+    assert json.loads(got.stdout)["weight"] == pytest.approx(3)
+    usage = run(str(kubectl), "lockgate", "queue", "create")
+    assert usage.returncode == 2
+    assert usage.stderr.startswith("kubectl lockgate queue create: Missing argument 'NAME'")
+    plugins = run(str(kubectl), "plugin", "list")
+    assert str(venv_bin / "kubectl-lockgate") in plugins.stdout, plugins
+
+    # Completion asks the real API for queue names, in bash and through kubectl's plugin hook.
+    bash = run(str(LOCKGATE_CLI), _LOCKGATE_COMPLETE="bash_complete",
+               COMP_WORDS=f"lockgate queue get {queue_name[:6]}", COMP_CWORD="3")
+    assert f"plain,{queue_name}" in bash.stdout.split(), bash
+    plugin = run(str(venv_bin / "kubectl_complete-lockgate"), "queue", "get", queue_name[:6])
+    assert queue_name in plugin.stdout.splitlines() and plugin.stdout.endswith(":4\n"), plugin
+    for shell in ("bash", "zsh", "fish"):
+        script = run(str(LOCKGATE_CLI), "completion", shell)
+        assert script.returncode == 0 and "_LOCKGATE_COMPLETE" in script.stdout
+    sourced = run("bash", "-c", f"source <({LOCKGATE_CLI} completion bash) && "
+                  "complete -p lockgate")
+    assert sourced.returncode == 0 and "_lockgate_completion" in sourced.stdout, sourced
+
+    version = run(str(LOCKGATE_CLI), "--version")
+    assert version.returncode == 0 and version.stdout.startswith("lockgate 0."), version
+
+    # A context of the config file stands in for the environment.
+    bare = {"LOCKGATE_API": "", "LOCKGATE_TOKEN": ""}
+    token_file = tmp_path / "token"
+    token_file.write_text(admin.read_only_token)
+    assert run(str(LOCKGATE_CLI), "config", "set-context", "it", "--api", admin.admin_url,
+               "--token-file", str(token_file), **bare).returncode == 0
+    assert (tmp_path / ".config" / "lockgate" / "config").exists()
+    listed = run(str(LOCKGATE_CLI), "queue", "get", queue_name, "-o", "name", **bare)
+    assert listed.stdout == f"queue/{queue_name}\n", listed
+    refused = run(str(LOCKGATE_CLI), "queue", "delete", queue_name, **bare)
+    assert refused.returncode == 1 and "is read-only" in refused.stderr, refused

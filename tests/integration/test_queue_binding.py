@@ -208,8 +208,9 @@ async def test_a_queue_of_another_namespace_is_refused_naming_the_ones_allowed(
         await core.create_namespaced_pod(namespace, user_pod("jumper", theirs))
 
     assert refused.value.status == 403
-    assert (f'namespace {namespace} may not use queue "{theirs}"; use one of the queues '
-            f"namespace {namespace} may use: {ours}") in refusal(refused.value)
+    assert f'namespace {namespace} may not use queue "{theirs}". An operator binds it with ' \
+        in refusal(refused.value)
+    assert f"; or name a queue namespace {namespace} may use: {ours}" in refusal(refused.value)
     pod = await core.create_namespaced_pod(namespace, user_pod("fair", ours))
     assert gates_of(pod) == [SCHEDULING_GATE]
 

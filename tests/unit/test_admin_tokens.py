@@ -15,7 +15,6 @@ from lockgate_adapters.admin_tokens import (
     new_token,
     parse_lines,
 )
-from lockgate_adapters.cli import CliError, read_token
 from queue_store.settings import QueueStoreSettings
 
 
@@ -62,17 +61,3 @@ def test_queue_store_refuses_to_start_without_tokens_or_with_a_bad_file(
     reader = entry_for("dash", Role.READ_ONLY, new_token()).line()
     monkeypatch.setenv("LOCKGATE_QUEUE_STORE_ADMIN_TOKENS", f'["{reader}"]')
     assert [e.name for e in QueueStoreSettings().admin_token_entries()] == ["dash", "ops"]
-
-
-def test_the_cli_reads_its_token_from_flag_env_or_file(tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text("from-file\n")
-    assert read_token(None, {}) is None
-    assert read_token(None, {"LOCKGATE_TOKEN": " from-env "}) == "from-env"
-    assert read_token(None, {"LOCKGATE_TOKEN_FILE": str(token_file)}) == "from-file"
-    assert read_token(str(token_file), {"LOCKGATE_TOKEN": "from-env"}) == "from-file"
-    (tmp_path / "empty").write_text("\n")
-    with pytest.raises(CliError, match="is empty"):
-        read_token(str(tmp_path / "empty"), {})
-    with pytest.raises(CliError, match="cannot read the token file"):
-        read_token(str(tmp_path / "nope"), {})

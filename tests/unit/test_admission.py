@@ -172,24 +172,29 @@ CASES = [
          owners=[unreadable("ReplicaSet", "web-5d9c")],
          want_message=["has no queue", "lockgate could not read ReplicaSet/web-5d9c"]),
     Case("unknown queue", pod=POD.labelled({QUEUE_LABEL: "nope"}).manifest(),
-         queue=QueueLookup(QueueStatus.MISSING, existing=("beta", "alpha")),
+         queue=QueueLookup(QueueStatus.MISSING, existing=("beta", "alpha"), cluster="c1"),
          want_outcome=Outcome.DENIED,
-         want_message=['queue "nope" does not exist; create it with '
-                       "'lockgate queue create nope' or use one of the queues namespace "
-                       f"{NS} may use: alpha, beta",
-                       f"({QUEUE_LABEL} from the pod)"]),
-    Case("unknown queue, none exist", queue=QueueLookup(QueueStatus.MISSING),
+         want_message=['queue "nope" does not exist. An operator creates it for this namespace '
+                       f"with 'lockgate queue create nope --namespace c1/{NS}'; or name a queue "
+                       f"namespace {NS} may use: alpha, beta ({QUEUE_LABEL} from the pod)"]),
+    Case("unknown queue, none exist: one sentence, not a garbled 'or'",
+         queue=QueueLookup(QueueStatus.MISSING, cluster="c1"),
          namespace_labels={**MANAGED, QUEUE_LABEL: "nope"}, want_outcome=Outcome.DENIED,
-         want_message=[f"no open queue may be used by namespace {NS}",
-                       f"from namespace/{NS}"]),
+         want_message=['queue "nope" does not exist. An operator creates it for this namespace '
+                       f"with 'lockgate queue create nope --namespace c1/{NS}'; no open queue "
+                       f"may be used by namespace {NS} yet ({QUEUE_LABEL} from namespace/{NS})"]),
     Case("queue the namespace may not use, named by an owner",
          owners=[owner("Job", "etl", **{QUEUE_LABEL: "team-b"})],
          queue=QueueLookup(QueueStatus.NOT_ALLOWED, existing=("team-a",), cluster="c1"),
          want_outcome=Outcome.DENIED,
-         want_message=[f'namespace {NS} may not use queue "team-b"; use one of the queues '
-                       f"namespace {NS} may use: team-a, or ask an operator to bind it: "
-                       f"'lockgate queue update team-b --namespace c1/{NS}'",
-                       f"({QUEUE_LABEL} from Job/etl)"]),
+         want_message=[f'namespace {NS} may not use queue "team-b". An operator binds it with '
+                       f"'lockgate queue update team-b --namespace c1/{NS}'; or name a queue "
+                       f"namespace {NS} may use: team-a ({QUEUE_LABEL} from Job/etl)"]),
+    Case("queue the namespace may not use, and none it may",
+         pod=POD.labelled({QUEUE_LABEL: "team-b"}).manifest(),
+         queue=QueueLookup(QueueStatus.NOT_ALLOWED, cluster="c1"), want_outcome=Outcome.DENIED,
+         want_message=[f"'lockgate queue update team-b --namespace c1/{NS}'; no open queue may be "
+                       f"used by namespace {NS} yet"]),
     Case("unknown queue, many exist: suggestions are bounded",
          pod=POD.labelled({QUEUE_LABEL: "nope"}).manifest(),
          queue=QueueLookup(QueueStatus.MISSING, existing=tuple(f"q{i:02}" for i in range(25))),

@@ -1,24 +1,27 @@
-"""Every command's output: aligned tables with human units, JSON and YAML (cli_output, cli_views).
-
-The API is replaced by a recorded answer: what is tested here is the rendering, not the API."""
+"""How answers print: aligned tables with human units, -o wide|name|json|yaml|jsonpath, the
+views of status, explain and job sets, --watch, and a closed pipe. The API is a recording."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from typing import Any
 
 import pytest
 import yaml
+from recorded_api import CLUSTERS, RecordedApi
 
-from lockgate_adapters import cli, cli_views
-from lockgate_adapters.cli_output import Table, parse_duration, print_table, render, verbs_of
+from lockgate_cli import root
+from lockgate_cli.jsonpath import TemplateError, check_template, render_template
+from lockgate_cli.output import Output, Table, View, print_table, render
+from lockgate_cli.params import parse_duration
+from lockgate_cli.watching import show
 
 
 def rendered(output: str, data: Any, table: Any = None) -> str:
     out = io.StringIO()
-    render(out, output, data, table=table)
+    kind, _, template = output.partition("=")
+    render(out, Output(kind, template), View(data, table=table))
     return out.getvalue()
 
 
@@ -40,51 +43,18 @@ def test_the_same_answer_as_json_and_yaml() -> None:
     assert yaml.safe_load(rendered("yaml", data)) == json.loads(rendered("json", data))
 
 
-def test_an_empty_table_says_what_to_do_and_notes_follow() -> None:
+def test_an_empty_table_says_what_to_do_notes_follow_and_wide_columns_hide() -> None:
     assert rendered("table", [], lambda: Table(["A"], [], empty="nothing: do X")) \
         == "nothing: do X\n"
     assert rendered("table", [], lambda: Table(["A"], [["1"]], notes=["n"])) == "A\n1\nnote: n\n"
+    table = lambda: Table(["A", "B", "C"], [["1", "2", "3"]], wide=1)  # noqa: E731
+    assert rendered("table", [], table).splitlines()[0].split() == ["A", "B"]
+    assert rendered("wide", [], table).splitlines()[0].split() == ["A", "B", "C"]
 
 
 def test_a_mapping_without_a_table_reads_as_aligned_fields() -> None:
     assert rendered("table", {"Queue": "a", "Cordoned": True, "Limits": None}).splitlines() == [
         "Queue:     a", "Cordoned:  yes", "Limits:    -"]
-
-
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("90", 90), ("90s", 90), ("15m", 900), ("2h", 7200), ("1d", 86400), ("1h30m", 5400),
-])
-def test_durations_are_parsed(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "abc", "5x", "m5", "0", "1h30"])
-def test_a_bad_duration_says_how_to_write_one(text: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match=r"e\.g\. 90s|positive"):
-        parse_duration(text)
-
-
-class Recorded:
-    """An admin client that answers every request with one recorded answer."""
-
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.requests: list[tuple[str, str, Any]] = []
-        self.bodies: list[Any] = []
-
-    def request(self, method: str, path: str, body: object = None,
-                query: dict[str, str] | None = None) -> Any:
-        self.requests.append((method, path, query))
-        self.bodies.append(body)
-        return self.answer
-
-
-def run(argv: list[str], answer: Any) -> tuple[str, Recorded]:
-    args = cli.build_parser().parse_args(argv)
-    client = Recorded(answer)
-    out = io.StringIO()
-    args.run(client, args, out)
-    return out.getvalue(), client
 
 
 STATUS = {"at": "2026-01-01T00:00:00+00:00", "queues": [
@@ -100,24 +70,42 @@ STATUS = {"at": "2026-01-01T00:00:00+00:00", "queues": [
 
 
 def test_status_shows_shares_as_percentages_and_the_oldest_wait_as_a_duration() -> None:
-    text, client = run(["status"], STATUS)
-    assert client.requests == [("GET", "/api/v1/status", None)]
-    header, team_a, b = text.splitlines()
+    recorded = RecordedApi().on("GET", "/api/v1/status", STATUS)
+    ran = recorded.run("status")
+    assert [(s.method, s.path) for s in ran.sent] == [("GET", "/api/v1/status")]
+    header, team_a, b = ran.out.splitlines()
     assert header.split() == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET",
-                              "BY-CLUSTER", "QUEUED", "RELEASED", "RUNNING", "OLDEST-WAIT",
-                              "NOTE"]
-    assert team_a.split()[:12] == ["team-a", "2", "66.7%", "75.0%", "50.0%", "62.5%",
-                                   "cluster-a", "50.0%/62.5%", "12", "2", "30", "3m12s"]
+                              "QUEUED", "RELEASED", "RUNNING", "OLDEST-WAIT", "NOTE"]
+    assert team_a.split()[:10] == ["team-a", "2", "66.7%", "75.0%", "50.0%", "62.5%", "12",
+                                   "2", "30", "3m12s"]
     assert "1 fit no node" in team_a and "max queued 1h" in team_a
-    assert b.split()[5:7] == ["0.0%", "-"]
-    assert b.split()[10:] == ["-", "cordoned"]
-    assert yaml.safe_load(run(["status", "-o", "yaml"], STATUS)[0]) == STATUS
+    assert b.split()[5] == "-" and b.split()[9:] == ["-", "cordoned"]
+    assert yaml.safe_load(recorded.run("status", "-o", "yaml").out) == STATUS
+    assert recorded.run("status", "-o", "name").out == "queue/team-a\nqueue/b\n"
+    assert recorded.run("status", "-o", "jsonpath={.queues[0].queued}").out == "12\n"
 
 
-EXPLAINED = {"pod": {"cluster": "c", "namespace": "n", "name": "p", "uid": "u", "jobset": "j",
-                     "state": "queued", "last_reason": ""},
+def test_status_wide_adds_each_clusters_share_of_the_target_and_the_schedulers_figures(
+        ) -> None:
+    report = {"leader": True, "queues": [
+        {"name": "team-a", "demand_share": 0.9, "released_last_round": 3},
+        {"name": "b", "demand_share": 0.1, "released_last_round": 0}]}
+    recorded = (RecordedApi().on("GET", "/api/v1/status", STATUS)
+                .on("GET", "/api/v1/fairness", report))
+    header, team_a, b = recorded.run("status", "-o", "wide").out.splitlines()
+    assert header.split()[-3:] == ["BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"]
+    assert team_a.split()[-3:] == ["cluster-a:50.0%/62.5%", "90.0%", "3"]
+    assert b.split()[-3:] == ["-", "10.0%", "0"]
+    # An API without the scheduler's report (older, or no leader): those columns say "-".
+    older = RecordedApi().on("GET", "/api/v1/status", STATUS).run("status", "-o", "wide")
+    assert older.code == 0, older.err
+    assert older.out.splitlines()[1].split()[-2:] == ["-", "-"]
+
+
+EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid": "u",
+                     "jobset": "j", "state": "queued", "last_reason": ""},
              "message": 'queue "a", position 2 of 5; fits no node', "explanation": {
-                 "job_id": "c/u", "cluster": "c", "queue": "a", "state": "queued",
+                 "job_id": "c/u", "cluster": "cluster-a", "queue": "a", "state": "queued",
                  "reason": "node_fit", "position": 2, "queued_in_queue": 5,
                  "waited_seconds": 3700, "requests": {"cpu": 40000, "memory": 2 << 30},
                  "weight": 1.0, "fair_share": 0.5, "adjusted_fair_share": 0.5,
@@ -130,9 +118,9 @@ EXPLAINED = {"pod": {"cluster": "c", "namespace": "n", "name": "p", "uid": "u", 
 
 
 def test_explain_prints_the_reason_with_its_numbers_in_human_units() -> None:
-    text, client = run(["explain", "c/n/p"], EXPLAINED)
-    assert client.requests == [("GET", "/api/v1/explain/c/n/p", None)]
-    lines = dict(line.split(":", 1) for line in text.splitlines())
+    recorded = RecordedApi().on("GET", "/api/v1/explain/cluster-a/n/p", EXPLAINED)
+    ran = recorded.run("explain", "cluster-a/n/p")
+    lines = dict(line.split(":", 1) for line in ran.out.splitlines())
     assert lines["Waiting for"].strip() == "node_fit"
     assert lines["Position"].strip() == "2 of 5"
     assert lines["Waited"].strip() == "1h1m"
@@ -141,10 +129,12 @@ def test_explain_prints_the_reason_with_its_numbers_in_human_units() -> None:
     assert lines["Actual share"].strip() == "12.5%"
 
 
-def test_explain_says_how_to_name_a_pod() -> None:
-    args = cli.build_parser().parse_args(["explain", "just-a-pod"])
-    with pytest.raises(argparse.ArgumentTypeError, match="CLUSTER/NAMESPACE/POD"):
-        cli_views.explain(Recorded(None), args, io.StringIO())
+def test_explain_of_an_unknown_cluster_says_which_clusters_there_are() -> None:
+    recorded = RecordedApi().on("GET", "/api/v1/clusters", CLUSTERS)
+    ran = recorded.run("explain", "cluster-z/n/p")
+    assert ran.code == 1
+    assert ran.err == ("lockgate explain: unknown cluster 'cluster-z' in CLUSTER/NAMESPACE/POD; "
+                       "lockgate knows cluster-a, cluster-b (see 'lockgate cluster list')\n")
 
 
 def test_jobset_list_and_describe_count_pods_by_phase() -> None:
@@ -153,37 +143,129 @@ def test_jobset_list_and_describe_count_pods_by_phase() -> None:
                "by_state": {"queued": 2, "running": 1, "ungated": 1, "succeeded": 2},
                "oldest_queued_at": None, "first_created_at": "2026-01-01T00:00:00+00:00",
                "last_changed_at": "2026-01-01T00:00:00+00:00"}
-    text, client = run(["jobset", "list", "--queue", "a"], {"jobsets": [summary]})
-    assert client.requests[0][2] == {"limit": "1000", "queue": "a"}
-    assert text.splitlines()[1].split()[:7] == ["a", "run-1", "6", "2", "2", "2", "c1,c2"]
-    described, _ = run(["jobset", "describe", "a", "run-1"],
-                       {**summary, "jobs_shown": 0, "jobs": []})
-    assert "Job set run-1 in queue a: 6 pods" in described
+    recorded = (RecordedApi().on("GET", "/api/v1/jobsets", {"jobsets": [summary]})
+                .on("GET", "/api/v1/jobsets/a/run-1", {**summary, "jobs_shown": 0, "jobs": []}))
+    ran = recorded.run("jobset", "list", "--queue", "a")
+    assert ran.sent[0].query == {"limit": "1000", "queue": "a"}
+    assert ran.out.splitlines()[1].split()[:7] == ["a", "run-1", "6", "2", "2", "2", "c1,c2"]
+    assert recorded.run("jobset", "list", "-o", "name").out == "jobset/a/run-1\n"
+    described = recorded.run("jobset", "describe", "a", "run-1")
+    assert "Job set run-1 in queue a: 6 pods" in described.out
 
 
-def test_every_command_takes_every_output_format() -> None:
-    parser = cli.build_parser()
-    commands = [["queue", "create", "q"], ["queue", "update", "q", "--cordon"],
-                ["queue", "cordon", "q"], ["queue", "uncordon", "q"], ["queue", "delete", "q"],
-                ["queue", "get", "q"], ["queue", "list"], ["jobs", "list"], ["token", "new", "x"],
-                ["status"], ["explain", "c/n/p"], ["jobset", "list"],
-                ["jobset", "describe", "q", "j"]]
-    for command in commands:
-        for output in ("table", "json", "yaml"):
-            assert parser.parse_args([*command, "-o", output]).output == output, command
-
-
-def test_a_queue_is_created_with_a_maximum_time_queued() -> None:
+@pytest.mark.parametrize("output", ["table", "wide", "name", "json", "yaml",
+                                    "jsonpath={.name}"])
+def test_every_command_takes_every_output_format(output: str) -> None:
     queue = {"name": "q", "priority_factor": 1.0, "weight": 1.0, "cordoned": False,
-             "resource_limits": {}, "namespaces": [],
-             "max_queued": {"seconds": 1800, "action": "delete"}}
-    text, client = run(["queue", "create", "q", "--max-queued-time", "30m", "--on-max-queued",
-                        "delete"], queue)
-    assert client.requests[0][:2] == ("POST", "/api/v1/queues")
-    assert client.bodies[0]["max_queued"] == {"seconds": 1800, "action": "delete"}
-    assert "30m,delete" in text
+             "resource_limits": {}, "namespaces": []}
+    jobs = {"jobs": [], "hints": []}
+    recorded = (RecordedApi().on("POST", "/api/v1/queues", (201, queue))
+                .on("PATCH", "/api/v1/queues/q", queue).on("GET", "/api/v1/queues/q", queue)
+                .on("DELETE", "/api/v1/queues/q", (204, None))
+                .on("GET", "/api/v1/queues", {"queues": [queue]})
+                .on("GET", "/api/v1/jobs", jobs).on("GET", "/api/v1/status", STATUS)
+                .on("GET", "/api/v1/explain/cluster-a/n/p", EXPLAINED)
+                .on("GET", "/api/v1/jobsets", {"jobsets": []})
+                .on("GET", "/api/v1/clusters", CLUSTERS)
+                .on("GET", "/api/v1/namespaces", {"namespaces": []}))
+    for command in (["queue", "create", "q"], ["queue", "update", "q", "--cordon"],
+                    ["queue", "cordon", "q"], ["queue", "uncordon", "q"],
+                    ["queue", "delete", "q"], ["queue", "get", "q"], ["queue", "list"],
+                    ["jobs", "list"], ["token", "new", "x"], ["status"],
+                    ["explain", "cluster-a/n/p"], ["jobset", "list"], ["cluster", "list"],
+                    ["namespace", "list"]):
+        ran = recorded.run(*command, "-o", output)
+        assert ran.code == 0, (command, output, ran.err)
 
 
-def test_two_modules_share_a_noun() -> None:
-    nouns = argparse.ArgumentParser().add_subparsers(dest="noun")
-    assert verbs_of(nouns, "jobset", "h") is verbs_of(nouns, "jobset", "h")
+@pytest.mark.parametrize(("template", "data", "want"), [
+    ("{.a.b}", {"a": {"b": "x"}}, "x"),
+    ("{.items[*].name}", {"items": [{"name": "a"}, {"name": "b"}]}, "a b"),
+    ('{range .items[*]}{.name}{"\\t"}{.n}{"\\n"}{end}', {"items": [{"name": "a", "n": 1},
+                                                                  {"name": "b", "n": 2}]},
+     "a\t1\nb\t2\n"),
+    ("name={.name} on={.on}", {"name": "q", "on": True}, "name=q on=true"),
+    ("{.missing}", {"name": "q"}, ""),
+    ("{.m}", {"m": {"cpu": 2}}, '{"cpu":2}'),
+    ('{.items[?(@.n > 1)].name}', {"items": [{"name": "a", "n": 1}, {"name": "b", "n": 2}]},
+     "b"),
+    ("{$.a}", {"a": 3}, "3"),
+])
+def test_jsonpath_templates_read_as_kubectls(template: str, data: Any, want: str) -> None:
+    assert render_template(template, data) == want
+
+
+@pytest.mark.parametrize("template", ["{.a", "{range .a}{.b}", "{end}", '{"x}', "{.a[}"])
+def test_a_bad_template_is_refused_with_what_is_wrong(template: str) -> None:
+    with pytest.raises(TemplateError):
+        check_template(template)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90), ("90s", 90), ("15m", 900), ("2h", 7200), ("1d", 86400), ("1h30m", 5400)])
+def test_durations_are_parsed(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "5x", "m5", "0", "1h30"])
+def test_a_bad_duration_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match=r"e\.g\. 90s|positive"):
+        parse_duration(text)
+
+
+def queue_rows(*rows: list[str]) -> View:
+    return View({"rows": [list(r) for r in rows]},
+                table=lambda: Table(["NAME", "QUEUED", "AGE"], [list(r) for r in rows],
+                                    empty="none yet"),
+                names=lambda: [f"queue/{r[0]}" for r in rows])
+
+
+def test_watch_prints_the_table_then_only_new_or_changed_rows_in_its_columns() -> None:
+    answers = iter([
+        queue_rows(),
+        queue_rows(["a", "1", "1s"]),
+        queue_rows(["a", "1", "3s"]),  # only the age moved: not a change
+        queue_rows(["a", "2", "5s"], ["longer-b", "10", "5s"]),
+    ])
+    out = io.StringIO()
+    show(out, Output("table"), lambda: next(answers), watch=True, interval=0, polls=4,
+         sleep=lambda _: None)
+    assert out.getvalue().splitlines() == [
+        "none yet",
+        "NAME  QUEUED  AGE",
+        "a          1   1s",
+        # A longer name widens its column from there on (the header is not printed again).
+        "a              2   5s",
+        "longer-b      10   5s",
+    ]
+
+
+def test_watch_in_json_prints_each_changed_answer_and_ends_quietly_on_ctrl_c() -> None:
+    answers = [queue_rows(["a", "1", "1s"]), queue_rows(["a", "1", "2s"]),
+               queue_rows(["a", "2", "3s"])]
+
+    def fetch() -> View:
+        if not answers:
+            raise KeyboardInterrupt
+        return answers.pop(0)
+
+    out = io.StringIO()
+    show(out, Output("json"), fetch, watch=True, interval=0, sleep=lambda _: None)
+    documents = [json.loads(d) for d in out.getvalue().replace("}\n{", "}\x00{").split("\x00")]
+    assert [d["rows"][0][1] for d in documents] == ["1", "2"]
+    names = io.StringIO()
+    rows = iter([queue_rows(["a", "1", "1s"]), queue_rows(["a", "1", "1s"], ["b", "1", "1s"])])
+    show(names, Output("name"), lambda: next(rows), watch=True, interval=0, polls=2,
+         sleep=lambda _: None)
+    assert names.getvalue() == "queue/a\nqueue/b\n"
+
+
+class ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_pipe_ends_quietly_with_sigpipes_status() -> None:
+    err = io.StringIO()
+    code = root.main(["token", "new", "x", "-o", "yaml"], out=ClosedPipe(), err=err, env={})
+    assert (code, err.getvalue()) == (141, "")

@@ -1,9 +1,8 @@
-"""The Queue objects copied into each cluster, the per-run webhook registration, and the CLI's
-namespace bindings: everything about queues bound to namespaces that needs no stack."""
+"""The Queue objects copied into each cluster and the per-run webhook registration: everything
+about queues bound to namespaces that needs no stack (the CLI's bindings: test_cli_queue)."""
 
 from __future__ import annotations
 
-import argparse
 import base64
 from datetime import UTC, datetime
 from typing import Any
@@ -17,8 +16,7 @@ from devstack.manifests import (
     render_webhook_configuration,
 )
 from lockgate import queue_copies
-from lockgate.queues import NamespaceBinding, QueueSpec
-from lockgate_adapters.cli import _bindings, build_parser
+from lockgate.queues import QueueSpec
 
 SOURCE = "run-1"
 
@@ -119,21 +117,3 @@ def test_a_run_renders_the_static_configuration_with_its_url_ca_and_namespaces()
     # Everything else is the static configuration's, and the static one is left unchanged.
     assert hook["failurePolicy"] == "Fail" and hook["rules"] == static["webhooks"][0]["rules"]
     assert "service" in static["webhooks"][0]["clientConfig"]
-
-
-def cli_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["queue", "create", "q", *argv])
-
-
-def test_cli_bindings_by_name_per_cluster_and_by_selector() -> None:
-    bindings = _bindings(cli_args(
-        "--namespace", "team-a", "--namespace", "cluster-b/team-b", "--namespace", "team-c",
-        "--namespace-selector", "cluster-a:lockgate.io/team=ml,tier=gpu"))
-    assert bindings == [
-        {"cluster": "*", "names": ["team-a", "team-c"]},
-        {"cluster": "cluster-b", "names": ["team-b"]},
-        {"cluster": "cluster-a", "selector": {"matchLabels": {"lockgate.io/team": "ml",
-                                                              "tier": "gpu"}}},
-    ]
-    for binding in bindings:
-        NamespaceBinding.model_validate(binding)  # what the API will accept

@@ -1,19 +1,17 @@
-"""`lockgate webhook-tls`: the files of a self-managed serving certificate for the in-cluster
-webhook, for clusters without cert-manager.
+"""The files of a self-managed serving certificate for the in-cluster webhook, for clusters
+without cert-manager (made by `lockgate webhook-tls`, `lockgate_cli.webhook_tls`).
 
-Why a command: the Secret must outlive every webhook pod and be the same for all replicas (a CA
-minted per pod would disagree with the registration's caBundle), so it is made once, outside
-the cluster, and applied by the overlay (k8s/overlays/production: a kubernetes.io/tls Secret
+Why made once, outside the cluster: the Secret must outlive every webhook pod and be the same
+for all replicas (a CA minted per pod would disagree with the registration's caBundle), so it
+is made once and applied by the overlay (k8s/overlays/production: a kubernetes.io/tls Secret
 from the files, and the registration's caBundle copied from the same ca.crt). Rerunning it keeps
 files that are still good, so a re-apply does not rotate the CA under running pods.
 """
 
 from __future__ import annotations
 
-import argparse
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TextIO
 
 from cryptography import x509
 
@@ -30,27 +28,8 @@ SERVING_VALIDITY = timedelta(days=365)
 RENEW_BEFORE = timedelta(days=30)
 
 
-def register(nouns: argparse._SubParsersAction[argparse.ArgumentParser],
-             output_parent: argparse.ArgumentParser) -> None:
-    del output_parent  # prints a short report, no table
-    tls = nouns.add_parser(
-        "webhook-tls", help="make (or keep) the in-cluster webhook's CA and serving "
-                            "certificate files for a self-managed Secret")
-    tls.add_argument("--out", required=True, type=Path,
-                     help="directory for ca.crt, tls.crt and tls.key (keep it out of git)")
-    tls.add_argument("--namespace", default="lockgate-system")
-    tls.add_argument("--service", default="lockgate-webhook")
-    tls.set_defaults(offline=webhook_tls)
-
-
 def service_hosts(service: str, namespace: str) -> list[str]:
     return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
-
-
-def webhook_tls(args: argparse.Namespace, out: TextIO) -> None:
-    made = ensure_webhook_tls(args.out, hosts=service_hosts(args.service, args.namespace))
-    print(f"{'wrote' if made else 'kept'} {args.out}/ca.crt, tls.crt, tls.key "
-          f"(serving {', '.join(service_hosts(args.service, args.namespace))})", file=out)
 
 
 def ensure_webhook_tls(directory: Path, *, hosts: list[str],

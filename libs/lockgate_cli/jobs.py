@@ -1,0 +1,67 @@
+"""`lockgate jobs list`: jobs (one per pod), oldest first, with a hint when their queue cannot
+release them (unknown, cordoned, bound to no namespace): "why isn't my job scheduled?"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from lockgate_cli.output import Output, Table, View, age, amounts, output_option
+from lockgate_cli.session import Session, runs
+from lockgate_cli.watching import show, watch_option
+
+STATES = ("queued", "released", "ungated", "bound", "running", "succeeded", "failed",
+          "deleted", "cancelled")
+
+
+@click.group("jobs")
+def group() -> None:
+    """Look at jobs: one per pod lockgate gates."""
+
+
+def complete_cluster(ctx: click.Context, param: click.Parameter,
+                     incomplete: str) -> list[click.shell_completion.CompletionItem]:
+    from lockgate_cli.completion import complete_from_api
+
+    return complete_from_api(ctx, "/api/v1/clusters", "clusters", "name", incomplete)
+
+
+@group.command("list")
+@click.option("--queue", help="only this queue's jobs")
+@click.option("--state", type=click.Choice(STATES), help="only jobs in this state")
+@click.option("--cluster", shell_complete=complete_cluster, help="only this cluster's jobs")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@output_option
+@watch_option
+@runs
+def list_jobs(session: Session, queue: str | None, state: str | None, cluster: str | None,
+              limit: int, output: Output, watch: bool, interval: float) -> None:
+    """List jobs, oldest first (why isn't my job scheduled?)."""
+    if cluster is not None:
+        session.check_cluster(cluster, what="--cluster")
+    query = {name: str(value) for name, value in (
+        ("queue", queue), ("state", state), ("cluster", cluster), ("limit", limit))
+        if value is not None}
+    api = session.api()
+    show(session.out, output, lambda: jobs_view(api.request("GET", "/api/v1/jobs", query=query),
+                                                query),
+         watch=watch, interval=interval)
+
+
+def jobs_view(answer: dict[str, Any], query: dict[str, str]) -> View:
+    filters = ", ".join(f"{k}={v}" for k, v in query.items() if k != "limit")
+
+    def table() -> Table:
+        return Table(
+            ["CLUSTER", "NAMESPACE", "NAME", "QUEUE", "JOBSET", "STATE", "REQUESTS", "ATTEMPTS",
+             "REASON", "NODE", "AGE", "UID"],
+            [[j["cluster"], j["namespace"], j["name"], j["queue"], j["jobset"], j["state"],
+              amounts(j["requests"]), str(j["release_attempts"]), j["last_reason"] or "-",
+              j.get("node_name") or "-", age(j.get("created_at")), j["uid"]]
+             for j in answer["jobs"]],
+            wide=3, notes=list(answer.get("hints", [])),
+            empty=f"no jobs{' with ' + filters if filters else ''}")
+
+    return View(answer, table=table, names=lambda: [
+        f"pod/{j['cluster']}/{j['namespace']}/{j['name']}" for j in answer["jobs"]])

@@ -1,0 +1,96 @@
+"""The argument types the commands share: durations, resource limits, pod and namespace names.
+
+Why here: a usage error should read the same in every command and name the option it is about
+(click does that, given a ParamType that fails with a message saying what to write).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from "90", "90s", "15m", "2h", "1d", "1h30m"; ValueError saying how to write one."""
+    total, number = 0.0, ""
+    spelled = text.strip()
+    try:
+        if spelled.replace(".", "", 1).isdigit():
+            total = float(spelled)
+        else:
+            for char in spelled:
+                if char.isdigit() or char == ".":
+                    number += char
+                elif char in _UNITS and number:
+                    total += float(number) * _UNITS[char]
+                    number = ""
+                else:
+                    raise ValueError(char)
+            if number or not spelled:
+                raise ValueError(number)
+    except ValueError as error:
+        raise ValueError(f"not a duration: {text!r} (write e.g. 90s, 15m, 2h, 1d or 1h30m)"
+                         ) from error
+    if total <= 0:
+        raise ValueError(f"a duration must be positive, not {text!r}")
+    return total
+
+
+class Duration(click.ParamType[float | int]):
+    """90s, 15m, 2h, 1d, 1h30m (or seconds); `whole` rounds to whole seconds."""
+
+    name = "duration"
+
+    def __init__(self, *, whole: bool = False) -> None:
+        self.whole = whole
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float | int:
+        if isinstance(value, int | float):
+            return value
+        try:
+            seconds = parse_duration(str(value))
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+        return round(seconds) if self.whole else seconds
+
+
+class Limit(click.ParamType[tuple[str, str]]):
+    """RESOURCE=QUANTITY, e.g. cpu=100 or memory=1Ti (the API checks the quantity)."""
+
+    name = "resource=quantity"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        resource, sep, quantity = str(value).partition("=")
+        if not sep or not resource.strip() or not quantity.strip():
+            self.fail(f"takes RESOURCE=QUANTITY (e.g. cpu=100 or memory=1Ti), not {value!r}",
+                      param, ctx)
+        return resource.strip(), quantity.strip()
+
+
+class Path3(click.ParamType[tuple[str, ...]]):
+    """CLUSTER/NAMESPACE/POD (or another slash-separated name of `parts` parts)."""
+
+    def __init__(self, spelled: str, example: str) -> None:
+        self.name = spelled
+        self.parts = spelled.count("/") + 1
+        self.example = example
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        parts = tuple(str(value).split("/"))
+        if len(parts) != self.parts or not all(parts):
+            self.fail(f"takes {self.name} (e.g. {self.example}), not {value!r}", param, ctx)
+        return parts
+
+
+POD = Path3("CLUSTER/NAMESPACE/POD", "cluster-a/team-a/worker-0")
+NAMESPACE_REF = Path3("CLUSTER/NAME", "cluster-a/analytics-dask-0142-3f0c9a1e")

@@ -1,0 +1,97 @@
+"""`lockgate status`: every queue's weight, fair / adjusted / actual share, its constrained fair
+target (docs/scheduling.md, "Fair targets") and pods by phase.
+
+`-o wide` adds what the queue holds of its target in each cluster (held/target), and from the
+scheduler leader's own report (`/api/v1/fairness`, served by the admin API where it can reach
+the leader) what only the round knows: the demand share and what was released last round. A
+server without that report shows `-` there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from lockgate_cli.client import ApiError
+from lockgate_cli.output import Output, Table, View, duration, output_option, share, weight
+from lockgate_cli.session import Session, runs
+from lockgate_cli.watching import show, watch_option
+
+
+@click.command("status")
+@output_option
+@watch_option
+@runs
+def command(session: Session, output: Output, watch: bool, interval: float) -> None:
+    """Every queue: weight, shares, pods by phase, oldest wait (-o wide: per cluster too)."""
+    api = session.api()
+
+    def fetch() -> View:
+        answer = api.request("GET", "/api/v1/status")
+        report = _fairness(session) if output.kind == "wide" else None
+        return status_view(answer, report)
+
+    show(session.out, output, fetch, watch=watch, interval=interval)
+
+
+def _fairness(session: Session) -> dict[str, Any] | None:
+    try:
+        report: dict[str, Any] = session.api().request("GET", "/api/v1/fairness")
+    except ApiError as error:
+        if error.status in (404, 503):
+            return None  # an older server, or no scheduler leader to ask
+        raise
+    return report
+
+
+def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None) -> View:
+    by_queue = {q.get("name") or q.get("queue"): q for q in (report or {}).get("queues") or []}
+
+    def table() -> Table:
+        rows = []
+        for q in answer["queues"]:
+            fair = by_queue.get(q["queue"]) or {}
+            rows.append(
+                [q["queue"], weight(q["weight"]), share(q["fair_share"]),
+                 share(q["adjusted_fair_share"]), share(q["actual_share"]),
+                 share(q.get("fair_target")), str(q["queued"]), str(q["released"]),
+                 str(q["running"]), duration(q.get("oldest_wait_seconds")), _queue_note(q),
+                 by_cluster(q), share(fair.get("demand_share")),
+                 str(fair.get("released_last_round", "-"))])
+        return Table(
+            ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET", "QUEUED", "RELEASED",
+             "RUNNING", "OLDEST-WAIT", "NOTE", "BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"],
+            rows, wide=3,
+            empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`")
+
+    data = dict(answer)
+    if report is not None:
+        data["fairness"] = report
+    return View(data, table=table, names=lambda: [f"queue/{q['queue']}"
+                                                  for q in answer["queues"]])
+
+
+def by_cluster(q: Mapping[str, Any]) -> str:
+    """What the queue holds of its fair target in each cluster: "cluster-a:18.8%/25.0%"."""
+    targets = q.get("cluster_targets") or {}
+    held = q.get("cluster_shares") or {}
+    return ",".join(f"{cluster}:{share(held.get(cluster, 0.0))}/"
+                    f"{share(targets.get(cluster, 0.0))}"
+                    for cluster in sorted({*targets, *held})) or "-"
+
+
+def _queue_note(q: Mapping[str, Any]) -> str:
+    notes = []
+    if not q["defined"]:
+        notes.append("undefined")
+    if q["cordoned"]:
+        notes.append("cordoned")
+    if q.get("unschedulable"):
+        notes.append(f"{q['unschedulable']} fit no node")
+    if q.get("backing_off"):
+        notes.append(f"{q['backing_off']} backing off")
+    if q.get("max_queued_seconds"):
+        notes.append(f"max queued {duration(q['max_queued_seconds'])}")
+    return ", ".join(notes) or "-"

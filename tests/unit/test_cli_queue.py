@@ -1,0 +1,175 @@
+"""`lockgate queue ...` without a server: weight and priority factor, bindings, unknown
+clusters, the list's columns and formats, and usage errors that name their command."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import pytest
+from recorded_api import CLUSTERS, RecordedApi, a_queue
+
+from lockgate.queues import NamespaceBinding
+from lockgate_cli import root
+
+
+def created(request_body: dict[str, object]) -> dict[str, object]:
+    return a_queue(**{k: v for k, v in request_body.items()
+                      if k in ("name", "priority_factor", "namespaces", "cordoned")})
+
+
+def api() -> RecordedApi:
+    return (RecordedApi().on("GET", "/api/v1/clusters", CLUSTERS)
+            .on("POST", "/api/v1/queues",
+                lambda request: (201, created(json.loads(request.content)))))
+
+
+@pytest.mark.parametrize(("flags", "factor"), [
+    (["--weight", "2"], 0.5), (["--weight", "0.25"], 4.0), (["--priority-factor", "0.5"], 0.5),
+    ([], None)])
+def test_weight_is_sent_as_its_inverse_the_priority_factor(
+        flags: list[str], factor: float | None) -> None:
+    ran = api().run("queue", "create", "q", *flags)
+    assert ran.code == 0, ran.err
+    (body,) = [s.body for s in ran.sent if s.method == "POST"]
+    assert body.get("priority_factor") == factor
+    header, row = ran.out.splitlines()
+    assert header.split()[:3] == ["NAME", "WEIGHT", "PRIORITY-FACTOR"]
+    expected_weight = "1" if factor is None else f"{1 / factor:.3g}"
+    assert row.split()[:2] == ["q", expected_weight]
+
+
+def test_weight_and_priority_factor_are_exclusive_and_positive() -> None:
+    both = api().run("queue", "create", "q", "--weight", "2", "--priority-factor", "0.5")
+    assert both.code == 2
+    assert "lockgate queue create: give --weight or --priority-factor, not both" in both.err
+    for flag in ("--weight", "--priority-factor"):
+        zero = api().run("queue", "create", "q", flag, "0")
+        assert zero.code == 2 and f"'{flag}'" in zero.err, zero.err
+    assert not [s for s in both.sent if s.method == "POST"]
+
+
+def test_update_takes_weight_too() -> None:
+    recorded = RecordedApi().on("PATCH", "/api/v1/queues/q",
+                                lambda request: a_queue(priority_factor=1 / 3))
+    ran = recorded.run("queue", "update", "q", "--weight", "3", "-o", "json")
+    assert ran.code == 0, ran.err
+    assert recorded.bodies("PATCH") == [{"priority_factor": 1 / 3}]
+    assert json.loads(ran.out)["weight"] == pytest.approx(3)
+
+
+def test_bindings_by_name_per_cluster_and_by_selector_are_what_the_api_takes() -> None:
+    ran = api().run("queue", "create", "q", "--namespace", "team-a",
+                    "--namespace", "cluster-b/team-b", "--namespace", "team-c",
+                    "--namespace-selector", "cluster-a:lockgate.io/team=ml,tier=gpu")
+    assert ran.code == 0, ran.err
+    (body,) = [s.body for s in ran.sent if s.method == "POST"]
+    assert body["namespaces"] == [
+        {"cluster": "*", "names": ["team-a", "team-c"]},
+        {"cluster": "cluster-b", "names": ["team-b"]},
+        {"cluster": "cluster-a", "selector": {"matchLabels": {"lockgate.io/team": "ml",
+                                                              "tier": "gpu"}}},
+    ]
+    for binding in body["namespaces"]:
+        NamespaceBinding.model_validate(binding)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--namespace", "cluster-z/foo"], ["--namespace-selector", "cluster-z:team=a"],
+    ["--namespaces-json", '[{"cluster": "cluster-z", "names": ["foo"]}]']])
+def test_an_unknown_cluster_is_refused_with_the_known_ones(flags: list[str]) -> None:
+    ran = api().run("queue", "create", "q", *flags)
+    assert ran.code == 1
+    assert "lockgate queue create: unknown cluster 'cluster-z'" in ran.err
+    assert "lockgate knows cluster-a, cluster-b" in ran.err
+    assert not [s for s in ran.sent if s.method == "POST"], "nothing was created"
+
+
+def test_a_cluster_cannot_be_checked_before_any_watcher_reported_so_it_warns() -> None:
+    recorded = api().on("GET", "/api/v1/clusters", {"clusters": []})
+    ran = recorded.run("queue", "create", "q", "--namespace", "cluster-z/foo")
+    assert ran.code == 0, ran.err
+    assert "warning: lockgate knows no cluster yet" in ran.err
+
+
+def test_list_shows_weight_and_factor_wide_adds_columns_and_name_and_jsonpath_work() -> None:
+    queues = {"queues": [a_queue("a", priority_factor=0.5, group_timeout_seconds=300),
+                         a_queue("b", cordoned=True, resource_limits={"cpu": "10"},
+                                 namespaces=[{"cluster": "*", "names": ["team-b"]}])]}
+    recorded = RecordedApi().on("GET", "/api/v1/queues", queues)
+    table = recorded.run("queue", "list")
+    header, a, b = table.out.splitlines()
+    assert header.split() == ["NAME", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS",
+                              "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS"]
+    assert a.split()[:4] == ["a", "2", "0.5", "no"]
+    assert b.split() == ["b", "1", "1", "yes", "cpu=10", "-", "*/team-b", "(default)"]
+    wide = recorded.run("queue", "list", "-o", "wide").out.splitlines()
+    assert wide[0].split()[-2:] == ["GROUP-TIMEOUT", "CREATED"]
+    assert wide[1].split()[-2:] == ["5m,delete", "2026-12-01T10:00:00"]
+    assert recorded.run("queue", "list", "-o", "name").out == "queue/a\nqueue/b\n"
+    assert recorded.run("queue", "list", "-o",
+                        "jsonpath={[*].name}").out == "a b\n"
+    cordoned = recorded.run("queue", "list", "-o",
+                            'jsonpath={range [?(@.cordoned == true)]}{.name}{"\\n"}{end}')
+    assert cordoned.out == "b\n"
+
+
+def test_a_queue_is_created_with_a_maximum_time_queued() -> None:
+    recorded = RecordedApi().on("POST", "/api/v1/queues", (201, a_queue(
+        max_queued={"seconds": 1800, "action": "delete"})))
+    ran = recorded.run("queue", "create", "q", "--max-queued-time", "30m", "--on-max-queued",
+                       "delete")
+    assert recorded.bodies("POST")[0]["max_queued"] == {"seconds": 1800, "action": "delete"}
+    assert "30m,delete" in ran.out
+    lone = RecordedApi().run("queue", "create", "q", "--on-max-queued", "fail")
+    assert lone.code == 2 and "--on-max-queued needs --max-queued-time" in lone.err
+
+
+def test_usage_errors_name_their_command_and_never_argparse_words() -> None:
+    for argv, command, message in (
+            (["queue", "update", "q"], "lockgate queue update", "nothing to update"),
+            (["queue", "create"], "lockgate queue create", "Missing argument 'NAME'"),
+            (["queue", "create", "q", "--wieght", "2"], "lockgate queue create",
+             "Did you mean '--weight'?"),
+            (["queue", "crate", "q"], "lockgate queue", "No such command 'crate'"),
+            (["queue", "create", "q", "--limit", "cpu"], "lockgate queue create",
+             "RESOURCE=QUANTITY"),
+            (["queue", "list", "-o", "xml"], "lockgate queue list", "'xml' is not one of"),
+            (["queue", "list", "-o", "jsonpath={.a"], "lockgate queue list", "unclosed {"),
+            (["explain", "just-a-pod"], "lockgate explain", "CLUSTER/NAMESPACE/POD")):
+        ran = RecordedApi().run(*argv)
+        assert ran.code == 2, (argv, ran.err)
+        first = ran.err.splitlines()[0]
+        assert first.startswith(f"{command}: ") and message in first, (argv, ran.err)
+        assert f"See '{command} --help'." in ran.err
+        assert "noun" not in ran.err and "verb" not in ran.err
+
+
+def test_api_errors_name_their_command_and_exit_1() -> None:
+    recorded = RecordedApi().on("POST", "/api/v1/queues",
+                                (409, {"error": "queue 'q' already exists"}))
+    ran = recorded.run("queue", "create", "q")
+    assert (ran.code, ran.err) == (
+        1, "lockgate queue create: queue 'q' already exists (HTTP 409)\n")
+
+
+def test_global_options_may_come_after_the_command() -> None:
+    recorded = RecordedApi().on("GET", "/api/v1/queues", {"queues": []})
+    ran = recorded.run("queue", "list", "--api", "http://elsewhere.test", "-o", "json")
+    assert ran.code == 0, ran.err
+    assert json.loads(ran.out) == []
+    assert [s.host for s in ran.sent] == ["elsewhere.test"]
+
+
+def test_an_unreachable_api_is_a_message_naming_the_command_and_where_to_set_the_url() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    err = io.StringIO()
+    code = root.main(["--api", "http://127.0.0.1:9", "queue", "list"], out=io.StringIO(),
+                     err=err, transport=httpx.MockTransport(refuse), env={})
+    assert code == 1
+    assert err.getvalue().startswith("lockgate queue list: cannot reach the lockgate API at "
+                                     "http://127.0.0.1:9: [Errno 111] Connection refused (is "
+                                     "queue-store running? set --api, LOCKGATE_API")
