@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean
+.PHONY: help venv stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean tilt
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
@@ -54,6 +54,7 @@ test: venv lint
 	$(BIN)/python -m devstack up
 	# Cached by version; built or fetched here so no test's time limit covers a cold build.
 	$(BIN)/python -m devstack.tilt >/dev/null
+	$(BIN)/python -m devstack.jaeger --build >/dev/null
 	$(BIN)/python -m devstack.fabric8
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 
@@ -63,6 +64,10 @@ compose-test: venv
 	$(BIN)/python -m devstack up
 	$(BIN)/pytest -q --timeout=2400 tests/compose
 	@cat "$${LOCKGATE_CACHE_DIR:-$$HOME/.cache/lockgate}/logs/compose-test-timings.json" 2>/dev/null || true
+
+# Tilt built once from the Go module proxy, and `tilt` in .venv/bin (docs/deploying.md).
+tilt: venv
+	$(BIN)/python -m devstack.tilt >/dev/null
 
 images: venv
 	$(BIN)/python -m devstack images
