@@ -57,6 +57,7 @@ test: venv lint
 	# Cached by version; built or fetched here so no test's time limit covers a cold build.
 	$(BIN)/python -m devstack.tilt >/dev/null
 	$(BIN)/python -m devstack.jaeger --build >/dev/null
+	$(BIN)/python -m devstack.helm >/dev/null
 	$(BIN)/python -m devstack.fabric8
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 
