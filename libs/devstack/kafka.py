@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-import os
 import fcntl
+import os
 import shutil
 import socket
 import struct
