@@ -6,13 +6,15 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv browser stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean
+.PHONY: help venv browser stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean tilt compose-up compose-down
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
 	@echo "make run           the local stack and every service in the foreground, for you to use (Ctrl-C stops)"
 	@echo "make test          lint, type-check, unit, integration and end-to-end tests (real stack)"
 	@echo "make unit          fast unit tests only (no stack)"
+	@echo "make compose-up    docker compose for you: engine, images, kubeconfigs, in-cluster webhooks"
+	@echo "make compose-down  remove all that compose-up made"
 	@echo "make compose-test  docker compose up (local images, docker-compose.local.yml) against the stack"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
 	@echo "make fresh-check   clone HEAD, brand-new stack state, make demo + make test (BURN=2 adds CPU burners, REPEAT=2 runs the stack tests twice)"
@@ -63,6 +65,8 @@ test: venv lint browser
 	$(BIN)/python -m devstack up
 	# Cached by version; built or fetched here so no test's time limit covers a cold build.
 	$(BIN)/python -m devstack.tilt >/dev/null
+	$(BIN)/python -m devstack.jaeger --build >/dev/null
+	$(BIN)/python -m devstack.helm >/dev/null
 	$(BIN)/python -m devstack.fabric8
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 
@@ -72,6 +76,19 @@ compose-test: venv
 	$(BIN)/python -m devstack up
 	$(BIN)/pytest -q --timeout=2400 tests/compose
 	@cat "$${LOCKGATE_CACHE_DIR:-$$HOME/.cache/lockgate}/logs/compose-test-timings.json" 2>/dev/null || true
+
+# Tilt built once from the Go module proxy, and `tilt` in .venv/bin (docs/deploying.md).
+tilt: venv
+	$(BIN)/python -m devstack.tilt >/dev/null
+
+# The compose path for a person: engine, images, kubeconfigs, compose and the in-cluster webhooks
+# (pods in namespaces labelled lockgate.io/managed=true, lockgate.io/run=compose are gated).
+compose-up: venv
+	$(BIN)/python -m devstack up
+	$(BIN)/python -m devstack.compose_up up
+
+compose-down: venv
+	$(BIN)/python -m devstack.compose_up down
 
 images: venv
 	$(BIN)/python -m devstack images

@@ -5,11 +5,14 @@ Why beside the demo: `make demo` runs a script and stops; this leaves lockgate r
 how to use it (the env to source, a queue, a namespace, a pod to watch being released).
 
 What it keeps between runs, so running it again simply resumes:
-- its own database (lockgate_dev) and run id `dev`: consumer groups, Queue objects and a webhook
+- its own database (lockgate_dev; LOCKGATE_DEV_DATABASE names another, as its tests do) and
+  run id `dev`: consumer groups, Queue objects and a webhook
   registration of its own, for namespaces labelled lockgate.io/managed=true and
   lockgate.io/run=dev, so tests and demos sharing the stack never meet it;
 - fixed ports (58080 admin API, ... plus LOCKGATE_STACK_PORT_OFFSET);
-- a pid file: services a killed earlier run left behind are stopped first.
+- a pid file: services a killed earlier run left behind are stopped first;
+- a Jaeger of its own (devstack.jaeger, memory only: traces last as long as the run), which
+  every service sends its spans to (`--no-traces` starts none).
 Ctrl-C (or SIGTERM) stops the services gracefully, removes the webhook registration, and stops
 the stack too if this command started it (`--keep-stack` leaves it up).
 """
@@ -32,6 +35,7 @@ from pathlib import Path
 import asyncpg
 
 from devstack.config import Settings
+from devstack.jaeger import JaegerPorts, JaegerProcess, ensure_binary
 from devstack.launcher import Lockgate, ServicePorts, free_port
 from devstack.procs import cmdline, pid_alive
 from devstack.stack import Stack
@@ -40,6 +44,8 @@ from lockgate_adapters.postgres import create_database, with_database
 
 RUN_ID = "dev"
 DATABASE = "lockgate_dev"
+# Tests of `make run` set this, so they never write into the database a person's runs keep.
+DATABASE_ENV = "LOCKGATE_DEV_DATABASE"
 QUEUE, NAMESPACE, CLUSTER = "team-a", "team-a", "cluster-a"
 COLOURS = ("36", "32", "35", "33", "34", "31")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -158,7 +164,7 @@ async def follow(name: str, path: Path, say: Say, stopping: asyncio.Event) -> No
 
 
 def write_instructions(lockgate: Lockgate, settings: Settings, kubeconfigs: dict[str, str],
-                       token_file: Path) -> tuple[Path, Path]:
+                       token_file: Path, traces_url: str | None = None) -> tuple[Path, Path]:
     directory = dev_dir(settings)
     env = directory / "env.sh"
     venv_bin = Path(sys.executable).parent
@@ -168,7 +174,8 @@ def write_instructions(lockgate: Lockgate, settings: Settings, kubeconfigs: dict
         + "".join(f"export LOCKGATE_KUBECONFIG_{c.upper().replace('-', '_')}={p}\n"
                   for c, p in kubeconfigs.items())
         + f"export LOCKGATE_API={lockgate.admin_url}\n"
-        f"export LOCKGATE_TOKEN_FILE={token_file}\n"
+        + (f"export LOCKGATE_TRACES_URL={traces_url}\n" if traces_url else "")
+        +         f"export LOCKGATE_TOKEN_FILE={token_file}\n"
         f"export PATH={venv_bin}:{settings.bin_dir}:$PATH\n")
     pod = directory / "example-pod.yaml"
     pod.write_text(f"""# A pod for lockgate's queue {QUEUE}: created gated, released by the fair
@@ -192,7 +199,12 @@ spec:
 
 
 def next_steps(env: Path, pod: Path, lockgate: Lockgate,
-               token_files: dict[str, Path]) -> list[str]:
+               token_files: dict[str, Path], traces_url: str | None = None) -> list[str]:
+    traces = ([f"Traces: {traces_url} (Jaeger). A pod's trace id is its uid without dashes:",
+               "  lockgate trace cluster-a/team-a/<pod>   # its spans as a waterfall, or",
+               f"  {traces_url}/trace/$(kubectl -n {NAMESPACE} get pod <pod> -o "
+               "jsonpath='{.metadata.uid}' | tr -d -)"]
+              if traces_url else ["Traces are off (--no-traces)."])
     return [
         "lockgate is running. In another terminal:",
         f"  source {env}",
@@ -206,6 +218,7 @@ def next_steps(env: Path, pod: Path, lockgate: Lockgate,
         f"Admin API {lockgate.admin_url}; logs also in {lockgate.log_dir}.",
         f"Web UI {lockgate.admin_url}/ui/ : sign in with the token in {token_files['admin']} "
         f"(admin: sees and acts) or {token_files['read-only']} (read-only: sees).",
+        *traces,
         "Ctrl-C stops lockgate's services (and the stack, if this command started it).",
     ]
 
@@ -246,9 +259,15 @@ async def run(args: argparse.Namespace) -> int:
     stack_was_up = not await asyncio.to_thread(stack.problems)
     info = await asyncio.to_thread(stack.up)
     started_stack = not stack_was_up
-    dsn = await keep_database(info.postgres_dsn, DATABASE)
+    dsn = await keep_database(info.postgres_dsn, os.environ.get(DATABASE_ENV) or DATABASE)
+    jaeger: JaegerProcess | None = None
+    # Filled in once Jaeger answers: the services read it when they start.
+    extra_env: dict[str, str] = {}
+    jaeger_ports = JaegerPorts.with_offset(int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0))
+    traces_url = None if args.no_traces else jaeger_ports.ui_url
     lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, run_id=RUN_ID, ports=chosen,
-                                  log_dir=directory / "logs", standby_scheduler=False)
+                                  log_dir=directory / "logs", standby_scheduler=False,
+                                  extra_env=extra_env)
     stopping, followers_done = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for stop_signal in STOP_SIGNALS:
@@ -258,6 +277,16 @@ async def run(args: argparse.Namespace) -> int:
                  for name, *_ in lockgate.definitions()]
     code = 0
     try:
+        if not args.no_traces:
+            binary = await asyncio.to_thread(ensure_binary, settings,
+                                             lambda text: say.line("devstack", text))
+            jaeger = JaegerProcess(binary, directory / "jaeger", jaeger_ports)
+            await jaeger.start()
+            assert jaeger.process is not None
+            pid_file.write_text(json.dumps({"jaeger": {"pid": jaeger.process.pid,
+                                                       "module": str(binary)}}))
+            say.line("dev", f"Jaeger is up: UI and query API {jaeger_ports.ui_url}")
+            extra_env["LOCKGATE_OTLP_ENDPOINT"] = jaeger_ports.otlp_endpoint
         starting = asyncio.create_task(lockgate.start())
         waiting = asyncio.create_task(stopping.wait())
         await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -268,13 +297,15 @@ async def run(args: argparse.Namespace) -> int:
         else:
             waiting.cancel()
             starting.result()  # a service that did not come up: its log tail is in the error
-            pid_file.write_text(json.dumps({
-                name: {"pid": p.pid, "module": p.module}
-                for name, p in lockgate.processes.items()}))
+            recorded = {name: {"pid": p.pid, "module": p.module}
+                        for name, p in lockgate.processes.items()}
+            if jaeger is not None and jaeger.process is not None:
+                recorded["jaeger"] = {"pid": jaeger.process.pid, "module": str(jaeger.binary)}
+            pid_file.write_text(json.dumps(recorded))
             token_files = lockgate.write_token_files()
             env, pod = write_instructions(lockgate, settings, info.kubeconfigs,
-                                          token_files["admin"])
-            for text in next_steps(env, pod, lockgate, token_files):
+                                          token_files["admin"], traces_url)
+            for text in next_steps(env, pod, lockgate, token_files, traces_url):
                 say.line("dev", text)
             while not stopping.is_set():
                 crashed = lockgate.crashed()
@@ -294,6 +325,8 @@ async def run(args: argparse.Namespace) -> int:
         followers_done.set()
         await asyncio.gather(*followers)
         say.line("dev", "stopped: " + ", ".join(f"{name} exit {c}" for name, c in codes.items()))
+        if jaeger is not None:
+            await jaeger.stop()  # after the services, so their last spans were received
         if started_stack and not args.keep_stack:
             say.line("dev", "stopping the stack this command started (--keep-stack keeps it)")
             await asyncio.to_thread(stack.down)
@@ -306,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devstack.dev", description=__doc__)
     parser.add_argument("--keep-stack", action="store_true",
                         help="leave the local stack running on exit even if this started it")
+    parser.add_argument("--no-traces", action="store_true",
+                        help="start no Jaeger and send no traces")
     return asyncio.run(run(parser.parse_args(argv)))
 
 

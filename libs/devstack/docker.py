@@ -187,7 +187,8 @@ class DockerEngine:
                 subprocess.run(["nft", "delete", "table", family, name], check=False)
 
 
-def _start_dockerd(settings: Settings, say: Callable[[str], None]) -> DockerEngine:
+def _start_dockerd(settings: Settings, say: Callable[[str], None], *,
+                   detached: bool = False) -> DockerEngine:
     dockerd = _which("dockerd")
     if dockerd is None:
         raise StackError("no Docker engine answers and dockerd is missing: install Debian's "
@@ -216,6 +217,8 @@ def _start_dockerd(settings: Settings, say: Callable[[str], None]) -> DockerEngi
         "--storage-driver=overlay2",
         "--exec-opt=native.cgroupdriver=cgroupfs",
     ]
+    if detached:
+        return _start_detached(engine, argv, log, say)
     with open(log, "ab") as logf:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -231,19 +234,74 @@ def _start_dockerd(settings: Settings, say: Callable[[str], None]) -> DockerEngi
     return engine
 
 
-@contextlib.contextmanager
-def docker_engine(settings: Settings, say: Callable[[str], None]) -> Iterator[DockerEngine]:
-    """The engine at DOCKER_HOST or the system socket if one answers, else a dockerd of our own
-    for the duration (one at a time: a lock in the cache serialises concurrent users)."""
-    ensure_host_tools(settings, say)
+def _start_detached(engine: DockerEngine, argv: list[str], log: Path,
+                    say: Callable[[str], None]) -> DockerEngine:
+    """dockerd as nobody's child (`setsid -f`), to outlive this process; its pid from its pid
+    file."""
+    with open(log, "ab") as logf:
+        subprocess.run(["setsid", "-f", *argv], stdout=logf, stderr=subprocess.STDOUT,
+                       stdin=subprocess.DEVNULL, check=True)
+    pid_file = RUN_DIR / "dockerd.pid"
+    deadline = time.monotonic() + 60
+    while not _answers(engine.host):
+        if time.monotonic() > deadline:
+            raise StackError(f"dockerd did not start within 60 s; log {log}:\n{tail(log)}")
+        time.sleep(0.3)
+    engine.pid = int(pid_file.read_text().strip())
+    say(f"started dockerd (pid {engine.pid}) on {engine.host}; it runs on until "
+        "`make compose-down`")
+    return engine
+
+
+KEPT_MARKER = RUN_DIR / "kept"  # lockgate's dockerd runs on after its starter (compose-up)
+
+
+def _running_engine() -> str | None:
+    """The host of an engine that answers and that someone else stops, if there is one."""
     configured = os.environ.get("DOCKER_HOST")
     if configured:
         if not _answers(configured):
             raise StackError(f"DOCKER_HOST={configured} does not answer `docker version`")
-        yield DockerEngine(host=configured, settings=settings, say=say)
-        return
+        return configured
     if SYSTEM_SOCKET.exists() and _answers(f"unix://{SYSTEM_SOCKET}"):
-        yield DockerEngine(host=f"unix://{SYSTEM_SOCKET}", settings=settings, say=say)
+        return f"unix://{SYSTEM_SOCKET}"
+    own = f"unix://{RUN_DIR / 'docker.sock'}"
+    if KEPT_MARKER.exists() and _answers(own):
+        return own
+    return None
+
+
+def kept_engine(settings: Settings, say: Callable[[str], None]) -> tuple[DockerEngine,
+                                                                       int | None]:
+    """An engine that stays up after this process: the running one, else lockgate's dockerd,
+    started and marked as kept (docker_engine's users then leave it running). Returns the
+    engine and, if it was started here, its pid, for whoever stops it later."""
+    ensure_host_tools(settings, say)
+    host = _running_engine()
+    if host is not None:
+        return DockerEngine(host=host, settings=settings, say=say), None
+    lock_path = settings.cache_dir / "docker" / "engine.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another run uses lockgate's dockerd (lock {lock_path}); waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        engine = _start_dockerd(settings, say, detached=True)
+        KEPT_MARKER.write_text(f"{engine.pid}\n")
+        return engine, engine.pid
+
+
+@contextlib.contextmanager
+def docker_engine(settings: Settings, say: Callable[[str], None]) -> Iterator[DockerEngine]:
+    """The engine at DOCKER_HOST, the system socket or a kept lockgate dockerd if one answers,
+    else a dockerd of our own for the duration (one at a time: a lock in the cache serialises
+    concurrent users)."""
+    ensure_host_tools(settings, say)
+    host = _running_engine()
+    if host is not None:
+        yield DockerEngine(host=host, settings=settings, say=say)
         return
     lock_path = settings.cache_dir / "docker" / "engine.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import shutil
 import socket
@@ -92,6 +93,20 @@ class Kafka:
     def ensure_installed(self, say: Callable[[str], None]) -> None:
         if self.installed():
             return
+        self.dist.mkdir(parents=True, exist_ok=True)
+        # One download at a time: two devstacks starting together (helpers' stacks, a
+        # fresh-check beside a running stack) would both write Maven's local repository, whose
+        # half-written `.part` files the other then fails on.
+        with open(self.dist.with_suffix(".lock"), "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say("another devstack is downloading Kafka's jars; waiting for it")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.installed():
+                self._download(say)
+
+    def _download(self, say: Callable[[str], None]) -> None:
         mvn = shutil.which("mvn")
         if mvn is None:
             raise StackError(

@@ -66,6 +66,34 @@ def ensure_tilt(settings: Settings | None = None,
     return binary, seconds
 
 
+SHIM = """#!/bin/sh
+# Written by `python -m devstack.tilt`: the cached Tilt build, as `tilt` on PATH.
+# Its web UI is a placeholder (the build has no Node), so `up` and `ci` default to
+# --web-mode=prod; a source build would otherwise look for a web dev server and fail at once.
+tilt={binary}
+case "$1" in
+  up|ci)
+    sub="$1"; shift
+    case " $* " in *" --web-mode"*) exec "$tilt" "$sub" "$@" ;; esac
+    exec "$tilt" "$sub" --web-mode=prod "$@" ;;
+esac
+exec "$tilt" "$@"
+"""
+
+
+def install_shim(binary: Path, bin_dir: Path) -> Path:
+    """`tilt` in `bin_dir` (the venv's bin, on PATH after `source env.sh` or venv activation),
+    running the cached build with the flags this build needs."""
+    shim = bin_dir / "tilt"
+    text = SHIM.format(binary=binary)
+    if not shim.exists() or shim.read_text() != text:
+        shim.write_text(text)
+        shim.chmod(0o755)
+    return shim
+
+
 if __name__ == "__main__":
     path, _ = ensure_tilt(say=lambda text: print(text, file=sys.stderr))
+    shim = install_shim(path, Path(sys.executable).parent)
+    print(f"{path} (as `tilt`: {shim})", file=sys.stderr)
     print(path)

@@ -119,11 +119,12 @@ class AdmissionServer:
             span.set_attribute("lockgate.outcome", decision.outcome.value)
             if decision.queue:
                 span.set_attribute("lockgate.queue", decision.queue)
+            # Inside the span, so the record carries its trace and span ids.
+            level = logging.DEBUG if decision.allowed else logging.INFO
+            log.log(level, "%s: %s %s: %s", cluster, request.pod_description,
+                    decision.outcome.value, decision.message)
         REVIEWS.labels(cluster, decision.outcome.value).inc()
         REVIEW_SECONDS.labels(cluster).observe(time.perf_counter() - started)
-        level = logging.DEBUG if decision.allowed else logging.INFO
-        log.log(level, "%s: %s %s: %s", cluster, request.pod_description,
-                decision.outcome.value, decision.message)
         return web.json_response(admission_response(request.uid, decision))
 
     async def _decide(self, lookups: ClusterLookups, request: AdmissionRequest) -> Decision:

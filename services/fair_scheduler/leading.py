@@ -272,15 +272,16 @@ class Leader:
             if recorded:
                 await self._publish(recorded)
             await self._remove(result, decided_at)
-        seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            # Inside the span, so the record carries the round's trace and span ids.
+            if recorded:
+                log.info("round (%s): released %d of %d decided in %.1f ms", trigger,
+                         len(recorded), len(planned), seconds * 1000)
+            else:
+                log.debug("round (%s): nothing to release (%.1f ms)", trigger, seconds * 1000)
         self._report.record_round(result, phases=self._feed.phases, at=decided_at,
                                   seconds=seconds,
                                   decisions=len(recorded))
-        if recorded:
-            log.info("round (%s): released %d of %d decided in %.1f ms", trigger, len(recorded),
-                     len(planned), seconds * 1000)
-        else:
-            log.debug("round (%s): nothing to release (%.1f ms)", trigger, seconds * 1000)
         return len(result.decisions) >= settings.max_decisions_per_round
 
     async def _undo_dropped(self, planned: list[tuple[str, str, str]],

@@ -216,12 +216,14 @@ class Ungater:
             span.set_attribute("lockgate.outcome", settled.outcome.value)
             span.set_attribute("lockgate.reason", settled.reason)
             outcome = outcome_of(command, settled, at=self._now())
-            # Inside the span, so the outcome's headers continue this trace.
+            # Inside the span, so the outcome's headers continue this trace and the log record
+            # carries the pod's trace id.
             await publish(self._producer, RELEASE_OUTCOMES, outcome)
+            log.log(logging.DEBUG if settled.outcome is ReleaseOutcomeKind.UNGATED
+                    else logging.INFO, "release %s of %s/%s/%s: %s (%s)", command.decision_id,
+                    command.cluster, command.namespace, command.name, settled.outcome.value,
+                    settled.reason)
         RELEASES.labels(command.cluster, settled.outcome.value).inc()
         RELEASE_SECONDS.labels(command.cluster).observe(time.monotonic() - started)
         DECISION_TO_OUTCOME_SECONDS.labels(command.cluster).observe(
             max(0.0, (outcome.at - command.decided_at).total_seconds()))
-        if settled.outcome is not ReleaseOutcomeKind.UNGATED:
-            log.info("release %s of %s/%s/%s: %s (%s)", command.decision_id, command.cluster,
-                     command.namespace, command.name, settled.outcome.value, settled.reason)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import time
 import uuid
@@ -41,6 +40,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from devstack.compose import LOCKGATE_SERVICES, ComposeProject, compose_project
+from devstack.compose_up import DEFAULT_PORTS, compose_env, kube_dir_for, webhook_for
 from devstack.config import Settings
 from devstack.docker import (
     BRIDGE,
@@ -52,7 +52,7 @@ from devstack.docker import (
     nft_tables,
 )
 from devstack.images import REPO, Images
-from devstack.incluster import InClusterWebhook, kubeconfig_token_and_ca
+from devstack.incluster import InClusterWebhook
 from devstack.launcher import RUN_LABEL, free_port
 from devstack.manifests import delete_queue_copies, ensure_queue_crd
 from devstack.procs import pid_alive
@@ -61,7 +61,7 @@ from helpers.pods import a_pod
 from helpers.waiting import eventually
 from lockgate.labels import ADMISSION_TRACE_ANNOTATION, MANAGED_NAMESPACE_LABEL, SCHEDULING_GATE
 from lockgate.resources import Resources
-from lockgate_adapters.admin_tokens import Role, entry_for, new_token
+from lockgate_adapters.admin_tokens import new_token
 from lockgate_adapters.kube import api_client
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(2400)]
@@ -108,34 +108,12 @@ class Deployment:
 SERVICES = ("postgres", "kafka", "jaeger", *LOCKGATE_SERVICES)
 
 
-def compose_env(kube_dir: Path, images: dict[str, str], admin_token: str) -> dict[str, str]:
-    ports = {name: free_port() for name in (
-        "POSTGRES", "KAFKA", "KAFKA_CONTROLLER", "OTLP", "JAEGER_QUERY", "JAEGER_GRPC",
-        "JAEGER_HEALTH", "ADMIN", "QUEUE_STORE_HEALTH", "WATCHER_HEALTH", "SCHEDULER_HEALTH",
-        "UNGATER_HEALTH")}
-    return {
-        **{f"LOCKGATE_COMPOSE_{name}_PORT": str(port) for name, port in ports.items()},
-        "KUBECONFIG_DIR": str(kube_dir),
-        "LOCKGATE_COMPOSE_ADMIN_TOKENS": json.dumps(
-            [entry_for("compose-test", Role.ADMIN, admin_token).line()]),
-        "LOCKGATE_COMPOSE_QUEUE_SOURCE": PROJECT,
-        "LOCKGATE_COMPOSE_QUEUE_PREFIX": f"{PROJECT}-",
-        "LOCKGATE_IMAGE": images["lockgate"],
-        "LOCKGATE_POSTGRES_IMAGE": images["postgres"],
-        "LOCKGATE_KAFKA_IMAGE": images["kafka"],
-        "LOCKGATE_JAEGER_IMAGE": images["jaeger"],
-    }
-
-
-def kube_dir_for(stack: Any, directory: Path) -> Path:
-    """<cluster>-<identity> kubeconfigs, as docker-compose.yml mounts them at /kube."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for identity in ("cluster-watcher", "ungater", "queue-sync"):
-        for cluster, path in stack.kubeconfigs_of(identity).items():
-            target = directory / f"{cluster}-{identity}"
-            shutil.copyfile(path, target)
-            target.chmod(0o644)  # the services run as uid 10001 in their containers
-    return directory
+def test_env(kube_dir: Path, images: dict[str, str], admin_token: str) -> dict[str, str]:
+    """The compose variables of a person's `make compose-up`, on free ports and under this
+    run's own queue source."""
+    ports = {name: free_port() for name in DEFAULT_PORTS}
+    return compose_env(kube_dir=kube_dir, images=images, admin_token=admin_token, ports=ports,
+                       project=PROJECT, queue_source=PROJECT)
 
 
 def _record(timings: dict[str, float], name: str, started: float) -> None:
@@ -157,7 +135,7 @@ async def deployment(stack: Any, tmp_path_factory: pytest.TempPathFactory
         started = time.monotonic()
         images = Images(engine, _say).all()
         _record(timings, "images", started)
-        env = compose_env(kube_dir_for(stack, work / "kube"), images, admin_token)
+        env = test_env(kube_dir_for(stack, work / "kube"), images, admin_token)
         apis = {cluster: await api_client(path) for cluster, path in stack.kubeconfigs.items()}
         webhooks: dict[str, InClusterWebhook] = {}
         namespaces = Namespaces(apis)
@@ -170,15 +148,12 @@ async def deployment(stack: Any, tmp_path_factory: pytest.TempPathFactory
                 started = time.monotonic()
                 for cluster, api in apis.items():
                     await ensure_queue_crd(api)
-                    token, ca = kubeconfig_token_and_ca(stack.kubeconfigs_of("webhook")[cluster])
-                    webhook = InClusterWebhook(
-                        engine=engine, image=images["lockgate"], cluster=cluster,
-                        admin_api=api, api_port=_port_of(stack.kubeconfigs[cluster]),
-                        token=token, ca_pem=ca, run_id=PROJECT,
-                        namespace_labels={RUN_LABEL: PROJECT}, queue_source=PROJECT,
-                        work_dir=work / f"webhook-{cluster}", project_label=PROJECT,
-                        webhook_port=free_port(), health_port=free_port(),
-                        otlp_endpoint=f"http://127.0.0.1:{env['LOCKGATE_COMPOSE_OTLP_PORT']}")
+                    webhook = webhook_for(
+                        engine=engine, info=stack, cluster=cluster, api=api,
+                        image=images["lockgate"], work_dir=work / f"webhook-{cluster}",
+                        ports=(free_port(), free_port()),
+                        otlp_endpoint=f"http://127.0.0.1:{env['LOCKGATE_COMPOSE_OTLP_PORT']}",
+                        run_id=PROJECT, project=PROJECT, queue_source=PROJECT)
                     webhooks[cluster] = webhook
                     await webhook.start()
                     await webhook.register()
@@ -213,13 +188,6 @@ async def deployment(stack: Any, tmp_path_factory: pytest.TempPathFactory
     assert dockerd_pid is None or not mounts_under(RUN_DIR), f"mounts left: {mounts_under(RUN_DIR)}"
     assert nft_tables() <= tables_before, f"nft tables left: {nft_tables() - tables_before}"
     assert link_exists(BRIDGE) == bridge_before
-
-
-def _port_of(kubeconfig: str) -> int:
-    import yaml
-
-    server = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]["server"]
-    return int(server.rsplit(":", 1)[1])
 
 
 async def test_the_containerised_webhook_gates_pods_and_queues_release_them_fairly(

@@ -9,6 +9,7 @@ objects apart from other tests'.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -24,6 +27,7 @@ import pytest
 
 from devstack import StackInfo
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, SCHEDULING_GATE
+from lockgate_adapters.postgres import drop_database
 
 READY_LINE = "lockgate is running"
 START_WITHIN = 600.0  # a busy machine; a quiet one takes about a minute
@@ -32,12 +36,13 @@ START_WITHIN = 600.0  # a busy machine; a quiet one takes about a minute
 class DevRun:
     """`python -m devstack.dev` with its output collected line by line."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: str) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "devstack.dev"], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-            env={**os.environ, "NO_COLOR": "1"})
+            # A database of this test's own: a person's `make run` keeps lockgate_dev.
+            env={**os.environ, "NO_COLOR": "1", "LOCKGATE_DEV_DATABASE": database})
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -93,6 +98,33 @@ def sh(env: dict[str, str], *argv: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
+def pod_trace(traces_url: str, uid: str, *, expect: set[str],
+              within: float = 90.0) -> set[str]:
+    """The operation names of the pod's trace once every service in `expect` has sent spans."""
+    url = f"{traces_url}/api/traces/{uid.replace('-', '')}"
+    deadline = time.monotonic() + within
+    seen: dict[str, set[str]] = {}
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                data = json.load(response).get("data") or []
+        except urllib.error.HTTPError as error:
+            if error.code != 404:  # 404: no span of this trace has arrived yet
+                raise
+            data = []
+        seen = {}
+        for trace in data:
+            services = {key: p["serviceName"] for key, p in trace["processes"].items()}
+            for span in trace["spans"]:
+                seen.setdefault(services[span["processID"]], set()).add(span["operationName"])
+        if expect <= set(seen):
+            return set().union(*seen.values())
+        assert time.monotonic() < deadline, (
+            f"the pod's trace {url} has spans of {sorted(seen)} only after {within:.0f}s, "
+            f"not of every one of {sorted(expect)}: {seen}")
+        time.sleep(1)
+
+
 def service_pids(stack: StackInfo) -> dict[str, int]:
     recorded = json.loads((Path(stack.stack_dir) / "dev" / "pids.json").read_text())
     return {name: int(entry["pid"]) for name, entry in recorded.items()}
@@ -111,13 +143,14 @@ def test_make_run_starts_everything_is_usable_stops_on_ctrl_c_and_reruns(
         stack: StackInfo) -> None:
     suffix = uuid.uuid4().hex[:6]
     queue, namespace = f"dev-{suffix}", f"dev-{suffix}"
-    first = DevRun()
+    database = f"lockgate_dev_test_{suffix}"
+    first = DevRun(database)
     try:
         first.wait_for(READY_LINE, START_WITHIN)
         env = dev_env(first)
         pids = service_pids(stack)
         assert set(pids) == {"queue-store", "admission-webhook", "cluster-watcher", "ungater",
-                             "fair-scheduler"}
+                             "fair-scheduler", "jaeger"}
         # The printed steps, with this test's own names.
         sh(env, "lockgate", "queue", "create", queue, "--namespace", f"cluster-a/{namespace}")
         sh(env, "kubectl", "create", "namespace", namespace)
@@ -141,12 +174,19 @@ def test_make_run_starts_everything_is_usable_stops_on_ctrl_c_and_reruns(
             time.sleep(0.5)
         jobs = sh(env, "lockgate", "jobs", "list", "--queue", queue)
         assert name.split("/")[1] in jobs, jobs
+        # The pod's journey is one trace in the run's Jaeger, whose id is the pod's uid.
+        trace = pod_trace(env["LOCKGATE_TRACES_URL"], created["metadata"]["uid"],
+                          expect={"cluster-watcher", "queue-store", "fair-scheduler", "ungater"})
+        assert {"pod observed", "release decided", "ungate"} <= trace, trace
+        # A record written inside a span carries its ids (the round that released the pod).
+        assert any("fair-scheduler" in line and "round (" in line and "trace_id=" in line
+                   and "span_id=" in line for line in first.lines), first.output()[-5000:]
     finally:
         code = first.interrupt()
     out = first.output()
     assert code == 0, out[-5000:]
     (stopped,) = [line for line in first.lines if "| stopped: " in line]
-    assert stopped.count("exit 0") == 5, stopped
+    assert stopped.count("exit 0") == 5, stopped  # the five services; Jaeger stops after them
     assert not [pid for pid in pids.values() if alive(pid)]
     for kubeconfig in stack.kubeconfigs.values():
         hooks = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get",
@@ -156,7 +196,7 @@ def test_make_run_starts_everything_is_usable_stops_on_ctrl_c_and_reruns(
     assert not (Path(stack.stack_dir) / "dev" / "pids.json").exists()
 
     # Again: it resumes with what the first run left (the queue, the job).
-    second = DevRun()
+    second = DevRun(database)
     try:
         second.wait_for(READY_LINE, START_WITHIN)
         assert queue in sh(env, "lockgate", "queue", "get", queue)
@@ -164,4 +204,5 @@ def test_make_run_starts_everything_is_usable_stops_on_ctrl_c_and_reruns(
     finally:
         code = second.interrupt()
         sh(env, "kubectl", "delete", "namespace", namespace, "--wait=false")
+        asyncio.run(drop_database(stack.postgres_dsn, database))
     assert code == 0, second.output()[-5000:]
