@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 import yaml
+from lockgate_adapters.cli_deploy import ensure_webhook_tls, service_hosts
 
 from devstack import StackInfo
 from devstack.config import Settings
 from devstack.helm import ensure_helm
-from lockgate_adapters.cli_deploy import ensure_webhook_tls, service_hosts
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "k8s" / "helm" / "lockgate"
