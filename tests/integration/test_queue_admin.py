@@ -608,7 +608,7 @@ async def test_queue_list_watch_prints_new_queues_until_ctrl_c(
     async def line_with(text: str) -> bool:
         assert process.stdout is not None
         while True:
-            line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+            line = (await asyncio.wait_for(process.stdout.readline(), 90)).decode()
             assert line, f"the watch ended early; printed {seen}"
             seen.append(line.rstrip("\n"))
             if text in line:
@@ -630,7 +630,7 @@ async def test_queue_list_watch_prints_new_queues_until_ctrl_c(
         assert sum("NAME" in line for line in seen) <= 1, "the header prints once"
     finally:
         process.send_signal(signal.SIGINT)
-        code = await asyncio.wait_for(process.wait(), 30)
+        code = await asyncio.wait_for(process.wait(), 90)
     err = (await process.stderr.read()).decode()
     assert (code, err) == (0, ""), err
 
