@@ -287,6 +287,9 @@ async def run(args: argparse.Namespace) -> int:
                                                        "module": str(binary)}}))
             say.line("dev", f"Jaeger is up: UI and query API {jaeger_ports.ui_url}")
             extra_env["LOCKGATE_OTLP_ENDPOINT"] = jaeger_ports.otlp_endpoint
+            # The web UI's pod page links to the pod's trace there (trace id = its uid).
+            extra_env["LOCKGATE_QUEUE_STORE_UI__TRACE_URL"] = (
+                f"{jaeger_ports.ui_url}/trace/{{trace_id}}")
         starting = asyncio.create_task(lockgate.start())
         waiting = asyncio.create_task(stopping.wait())
         await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
