@@ -12,7 +12,6 @@ dockerd version, other flags), `stop` removes what was not there before it start
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from devstack.config import Settings
 from devstack.errors import StackError
-from devstack.procs import pid_alive, tail
+from devstack.procs import exclusive, pid_alive, tail
 
 # Short paths: a unix socket path is limited to 108 bytes, and containerd's sockets live under
 # the exec root.
@@ -271,6 +270,10 @@ def _running_engine() -> str | None:
     return None
 
 
+def _engine_lock(settings: Settings) -> Path:
+    return settings.cache_dir / "docker" / "engine.lock"
+
+
 def kept_engine(settings: Settings, say: Callable[[str], None]) -> tuple[DockerEngine,
                                                                        int | None]:
     """An engine that stays up after this process: the running one, else lockgate's dockerd,
@@ -280,14 +283,7 @@ def kept_engine(settings: Settings, say: Callable[[str], None]) -> tuple[DockerE
     host = _running_engine()
     if host is not None:
         return DockerEngine(host=host, settings=settings, say=say), None
-    lock_path = settings.cache_dir / "docker" / "engine.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"another run uses lockgate's dockerd (lock {lock_path}); waiting for it")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(_engine_lock(settings), say, "another run uses lockgate's dockerd"):
         engine = _start_dockerd(settings, say, detached=True)
         KEPT_MARKER.write_text(f"{engine.pid}\n")
         return engine, engine.pid
@@ -303,14 +299,7 @@ def docker_engine(settings: Settings, say: Callable[[str], None]) -> Iterator[Do
     if host is not None:
         yield DockerEngine(host=host, settings=settings, say=say)
         return
-    lock_path = settings.cache_dir / "docker" / "engine.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"another run uses lockgate's dockerd (lock {lock_path}); waiting for it")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(_engine_lock(settings), say, "another run uses lockgate's dockerd"):
         engine = _start_dockerd(settings, say)
         try:
             yield engine

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import fcntl
 import os
 import shutil
 import socket
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from devstack.config import HOST, LOG4J_VERSION, SLF4J_VERSION, Settings
 from devstack.errors import StackError
-from devstack.procs import Component, tail
+from devstack.procs import Component, exclusive, tail
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -97,12 +96,8 @@ class Kafka:
         # One download at a time: two devstacks starting together (helpers' stacks, a
         # fresh-check beside a running stack) would both write Maven's local repository, whose
         # half-written `.part` files the other then fails on.
-        with open(self.dist.with_suffix(".lock"), "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                say("another devstack is downloading Kafka's jars; waiting for it")
-                fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive(self.dist.with_suffix(".lock"), say,
+                       "another devstack is downloading Kafka's jars"):
             if not self.installed():
                 self._download(say)
 

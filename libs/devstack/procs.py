@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import pwd
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -372,3 +373,17 @@ def wait_healthy(
                 " (LOCKGATE_STACK_TIMEOUT raises the wait)."
             )
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path, say: Callable[[str], None], waiting: str) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path` for the block, one holder at a time across
+    processes (devstacks, a fresh-check beside them); says `waiting` once if it must wait."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"{waiting} (lock {lock_path}); waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
