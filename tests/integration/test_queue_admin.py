@@ -556,7 +556,7 @@ async def a_cluster_reported(admin: QueueStoreUnderTest) -> str:
     Kafka. Its name is this test's own."""
     cluster = f"known-{uuid.uuid4().hex[:8]}"
     capacity = ClusterCapacity(
-        event_id=uuid.uuid4().hex, cluster=cluster, observed_at=datetime.now(UTC),
+        cluster=cluster, observed_at=datetime.now(UTC),
         nodes=[NodeCapacity(name="node-0", allocatable={"cpu": 8000, "memory": 16 << 30})])
     producer = make_producer(admin.kafka_bootstrap, client_id="queue-admin-it")
     await producer.start()
@@ -590,7 +590,8 @@ async def test_the_cli_refuses_an_unknown_cluster_and_lists_the_known_ones(
                              "--namespace", f"{cluster}/foo")
     assert created.code == 0, created.err
     listing = await lockgate(admin, "cluster", "list")
-    assert cluster in [line.split()[0] for line in listing.out.splitlines()[1:]]
+    assert cluster in [line.split()[0] for line in listing.out.splitlines()[1:]], (
+        listing.out + listing.err)
     jobs = await lockgate(admin, "jobs", "list", "--cluster", typo)
     assert jobs.code == 1 and f"unknown cluster '{typo}' in --cluster" in jobs.err
 
