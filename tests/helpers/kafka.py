@@ -258,18 +258,20 @@ async def wait_consumed(bootstrap: str, topic: Topic[Any], *, groups: Sequence[s
                         within: float = 30) -> None:
     """Until every group in `groups` has committed past everything on `topic` now: whatever was
     published before the call (e.g. a command the admin API took) has been consumed by all."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        await consumer.topics()  # fetches the cluster's metadata
-        partitions = [TopicPartition(topic.name, p)
-                      for p in sorted(consumer.partitions_for_topic(topic.name) or ())]
-        assert partitions, f"topic {topic.name} has no partitions"
+        # The broker's own answer: a consumer's cached metadata may not list a topic created
+        # after it started.
+        (described,) = await admin.describe_topics([topic.name])
+        partitions = [TopicPartition(topic.name, int(p["partition"]))
+                      for p in described.get("partitions") or ()]
+        assert partitions, f"topic {topic.name} has no partitions: {described}"
         ends = await consumer.end_offsets(partitions)
     finally:
         await consumer.stop()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
     try:
         for group in groups:
             async def caught_up(group: str = group) -> bool:
