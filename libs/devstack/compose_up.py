@@ -266,6 +266,8 @@ async def down(settings: Settings, say: Callable[[str], None] = _say) -> bool:
             say(f"{cluster}: webhook removed, {removed} Queue objects removed")
         finally:
             await api.close()
+    for cluster in deployment.clusters:  # done above when the stack is up; harmless again
+        engine.docker("rm", "-f", f"{PROJECT}-webhook-{cluster}", check=False)
     compose = ComposeProject(engine, PROJECT, {"KUBECONFIG_DIR": str(directory / "kube")}, say)
     await asyncio.to_thread(compose.down)
     left = compose.leftovers()

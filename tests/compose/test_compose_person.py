@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -65,9 +64,10 @@ def test_compose_up_gates_and_releases_a_pod_and_compose_down_removes_everything
     queue = namespace = f"person-{suffix}"
     out = compose_up("up", timeout=1500)
     state = json.loads((directory / "state.json").read_text())
-    (env_file,) = {Path(m.group(1)) for m in re.finditer(r"source (\S+env\.sh)", out)}
+    env_file = directory / "env.sh"
     env = sourced(env_file)
     try:
+        assert f"source {env_file}" in out, out[-3000:]  # the printed step
         # The printed steps, with this test's own names.
         sh(env, "lockgate", "queue", "create", queue, "--namespace", f"cluster-a/{namespace}")
         sh(env, "kubectl", "create", "namespace", namespace)

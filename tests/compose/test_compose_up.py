@@ -108,7 +108,7 @@ class Deployment:
 SERVICES = ("postgres", "kafka", "jaeger", *LOCKGATE_SERVICES)
 
 
-def test_env(kube_dir: Path, images: dict[str, str], admin_token: str) -> dict[str, str]:
+def run_env(kube_dir: Path, images: dict[str, str], admin_token: str) -> dict[str, str]:
     """The compose variables of a person's `make compose-up`, on free ports and under this
     run's own queue source."""
     ports = {name: free_port() for name in DEFAULT_PORTS}
@@ -135,7 +135,7 @@ async def deployment(stack: Any, tmp_path_factory: pytest.TempPathFactory
         started = time.monotonic()
         images = Images(engine, _say).all()
         _record(timings, "images", started)
-        env = test_env(kube_dir_for(stack, work / "kube"), images, admin_token)
+        env = run_env(kube_dir_for(stack, work / "kube"), images, admin_token)
         apis = {cluster: await api_client(path) for cluster, path in stack.kubeconfigs.items()}
         webhooks: dict[str, InClusterWebhook] = {}
         namespaces = Namespaces(apis)
