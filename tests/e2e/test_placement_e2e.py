@@ -52,7 +52,7 @@ async def add_node(run: LockgateRun, name: str, *, cpu: str, gpu: int = 0,
                    taints: list[dict[str, str]] | None = None) -> None:
     allocatable = {"cpu": cpu, "memory": "32Gi", "pods": "110",
                    **({GPU: str(gpu)} if gpu else {})}
-    await add_node(run, name, allocatable=allocatable, labels=labels, taints=taints)
+    await run.add_node(name, allocatable=allocatable, labels=labels, taints=taints)
 
 
 async def create_queue(run: LockgateRun, name: str) -> None:
