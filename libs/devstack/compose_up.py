@@ -164,7 +164,7 @@ def next_steps(deployment: Deployment, env_file: Path) -> list[str]:
     return [
         "lockgate runs under docker compose. In another terminal:",
         f"  source {env_file}",
-        "  lockgate queue create team-c --namespace cluster-a/team-c",
+        "  lockgate queue create team-c --namespace team-c",
         "  kubectl create namespace team-c",
         f"  kubectl label namespace team-c {MANAGED_NAMESPACE_LABEL}=true {RUN_LABEL}={RUN_ID}",
         "  kubectl -n team-c run sleeper --image=registry.invalid/sleeper:1 "

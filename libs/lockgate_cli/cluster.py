@@ -43,7 +43,10 @@ def list_clusters(session: Session, output: Output, watch: bool, interval: float
 
 
 def _row(cluster: Mapping[str, Any]) -> list[str]:
-    queues: Mapping[str, Mapping[str, Any]] = cluster.get("queues") or {}
+    # The admin API lists them ([{"queue": name, ...}]); an older one keyed them by name.
+    listed = cluster.get("queues") or {}
+    queues: Mapping[str, Mapping[str, Any]] = (
+        {str(q.get("queue")): q for q in listed} if isinstance(listed, list) else listed)
     held = "; ".join(f"{name}: {amounts(q.get('holding'))}" for name, q in sorted(queues.items())
                      if q.get("holding"))
     return [cluster["name"], str(cluster.get("nodes", "-")),

@@ -69,7 +69,7 @@ def test_compose_up_gates_and_releases_a_pod_and_compose_down_removes_everything
     try:
         assert f"source {env_file}" in out, out[-3000:]  # the printed step
         # The printed steps, with this test's own names.
-        sh(env, "lockgate", "queue", "create", queue, "--namespace", f"cluster-a/{namespace}")
+        sh(env, "lockgate", "queue", "create", queue, "--namespace", namespace)
         sh(env, "kubectl", "create", "namespace", namespace)
         sh(env, "kubectl", "label", "namespace", namespace, "lockgate.io/managed=true",
            f"lockgate.io/run={RUN_ID}")

@@ -56,7 +56,7 @@ async def add_node(run: LockgateRun, name: str, *, cpu: str, gpu: int = 0,
 
 
 async def create_queue(run: LockgateRun, name: str) -> None:
-    await create_queue(run, name, namespaces=[run.namespace])
+    await run.create_queue(name, namespaces=[run.namespace])
 
 
 async def create_pod(run: LockgateRun, manifest: dict[str, Any]) -> str:
