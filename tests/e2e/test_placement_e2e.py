@@ -60,7 +60,7 @@ async def create_queue(run: LockgateRun, name: str) -> None:
 
 
 async def create_pod(run: LockgateRun, manifest: dict[str, Any]) -> str:
-    return str((await create_pod(run, manifest)).metadata.uid)
+    return str((await run.create_pod(manifest)).metadata.uid)
 
 
 def gpu_taint() -> dict[str, str]:
