@@ -26,6 +26,9 @@ from devstack.images import REPO, Images, compose_command
 
 COMPOSE_FILES = (REPO / "docker-compose.yml", REPO / "docker-compose.local.yml")
 LOCKGATE_SERVICES = ("queue-store", "cluster-watcher", "fair-scheduler", "ungater")
+# The engine restarts a service that exits (restart: unless-stopped); this many restarts within
+# one `up` is a crash loop, reported at once rather than at the timeout.
+CRASH_LOOP_RESTARTS = 3
 
 
 def _say(msg: str) -> None:
@@ -98,10 +101,41 @@ class ComposeProject:
             waiting = {s: h for s, h in health.items() if h not in ("healthy", "running")}
             if not waiting and (not services or set(services) <= set(health)):
                 return
-            if any(h in ("unhealthy", "exited", "dead") for h in waiting.values()) or (
-                    time.monotonic() - started > timeout):
-                raise StackError(f"not healthy: {waiting}\n{self.logs(tail=40)}")
+            crashing = {s: n for s, n in self.restarts().items() if n >= CRASH_LOOP_RESTARTS}
+            failed = any(h in ("unhealthy", "exited", "dead") for h in waiting.values())
+            if failed or crashing or time.monotonic() - started > timeout:
+                raise StackError(self.diagnosis(
+                    waiting, crashing, time.monotonic() - started))
             time.sleep(1)
+
+    def restarts(self) -> dict[str, int]:
+        """service → how often the engine restarted its container (restart: unless-stopped
+        hides a crash loop as a container that is only ever "starting" or "restarting")."""
+        return {container["Config"]["Labels"]["com.docker.compose.service"]:
+                int(container.get("RestartCount") or 0)
+                for container in self.containers()
+                if container["Config"]["Labels"].get("com.docker.compose.service")}
+
+    def diagnosis(self, waiting: Mapping[str, str], crashing: Mapping[str, int],
+                  waited: float) -> str:
+        """Why `up` gave up: the services' logs, each waiting container's last health checks,
+        and, last (what a truncated report still shows), the verdict."""
+        checks: list[str] = []
+        for container in self.containers():
+            service = container["Config"]["Labels"].get("com.docker.compose.service")
+            if service not in waiting and service not in crashing:
+                continue
+            state = container["State"]
+            for probe in ((state.get("Health") or {}).get("Log") or [])[-3:]:
+                checks.append(f"  {service} health check exit {probe.get('ExitCode')}: "
+                              f"{(probe.get('Output') or '').strip()[-400:]}")
+            checks.append(f"  {service}: status {state.get('Status')}, exit code "
+                          f"{state.get('ExitCode')}, error {state.get('Error') or '-'}, "
+                          f"restarts {container.get('RestartCount')}")
+        verdict = (f"not healthy after {waited:.0f} s: {dict(waiting)}"
+                   + (f"; crash-looping (restarts): {dict(crashing)}" if crashing else ""))
+        return (f"{verdict}\n{self.logs(tail=40)}\nlast health checks:\n"
+                + "\n".join(checks) + f"\nall services: {self.state()}\n{verdict}")
 
     def containers(self) -> list[dict[str, Any]]:
         """`docker inspect` of every container of the project."""

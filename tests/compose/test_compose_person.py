@@ -35,7 +35,8 @@ def compose_up(action: str, timeout: float) -> str:
                           capture_output=True, text=True, timeout=timeout, check=False,
                           stdin=subprocess.DEVNULL)
     out = done.stdout + done.stderr
-    assert done.returncode == 0, f"compose_up {action} failed ({done.returncode}):\n{out[-6000:]}"
+    shown = out if len(out) < 9000 else f"{out[:2000]}\n[…]\n{out[-7000:]}"
+    assert done.returncode == 0, f"compose_up {action} failed ({done.returncode}):\n{shown}"
     return out
 
 
