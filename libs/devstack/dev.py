@@ -200,10 +200,12 @@ spec:
 
 def next_steps(env: Path, pod: Path, lockgate: Lockgate,
                token_files: dict[str, Path], traces_url: str | None = None) -> list[str]:
-    traces = ([f"Traces: {traces_url} (Jaeger). A pod's trace id is its uid without dashes:",
-               "  lockgate trace cluster-a/team-a/<pod>   # its spans as a waterfall, or",
-               f"  {traces_url}/trace/$(kubectl -n {NAMESPACE} get pod <pod> -o "
-               "jsonpath='{.metadata.uid}' | tr -d -)"]
+    traces = ([f"Traces: Jaeger's query API {traces_url}. A pod's trace as a waterfall:",
+               f"  lockgate trace {CLUSTER}/{NAMESPACE}/<pod>",
+               f"  {lockgate.admin_url}/ui/#/pods/{CLUSTER}/{NAMESPACE}/<pod>   # the UI's pod "
+               "page draws it too",
+               f"  {traces_url}/api/traces/$(kubectl -n {NAMESPACE} get pod <pod> -o "
+               "jsonpath='{.metadata.uid}' | tr -d -)   # the spans as JSON"]
               if traces_url else ["Traces are off (--no-traces)."])
     return [
         "lockgate is running. In another terminal:",
@@ -213,7 +215,7 @@ def next_steps(env: Path, pod: Path, lockgate: Lockgate,
         f"  kubectl label namespace {NAMESPACE} {MANAGED_NAMESPACE_LABEL}=true "
         f"lockgate.io/run={RUN_ID}",
         f"  kubectl create -f {pod}",
-        f"  kubectl -n {NAMESPACE} get pods -w      # SchedulingGated, then Running",
+        f"  kubectl -n {NAMESPACE} get pods -w      # Running within a second: there is room",
         f"  lockgate jobs list --queue {QUEUE}",
         f"Admin API {lockgate.admin_url}; logs also in {lockgate.log_dir}.",
         f"Web UI {lockgate.admin_url}/ui/ : sign in with the token in {token_files['admin']} "
@@ -287,9 +289,9 @@ async def run(args: argparse.Namespace) -> int:
                                                        "module": str(binary)}}))
             say.line("dev", f"Jaeger is up: UI and query API {jaeger_ports.ui_url}")
             extra_env["LOCKGATE_OTLP_ENDPOINT"] = jaeger_ports.otlp_endpoint
-            # The web UI's pod page links to the pod's trace there (trace id = its uid).
-            extra_env["LOCKGATE_QUEUE_STORE_UI__TRACE_URL"] = (
-                f"{jaeger_ports.ui_url}/trace/{{trace_id}}")
+            # The web UI's pod page draws the pod's trace from Jaeger's query API. No link to
+            # Jaeger's own UI: this build from the Go module proxy serves only a placeholder.
+            extra_env["LOCKGATE_QUEUE_STORE_UI__TRACES_URL"] = jaeger_ports.ui_url
         starting = asyncio.create_task(lockgate.start())
         waiting = asyncio.create_task(stopping.wait())
         await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)

@@ -161,6 +161,18 @@ def waterfall(pod_spans: Sequence[TraceSpan], linked: Sequence[TraceSpan] = ()) 
     return Waterfall(tuple(rows), start, total)
 
 
+def waterfall_json(chart: Waterfall) -> dict[str, Any]:
+    """The chart as JSON: what `lockgate trace -o json` prints and the web UI's pod page draws
+    (one shape, so the two cannot tell different stories)."""
+    return {"total_us": chart.total_us, "services": list(chart.services),
+            "spans": [{"service": r.span.service, "name": r.span.name, "depth": r.depth,
+                       "offset_us": r.offset_us, "duration_us": r.span.duration_us,
+                       "trace_id": r.span.trace_id, "span_id": r.span.span_id,
+                       "parent_id": r.span.parent_id, "linked": r.linked,
+                       "error": r.span.error, "attributes": dict(r.span.attributes)}
+                      for r in chart.rows]}
+
+
 def _order(span: TraceSpan) -> tuple[int, str]:
     return span.start_us, span.span_id
 

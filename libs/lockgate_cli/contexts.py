@@ -8,7 +8,7 @@ lockgate switches between them as with kubeconfig contexts, without exporting va
     contexts:
       - name: dev
         api: http://127.0.0.1:58080
-        token-file: ~/.local/state/lockgate/stack/dev/admin-token
+        token-file: ~/.local/state/lockgate/stack/dev/logs/admin-token
         traces: http://127.0.0.1:58686
       - name: prod
         api: https://lockgate.example.com

@@ -30,6 +30,7 @@ from lockgate.pod_traces import (
     spans_from_jaeger,
     trace_id_of_uid,
     waterfall,
+    waterfall_json,
 )
 from lockgate_cli.client import ApiError, CliError, JsonClient, quote
 from lockgate_cli.explain import find_pod
@@ -101,13 +102,7 @@ def _terminal_width(out: TextIO) -> int:
 
 
 def trace_json(chart: Waterfall, *, pod: str, uid: str, trace_id: str) -> dict[str, Any]:
-    return {"pod": pod, "uid": uid, "trace_id": trace_id, "total_us": chart.total_us,
-            "spans": [{"service": r.span.service, "name": r.span.name, "depth": r.depth,
-                       "offset_us": r.offset_us, "duration_us": r.span.duration_us,
-                       "trace_id": r.span.trace_id, "span_id": r.span.span_id,
-                       "parent_id": r.span.parent_id, "linked": r.linked,
-                       "error": r.span.error, "attributes": dict(r.span.attributes)}
-                      for r in chart.rows]}
+    return {"pod": pod, "uid": uid, "trace_id": trace_id, **waterfall_json(chart)}
 
 
 def render_waterfall(chart: Waterfall, *, pod: str, trace_id: str, width: int = 100,

@@ -42,6 +42,7 @@ from queue_store.collecting import NamespaceCollector
 from queue_store.ingesting import BatchStore
 from queue_store.namespace_api import NamespaceApi
 from queue_store.namespaces import NamespaceKeeper, RoleReconciler
+from queue_store.pod_trace import TraceStore
 from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
 from queue_store.ui_api import FairnessSampler, StateCache, UiApi
@@ -185,7 +186,9 @@ def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publ
                               interval_seconds=settings.ui.sample_seconds,
                               keep=settings.ui.history_samples)
     ui_api = UiApi(pool=pool, state=ui_state, sampler=sampler, job_json=job_json,
-                   trace_url=settings.ui.trace_url)
+                   trace_url=settings.ui.trace_url,
+                   traces=(TraceStore(settings.ui.traces_url) if settings.ui.traces_url
+                           else None))
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
                      extensions=[collection_api.register, ui_api.register,
                                  lambda app: namespace_api.add_routes(app.router)],

@@ -197,6 +197,14 @@ _OPERATIONS: list[tuple[str, str, str, list[dict[str, Any]], dict[str, Any] | No
          "pod": _ref("Job"), "journey": _array(_ANY_OBJECT), "eviction": _ANY_OBJECT,
          "explanation": _ANY_OBJECT, "message": _STR, "trace_id": {"type": ["string", "null"]},
          "trace_url": {"type": ["string", "null"]}}}),
+    ("get", "/api/v1/pods/{cluster}/{namespace}/{pod}/trace",
+     "One pod's trace as a waterfall (the same rows as `lockgate trace -o json`), read from the "
+     "trace store's query API (LOCKGATE_QUEUE_STORE_UI__TRACES_URL); 503 when it does not "
+     "answer", [], None, 200,
+     {"type": "object", "properties": {
+         "trace_id": {"type": ["string", "null"]}, "store": {"type": ["string", "null"]},
+         "message": {"type": ["string", "null"]}, "total_us": {"type": "integer"},
+         "services": _array(_STR), "spans": _array(_ANY_OBJECT)}}),
     ("get", "/api/v1/evictions", "Evictions (preempted, group timed out), newest first",
      [_query("queue", "the evicted pod's queue"), _query("cluster", "cluster name"),
       *_PAGE_PARAMS], None, 200, _wrapped("evictions", _ref("Eviction"), **_PAGED)),

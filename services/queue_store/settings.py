@@ -70,6 +70,10 @@ class UiSettings(BaseModel):
     trace_url: str | None = Field(
         default=None, description="a pod's trace in your trace store, with {trace_id} in it, "
         "e.g. http://127.0.0.1:16686/trace/{trace_id} (Jaeger); unset: no link")
+    traces_url: str | None = Field(
+        default=None, description="the trace store's query API (Jaeger's, e.g. "
+        "http://127.0.0.1:16686): the pod page draws the pod's trace from its "
+        "GET /api/traces/{id}; unset: no waterfall")
 
     @field_validator("trace_url")
     @classmethod

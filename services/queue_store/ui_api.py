@@ -17,6 +17,9 @@ every `ui.state_max_age_seconds` while the UI is in use, so no request waits for
                                                       a page of the job set's pods + counts
     GET /api/v1/pods/{cluster}/{namespace}/{pod}      one pod's journey, explanation, eviction
                                                       and trace link
+    GET /api/v1/pods/{cluster}/{namespace}/{pod}/trace
+                                                      its trace as a waterfall, from the trace
+                                                      store (`pod_trace`)
     GET /api/v1/evictions?queue=&cluster=&offset=&limit=   newest first
 
 Every route is GET: a read-only token may call all of them, and none changes anything.
@@ -40,11 +43,13 @@ from aiohttp import web
 
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
+from lockgate.pod_traces import waterfall_json
 from lockgate.scheduler import Explainer, Feed, SchedJob, SchedulerState, queue_statuses
 from lockgate_adapters import job_views, ui_views
 from lockgate_adapters import scheduler_store as store
 from queue_store.admin_api import CALLER, ApiError
 from queue_store.admin_views import SchedulerView, explanation_json
+from queue_store.pod_trace import TraceStore, TraceStoreError
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +248,10 @@ class FairnessSampler:
 
 class UiApi:
     def __init__(self, *, pool: asyncpg.Pool, state: StateCache, sampler: FairnessSampler,
-                 job_json: JobJson, trace_url: str | None) -> None:
+                 job_json: JobJson, trace_url: str | None,
+                 traces: TraceStore | None = None) -> None:
         self.pool, self.state, self.sampler = pool, state, sampler
-        self.job_json, self.trace_url = job_json, trace_url
+        self.job_json, self.trace_url, self.traces = job_json, trace_url, traces
 
     def register(self, app: web.Application) -> None:
         router = app.router
@@ -256,6 +262,7 @@ class UiApi:
         router.add_get("/api/v1/queues/{name}/waiting", self.waiting)
         router.add_get("/api/v1/jobsets/{queue}/{jobset}/pods", self.jobset_pods)
         router.add_get("/api/v1/pods/{cluster}/{namespace}/{pod}", self.pod)
+        router.add_get("/api/v1/pods/{cluster}/{namespace}/{pod}/trace", self.pod_trace)
         router.add_get("/api/v1/evictions", self.evictions)
 
     async def whoami(self, request: web.Request) -> web.Response:
@@ -377,6 +384,34 @@ class UiApi:
         body["trace_id"] = trace_id
         body["trace_url"] = (self.trace_url.replace("{trace_id}", trace_id)
                              if self.trace_url and trace_id else None)
+        return web.json_response(body)
+
+    async def pod_trace(self, request: web.Request) -> web.Response:
+        cluster = request.match_info["cluster"]
+        namespace, name = request.match_info["namespace"], request.match_info["pod"]
+        async with self.pool.acquire() as connection:
+            row = await job_views.find_job(connection, cluster=cluster, namespace=namespace,
+                                           name=name)
+        if row is None:
+            raise ApiError(404, f"lockgate knows no pod {cluster}/{namespace}/{name}")
+        trace_id = trace_id_of(row.uid)
+        body: dict[str, Any] = {"trace_id": trace_id, "store": None, "message": None,
+                                "total_us": 0, "services": [], "spans": []}
+        if self.traces is None:
+            body["message"] = ("no trace store is configured: set "
+                               "LOCKGATE_QUEUE_STORE_UI__TRACES_URL to Jaeger's query API")
+        elif trace_id is None:
+            body["message"] = f"the pod's uid {row.uid!r} is no trace id"
+        else:
+            body["store"] = self.traces.base_url
+            try:
+                chart = await self.traces.chart(trace_id)
+            except TraceStoreError as error:
+                raise ApiError(503, str(error)) from error
+            body.update(waterfall_json(chart))
+            if not chart.rows:
+                body["message"] = ("no span of this trace in the trace store yet: spans arrive "
+                                   "a few seconds after each step")
         return web.json_response(body)
 
     async def evictions(self, request: web.Request) -> web.Response:

@@ -509,7 +509,9 @@ function confirmCancel(view, queue, jobset, unfinished) {
 
 // ---- pod ----------------------------------------------------------------------------------
 async function podPage(view, cluster, namespace, name) {
-  const body = await api(`/api/v1/pods/${enc(cluster)}/${enc(namespace)}/${enc(name)}`);
+  const path = `/api/v1/pods/${enc(cluster)}/${enc(namespace)}/${enc(name)}`;
+  const [body, trace] = await Promise.all([api(path),
+    api(`${path}/trace`).catch((error) => ({ spans: [], message: `no trace: ${error.message}` }))]);
   const p = body.pod;
   view.root.replaceChildren(...kids(
     el("h1", {}, "Pod ", el("span", {}, `${cluster}/${namespace}/${name}`), " ", pill(p.state)),
@@ -533,7 +535,41 @@ async function podPage(view, cluster, namespace, name) {
       p.unschedulable_message ? [el("dt", {}, "kube-scheduler"), el("dd", {}, p.unschedulable_message)] : null,
       el("dt", {}, "Trace"), el("dd", { "data-trace": "" }, body.trace_url
         ? el("a", { href: body.trace_url, target: "_blank", rel: "noopener noreferrer" }, `trace ${body.trace_id}`)
-        : el("span", { class: "muted" }, body.trace_id ? `trace id ${body.trace_id} (set LOCKGATE_QUEUE_STORE_UI__TRACE_URL for a link)` : "none"))))));
+        : el("span", { class: "muted" }, body.trace_id ? `trace id ${body.trace_id}` : "none")))),
+    traceCard(trace)));
+}
+
+// The pod's spans as a waterfall: the rows `lockgate trace` prints, each bar placed in time.
+function micros(us) {
+  if (us < 1000) return `${us}µs`;
+  if (us < 1e6) { const ms = us / 1000; return ms < 100 ? `${Number(ms.toPrecision(3))}ms` : `${Math.round(ms)}ms`; }
+  const s = us / 1e6;
+  if (s < 60) return `${Number(s.toPrecision(3))}s`;
+  const m = Math.floor(s / 60);
+  return m < 60 ? `${m}m${Math.floor(s) % 60}s` : `${Math.floor(m / 60)}h${m % 60}m`;
+}
+function traceCard(trace) {
+  const spans = trace.spans || [];
+  const total = Math.max(1, trace.total_us || 0);
+  const head = spans.length
+    ? `${spans.length} spans from ${(trace.services || []).length} services over ${micros(trace.total_us || 0)}`
+    : (trace.message || "no spans");
+  return el("div", { class: "card", "data-waterfall": "" }, el("h2", {}, "Trace"),
+    el("p", { class: "small muted" }, head),
+    spans.length ? el("table", { class: "waterfall" },
+      el("thead", {}, el("tr", {}, el("th", {}, "Service"), el("th", {}, "Span"),
+        el("th", { class: "num" }, "Start"), el("th", { class: "num" }, "Duration"), el("th", {}, ""))),
+      el("tbody", {}, spans.map((r) => el("tr", { "data-span": r.name, class: r.linked ? "linked" : null },
+        el("td", {}, r.service),
+        el("td", { title: Object.entries(r.attributes || {}).map(([k, v]) => `${k}=${v}`).join("\n") },
+          "\u00a0\u00a0".repeat(r.depth) + (r.linked ? "~" : "") + r.name + (r.error ? " (error)" : "")),
+        el("td", { class: "num" }, r.offset_us ? micros(r.offset_us) : "0s"),
+        el("td", { class: "num" }, micros(r.duration_us)),
+        el("td", { class: "span-bar" }, svg("svg", { viewBox: "0 0 1000 10", preserveAspectRatio: "none" },
+          svg("rect", { x: Math.min(999, 1000 * r.offset_us / total), y: 1, height: 8,
+            width: Math.max(2, 1000 * r.duration_us / total), class: r.error ? "error" : "" }))))))) : null,
+    spans.some((r) => r.linked) ? el("p", { class: "small muted" },
+      "~ a span of another trace the pod's spans link to (its admission review, the round that released it); hover a span for its attributes") : null);
 }
 
 // ---- ephemeral namespaces and evictions ---------------------------------------------------
