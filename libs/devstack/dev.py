@@ -287,7 +287,7 @@ async def run(args: argparse.Namespace) -> int:
             assert jaeger.process is not None
             pid_file.write_text(json.dumps({"jaeger": {"pid": jaeger.process.pid,
                                                        "module": str(binary)}}))
-            say.line("dev", f"Jaeger is up: UI and query API {jaeger_ports.ui_url}")
+            say.line("dev", f"Jaeger is up: query API {jaeger_ports.ui_url}")
             extra_env["LOCKGATE_OTLP_ENDPOINT"] = jaeger_ports.otlp_endpoint
             # The web UI's pod page draws the pod's trace from Jaeger's query API. No link to
             # Jaeger's own UI: this build from the Go module proxy serves only a placeholder.
