@@ -110,7 +110,8 @@ async def lockgate(*argv: str, env: dict[str, str]) -> tuple[int, str, str]:
 async def test_lockgate_trace_prints_a_released_pods_journey_from_jaeger(
         stack: StackInfo, tmp_path: Path, jaeger: Jaeger) -> None:
     async with lockgate_run(stack, tmp_path, name="trace", standby_scheduler=False,
-                            env={"LOCKGATE_OTLP_ENDPOINT": jaeger.otlp_endpoint}) as run:
+                            env={"LOCKGATE_OTLP_ENDPOINT": jaeger.otlp_endpoint,
+                                 "LOCKGATE_QUEUE_STORE_UI__TRACES_URL": jaeger.query_url}) as run:
         queue = run.name("traced")
         await run.create_queue(queue, namespaces=[run.namespace])
         await run.create_namespace()
@@ -165,6 +166,19 @@ async def test_lockgate_trace_prints_a_released_pods_journey_from_jaeger(
         assert shown["spans"][0]["name"] == "admission review", "the journey starts there"
         roots = [s["offset_us"] for s in shown["spans"] if s["depth"] == 0]
         assert roots == sorted(roots), "rows follow time"
+
+        # The web UI's pod page draws the same rows, from queue-store's route to the same store.
+        async with aiohttp.ClientSession() as session, session.get(
+                f"{run.lockgate.admin_url}/api/v1/pods/{pod_ref}/trace",
+                headers={"Authorization": f"Bearer {run.lockgate.admin_token}"}) as response:
+            assert response.status == 200, await response.text()
+            drawn = await response.json()
+        assert drawn["trace_id"] == trace_id and drawn["store"], drawn
+        assert stored <= {(s["span_id"], s["name"]) for s in drawn["spans"] if not s["linked"]}
+        # Spans may have arrived between the two reads; none the CLI showed may be missing.
+        assert {s["span_id"] for s in drawn["spans"]} >= {s["span_id"] for s in shown["spans"]}, (
+            "the UI's waterfall lacks rows `lockgate trace` shows", drawn["spans"], shown["spans"])
+        assert drawn["spans"][0]["name"] == "admission review", drawn["spans"][:3]
 
         code, text, err = await lockgate("trace", pod_ref, "--width", "120", env=env)
         assert code == 0, err
