@@ -503,20 +503,46 @@ async def test_growing_a_released_pod_in_place_is_refused(cluster: Cluster) -> N
 
 
 @contextlib.asynccontextmanager
-async def webhook_down(api: client.ApiClient, stack: StackInfo) -> AsyncIterator[None]:
+async def webhook_down(api: client.ApiClient, stack: StackInfo,
+                       namespace: str) -> AsyncIterator[None]:
     """A fail-closed registration for this module's namespaces whose webhook does not run
-    (nothing listens on its port)."""
+    (nothing listens on its port): in force when entered, gone again when left.
+
+    The apiserver reads webhook registrations through an informer, so a registration takes
+    effect (and a deleted one stops) a moment after the API call; a dry-run pod creation in
+    `namespace` is the apiserver's own answer to whether it is in force.
+    """
     name = f"lockgate-enforcement-{RUN}"
     ca = Path(stack.stack_dir) / CLUSTER / "pki" / "ca.crt"
     manifest = render_webhook_configuration(
         load(WEBHOOK_CONFIGURATION), name=name, ca_bundle_pem=ca.read_bytes(),
         url=f"https://127.0.0.1:{free_port()}/mutate/{CLUSTER}",
         extra_namespace_labels={INSTANCE_LABEL: RUN})
+    core = client.CoreV1Api(api)
+    probe = a_pod(f"probe-{uuid.uuid4().hex[:5]}").in_queue("team-a").manifest()
+
+    async def calls_the_down_webhook() -> bool:
+        try:
+            await core.create_namespaced_pod(namespace, probe, dry_run="All")
+        except ApiException as error:
+            if error.status == 500 and "failed calling webhook" in denial(error):
+                return True
+            raise
+        return False
+
     await apply_webhook_configuration(api, manifest)
     try:
+        await eventually(calls_the_down_webhook, within=60, every=0.5,
+                         what=f"the apiserver calling the down webhook of {name}")
         yield
     finally:
         await delete_webhook_configuration(api, name)
+
+        async def passes_again() -> bool:
+            return not await calls_the_down_webhook()
+
+        await eventually(passes_again, within=60, every=0.5,
+                         what=f"the apiserver no longer calling the deleted {name}")
 
 
 async def test_with_the_webhook_down_pods_fail_closed_and_the_gate_still_holds(
@@ -524,7 +550,7 @@ async def test_with_the_webhook_down_pods_fail_closed_and_the_gate_still_holds(
 ) -> None:
     waiting = f"before-outage-{uuid.uuid4().hex[:5]}"
     await create(cluster, waiting_pod(waiting))
-    async with webhook_down(kube_clients[CLUSTER], stack):
+    async with webhook_down(kube_clients[CLUSTER], stack, cluster.namespace):
         # Creation: refused, not admitted ungated (docs/admission.md, failurePolicy Fail). The
         # apiserver reports a webhook it cannot call as 500 "failed calling webhook".
         with pytest.raises(ApiException) as refused:
