@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help venv browser stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench fresh-check clean tilt compose-up compose-down
+.PHONY: help venv browser stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench simulate fresh-check clean tilt compose-up compose-down
 
 help:
 	@echo "make demo          bring the local stack up, run every service and a fair-share demo"
@@ -17,6 +17,7 @@ help:
 	@echo "make compose-down  remove all that compose-up made"
 	@echo "make compose-test  docker compose up (local images, docker-compose.local.yml) against the stack"
 	@echo "make bench         benchmarks; JSON lines, last line a summary"
+	@echo "make simulate      the fleet simulator: bench/scenarios/*.yaml through the real scheduler (SCALE=1 for the full fleet, SCENARIOS=file.yaml)"
 	@echo "make fresh-check   clone HEAD, brand-new stack state, make demo + make test (BURN=2 adds CPU burners, REPEAT=2 runs the stack tests twice)"
 	@echo "make stack-up|stack-down|stack-status|stack-env"
 
@@ -103,6 +104,9 @@ run: venv
 bench: venv
 	$(BIN)/python -m devstack up
 	$(BIN)/python bench/run.py
+
+simulate: venv
+	$(BIN)/python bench/simulate.py $(if $(SCALE),--scale $(SCALE)) $(SCENARIOS)
 
 fresh-check:
 	.ci/fresh-check --burn $${BURN:-0} --repeat $${REPEAT:-1} $(FRESH_ARGS)

@@ -303,6 +303,11 @@ class _Planner:
         preemptors.sort(key=lambda name: (self.cost(name), name))
         evictions: list[Eviction] = []
         limit = self.policy.max_evictions_per_round
+        # (queue, cluster, shape) no node could be freed for. Within a plan that stays so: the
+        # preemptor's cost only rises as it gains, victims' queues only lose, and free room only
+        # gets taken, so its queue's later pods of that shape there are not tried again (they
+        # cost O(nodes x pods) each, seconds per round with thousands waiting).
+        unfreeable: set[tuple[str, str, Shape]] = set()
         for name in preemptors:
             for unit in waiting[name]:
                 if len(evictions) >= limit:
@@ -325,9 +330,15 @@ class _Planner:
                 holder = self.reserved.get(job.cluster)
                 if holder is not None and holder[1] != name:
                     continue  # room freed there would go to that group
+                # A pod with room held for it has that room besides: it is always tried.
+                tried_alike = self.state.room_holds().of(unit.job_id) is None
+                if tried_alike and (name, cluster, job.shape) in unfreeable:
+                    continue
                 found = self._make_room(name, unit.job_id, job, limit - len(evictions),
                                         self.cost_in(name, cluster))
                 if found is None:
+                    if tried_alike:
+                        unfreeable.add((name, cluster, job.shape))
                     continue
                 _add(self.alloc[name], job.shape)
                 _add(self.in_cluster(name, cluster), job.shape)

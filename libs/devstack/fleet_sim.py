@@ -1,0 +1,469 @@
+"""The fleet simulator: lockgate's real, pure scheduler driven by a simulated clock.
+
+Why: claims about fairness and round time at the scale of 50 clusters and a million queued pods
+cannot be checked on a local stack. Here they are checked on the production algorithm
+(`SchedulerState`, `schedule_round`, `plan_evictions`), with no I/O, and judged against the
+independent model of the constrained fair allocation (`devstack.fair_model`), which never
+imports the scheduler.
+
+A scenario (YAML under bench/scenarios/, keys in `Scenario`) gives clusters and their nodes,
+queues and their weights, and jobs: a Poisson arrival process over part of the day, runtimes,
+shapes, pod groups and the clusters each queue's pods are pinned to. Each simulated round:
+arrivals join the state, finished pods leave it, the round releases pods (they run at once on
+the node the round placed them on), and, with preemption on, evicted pods are recreated at the
+back of their queue (as a Deployment's would be).
+
+What is measured: each round's wall time (p50, p99); memory, as the peak RSS the run added per
+job the state held at its fullest; utilisation per cluster; and, at samples, each queue's
+deviation from the model's fair allocation, in pods of its most common shape, judged only once
+the fleet has been contested (some cluster's demand exceeds its capacity) for the longest runtime
+without a break (`Report.settled`). The deviation is judged on each
+queue's total, because the model's split of a queue's allocation across clusters need not be
+unique while its total is.
+
+`scale` shrinks jobs and queues linearly and clusters and nodes by its square root each, so that
+capacity shrinks with demand and a contested fleet stays contested.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import resource
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devstack.fair_model import Cluster, Demand, fair_allocation
+from lockgate.jobs import JobState
+from lockgate.queues import QueueSpec
+from lockgate.resources import Resources
+from lockgate.scheduler import (
+    NodeInfo,
+    PreemptionPolicy,
+    SchedJob,
+    SchedulerState,
+    plan_evictions,
+    schedule_round,
+)
+
+GI = 2**30
+EPOCH = 1_700_000_000.0  # the simulated day starts here (epoch seconds)
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be simulated; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    cpu: float
+    memory_gi: float
+    weight: float = 1.0  # how often a queue has this shape, relative to the others
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What scenario (a) must reach at scale 1 (issue 17); None: not judged."""
+
+    round_p99_ms: float | None = None
+    contested_utilisation_min: float | None = None
+    deviation_pods_max: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    clusters: int
+    nodes_per_cluster: int
+    node_cpu: int
+    node_memory_gi: int
+    queues: int
+    weights: tuple[float, ...]
+    clusters_per_queue: int
+    shapes: tuple[Shape, ...]
+    jobs: int
+    duration_seconds: float
+    arrival_fraction: float
+    runtime_seconds: tuple[float, float]
+    round_seconds: float
+    sample_seconds: float
+    hot_fraction: float = 1.0  # the first this fraction of clusters are the hot ones
+    hot_queues: float = 0.0  # the fraction of queues pinned to hot clusters only
+    gang_fraction: float = 0.0  # the fraction of arrivals that are pod groups
+    gang_size: int = 0
+    preemption: bool = False
+    max_decisions: int = 10_000
+    max_lookback_per_queue: int = 100
+    room_hold_seconds: float | None = 120.0
+    scale: float = 1.0
+    targets: Targets = field(default_factory=Targets)
+
+    @classmethod
+    def load(cls, path: Path) -> Scenario:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ScenarioError(f"{path}: {error}") from error
+        return cls.from_mapping(data, source=str(path))
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, source: str = "scenario") -> Scenario:
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{source}: a scenario is a mapping of keys, not {type(data)}")
+
+        def need(key: str, kind: Callable[[Any], Any], where: Mapping[str, Any] = data) -> Any:
+            if key not in where:
+                raise ScenarioError(f"{source}: `{key}` is missing")
+            try:
+                return kind(where[key])
+            except (TypeError, ValueError) as error:
+                raise ScenarioError(f"{source}: `{key}`: {error}") from error
+
+        clusters = need("clusters", dict)
+        queues = need("queues", dict)
+        gangs = data.get("gangs") or {}
+        runtime = need("runtime_seconds", list)
+        if len(runtime) != 2 or not 0 < float(runtime[0]) <= float(runtime[1]):
+            raise ScenarioError(f"{source}: `runtime_seconds` is [low, high], 0 < low <= high")
+        shapes = tuple(Shape(float(s["cpu"]), float(s["memory_gi"]), float(s.get("weight", 1)))
+                       for s in need("shapes", list))
+        if not shapes:
+            raise ScenarioError(f"{source}: `shapes` needs at least one shape")
+        targets = data.get("targets") or {}
+        scenario = cls(
+            name=str(data.get("name", source)),
+            clusters=need("count", int, clusters),
+            nodes_per_cluster=need("nodes", int, clusters),
+            node_cpu=need("cpu", int, clusters),
+            node_memory_gi=need("memory_gi", int, clusters),
+            queues=need("count", int, queues),
+            weights=tuple(float(w) for w in need("weights", list, queues)),
+            clusters_per_queue=need("clusters_per_queue", int),
+            shapes=shapes,
+            jobs=need("jobs", int),
+            duration_seconds=need("duration_seconds", float),
+            arrival_fraction=float(data.get("arrival_fraction", 0.5)),
+            runtime_seconds=(float(runtime[0]), float(runtime[1])),
+            round_seconds=float(data.get("round_seconds", 10)),
+            sample_seconds=float(data.get("sample_seconds", 3600)),
+            hot_fraction=float(data.get("hot_fraction", 1.0)),
+            hot_queues=float(data.get("hot_queues", 0.0)),
+            gang_fraction=float(gangs.get("fraction", 0.0)),
+            gang_size=int(gangs.get("size", 0)),
+            preemption=bool(data.get("preemption", False)),
+            scale=float(data.get("scale", 1.0)),
+            targets=Targets(**{k: float(v) for k, v in targets.items()}),
+        )
+        if scenario.clusters < 1 or scenario.nodes_per_cluster < 1 or scenario.queues < 1:
+            raise ScenarioError(f"{source}: clusters, nodes and queues must be 1 or more")
+        if not scenario.weights or min(scenario.weights) <= 0:
+            raise ScenarioError(f"{source}: queue weights must be positive")
+        if scenario.gang_fraction and scenario.gang_size < 2:
+            raise ScenarioError(f"{source}: `gangs.size` must be 2 or more")
+        return scenario
+
+    def scaled(self, scale: float) -> Scenario:
+        if not 0 < scale <= 1:
+            raise ScenarioError(f"{self.name}: scale must be in (0, 1], not {scale}")
+        root = math.sqrt(scale)
+        return replace(
+            self, scale=scale, jobs=max(10, round(self.jobs * scale)),
+            queues=max(2, round(self.queues * scale)),
+            clusters=max(1, round(self.clusters * root)),
+            nodes_per_cluster=max(1, round(self.nodes_per_cluster * root)))
+
+
+@dataclass
+class Sample:
+    at: float  # simulated seconds
+    contested: tuple[str, ...]
+    deviation_pods: dict[str, float]  # queue -> (held - fair) in pods of its common shape
+    utilisation: dict[str, float]  # cluster -> cpu used / cpu there
+    queued: int
+    model_seconds: float
+
+
+@dataclass
+class Report:
+    scenario: Scenario
+    round_ms: list[float] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    peak_jobs: int = 0
+    rss_added_bytes: int = 0
+    evictions: int = 0
+    created: int = 0  # pods: every arrival's, and each evicted pod's replacement
+    released: int = 0
+    wall_seconds: float = 0.0
+
+    def _contested_utilisation(self) -> list[float]:
+        return [sample.utilisation[c] for sample in self.samples for c in sample.contested]
+
+    def settled(self) -> list[Sample]:
+        """Samples taken after the fleet had been contested without a break for the longest
+        runtime: then no pod released before the contest still runs, and the allocation is the
+        scheduler's answer to the contest (without preemption, earlier releases keep their room
+        until they finish)."""
+        settled: list[Sample] = []
+        since: float | None = None
+        for sample in self.samples:
+            if not sample.contested:
+                since = None
+                continue
+            since = sample.at if since is None else since
+            if sample.at - since >= self.scenario.runtime_seconds[1]:
+                settled.append(sample)
+        return settled
+
+    def summary(self) -> dict[str, Any]:
+        rounds = sorted(self.round_ms) or [0.0]
+        contested = [s for s in self.samples if s.contested]
+        deviations = [abs(d) for s in self.settled() for d in s.deviation_pods.values()]
+        utilisation = self._contested_utilisation()
+        summary: dict[str, Any] = {
+            "scenario": self.scenario.name, "scale": self.scenario.scale,
+            "clusters": self.scenario.clusters,
+            "nodes": self.scenario.clusters * self.scenario.nodes_per_cluster,
+            "queues": self.scenario.queues, "jobs": self.scenario.jobs,
+            "rounds": len(self.round_ms),
+            "round_ms_p50": round(statistics.median(rounds), 2),
+            "round_ms_p99": round(rounds[min(len(rounds) - 1, int(len(rounds) * 0.99))], 2),
+            "round_ms_max": round(rounds[-1], 2),
+            "created": self.created, "released": self.released, "evictions": self.evictions,
+            "peak_jobs_held": self.peak_jobs,
+            "peak_queued": max((s.queued for s in self.samples), default=0),
+            "bytes_per_job_held": round(self.rss_added_bytes / max(1, self.peak_jobs)),
+            "samples": len(self.samples), "contested_samples": len(contested),
+            "settled_samples": len(self.settled()),
+            "contested_utilisation_min": round(min(utilisation), 4) if utilisation else None,
+            "deviation_pods_max": round(max(deviations), 2) if deviations else None,
+            "deviation_pods_p99": round(sorted(deviations)[int(len(deviations) * 0.99)], 2)
+            if deviations else None,
+            "wall_seconds": round(self.wall_seconds, 1),
+        }
+        summary["verdicts"] = self.verdicts(summary)
+        return summary
+
+    def verdicts(self, summary: Mapping[str, Any]) -> dict[str, str]:
+        """Each target of the scenario: met, missed or not judged (and why)."""
+        targets = self.scenario.targets
+        checks = (("round_p99_ms", targets.round_p99_ms, summary["round_ms_p99"], "<="),
+                  ("contested_utilisation_min", targets.contested_utilisation_min,
+                   summary["contested_utilisation_min"], ">="),
+                  ("deviation_pods_max", targets.deviation_pods_max,
+                   summary["deviation_pods_max"], "<="))
+        verdicts: dict[str, str] = {}
+        for name, target, value, sense in checks:
+            if target is None:
+                continue
+            if self.scenario.scale != 1.0:
+                verdicts[name] = f"not judged: the target holds at scale 1, this run is at " \
+                                 f"{self.scenario.scale} ({value} here, target {sense} {target})"
+            elif value is None:
+                verdicts[name] = "not judged: no settled contested sample"
+            else:
+                met = value <= target if sense == "<=" else value >= target
+                verdicts[name] = f"{'met' if met else 'MISSED'}: {value} (target {sense} {target})"
+        return verdicts
+
+    @property
+    def missed(self) -> list[str]:
+        return [name for name, verdict in self.summary()["verdicts"].items()
+                if verdict.startswith("MISSED")]
+
+
+class _Fleet:
+    """The scenario's fleet, its queues and its arrivals, drawn from one seeded generator."""
+
+    def __init__(self, scenario: Scenario, rng: random.Random) -> None:
+        self.scenario = scenario
+        self.clusters = [f"c{i:03d}" for i in range(scenario.clusters)]
+        self.weights = {f"q{i:04d}": rng.choice(scenario.weights) for i in range(scenario.queues)}
+        hot = self.clusters[:max(1, round(len(self.clusters) * scenario.hot_fraction))]
+        self.pinned: dict[str, list[str]] = {}
+        self.shape: dict[str, Shape] = {}
+        for queue in self.weights:
+            pool = hot if rng.random() < scenario.hot_queues else self.clusters
+            count = rng.randint(1, min(len(pool), scenario.clusters_per_queue))
+            self.pinned[queue] = rng.sample(pool, count)
+            self.shape[queue] = rng.choices(scenario.shapes,
+                                            weights=[s.weight for s in scenario.shapes])[0]
+        span = scenario.duration_seconds * scenario.arrival_fraction
+        self.arrivals = sorted(rng.uniform(0, span) for _ in range(scenario.jobs))
+        self.node_cpu_milli = scenario.node_cpu * 1000
+        self.node_memory = scenario.node_memory_gi * GI
+
+    def nodes(self, cluster: str) -> dict[str, NodeInfo]:
+        allocatable = Resources({"cpu": self.node_cpu_milli, "memory": self.node_memory})
+        return {f"{cluster}-n{i}": NodeInfo(allocatable=allocatable)
+                for i in range(self.scenario.nodes_per_cluster)}
+
+    @property
+    def cluster_capacity(self) -> dict[str, float]:
+        nodes = self.scenario.nodes_per_cluster
+        return {"cpu": float(self.node_cpu_milli * nodes),
+                "memory": float(self.node_memory * nodes)}
+
+
+def simulate(scenario: Scenario, *, seed: int = 17,
+             progress: Callable[[str], None] | None = None) -> Report:
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    fleet = _Fleet(scenario, rng)
+    report = Report(scenario=scenario)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    state = SchedulerState()
+    for queue, weight in fleet.weights.items():
+        state.upsert_queue(QueueSpec(name=queue, priority_factor=1 / weight))
+    for cluster in fleet.clusters:
+        state.set_cluster(cluster, fleet.nodes(cluster))
+    policy = PreemptionPolicy(max_evictions_per_round=1_000)
+    queue_names = list(fleet.weights)
+    ends: list[tuple[float, str]] = []  # (simulated end, job id) of running pods
+    runtime: dict[str, float] = {}
+    running: set[str] = set()
+    next_arrival = number = 0
+    now, next_sample = 0.0, 0.0
+
+    def add(queue: str, cluster: str, created: float, group: str | None, size: int) -> None:
+        nonlocal number
+        number += 1
+        report.created += 1
+        job_id = f"{cluster}/j{number}"
+        runtime[job_id] = rng.uniform(*scenario.runtime_seconds)
+        shape = fleet.shape[queue]
+        state.upsert_job(SchedJob(
+            job_id=job_id, queue=queue, cluster=cluster, created_at=EPOCH + created,
+            requests=Resources({"cpu": int(shape.cpu * 1000),
+                                "memory": int(shape.memory_gi * GI)}),
+            preemptible=scenario.preemption, group=group, group_size=size))
+
+    while now <= scenario.duration_seconds:
+        while next_arrival < len(fleet.arrivals) and fleet.arrivals[next_arrival] <= now:
+            queue = rng.choice(queue_names)
+            cluster = rng.choice(fleet.pinned[queue])
+            at = fleet.arrivals[next_arrival]
+            if rng.random() < scenario.gang_fraction:
+                group = f"{queue}/g{next_arrival}"
+                for member in range(scenario.gang_size):
+                    add(queue, cluster, at + member * 1e-3, group, scenario.gang_size)
+            else:
+                add(queue, cluster, at, None, 0)
+            next_arrival += 1
+        while ends and ends[0][0] <= now:
+            _, job_id = heapq.heappop(ends)
+            if job_id in running:
+                running.discard(job_id)
+                state.remove_job(job_id)
+        report.peak_jobs = max(report.peak_jobs, len(state))
+        tick = time.perf_counter()
+        result = schedule_round(
+            state, max_decisions=scenario.max_decisions,
+            max_lookback_per_queue=scenario.max_lookback_per_queue, now=EPOCH + now,
+            group_reserve_after_seconds=60, room_hold_seconds=scenario.room_hold_seconds)
+        report.round_ms.append((time.perf_counter() - tick) * 1000)
+        for decision in result.decisions:
+            job = state.job(decision.job_id)
+            if job is None:
+                continue
+            state.upsert_job(replace(job, state=JobState.RUNNING, node_name=decision.node_hint))
+            running.add(decision.job_id)
+            report.released += 1
+            heapq.heappush(ends, (now + runtime.pop(decision.job_id), decision.job_id))
+        if scenario.preemption:
+            for eviction in plan_evictions(state, result, policy=policy, evicting=()):
+                victim = state.job(eviction.job_id)
+                if victim is None:
+                    continue
+                report.evictions += 1
+                running.discard(victim.job_id)
+                state.remove_job(victim.job_id)
+                add(victim.queue, victim.cluster, now, None, 0)
+        if now >= next_sample:
+            report.samples.append(_sample(state, fleet, running, now))
+            next_sample += scenario.sample_seconds
+            if progress:
+                sample = report.samples[-1]
+                progress(f"{scenario.name}: {now / 3600:.1f} h simulated, {len(state)} jobs, "
+                         f"{sample.queued} queued, rounds so far p50 "
+                         f"{statistics.median(report.round_ms):.1f} ms")
+        now += scenario.round_seconds
+    report.rss_added_bytes = max(
+        0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before)
+    report.wall_seconds = time.perf_counter() - started
+    return report
+
+
+def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float) -> Sample:
+    held: dict[str, int] = {}
+    demand: dict[tuple[str, str], int] = {}
+    asked_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
+    used_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
+    for job_id, record in state.job_records.items():
+        demand[(record.queue, record.cluster)] = demand.get((record.queue, record.cluster), 0) + 1
+        cpu = fleet.shape[record.queue].cpu * 1000
+        asked_cpu[record.cluster] += cpu
+        if job_id in running:
+            held[record.queue] = held.get(record.queue, 0) + 1
+            used_cpu[record.cluster] += cpu
+    capacity = fleet.cluster_capacity
+    contested = tuple(c for c in fleet.clusters if asked_cpu[c] > capacity["cpu"])
+    utilisation = {c: used_cpu[c] / capacity["cpu"] for c in fleet.clusters}
+    deviation: dict[str, float] = {}
+    solving = time.perf_counter()
+    if contested:
+        model = fair_allocation(
+            clusters=[Cluster.of(c, capacity) for c in fleet.clusters],
+            weights=fleet.weights,
+            demands=[Demand(q, c, _model_shape(fleet.shape[q]), count)
+                     for (q, c), count in demand.items()])
+        deviation = {q: held.get(q, 0) - model.pods(q)
+                     for q in fleet.weights if q in model.shares and model.common_shapes.get(q)}
+    return Sample(at=now, contested=contested, deviation_pods=deviation,
+                  utilisation=utilisation, queued=len(state) - len(running),
+                  model_seconds=time.perf_counter() - solving)
+
+
+def _model_shape(shape: Shape) -> dict[str, float]:
+    return {"cpu": shape.cpu * 1000, "memory": shape.memory_gi * GI}
+
+
+def plot(report: Report, out: Path) -> Path:
+    """A PNG: the largest deviation from the fair allocation over time, and utilisation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{report.scenario.name}.png"
+    hours = [s.at / 3600 for s in report.samples]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    top.plot(hours, [max(map(abs, s.deviation_pods.values()), default=0.0)
+                     for s in report.samples], marker="o", label="largest |deviation|")
+    top.plot(hours, [statistics.mean(map(abs, s.deviation_pods.values()))
+                     if s.deviation_pods else 0.0 for s in report.samples],
+             marker=".", label="mean |deviation|")
+    top.set_ylabel("pods from the fair allocation")
+    top.legend()
+    top.set_title(f"{report.scenario.name}: scale {report.scenario.scale}, "
+                  f"{report.scenario.clusters} clusters, {report.scenario.queues} queues")
+    hot = sorted({c for s in report.samples for c in s.contested}) or sorted(
+        report.samples[0].utilisation if report.samples else [])
+    for cluster in hot[:8]:
+        bottom.plot(hours, [s.utilisation[cluster] for s in report.samples], label=cluster)
+    bottom.set_ylabel("cpu utilisation (contested clusters)")
+    bottom.set_xlabel("simulated hours")
+    bottom.set_ylim(0, 1.05)
+    if hot:
+        bottom.legend(fontsize="small", ncol=4)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -1,0 +1,93 @@
+"""The fleet simulator (devstack.fleet_sim): scenarios it refuses, and a small contested fleet
+judged against the independent model, in about a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devstack.fleet_sim import Scenario, ScenarioError, plot, simulate
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
+
+
+def small(**changes: Any) -> dict[str, Any]:
+    """Two clusters of 4 x 8 cpu, three queues (weights 1, 1, 2 drawn by seed), demand well
+    above capacity in the first hour so both clusters are contested."""
+    scenario: dict[str, Any] = {
+        "name": "small", "clusters": {"count": 2, "nodes": 4, "cpu": 8, "memory_gi": 32},
+        "queues": {"count": 3, "weights": [1, 2]}, "clusters_per_queue": 2,
+        "shapes": [{"cpu": 1, "memory_gi": 2}],
+        "jobs": 300, "duration_seconds": 3600, "arrival_fraction": 0.1,
+        "runtime_seconds": [300, 600], "round_seconds": 10, "sample_seconds": 120,
+    }
+    scenario.update(changes)
+    return scenario
+
+
+def test_a_scenario_missing_a_key_is_refused_with_its_name() -> None:
+    data = small()
+    del data["jobs"]
+    with pytest.raises(ScenarioError, match="`jobs` is missing"):
+        Scenario.from_mapping(data, source="x.yaml")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"runtime_seconds": [10, 5]}, "runtime_seconds"),
+    ({"queues": {"count": 2, "weights": [0]}}, "weights must be positive"),
+    ({"gangs": {"fraction": 0.5, "size": 1}}, "gangs.size"),
+    ({"shapes": []}, "at least one shape"),
+])
+def test_bad_scenarios_are_refused_with_a_reason(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        Scenario.from_mapping(small(**change))
+
+
+def test_every_shipped_scenario_parses_and_scales() -> None:
+    paths = sorted(SCENARIOS.glob("*.yaml"))
+    assert {p.stem[0] for p in paths} >= {"a", "b", "c"}
+    for path in paths:
+        scenario = Scenario.load(path)
+        tiny = scenario.scaled(0.0001)
+        assert tiny.jobs >= 10 and tiny.clusters >= 1 and tiny.queues >= 2
+    fleet = Scenario.load(SCENARIOS / "a_fleet_day.yaml").scaled(1.0)
+    assert (fleet.clusters, fleet.nodes_per_cluster, fleet.queues, fleet.jobs) == (
+        50, 400, 1000, 2_000_000)
+
+
+def test_a_contested_small_fleet_stays_near_the_fair_allocation(tmp_path: Path) -> None:
+    report = simulate(Scenario.from_mapping(small()))
+    summary = report.summary()
+    assert summary["released"] == 300, summary  # every pod ran in the end
+    assert summary["settled_samples"] >= 3, summary
+    for sample in report.samples:
+        assert all(0.0 <= u <= 1.0 for u in sample.utilisation.values()), sample
+    # While contested, the room is used; once settled, each queue is within a pod of the model.
+    assert summary["contested_utilisation_min"] >= 0.95, summary
+    assert summary["deviation_pods_max"] <= 1.0, summary
+    assert plot(report, tmp_path).stat().st_size > 10_000
+
+
+def test_preemption_and_groups_run_and_count_evictions() -> None:
+    report = simulate(Scenario.from_mapping(small(
+        preemption=True, gangs={"fraction": 0.3, "size": 4}, jobs=80, duration_seconds=1800)))
+    summary = report.summary()
+    # Groups of 4 make more pods than arrivals; each evicted pod is made again and runs.
+    assert summary["created"] > summary["jobs"], summary
+    assert summary["evictions"] > 0, summary
+    assert summary["released"] == summary["created"], summary
+
+
+def test_targets_are_judged_at_full_scale_only() -> None:
+    targets = {"targets": {"round_p99_ms": 0.0, "contested_utilisation_min": 0.5}}
+    quick = {"jobs": 150, "duration_seconds": 1500}
+    scaled = simulate(Scenario.from_mapping(small(**targets, **quick, scale=0.5)))
+    assert all(v.startswith("not judged") for v in scaled.summary()["verdicts"].values())
+    assert scaled.missed == []
+    full = simulate(Scenario.from_mapping(small(**targets, **quick)))
+    verdicts = full.summary()["verdicts"]
+    assert verdicts["round_p99_ms"].startswith("MISSED"), verdicts  # no round takes 0 ms
+    assert verdicts["contested_utilisation_min"].startswith("met"), verdicts
+    assert full.missed == ["round_p99_ms"]
