@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
+import pytest
 from builders import a_job, a_node, a_queue, a_state, released_per_queue
 
 from lockgate.jobs import JobState
@@ -238,3 +239,79 @@ def test_a_hold_ends_when_its_queue_no_longer_needs_it_to_reach_its_target() -> 
     run_round(state, now=T0 + 1, hold=30)
     assert state.room_holds().of("big") is None
     assert state.job("big") is None
+
+
+# ---- holds against the weights: two queues below their targets wait for the same room ---------
+
+@dataclass
+class _Waves:
+    """cluster-a (4 x 16 cpu) full of queue fill's 64 one-cpu pods, which finish in four waves
+    of 16 (4 per node) at 40, 48, 56 and 64 s; nw1 (weight 1) sends 40 one-cpu pods just
+    before nw2 (weight 2) sends 40, as two Deployments applied one after the other do, the
+    scheduler running a round on every change and every second, with holds at their
+    default (120 s). Records (nw1, nw2) bound after every round while both wait."""
+
+    hold: float | None = 120.0
+    state: SchedulerState = field(init=False)
+    ends: dict[str, float] = field(default_factory=dict)
+    seen: list[tuple[float, int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = (
+            a_state()
+            .with_queues(a_queue("fill"), a_queue("nw1"),
+                         a_queue("nw2").with_priority_factor(0.5))
+            .with_cluster("cluster-a", a_node(cpu="16", memory="64Gi").times(4, prefix="a"))
+            .with_cluster("cluster-b", a_node(cpu="16", memory="64Gi").times(4, prefix="b"))
+            .build()
+        )
+        for i in range(64):
+            job = a_job("fill").named(f"fill-{i}").running_on(f"a-{i % 4 + 1}").build()
+            self.state.upsert_job(replace(job, created_at=T0 - 10))
+            self.ends[job.job_id] = T0 + (40, 48, 56, 64)[i // 16]
+
+    def arrive(self, queue: str, now: float) -> None:
+        # A ReplicaSet's pods reach the scheduler a few at a time, a round after each batch.
+        for batch in range(4):
+            for i in range(10):
+                job = a_job(queue).named(f"{queue}-{batch * 10 + i}").build()
+                self.state.upsert_job(replace(job, created_at=now + batch * 0.01))
+            self.round(now + batch * 0.01)
+
+    def round(self, now: float) -> None:
+        result = run_round(self.state, now=now, hold=self.hold)
+        for decision in result.decisions:
+            job = self.state.job(decision.job_id)
+            assert job is not None
+            self.state.upsert_job(replace(job, state=JobState.RUNNING,
+                                          node_name=decision.node_hint))
+        usage = {q: self.state.queue_usage(q) for q in ("nw1", "nw2")}
+        if all(u.queued_jobs for u in usage.values()):
+            self.seen.append((now - T0, usage["nw1"].allocation.get("cpu", 0) // 1000,
+                              usage["nw2"].allocation.get("cpu", 0) // 1000))
+
+    def run(self) -> _Waves:
+        self.arrive("nw1", T0 + 1)
+        self.arrive("nw2", T0 + 1.5)
+        for tick in range(2, 90):
+            now = T0 + tick
+            for job_id, end in sorted(self.ends.items(), key=lambda item: item[1]):
+                if end <= now:
+                    self.state.remove_job(job_id)
+                    del self.ends[job_id]
+                    self.round(now)  # the watcher reports each pod's end on its own
+            self.round(now)
+        return self
+
+
+@pytest.mark.parametrize("hold", [120.0, None])
+def test_holds_serve_the_weight_two_queue_first_when_both_wait(hold: float | None) -> None:
+    # Targets while fill holds on: fill 16, nw1 16, nw2 32 (1 : 2); once it is gone 24 : 40.
+    waves = _Waves(hold=hold).run()
+    assert waves.seen, "both queues never waited together"
+    for at, a, b in waves.seen:
+        # Room frees a pod at a time: nw1 never ahead of its half of nw2, nor nw2 ahead of
+        # twice nw1, by more than a pod.
+        assert a <= b / 2 + 1 and b <= 2 * a + 2, (at, a, b, waves.seen)
+    usage = {q: waves.state.queue_usage(q).allocation["cpu"] // 1000 for q in ("nw1", "nw2")}
+    assert usage == {"nw1": 24, "nw2": 40}, usage

@@ -25,7 +25,7 @@ from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, fair_sh
 from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, fits
 from lockgate.scheduler.round import Rank, below_target, rank_in_cluster
-from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState
+from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState, Shape
 
 
 class WaitReason(StrEnum):
@@ -286,7 +286,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
                 fits_free = True  # room only on a node the pod may land on
         room_hold = state.room_holds().of(job_id)
         if room_hold is not None and job_id in rounds.hold_node:
-            held_free = _room_for_holder(rounds, job_id)
+            held_free = _room_for_holder(rounds, job, ranks)
             fits_free = fits_free or fits(held_free, shape)
             held_on = room_hold
             held_room = [max(0, a) for a in held_free]
@@ -369,18 +369,17 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     return _with_message(explanation)
 
 
-def _room_for_holder(rounds: ClusterRoom, job_id: str) -> list[int]:
-    """What is free for a held pod on its node: the room beyond every hold there, plus its
-    own hold's and the younger holds' (it is served before them)."""
-    node = rounds.hold_node[job_id]
-    room = rounds.free[node][:]
-    younger = False
-    for other, shape in rounds.holds_on.get(node, []):
-        younger = younger or other == job_id
-        if younger:
-            for axis, amount in shape.pairs:
-                room[axis] += amount
-    return room
+def _room_for_holder(rounds: ClusterRoom, job: SchedJob,
+                     ranks: Mapping[str, Rank]) -> list[int]:
+    """What is free for a held pod on its node, as the round serves holds there: in the fair
+    order of the queues' ranks (`ClusterRoom.room_for_held`)."""
+    mine = ranks.get(job.queue)
+
+    def yields(other: str, shape: Shape) -> bool:
+        theirs = ranks.get(other)
+        return theirs is None or (mine is not None and (theirs, other) > (mine, job.queue))
+
+    return rounds.room_for_held(job.job_id, job.queue, yields)
 
 
 def _position(state: SchedulerState, job: SchedJob) -> tuple[int, int]:

@@ -10,6 +10,8 @@ explain) from the state's records; room only shrinks while a round consumes it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lockgate.placement import PodPlacement, can_land
 from lockgate.scheduler.costs import dominant_of
 from lockgate.scheduler.groups import GroupKey
@@ -32,9 +34,10 @@ class ClusterRoom:
                  reserved_for: GroupKey | None = None) -> None:
         self.names = cluster.order
         # Room held for pods below their queue's target (lockgate.scheduler.holds): per node,
-        # the holds on it, oldest first (job id, shape); per held job, its node; per queue, the
-        # sum of what it holds here. `free` is the room *beyond* the holds: what anyone may use.
-        self.holds_on: dict[int, list[tuple[str, Shape]]] = {}
+        # the holds on it, oldest first (job id, queue, shape); per held job, its node; per
+        # queue, the sum of what it holds here. `free` is the room *beyond* the holds: what
+        # anyone may use.
+        self.holds_on: dict[int, list[tuple[str, str, Shape]]] = {}
         self.hold_node: dict[str, int] = {}
         self.held_by: dict[str, list[int]] = {}
         self.capacity: list[list[int]] = [
@@ -86,10 +89,13 @@ class ClusterRoom:
 
     def hold(self, job_id: str, queue: str, shape: Shape, axes: int, *,
              node: int | None = None, avoid: frozenset[str] | set[str] = frozenset(),
-             inverse_total: list[float] | None = None) -> int:
+             inverse_total: list[float] | None = None,
+             yields: Callable[[str, Shape], bool] | None = None) -> int:
         """Hold room for `job_id` on `node`, or (None) on the node it may land on and fit
-        when empty that is closest to having room for it (not in `avoid` unless all are):
-        from now on what frees there is kept for it. Returns the node, or -1."""
+        when empty that is closest to having room for it (not in `avoid` unless all are),
+        counting as its room what other queues hold there that `yields` to it (see
+        `room_for_held`): from now on what frees there is kept for it. Returns the node, or
+        -1."""
         if node is None:
             candidates = [i for i in self.nodes_for(shape.placement)
                           if fits(self.capacity[i], shape)]
@@ -100,13 +106,13 @@ class ClusterRoom:
             inverse = inverse_total or [1.0] * axes
 
             def missing(i: int) -> tuple[float, int]:
-                room = self.free[i]
+                room = self.free[i] if yields is None else self._room_yielded(i, queue, yields)
                 return (max((amount - room[axis]) * inverse[axis]
                             for axis, amount in shape.pairs), i)
 
             node = min(candidates, key=missing)
         take(self.free[node], shape)
-        self.holds_on.setdefault(node, []).append((job_id, shape))
+        self.holds_on.setdefault(node, []).append((job_id, queue, shape))
         self.hold_node[job_id] = node
         held = self.held_by.setdefault(queue, [0] * axes)
         for axis, amount in shape.pairs:
@@ -121,20 +127,46 @@ class ClusterRoom:
         for axis, amount in shape.pairs:
             self.held_by[queue][axis] -= amount
 
-    def place_held(self, job_id: str, queue: str, shape: Shape) -> int:
-        """Place a pod that room is held for: on its node if what is free there, less what
-        older holds on that node need, fits it; else anywhere there is room beyond the holds.
-        Its hold ends when it is placed; -1 (hold kept) when it fits nowhere yet."""
+    def _room_yielded(self, node: int, queue: str,
+                      yields: Callable[[str, Shape], bool]) -> list[int]:
+        """The room on `node` beyond every hold, plus what other queues that `yields` to
+        `queue` hold there."""
+        room = self.free[node][:]
+        for _, other_queue, other_shape in self.holds_on.get(node, ()):
+            if other_queue != queue and yields(other_queue, other_shape):
+                give(room, other_shape)
+        return room
+
+    def room_for_held(self, job_id: str, queue: str,
+                      yields: Callable[[str, Shape], bool]) -> list[int]:
+        """What is free for a held pod on its node: the room beyond every hold there, plus its
+        own hold's, its own queue's younger holds' (its queue's pods are served in order), and
+        what other queues hold there where `yields(queue, shape)`: those that rank after its
+        queue in the round's fair order right now, for the pod held. Holds on a node are
+        served in the fair order, not in the order they were made, so a queue that came first
+        and held room up to its target does not go before a queue further below its own
+        (issue 17: the weight-2 queue first)."""
         node = self.hold_node[job_id]
         room = self.free[node][:]
-        # Free room on the node is what is beyond every hold; add back its own and the
-        # younger holds' amounts (they are served after it).
         younger = False
-        for other, other_shape in self.holds_on[node]:
+        for other, other_queue, other_shape in self.holds_on[node]:
             if other == job_id:
                 younger = True
-            if younger:
+            if other_queue == queue:
+                if younger:
+                    give(room, other_shape)
+            elif yields(other_queue, other_shape):
                 give(room, other_shape)
+        return room
+
+    def place_held(self, job_id: str, queue: str, shape: Shape,
+                   yields: Callable[[str, Shape], bool] | None = None) -> int:
+        """Place a pod that room is held for: on its node if `room_for_held` fits it; else
+        anywhere there is room beyond the holds. Its hold ends when it is placed; -1 (hold
+        kept) when it fits nowhere yet. Taking room another queue holds leaves that hold in
+        place (its node's `free` goes below zero until more frees there)."""
+        node = self.hold_node[job_id]
+        room = self.room_for_held(job_id, queue, yields or _never)
         if fits(room, shape):
             self.unhold(job_id, queue, shape)
             take(self.free[node], shape)
@@ -217,6 +249,10 @@ class ClusterRoom:
             else:
                 return False
         return True
+
+
+def _never(queue: str, shape: Shape) -> bool:
+    return False
 
 
 def fits(room: list[int], shape: Shape) -> bool:

@@ -21,7 +21,7 @@ accounts for it. A caller that fails to carry out a decision upserts the job as 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -280,7 +280,7 @@ class _Round:
                 for _, _, progress in candidates:
                     progress.outcome = QueueOutcome.ROUND_LIMIT
                 break
-            _, name, progress = heapq.heappop(candidates)
+            popped_rank, name, progress = heapq.heappop(candidates)
             queue = progress.queue
             pending = progress.head
             assert pending is not None  # a candidate always has a head
@@ -320,13 +320,18 @@ class _Round:
                 elif cluster.reserved_for is not None:
                     reason = SkipReason.RESERVED_FOR_GROUP
                 elif entry[2] in cluster.hold_node:
-                    node = cluster.place_held(entry[2], name, shape)
+                    node = cluster.place_held(entry[2], name, shape, self._yields_to(
+                        popped_rank, name, pending.cluster))
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 else:
                     node = cluster.place(shape)
-                    reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                     if node < 0 and self.hold_seconds is not None:
-                        self._maybe_hold(progress, pending, cluster, entry[2], shape)
+                        yields = self._yields_to(popped_rank, name, pending.cluster)
+                        if self._maybe_hold(progress, pending, cluster, entry[2], shape, yields):
+                            # Room held for a queue that ranks after this one is this one's
+                            # first: take it now rather than a round later.
+                            node = cluster.place_held(entry[2], name, shape, yields)
+                    reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 if reason is None:
                     hint = cluster.names[node]
                     state.room_holds().end(entry[2])
@@ -436,24 +441,46 @@ class _Round:
             _add_pairs_to(held, job.shape.pairs)
             self.holds_by_cluster.setdefault(hold.cluster, []).append(hold)
 
+    def _yields_to(self, rank: Rank, name: str, cluster: str) -> Callable[[str, Shape], bool]:
+        """Whether a hold of another queue's in `cluster` yields to queue `name`, which the
+        round serves now at `rank`: its queue ranks after `name` for the pod held (the
+        round's heap order, rank then name). Holds on a node are served in that order."""
+        mine = (rank, name)
+        memo: dict[tuple[str, Shape], bool] = {}
+
+        def yields(other: str, shape: Shape) -> bool:
+            answer = memo.get((other, shape))
+            if answer is None:
+                progress = self.queue_rounds.get(other)
+                answer = memo[(other, shape)] = progress is None or (
+                    self.rank(progress, cluster, shape.pairs), other) > mine
+            return answer
+
+        return yields
+
     def _maybe_hold(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
-                    job_id: str, shape: Shape) -> None:
+                    job_id: str, shape: Shape, yields: Callable[[str, Shape], bool]) -> bool:
         """A pod found no room: if its queue, with it and what it holds already, stays within
-        its fair target in this cluster, hold room for it (lockgate.scheduler.holds)."""
+        its fair target in this cluster, hold room for it (lockgate.scheduler.holds), on the
+        node closest to having room for it counting what queues that rank after it hold
+        there. Returns whether it holds."""
         queue = progress.queue
         target = self.target_in(queue.name, pending.cluster)
         if target <= 0:
-            return
+            return False
         held = cluster.held_by.get(queue.name)
         if not below_target(self.share_in(queue, pending.cluster, (), held), target):
-            return
+            return False
         assert self.now is not None and self.hold_seconds is not None
         holds = self.state.room_holds()
         node = cluster.hold(job_id, queue.name, shape, len(self.inverse_total),
-                            avoid=holds.tried(job_id), inverse_total=self.inverse_total)
-        if node >= 0:
-            holds.hold(job_id=job_id, queue=queue.name, cluster=pending.cluster,
-                       node=cluster.names[node], now=self.now, seconds=self.hold_seconds)
+                            avoid=holds.tried(job_id), inverse_total=self.inverse_total,
+                            yields=yields)
+        if node < 0:
+            return False
+        holds.hold(job_id=job_id, queue=queue.name, cluster=pending.cluster,
+                   node=cluster.names[node], now=self.now, seconds=self.hold_seconds)
+        return True
 
     def _group_turn(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
                     job: JobRecord, decisions: list[Decision]) -> tuple[SkipReason | None, bool]:
