@@ -197,10 +197,6 @@ async def contested(stack: StackInfo, tmp_path: Path) -> AsyncIterator[Queues]:
         yield queues
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open defect, first run 2026-12-01 on a loaded machine: nw1 had 2 pods released while the "
-    "weight-2 nw2 had none; whether both were waiting then (the test's premise) or the round "
-    "ordered them wrongly is not yet known"))
 async def test_without_preemption_the_weight_two_queue_goes_first_when_both_wait(
         contested: Queues) -> None:
     run = contested.run
