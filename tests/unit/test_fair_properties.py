@@ -32,6 +32,9 @@ from lockgate.scheduler import (
 
 FLEETS = int(os.environ.get("LOCKGATE_PROPERTY_FLEETS", "200"))
 POLICY = PreemptionPolicy(max_evictions_per_round=1_000)
+# The model's linear programs are exact only to HiGHS's tolerances: a fair 11 pods comes back
+# as 11.0000003 (fleet seed 250). A thousandth of a cpu, against pods of at least one.
+LP_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def assert_matches_model(state: SchedulerState, fleet: Fleet, what: str) -> None
     fair = fleet.model()
     held = allocated_pods(state, fleet)
     wrong = {q: (held[q], round(fair.pods(q), 3)) for q in fleet.weights
-             if abs(held[q] - fair.pods(q)) * fleet.shape[q] > slack_cpu(fleet, q) + 1e-6}
+             if abs(held[q] - fair.pods(q)) * fleet.shape[q] > slack_cpu(fleet, q) + LP_TOLERANCE}
     assert not wrong, (f"{what}: queue -> (pods held, fair pods) off by more than one pod of "
                        f"the largest neighbouring shape: {wrong}; {fleet.describe()}")
 
@@ -163,10 +166,6 @@ def test_the_random_fleets_are_varied() -> None:
     assert len({w for f in fleets for w in f.weights.values()}) >= 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a finding for the round: on fleet seed 144 (q0's 4-cpu pods in c1, c2, c3 beside 1-cpu "
-    "queues) rounds from an empty fleet give q0 5 pods where the model gives 6.8, and q2 32 "
-    "for 27.2 (fleets 0-59 all match; the test stops at the first failure)"))
 def test_rounds_at_saturation_match_the_independent_model() -> None:
     """From an empty fleet with every pod queued, rounds (with each release bound) reach an
     allocation within one pod of the model's, per queue."""
