@@ -252,6 +252,7 @@ class _Waves:
     default (120 s). Records (nw1, nw2) bound after every round while both wait."""
 
     hold: float | None = 120.0
+    spread: bool = True  # each wave 4 pods per node; else unevenly
     state: SchedulerState = field(init=False)
     ends: dict[str, float] = field(default_factory=dict)
     seen: list[tuple[float, int, int]] = field(default_factory=list)
@@ -266,7 +267,8 @@ class _Waves:
             .build()
         )
         for i in range(64):
-            job = a_job("fill").named(f"fill-{i}").running_on(f"a-{i % 4 + 1}").build()
+            node = f"a-{i % 4 + 1}" if self.spread else f"a-{(i * 7) % 64 // 16 + 1}"
+            job = a_job("fill").named(f"fill-{i}").running_on(node).build()
             self.state.upsert_job(replace(job, created_at=T0 - 10))
             self.ends[job.job_id] = T0 + (40, 48, 56, 64)[i // 16]
 
@@ -304,10 +306,12 @@ class _Waves:
         return self
 
 
+@pytest.mark.parametrize("spread", [True, False])
 @pytest.mark.parametrize("hold", [120.0, None])
-def test_holds_serve_the_weight_two_queue_first_when_both_wait(hold: float | None) -> None:
+def test_holds_serve_the_weight_two_queue_first_when_both_wait(hold: float | None,
+                                                              spread: bool) -> None:
     # Targets while fill holds on: fill 16, nw1 16, nw2 32 (1 : 2); once it is gone 24 : 40.
-    waves = _Waves(hold=hold).run()
+    waves = _Waves(hold=hold, spread=spread).run()
     assert waves.seen, "both queues never waited together"
     for at, a, b in waves.seen:
         # Room frees a pod at a time: nw1 never ahead of its half of nw2, nor nw2 ahead of

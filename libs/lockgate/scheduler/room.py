@@ -172,9 +172,25 @@ class ClusterRoom:
             take(self.free[node], shape)
             return node
         placed = self.place(shape)
+        if placed < 0 and yields is not None:
+            placed = self._place_yielded(shape, queue, yields)
         if placed >= 0:
             self.unhold(job_id, queue, shape)
         return placed
+
+    def _place_yielded(self, shape: Shape, queue: str,
+                       yields: Callable[[str, Shape], bool]) -> int:
+        """First fit on the other nodes with holds, counting as room what queues that yield to
+        `queue` hold there (nodes without holds were tried by `place`): room freed on a node
+        held for a queue that ranks after this one is this one's first, wherever its own hold
+        is. -1 when none fits."""
+        eligible = set(self.nodes_for(shape.placement))
+        for node in sorted(self.holds_on):
+            if node in eligible and self.holds_on[node] and fits(
+                    self._room_yielded(node, queue, yields), shape):
+                take(self.free[node], shape)
+                return node
+        return -1
 
     def fits_some_node(self, shape: Shape) -> bool:
         """Whether some schedulable node could hold `shape` when empty."""
