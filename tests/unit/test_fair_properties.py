@@ -32,9 +32,6 @@ from lockgate.scheduler import (
 
 FLEETS = int(os.environ.get("LOCKGATE_PROPERTY_FLEETS", "200"))
 POLICY = PreemptionPolicy(max_evictions_per_round=1_000)
-# The model's linear programs are exact only to HiGHS's tolerances: a fair 11 pods comes back
-# as 11.0000003 (fleet seed 250). A thousandth of a cpu, against pods of at least one.
-LP_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -152,7 +149,7 @@ def assert_matches_model(state: SchedulerState, fleet: Fleet, what: str) -> None
     fair = fleet.model()
     held = allocated_pods(state, fleet)
     wrong = {q: (held[q], round(fair.pods(q), 3)) for q in fleet.weights
-             if abs(held[q] - fair.pods(q)) * fleet.shape[q] > slack_cpu(fleet, q) + LP_TOLERANCE}
+             if abs(held[q] - fair.pods(q)) * fleet.shape[q] > slack_cpu(fleet, q) + 1e-6}
     assert not wrong, (f"{what}: queue -> (pods held, fair pods) off by more than one pod of "
                        f"the largest neighbouring shape: {wrong}; {fleet.describe()}")
 
@@ -166,6 +163,17 @@ def test_the_random_fleets_are_varied() -> None:
     assert len({w for f in fleets for w in f.weights.values()}) >= 4
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "a finding for the round, cause known: it ranks a queue below its target in a cluster by "
+    "its fraction of that target after its next pod, even for the pod that carries it past "
+    "the target, so with fractional targets and whole pods every queue of small pods rounds "
+    "up before a queue of big pods whose target there is less than a pod, and the big pod "
+    "then fits none of the gaps left (fleet seed 79: q1's 4-cpu pods have targets of 0.67 "
+    "and 0.5 pods in two clusters, model 1.17, and get 0); a queue whose target is split over "
+    "clusters also rounds up or down in each, whatever its total. Ranking the pods that cross "
+    "their target after all within it, biggest first, then by the whole target (and only "
+    "while the queue's total is short) passed all 200 fleets but took test_fleet_sim's small "
+    "contested fleet to 1.5 pods off its model, so it is not in"))
 def test_rounds_at_saturation_match_the_independent_model() -> None:
     """From an empty fleet with every pod queued, rounds (with each release bound) reach an
     allocation within one pod of the model's, per queue."""

@@ -242,19 +242,11 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
             after[axis] += amount
             total[axis] += amount
         target = targets.queues.get(name)
-        whole = 0.0 if target is None else target.share
         ranks[name] = rank_in_cluster(
             before=dominant(held, inverse), after=dominant(after, inverse),
             target=0.0 if target is None else target.in_cluster(cluster),
-            cost_after=dominant(total, inverse) * queue.priority_factor,
-            size=max((amount * inverse[axis] for axis, amount in pairs), default=0.0),
-            overall_before=_fraction(dominant(queue.allocation, inverse), whole),
-            overall_after=_fraction(dominant(total, inverse), whole))
+            cost_after=dominant(total, inverse) * queue.priority_factor)
     return ranks
-
-
-def _fraction(share: float, target: float) -> float:
-    return share / target if target > 0 else float("inf")
 
 
 def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],

@@ -292,20 +292,6 @@ class _Planner:
         return (self.share(queue, self.in_cluster(queue, cluster))
                 < self.fair_in.get((queue, cluster), 0.0) - SHARE_EPSILON)
 
-    def owed(self, queue: str, cluster: str, shape: Shape) -> bool:
-        """Rule 1 for a single pod, as the round ranks it (`round.rank_in_cluster`): the queue
-        holds less than its target in the pod's cluster, and the pod keeps it within that
-        target or, carrying it past (pods are whole), its whole allocation is short of its
-        whole target. A pod the round ranks by cost (the room is nobody's due) is never
-        preempted for: the round could give the room freed to another queue, and preemption
-        would free it again."""
-        if not self.below_target(queue, cluster):
-            return False
-        with_it = _plus(self.in_cluster(queue, cluster), shape)
-        if self.within_target(queue, cluster, with_it):
-            return True
-        return self.share(queue) < self.fair.get(queue, 0.0) - SHARE_EPSILON
-
     def at_or_above_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
         """Rule 2: a victim's queue keeps at least its fair target in the cluster."""
         target = self.fair_in.get((queue, cluster), 0.0)
@@ -338,9 +324,9 @@ class _Planner:
                     if found is not None:
                         evictions.extend(found)
                     continue
+                if not self.below_target(name, cluster):
+                    continue  # rule 1: it holds its target there; nothing to free for it
                 job = state.job_records[unit.job_id]
-                if not self.owed(name, cluster, job.shape):
-                    continue  # rule 1: nothing to free for it (as the round ranks it)
                 holder = self.reserved.get(job.cluster)
                 if holder is not None and holder[1] != name:
                     continue  # room freed there would go to that group

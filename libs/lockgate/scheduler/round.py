@@ -201,17 +201,10 @@ class _QueueRound:
         self.released = 0
         self.outcome = QueueOutcome.ALL_CONSIDERED
 
-# A queue's rank in a cluster for its next unit; lower goes first (docs/scheduling.md, "Fair
-# targets"):
-#   (0, fraction of its target there after the unit, 0) while the unit keeps it within its target
-#       there: queues below their targets fill in proportion to them;
-#   (1, -size of the unit, fraction of its whole target after it) for the unit that carries it
-#       past its target there, while its total is short of its whole target: pods are whole,
-#       so someone's last pod rounds up; the biggest go first (small pods fit the gaps a big
-#       one leaves, not the other way round), then the queue furthest short overall (so a
-#       queue whose target is split over several clusters rounds up where it is short);
-#   (2, its cost after the unit, 0) otherwise: room nobody is owed goes by cost.
-Rank = tuple[int, float, float]
+# A queue's rank in a cluster for its next unit: (0, fraction of its fair target there after
+# taking it) while that stays within the target, else (1, its cost after taking it). Lower
+# goes first: queues below their targets before the rest, each in proportion to its target.
+Rank = tuple[int, float]
 # A share this close above a target is at it (floating point).
 _TARGET_SLACK = 1e-9
 
@@ -222,18 +215,12 @@ def below_target(share: float, target: float) -> bool:
     return target > 0 and share < target * (1 - _TARGET_SLACK) - 1e-12
 
 
-def rank_in_cluster(*, before: float, after: float, target: float, cost_after: float,
-                    size: float, overall_before: float, overall_after: float) -> Rank:
-    """The round's order in a cluster (docs/scheduling.md, "Fair targets"). `before` and
-    `after`: the queue's dominant share in the cluster without and with the unit, `size` the
-    unit's; `overall_*` its whole allocation without and with the unit over its whole
-    target (infinite without one)."""
+def rank_in_cluster(*, before: float, after: float, target: float,
+                    cost_after: float) -> Rank:
+    """The round's order in a cluster (docs/scheduling.md, "Fair targets")."""
     if below_target(before, target):
-        if after <= target * (1 + _TARGET_SLACK) + 1e-12:
-            return (0, after / target, 0.0)
-        if overall_before < 1 - _TARGET_SLACK:
-            return (1, -size, overall_after)
-    return (2, cost_after, 0.0)
+        return (0, after / target)
+    return (1, cost_after)
 
 
 class _Round:
@@ -414,18 +401,10 @@ class _Round:
     def rank(self, progress: _QueueRound, cluster: str,
              pairs: tuple[tuple[int, int], ...]) -> Rank:
         queue = progress.queue
-        inverse = self.inverse_total
-        whole = self.targets.queues.get(queue.name)
-        whole_share = 0.0 if whole is None else whole.share
-        after = share_after(progress.share, queue.allocation, pairs, inverse)
         return rank_in_cluster(before=self.share_in(queue, cluster, ()),
                                after=self.share_in(queue, cluster, pairs),
                                target=self.target_in(queue.name, cluster),
-                               cost_after=self._cost_after(progress, pairs),
-                               size=max((amount * inverse[axis] for axis, amount in pairs),
-                                        default=0.0),
-                               overall_before=_fraction(progress.share, whole_share),
-                               overall_after=_fraction(after, whole_share))
+                               cost_after=self._cost_after(progress, pairs))
 
     def _prepare_holds(self) -> None:
         """Keep the holds that still serve a pod below its queue's target, oldest first;
@@ -701,11 +680,6 @@ class _Round:
                 if cluster.overcommitted
             },
         )
-
-
-def _fraction(share: float, target: float) -> float:
-    """A share as a fraction of a target (infinite without one)."""
-    return share / target if target > 0 else float("inf")
 
 
 def _add_pairs_to(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
