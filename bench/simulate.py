@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
     paths = args.scenarios or sorted(SCENARIOS.glob("*.yaml"))
+    if len(paths) > 1:
+        # One process per scenario: memory is read from the process's peak RSS.
+        passed = [a for a in (argv if argv is not None else sys.argv[1:])
+                  if Path(a) not in paths]
+        codes = [subprocess.run([sys.executable, __file__, str(path), *passed],
+                                check=False).returncode for path in paths]
+        return max(codes)
     missed: list[str] = []
     for path in paths:
         try:
