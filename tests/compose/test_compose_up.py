@@ -247,7 +247,7 @@ async def test_the_containerised_webhook_gates_pods_and_queues_release_them_fair
         fair = total * weight / sum(WEIGHTS.values())
         assert abs(released.get(queue, 0) - fair) <= 1, (queue, released, fair)
 
-    uid = await first_released_uid(deployment.apis)
+    cluster, name, uid = await first_released(deployment.apis)
 
     async def trace_of_pod() -> dict[str, Any] | None:
         async with aiohttp.ClientSession() as session, session.get(
@@ -262,6 +262,14 @@ async def test_the_containerised_webhook_gates_pods_and_queues_release_them_fair
                              what=f"the trace of pod {uid} in Jaeger")
     names = {span["operationName"] for span in trace["spans"]}
     assert "release decided" in names, names
+    # The web UI's pod page draws the same trace, through queue-store, from compose's Jaeger.
+    async with aiohttp.ClientSession() as session, session.get(
+            f"{deployment.admin_url}/api/v1/pods/{cluster}/{NAMESPACE}/{name}/trace",
+            headers={"Authorization": f"Bearer {deployment.admin_token}"}) as response:
+        assert response.status == 200, await response.text()
+        drawn = await response.json()
+    assert {s["span_id"] for s in drawn["spans"]} >= {s["spanID"] for s in trace["spans"]}, (
+        "the UI's waterfall lacks spans Jaeger holds", drawn)
 
 
 async def test_the_users_compose_files_are_valid(deployment: Deployment) -> None:
@@ -359,10 +367,11 @@ async def released_counts(apis: dict[str, client.ApiClient]) -> dict[str, int]:
     return counts
 
 
-async def first_released_uid(apis: dict[str, client.ApiClient]) -> str:
-    for api in apis.values():
+async def first_released(apis: dict[str, client.ApiClient]) -> tuple[str, str, str]:
+    """(cluster, pod name, uid) of a released pod of this run."""
+    for cluster, api in apis.items():
         pods = await client.CoreV1Api(api).list_namespaced_pod(NAMESPACE)
         for pod in pods.items:
             if SCHEDULING_GATE not in gates_of(pod):
-                return str(pod.metadata.uid)
+                return cluster, str(pod.metadata.name), str(pod.metadata.uid)
     raise AssertionError("no pod was released")
