@@ -47,6 +47,7 @@ from lockgate.pod_traces import waterfall_json
 from lockgate.scheduler import Explainer, Feed, SchedJob, SchedulerState, queue_statuses
 from lockgate_adapters import job_views, ui_views
 from lockgate_adapters import scheduler_store as store
+from lockgate_adapters.postgres import AnyConnection
 from queue_store.admin_api import CALLER, ApiError
 from queue_store.admin_views import SchedulerView, explanation_json
 from queue_store.pod_trace import TraceStore, TraceStoreError
@@ -349,14 +350,21 @@ class UiApi:
                                   "total": page.total, "offset": offset, "limit": limit,
                                   "pods": [self.job_json(row) for row in page.rows]})
 
-    async def pod(self, request: web.Request) -> web.Response:
+    @staticmethod
+    async def _pod_row(connection: AnyConnection, request: web.Request) -> JobRow:
+        """The job row of the route's {cluster}/{namespace}/{pod}; 404 if lockgate has none."""
         cluster = request.match_info["cluster"]
         namespace, name = request.match_info["namespace"], request.match_info["pod"]
+        row = await job_views.find_job(connection, cluster=cluster, namespace=namespace,
+                                       name=name)
+        if row is None:
+            raise ApiError(404, f"lockgate knows no pod {cluster}/{namespace}/{name}")
+        return row
+
+    async def pod(self, request: web.Request) -> web.Response:
+        cluster = request.match_info["cluster"]
         async with self.pool.acquire() as connection:
-            row = await job_views.find_job(connection, cluster=cluster, namespace=namespace,
-                                           name=name)
-            if row is None:
-                raise ApiError(404, f"lockgate knows no pod {cluster}/{namespace}/{name}")
+            row = await self._pod_row(connection, request)
             eviction = await ui_views.eviction_of(connection, cluster=cluster, uid=row.uid)
         body: dict[str, Any] = {"pod": self.job_json(row), "journey": journey(row),
                                 "eviction": None if eviction is None else eviction.as_json()}
@@ -387,13 +395,8 @@ class UiApi:
         return web.json_response(body)
 
     async def pod_trace(self, request: web.Request) -> web.Response:
-        cluster = request.match_info["cluster"]
-        namespace, name = request.match_info["namespace"], request.match_info["pod"]
         async with self.pool.acquire() as connection:
-            row = await job_views.find_job(connection, cluster=cluster, namespace=namespace,
-                                           name=name)
-        if row is None:
-            raise ApiError(404, f"lockgate knows no pod {cluster}/{namespace}/{name}")
+            row = await self._pod_row(connection, request)
         trace_id = trace_id_of(row.uid)
         body: dict[str, Any] = {"trace_id": trace_id, "store": None, "message": None,
                                 "total_us": 0, "services": [], "spans": []}

@@ -10,7 +10,7 @@ import pytest
 from builders import a_job, a_node, a_queue, a_state, released_per_queue
 
 from lockgate.jobs import JobState
-from lockgate.scheduler import RoundResult, SchedulerState, schedule_round
+from lockgate.scheduler import RoundResult, SchedJob, SchedulerState, schedule_round
 
 T0 = 1_700_000_000.0
 
@@ -19,6 +19,17 @@ def run_round(state: SchedulerState, *, now: float | None = None,
               hold: float | None = None) -> RoundResult:
     return schedule_round(state, max_decisions=10_000, max_lookback_per_queue=1_000, now=now,
                           room_hold_seconds=hold)
+
+
+def run_and_bind(state: SchedulerState, *, now: float, hold: float | None) -> list[SchedJob]:
+    """A round, then each released pod bound where the round placed it (it runs)."""
+    bound = []
+    for decision in run_round(state, now=now, hold=hold).decisions:
+        job = state.job(decision.job_id)
+        assert job is not None
+        state.upsert_job(replace(job, state=JobState.RUNNING, node_name=decision.node_hint))
+        bound.append(job)
+    return bound
 
 
 def test_a_flexible_queue_leaves_the_contested_cluster_to_a_pinned_one() -> None:
@@ -135,12 +146,7 @@ class _Fleet:
         self.q_cpu.append((now - T0, self.state.queue_usage("q").allocation["cpu"] / 1000))
 
     def round(self, now: float) -> None:
-        result = run_round(self.state, now=now, hold=self.hold)
-        for decision in result.decisions:
-            job = self.state.job(decision.job_id)
-            assert job is not None
-            self.state.upsert_job(replace(job, state=JobState.RUNNING,
-                                          node_name=decision.node_hint))
+        for job in run_and_bind(self.state, now=now, hold=self.hold):
             if job.queue == "comp":
                 self.ends[job.job_id] = now + self.rng.uniform(30, 36)
 
@@ -281,12 +287,7 @@ class _Waves:
             self.round(now + batch * 0.01)
 
     def round(self, now: float) -> None:
-        result = run_round(self.state, now=now, hold=self.hold)
-        for decision in result.decisions:
-            job = self.state.job(decision.job_id)
-            assert job is not None
-            self.state.upsert_job(replace(job, state=JobState.RUNNING,
-                                          node_name=decision.node_hint))
+        run_and_bind(self.state, now=now, hold=self.hold)
         usage = {q: self.state.queue_usage(q) for q in ("nw1", "nw2")}
         if all(u.queued_jobs for u in usage.values()):
             self.seen.append((now - T0, usage["nw1"].allocation.get("cpu", 0) // 1000,
