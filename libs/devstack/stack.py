@@ -32,6 +32,30 @@ from devstack.procs import (
 _MARKER = ".lockgate-stack"
 
 
+def launcher_ports(offset: int) -> list[int]:
+    """The fixed loopback ports that what runs beside the stack at this offset binds: `make
+    run`'s services and its Jaeger, Tilt's services and `make compose-up`'s containers and
+    webhooks. They lie in the kernel's ephemeral range like the stack's own, and a service that
+    finds its port taken by an outgoing connection cannot start (a `make run` that followed
+    other tests once found its Jaeger's port so taken; a crash-looping compose container would
+    look the same).
+    """
+    # Imported here: these modules import this one.
+    from devstack.compose_up import DEFAULT_PORTS, WEBHOOK_PORTS
+    from devstack.jaeger import JaegerPorts
+    from devstack.launcher import ServicePorts
+    from devstack.serve import PORT_SHIFT
+
+    service_ports = [getattr(ServicePorts(), name) for name in ServicePorts.__dataclass_fields__]
+    jaeger = JaegerPorts.with_offset(offset)
+    ports = [port + offset for port in service_ports]  # make run
+    ports += [port + offset + PORT_SHIFT for port in service_ports]  # Tilt
+    ports += [jaeger.otlp_http, jaeger.query_http, jaeger.query_grpc]
+    ports += [port + offset for port in DEFAULT_PORTS.values()]
+    ports += [port + offset for pair in WEBHOOK_PORTS.values() for port in pair]
+    return sorted(set(ports))
+
+
 @dataclass(frozen=True)
 class StackInfo:
     """Where the running stack's services are."""
@@ -149,9 +173,11 @@ class Stack:
         started = time.monotonic()
         with self._locked():
             all_ports = [port for comp in self.components() for port in comp.ports]
+            all_ports += launcher_ports(self.s.postgres_port - 55432)
             if reserve_ports(all_ports):
                 self.say(
-                    "reserved the stack's ports in net.ipv4.ip_local_reserved_ports so outgoing "
+                    "reserved the stack's ports (and those `make run`, Tilt and `make compose-up` "
+                    "bind beside it) in net.ipv4.ip_local_reserved_ports so outgoing "
                     "connections never take them (until reboot)"
                 )
             if not self.problems():
