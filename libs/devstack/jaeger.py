@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from devstack.config import Settings
 from devstack.images import JAEGER, ensure_go_tool
+from devstack.procs import terminate
 
 # Beside the services' ports (58080-58106), inside the range the stack reserves for itself.
 OTLP_HTTP_PORT = 58318
@@ -135,14 +135,7 @@ class JaegerProcess:
     async def stop(self, grace_seconds: float = 10.0) -> int | None:
         if self.process is None:
             return None
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), grace_seconds)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-        return self.process.returncode
+        return await terminate(self.process, grace_seconds)
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.exists():

@@ -31,6 +31,7 @@ from devstack.manifests import (
     load,
     render_webhook_configuration,
 )
+from devstack.procs import terminate
 from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
     CLUSTER_CAPACITY,
@@ -137,13 +138,7 @@ class ServiceProcess:
         """SIGTERM, wait for a graceful exit, SIGKILL after the grace; returns the exit code."""
         if self.process is None:
             return None
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), grace_seconds)
-            except TimeoutError:
-                await self.kill()
-        return self.process.returncode
+        return await terminate(self.process, grace_seconds)
 
     async def ready(self) -> bool:
         if self.health_port is None:

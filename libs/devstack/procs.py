@@ -6,6 +6,7 @@ exactly the one recorded when it was started; anything else is never signalled.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -387,3 +388,15 @@ def exclusive(lock_path: Path, say: Callable[[str], None], waiting: str) -> Iter
             say(f"{waiting} (lock {lock_path}); waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+async def terminate(process: asyncio.subprocess.Process, grace_seconds: float) -> int | None:
+    """SIGTERM, wait up to `grace_seconds` for a graceful exit, then SIGKILL; the exit code."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace_seconds)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+    return process.returncode
