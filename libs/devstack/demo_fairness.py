@@ -1,114 +1,89 @@
-"""How the demo judges fairness: only at moments when every allocation in force was contested.
+"""How the demo judges fairness: what the apiservers show, against an independent model.
 
-Why this is not a plain "every queue has pods waiting right now" check: lockgate does not preempt,
-so room given to a queue while another had nothing waiting in that cluster stays with it until its
-pods finish. A moment at which every queue waits in every cluster can still show that earlier,
-legitimate allocation (the demo once failed on a busy machine that way: a Job controller slow to
-create replacements left room to another queue). The demo therefore judges a scheduler round only
-if every queue has had pods waiting in every cluster without a break since before the oldest
-release still holding capacity: then every allocation in force was decided while all queues
-competed everywhere, and DRF must have them within a job of their fair shares.
+Why this way: the demo must judge the natural case (workloads that arrive one after another
+while the fair-scheduler already runs, preemption on for preemptible pods) and must not judge
+the scheduler by its own numbers. So the demo looks at the apiservers itself (which pods of each
+queue are bound to a node), computes each queue's fair allocation with `devstack.fair_model`
+(linear programs that share no code with the scheduler) from the demand it created and the
+capacity the apiservers report, and asks of what it saw:
 
-The inputs are facts, not the scheduler's own verdict: when Postgres first held each job, when it
-was released and when it finished; and the shares the scheduler reported for that round.
-Pure functions, unit-tested in tests/unit/test_demo_fairness.py.
+- reached: every queue's bound pods, summed over clusters, within `tolerance` pods of the
+  model's fair allocation (pods of the queue's most common shape: pods are whole, the model is
+  fluid; the split across clusters need not be unique, the totals are);
+- settled: after that, for `window` seconds, no queue left the tolerance and no bound pod
+  changed (no eviction, no new binding: the workloads' pods never end, so any change is a move);
+- how often it moved after first reaching the targets (a thrash shows as many restarts).
+
+Pure: the demo feeds it looks in time order. Unit-tested in tests/unit/test_demo_fairness.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class JobTimeline:
-    """One job as Postgres recorded it."""
+class Look:
+    """What the apiservers showed at one moment: each queue's bound pods."""
 
-    queue: str
-    cluster: str
-    first_seen_at: datetime
-    released_at: datetime | None
-    finished_at: datetime | None
+    at: float  # seconds since the judged phase started
+    bound: Mapping[str, frozenset[str]]  # queue -> its bound pods' identities (cluster/ns/name)
 
-    @property
-    def waits_until(self) -> datetime | None:
-        """When it stopped waiting (released or ended); None while it still waits."""
-        ends = [t for t in (self.released_at, self.finished_at) if t is not None]
-        return min(ends) if ends else None
-
-    def holds_capacity_at(self, at: datetime, news_lag: timedelta = timedelta(0)) -> bool:
-        """Whether the scheduler may still count it at `at`: `finished_at` is when the watcher
-        saw the pod end, and the scheduler hears of it up to `news_lag` later."""
-        return (self.released_at is not None and self.released_at <= at
-                and (self.finished_at is None or self.finished_at + news_lag > at))
+    def counts(self) -> dict[str, int]:
+        return {queue: len(pods) for queue, pods in self.bound.items()}
 
 
-def contested_intervals(jobs: Iterable[JobTimeline], queues: Sequence[str],
-                        clusters: Sequence[str]) -> list[tuple[datetime, datetime | None]]:
-    """The intervals [start, end) during which every queue had a job waiting in every cluster.
+@dataclass
+class SettleJudge:
+    """Fed `Look`s in time order; see the module docstring for reached and settled."""
 
-    The last interval's end is None if it had not ended when the records were read.
-    """
-    changes: list[tuple[datetime, int, str, str]] = []  # at, +1 starts / -1 stops waiting
-    for job in jobs:
-        if job.queue not in queues or job.cluster not in clusters:
-            continue
-        end = job.waits_until
-        if end is not None and end <= job.first_seen_at:
-            continue
-        changes.append((job.first_seen_at, +1, job.queue, job.cluster))
-        if end is not None:
-            changes.append((end, -1, job.queue, job.cluster))
-    # At equal times, stops apply before starts: a handover at one instant is not contested.
-    changes.sort(key=lambda change: (change[0], change[1]))
-    waiting = {(q, c): 0 for q in queues for c in clusters}
-    intervals: list[tuple[datetime, datetime | None]] = []
-    start: datetime | None = None
-    for at, delta, queue, cluster in changes:
-        waiting[(queue, cluster)] += delta
-        everywhere = all(count > 0 for count in waiting.values())
-        if everywhere and start is None:
-            start = at
-        elif not everywhere and start is not None:
-            if at > start:
-                intervals.append((start, at))
-            start = None
-    if start is not None:
-        intervals.append((start, None))
-    return intervals
+    targets: Mapping[str, float]  # queue -> fair allocation in pods (the model's, fluid)
+    tolerance: float  # pods either way
+    window: float  # seconds that must pass without a move once the targets are reached
+    reached_at: float | None = None  # first look within tolerance
+    settled_at: float | None = None  # end of the first full window
+    moves: list[str] = field(default_factory=list)  # why a window restarted, in order
+    _window_start: Look | None = None
 
+    def off(self, look: Look) -> dict[str, float]:
+        """Queues outside the tolerance: holding less target (positive: above its target)."""
+        counts = look.counts()
+        gaps = {queue: counts.get(queue, 0) - target for queue, target in self.targets.items()}
+        return {queue: gap for queue, gap in gaps.items() if abs(gap) > self.tolerance + 1e-9}
 
-def contested_since(intervals: Sequence[tuple[datetime, datetime | None]],
-                    at: datetime) -> datetime | None:
-    """Since when the contest holding at `at` has lasted; None if nothing was contested then."""
-    for start, end in intervals:
-        if start <= at and (end is None or at < end):
-            return start
-    return None
+    def see(self, look: Look) -> None:
+        if self.settled_at is not None:
+            return
+        off = self.off(look)
+        start = self._window_start
+        if off:
+            if start is not None:
+                self.moves.append(f"t={look.at:.0f}s left the targets: " + ", ".join(
+                    f"{queue} {gap:+.1f} pods" for queue, gap in sorted(off.items())))
+            self._window_start = None
+            return
+        if self.reached_at is None:
+            self.reached_at = look.at
+        if start is None:
+            self._window_start = look
+            return
+        changed = sorted(queue for queue in self.targets
+                         if look.bound.get(queue, frozenset()) != start.bound.get(queue,
+                                                                                    frozenset()))
+        if changed:
+            self.moves.append(f"t={look.at:.0f}s bound pods changed: {', '.join(changed)}")
+            self._window_start = look
+            return
+        if look.at - start.at >= self.window:
+            self.settled_at = look.at
 
-
-def news_lag(created: Sequence[tuple[datetime, datetime]]) -> timedelta:
-    """How late news of a pod reaches Postgres: the 95th percentile of (first seen - created),
-    plus the second that creation timestamps are rounded to."""
-    if not created:
-        return timedelta(seconds=1)
-    lags = sorted(max(timedelta(0), seen - made) for made, seen in created)
-    return lags[min(len(lags) - 1, int(len(lags) * 0.95))] + timedelta(seconds=1)
-
-
-def judgeable(jobs: Sequence[JobTimeline], intervals: Sequence[tuple[datetime, datetime | None]],
-              at: datetime, lag: timedelta = timedelta(0)) -> bool:
-    """Whether every allocation the scheduler counted at `at` was decided while all queues
-    competed (a job that ended counts until `lag` after, when the scheduler may hear of it)."""
-    since = contested_since(intervals, at)
-    if since is None:
-        return False
-    holding = [job.released_at for job in jobs if job.holds_capacity_at(at, lag)]
-    return all(released >= since for released in holding if released is not None)
-
-
-def gaps_in_jobs(queues: Mapping[str, Mapping[str, float]], job_share: float) -> dict[str, float]:
-    """Each queue's distance from its adjusted fair share, in jobs (positive: below its share)."""
-    return {name: (report.get("adjusted_fair_share", 0.0) - report.get("actual_share", 0.0))
-            / job_share for name, report in queues.items()}
+    def verdict(self) -> list[str]:
+        """What failed, in words; empty when it settled."""
+        if self.settled_at is not None:
+            return []
+        if self.reached_at is None:
+            return ["the queues never came within "
+                    f"{self.tolerance:g} pod(s) of the model's fair allocation"]
+        return [f"reached the model's fair allocation at t={self.reached_at:.0f}s but did not "
+                f"hold it for {self.window:.0f}s: " + "; ".join(self.moves[-3:])]
