@@ -227,6 +227,21 @@ def test_pods_waiting_on_a_reservation_do_not_use_up_their_queues_lookback() -> 
     assert result.queues["c"].skipped == {SkipReason.RESERVED_FOR_GROUP: 1}
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known limit: a queue sets a cluster aside once every shape it has waiting there was "
+    "turned down this round. c's 1-cpu pod ranks before a's whole group of 4 and is turned "
+    "down first, so a sets cluster-a aside before its aged group has its turn: the group never "
+    "reserves, and each gap that opens goes to c's next pod. Preemption's planner still sees "
+    "the set-aside cluster and can reserve for the group; without preemption it starves"))
+def test_an_aged_group_reserves_even_when_a_smaller_pod_was_turned_down_before_it() -> None:
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    state = (a_state().with_queues("a", "b", "c")
+             .with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, _gang(4, created=0), a_job("c").times(3)).build())
+    run_round(state, now=T0 + 100, reserve_after=30)
+    assert state.groups().reserved == {"cluster-a": ("cluster-a", "a", "ns/g")}
+
+
 # ---- timeouts --------------------------------------------------------------------------------
 
 
