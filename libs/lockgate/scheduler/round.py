@@ -255,7 +255,6 @@ class _Round:
                 # reservation nobody can use must not hold the cluster.
                 del self.groups.reserved[cluster_name]
         self._prepare_holds()
-        candidates: list[tuple[Rank, str, _QueueRound]] = []
         for name, queue in state.queue_records.items():
             if not queue.schedulable or queue.queued == queue.parked + queue.held:
                 continue
@@ -265,14 +264,18 @@ class _Round:
             for in_cluster in queue.pending.values():
                 if in_cluster.live and self._validate_head(progress, in_cluster):
                     progress.clusters.append(in_cluster)
+        decisions: list[Decision] = []
+        self._reserved_groups_first(decisions, max_decisions)
+        candidates: list[tuple[Rank, str, _QueueRound]] = []
+        for name, progress in self.queue_rounds.items():
             rank = self._choose_head(progress)
             if rank is None:
-                progress.outcome = QueueOutcome.NOTHING_PENDING
+                if not progress.released:
+                    progress.outcome = QueueOutcome.NOTHING_PENDING
                 continue
             candidates.append((rank, name, progress))
         heapq.heapify(candidates)
 
-        decisions: list[Decision] = []
         skipped_jobs = self.skipped_jobs
         max_lookback = self.max_lookback
         while candidates:
@@ -288,7 +291,19 @@ class _Round:
             job = jobs[entry[2]]
             cluster = self.clusters[pending.cluster]
             shape = job.shape
-            if (
+            if cluster.reserved_for is not None:
+                # The cluster waits for the group it is reserved for, and that group had its
+                # turn this round already (first thing, or when it reserved): nothing else
+                # goes there this round. One job says why; the queue sets the cluster aside,
+                # without using up its lookback, which is for jobs that could go.
+                heapq.heappop(pending.heap)
+                progress.skipped.append((pending, entry))
+                why = SkipReason.RESERVED_FOR_GROUP
+                if job.group is not None:  # its own group's reason, if it was judged
+                    why = self.groups_done.get((pending.cluster, name, job.group), why)
+                skipped_jobs[entry[2]] = why
+                progress.clusters.remove(pending)
+            elif (
                 shape in cluster.rejected or shape in progress.over_limit or cluster.overcommitted
             ) and self._nothing_can_go(progress, pending, cluster) and not any(
                     cluster.held_by.get(name, ())):
@@ -317,8 +332,6 @@ class _Round:
                     progress.over_limit.add(shape)
                 elif cluster.overcommitted:
                     reason = SkipReason.CLUSTER_OVERCOMMITTED
-                elif cluster.reserved_for is not None:
-                    reason = SkipReason.RESERVED_FOR_GROUP
                 elif entry[2] in cluster.hold_node:
                     node = cluster.place_held(entry[2], name, shape, self._yields_to(
                         popped_rank, name, pending.cluster))
@@ -482,6 +495,36 @@ class _Round:
                    node=cluster.names[node], now=self.now, seconds=self.hold_seconds)
         return True
 
+    def _reserved_groups_first(self, decisions: list[Decision], max_decisions: int) -> None:
+        """Give every group a cluster is reserved for its turn, before progressive filling.
+
+        The reservation was its place in the fair order: nothing else goes in its cluster
+        until it does, so going first takes no room there from anyone. Waiting for its
+        queue's turn instead, behind that queue's jobs there (which wait on the reservation
+        too) or its lookback spent elsewhere, it could miss room it fits in, round after
+        round, while its cluster drained empty.
+        """
+        for cluster_name, key in list(self.groups.reserved.items()):
+            if len(decisions) >= max_decisions:
+                return
+            progress = self.queue_rounds.get(key[1])
+            pending = None if progress is None else next(
+                (p for p in progress.clusters if p.cluster == cluster_name), None)
+            members = self.groups.queued_members(key)
+            if progress is None or pending is None or not members:
+                # None of its members is in play (parked, or its controller backs off): room
+                # cannot help it, so the reservation must not hold the cluster.
+                del self.groups.reserved[cluster_name]
+                room = self.clusters.get(cluster_name)
+                if room is not None:
+                    room.reserved_for = None
+                continue
+            cluster = self.clusters[cluster_name]
+            first = self.state.job_records[members[0]]
+            reason, _ = self._group_turn(progress, pending, cluster, first, decisions)
+            if reason is None and not self._validate_head(progress, pending):
+                progress.clusters.remove(pending)
+
     def _group_turn(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
                     job: JobRecord, decisions: list[Decision]) -> tuple[SkipReason | None, bool]:
 
@@ -512,8 +555,6 @@ class _Round:
             reason = SkipReason.QUEUE_LIMIT
         elif cluster.overcommitted:
             reason = SkipReason.CLUSTER_OVERCOMMITTED
-        elif cluster.reserved_for not in (None, key):
-            reason = SkipReason.RESERVED_FOR_GROUP
         elif not cluster.fits_empty(shapes, self.inverse_total,
                                     self.state.cluster_records[pending.cluster]):
             reason = SkipReason.GROUP_TOO_BIG
@@ -565,9 +606,6 @@ class _Round:
     def _nothing_can_go(progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom) -> bool:
         """Whether every kind of job the queue has waiting in this cluster was turned down."""
         if cluster.overcommitted:
-            return True
-        reserved = cluster.reserved_for
-        if reserved is not None and reserved[1] != progress.queue.name:
             return True
         shapes = pending.shapes
         if len(shapes) > _SET_ASIDE_SHAPE_SCAN:
