@@ -110,7 +110,8 @@ class DaskLikeCoordinator:
     async def run(self, stopping: asyncio.Event) -> None:
         core = client.CoreV1Api(self.api)
         while self.succeeded < self.tasks and not stopping.is_set():
-            pods = (await core.list_namespaced_pod(self.namespace)).items
+            pods = (await core.list_namespaced_pod(
+                self.namespace, label_selector="app=dask-worker")).items
             self.succeeded = sum(1 for p in pods if p.status.phase == "Succeeded")
             active = sum(1 for p in pods if p.status.phase in ("Pending", "Running"))
             while active < self.max_workers and self.created < self.tasks:
@@ -141,10 +142,13 @@ async def fetch_fairness(session: aiohttp.ClientSession, port: int) -> dict[str,
     return None
 
 
-async def job_counts(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
+async def job_counts(pool: asyncpg.Pool, clusters: list[str]) -> dict[str, dict[str, int]]:
+    """Per queue and state, the batch part's jobs (not the weights part's job sets) in the
+    demo's clusters (tests sharing the stack watch them under aliases of their own)."""
     rows = await pool.fetch(
         "SELECT queue, state, count(*) AS n, count(released_at) AS ever_released"
-        " FROM jobs GROUP BY queue, state")
+        " FROM jobs WHERE jobset NOT LIKE $1 AND cluster = ANY($2::text[])"
+        " GROUP BY queue, state", f"{demo_weights.JOBSET_PREFIX}%", clusters)
     counts: dict[str, dict[str, int]] = {}
     for row in rows:
         queue = counts.setdefault(row["queue"], {})
@@ -232,8 +236,8 @@ async def demo(args: argparse.Namespace) -> int:
 
             weights = await demo_weights.run(
                 apis=apis, namespaces={queue: f"demo-{run}-{queue}" for queue in QUEUES},
-                weights=WEIGHTS, jobset=f"steady-{run}", evictions=preempted,
-                failures=failures, within=args.weights_seconds)
+                weights=WEIGHTS, jobset=f"{demo_weights.JOBSET_PREFIX}{run}",
+                evictions=preempted, failures=failures, within=args.weights_seconds)
 
             batch_started = time.monotonic()
             for api in apis.values():
@@ -271,7 +275,7 @@ async def demo(args: argparse.Namespace) -> int:
                 await asyncio.sleep(2)
                 fairness = await fetch_fairness(session, lockgate.ports.scheduler_health) \
                     or await fetch_fairness(session, lockgate.ports.standby_scheduler_health)
-                counts = await job_counts(pool)
+                counts = await job_counts(pool, list(apis))
                 if time.monotonic() - last_render >= 2:
                     last_render = time.monotonic()
                     print(render(fairness, counts, last_render - started), flush=True)
@@ -295,7 +299,7 @@ async def demo(args: argparse.Namespace) -> int:
         for coordinator in coordinators:
             failures.extend(coordinator.errors)
         failures.extend(await released_twice(pool))
-        final_counts = await job_counts(pool)
+        final_counts = await job_counts(pool, list(apis))
         placement_lines = await demo_placement.gpu_pool(lockgate, apis["cluster-a"], pool, run,
                                                         failures)
         failures.extend(await demo_ephemeral.run(lockgate, apis, pool, run))

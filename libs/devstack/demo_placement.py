@@ -52,7 +52,8 @@ def _pod(name: str, run: str, *, tolerating: bool) -> dict[str, Any]:
 
 
 async def gpu_pool(lockgate: Lockgate, api: client.ApiClient, pool: asyncpg.Pool, run: str,
-                   failures: list[str], *, within: float = 120.0) -> list[str]:
+                   failures: list[str], *, within: float = 120.0,
+                   cluster: str = "cluster-a") -> list[str]:
     """Run the GPU-pool step; returns the summary's lines, appends to `failures`."""
     core = client.CoreV1Api(api)
     namespace = f"demo-{run}-gpu"
@@ -83,7 +84,8 @@ async def gpu_pool(lockgate: Lockgate, api: client.ApiClient, pool: asyncpg.Pool
         for i in range(NOT_TOLERATING):
             await core.create_namespaced_pod(namespace, _pod(f"not-tolerating-{i}", run,
                                                              tolerating=False))
-        placed = await _until_settled(core, namespace, pool, within)
+        # Only this cluster's rows: tests sharing the stack watch it under aliases of their own.
+        placed = await _until_settled(core, namespace, pool, within, cluster)
     except (ApiException, TimeoutError, RuntimeError) as error:
         failures.append(f"GPU pool: {error}")
         return [f"  GPU pool: failed ({error})"]
@@ -126,7 +128,7 @@ async def _until_nodes_known(pool: asyncpg.Pool, nodes: list[str], within: float
 
 
 async def _until_settled(core: client.CoreV1Api, namespace: str, pool: asyncpg.Pool,
-                         within: float) -> list[tuple[str, str, bool]]:
+                         within: float, cluster: str) -> list[tuple[str, str, bool]]:
     """(kind, node, gated) per pod once the scheduler parked every non-tolerating pod and the
     pool's GPUs are all bound (or the tolerating pods all are)."""
     deadline = time.monotonic() + within
@@ -138,7 +140,8 @@ async def _until_settled(core: client.CoreV1Api, namespace: str, pool: asyncpg.P
         bound = sum(1 for kind, node, _ in placed if kind == "tolerating" and node)
         parked = await pool.fetchval(
             "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'queued'"
-            " AND name LIKE 'not-tolerating-%'", QUEUE)
+            " AND name LIKE 'not-tolerating-%' AND namespace = $2 AND cluster = $3", QUEUE,
+            namespace, cluster)
         if bound >= min(NODES * GPUS_PER_NODE, TOLERATING) and parked == NOT_TOLERATING:
             return placed
         if time.monotonic() > deadline:

@@ -22,6 +22,7 @@ shares differ.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from lockgate.labels import JOBSET_LABEL, PREEMPTIBLE_LABEL, QUEUE_LABEL
 from lockgate.resources import canonical_amount
 
 RESOURCES = ("cpu", "memory")
+JOBSET_PREFIX = "steady-"  # the job sets of this part's pods
 
 
 @dataclass(frozen=True)
@@ -174,16 +176,22 @@ async def run(*, apis: Mapping[str, client.ApiClient], namespaces: Mapping[str, 
     print("  the independent model's fair allocation, in pods: " + ", ".join(
         f"{queue} {target:.2f}" for queue, target in targets.items()), flush=True)
     before = await evictions()
-    try:
+
+    async def arrive() -> None:
         for workload in WORKLOADS:
             await asyncio.sleep(max(0.0, started + workload.after - time.monotonic()))
             await client.AppsV1Api(apis[workload.cluster]).create_namespaced_deployment(
                 namespaces[workload.queue], deployment(workload, jobset))
-        last_print = 0.0
+
+    arrivals = asyncio.create_task(arrive())
+    try:
+        last_print = -5.0
         while judge.settled_at is None and time.monotonic() - started < within:
             now = time.monotonic() - started
             seen = result.last = await look(apis, namespaces, now)
-            judge.see(seen)
+            if arrivals.done():
+                await arrivals  # raises what creating a Deployment raised
+                judge.see(seen)  # judged once every queue's demand exists
             if now - last_print >= 5:
                 last_print = now
                 print(f"  t={now:5.0f}s holding " + ", ".join(
@@ -198,6 +206,9 @@ async def run(*, apis: Mapping[str, client.ApiClient], namespaces: Mapping[str, 
         result.evictions = await evictions() - before
         failures.extend(f"weights for pinned pods: {failure}" for failure in judge.verdict())
     finally:
+        arrivals.cancel()
+        with contextlib.suppress(asyncio.CancelledError, client.ApiException):
+            await arrivals
         for workload in WORKLOADS:
             try:
                 await client.AppsV1Api(apis[workload.cluster]).delete_namespaced_deployment(
