@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from devstack.demo_weights import schedulable_capacity
 from devstack.fair_model import Cluster, Demand, FairAllocation, fair_allocation
 from devstack.stack import StackInfo
 from helpers.pods import a_deployment, a_pod
@@ -76,18 +77,7 @@ async def start(stack: StackInfo, tmp_path: Path, name: str, queues: dict[str, f
 
 async def capacity(run: LockgateRun) -> list[Cluster]:
     """Each cluster's schedulable capacity, as its apiserver reports it (not lockgate)."""
-    clusters = []
-    for alias in run.clusters:
-        nodes = (await run.core(alias).list_node()).items
-        total = {"cpu": 0.0, "memory": 0.0}
-        for node in nodes:
-            if node.spec.unschedulable or any(
-                    t.effect in ("NoSchedule", "NoExecute") for t in node.spec.taints or ()):
-                continue
-            for resource in total:
-                total[resource] += canonical_amount(resource, node.status.allocatable[resource])
-        clusters.append(Cluster.of(alias, total))
-    return clusters
+    return await schedulable_capacity({alias: run.apis[alias] for alias in run.clusters})
 
 
 def shape(cpu: str) -> dict[str, float]:
