@@ -36,7 +36,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.stack import StackInfo
-from helpers.kube import gates_of
+from helpers.kube import gates_of, worker_group_crd
 from helpers.network import TcpRelay
 from helpers.pods import a_deployment, a_pod
 from helpers.postgres import fresh_database
@@ -398,27 +398,6 @@ async def test_the_coordinator_flow(run: Run, make_namespace: Any) -> None:
         await coordinator.close()
 
 
-def scalable_crd(group: str) -> dict[str, Any]:
-    """A namespaced custom resource with a `scale` subresource, as the Dask operator's
-    DaskWorkerGroup has (a group of this run's own: CRDs are cluster-wide)."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"workergroups.{group}"},
-        "spec": {
-            "group": group, "scope": "Namespaced",
-            "names": {"plural": "workergroups", "singular": "workergroup",
-                      "kind": "WorkerGroup"},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                "subresources": {"scale": {"specReplicasPath": ".spec.replicas",
-                                           "statusReplicasPath": ".status.replicas"}},
-            }],
-        },
-    }
-
-
 async def test_the_coordinator_scales_the_allowed_kinds_that_have_a_scale_subresource(
     run: Run,
 ) -> None:
@@ -426,21 +405,12 @@ async def test_the_coordinator_scales_the_allowed_kinds_that_have_a_scale_subres
     DaskWorkerGroup allowed with `--allow-kind` (which adds it to the default kinds); a kind
     the queue does not allow stays refused."""
     group = f"t{RUN}.lockgate-test.io"
-    extensions = client.ApiextensionsV1Api(run.admin_kube)
-    crd = scalable_crd(group)
-    await extensions.create_custom_resource_definition(crd)
-    try:
-        async def established() -> bool:
-            found = await extensions.read_custom_resource_definition(crd["metadata"]["name"])
-            return any(c.type == "Established" and c.status == "True"
-                       for c in found.status.conditions or [])
-        await eventually(established, within=30, what=f"the CRD of {group} established")
-
+    async with worker_group_crd(run.admin_kube, group) as plural:
         queue = f"scale-{RUN}"
-        await create_queue(run, queue, "--allow-kind", f"workergroups.{group}")
+        await create_queue(run, queue, "--allow-kind", f"{plural}.{group}")
         status, defined = await run.call("GET", f"/queues/{queue}")
         assert status == 200 and sorted(defined["allowed_kinds"]) == sorted(
-            [*access.DEFAULT_ALLOWED_KINDS, f"workergroups.{group}"]), defined
+            [*access.DEFAULT_ALLOWED_KINDS, f"{plural}.{group}"]), defined
         status, answer = await run.call("POST", "/namespaces",
                                         {"queue": queue, "jobset": "dask-1", "cluster": ALIAS})
         assert status == 201, answer
@@ -455,13 +425,13 @@ async def test_the_coordinator_scales_the_allowed_kinds_that_have_a_scale_subres
             scale = await apps.read_namespaced_deployment_scale("workers", namespace)
             assert scale.spec.replicas == 2
 
-            await custom.create_namespaced_custom_object(group, "v1", namespace, "workergroups", {
+            await custom.create_namespaced_custom_object(group, "v1", namespace, plural, {
                 "apiVersion": f"{group}/v1", "kind": "WorkerGroup",
                 "metadata": {"name": "dc-default"}, "spec": {"replicas": 1}})
             await custom.patch_namespaced_custom_object_scale(
-                group, "v1", namespace, "workergroups", "dc-default", {"spec": {"replicas": 5}})
+                group, "v1", namespace, plural, "dc-default", {"spec": {"replicas": 5}})
             scaled = await custom.get_namespaced_custom_object(
-                group, "v1", namespace, "workergroups", "dc-default")
+                group, "v1", namespace, plural, "dc-default")
             assert scaled["spec"]["replicas"] == 5
 
             # replicasets.apps is not among its kinds: neither it nor its scale is granted.
@@ -472,8 +442,6 @@ async def test_the_coordinator_scales_the_allowed_kinds_that_have_a_scale_subres
             assert 'cannot patch resource "replicasets/scale"' in message_of(refused.value)
         finally:
             await coordinator.close()
-    finally:
-        await extensions.delete_custom_resource_definition(crd["metadata"]["name"])
 
 
 async def pods_that_fit(api: client.ApiClient) -> int:
