@@ -428,8 +428,10 @@ async def test_the_coordinator_scales_the_allowed_kinds_that_have_a_scale_subres
             await custom.create_namespaced_custom_object(group, "v1", namespace, plural, {
                 "apiVersion": f"{group}/v1", "kind": "WorkerGroup",
                 "metadata": {"name": "dc-default"}, "spec": {"replicas": 1}})
+            # As `kubectl scale` sends it: a merge patch of the Scale.
             await custom.patch_namespaced_custom_object_scale(
-                group, "v1", namespace, plural, "dc-default", {"spec": {"replicas": 5}})
+                group, "v1", namespace, plural, "dc-default", {"spec": {"replicas": 5}},
+                _content_type="application/merge-patch+json")
             scaled = await custom.get_namespaced_custom_object(
                 group, "v1", namespace, plural, "dc-default")
             assert scaled["spec"]["replicas"] == 5
