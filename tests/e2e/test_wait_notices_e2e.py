@@ -48,9 +48,11 @@ async def run(stack: StackInfo,
 
 
 async def notices_on(run: LockgateRun, uid: str) -> list[Any]:
+    """The pod's wait notices (not other notices, such as LockgateQueueUnknown), oldest first."""
     events = await run.core().list_namespaced_event(
         run.namespace, field_selector=f"source=lockgate-ungater,involvedObject.uid={uid}")
-    return sorted(events.items, key=lambda event: event.first_timestamp)
+    return sorted((e for e in events.items if e.reason != "LockgateQueueUnknown"),
+                  key=lambda event: event.first_timestamp)
 
 
 async def test_a_waiting_pod_is_told_at_once_then_at_the_early_times_then_backs_off(
