@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -113,17 +114,67 @@ class AdmissionRequest:
 
 
 @dataclass(frozen=True)
+class NotPermitted:
+    """The webhook's identity may not `get` an owner's kind: its RBAC, not the owner, is why
+    the owner was not read. The same for every pod that kind owns, so it is said once (to the
+    operator, `owner_rbac_hint`) rather than on each pod."""
+
+    group: str  # "" for the core group
+    resource: str  # plural, e.g. daskworkergroups
+    user: str = ""  # who the apiserver refused, from its message; "" if it did not say
+
+    @property
+    def spelled(self) -> str:
+        """As kubectl's `--resource` takes it: `daskworkergroups.kubernetes.dask.org`."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+@dataclass(frozen=True)
 class OwnerLabels:
-    """One controlling owner of the pod (nearest first); `labels` is None if it was unreadable."""
+    """One controlling owner of the pod (nearest first); `labels` is None if it was unreadable,
+    and `not_permitted` says so when the webhook may not read its kind at all."""
 
     kind: str
     name: str
     labels: Mapping[str, str] | None
     unreadable_reason: str = ""
+    not_permitted: NotPermitted | None = None
 
     @property
     def reference(self) -> str:
         return f"{self.kind}/{self.name}"
+
+
+_REFUSED_USER = re.compile(r'User "([^"]+)" cannot')
+_SERVICE_ACCOUNT = "system:serviceaccount:"
+
+
+def refused_user(message: str) -> str:
+    """Who an apiserver's 403 message says was refused (`User "..." cannot get ...`), or ""."""
+    match = _REFUSED_USER.search(message)
+    return match.group(1) if match else ""
+
+
+def owner_rbac_hint(*, cluster: str, kind: str, refused: NotPermitted) -> str:
+    """What the webhook tells the operator, once per owner kind, when RBAC keeps it from
+    reading owners of `kind`: what that changes, and the rule to add (get on the kind)."""
+    role = f"lockgate-webhook-read-{refused.spelled}"[:253]
+    who = refused.user or "the webhook's identity"
+    if refused.user.startswith(_SERVICE_ACCOUNT):
+        subject = "--serviceaccount=" + refused.user.removeprefix(_SERVICE_ACCOUNT)
+    elif refused.user:
+        subject = f"--user={refused.user}"
+    else:
+        subject = "--serviceaccount=lockgate-system:lockgate-webhook"
+    group = f'in API group "{refused.group}"' if refused.group else "in the core API group"
+    return (f"cluster {cluster}: the admission webhook may not read {kind} objects ({who} "
+            f'cannot get "{refused.resource}" {group}), so pods a {kind} owns inherit '
+            f"{QUEUE_LABEL} and {JOBSET_LABEL} from the pod itself or its namespace, never "
+            f"from the {kind}. To let them inherit from it, grant get on {refused.spelled}: "
+            f"kubectl create clusterrole {role} --verb=get --resource={refused.spelled}; "
+            f"kubectl create clusterrolebinding {role} --clusterrole={role} {subject} "
+            "(docs/admission.md, \"Owners of custom kinds\"). Said once per kind while the "
+            "webhook runs; pods are not marked")
 
 
 class QueueStatus(StrEnum):
@@ -383,7 +434,10 @@ def _plan_labels(
     if jobset is None:
         # A namespace name is a valid label value, and a sensible grouping by default.
         jobset = (request.namespace, NAMESPACE_NAME_SOURCE)
-    unreadable = tuple(owner for owner in owners if owner.labels is None)
+    # An owner whose kind the webhook may not read is said once to the operator (the webhook's
+    # log), not on every pod it owns: what the pod records is what went wrong for this pod.
+    unreadable = tuple(owner for owner in owners
+                       if owner.labels is None and owner.not_permitted is None)
     return _LabelPlan(queue=queue[0], queue_source=queue[1], jobset=jobset[0],
                       jobset_source=jobset[1], unreadable_owners=unreadable)
 

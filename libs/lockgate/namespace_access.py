@@ -51,6 +51,21 @@ FORBIDDEN_KINDS = frozenset({
 # Every verb on an allowed kind: the coordinator owns what it makes.
 FULL_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 READ_VERBS = ("get", "list", "watch")
+# On the `scale` subresource of an allowed kind: what `kubectl scale` and autoscalers use.
+SCALE_VERBS = ("get", "update", "patch")
+# The API groups Kubernetes serves itself: their kinds are known, and only those below have a
+# `scale` subresource. Any other group is a custom resource's (or an aggregated API's).
+BUILT_IN_GROUPS = frozenset({
+    "", "apps", "batch", "autoscaling", "policy", "admissionregistration.k8s.io",
+    "apiextensions.k8s.io", "apiregistration.k8s.io", "authentication.k8s.io",
+    "authorization.k8s.io", "certificates.k8s.io", "coordination.k8s.io", "discovery.k8s.io",
+    "events.k8s.io", "flowcontrol.apiserver.k8s.io", "internal.apiserver.k8s.io",
+    "networking.k8s.io", "node.k8s.io", "rbac.authorization.k8s.io", "resource.k8s.io",
+    "scheduling.k8s.io", "storage.k8s.io", "storagemigration.k8s.io",
+})
+BUILT_IN_SCALABLE_KINDS = frozenset({
+    "replicationcontrollers", "deployments.apps", "statefulsets.apps", "replicasets.apps",
+})
 _RESOURCE = re.compile(r"^[a-z][a-z0-9]{0,62}$")
 _GROUP = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -100,22 +115,50 @@ def normalise_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
     return tuple(kind.spelled for kind in sorted(parsed, key=lambda k: k.spelled))
 
 
+def has_scale(kind: Kind) -> bool:
+    """Whether the coordinator's Role grants `<kind>/scale`: for the built-in kinds that have
+    that subresource, and for every custom resource.
+
+    Decided from the kind, without asking the cluster. For a custom resource lockgate cannot
+    know, without discovery, whether its CRD declares a scale subresource (the Dask operator's
+    `daskworkergroups` does; Spark's `sparkapplications` does not), so it grants it to all of
+    them: a rule naming a subresource that does not exist grants nothing, and scaling changes
+    only the replica count of an object the coordinator may already update and patch in full
+    (every verb on an allowed kind), so it adds no right. Asking discovery instead would make
+    the Role depend on whether the CRD was installed (or upgraded) before the namespace was
+    made, and put cluster reads into what is now a pure function of the queue's kinds.
+    """
+    if kind.group in BUILT_IN_GROUPS:
+        return kind.spelled in BUILT_IN_SCALABLE_KINDS
+    return True
+
+
 def coordinator_rules(kinds: Sequence[str], *, create_any: bool) -> list[dict[str, Any]]:
     """The coordinator Role's rules for a queue allowing `kinds`.
 
-    Every verb on the allowed kinds; reading pods, their logs and Events (to watch its workers);
-    and, with `create_any`, `create` on every other kind too. Why that: the apiserver authorizes
-    before admission, so a creation RBAC refuses never reaches the admission policy that names
-    the queue and its allowed kinds; with `create_any` RBAC lets creation through to
-    `lockgate-allowed-kinds`, which refuses every kind (and subresource) not in the list, while
-    reading, changing and deleting stay limited to the allowed kinds by RBAC alone.
+    Every verb on the allowed kinds, and get/update/patch on the `scale` subresource of those
+    that have one (`has_scale`: `kubectl scale`, a Dask cluster's adaptive workers); reading
+    pods, their logs and Events (to watch its workers); and, with `create_any`, `create` on
+    every other kind too. Why that: the apiserver authorizes before admission, so a creation
+    RBAC refuses never reaches the admission policy that names the queue and its allowed kinds;
+    with `create_any` RBAC lets creation through to `lockgate-allowed-kinds`, which refuses
+    every kind (and subresource) not in the list, while reading, changing and deleting stay
+    limited to the allowed kinds by RBAC alone. (Scaling is an update, which that policy does
+    not judge: it is RBAC's alone.)
     """
     by_group: dict[str, list[str]] = {}
+    scalable: dict[str, list[str]] = {}
     for kind in sorted({parse_kind(k) for k in kinds}):
         by_group.setdefault(kind.group, []).append(kind.resource)
+        if has_scale(kind):
+            scalable.setdefault(kind.group, []).append(f"{kind.resource}/scale")
     rules: list[dict[str, Any]] = [
         {"apiGroups": [group], "resources": resources, "verbs": list(FULL_VERBS)}
         for group, resources in sorted(by_group.items())
+    ]
+    rules += [
+        {"apiGroups": [group], "resources": resources, "verbs": list(SCALE_VERBS)}
+        for group, resources in sorted(scalable.items())
     ]
     rules += [
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events"],

@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
+
+from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, InvalidKindError, parse_kind
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -94,3 +97,33 @@ class Path3(click.ParamType[tuple[str, ...]]):
 
 POD = Path3("CLUSTER/NAMESPACE/POD", "cluster-a/team-a/worker-0")
 NAMESPACE_REF = Path3("CLUSTER/NAME", "cluster-a/analytics-dask-0142-3f0c9a1e")
+
+
+# Offered by shell completion after --allow-kind, --only-kind and --disallow-kind: the default
+# kinds and those coordinators commonly add (a Dask operator's resources, Spark's, Ray's).
+# Any other kind may be typed: completion only suggests.
+COMMON_KINDS: tuple[str, ...] = (
+    *DEFAULT_ALLOWED_KINDS, "secrets", "persistentvolumeclaims", "replicasets.apps",
+    "cronjobs.batch", "poddisruptionbudgets.policy",
+    "daskclusters.kubernetes.dask.org", "daskworkergroups.kubernetes.dask.org",
+    "daskjobs.kubernetes.dask.org", "daskautoscalers.kubernetes.dask.org",
+    "sparkapplications.sparkoperator.k8s.io", "rayclusters.ray.io", "rayjobs.ray.io",
+)
+
+
+class Kind(click.ParamType[str]):
+    """A kind a queue's ephemeral namespaces may create: plural resource and API group
+    (`pods`, `deployments.apps`); refused before anything is sent if the API would refuse it."""
+
+    name = "kind"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        try:
+            return parse_kind(str(value)).spelled
+        except InvalidKindError as error:
+            self.fail(str(error), param, ctx)
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[CompletionItem]:
+        return [CompletionItem(kind) for kind in COMMON_KINDS if kind.startswith(incomplete)]

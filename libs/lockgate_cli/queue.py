@@ -14,14 +14,14 @@ from typing import Any
 
 import click
 
+from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS
 from lockgate_cli.client import CliError, quote
 from lockgate_cli.output import Output, Table, View, duration, output_option, render, weight
-from lockgate_cli.params import Duration, Limit
+from lockgate_cli.params import Duration, Kind, Limit
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 
-DEFAULT_KINDS_HELP = ("pods, services, configmaps, deployments.apps, statefulsets.apps, "
-                      "jobs.batch")
+DEFAULT_KINDS_HELP = ", ".join(DEFAULT_ALLOWED_KINDS)
 
 
 def path(name: str) -> str:
@@ -140,9 +140,12 @@ def bindings(session: Session, *, names: tuple[str, ...], selectors: tuple[str, 
               help="cap on what the queue holds at once, e.g. cpu=100, memory=1Ti (repeat)")
 @_bindings_options
 @_group_options
-@click.option("--allow-kind", "allow_kinds", multiple=True, metavar="KIND",
-              help=f"what its ephemeral namespaces may create (repeat; default: "
-                   f"{DEFAULT_KINDS_HELP})")
+@click.option("--allow-kind", "allow_kinds", multiple=True, type=Kind(), metavar="KIND",
+              help=f"also allow its ephemeral namespaces to create this kind, besides the "
+                   f"default ones ({DEFAULT_KINDS_HELP}); e.g. secrets, "
+                   f"daskworkergroups.kubernetes.dask.org (repeat)")
+@click.option("--only-kind", "only_kinds", multiple=True, type=Kind(), metavar="KIND",
+              help="allow only the kinds given this way, instead of the default ones (repeat)")
 @_max_queued_options
 @output_option
 @runs
@@ -151,9 +154,13 @@ def create(session: Session, name: str, weight: float | None,
            namespace: tuple[str, ...], namespace_selector: tuple[str, ...],
            namespaces_json: str | None, group_timeout: float | None,
            group_timeout_action: str | None, allow_kinds: tuple[str, ...],
-           max_queued_time: float | None, on_max_queued: str | None,
-           output: Output) -> None:
-    """Create a queue (bind namespaces to it with --namespace, or nobody may use it)."""
+           only_kinds: tuple[str, ...], max_queued_time: float | None,
+           on_max_queued: str | None, output: Output) -> None:
+    """Create a queue (bind namespaces to it with --namespace, or nobody may use it).
+
+    Its ephemeral namespaces may create the default kinds; --allow-kind adds to them,
+    --only-kind replaces them.
+    """
     factor = _priority_factor(weight, priority_factor)
     body: dict[str, Any] = {"name": name, "cordoned": cordon, "resource_limits": dict(limits),
                             "namespaces": bindings(session, names=namespace,
@@ -166,8 +173,12 @@ def create(session: Session, name: str, weight: float | None,
     elif on_max_queued is not None:
         raise click.UsageError("--on-max-queued needs --max-queued-time (e.g. 30m)")
     body.update(_group_timeout(group_timeout, group_timeout_action))
-    if allow_kinds:
-        body["allowed_kinds"] = list(allow_kinds)
+    if only_kinds and allow_kinds:
+        raise click.UsageError("give --allow-kind (adds to the default kinds) or --only-kind "
+                               "(replaces them), not both")
+    kinds = _kinds(DEFAULT_ALLOWED_KINDS, only=only_kinds, allow=allow_kinds)
+    if kinds is not None:
+        body["allowed_kinds"] = kinds
     queue = session.api().request("POST", "/api/v1/queues", body)
     render(session.out, output, queue_view([queue], single=True))
 
@@ -184,10 +195,16 @@ def create(session: Session, name: str, weight: float | None,
 @_bindings_options
 @click.option("--clear-namespaces", is_flag=True,
               help="drop every namespace binding (before adding those given)")
-@click.option("--allow-kind", "allow_kinds", multiple=True, metavar="KIND",
-              help="also allow this kind in its ephemeral namespaces")
-@click.option("--disallow-kind", "disallow_kinds", multiple=True, metavar="KIND")
-@click.option("--default-kinds", is_flag=True, help="back to the default allowed kinds")
+@click.option("--allow-kind", "allow_kinds", multiple=True, type=Kind(), metavar="KIND",
+              help="also allow this kind in its ephemeral namespaces, besides those it allows "
+                   "(the default ones if it never changed them; repeat)")
+@click.option("--disallow-kind", "disallow_kinds", multiple=True, type=Kind(), metavar="KIND",
+              help="no longer allow this kind (repeat)")
+@click.option("--only-kind", "only_kinds", multiple=True, type=Kind(), metavar="KIND",
+              help="allow only the kinds given this way (repeat); replaces the list")
+@click.option("--default-kinds", is_flag=True,
+              help=f"back to the default allowed kinds ({DEFAULT_KINDS_HELP}), which then "
+                   "follow lockgate's default; with --allow-kind, the default ones and those")
 @_max_queued_options
 @click.option("--no-max-queued-time", is_flag=True, help="let pods wait as long as it takes")
 @output_option
@@ -198,7 +215,7 @@ def update(session: Session, name: str, weight: float | None, priority_factor: f
            group_timeout_action: str | None, namespace: tuple[str, ...],
            namespace_selector: tuple[str, ...], namespaces_json: str | None,
            clear_namespaces: bool, allow_kinds: tuple[str, ...],
-           disallow_kinds: tuple[str, ...], default_kinds: bool,
+           disallow_kinds: tuple[str, ...], only_kinds: tuple[str, ...], default_kinds: bool,
            max_queued_time: float | None, on_max_queued: str | None,
            no_max_queued_time: bool, output: Output) -> None:
     """Change a queue; what is not given stays as it is."""
@@ -236,20 +253,36 @@ def update(session: Session, name: str, weight: float | None, priority_factor: f
         current = [] if clear_namespaces else api.request("GET", path(name)).get(
             "namespaces", [])
         patch["namespaces"] = current + [b for b in added if b not in current]
-    if default_kinds:
-        patch["allowed_kinds"] = None  # merge patch: null restores the default list
-    elif allow_kinds or disallow_kinds:
-        current_kinds = api.request("GET", path(name)).get("allowed_kinds", [])
-        kinds = [k for k in current_kinds if k not in disallow_kinds]
-        patch["allowed_kinds"] = kinds + [k for k in allow_kinds if k not in kinds]
+    if only_kinds and (allow_kinds or disallow_kinds or default_kinds):
+        raise click.UsageError("--only-kind replaces the list: give it alone, without "
+                               "--allow-kind, --disallow-kind or --default-kinds")
+    if only_kinds or default_kinds or allow_kinds or disallow_kinds:
+        kinds: tuple[str, ...] = DEFAULT_ALLOWED_KINDS
+        if not (only_kinds or default_kinds):
+            kinds = tuple(api.request("GET", path(name)).get("allowed_kinds", []))
+        # merge patch: null restores the default list, which then follows lockgate's default
+        patch["allowed_kinds"] = _kinds(kinds, only=only_kinds, allow=allow_kinds,
+                                        disallow=disallow_kinds)
     if not patch:
         raise click.UsageError(
             "nothing to update: give --weight (or --priority-factor), --cordon/--uncordon, "
             "--limit, --remove-limit, --group-timeout, --group-timeout-action, --namespace, "
             "--namespace-selector, --clear-namespaces, --max-queued-time, --allow-kind, "
-            "--disallow-kind or --default-kinds")
+            "--disallow-kind, --only-kind or --default-kinds")
     queue = api.request("PATCH", path(name), patch)
     render(session.out, output, queue_view([queue], single=True))
+
+
+def _kinds(current: tuple[str, ...], *, only: tuple[str, ...] = (),
+           allow: tuple[str, ...] = (), disallow: tuple[str, ...] = ()) -> list[str] | None:
+    """The allowed kinds to send: `only` if given, else `current` without `disallow`, with
+    `allow`; None when that is exactly the default list (a queue keeps following the default,
+    rather than holding today's copy of it)."""
+    if only:
+        return list(dict.fromkeys(only))
+    kinds = [kind for kind in current if kind not in disallow]
+    kinds += [kind for kind in dict.fromkeys(allow) if kind not in kinds]
+    return None if sorted(kinds) == sorted(DEFAULT_ALLOWED_KINDS) else kinds
 
 
 def _group_timeout(seconds: float | None, action: str | None) -> dict[str, Any]:

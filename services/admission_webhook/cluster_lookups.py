@@ -10,6 +10,7 @@ Deployment scaled to 500 replicas sends 500 reviews naming the same ReplicaSet a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
@@ -18,10 +19,17 @@ from typing import Any, Generic, TypeVar
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Counter
 
-from lockgate.admission import OwnerLabels
+from lockgate.admission import NotPermitted, OwnerLabels, owner_rbac_hint, refused_user
 
 log = logging.getLogger(__name__)
+
+OWNERS_NOT_PERMITTED = Counter(
+    "lockgate_admission_owners_not_permitted",
+    "Owners of pods the webhook could not read because its RBAC does not let it get their "
+    "kind (pods then inherit from their namespace); the log says, once per kind, what to grant",
+    ["cluster", "resource"])
 
 T = TypeVar("T")
 # Beyond this many entries, expired ones are dropped on the next insert.
@@ -90,6 +98,9 @@ class ClusterLookups:
         self._owners: TtlCache[dict[str, Any]] = TtlCache(owner_ttl)
         # API discovery rarely changes while we run; a kind is looked up once per apiVersion.
         self._resources: dict[str, dict[str, _ApiResource]] = {}
+        # (API group, kind) of owners the webhook was refused and said so for: said again only
+        # after a read of that kind succeeded in between (the rule was granted, then taken away).
+        self._said_not_permitted: set[tuple[str, str]] = set()
 
     async def namespace_labels(self, namespace: str) -> dict[str, str]:
         return (await self._namespace(namespace))[0]
@@ -124,6 +135,12 @@ class ClusterLookups:
             kind, name = str(reference.get("kind", "")), str(reference.get("name", ""))
             try:
                 found = await self._owner(namespace, reference)
+            except _NotPermittedError as refused:
+                self._say_not_permitted(kind, refused.not_permitted)
+                owners.append(OwnerLabels(kind=kind, name=name, labels=None,
+                                          unreadable_reason="403 Forbidden",
+                                          not_permitted=refused.not_permitted))
+                break
             except Exception as error:  # noqa: BLE001 - any failure: fall back, say why
                 reason = _describe(error)
                 log.warning("%s: cannot read owner %s/%s in %s: %s", self.cluster, kind, name,
@@ -131,6 +148,8 @@ class ClusterLookups:
                 owners.append(OwnerLabels(kind=kind, name=name, labels=None,
                                           unreadable_reason=reason))
                 break
+            self._said_not_permitted.discard((str(reference["apiVersion"]).rpartition("/")[0],
+                                              kind))
             metadata = found.get("metadata") or {}
             owners.append(OwnerLabels(kind=kind, name=name,
                                       labels=dict(metadata.get("labels") or {})))
@@ -144,10 +163,27 @@ class ClusterLookups:
             resource = await self._resource(api_version, kind)
             base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
             scope = f"/namespaces/{namespace}" if resource.namespaced else ""
-            return await self._get(f"{base}{scope}/{resource.plural}/{name}")
+            try:
+                return await self._get(f"{base}{scope}/{resource.plural}/{name}")
+            except ApiException as error:
+                if error.status != 403:
+                    raise
+                group = api_version.rpartition("/")[0]
+                raise _NotPermittedError(NotPermitted(
+                    group=group, resource=resource.plural,
+                    user=refused_user(_status_message(error)))) from error
 
         key = (api_version, kind, namespace, name, reference.get("uid"))
         return await self._owners.get(key, load)
+
+    def _say_not_permitted(self, kind: str, refused: NotPermitted) -> None:
+        """Once per owner kind, what to grant; every time, the metric."""
+        OWNERS_NOT_PERMITTED.labels(self.cluster, refused.spelled).inc()
+        key = (refused.group, kind)
+        if key in self._said_not_permitted:
+            return
+        self._said_not_permitted.add(key)
+        log.warning("%s", owner_rbac_hint(cluster=self.cluster, kind=kind, refused=refused))
 
     async def _resource(self, api_version: str, kind: str) -> _ApiResource:
         kinds = self._resources.get(api_version)
@@ -178,6 +214,25 @@ class ClusterLookups:
         if not isinstance(found, dict):
             raise LookupError(f"GET {path} returned no object")
         return found
+
+
+class _NotPermittedError(Exception):
+    """The webhook's RBAC does not let it get the owner's kind."""
+
+    def __init__(self, not_permitted: NotPermitted) -> None:
+        super().__init__(f"may not get {not_permitted.spelled}")
+        self.not_permitted = not_permitted
+
+
+def _status_message(error: ApiException) -> str:
+    """The message of the Status an apiserver answered with, or the raw body."""
+    body = error.body.decode(errors="replace") if isinstance(error.body, bytes) else str(
+        error.body or "")
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body
+    return str(status.get("message", body)) if isinstance(status, dict) else body
 
 
 def _controller_reference(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:

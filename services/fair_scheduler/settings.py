@@ -56,6 +56,15 @@ class SchedulerSettings(ServiceSettings):
                 f"({least}): Postgres would end a live leader's session")
         return self
 
+    @model_validator(mode="after")
+    def _early_notices_increase(self) -> SchedulerSettings:
+        try:
+            NoticeLimits(pod_interval=self.wait_notice_interval_seconds, cluster_rate=1.0,
+                         cluster_burst=1.0, early=tuple(self.wait_notice_early_seconds))
+        except ValueError as error:
+            raise ValueError(f"wait_notice_early_seconds: {error}") from error
+        return self
+
     def backoff_policy(self) -> BackoffPolicy:
         return BackoffPolicy(
             initial_seconds=(self.unplaceable_backoff_initial_seconds
@@ -73,6 +82,7 @@ class SchedulerSettings(ServiceSettings):
             controller_backoff_enabled=self.unplaceable_backoff,
             notices=NoticeLimits(
                 pod_interval=self.wait_notice_interval_seconds,
+                early=tuple(self.wait_notice_early_seconds),
                 cluster_rate=self.wait_notices_per_cluster_per_second,
                 cluster_burst=self.wait_notice_burst_per_cluster))
 
@@ -135,9 +145,14 @@ class SchedulerSettings(ServiceSettings):
         default=5.0, gt=0, description="look for pods due an Event, or past their maximum time "
         "queued, at most this often (each look costs a pass over the queued pods of the queues "
         "with pods due)")
+    wait_notice_early_seconds: list[float] = Field(
+        default=[15.0, 45.0], description="seconds after its first Event at which a waiting "
+        "pod gets the next ones (a JSON list, increasing; [] for none), so a client that gives "
+        "a pod a minute to start (a spawner's progress page) shows why it waits before it "
+        "gives up")
     wait_notice_interval_seconds: float = Field(
-        default=300.0, gt=0, description="after its first Event, a waiting pod gets another "
-        "at most this often (per pod)")
+        default=300.0, gt=0, description="after those, a waiting pod gets another Event at "
+        "most this often (per pod)")
     wait_notices_per_cluster_per_second: float = Field(
         default=5.0, gt=0, description="the most wait Events per second per cluster, on average")
     wait_notice_burst_per_cluster: float = Field(

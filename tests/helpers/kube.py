@@ -1,5 +1,6 @@
 """Kubernetes for tests: namespaces ready for pods (and removed after), reading or removing
-scheduling gates, kubeconfigs through a relay. Pods themselves are built with helpers.pods.
+scheduling gates, kubeconfigs through a relay, custom resources of a test's own. Pods themselves
+are built with helpers.pods.
 """
 
 from __future__ import annotations
@@ -9,12 +10,56 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from lockgate.labels import SCHEDULING_GATE
+
+# ---------------------------------------------------------------- custom resources
+
+
+@contextlib.asynccontextmanager
+async def worker_group_crd(api: client.ApiClient, group: str) -> AsyncIterator[str]:
+    """A namespaced custom resource `workergroups.<group>` (kind WorkerGroup, version v1) with a
+    `scale` subresource, as the Dask operator's DaskWorkerGroup has; yields its plural once the
+    apiserver serves it, and deletes the CRD after. CRDs are cluster-wide: give each test a
+    group of its own."""
+    extensions = client.ApiextensionsV1Api(api)
+    name = f"workergroups.{group}"
+    crd: dict[str, Any] = {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"plural": "workergroups", "singular": "workergroup",
+                      "kind": "WorkerGroup"},
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                "subresources": {"scale": {"specReplicasPath": ".spec.replicas",
+                                           "statusReplicasPath": ".status.replicas"}},
+            }],
+        },
+    }
+    await extensions.create_custom_resource_definition(crd)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            found = await extensions.read_custom_resource_definition(name)
+            if any(c.type == "Established" and c.status == "True"
+                   for c in found.status.conditions or []):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not established within 30 s")
+            await asyncio.sleep(0.1)
+        yield "workergroups"
+    finally:
+        await _unless_gone(extensions.delete_custom_resource_definition(name))
+
 
 # ---------------------------------------------------------------- gates
 

@@ -11,6 +11,7 @@ fail-closed webhook left registered with no server would refuse every pod it sel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,7 +34,7 @@ from devstack.manifests import (
     render_webhook_configuration,
 )
 from devstack.stack import StackInfo
-from helpers.kube import gates_of
+from helpers.kube import gates_of, worker_group_crd
 from helpers.pods import PodBuilder, a_deployment, a_pod
 from helpers.services import WebhookProcess, webhook_process
 from helpers.waiting import eventually
@@ -375,6 +376,103 @@ async def test_unreadable_owner_falls_back_to_the_namespace_and_says_so(
     sources = sources_of(pod)
     assert sources["queue"] == f"namespace/{namespace}"
     assert sources["unreadable"] == ["ReplicaSet/ghost: 404 Not Found"]
+
+
+def webhook_log_messages(webhook: WebhookProcess, containing: str) -> list[str]:
+    """The webhook's log lines (one JSON object each) whose message contains `containing`."""
+    found = []
+    for line in webhook.process.log_path.read_text(errors="replace").splitlines():
+        try:
+            message = str(json.loads(line).get("msg", ""))
+        except ValueError:
+            continue
+        if containing in message:
+            found.append(message)
+    return found
+
+
+async def owners_not_permitted(webhook: WebhookProcess, cluster: str, resource: str) -> float:
+    """The webhook's metric of owners it was refused, for one cluster and resource."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{webhook.process.health_port}/metrics") as reply:
+        text = await reply.text()
+    wanted = (f'lockgate_admission_owners_not_permitted_total{{cluster="{cluster}",'
+              f'resource="{resource}"}} ')
+    return sum(float(line.removeprefix(wanted)) for line in text.splitlines()
+               if line.startswith(wanted))
+
+
+async def test_an_owner_kind_the_webhook_may_not_read_is_said_once_with_the_rule_to_add(
+    webhook: WebhookProcess, kube_clients: Kube, queues: Queues, namespaces: Factory,
+) -> None:
+    """The Dask operator's case: worker pods owned by a custom resource (its DaskWorkerGroup)
+    whose kind the webhook's ClusterRole does not cover. Every pod is gated with its namespace's
+    queue and carries no 403; the webhook's log says once what to grant, and the metric counts
+    each refusal. Granting exactly that makes the next pods inherit from the owner."""
+    queue, owners_queue = await queues.create(), await queues.create()
+    namespace = await namespaces("cluster-a", **{QUEUE_LABEL: queue})
+    api = kube_clients["cluster-a"]
+    group = f"t{RUN}.lockgate-test.io"
+    async with worker_group_crd(api, group) as plural:
+        resource = f"{plural}.{group}"
+        owner = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+            group, "v1", namespace, plural, {
+                "apiVersion": f"{group}/v1", "kind": "WorkerGroup",
+                "metadata": {"name": "dc-default", "labels": {QUEUE_LABEL: owners_queue}},
+                "spec": {"replicas": 3}})
+        reference = {"apiVersion": f"{group}/v1", "kind": "WorkerGroup", "name": "dc-default",
+                     "uid": owner["metadata"]["uid"], "controller": True}
+        core = client.CoreV1Api(api)
+        hint = "the admission webhook may not read WorkerGroup objects"
+
+        for index in range(3):
+            pod = await core.create_namespaced_pod(
+                namespace, user_pod(f"dask-worker-{index}").owned_by(reference).manifest())
+            assert gates_of(pod) == [SCHEDULING_GATE]
+            assert pod.metadata.labels[QUEUE_LABEL] == queue
+            assert sources_of(pod) == {"queue": f"namespace/{namespace}",
+                                       "jobset": "default:namespace-name"}
+
+        async def logged() -> list[str] | None:
+            return webhook_log_messages(webhook, hint) or None
+
+        said = await eventually(logged, within=10, what="the webhook's log saying what to grant")
+        assert len(said) == 1, said
+        assert said[0].startswith(f"cluster cluster-a: {hint} (system:serviceaccount:"
+                                  "lockgate-system:lockgate-webhook cannot get "
+                                  f'"{plural}" in API group "{group}")'), said[0]
+        role = f"lockgate-webhook-read-{resource}"
+        assert (f"kubectl create clusterrole {role} --verb=get --resource={resource}; "
+                f"kubectl create clusterrolebinding {role} --clusterrole={role} "
+                "--serviceaccount=lockgate-system:lockgate-webhook ") in said[0], said[0]
+        assert await owners_not_permitted(webhook, "cluster-a", resource) == 3
+
+        # What the hint says to run, through the API.
+        rbac = client.RbacAuthorizationV1Api(api)
+        await rbac.create_cluster_role({"metadata": {"name": role}, "rules": [
+            {"apiGroups": [group], "resources": [plural], "verbs": ["get"]}]})
+        try:
+            await rbac.create_cluster_role_binding({
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "lockgate-webhook",
+                              "namespace": "lockgate-system"}]})
+            created = iter(range(100))
+
+            async def inherits_from_the_owner() -> client.V1Pod | None:
+                pod = await core.create_namespaced_pod(namespace, user_pod(
+                    f"dask-worker-granted-{next(created)}").owned_by(reference).manifest())
+                return pod if pod.metadata.labels[QUEUE_LABEL] == owners_queue else None
+
+            pod = await eventually(inherits_from_the_owner, within=30, every=0.5,
+                                   what="a pod inheriting its queue from its WorkerGroup")
+            assert sources_of(pod) == {"queue": "WorkerGroup/dc-default",
+                                       "jobset": "default:namespace-name"}
+        finally:
+            await rbac.delete_cluster_role(role)
+            with contextlib.suppress(ApiException):
+                await rbac.delete_cluster_role_binding(role)
 
 
 async def test_pod_inherits_from_namespace_labels(

@@ -36,9 +36,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.launcher import Lockgate, ServicePorts
 from devstack.stack import StackInfo
-from helpers.kube import gates_of
+from helpers.kube import gates_of, worker_group_crd
 from helpers.network import TcpRelay
-from helpers.pods import a_pod
+from helpers.pods import a_deployment, a_pod
 from helpers.postgres import fresh_database
 from helpers.waiting import eventually
 from lockgate import namespace_access as access
@@ -396,6 +396,54 @@ async def test_the_coordinator_flow(run: Run, make_namespace: Any) -> None:
         assert f"lockgate queue {queue} may not create secrets" in message
     finally:
         await coordinator.close()
+
+
+async def test_the_coordinator_scales_the_allowed_kinds_that_have_a_scale_subresource(
+    run: Run,
+) -> None:
+    """`kubectl scale` for the coordinator: a Deployment, and a custom resource like Dask's
+    DaskWorkerGroup allowed with `--allow-kind` (which adds it to the default kinds); a kind
+    the queue does not allow stays refused."""
+    group = f"t{RUN}.lockgate-test.io"
+    async with worker_group_crd(run.admin_kube, group) as plural:
+        queue = f"scale-{RUN}"
+        await create_queue(run, queue, "--allow-kind", f"{plural}.{group}")
+        status, defined = await run.call("GET", f"/queues/{queue}")
+        assert status == 200 and sorted(defined["allowed_kinds"]) == sorted(
+            [*access.DEFAULT_ALLOWED_KINDS, f"{plural}.{group}"]), defined
+        status, answer = await run.call("POST", "/namespaces",
+                                        {"queue": queue, "jobset": "dask-1", "cluster": ALIAS})
+        assert status == 201, answer
+        namespace = answer["namespace"]["name"]
+        coordinator = await coordinator_client(answer["kubeconfig"])
+        try:
+            apps, custom = client.AppsV1Api(coordinator), client.CustomObjectsApi(coordinator)
+            await apps.create_namespaced_deployment(namespace, a_deployment("workers")
+                                                    .with_replicas(0).of(a_pod("w")).manifest())
+            await apps.patch_namespaced_deployment_scale(
+                "workers", namespace, {"spec": {"replicas": 2}})
+            scale = await apps.read_namespaced_deployment_scale("workers", namespace)
+            assert scale.spec.replicas == 2
+
+            await custom.create_namespaced_custom_object(group, "v1", namespace, plural, {
+                "apiVersion": f"{group}/v1", "kind": "WorkerGroup",
+                "metadata": {"name": "dc-default"}, "spec": {"replicas": 1}})
+            # As `kubectl scale` sends it: a merge patch of the Scale.
+            await custom.patch_namespaced_custom_object_scale(
+                group, "v1", namespace, plural, "dc-default", {"spec": {"replicas": 5}},
+                _content_type="application/merge-patch+json")
+            scaled = await custom.get_namespaced_custom_object(
+                group, "v1", namespace, plural, "dc-default")
+            assert scaled["spec"]["replicas"] == 5
+
+            # replicasets.apps is not among its kinds: neither it nor its scale is granted.
+            with pytest.raises(ApiException) as refused:
+                await apps.patch_namespaced_replica_set_scale(
+                    "anything", namespace, {"spec": {"replicas": 1}})
+            assert refused.value.status == 403
+            assert 'cannot patch resource "replicasets/scale"' in message_of(refused.value)
+        finally:
+            await coordinator.close()
 
 
 async def pods_that_fit(api: client.ApiClient) -> int:

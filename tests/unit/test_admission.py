@@ -26,6 +26,7 @@ from lockgate.admission import (
     AdmissionRequest,
     Decision,
     MalformedReviewError,
+    NotPermitted,
     Outcome,
     OwnerLabels,
     QueueLookup,
@@ -35,7 +36,9 @@ from lockgate.admission import (
     exemption,
     lookup_queue,
     needs_owner_labels,
+    owner_rbac_hint,
     queue_to_check,
+    refused_user,
 )
 from lockgate.labels import (
     ADMISSION_TRACE_ANNOTATION,
@@ -80,7 +83,19 @@ def owner(kind: str, name: str, **labels: str) -> OwnerLabels:
 
 
 def unreadable(kind: str, name: str) -> OwnerLabels:
+    """An owner this pod could not be read for (deleted, timed out, refused on its own)."""
     return OwnerLabels(kind=kind, name=name, labels=None, unreadable_reason="403 Forbidden")
+
+
+WEBHOOK_USER = "system:serviceaccount:lockgate-system:lockgate-webhook"
+DASK_WORKER_GROUPS = NotPermitted(group="kubernetes.dask.org", resource="daskworkergroups",
+                                  user=WEBHOOK_USER)
+
+
+def not_permitted(kind: str, name: str) -> OwnerLabels:
+    """An owner of a kind the webhook's RBAC does not let it get at all."""
+    return OwnerLabels(kind=kind, name=name, labels=None, unreadable_reason="403 Forbidden",
+                       not_permitted=DASK_WORKER_GROUPS)
 
 
 def apply_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
@@ -158,6 +173,10 @@ CASES = [
          namespace_labels={**MANAGED, QUEUE_LABEL: "nsq"}, want_queue="nsq", want_jobset=NS,
          want_sources={"queue": f"namespace/{NS}", "jobset": "default:namespace-name",
                        "unreadable": ["ReplicaSet/web-5d9c: 403 Forbidden"]}),
+    Case("an owner of a kind the webhook may not read is not written on every pod it owns",
+         owners=[not_permitted("DaskWorkerGroup", "dc-default")],
+         namespace_labels={**MANAGED, QUEUE_LABEL: "nsq"}, want_queue="nsq", want_jobset=NS,
+         want_sources={"queue": f"namespace/{NS}", "jobset": "default:namespace-name"}),
     Case("no queue anywhere", want_outcome=Outcome.DENIED,
          want_message=[f"pod {NS}/worker-1 has no queue: set label {QUEUE_LABEL} on the pod "
                        f"or namespace {NS}"]),
@@ -171,6 +190,9 @@ CASES = [
     Case("no queue, and an owner was unreadable", want_outcome=Outcome.DENIED,
          owners=[unreadable("ReplicaSet", "web-5d9c")],
          want_message=["has no queue", "lockgate could not read ReplicaSet/web-5d9c"]),
+    Case("no queue, and an owner's kind may not be read: the refusal says so",
+         want_outcome=Outcome.DENIED, owners=[not_permitted("DaskWorkerGroup", "dc-default")],
+         want_message=["has no queue", "lockgate could not read DaskWorkerGroup/dc-default"]),
     Case("unknown queue", pod=POD.labelled({QUEUE_LABEL: "nope"}).manifest(),
          queue=QueueLookup(QueueStatus.MISSING, existing=("beta", "alpha"), cluster="c1"),
          want_outcome=Outcome.DENIED,
@@ -430,6 +452,45 @@ def test_response_warns_about_unreadable_owners() -> None:
     warnings = admission_response("uid-4", decision)["response"]["warnings"]
     assert warnings == ["lockgate could not read owner ReplicaSet/rs-1 (403 Forbidden); "
                         "its labels were not considered"]
+
+
+def test_no_warning_on_each_pod_for_an_owner_kind_the_webhook_may_not_read() -> None:
+    request = AdmissionRequest.from_review(make_review(POD.labelled({QUEUE_LABEL: "q"}).manifest()))
+    decision = decide(request=request, namespace_labels=MANAGED,
+                      owners=[not_permitted("DaskWorkerGroup", "dc-default")], queue=OPEN)
+    assert decision.outcome is Outcome.GATED
+    assert "warnings" not in admission_response("uid-5", decision)["response"]
+
+
+def test_who_was_refused_is_read_from_the_apiservers_message() -> None:
+    assert refused_user(
+        'daskworkergroups.kubernetes.dask.org "dc-default" is forbidden: User '
+        f'"{WEBHOOK_USER}" cannot get resource "daskworkergroups" in API group '
+        '"kubernetes.dask.org" in the namespace "ns"') == WEBHOOK_USER
+    assert refused_user("forbidden") == ""
+
+
+def test_the_rbac_hint_names_the_rule_to_add_for_the_refused_identity() -> None:
+    hint = owner_rbac_hint(cluster="cluster-a", kind="DaskWorkerGroup",
+                           refused=DASK_WORKER_GROUPS)
+    assert hint.startswith(
+        f"cluster cluster-a: the admission webhook may not read DaskWorkerGroup objects "
+        f'({WEBHOOK_USER} cannot get "daskworkergroups" in API group "kubernetes.dask.org")')
+    assert ("kubectl create clusterrole "
+            "lockgate-webhook-read-daskworkergroups.kubernetes.dask.org --verb=get "
+            "--resource=daskworkergroups.kubernetes.dask.org; ") in hint
+    assert ("kubectl create clusterrolebinding "
+            "lockgate-webhook-read-daskworkergroups.kubernetes.dask.org "
+            "--clusterrole=lockgate-webhook-read-daskworkergroups.kubernetes.dask.org "
+            "--serviceaccount=lockgate-system:lockgate-webhook ") in hint
+    as_user = owner_rbac_hint(cluster="c", kind="ConfigMap", refused=NotPermitted(
+        group="", resource="configmaps", user="webhook-client"))
+    assert 'cannot get "configmaps" in the core API group' in as_user
+    assert "--resource=configmaps; " in as_user and "--user=webhook-client " in as_user
+    unnamed = owner_rbac_hint(cluster="c", kind="X", refused=NotPermitted(group="g.io",
+                                                                          resource="xs"))
+    assert "the webhook's identity cannot get" in unnamed
+    assert "--serviceaccount=lockgate-system:lockgate-webhook" in unnamed
 
 
 # ------------------------------------------------------------- the service's certificates

@@ -30,6 +30,10 @@ def test_completion_prints_each_shells_script(shell: str, marker: str) -> None:
     (["queue", "list", "-o", ""], {"table", "wide", "name", "json", "yaml", "jsonpath="}),
     (["completion", ""], {"bash", "zsh", "fish"}),
     (["jobs", "list", "--state", "q"], {"queued"}),
+    (["queue", "create", "q", "--only"], {"--only-kind"}),
+    (["queue", "create", "q", "--allow-kind", "dask"],
+     {"daskworkergroups.kubernetes.dask.org", "daskclusters.kubernetes.dask.org"}),
+    (["queue", "update", "q", "--disallow-kind", "se"], {"secrets", "services"}),
 ])
 def test_commands_options_and_choices_complete(words: list[str], expected: set[str]) -> None:
     assert expected <= set(candidates(words)), candidates(words)

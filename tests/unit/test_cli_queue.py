@@ -173,3 +173,84 @@ def test_an_unreachable_api_is_a_message_naming_the_command_and_where_to_set_the
     assert err.getvalue().startswith("lockgate queue list: cannot reach the lockgate API at "
                                      "http://127.0.0.1:9: [Errno 111] Connection refused (is "
                                      "queue-store running? set --api, LOCKGATE_API")
+
+
+# ---- allowed kinds: --allow-kind adds to the default list, --only-kind replaces it
+
+DEFAULTS = ["pods", "services", "configmaps", "deployments.apps", "statefulsets.apps",
+            "jobs.batch"]
+DASK = "daskworkergroups.kubernetes.dask.org"
+
+
+def test_the_cli_knows_the_same_default_kinds_as_the_api() -> None:
+    from lockgate.queues import QueueSpec
+
+    assert list(QueueSpec(name="q").effective_allowed_kinds) == DEFAULTS
+
+
+@pytest.mark.parametrize(("flags", "sent"), [
+    ([], None),  # the default list, followed as it is
+    (["--allow-kind", "secrets", "--allow-kind", DASK], [*DEFAULTS, "secrets", DASK]),
+    (["--allow-kind", "pods"], None),  # already a default: still the default list
+    (["--allow-kind", " secrets ", "--allow-kind", "secrets"], [*DEFAULTS, "secrets"]),
+    (["--only-kind", "pods", "--only-kind", DASK], ["pods", DASK]),
+])
+def test_create_adds_allowed_kinds_to_the_default_ones_or_replaces_them(
+        flags: list[str], sent: list[str] | None) -> None:
+    ran = api().run("queue", "create", "q", *flags)
+    assert ran.code == 0, ran.err
+    (body,) = [s.body for s in ran.sent if s.method == "POST"]
+    assert body.get("allowed_kinds") == sent
+
+
+def queue_allowing(kinds: list[str] | None) -> RecordedApi:
+    """A queue `q` allowing `kinds` (None: the default list), answering PATCH with itself."""
+    current = a_queue(allowed_kinds=DEFAULTS if kinds is None else kinds,
+                      allowed_kinds_default=kinds is None)
+    return (RecordedApi().on("GET", "/api/v1/queues/q", current)
+            .on("PATCH", "/api/v1/queues/q", lambda request: current))
+
+
+@pytest.mark.parametrize(("current", "flags", "sent"), [
+    (None, ["--allow-kind", DASK], [*DEFAULTS, DASK]),
+    (["pods"], ["--allow-kind", DASK], ["pods", DASK]),
+    ([*DEFAULTS, "secrets"], ["--disallow-kind", "secrets"], None),  # the default again
+    (None, ["--disallow-kind", "jobs.batch"], DEFAULTS[:-1]),
+    (["pods", "secrets"], ["--only-kind", "pods", "--only-kind", DASK], ["pods", DASK]),
+    (["pods"], ["--default-kinds"], None),
+    (["pods"], ["--default-kinds", "--allow-kind", "secrets"], [*DEFAULTS, "secrets"]),
+])
+def test_update_adds_removes_or_replaces_allowed_kinds(
+        current: list[str] | None, flags: list[str], sent: list[str] | None) -> None:
+    recorded = queue_allowing(current)
+    ran = recorded.run("queue", "update", "q", *flags)
+    assert ran.code == 0, ran.err
+    assert recorded.bodies("PATCH") == [{"allowed_kinds": sent}]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["create", "q", "--allow-kind", "secrets", "--only-kind", "pods"],
+     "lockgate queue create: give --allow-kind (adds to the default kinds) or --only-kind "
+     "(replaces them), not both"),
+    (["update", "q", "--only-kind", "pods", "--allow-kind", "secrets"],
+     "lockgate queue update: --only-kind replaces the list: give it alone"),
+    (["update", "q", "--only-kind", "pods", "--default-kinds"], "give it alone"),
+    (["create", "q", "--allow-kind", "pods/exec"],
+     "Invalid value for '--allow-kind': kind 'pods/exec' is not a lower-case plural resource"),
+    (["update", "q", "--only-kind", "Pods"], "Invalid value for '--only-kind'"),
+    (["create", "q", "--allow-kind", "namespaces"], "cannot be allowed: it is cluster-scoped"),
+])
+def test_bad_kind_flags_are_usage_errors_and_nothing_is_sent(argv: list[str], says: str) -> None:
+    recorded = queue_allowing(None).on("POST", "/api/v1/queues", a_queue())
+    ran = recorded.run("queue", *argv)
+    assert ran.code == 2 and says in ran.err, ran.err
+    assert not [s for s in ran.sent if s.method in ("POST", "PATCH")]
+
+
+def test_help_says_allow_kind_adds_and_only_kind_replaces(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ran = RecordedApi().run("queue", "create", "--help")
+    assert ran.code == 0
+    text = " ".join((ran.out + capsys.readouterr().out).split())
+    assert "besides the default ones (pods, services, configmaps," in text
+    assert "--only-kind KIND allow only the kinds given this way, instead of the default" in text

@@ -86,6 +86,36 @@ def test_the_role_gives_every_verb_on_allowed_kinds_grouped_by_api_group() -> No
     assert not any("secrets" in rule["resources"] for rule in rules)
 
 
+def test_the_role_lets_the_coordinator_scale_allowed_kinds_with_a_scale_subresource() -> None:
+    rules = access.coordinator_rules(
+        ["pods", "services", "jobs.batch", "deployments.apps", "statefulsets.apps",
+         "replicasets.apps", "daskworkergroups.kubernetes.dask.org",
+         "daskclusters.kubernetes.dask.org"], create_any=False)
+    scale = [rule for rule in rules if any("/scale" in r for r in rule["resources"])]
+    assert scale == [
+        {"apiGroups": ["apps"],
+         "resources": ["deployments/scale", "replicasets/scale", "statefulsets/scale"],
+         "verbs": ["get", "update", "patch"]},
+        {"apiGroups": ["kubernetes.dask.org"],
+         "resources": ["daskclusters/scale", "daskworkergroups/scale"],
+         "verbs": ["get", "update", "patch"]},
+    ]
+
+
+@pytest.mark.parametrize(("kind", "scalable"), [
+    ("deployments.apps", True), ("statefulsets.apps", True), ("replicasets.apps", True),
+    ("replicationcontrollers", True), ("pods", False), ("services", False),
+    ("jobs.batch", False), ("cronjobs.batch", False), ("daemonsets.apps", False),
+    ("ingresses.networking.k8s.io", False),
+    # Custom resources: whether their CRD has one is not known without asking the cluster,
+    # and a rule for a subresource that does not exist grants nothing.
+    ("daskworkergroups.kubernetes.dask.org", True),
+    ("sparkapplications.sparkoperator.k8s.io", True), ("rayclusters.ray.io", True),
+])
+def test_which_kinds_get_their_scale_subresource(kind: str, scalable: bool) -> None:
+    assert access.has_scale(access.parse_kind(kind)) is scalable
+
+
 def test_with_create_any_only_creation_reaches_the_admission_policy() -> None:
     strict = access.coordinator_rules(["configmaps"], create_any=False)
     open_to_policy = access.coordinator_rules(["configmaps"], create_any=True)

@@ -132,6 +132,76 @@ def test_a_queued_pod_is_told_at_once_then_at_most_every_interval() -> None:
     assert pods.due(1060, limit=10) == [(job.job_id, False)]
 
 
+def told_at(pods: WaitingPods, job_id: str, *, until: float, every: float = 1.0) -> list[float]:
+    """When a pod is told, checking every `every` seconds from 0 to `until`."""
+    times: list[float] = []
+    for tick in range(int(until / every) + 1):
+        now = tick * every
+        due = pods.due(now, limit=10)
+        pods.told([found for found, _ in due], now)
+        times += [now for found, _ in due if found == job_id]
+    return times
+
+
+def test_the_first_notices_come_quickly_then_back_off_to_the_interval() -> None:
+    # The issue's schedule: at 0 s, 15 s, 45 s, then every 5 minutes.
+    pods = WaitingPods(NoticeLimits(pod_interval=300, cluster_rate=100, cluster_burst=100,
+                                    early=(15, 45)))
+    job = a_job("q").build()
+    pods.observe(job, now=0)
+    assert told_at(pods, job.job_id, until=1000) == [0, 15, 45, 345, 645, 945]
+
+
+def test_only_the_first_notice_says_queued() -> None:
+    pods = WaitingPods(NoticeLimits(pod_interval=300, cluster_rate=100, cluster_burst=100,
+                                    early=(15,)))
+    job = a_job("q").build()
+    pods.observe(job, now=0)
+    firsts = []
+    for now in (0, 15, 315):
+        due = pods.due(now, limit=10)
+        firsts += [first for _, first in due]
+        pods.told([found for found, _ in due], now)
+    assert firsts == [True, False, False]
+
+
+def test_a_notice_that_goes_out_late_keeps_the_gaps_to_the_next_ones() -> None:
+    # Looked at every 20 s (or held back by its cluster's bucket): the next notices keep their
+    # gaps from when it went out, rather than coming in a burst to catch up.
+    pods = WaitingPods(NoticeLimits(pod_interval=300, cluster_rate=100, cluster_burst=100,
+                                    early=(15, 45)))
+    job = a_job("q").build()
+    pods.observe(job, now=0)
+    assert told_at(pods, job.job_id, until=400, every=20) == [0, 20, 60, 360]
+
+
+def test_a_pod_queued_again_starts_its_early_notices_again() -> None:
+    pods = WaitingPods(NoticeLimits(pod_interval=300, cluster_rate=100, cluster_burst=100,
+                                    early=(15, 45)))
+    job = a_job("q").build()
+    pods.observe(job, now=0)
+    assert told_at(pods, job.job_id, until=100) == [0, 15, 45]
+    pods.observe(replace(job, state=JobState.RELEASED), now=100)
+    pods.observe(job, now=100)
+    assert [pods.due(100, limit=10)] == [[(job.job_id, True)]]
+    pods.told([job.job_id], 100)
+    assert pods.due(114, limit=10) == [] and pods.due(115, limit=10) == [(job.job_id, False)]
+
+
+@pytest.mark.parametrize(("early", "told", "gap"), [
+    ((), 1, 300), ((), 7, 300), ((15, 45), 1, 15), ((15, 45), 2, 30), ((15, 45), 3, 300),
+    ((5, 15, 45), 3, 30), ((5, 15, 45), 4, 300)])
+def test_the_gap_after_each_notice(early: tuple[float, ...], told: int, gap: float) -> None:
+    limits = NoticeLimits(pod_interval=300, cluster_rate=1, cluster_burst=1, early=early)
+    assert limits.gap_after(told) == gap
+
+
+@pytest.mark.parametrize("early", [(0,), (-5, 10), (15, 15), (45, 15)])
+def test_early_notice_times_must_be_positive_and_increasing(early: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="must be positive and increasing"):
+        NoticeLimits(pod_interval=300, cluster_rate=1, cluster_burst=1, early=early)
+
+
 def test_a_pod_that_leaves_the_queue_is_not_told_and_is_told_afresh_when_back() -> None:
     pods = WaitingPods(NoticeLimits(pod_interval=60, cluster_rate=100, cluster_burst=100))
     job = a_job("q").build()
@@ -266,3 +336,19 @@ def test_a_queue_may_set_a_maximum_time_queued() -> None:
         QueueSpec.model_validate({"name": "q", "max_queued": {"seconds": 1, "action": "evict"}})
     with pytest.raises(ValueError, match="greater than 0"):
         QueueSpec.model_validate({"name": "q", "max_queued": {"seconds": 0}})
+
+
+def test_the_schedulers_settings_give_the_early_notices_and_refuse_bad_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from fair_scheduler.settings import SchedulerSettings
+
+    assert SchedulerSettings().feed_policy().notices.early == (15, 45)
+    monkeypatch.setenv("LOCKGATE_SCHEDULER_WAIT_NOTICE_EARLY_SECONDS", "[10, 30, 90]")
+    assert SchedulerSettings().feed_policy().notices.early == (10, 30, 90)
+    monkeypatch.setenv("LOCKGATE_SCHEDULER_WAIT_NOTICE_EARLY_SECONDS", "[]")
+    assert SchedulerSettings().feed_policy().notices.early == ()
+    monkeypatch.setenv("LOCKGATE_SCHEDULER_WAIT_NOTICE_EARLY_SECONDS", "[45, 15]")
+    with pytest.raises(ValidationError, match="wait_notice_early_seconds: early notice times"):
+        SchedulerSettings()

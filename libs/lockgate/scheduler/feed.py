@@ -60,7 +60,7 @@ class FeedPolicy:
     # False: no controller starts backing off (records already stored still end).
     controller_backoff_enabled: bool = True
     notices: NoticeLimits = field(default_factory=lambda: NoticeLimits(
-        pod_interval=300.0, cluster_rate=5.0, cluster_burst=50.0))
+        pod_interval=300.0, cluster_rate=5.0, cluster_burst=50.0, early=(15.0, 45.0)))
 
     def release_retry_seconds(self, releases: int) -> float:
         """How long a job whose release failed after `releases` releases waits."""

@@ -2,8 +2,12 @@
 
 Why it exists: a backlog of a million gated pods must not flood an apiserver with Events.
 `WaitingPods` decides *when* a pod is told (what it is told is `lockgate.scheduler.explain`):
-once when it is queued, then at most every `pod_interval` seconds, and at most `cluster_rate`
-notices per second per cluster (a token bucket). It also finds the pods that waited longer than
+once when it is queued, a few more times soon after (`early`: 15 s and 45 s after the first by
+default), then at most every `pod_interval` seconds; and at most `cluster_rate` notices per
+second per cluster (a token bucket). The early ones are for clients that give a pod a short
+time to start (JupyterHub's spawner, 60 s by default, shows the pod's Events on its progress
+page): they see why it waits before they give up, while a pod that waits for hours costs no
+more Events than before. It also finds the pods that waited longer than
 their maximum time queued: their queue's or their job set's, whichever is stricter
 (`lockgate.max_queued`).
 
@@ -44,9 +48,24 @@ class TokenBucket:
 
 @dataclass(frozen=True, slots=True)
 class NoticeLimits:
-    pod_interval: float  # seconds between two notices to one pod
+    pod_interval: float  # seconds between two notices to one pod, once the early ones went out
     cluster_rate: float  # notices per second per cluster, on average
     cluster_burst: float  # ... and at once
+    # Seconds after its first notice at which a pod gets the next few, increasing: (15, 45)
+    # tells it at 0, 15 and 45 s, then every `pod_interval` after the last.
+    early: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(not later > earlier for earlier, later in zip((0.0, *self.early), self.early,
+                                                             strict=False)):
+            raise ValueError(f"early notice times {list(self.early)} must be positive and "
+                             "increasing, in seconds after the first notice (e.g. [15, 45])")
+
+    def gap_after(self, told: int) -> float:
+        """Seconds from a pod's `told`-th notice (1 is the first) to its next one."""
+        if told <= len(self.early):
+            return self.early[told - 1] - (self.early[told - 2] if told >= 2 else 0.0)
+        return self.pod_interval
 
 
 @dataclass(slots=True)
@@ -56,7 +75,7 @@ class _Waiting:
     created_at: float
     due: float
     own: JobSetMaxQueued | None = None  # its job set's maximum time queued
-    told: bool = False  # its first ("queued") notice went out
+    told: int = 0  # notices that went out; the first says "queued"
     expired: bool = False  # reported by `expired` already
 
 
@@ -143,7 +162,7 @@ class WaitingPods:
                 if not bucket.take(now):
                     break
                 heapq.heappop(heap)
-                picked.append((job_id, not waiting.told))
+                picked.append((job_id, waiting.told == 0))
                 waiting.due = float("inf")  # until told or untold
         return picked
 
@@ -151,8 +170,8 @@ class WaitingPods:
         for job_id in job_ids:
             waiting = self._pods.get(job_id)
             if waiting is not None:
-                waiting.told = True
-                self._schedule(job_id, waiting, now + self.limits.pod_interval)
+                waiting.told += 1
+                self._schedule(job_id, waiting, now + self.limits.gap_after(waiting.told))
 
     def untold(self, job_ids: Iterable[str], now: float) -> None:
         """Their notices did not go out: due again at once (the bucket still bounds them)."""
