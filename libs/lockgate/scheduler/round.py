@@ -67,6 +67,8 @@ class SkipReason(StrEnum):
     GROUP_INCOMPLETE = "group_incomplete"  # not every member exists yet
     GROUP_TOO_BIG = "group_too_big"  # the members fit no empty cluster together
     RESERVED_FOR_GROUP = "reserved_for_group"  # the cluster waits for a group to fit
+    # An elastic group (or a running static one) holds as many members as its maximum allows.
+    GROUP_AT_MAX = "group_at_max"
     # Its controller backs off after lockgate gave up on its pods (lockgate.backoff): held out
     # of its queue's line, so only counted (`QueueReport.backing_off`), never looked at.
     BACKING_OFF = "backing_off"
@@ -250,9 +252,11 @@ class _Round:
         for cluster_name, key in list(self.groups.reserved.items()):
             status = self.groups.status(key)
             owner = state.queue_records.get(key[1])
-            if status is None or not status.complete or owner is None or not owner.schedulable:
-                # Released, gone, no longer whole, or its queue cordoned or undefined: a
-                # reservation nobody can use must not hold the cluster.
+            if (status is None or not status.complete or status.started or owner is None
+                    or not owner.schedulable):
+                # Released (or started: its members go alone), gone, no longer whole, or its
+                # queue cordoned or undefined: a reservation nobody can use must not hold the
+                # cluster.
                 del self.groups.reserved[cluster_name]
         self._prepare_holds()
         for name, queue in state.queue_records.items():
@@ -311,10 +315,14 @@ class _Round:
                 # down there this round: set the cluster aside rather than look at each job.
                 progress.clusters.remove(pending)
                 progress.set_aside.append(pending.cluster)
-            elif job.group is not None:
+            elif job.group is not None and not self.groups.started(
+                    (pending.cluster, name, job.group)):
                 heapq.heappop(pending.heap)
                 reason, counted = self._group_turn(progress, pending, cluster, job, decisions)
-                if reason is not None:
+                if reason is None and job.state is _QUEUED:
+                    # Its gang (the oldest members) went without it: it joins alone, later.
+                    heapq.heappush(pending.heap, entry)
+                elif reason is not None:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
                     if counted:
@@ -325,9 +333,16 @@ class _Round:
                 if not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
             else:
+                # A single pod, or a member of a started group: it joins alone (groups.py).
                 heapq.heappop(pending.heap)
                 node = -1
-                if queue.limit_pairs and exceeds(queue.allocation, shape, queue.limit_pairs):
+                counted = True
+                if job.group is not None and self.groups.at_max(
+                        (pending.cluster, name, job.group)):
+                    # Waits until a member ends; not a job that could go, so no lookback spent.
+                    reason = SkipReason.GROUP_AT_MAX
+                    counted = False
+                elif queue.limit_pairs and exceeds(queue.allocation, shape, queue.limit_pairs):
                     reason = SkipReason.QUEUE_LIMIT
                     progress.over_limit.add(shape)
                 elif cluster.overcommitted:
@@ -338,7 +353,7 @@ class _Round:
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 else:
                     node = cluster.place(shape)
-                    if node < 0 and self.hold_seconds is not None:
+                    if node < 0 and self.hold_seconds is not None and job.group is None:
                         yields = self._yields_to(popped_rank, name, pending.cluster)
                         if self._maybe_hold(progress, pending, cluster, entry[2], shape, yields):
                             # Room held for a queue that ranks after this one is this one's
@@ -356,7 +371,7 @@ class _Round:
                 else:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
-                    progress.skips += 1
+                    progress.skips += counted
                     if progress.skips > max_lookback:
                         progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
                         continue
@@ -541,7 +556,7 @@ class _Round:
             return done, False
         status = self.groups.status(key)
         jobs = self.state.job_records
-        member_ids = self.groups.queued_members(key)
+        member_ids = self.groups.gang(key)  # its minimum, oldest first; later ones go alone
         members = [jobs[member] for member in member_ids]
         shapes = [member.shape for member in members]
         reason: SkipReason | None = None
@@ -589,7 +604,8 @@ class _Round:
         return reason, True
 
     def _unit_pairs(self, pending: PendingJobs, job: JobRecord) -> tuple[tuple[int, int], ...]:
-        """What taking the queue's next unit costs: the job, or its whole group."""
+        """What taking the queue's next unit costs: the job, or its group's gang (the members
+        released together; a started group's member goes alone)."""
         if job.group is None:
             return job.shape.pairs
         key = (pending.cluster, job.queue, job.group)
@@ -597,7 +613,7 @@ class _Round:
             return job.shape.pairs  # judged already: it only passes through
         total: dict[int, int] = {}
         jobs = self.state.job_records
-        for member in self.groups.queued_members(key):
+        for member in self.groups.gang(key):
             for axis, amount in jobs[member].shape.pairs:
                 total[axis] = total.get(axis, 0) + amount
         return tuple(sorted(total.items())) or job.shape.pairs
