@@ -82,10 +82,13 @@ def pod_group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodG
         (GROUP_SIZE_KEY, annotations.get(GROUP_SIZE_KEY) or labels.get(GROUP_SIZE_KEY)),
         (KUEUE_TOTAL_ANNOTATION, annotations.get(KUEUE_TOTAL_ANNOTATION)),
     )
-    min_text = _one_of("group minimum", (GROUP_MIN_SIZE_KEY, annotations.get(
-        GROUP_MIN_SIZE_KEY) or labels.get(GROUP_MIN_SIZE_KEY)))
-    max_text = _one_of("group maximum", (GROUP_MAX_SIZE_KEY, annotations.get(
-        GROUP_MAX_SIZE_KEY) or labels.get(GROUP_MAX_SIZE_KEY)))
+    # An annotation or a label; both, differing, is an error rather than a silent choice.
+    min_text = _one_of("group minimum",
+                       (GROUP_MIN_SIZE_KEY, annotations.get(GROUP_MIN_SIZE_KEY)),
+                       (GROUP_MIN_SIZE_KEY, labels.get(GROUP_MIN_SIZE_KEY)))
+    max_text = _one_of("group maximum",
+                       (GROUP_MAX_SIZE_KEY, annotations.get(GROUP_MAX_SIZE_KEY)),
+                       (GROUP_MAX_SIZE_KEY, labels.get(GROUP_MAX_SIZE_KEY)))
     if name is None and size_text is None and min_text is None and max_text is None:
         return None
     if name is None:

@@ -186,7 +186,7 @@ def timed_out(index: GroupIndex, *, now: float,
     return late
 
 
-def describe(status: GroupStatus) -> str:
+def describe_group(status: GroupStatus) -> str:
     """A group's state in a sentence, for explain and the status of its members."""
     group = f"pod group {status.key[2]!r}"
     most = status.max_size or status.size
