@@ -262,6 +262,27 @@ def test_members_that_end_shrink_the_group_which_keeps_running_below_its_minimum
     assert len(run_round(state).decisions) == 1
 
 
+def test_explain_says_a_group_runs_below_its_minimum_and_what_its_members_wait_for() -> None:
+    from lockgate.scheduler import explain
+
+    running = _elastic(3, running_on="node-1")
+    waiting = _elastic(2, created=50)
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="3").times(1))
+             .with_jobs(running, waiting).build())
+    state.upsert_job(replace(running[0], state=JobState.SUCCEEDED))
+    told = explain(state, running[1].job_id, now=T0)
+    assert told is not None and told.reason is None
+    assert "runs below its minimum: 2 hold capacity" in told.message
+    assert "keeps running" in told.message
+    queued = explain(state, waiting[0].job_id, now=T0)
+    assert queued is not None and "released one at a time" in queued.message
+    fresh = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="3").times(1))
+             .with_jobs(waiting).build())
+    told = explain(fresh, waiting[0].job_id, now=T0)
+    assert told is not None
+    assert "2 of 3 members exist, none released" in told.message
+
+
 def test_a_group_whose_every_member_ended_starts_over_with_its_minimum() -> None:
     running = _elastic(3, running_on="node-1")
     state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="8").times(1))

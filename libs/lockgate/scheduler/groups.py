@@ -120,6 +120,17 @@ class GroupIndex:
                            held=members.held, first_created_at=min(created),
                            last_created_at=max(created), max_size=members.most)
 
+    def summary(self, key: GroupKey) -> GroupStatus | None:
+        """Its status even with no member queued (None: no member unfinished); the creation
+        times are 0 then."""
+        members = self._groups.get(key)
+        if members is None:
+            return None
+        created = members.queued.values()
+        return GroupStatus(key=key, size=members.size, queued=len(members.queued),
+                           held=members.held, first_created_at=min(created, default=0.0),
+                           last_created_at=max(created, default=0.0), max_size=members.most)
+
     def started(self, key: GroupKey) -> bool:
         """Whether a member holds capacity: the group's queued members go one at a time."""
         members = self._groups.get(key)
@@ -187,23 +198,23 @@ def timed_out(index: GroupIndex, *, now: float,
 
 
 def describe_group(status: GroupStatus) -> str:
-    """A group's state in a sentence, for explain and the status of its members."""
+    """A group's state in a sentence, for explain and the Events of its members."""
     group = f"pod group {status.key[2]!r}"
     most = status.max_size or status.size
     bounds = (f"of {status.size}" if most == status.size
               else f"minimum {status.size}, maximum {most}")
+    waiting = (f"; its {status.queued} queued members are released one at a time, as fair "
+               f"share and room allow" if status.queued else "")
     if not status.started:
         return (f"{group} ({bounds}): {status.queued} of {status.size} members exist, none "
                 f"released; its first {status.size} are released together or not at all")
     if status.below_minimum:
         return (f"{group} ({bounds}) runs below its minimum: {status.held} hold capacity "
-                f"after members ended; it keeps running, and its {status.queued} queued "
-                f"members are released one at a time")
+                f"after members ended, and it keeps running{waiting}")
     if status.at_max:
-        return (f"{group} ({bounds}) holds its maximum, {status.held} members; "
-                f"{status.queued} wait until members end")
-    return (f"{group} ({bounds}): {status.held} hold capacity; its {status.queued} queued "
-            f"members are released one at a time, as fair share and room allow")
+        return (f"{group} ({bounds}) holds its maximum, {status.held} members"
+                + (f"; {status.queued} wait until members end" if status.queued else ""))
+    return f"{group} ({bounds}): {status.held} hold capacity{waiting}"
 
 
 def timeout_message(status: GroupStatus, *, timeout: float, action: GroupTimeoutAction) -> str:
