@@ -262,6 +262,26 @@ def test_members_that_end_shrink_the_group_which_keeps_running_below_its_minimum
     assert len(run_round(state).decisions) == 1
 
 
+def test_an_aged_elastic_group_reserves_for_its_minimum_only_and_then_joins_like_pods() -> None:
+    # b's small pods keep coming; a's group needs 3 cpu at once for its minimum.
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    members = _elastic(5, created=0)
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, members, a_job("b").times(4)).build())
+    assert run_round(state, now=T0 + 100, reserve_after=30).decisions == ()
+    assert state.groups().reserved == {"cluster-a": ("cluster-a", "a", "ns/e")}
+    for blocker in blockers[:3]:
+        state.upsert_job(replace(blocker, state=JobState.SUCCEEDED))
+    result = run_round(state, now=T0 + 101, reserve_after=30)
+    # The minimum goes (the node is full again), and the reservation ends with it.
+    assert released_ids(result) == [m.job_id for m in members[:3]]
+    assert not state.groups().reserved
+    # From now on a's members are single units: the next free cpu goes to b, below a.
+    state.upsert_job(replace(blockers[3], state=JobState.SUCCEEDED))
+    assert released_per_queue(run_round(state, now=T0 + 102, reserve_after=30)) == {"b": 1}
+    assert not state.groups().reserved
+
+
 def test_explain_says_a_group_runs_below_its_minimum_and_what_its_members_wait_for() -> None:
     from lockgate.scheduler import explain
 
