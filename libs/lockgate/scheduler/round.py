@@ -353,7 +353,7 @@ class _Round:
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 else:
                     node = cluster.place(shape)
-                    if node < 0 and self.hold_seconds is not None and job.group is None:
+                    if node < 0 and self.hold_seconds is not None:
                         yields = self._yields_to(popped_rank, name, pending.cluster)
                         if self._maybe_hold(progress, pending, cluster, entry[2], shape, yields):
                             # Room held for a queue that ranks after this one is this one's
@@ -456,7 +456,8 @@ class _Round:
                 continue
             if (job is None or job.state is not _QUEUED or job.parked or job.held
                     or job.queue != hold.queue or job.cluster != hold.cluster
-                    or job.group is not None or queue is None or not queue.schedulable
+                    or (job.group is not None and not self._joins_alone(job))
+                    or queue is None or not queue.schedulable
                     or cluster is None or hold.node not in cluster.nodes
                     or not cluster.nodes[hold.node].info.schedulable):
                 holds.end(hold.job_id)
@@ -468,6 +469,13 @@ class _Round:
                 continue
             _add_pairs_to(held, job.shape.pairs)
             self.holds_by_cluster.setdefault(hold.cluster, []).append(hold)
+
+    def _joins_alone(self, job: JobRecord) -> bool:
+        """A member of a started group below its maximum: a unit of its own, like a single
+        pod, which room may be held for (docs/scheduling.md, "Elastic groups")."""
+        assert job.group is not None
+        key = (job.cluster, job.queue, job.group)
+        return self.groups.started(key) and not self.groups.at_max(key)
 
     def _yields_to(self, rank: Rank, name: str, cluster: str) -> Callable[[str, Shape], bool]:
         """Whether a hold of another queue's in `cluster` yields to queue `name`, which the
