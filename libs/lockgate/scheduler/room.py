@@ -155,17 +155,40 @@ class ClusterRoom:
     def _closest(self, candidates: list[int], queue: str, shape: Shape, inverse: list[float],
                  yields: Callable[[str, Shape], bool] | None) -> int:
         """The candidate closest to having room for `shape` (the least missing on its
-        dominant resource, then the first), counting what holds that `yields` free there."""
+        dominant resource, then the first), counting what holds that `yields` free there.
+
+        A node with holds is asked who yields there only if it might beat the best so far:
+        in the order of what it would miss were every other queue's holds there to yield
+        (never more room than that), until that alone misses more than the best."""
         free = self.free
         counts = self.hold_counts
+        held_on = self.held_on
+        queue_held_on = self.queue_held_on
         pairs = shape.pairs
         best: tuple[float, int] | None = None
+        held: list[tuple[float, int]] = []
         for i in candidates:
-            room = (free[i] if yields is None or not counts.get(i)
-                    else self._room_yielded(i, queue, yields))
-            key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
-            if best is None or key < best:
-                best = key
+            room = free[i]
+            if yields is None or not counts.get(i):
+                key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
+                if best is None or key < best:
+                    best = key
+                continue
+            others = held_on[i]
+            mine = queue_held_on.get((i, queue))
+            held.append((max((amount - room[axis] - others[axis]
+                              + (0 if mine is None else mine[axis])) * inverse[axis]
+                             for axis, amount in pairs), i))
+        if held:
+            assert yields is not None
+            held.sort()
+            for least, i in held:
+                if best is not None and least > best[0]:
+                    break
+                room = self._room_yielded(i, queue, yields)
+                key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
+                if best is None or key < best:
+                    best = key
         assert best is not None
         return best[1]
 
