@@ -235,6 +235,9 @@ class _Round:
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
         self.targets = state.fair_targets(now=now, max_age=targets_max_age)
         self.holds_by_cluster: dict[str, list[RoomHold]] = {}
+        # Per (queue, cluster, shape held): the queue's rank there, and how many jobs it had
+        # released when that was worked out (`_yields_to`).
+        self.hold_ranks: dict[tuple[str, str, Shape], tuple[int, Rank]] = {}
         self.max_lookback = max_lookback
         self.inverse_total = state.fairness_inverse()
         self.clusters: dict[str, ClusterRoom] = {}
@@ -418,6 +421,9 @@ class _Round:
         `extra`, a dense vector), against the pool."""
         inverse = self.inverse_total
         held = queue.alloc_in.get(cluster)
+        if held is not None and extra is None:
+            # Only the axes taken can rise (costs.share_after): no copy of the vector.
+            return share_after(dominant(held, inverse), held, pairs, inverse)
         total = [0] * len(inverse) if held is None else held[:]
         if extra is not None:
             for axis, amount in enumerate(extra):
@@ -482,15 +488,18 @@ class _Round:
         round serves now at `rank`: its queue ranks after `name` for the pod held (the
         round's heap order, rank then name). Holds on a node are served in that order."""
         mine = (rank, name)
-        memo: dict[tuple[str, Shape], bool] = {}
+        ranks = self.hold_ranks
 
         def yields(other: str, shape: Shape) -> bool:
-            answer = memo.get((other, shape))
-            if answer is None:
-                progress = self.queue_rounds.get(other)
-                answer = memo[(other, shape)] = progress is None or (
-                    self.rank(progress, cluster, shape.pairs), other) > mine
-            return answer
+            progress = self.queue_rounds.get(other)
+            if progress is None:
+                return True
+            # A queue's rank moves only when it takes room: keep it until then.
+            known = ranks.get((other, cluster, shape))
+            if known is None or known[0] != progress.released:
+                known = ranks[(other, cluster, shape)] = (
+                    progress.released, self.rank(progress, cluster, shape.pairs))
+            return (known[1], other) > mine
 
         return yields
 
