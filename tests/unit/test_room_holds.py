@@ -72,7 +72,7 @@ def _scan(room: ClusterRoom, job_id: str, queue: str, shape: Shape, yields: Yiel
 def test_a_held_pod_takes_the_node_a_scan_of_every_hold_would(seed: int) -> None:
     rng = random.Random(seed)
     nodes = rng.randint(1, 12)
-    state, shapes = _full_cluster(rng, nodes)
+    state, _shapes = _full_cluster(rng, nodes)
     cluster = state.cluster_records["cluster-a"]
     room = ClusterRoom(cluster, state.fairness_inverse())
     axes = len(state.fairness_inverse())
