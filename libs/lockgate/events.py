@@ -71,7 +71,10 @@ class PodEvent(Event):
     # Pod groups and preemption (lockgate.groups, lockgate.scheduler.preemption); a group is per
     # namespace.
     group: str | None = None
-    group_size: int = 0
+    group_size: int = 0  # the members released together: a static group's size, else its minimum
+    # Added in place (optional, defaulted): an elastic group's maximum (0: a static group).
+    # Upgrade queue-store before cluster-watcher.
+    group_max_size: int = 0
     preemptible: bool = False  # the pod's lockgate.io/preemptible label is "true"
     priority_class: str = ""  # spec.priorityClassName
     # The job set's own maximum time queued (lockgate.max_queued), from the pod's annotations

@@ -91,6 +91,7 @@ class JobRow:
     controlled: bool = False
     pod_group: str | None = None  # "<namespace>/<name>" (lockgate.groups)
     pod_group_size: int = 0
+    pod_group_max_size: int = 0  # an elastic group's maximum (migration 017); 0: static
     preemptible: bool = False
     priority_class: str = ""
     # The job set's maximum time queued (lockgate.max_queued.JobSetMaxQueued as JSON), taken
@@ -276,6 +277,9 @@ def _pod_event_problem(event: PodEvent) -> str | None:
         return problem
     if (event.group is None) != (event.group_size == 0) or not 0 <= event.group_size <= 10_000:
         return f"pod group {event.group!r} with size {event.group_size} is not a valid group"
+    if event.group_max_size and not event.group_size <= event.group_max_size <= 10_000:
+        return (f"pod group {event.group!r} with minimum {event.group_size} and maximum "
+                f"{event.group_max_size} is not a valid elastic group")
     return (_nul("node_name", event.node_name or "") or _nul("event_id", event.event_id)
             or _nul("resource_version", event.resource_version)
             or _naive("created_at", event.created_at) or _naive("observed_at", event.observed_at))
@@ -436,6 +440,7 @@ class _Folding:
                 created_at=event.created_at, state_changed_at=event.observed_at,
                 **_placement_columns(event, None),
                 pod_group=event.group, pod_group_size=event.group_size,
+                pod_group_max_size=event.group_max_size,
                 preemptible=event.preemptible, priority_class=event.priority_class,
                 max_queued=None if event.max_queued is None
                 else event.max_queued.model_dump(mode="json"),

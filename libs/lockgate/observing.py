@@ -236,6 +236,7 @@ def _group_and_preemption(metadata: KubeObject, spec: KubeObject) -> dict[str, A
     return {
         "group": None if group is None else f"{metadata.get('namespace', '')}/{group.name}",
         "group_size": 0 if group is None else group.size,
+        "group_max_size": 0 if group is None else group.max_size,
         "preemptible": labels.get(PREEMPTIBLE_LABEL) == "true",
         "priority_class": str(spec.get("priorityClassName") or ""),
     }

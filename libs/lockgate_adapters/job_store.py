@@ -47,7 +47,7 @@ _JOB_COLUMNS = (
     "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
     "decision_id, release_attempts, last_reason, placement, unschedulable_since, "
     "unschedulable_message, controlled, pod_group, pod_group_size, preemptible, priority_class, "
-    "max_queued, controller_uid"
+    "max_queued, controller_uid, pod_group_max_size"
 )
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
@@ -169,15 +169,16 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
     await connection.execute(
         f"INSERT INTO jobs ({_JOB_COLUMNS}, serial)"  # noqa: S608
         " SELECT c, u, ns, n, q, js, p, r::jsonb, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr,"
-        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, mq::jsonb, cu, nextval('change_serial')"
+        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, mq::jsonb, cu, pgm,"
+        " nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
         " $7::int[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],"
         " $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],"
         " $16::timestamptz[], $17::text[], $18::int[], $19::text[], $20::text[],"
         " $21::timestamptz[], $22::text[], $23::bool[], $24::text[], $25::int[], $26::bool[],"
-        " $27::text[], $28::text[], $29::text[])"
+        " $27::text[], $28::text[], $29::text[], $30::int[])"
         " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr, pl, us, um,"
-        " ct, pg, pgs, pre, pc, mq, cu)"
+        " ct, pg, pgs, pre, pc, mq, cu, pgm)"
         " ON CONFLICT (cluster, uid) DO UPDATE SET"
         " namespace = EXCLUDED.namespace, name = EXCLUDED.name, queue = EXCLUDED.queue,"
         " jobset = EXCLUDED.jobset, priority = EXCLUDED.priority,"
@@ -193,6 +194,7 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
         " pod_group = EXCLUDED.pod_group, pod_group_size = EXCLUDED.pod_group_size,"
         " preemptible = EXCLUDED.preemptible, priority_class = EXCLUDED.priority_class,"
         " max_queued = EXCLUDED.max_queued, controller_uid = EXCLUDED.controller_uid,"
+        " pod_group_max_size = EXCLUDED.pod_group_max_size,"
         " serial = EXCLUDED.serial",
         *columns,
     )

@@ -200,7 +200,7 @@ _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, crea
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
                 " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
                 " pod_group, pod_group_size, preemptible, priority_class, max_queued,"
-                " controller_uid")
+                " controller_uid, pod_group_max_size")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
 _PLACEMENT_CACHE_SIZE = 4096
@@ -352,6 +352,7 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         unplaceable=record["unplaceable_at"] is not None,
         group=record["pod_group"],
         group_size=record["pod_group_size"],
+        group_max_size=record["pod_group_max_size"],
         preemptible=record["preemptible"],
         priority_class=record["priority_class"],
         max_queued=_jobset_max_queued(record["max_queued"]),

@@ -36,6 +36,7 @@ class JobBuilder:
     job_id: str | None = None
     group: str | None = None
     group_size: int = 0
+    group_max_size: int = 0
     is_preemptible: bool = False
     priority_class: str = ""
     controller: str = ""
@@ -47,6 +48,11 @@ class JobBuilder:
     def in_group(self, name: str, size: int) -> JobBuilder:
         """A member of pod group `name` (per namespace: "<namespace>/<name>") of `size` pods."""
         return replace(self, group=name, group_size=size)
+
+    def in_elastic_group(self, name: str, *, min_size: int, max_size: int) -> JobBuilder:
+        """A member of elastic pod group `name`: `min_size` released together, then one at a
+        time up to `max_size`."""
+        return replace(self, group=name, group_size=min_size, group_max_size=max_size)
 
     def preemptible(self) -> JobBuilder:
         return replace(self, is_preemptible=True)
@@ -95,6 +101,7 @@ class JobBuilder:
             node_name=self.node,
             group=self.group,
             group_size=self.group_size,
+            group_max_size=self.group_max_size,
             preemptible=self.is_preemptible,
             priority_class=self.priority_class,
             controlled=bool(self.controller),

@@ -10,9 +10,12 @@ from builders import a_job, a_node, a_queue, a_state, released_ids, released_per
 
 from lockgate.groups import (
     GROUP_LABEL,
+    GROUP_MAX_SIZE_KEY,
+    GROUP_MIN_SIZE_KEY,
     GROUP_SIZE_KEY,
     KUEUE_GROUP_LABEL,
     KUEUE_TOTAL_ANNOTATION,
+    MAX_GROUP_SIZE,
     GroupTimeoutAction,
     InvalidPodGroupError,
     PodGroup,
@@ -24,6 +27,7 @@ from lockgate.scheduler import (
     SchedJob,
     SchedulerState,
     SkipReason,
+    describe_group,
     schedule_round,
     timed_out,
     timeout_message,
@@ -116,13 +120,9 @@ def test_a_replacement_member_of_a_released_group_is_released_alone() -> None:
     assert len(run_round(state).decisions) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit: the group index counts a group's members that hold capacity (released, "
-    "running) and those queued; a member that finished is forgotten, so a replacement created "
-    "after a sibling finished finds queued + holding < size and waits as group_incomplete for "
-    "ever (or until its queue's group timeout). Telling a member that finished from one that "
-    "never came needs the index to remember finished members, which it does not yet"))
 def test_a_replacement_member_created_after_a_sibling_finished_is_released_alone() -> None:
+    # Once a group runs, a new member joins alone (an elastic group's rule, min = max = 3 here):
+    # the index needs no memory of finished members, only that one still holds capacity.
     members = [a_job("a").in_group("ns/g", 3).running_on("node-1").build() for _ in range(3)]
     state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="8").times(1))
              .with_jobs(members).build())
@@ -156,6 +156,162 @@ def test_a_group_over_its_queue_limit_is_not_released() -> None:
     result = run_round(state)
     assert result.decisions == ()
     assert set(result.skipped_jobs.values()) == {SkipReason.QUEUE_LIMIT}
+
+
+# ---- elastic groups -------------------------------------------------------------------------
+
+
+def _elastic(count: int, *, min_size: int = 3, max_size: int = 8, queue: str = "a",
+             name: str = "ns/e", created: float = 0.0, running_on: str | None = None
+             ) -> list[SchedJob]:
+    members = []
+    for i in range(count):
+        member = (a_job(queue).in_elastic_group(name, min_size=min_size, max_size=max_size)
+                  .requesting(cpu="1").created_at(created + i))
+        members.append((member if running_on is None else member.running_on(running_on))
+                       .build())
+    return members
+
+
+def test_an_elastic_group_names_a_minimum_and_an_optional_maximum() -> None:
+    assert pod_group({GROUP_LABEL: "w"}, {GROUP_MIN_SIZE_KEY: "3", GROUP_MAX_SIZE_KEY: "8"}) == (
+        PodGroup("w", 3, 8))
+    unbounded = pod_group({GROUP_LABEL: "w", GROUP_MIN_SIZE_KEY: "2"}, {})
+    assert unbounded == PodGroup("w", 2, MAX_GROUP_SIZE) and unbounded.elastic
+    assert not PodGroup("w", 4).elastic  # group-size: the static case, min = max = size
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "expected"),
+    [
+        ({GROUP_LABEL: "w"}, {GROUP_MIN_SIZE_KEY: "0"}, "not a whole number from 1"),
+        ({GROUP_LABEL: "w"}, {GROUP_MIN_SIZE_KEY: "2.5"}, "not a whole number"),
+        ({GROUP_LABEL: "w"}, {GROUP_MIN_SIZE_KEY: "3", GROUP_MAX_SIZE_KEY: "x"},
+         "not a whole number"),
+        ({GROUP_LABEL: "w"}, {GROUP_MIN_SIZE_KEY: "3", GROUP_MAX_SIZE_KEY: "2"},
+         "must be at least the minimum"),
+        ({GROUP_LABEL: "w"}, {GROUP_MAX_SIZE_KEY: "8"}, "without a minimum"),
+        ({GROUP_LABEL: "w"}, {GROUP_SIZE_KEY: "4", GROUP_MIN_SIZE_KEY: "2"}, "together"),
+        ({GROUP_LABEL: "w", GROUP_MIN_SIZE_KEY: "2"}, {GROUP_MIN_SIZE_KEY: "3"}, "conflicting"),
+        ({}, {GROUP_MIN_SIZE_KEY: "2"}, "without a group name"),
+    ],
+)
+def test_a_bad_elastic_group_gets_a_clear_error(labels: dict[str, str],
+                                                annotations: dict[str, str],
+                                                expected: str) -> None:
+    with pytest.raises(InvalidPodGroupError, match=expected):
+        pod_group(labels, annotations)
+
+
+def test_an_elastic_groups_minimum_goes_together_or_not_at_all() -> None:
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="2").times(1))
+             .with_jobs(_elastic(5)).build())
+    result = run_round(state)
+    assert result.decisions == ()  # room for 2 of its minimum 3: none goes
+    assert set(result.skipped_jobs.values()) == {SkipReason.GROUP_TOO_BIG}
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="2").times(1))
+             .with_jobs(_elastic(2)).build())
+    assert set(run_round(state).skipped_jobs.values()) == {SkipReason.GROUP_INCOMPLETE}
+
+
+def test_an_elastic_group_releases_its_minimum_then_members_one_at_a_time_as_room_allows() -> None:
+    members = _elastic(6)
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(members).build())
+    result = run_round(state)
+    # The oldest three together, then one more alone: the node has room for four.
+    assert released_ids(result) == [m.job_id for m in members[:4]]
+    assert set(result.skipped_jobs.values()) == {SkipReason.NO_NODE_WITH_ROOM}
+    state.set_node("cluster-a", "node-2", a_node(cpu="1").build())
+    assert released_ids(run_round(state)) == [members[4].job_id]  # alone, as room frees
+
+
+def test_members_past_the_maximum_wait_without_spending_the_queues_lookback() -> None:
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="16").times(1))
+             .with_jobs(_elastic(4, max_size=4, running_on="node-1"),
+                        _elastic(5, max_size=4, created=10), a_job("a").created_at(100)).build())
+    result = run_round(state, lookback=0)
+    assert len(result.decisions) == 1  # the single pod behind five members at the maximum
+    assert set(result.skipped_jobs.values()) == {SkipReason.GROUP_AT_MAX}
+    status = state.groups().status(("cluster-a", "a", "ns/e"))
+    assert status is not None and status.at_max
+    assert "holds its maximum" in describe_group(status)
+
+
+def test_members_above_the_minimum_are_charged_to_fair_share_like_single_pods() -> None:
+    # a's group started with its minimum of 2; b has singles. Above its minimum the group
+    # grows one member at a time, each its queue's next unit: the cluster splits evenly.
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(_elastic(8, min_size=2), a_job("b").times(8)).build())
+    result = run_round(state)
+    assert released_per_queue(result) == {"a": 4, "b": 4}
+
+
+def test_members_that_end_shrink_the_group_which_keeps_running_below_its_minimum() -> None:
+    running = _elastic(3, running_on="node-1")
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(running).build())
+    for member in running[:2]:
+        state.upsert_job(replace(member, state=JobState.SUCCEEDED))
+    state.upsert_job(_elastic(1, created=50)[0])
+    status = state.groups().status(("cluster-a", "a", "ns/e"))
+    assert status is not None and status.below_minimum and status.held == 1
+    assert "runs below its minimum" in describe_group(status)
+    # It is not incomplete: its new member goes alone, and no timeout ends it.
+    assert timed_out(state.groups(), now=T0 + 10_000, timeout_of={"a": 60.0}) == []
+    assert len(run_round(state).decisions) == 1
+
+
+def test_an_aged_elastic_group_reserves_for_its_minimum_only_and_then_joins_like_pods() -> None:
+    # b's small pods keep coming; a's group needs 3 cpu at once for its minimum.
+    blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    members = _elastic(5, created=0)
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(blockers, members, a_job("b").times(4)).build())
+    assert run_round(state, now=T0 + 100, reserve_after=30).decisions == ()
+    assert state.groups().reserved == {"cluster-a": ("cluster-a", "a", "ns/e")}
+    for blocker in blockers[:3]:
+        state.upsert_job(replace(blocker, state=JobState.SUCCEEDED))
+    result = run_round(state, now=T0 + 101, reserve_after=30)
+    # The minimum goes (the node is full again), and the reservation ends with it.
+    assert released_ids(result) == [m.job_id for m in members[:3]]
+    assert not state.groups().reserved
+    # From now on a's members are single units: the next free cpu goes to b, below a.
+    state.upsert_job(replace(blockers[3], state=JobState.SUCCEEDED))
+    assert released_per_queue(run_round(state, now=T0 + 102, reserve_after=30)) == {"b": 1}
+    assert not state.groups().reserved
+
+
+def test_explain_says_a_group_runs_below_its_minimum_and_what_its_members_wait_for() -> None:
+    from lockgate.scheduler import explain
+
+    running = _elastic(3, running_on="node-1")
+    waiting = _elastic(2, created=50)
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="3").times(1))
+             .with_jobs(running, waiting).build())
+    state.upsert_job(replace(running[0], state=JobState.SUCCEEDED))
+    told = explain(state, running[1].job_id, now=T0)
+    assert told is not None and told.reason is None
+    assert "runs below its minimum: 2 hold capacity" in told.message
+    assert "keeps running" in told.message
+    queued = explain(state, waiting[0].job_id, now=T0)
+    assert queued is not None and "released one at a time" in queued.message
+    fresh = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="3").times(1))
+             .with_jobs(waiting).build())
+    told = explain(fresh, waiting[0].job_id, now=T0)
+    assert told is not None
+    assert "2 of 3 members exist, none released" in told.message
+
+
+def test_a_group_whose_every_member_ended_starts_over_with_its_minimum() -> None:
+    running = _elastic(3, running_on="node-1")
+    state = (a_state().with_queues("a").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(running, _elastic(2, created=50)).build())
+    for member in running:
+        state.upsert_job(replace(member, state=JobState.SUCCEEDED))
+    result = run_round(state)
+    assert result.decisions == ()
+    assert set(result.skipped_jobs.values()) == {SkipReason.GROUP_INCOMPLETE}
 
 
 # ---- starvation: reservation after aging -----------------------------------------------------
@@ -287,6 +443,26 @@ def test_the_webhook_refuses_a_bad_group_and_gates_a_good_one() -> None:
     assert "has no size" in decision.message and GROUP_SIZE_KEY in decision.message
 
 
+def test_the_webhook_gates_an_elastic_member_and_refuses_a_maximum_below_the_minimum() -> None:
+    from test_admission import POD, gate
+
+    from lockgate.admission import Outcome
+    from lockgate.labels import QUEUE_LABEL
+
+    member = POD.labelled({QUEUE_LABEL: "q1", GROUP_LABEL: "executors"})
+    good = member.annotated({GROUP_MIN_SIZE_KEY: "3", GROUP_MAX_SIZE_KEY: "8"}).manifest()
+    assert gate(good).outcome is Outcome.GATED
+    for given, expected in [
+        ({GROUP_MIN_SIZE_KEY: "3", GROUP_MAX_SIZE_KEY: "2"}, "must be at least the minimum"),
+        ({GROUP_MIN_SIZE_KEY: "three"}, "not a whole number from 1 to"),
+        ({GROUP_MAX_SIZE_KEY: "8"}, "without a minimum"),
+        ({GROUP_SIZE_KEY: "8", GROUP_MIN_SIZE_KEY: "3"}, "together"),
+    ]:
+        decision = gate(member.annotated(given).manifest())
+        assert decision.outcome is Outcome.DENIED, given
+        assert expected in decision.message, decision.message
+
+
 def test_the_watcher_reports_group_preemptible_label_and_priority_class() -> None:
     from datetime import UTC, datetime
 
@@ -304,6 +480,11 @@ def test_the_watcher_reports_group_preemptible_label_and_priority_class() -> Non
     pod = member.annotated({KUEUE_TOTAL_ANNOTATION: "many"}).obj()
     event = pod_event(pod, cluster="c", event_id="e", observed_at=datetime.now(UTC))
     assert (event.group, event.group_size) == (None, 0)
+    elastic = (a_pod("e").in_namespace("ns").with_uid("u2").in_queue("q")
+               .labelled({GROUP_LABEL: "x"})
+               .annotated({GROUP_MIN_SIZE_KEY: "3", GROUP_MAX_SIZE_KEY: "8"}).obj())
+    event = pod_event(elastic, cluster="c", event_id="e", observed_at=datetime.now(UTC))
+    assert (event.group, event.group_size, event.group_max_size) == ("ns/x", 3, 8)
 
 
 def test_a_reservation_ends_when_its_queue_is_cordoned() -> None:

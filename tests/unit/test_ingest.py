@@ -507,6 +507,8 @@ def test_a_node_that_comes_back_is_present_again() -> None:
     (pod_event("u1", priority=2**40), "32-bit"),
     (pod_event("u1", namespace="a\x00b"), "NUL"),
     (pod_event("u1", created_at=datetime(2025, 1, 1)), "time zone"),
+    (pod_event("u1", group="team/e", group_size=3, group_max_size=2), "not a valid elastic"),
+    (pod_event("u1", group="team/e", group_size=3, group_max_size=10_001), "not a valid elastic"),
     (ClusterCapacity(cluster=CLUSTER, observed_at=T0,
                      nodes=[NodeCapacity(name="n", allocatable={"cpu": 1})] * 2), "twice"),
     (ClusterCapacity(cluster=CLUSTER, observed_at=T0,
@@ -524,6 +526,13 @@ def test_good_events_pass_validation() -> None:
     for event in (pod_event("u1"), snapshot("u1"), capacity(1, ("n1", 1)),
                   outcome(ReleaseOutcomeKind.UNGATED)):
         assert invalid_reason(event) is None
+
+
+def test_an_elastic_groups_maximum_is_stored_with_its_minimum() -> None:
+    event = pod_event("u1", group="team/e", group_size=3, group_max_size=8)
+    assert invalid_reason(event) is None
+    (row,) = fold_batch(rows(), [event]).jobs
+    assert (row.pod_group, row.pod_group_size, row.pod_group_max_size) == ("team/e", 3, 8)
 
 
 # A property: whatever the batching, the end state is the same ---------------------------------

@@ -359,6 +359,64 @@ def test_a_pod_behind_a_group_that_cannot_go_is_preempted_for_and_keeps_its_room
 # ---- property: the invariant holds and evictions stop ---------------------------------------
 
 
+# ---- elastic groups ---------------------------------------------------------------------------
+
+
+def _elastic(count: int, *, queue: str, min_size: int, nodes: tuple[str, ...] = (),
+             created: float = 0.0) -> list[SchedJob]:
+    """Members of elastic group ns/e, oldest first; running on `nodes` in turn, if given."""
+    members = []
+    for i in range(count):
+        member = (a_job(queue).in_elastic_group("ns/e", min_size=min_size, max_size=8)
+                  .preemptible().created_at(created + i))
+        if nodes:
+            member = member.running_on(nodes[i * len(nodes) // count])
+        members.append(member.build())
+    return members
+
+
+def test_members_above_a_groups_minimum_are_evicted_before_any_minimum_is_broken() -> None:
+    # a's group (minimum 2) holds both nodes: its two oldest members, its minimum, on node-1,
+    # which the planner tries first. b's pods take members above the minimum, from node-2 too.
+    members = _elastic(8, queue="a", min_size=2, nodes=("node-1", "node-2"))
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(2))
+             .with_jobs(members, a_job("b").times(6)).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 4
+    evicted = {e.job_id for e in evictions}
+    assert not evicted & {members[0].job_id, members[1].job_id}
+    assert {e.node for e in evictions} == {"node-1", "node-2"}
+
+
+def test_a_minimum_is_broken_only_when_nothing_above_a_minimum_would_do() -> None:
+    # Only a's static group of 4 (its minimum) holds the cluster: b below its share still gets
+    # room, as before elastic groups.
+    members = [a_job("a").in_group("ns/g", 4).preemptible().running_on("node-1").build()
+               for _ in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="4").times(1))
+             .with_jobs(members, a_job("b").times(2)).build())
+    evictions = plan_evictions(state, run_round(state), policy=POLICY, evicting=())
+    assert len(evictions) == 2 and {e.queue for e in evictions} == {"a"}
+
+
+def test_a_started_groups_next_member_is_preempted_for_alone() -> None:
+    # b's group runs its minimum of 2; its next two members are single units: room is freed
+    # for each on its own, with no reservation of the cluster for the group.
+    running = [a_job("a").preemptible().running_on("node-1").created_at(i).build()
+               for i in range(6)]
+    b_group = _elastic(2, queue="b", min_size=2, nodes=("node-1",), created=100)
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", a_node(cpu="8").times(1))
+             .with_jobs(running, b_group, _elastic(2, queue="b", min_size=2, created=200))
+             .build())
+    result = run_round(state)
+    assert set(result.skipped_jobs.values()) == {SkipReason.NO_NODE_WITH_ROOM}
+    evictions = plan_evictions(state, result, policy=POLICY, evicting=())
+    assert len(evictions) == 2 and all(e.for_group is None for e in evictions)
+    assert not state.groups().reserved
+    carry_out(state, evictions)
+    assert released_per_queue(run_round(state)) == {"b": 2}
+
+
 def _random_state(rng: random.Random, *, groups: bool = False) -> SchedulerState:
     queues = [f"q{i}" for i in range(rng.randint(2, 4))]
     nodes = {f"node-{i}": a_node(cpu=str(rng.choice((4, 8, 16))), memory="64Gi").build()
@@ -376,12 +434,16 @@ def _random_state(rng: random.Random, *, groups: bool = False) -> SchedulerState
             room -= cpu
     for queue in queues:
         # Groups (complete, of 2-4 pods) first: older, they come before the queue's singles.
+        # Every other one elastic: its minimum goes together, the rest alone.
         for number in range(rng.randint(0, 2) if groups else 0):
             size = rng.randint(2, 4)
             cpu = str(rng.choice((1, 2)))
+            member = a_job(queue).in_group(f"ns/g{number}", size)
+            if number % 2:
+                member = a_job(queue).in_elastic_group(
+                    f"ns/g{number}", min_size=rng.randint(1, size), max_size=size + 1)
             for _ in range(size):
-                state.upsert_job(a_job(queue).in_group(f"ns/g{number}", size)
-                                 .requesting(cpu=cpu).preemptible().build())
+                state.upsert_job(member.requesting(cpu=cpu).preemptible().build())
         for _ in range(rng.randint(0, 12)):
             job = a_job(queue).requesting(cpu=str(rng.choice((1, 1, 2))))
             state.upsert_job(job.preemptible().build())

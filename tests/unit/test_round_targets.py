@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 import pytest
-from builders import a_job, a_node, a_queue, a_state, released_per_queue
+from builders import JobBuilder, a_job, a_node, a_queue, a_state, released_per_queue
 
 from lockgate.jobs import JobState
 from lockgate.scheduler import RoundResult, SchedJob, SchedulerState, schedule_round
@@ -207,6 +207,27 @@ def test_a_hold_ends_in_time_and_moves_to_another_node() -> None:
     run_round(state, now=T0 + 31, hold=30)
     second = state.room_holds().of("big")
     assert second is not None and second.node != first.node
+
+
+def test_room_is_held_for_a_started_groups_next_member_as_for_a_single_pod() -> None:
+    # q's elastic group runs its minimum of 1 on a-1; its next 2-cpu member waits behind comp's
+    # 1-cpu pods, and is held room like a single pod (its queue is below its target).
+    def member() -> JobBuilder:
+        return a_job("q").in_elastic_group("ns/e", min_size=1, max_size=4).requesting(cpu="2")
+    state = (
+        a_state()
+        .with_queues("comp", "q")
+        .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(2, prefix="a"))
+        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build() for i in range(2)],
+                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(3)],
+                   member().running_on("a-1").named("first"),
+                   a_job("comp").times(10), member().named("next"))
+        .build()
+    )
+    run_round(state, now=T0, hold=30)
+    held = state.room_holds().of("next")
+    assert held is not None and held.node == "a-2"
+    assert released_per_queue(run_round(state, now=T0 + 1, hold=30)) == {}
 
 
 def test_other_pods_use_room_on_nodes_no_one_holds() -> None:

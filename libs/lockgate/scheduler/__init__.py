@@ -29,7 +29,14 @@ from lockgate.scheduler.explain import (
     wait_message,
 )
 from lockgate.scheduler.feed import PHASE_OF_STATE, PHASES, Feed, FeedPolicy
-from lockgate.scheduler.groups import GroupIndex, GroupKey, GroupStatus, timed_out, timeout_message
+from lockgate.scheduler.groups import (
+    GroupIndex,
+    GroupKey,
+    GroupStatus,
+    describe_group,
+    timed_out,
+    timeout_message,
+)
 from lockgate.scheduler.invariants import check_invariants
 from lockgate.scheduler.preemption import (
     PREEMPTIBLE_LABEL,
@@ -92,6 +99,7 @@ __all__ = [
     "adjusted_fair_shares",
     "check_invariants",
     "choose_reason",
+    "describe_group",
     "explain",
     "fair_shares",
     "format_amount",

@@ -22,6 +22,7 @@ from lockgate.backoff import backing_off_message
 from lockgate.jobs import JobState
 from lockgate.max_queued import stricter
 from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, fair_shares
+from lockgate.scheduler.groups import describe_group
 from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, fits
 from lockgate.scheduler.round import Rank, below_target, rank_in_cluster
@@ -154,6 +155,8 @@ class Explanation:
     # Queues above their fair target in this cluster (what preemption could take from).
     above_target: tuple[str, ...] = ()
     preemption: bool | None = None  # whether preemption is on (None: not known here)
+    # Its pod group's state (lockgate.scheduler.groups.describe_group); "" when in none.
+    group: str = ""
 
 
 def explain(state: SchedulerState, job_id: str, *, now: float,
@@ -365,8 +368,16 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         held_until=None if held_on is None else held_on.until,
         held_free=None if held_room is None else named(held_room),
         gaps_to=tuple(sorted(gaps)), above_target=above, preemption=preemption,
+        group=_group_text(state, job),
     )
     return _with_message(explanation)
+
+
+def _group_text(state: SchedulerState, job: SchedJob) -> str:
+    if job.group is None:
+        return ""
+    status = state.groups().summary((job.cluster, job.queue, job.group))
+    return "" if status is None else describe_group(status)
 
 
 def _room_for_holder(rounds: ClusterRoom, job: SchedJob,
@@ -462,8 +473,10 @@ def wait_message(e: Explanation) -> str:
     elif reason is WaitReason.NEXT_ROUND:
         why = "there is room: the next scheduling round releases it"
     else:
-        return f"{where}; not waiting ({e.state})"
+        return f"{where}; not waiting ({e.state})" + (f"; {e.group}" if e.group else "")
     text = f"{where}; {why}"
+    if e.group:
+        text += f"; {e.group}"
     if e.max_queued_seconds is not None:
         done = "deleted" if e.max_queued_action == "delete" else "failed"
         whose = " (its job set's maximum)" if e.max_queued_by == "jobset" else ""

@@ -245,11 +245,13 @@ def _check_groups(state: SchedulerState, problems: _Problems) -> None:
     queued: dict[GroupKey, set[str]] = {}
     held: Counter[GroupKey] = Counter()
     sizes: dict[GroupKey, int] = {}
+    most: dict[GroupKey, int] = {}  # the largest maximum a member names (static: its size)
     for job_id, record in state.job_records.items():
         if record.group is None:
             continue
         key = (record.cluster, record.queue, record.group)
         sizes[key] = max(sizes.get(key, 0), record.group_size)
+        most[key] = max(most.get(key, 0), record.group_max_size or record.group_size)
         if record.state is JobState.QUEUED:
             queued.setdefault(key, set()).add(job_id)
         else:
@@ -266,6 +268,12 @@ def _check_groups(state: SchedulerState, problems: _Problems) -> None:
                        f"group {key} counts {groups.held(key)} holding capacity, {held[key]} do")
         problems.check(groups.declared_size(key) >= sizes[key],
                        f"group {key}'s size {groups.declared_size(key)} is below a member's")
+        problems.check(groups.declared_max_size(key) >= most[key],
+                       f"group {key}'s maximum {groups.declared_max_size(key)} is below a "
+                       f"member's")
+        problems.check(groups.started(key) == (held[key] > 0),
+                       f"group {key} says started={groups.started(key)}, {held[key]} members "
+                       f"hold capacity")
     for cluster, key in groups.reserved.items():
         problems.check(key[0] == cluster, f"cluster {cluster!r} is reserved for {key} elsewhere")
         problems.check(key in keys, f"cluster {cluster!r} is reserved for {key}, which is gone")

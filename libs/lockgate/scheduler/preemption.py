@@ -21,6 +21,13 @@ filling equalises: pods V of queues A may be evicted for J only if
      J: a single pod on one node; a group all at once, every member on some node (largest
      first, first fit, as the round places groups), or nothing at all is evicted for it.
 
+Elastic groups (docs/scheduling.md, "Elastic groups"): a member of a group that has started is a
+unit of its own, like a single pod; a group that has not started is judged by its gang (its
+minimum). Among victims, the members of a group within its minimum (its oldest `size` running
+members) are taken last: the planner first looks for room on every node without them, and only
+then lets a unit break a group's minimum, so above-minimum members and single pods of queues over
+their targets go first.
+
 Rule 3 is the no-thrash invariant; docs/scheduling.md ("Preemption") proves that it rules out
 evicting back and forth, and that in a closed system every run of evictions ends. Room freed for
 a group must reach the group, not the small pods of other queues in the next rounds: the planner
@@ -178,18 +185,20 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
                 or job.priority != -priority or job.created_at != created_at):
             continue
         seen.add(job_id)
-        if job.group is None:
-            candidate = job.cluster in where
+        key = None if job.group is None else (job.cluster, job.queue, job.group)
+        if key is None or state.groups().started(key):
+            # A single pod, or a member of a started group, which joins alone (unless the
+            # group holds its maximum: no room helps it).
+            candidate = job.cluster in where and (key is None or not state.groups().at_max(key))
             units.append(_Unit(job_id, None, candidate, _plus([0] * len(state.pool_vector),
                                                               job.shape)))
         else:
-            key = (job.cluster, job.queue, job.group)
             if key in seen_groups:
                 continue  # a later member of a group already listed
             seen_groups.add(key)
             candidate = job.cluster in where and _waits_for_room_only(state, result, key)
             request = [0] * len(state.pool_vector)
-            for member in state.groups().queued_members(key):
+            for member in state.groups().gang(key):
                 _add(request, jobs[member].shape)
             units.append(_Unit(job_id, key, candidate, request))
         candidates += candidate
@@ -204,7 +213,7 @@ def _waits_for_room_only(state: SchedulerState, result: RoundResult, key: GroupK
     status = state.groups().status(key)
     if status is None or not status.complete:
         return False
-    member_ids = state.groups().queued_members(key)
+    member_ids = state.groups().gang(key)
     members = [state.job_records[member] for member in member_ids]
     if any(member.parked for member in members):
         return False
@@ -242,6 +251,9 @@ class _Planner:
         self.evicting = set(evicting)
         self.free: dict[str, dict[str, list[int]] | None] = {}
         self.victims: dict[str, dict[str, list[tuple[str, JobRecord]]]] = {}
+        # Running group members within their group's minimum: taken only when nothing else
+        # will do (see the module docstring), filled in per cluster with its victims.
+        self.within_min: set[str] = set()
         jobs = state.job_records
         for job_id in self.evicting:
             job = jobs.get(job_id)
@@ -364,19 +376,21 @@ class _Planner:
             if fits(room, shape):
                 take(room, shape)  # freed already (earlier evictions in flight), or free
                 return []
-        for node in nodes:
-            room = rooms[node]
-            chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
-                                      self.alloc, (), None)
-            if chosen is None or len(chosen) > budget:
-                continue
-            evictions = self._record([(victim_id, victim, node) for victim_id, victim in chosen],
-                                     cluster=job.cluster, for_job=job_id, for_queue=queue,
-                                     preemptor_cost=preemptor_cost)
-            for _, victim in chosen:
-                _add(room, victim.shape)
-            take(room, shape)
-            return evictions
+        for spare_minimums in (True, False):  # break no group's minimum while room exists without
+            for node in nodes:
+                room = rooms[node]
+                chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
+                                          self.alloc, (), None, spare_minimums=spare_minimums)
+                if chosen is None or len(chosen) > budget:
+                    continue
+                evictions = self._record(
+                    [(victim_id, victim, node) for victim_id, victim in chosen],
+                    cluster=job.cluster, for_job=job_id, for_queue=queue,
+                    preemptor_cost=preemptor_cost)
+                for _, victim in chosen:
+                    _add(room, victim.shape)
+                take(room, shape)
+                return evictions
         return None
 
     def _make_room_for_group(self, queue: str, first_id: str, key: GroupKey,
@@ -395,7 +409,7 @@ class _Planner:
         if rooms is None:
             return None
         jobs = self.state.job_records
-        members = [jobs[member] for member in self.state.groups().queued_members(key)]
+        members = [jobs[member] for member in self.state.groups().gang(key)]
         with_group = self.alloc[queue][:]
         with_group_in = self.in_cluster(queue, cluster)[:]
         for member in members:
@@ -418,10 +432,12 @@ class _Planner:
             nodes = self._nodes_for(cluster, shape, trial_rooms)
             node = next((node for node in nodes if fits(trial_rooms[node], shape)), None)
             if node is None:
-                for candidate in nodes:
+                for spare_minimums, candidate in [(spare, node) for spare in (True, False)
+                                                  for node in nodes]:
                     victims = self._victims_on(cluster, candidate, queue, shape,
                                                trial_rooms[candidate], preemptor_cost,
-                                               trial_alloc, taken, trial_in)
+                                               trial_alloc, taken, trial_in,
+                                               spare_minimums=spare_minimums)
                     if victims is None or len(chosen) + len(victims) > budget:
                         continue
                     for victim_id, victim in victims:
@@ -477,22 +493,26 @@ class _Planner:
 
     def _victims_on(self, cluster: str, node: str, queue: str, shape: Shape,
                     room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
-                    taken: Collection[str], alloc_in: dict[str, list[int]] | None
-                    ) -> list[tuple[str, JobRecord]] | None:
+                    taken: Collection[str], alloc_in: dict[str, list[int]] | None, *,
+                    spare_minimums: bool = False) -> list[tuple[str, JobRecord]] | None:
         """The fewest-first greedy choice of victims on `node` that the rule allows, given the
         allocations `alloc` (victims chosen before for the same unit already taken out), and
-        that make room for `shape`; None if they cannot."""
+        that make room for `shape`; None if they cannot. With `spare_minimums`, no member
+        within its group's minimum is taken; without, they are taken last."""
+        within_min = self.within_min
         candidates = [(victim_id, victim) for victim_id, victim
                       in self.victims[cluster].get(node, ())
                       if victim.queue != queue and victim_id not in self.evicting
-                      and victim_id not in taken]
+                      and victim_id not in taken
+                      and not (spare_minimums and victim_id in within_min)]
         if not candidates:
             return None
         # Take from the most over-served queue first, its lowest priority and newest pods first.
         def held_in(name: str) -> list[int]:
             return alloc_in[name] if alloc_in is not None else self.in_cluster(name, cluster)
 
-        candidates.sort(key=lambda item: (-self.cost_in(item[1].queue, cluster,
+        candidates.sort(key=lambda item: (item[0] in within_min,
+                                          -self.cost_in(item[1].queue, cluster,
                                                         held_in(item[1].queue)),
                                           item[1].priority, -item[1].created_at, item[0]))
         freed = room[:]
@@ -533,15 +553,25 @@ class _Planner:
                                for i, (a, u) in enumerate(zip(node.allocatable, node.unmanaged,
                                                               strict=True))]
             victims: dict[str, list[tuple[str, JobRecord]]] = {}
+            members: dict[GroupKey, list[tuple[float, str]]] = {}
             for job_id, job in self.state.job_records.items():
                 if (job.cluster != cluster_name or job.state is JobState.QUEUED
                         or job.node_name not in rooms):
                     continue
                 if job_id in self.evicting:
                     _add(rooms[job.node_name], job.shape)
-                elif is_preemptible(job, self.policy):
+                    continue
+                if is_preemptible(job, self.policy):
                     victims.setdefault(job.node_name, []).append((job_id, job))
+                if job.group is not None:
+                    members.setdefault((cluster_name, job.queue, job.group), []).append(
+                        (job.created_at, job_id))
             self.victims[cluster_name] = victims
+            # A group's oldest `size` running members are its minimum; newer ones are above it.
+            for key, running in members.items():
+                running.sort()
+                self.within_min.update(
+                    job_id for _, job_id in running[:self.state.groups().declared_size(key)])
             # Room held for pods below their targets is theirs (lockgate.scheduler.holds).
             for hold in self.state.room_holds().in_cluster(cluster_name):
                 held = self.state.job_records.get(hold.job_id)

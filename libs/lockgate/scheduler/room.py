@@ -10,6 +10,7 @@ explain) from the state's records; room only shrinks while a round consumes it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 from lockgate.placement import PodPlacement, can_land
@@ -26,9 +27,10 @@ class ClusterRoom:
     only them.
     """
 
-    __slots__ = ("capacity", "cursor", "eligible", "empty", "fits_cache", "free", "held_by",
-                 "hold_node", "holds_on", "names", "overcommitted", "rejected", "reserved_for",
-                 "sizes", "traits")
+    __slots__ = ("capacity", "cursor", "eligible", "eligible_sets", "empty", "fits_cache",
+                 "free", "held_by", "held_index", "held_nodes", "held_on", "hold_candidates",
+                 "hold_counts", "hold_node", "holds_on", "names", "overcommitted",
+                 "queue_held_on", "rejected", "reserved_for", "sizes", "traits")
 
     def __init__(self, cluster: ClusterRecord, inverse_total: list[float],
                  reserved_for: GroupKey | None = None) -> None:
@@ -40,6 +42,19 @@ class ClusterRoom:
         self.holds_on: dict[int, list[tuple[str, str, Shape]]] = {}
         self.hold_node: dict[str, int] = {}
         self.held_by: dict[str, list[int]] = {}
+        # The same holds summed, so that a pod looking for room counts a node's holds in
+        # O(queues holding there), not O(holds there), and passes over a node at once when
+        # even every other queue's holds there would not make room for it: per node, how many
+        # holds of each (queue, shape); the sum of all its holds; the sum of each queue's
+        # holds on it; and the nodes with holds, in first-fit order.
+        self.hold_counts: dict[int, dict[tuple[str, Shape], int]] = {}
+        self.held_on: dict[int, list[int]] = {}
+        self.queue_held_on: dict[tuple[int, str], list[int]] = {}
+        self.held_nodes: list[int] = []
+        # Per node with holds, its room counting no hold (`free` plus every hold there), or
+        # more: a pod looking for room among holds finds the first node that might fit it in
+        # O(log nodes), not by looking at each (built at the first hold).
+        self.held_index: RoomIndex | None = None
         self.capacity: list[list[int]] = [
             [a - u for a, u in zip(cluster.nodes[name].allocatable, cluster.nodes[name].unmanaged,
                                    strict=True)] for name in cluster.order]
@@ -50,6 +65,9 @@ class ClusterRoom:
         self.sizes = list(cluster.node_sizes)
         self.traits = [cluster.nodes[name].traits for name in self.names]
         self.eligible: dict[PodPlacement | None, list[int]] = {}
+        self.eligible_sets: dict[PodPlacement | None, frozenset[int]] = {}
+        # Per shape, the nodes it may land on and fit when empty (where a hold may go).
+        self.hold_candidates: dict[Shape, list[int]] = {}
         self.fits_cache: dict[Shape, bool] = {}
         # First-fit resumes per shape where it last succeeded: free room only shrinks during a
         # round, so nodes before that point cannot take that shape again.
@@ -97,27 +115,82 @@ class ClusterRoom:
         `room_for_held`): from now on what frees there is kept for it. Returns the node, or
         -1."""
         if node is None:
-            candidates = [i for i in self.nodes_for(shape.placement)
-                          if fits(self.capacity[i], shape)]
-            fresh = [i for i in candidates if self.names[i] not in avoid]
-            candidates = fresh or candidates
+            candidates = self.hold_candidates.get(shape)
+            if candidates is None:
+                candidates = self.hold_candidates[shape] = [
+                    i for i in self.nodes_for(shape.placement) if fits(self.capacity[i], shape)]
+            if avoid:
+                names = self.names
+                fresh = [i for i in candidates if names[i] not in avoid]
+                candidates = fresh or candidates
             if not candidates:
                 return -1
-            inverse = inverse_total or [1.0] * axes
-
-            def missing(i: int) -> tuple[float, int]:
-                room = self.free[i] if yields is None else self._room_yielded(i, queue, yields)
-                return (max((amount - room[axis]) * inverse[axis]
-                            for axis, amount in shape.pairs), i)
-
-            node = min(candidates, key=missing)
+            node = self._closest(candidates, queue, shape, inverse_total or [1.0] * axes,
+                                 yields)
         take(self.free[node], shape)
         self.holds_on.setdefault(node, []).append((job_id, queue, shape))
         self.hold_node[job_id] = node
         held = self.held_by.setdefault(queue, [0] * axes)
         for axis, amount in shape.pairs:
             held[axis] += amount
+        counts = self.hold_counts.get(node)
+        if counts is None:
+            counts = self.hold_counts[node] = {}
+            self.held_on[node] = [0] * axes
+        if not counts:
+            bisect.insort(self.held_nodes, node)
+        counts[(queue, shape)] = counts.get((queue, shape), 0) + 1
+        on_node = self.held_on[node]
+        mine = self.queue_held_on.get((node, queue))
+        if mine is None:
+            mine = self.queue_held_on[(node, queue)] = [0] * axes
+        for axis, amount in shape.pairs:
+            on_node[axis] += amount
+            mine[axis] += amount
+        if self.held_index is None:
+            self.held_index = RoomIndex(len(self.names), len(self.free[node]))
+        self._index(node)
         return node
+
+    def _closest(self, candidates: list[int], queue: str, shape: Shape, inverse: list[float],
+                 yields: Callable[[str, Shape], bool] | None) -> int:
+        """The candidate closest to having room for `shape` (the least missing on its
+        dominant resource, then the first), counting what holds that `yields` free there.
+
+        A node with holds is asked who yields there only if it might beat the best so far:
+        in the order of what it would miss were every other queue's holds there to yield
+        (never more room than that), until that alone misses more than the best."""
+        free = self.free
+        counts = self.hold_counts
+        held_on = self.held_on
+        queue_held_on = self.queue_held_on
+        pairs = shape.pairs
+        best: tuple[float, int] | None = None
+        held: list[tuple[float, int]] = []
+        for i in candidates:
+            room = free[i]
+            if yields is None or not counts.get(i):
+                key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
+                if best is None or key < best:
+                    best = key
+                continue
+            others = held_on[i]
+            mine = queue_held_on.get((i, queue))
+            held.append((max((amount - room[axis] - others[axis]
+                              + (0 if mine is None else mine[axis])) * inverse[axis]
+                             for axis, amount in pairs), i))
+        if held:
+            assert yields is not None
+            held.sort()
+            for least, i in held:
+                if best is not None and least > best[0]:
+                    break
+                room = self._room_yielded(i, queue, yields)
+                key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
+                if best is None or key < best:
+                    best = key
+        assert best is not None
+        return best[1]
 
     def unhold(self, job_id: str, queue: str, shape: Shape) -> None:
         """The hold ends: its room is anyone's again."""
@@ -126,15 +199,28 @@ class ClusterRoom:
         give(self.free[node], shape)
         for axis, amount in shape.pairs:
             self.held_by[queue][axis] -= amount
+        counts = self.hold_counts[node]
+        left = counts[(queue, shape)] - 1
+        if left:
+            counts[(queue, shape)] = left
+        else:
+            del counts[(queue, shape)]
+            if not counts:
+                self.held_nodes.remove(node)
+                assert self.held_index is not None
+                self.held_index.set(node, None)
+        take(self.held_on[node], shape)
+        take(self.queue_held_on[(node, queue)], shape)
 
     def _room_yielded(self, node: int, queue: str,
                       yields: Callable[[str, Shape], bool]) -> list[int]:
         """The room on `node` beyond every hold, plus what other queues that `yields` to
         `queue` hold there."""
         room = self.free[node][:]
-        for _, other_queue, other_shape in self.holds_on.get(node, ()):
+        for (other_queue, other_shape), count in self.hold_counts.get(node, {}).items():
             if other_queue != queue and yields(other_queue, other_shape):
-                give(room, other_shape)
+                for axis, amount in other_shape.pairs:
+                    room[axis] += amount * count
         return room
 
     def room_for_held(self, job_id: str, queue: str,
@@ -170,6 +256,7 @@ class ClusterRoom:
         if fits(room, shape):
             self.unhold(job_id, queue, shape)
             take(self.free[node], shape)
+            self._index(node)
             return node
         placed = self.place(shape)
         if placed < 0 and yields is not None:
@@ -183,14 +270,43 @@ class ClusterRoom:
         """First fit on the other nodes with holds, counting as room what queues that yield to
         `queue` hold there (nodes without holds were tried by `place`): room freed on a node
         held for a queue that ranks after this one is this one's first, wherever its own hold
-        is. -1 when none fits."""
-        eligible = set(self.nodes_for(shape.placement))
-        for node in sorted(self.holds_on):
-            if node in eligible and self.holds_on[node] and fits(
-                    self._room_yielded(node, queue, yields), shape):
-                take(self.free[node], shape)
-                return node
+        is. -1 when none fits.
+
+        A node where the room beyond the holds plus every other queue's holds would not fit
+        `shape` is passed over without asking who yields there: O(axes) per node with holds,
+        and O(queues holding there) only where it might fit."""
+        index = self.held_index
+        if index is None:
+            return -1
+        eligible = self.eligible_sets.get(shape.placement)
+        if eligible is None:
+            eligible = self.eligible_sets[shape.placement] = frozenset(
+                self.nodes_for(shape.placement))
+        free = self.free
+        held_on = self.held_on
+        queue_held_on = self.queue_held_on
+        pairs = shape.pairs
+        node = index.first(pairs, 0)
+        while node >= 0:
+            if node in eligible and self.hold_counts.get(node):
+                room = free[node]
+                others = held_on[node]
+                mine = queue_held_on.get((node, queue))
+                if (mine is None or not any(room[axis] + others[axis] - mine[axis] < amount
+                                            for axis, amount in pairs)) and fits(
+                        self._room_yielded(node, queue, yields), shape):
+                    take(free[node], shape)
+                    self._index(node)
+                    return node
+            node = index.first(pairs, node + 1)
         return -1
+
+    def _index(self, node: int) -> None:
+        """The node's room counting no hold changed (or it gained its first hold)."""
+        if self.held_index is not None and self.hold_counts.get(node):
+            room = self.free[node]
+            self.held_index.set(node, [a + h for a, h in zip(room, self.held_on[node],
+                                                            strict=True)])
 
     def fits_some_node(self, shape: Shape) -> bool:
         """Whether some schedulable node could hold `shape` when empty."""
@@ -227,6 +343,8 @@ class ClusterRoom:
                 for axis, amount in pairs:
                     room[axis] -= amount
                 self.cursor[shape] = i
+                if self.held_index is not None:
+                    self._index(order[i])
                 return order[i]
             i += 1
         self.cursor[shape] = count
@@ -243,6 +361,8 @@ class ClusterRoom:
             node = self.place(shapes[i])
             if node < 0:
                 self.free, self.cursor, self.rejected = saved
+                for held in self.held_nodes:  # room came back: the bounds must rise again
+                    self._index(held)
                 return None
             nodes[i] = node
         return nodes
@@ -265,6 +385,52 @@ class ClusterRoom:
             else:
                 return False
         return True
+
+
+# Below any room a node can have: a node without holds in `RoomIndex`.
+_NO_NODE = -(1 << 62)
+
+
+class RoomIndex:
+    """Per node, a room vector (or none), to find the first node whose room may fit a shape
+    in O(log nodes): a tree of per-axis maxima over node positions (first-fit order)."""
+
+    __slots__ = ("size", "tops")
+
+    def __init__(self, nodes: int, axes: int) -> None:
+        size = 1
+        while size < nodes:
+            size *= 2
+        self.size = size
+        self.tops = [[_NO_NODE] * (2 * size) for _ in range(axes)]
+
+    def set(self, node: int, room: list[int] | None) -> None:
+        for axis, top in enumerate(self.tops):
+            i = node + self.size
+            top[i] = _NO_NODE if room is None else room[axis]
+            i >>= 1
+            while i:
+                top[i] = max(top[2 * i], top[2 * i + 1])
+                i >>= 1
+
+    def first(self, pairs: tuple[tuple[int, int], ...], start: int) -> int:
+        """The first node at or after `start` whose room is at least `pairs` on every axis
+        asked; -1 if none."""
+        return self._first(1, 0, self.size, pairs, start)
+
+    def _first(self, i: int, low: int, high: int, pairs: tuple[tuple[int, int], ...],
+               start: int) -> int:
+        if high <= start:
+            return -1
+        tops = self.tops
+        for axis, amount in pairs:
+            if tops[axis][i] < amount:
+                return -1
+        if high - low == 1:
+            return low
+        middle = (low + high) // 2
+        found = self._first(2 * i, low, middle, pairs, start)
+        return found if found >= 0 else self._first(2 * i + 1, middle, high, pairs, start)
 
 
 def _never(queue: str, shape: Shape) -> bool:

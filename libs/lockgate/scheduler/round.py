@@ -67,6 +67,8 @@ class SkipReason(StrEnum):
     GROUP_INCOMPLETE = "group_incomplete"  # not every member exists yet
     GROUP_TOO_BIG = "group_too_big"  # the members fit no empty cluster together
     RESERVED_FOR_GROUP = "reserved_for_group"  # the cluster waits for a group to fit
+    # An elastic group (or a running static one) holds as many members as its maximum allows.
+    GROUP_AT_MAX = "group_at_max"
     # Its controller backs off after lockgate gave up on its pods (lockgate.backoff): held out
     # of its queue's line, so only counted (`QueueReport.backing_off`), never looked at.
     BACKING_OFF = "backing_off"
@@ -233,6 +235,9 @@ class _Round:
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
         self.targets = state.fair_targets(now=now, max_age=targets_max_age)
         self.holds_by_cluster: dict[str, list[RoomHold]] = {}
+        # Per (queue, cluster, shape held): the queue's rank there, and how many jobs it had
+        # released when that was worked out (`_yields_to`).
+        self.hold_ranks: dict[tuple[str, str, Shape], tuple[int, Rank]] = {}
         self.max_lookback = max_lookback
         self.inverse_total = state.fairness_inverse()
         self.clusters: dict[str, ClusterRoom] = {}
@@ -250,9 +255,11 @@ class _Round:
         for cluster_name, key in list(self.groups.reserved.items()):
             status = self.groups.status(key)
             owner = state.queue_records.get(key[1])
-            if status is None or not status.complete or owner is None or not owner.schedulable:
-                # Released, gone, no longer whole, or its queue cordoned or undefined: a
-                # reservation nobody can use must not hold the cluster.
+            if (status is None or not status.complete or status.started or owner is None
+                    or not owner.schedulable):
+                # Released (or started: its members go alone), gone, no longer whole, or its
+                # queue cordoned or undefined: a reservation nobody can use must not hold the
+                # cluster.
                 del self.groups.reserved[cluster_name]
         self._prepare_holds()
         for name, queue in state.queue_records.items():
@@ -311,10 +318,14 @@ class _Round:
                 # down there this round: set the cluster aside rather than look at each job.
                 progress.clusters.remove(pending)
                 progress.set_aside.append(pending.cluster)
-            elif job.group is not None:
+            elif job.group is not None and not self.groups.started(
+                    (pending.cluster, name, job.group)):
                 heapq.heappop(pending.heap)
                 reason, counted = self._group_turn(progress, pending, cluster, job, decisions)
-                if reason is not None:
+                if reason is None and job.state is _QUEUED:
+                    # Its gang (the oldest members) went without it: it joins alone, later.
+                    heapq.heappush(pending.heap, entry)
+                elif reason is not None:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
                     if counted:
@@ -325,9 +336,16 @@ class _Round:
                 if not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
             else:
+                # A single pod, or a member of a started group: it joins alone (groups.py).
                 heapq.heappop(pending.heap)
                 node = -1
-                if queue.limit_pairs and exceeds(queue.allocation, shape, queue.limit_pairs):
+                counted = True
+                if job.group is not None and self.groups.at_max(
+                        (pending.cluster, name, job.group)):
+                    # Waits until a member ends; not a job that could go, so no lookback spent.
+                    reason = SkipReason.GROUP_AT_MAX
+                    counted = False
+                elif queue.limit_pairs and exceeds(queue.allocation, shape, queue.limit_pairs):
                     reason = SkipReason.QUEUE_LIMIT
                     progress.over_limit.add(shape)
                 elif cluster.overcommitted:
@@ -356,7 +374,7 @@ class _Round:
                 else:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
-                    progress.skips += 1
+                    progress.skips += counted
                     if progress.skips > max_lookback:
                         progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
                         continue
@@ -403,6 +421,9 @@ class _Round:
         `extra`, a dense vector), against the pool."""
         inverse = self.inverse_total
         held = queue.alloc_in.get(cluster)
+        if held is not None and extra is None:
+            # Only the axes taken can rise (costs.share_after): no copy of the vector.
+            return share_after(dominant(held, inverse), held, pairs, inverse)
         total = [0] * len(inverse) if held is None else held[:]
         if extra is not None:
             for axis, amount in enumerate(extra):
@@ -441,7 +462,8 @@ class _Round:
                 continue
             if (job is None or job.state is not _QUEUED or job.parked or job.held
                     or job.queue != hold.queue or job.cluster != hold.cluster
-                    or job.group is not None or queue is None or not queue.schedulable
+                    or (job.group is not None and not self._joins_alone(job))
+                    or queue is None or not queue.schedulable
                     or cluster is None or hold.node not in cluster.nodes
                     or not cluster.nodes[hold.node].info.schedulable):
                 holds.end(hold.job_id)
@@ -454,20 +476,30 @@ class _Round:
             _add_pairs_to(held, job.shape.pairs)
             self.holds_by_cluster.setdefault(hold.cluster, []).append(hold)
 
+    def _joins_alone(self, job: JobRecord) -> bool:
+        """A member of a started group below its maximum: a unit of its own, like a single
+        pod, which room may be held for (docs/scheduling.md, "Elastic groups")."""
+        assert job.group is not None
+        key = (job.cluster, job.queue, job.group)
+        return self.groups.started(key) and not self.groups.at_max(key)
+
     def _yields_to(self, rank: Rank, name: str, cluster: str) -> Callable[[str, Shape], bool]:
         """Whether a hold of another queue's in `cluster` yields to queue `name`, which the
         round serves now at `rank`: its queue ranks after `name` for the pod held (the
         round's heap order, rank then name). Holds on a node are served in that order."""
         mine = (rank, name)
-        memo: dict[tuple[str, Shape], bool] = {}
+        ranks = self.hold_ranks
 
         def yields(other: str, shape: Shape) -> bool:
-            answer = memo.get((other, shape))
-            if answer is None:
-                progress = self.queue_rounds.get(other)
-                answer = memo[(other, shape)] = progress is None or (
-                    self.rank(progress, cluster, shape.pairs), other) > mine
-            return answer
+            progress = self.queue_rounds.get(other)
+            if progress is None:
+                return True
+            # A queue's rank moves only when it takes room: keep it until then.
+            known = ranks.get((other, cluster, shape))
+            if known is None or known[0] != progress.released:
+                known = ranks[(other, cluster, shape)] = (
+                    progress.released, self.rank(progress, cluster, shape.pairs))
+            return (known[1], other) > mine
 
         return yields
 
@@ -541,7 +573,7 @@ class _Round:
             return done, False
         status = self.groups.status(key)
         jobs = self.state.job_records
-        member_ids = self.groups.queued_members(key)
+        member_ids = self.groups.gang(key)  # its minimum, oldest first; later ones go alone
         members = [jobs[member] for member in member_ids]
         shapes = [member.shape for member in members]
         reason: SkipReason | None = None
@@ -589,7 +621,8 @@ class _Round:
         return reason, True
 
     def _unit_pairs(self, pending: PendingJobs, job: JobRecord) -> tuple[tuple[int, int], ...]:
-        """What taking the queue's next unit costs: the job, or its whole group."""
+        """What taking the queue's next unit costs: the job, or its group's gang (the members
+        released together; a started group's member goes alone)."""
         if job.group is None:
             return job.shape.pairs
         key = (pending.cluster, job.queue, job.group)
@@ -597,7 +630,7 @@ class _Round:
             return job.shape.pairs  # judged already: it only passes through
         total: dict[int, int] = {}
         jobs = self.state.job_records
-        for member in self.groups.queued_members(key):
+        for member in self.groups.gang(key):
             for axis, amount in jobs[member].shape.pairs:
                 total[axis] = total.get(axis, 0) + amount
         return tuple(sorted(total.items())) or job.shape.pairs

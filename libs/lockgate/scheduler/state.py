@@ -98,9 +98,12 @@ class SchedJob:
     unschedulable_message: str = ""
     controlled: bool = False
     unplaceable: bool = False
-    # A pod group (lockgate.groups): "<namespace>/<name>" and how many members it has.
+    # A pod group (lockgate.groups): "<namespace>/<name>", how many members are released
+    # together (a static group's size, an elastic group's minimum), and an elastic group's
+    # maximum (0: static, the maximum is its size).
     group: str | None = None
     group_size: int = 0
+    group_max_size: int = 0
     # May be evicted to give a queue below its fair share its room (lockgate.scheduler.preemption):
     # the pod's lockgate.io/preemptible label, or a priority class configured as preemptible.
     preemptible: bool = False
@@ -152,6 +155,7 @@ class JobRecord:
         "controller",
         "created_at",
         "group",
+        "group_max_size",
         "group_size",
         "held",
         "max_queued",
@@ -184,6 +188,7 @@ class JobRecord:
         self.node_name = node_name
         self.group: str | None = None
         self.group_size = 0
+        self.group_max_size = 0
         self.preemptible = False
         self.priority_class = ""
         self.max_queued: JobSetMaxQueued | None = None
@@ -633,6 +638,7 @@ class SchedulerState:
             and old.node_name == job.node_name
             and old.group == job.group
             and old.group_size == job.group_size
+            and old.group_max_size == job.group_max_size
             and old.preemptible == job.preemptible
             and old.priority_class == job.priority_class
             and old.max_queued == job.max_queued
@@ -652,6 +658,7 @@ class SchedulerState:
             )
             record.group = job.group
             record.group_size = job.group_size
+            record.group_max_size = job.group_max_size
             record.preemptible = job.preemptible
             record.priority_class = job.priority_class
             record.max_queued = job.max_queued
@@ -686,6 +693,7 @@ class SchedulerState:
         old.node_name = job.node_name
         old.group = job.group
         old.group_size = job.group_size
+        old.group_max_size = job.group_max_size
         old.preemptible = job.preemptible
         old.priority_class = job.priority_class
         old.max_queued = job.max_queued
@@ -725,6 +733,7 @@ class SchedulerState:
             placement=record.shape.placement,
             group=record.group,
             group_size=record.group_size,
+            group_max_size=record.group_max_size,
             preemptible=record.preemptible,
             priority_class=record.priority_class,
             max_queued=record.max_queued,
@@ -879,6 +888,7 @@ class SchedulerState:
         shape = record.shape
         if record.group is not None:
             self._groups.add(_group_key(record), job_id, size=record.group_size,
+                             max_size=record.group_max_size,
                              queued=record.state is _QUEUED, created_at=record.created_at)
         if record.state is _QUEUED:
             if record.cluster not in self._clusters:

@@ -1,0 +1,119 @@
+"""Room held for pods in a round (lockgate.scheduler.room): the sums and the index that make a
+held pod's search cost O(log nodes) choose exactly the node a plain scan of every hold would."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+from builders import a_job, a_node, a_state
+
+from lockgate.scheduler.room import ClusterRoom, RoomIndex, fits, give
+from lockgate.scheduler.state import SchedulerState, Shape
+
+Yields = Callable[[str, Shape], bool]
+
+
+def test_the_index_finds_the_first_node_whose_room_fits_as_a_scan_does() -> None:
+    rng = random.Random(7)
+    for nodes in (1, 2, 5, 16, 37):
+        index = RoomIndex(nodes, 2)
+        rooms: list[list[int] | None] = [None] * nodes
+        for _ in range(300):
+            node = rng.randrange(nodes)
+            rooms[node] = None if rng.random() < 0.3 else [rng.randint(-4, 8),
+                                                             rng.randint(-4, 8)]
+            index.set(node, rooms[node])
+            pairs = tuple((axis, rng.randint(0, 6)) for axis in rng.sample([0, 1], 2))
+            start = rng.randrange(nodes + 1)
+            expected = next((i for i in range(start, nodes) if (room := rooms[i]) is not None
+                             and all(room[axis] >= amount for axis, amount in pairs)), -1)
+            assert index.first(tuple(sorted(pairs)), start) == expected
+
+
+def _full_cluster(rng: random.Random, nodes: int) -> tuple[SchedulerState, list[Shape]]:
+    """Nodes of 8 cpu full of running 1-cpu pods (no room beyond the holds anywhere, ever: a
+    pod placed frees only its own hold), and queued pods of 1, 2 and 4 cpu of four queues to
+    hold room for."""
+    running = []
+    for i in range(1, nodes + 1):
+        running += a_job("filler").requesting(cpu="1", memory="1Gi").running_on(
+            f"n-{i}").times(8)
+    queued = [a_job(f"q{i % 4}").requesting(cpu=str(rng.choice((1, 2, 4))), memory="1Gi")
+              .build() for i in range(60)]
+    state = (a_state().with_queues("filler", "q0", "q1", "q2", "q3")
+             .with_cluster("cluster-a", a_node(cpu="8", memory="64Gi").times(nodes, prefix="n"))
+             .with_jobs(running, queued).build())
+    return state, [state.job_records[job.job_id].shape for job in queued]
+
+
+def _scan(room: ClusterRoom, job_id: str, queue: str, shape: Shape, yields: Yields) -> int:
+    """`place_held` as a scan of every hold on every node: its own node's room if it fits
+    there, else the first node with holds where what is free plus what the queues that yield
+    hold fits it (the cluster is full: no node has room beyond the holds)."""
+    node = room.hold_node[job_id]
+    if fits(room.room_for_held(job_id, queue, yields), shape):
+        return node
+    eligible = set(room.nodes_for(shape.placement))
+    for other in sorted(room.holds_on):
+        if other not in eligible or not room.holds_on[other]:
+            continue
+        free = room.free[other][:]
+        for _, other_queue, other_shape in room.holds_on[other]:
+            if other_queue != queue and yields(other_queue, other_shape):
+                give(free, other_shape)
+        if fits(free, shape):
+            return other
+    return -1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_held_pod_takes_the_node_a_scan_of_every_hold_would(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = rng.randint(1, 12)
+    state, _shapes = _full_cluster(rng, nodes)
+    cluster = state.cluster_records["cluster-a"]
+    room = ClusterRoom(cluster, state.fairness_inverse())
+    axes = len(state.fairness_inverse())
+    queued = [(job_id, job.queue, job.shape) for job_id, job in state.job_records.items()
+              if job.queue != "filler"]
+    waiting = list(queued)
+    rng.shuffle(waiting)
+    held: list[tuple[str, str, Shape]] = []
+    for job_id, queue, shape in waiting[:30]:  # holds on random nodes the pod fits when empty
+        node = rng.randrange(nodes)
+        if fits(room.capacity[node], shape):
+            room.hold(job_id, queue, shape, axes, node=node)
+            held.append((job_id, queue, shape))
+    ranks = {f"q{i}": rng.random() for i in range(4)}
+    placed = 0
+    for job_id, queue, shape in held:
+        def yields(other: str, _: Shape, queue: str = queue) -> bool:
+            return (ranks[other], other) > (ranks[queue], queue)
+        expected = _scan(room, job_id, queue, shape, yields)
+        assert room.place_held(job_id, queue, shape, yields) == expected
+        placed += expected >= 0
+        ranks[queue] += rng.random() / 4 if expected >= 0 else 0.0
+    # New holds go where a scan of every candidate says the pod misses the least room.
+    for job_id, queue, shape in waiting[30:]:
+        def yields_new(other: str, _: Shape, queue: str = queue) -> bool:
+            return (ranks[other], other) > (ranks[queue], queue)
+        candidates = [i for i in room.nodes_for(shape.placement)
+                      if fits(room.capacity[i], shape)]
+        if not candidates:
+            continue
+
+        def missing(i: int, queue: str = queue, shape: Shape = shape,
+                    yields: Yields = yields_new) -> tuple[float, int]:
+            free = room.free[i][:]
+            for _, other_queue, other_shape in room.holds_on.get(i, ()):
+                if other_queue != queue and yields(other_queue, other_shape):
+                    give(free, other_shape)
+            inverse = state.fairness_inverse()
+            return (max((amount - free[axis]) * inverse[axis] for axis, amount in shape.pairs),
+                    i)
+
+        expected = min(candidates, key=missing)
+        assert room.hold(job_id, queue, shape, axes, inverse_total=state.fairness_inverse(),
+                         yields=yields_new) == expected
