@@ -200,7 +200,7 @@ _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, crea
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
                 " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
                 " pod_group, pod_group_size, preemptible, priority_class, max_queued,"
-                " controller_uid")
+                " controller_uid, COALESCE(queued_since, created_at) AS in_line_since")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
 _PLACEMENT_CACHE_SIZE = 4096
@@ -342,7 +342,9 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         cluster=record["cluster"],
         requests=Resources(_json(record["requests"]) or {}),
         priority=record["priority"],
-        created_at=record["created_at"].timestamp(),
+        # A job that kept a deleted pod's place is ordered, and its maximum time queued counts,
+        # from when that place was taken (lockgate.places).
+        created_at=record["in_line_since"].timestamp(),
         state=JobState(record["state"]),
         node_name=record["node_name"],
         placement=_placement(record["placement"]),
