@@ -515,7 +515,7 @@ class _Folding:
                             name=row.name, uid=row.uid, controller_uid=row.controller_uid,
                             requests=row.requests, seen_at=seen_at)
         place = best_place(claimant, self.places.values(), grace=self._place_grace)
-        if place is None or place.queued_since >= row.created_at:
+        if place is None or place.queued_since > row.created_at:
             return row
         self.places[place.key] = replace(place, inherited_by=row.uid)
         return replace(row, queued_since=place.queued_since, kept_place_of=place.name)
