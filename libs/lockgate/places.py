@@ -134,6 +134,13 @@ def asks_at_most(requests: Mapping[str, int], bound: Mapping[str, int]) -> bool:
                if amount > 0)
 
 
+def kept_place_note(*, deleted_pod: str, waited: str) -> str:
+    """What a replacement's first notice says before why it waits: whose place it kept, and
+    how long the work has waited in all (`waited`, formatted)."""
+    return (f'it kept the place in line of deleted pod "{deleted_pod}" (waiting {waited} in '
+            "all); ")
+
+
 def best_place(claimant: Claimant, places: Iterable[LeftPlace], *,
                grace: timedelta) -> LeftPlace | None:
     """The place `claimant` takes: of those it may, the one queued longest (then by uid, so the

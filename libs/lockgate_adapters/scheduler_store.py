@@ -270,6 +270,20 @@ async def pod_names(connection: asyncpg.Connection, keys: Sequence[tuple[str, st
     return {(r["cluster"], r["uid"]): (r["namespace"], r["name"]) for r in rows}
 
 
+async def kept_places(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]
+                      ) -> dict[tuple[str, str], str]:
+    """The name of the deleted pod whose place each job kept (lockgate.places), by (cluster,
+    uid); jobs that kept none are missing."""
+    if not keys:
+        return {}
+    rows = await connection.fetch(
+        "SELECT cluster, uid, kept_place_of FROM jobs"
+        " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+        " AND kept_place_of <> ''",
+        [cluster for cluster, _ in keys], [uid for _, uid in keys])
+    return {(r["cluster"], r["uid"]): r["kept_place_of"] for r in rows}
+
+
 def _changes(serial: int, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
              jobs: Sequence[asyncpg.Record]) -> Changes:
     return Changes(

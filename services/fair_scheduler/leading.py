@@ -35,6 +35,7 @@ from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.groups import GroupTimeoutAction
 from lockgate.noticing import NoticeReason, queue_unknown_message
+from lockgate.places import kept_place_note
 from lockgate.scheduler import (
     EVENT_REASONS,
     MAX_QUEUED_EVENT_REASON,
@@ -510,6 +511,8 @@ class Leader:
         ids = [job_id for job_id, _ in due] + [job_id for job_id, _ in expired]
         keys = [store.split_job_id(job_id) for job_id in ids]
         names = await store.pod_names(self._connection, keys)
+        kept = await store.kept_places(
+            self._connection, [store.split_job_id(job_id) for job_id, first in due if first])
         places = positions(state, ids)
         explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled)
         told: list[str] = []
@@ -525,7 +528,11 @@ class Leader:
             waiting_notices.append(PodNotice(
                 cluster=cluster, namespace=found[0], name=found[1], uid=uid,
                 queue=explanation.queue, reason=QUEUED_EVENT_REASON if first else reason,
-                message=("queued: " if first else "still waiting: ") + explanation.message,
+                message=("queued: " if first else "still waiting: ")
+                + (kept_place_note(deleted_pod=kept[(cluster, uid)],
+                                   waited=format_duration(explanation.waited_seconds))
+                   if first and (cluster, uid) in kept else "")
+                + explanation.message,
                 at=at, event_type="Warning" if warning else "Normal",
                 series="" if first else str(int(now))))
             told.append(job_id)

@@ -36,7 +36,8 @@ async def run(stack: StackInfo,
               tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LockgateRun]:
     async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="places",
                             standby_scheduler=False, env={
-            "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5"}) as running:
+            "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
+            "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5"}) as running:
         await running.create_queues([KEEPS, SWAPS], namespaces=[running.namespace])
         await running.create_namespace()
         yield running
@@ -72,6 +73,16 @@ async def until_stored(run: LockgateRun, uid: str, state: str) -> None:
     await eventually(stored, within=60, every=0.2, what=f"pod {uid} {state} in Postgres")
 
 
+async def first_notice(run: LockgateRun, uid: str) -> str:
+    """The message of the pod's LockgateQueued Event, once it has one."""
+    async def found() -> str | None:
+        events = await run.core().list_namespaced_event(
+            run.namespace, field_selector=f"source=lockgate-ungater,involvedObject.uid={uid}")
+        return next((e.message for e in events.items if e.reason == "LockgateQueued"), None)
+
+    return await eventually(found, within=60, every=0.5, what=f"the first Event of pod {uid}")
+
+
 async def delete_and_wait(run: LockgateRun, name: str) -> None:
     await run.core().delete_namespaced_pod(name, run.namespace, grace_period_seconds=0)
 
@@ -82,9 +93,9 @@ async def delete_and_wait(run: LockgateRun, name: str) -> None:
 
 
 async def retried_and_room_freed(run: LockgateRun, base: PodBuilder, queue: str, user: str, *,
-                                 cpu: str, retry_cpu: str) -> tuple[str, str]:
+                                 cpu: str, retry_cpu: str) -> tuple[str, str, str]:
     """The scenario both tests share (pods named for `user`, as KubeSpawner names them); the
-    names of the retried pod and the later one."""
+    names of the retried pod and the later one, and the retried pod's first Event."""
     retried, filler, later_name = f"jupyter-{user}", f"filler-{user}", f"later-{user}"
     base = base.in_queue(queue)
     await run.create_pod(base.named(filler).requesting(cpu="3", memory="64Mi").manifest())
@@ -104,14 +115,18 @@ async def retried_and_room_freed(run: LockgateRun, base: PodBuilder, queue: str,
     retry = await run.create_pod(
         base.named(retried).requesting(cpu=retry_cpu, memory="64Mi").manifest())
     await until_stored(run, retry.metadata.uid, "queued")
+    notice = await first_notice(run, retry.metadata.uid)
     assert not released(await run.pod(retried))
     await delete_and_wait(run, filler)  # room for one of the two, not both
-    return retried, later_name
+    return retried, later_name, notice
 
 
 async def test_a_retried_pod_keeps_its_place(run: LockgateRun) -> None:
     base = await own_node(run, "keeps")
-    retried, later = await retried_and_room_freed(run, base, KEEPS, "alice", cpu="2", retry_cpu="2")
+    retried, later, notice = await retried_and_room_freed(run, base, KEEPS, "alice", cpu="2",
+                                                          retry_cpu="2")
+    assert notice.startswith('queued: it kept the place in line of deleted pod "jupyter-alice"'
+                             " (waiting "), notice
     await until_released(run, retried)
     assert not released(await run.pod(later)), "the later pod went before the retried one"
     pod = await run.pod(retried)
@@ -123,7 +138,9 @@ async def test_a_retried_pod_keeps_its_place(run: LockgateRun) -> None:
 async def test_a_bigger_replacement_does_not_keep_the_place(run: LockgateRun) -> None:
     base = await own_node(run, "swaps")
     # A 1-cpu placeholder holds the place; the replacement asks 2.
-    retried, later = await retried_and_room_freed(run, base, SWAPS, "bob", cpu="1", retry_cpu="2")
+    retried, later, notice = await retried_and_room_freed(run, base, SWAPS, "bob", cpu="1",
+                                                          retry_cpu="2")
+    assert "kept the place" not in notice, notice
     await until_released(run, later)
     assert not released(await run.pod(retried)), "the bigger replacement jumped the queue"
     pod = await run.pod(retried)
