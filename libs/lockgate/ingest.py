@@ -34,7 +34,9 @@ Rules:
 - A job deleted while queued, never released, leaves its place in line (lockgate.places); a
   new job first stored within the grace period that does the same work takes the place queued
   longest: its `queued_since` and `kept_place_of` are set once, with its row, and the place
-  records its heir, so a redelivered or late event cannot hand it out twice.
+  records its heir, so a redelivered or late event cannot hand it out twice. A replacement
+  stored before the deletion (its event overtook the deletion's on another partition) takes
+  the place when the deletion is stored, if it still waits and has taken none.
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -62,6 +64,7 @@ from lockgate.places import (
     LeftPlace,
     best_place,
     place_left,
+    refusal,
     waited_its_maximum,
 )
 from lockgate.queues import MaxQueued
@@ -222,6 +225,9 @@ class RowsToRead:
     # (cluster, namespace) of every pod event: load the places left there (lockgate.places).
     place_namespaces: frozenset[tuple[str, str]] = frozenset()
     place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS)  # older places go
+    # Of every pod event saying a pod is gone: (cluster, namespace, name, controller uid), so
+    # the adapter loads the queued jobs that may replace it, stored before its deletion was.
+    heirs_of: frozenset[tuple[str, str, str, str]] = frozenset()
 
 
 @dataclass
@@ -406,12 +412,16 @@ def rows_to_read(events: Iterable[IngestEvent], *,
     capacity_clusters: set[str] = set()
     pod_clusters: set[str] = set()
     place_namespaces: set[tuple[str, str]] = set()
+    heirs_of: set[tuple[str, str, str, str]] = set()
     for event in events:
         match event:
             case PodEvent():
                 job_keys.add((event.cluster, event.uid))
                 pod_clusters.add(event.cluster)  # its latest snapshot may judge a late event
                 place_namespaces.add((event.cluster, event.namespace))
+                if event.state is JobState.DELETED:
+                    heirs_of.add((event.cluster, event.namespace, event.name,
+                                  event.controller_uid))
             case ReleaseOutcome():
                 job_keys.add((event.cluster, event.uid))
             case ClusterSnapshot():
@@ -427,6 +437,7 @@ def rows_to_read(events: Iterable[IngestEvent], *,
         place_namespaces=frozenset(place_namespaces) if place_grace > timedelta(0)
         else frozenset(),
         place_grace=place_grace,
+        heirs_of=frozenset(heirs_of) if place_grace > timedelta(0) else frozenset(),
     )
 
 
@@ -511,10 +522,8 @@ class _Folding:
         """`row` with the place it inherits, if any (lockgate.places)."""
         if self._place_grace <= timedelta(0):
             return row
-        claimant = Claimant(cluster=row.cluster, namespace=row.namespace, queue=row.queue,
-                            name=row.name, uid=row.uid, controller_uid=row.controller_uid,
-                            requests=row.requests, seen_at=seen_at)
-        place = best_place(claimant, self.places.values(), grace=self._place_grace)
+        place = best_place(_claimant(row, seen_at=seen_at), self.places.values(),
+                           grace=self._place_grace)
         if place is None or place.queued_since > row.created_at:
             return row
         self.places[place.key] = replace(place, inherited_by=row.uid)
@@ -535,10 +544,30 @@ class _Folding:
         if not waited_its_maximum(queued_since=row.in_line_since,
                                   deleted_at=row.state_changed_at,
                                   max_queued_seconds=None if limit is None else limit.seconds):
-            self.places[row.key] = LeftPlace(
+            place = LeftPlace(
                 cluster=row.cluster, namespace=row.namespace, queue=row.queue, name=row.name,
                 uid=row.uid, controller_uid=row.controller_uid, requests=dict(row.requests),
                 queued_since=row.in_line_since, deleted_at=row.state_changed_at)
+            self.places[row.key] = self._passed_to_an_early_heir(place, deleted=row)
+
+    def _passed_to_an_early_heir(self, place: LeftPlace, *, deleted: JobRow) -> LeftPlace:
+        """`place`, taken by a replacement already stored, if one may take it: queued, in line
+        since its own creation (it took no place), created no earlier than the deleted pod."""
+        heirs = sorted(
+            (row for row in self.jobs.values()
+             if row.namespace == place.namespace and row.cluster == place.cluster
+             and row.state is JobState.QUEUED and row.queued_since is None
+             and row.released_at is None and row.decision_id is None
+             and deleted.created_at <= row.created_at and place.queued_since < row.created_at
+             and refusal(place, _claimant(row, seen_at=place.deleted_at),
+                         grace=self._place_grace) is None),
+            key=lambda row: (row.created_at, row.uid))
+        if not heirs:
+            return place
+        heir = heirs[0]
+        self.jobs[heir.key] = replace(heir, queued_since=place.queued_since,
+                                      kept_place_of=place.name)
+        return replace(place, inherited_by=heir.uid)
 
     def release_outcome(self, event: ReleaseOutcome) -> None:
         if event.decision_id not in self.outcomes:
@@ -651,6 +680,12 @@ class _Folding:
                     if original.places.get(key) != place],
             ignored=self.ignored,
         )
+
+
+def _claimant(row: JobRow, *, seen_at: datetime) -> Claimant:
+    return Claimant(cluster=row.cluster, namespace=row.namespace, queue=row.queue, name=row.name,
+                    uid=row.uid, controller_uid=row.controller_uid, requests=row.requests,
+                    seen_at=seen_at)
 
 
 def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any]:

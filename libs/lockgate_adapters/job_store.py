@@ -92,6 +92,21 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
         current.jobs.update((row.key, row) for row in map(_job_row, records))
     if needed.place_namespaces:
         await _lock_places(connection, needed, current)
+    if needed.heirs_of:
+        # Queued jobs that may replace a pod gone in this batch, stored before its deletion.
+        clusters, namespaces, names, controllers = zip(*sorted(needed.heirs_of), strict=True)
+        records = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS_OF_J} FROM jobs j"  # noqa: S608
+            " JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[])"
+            " AS k(cluster, namespace, name, controller_uid)"
+            " ON j.cluster = k.cluster AND j.namespace = k.namespace"
+            " AND (j.name = k.name OR (k.controller_uid <> ''"
+            " AND j.controller_uid = k.controller_uid))"
+            " WHERE j.state = 'queued' AND j.queued_since IS NULL"
+            " ORDER BY j.cluster, j.uid FOR UPDATE OF j",
+            list(clusters), list(namespaces), list(names), list(controllers))
+        for row in map(_job_row, records):
+            current.jobs.setdefault(row.key, row)
     if needed.capacity_clusters:
         records = await connection.fetch(
             "SELECT cluster, node, allocatable, unmanaged_usage, schedulable, present,"

@@ -43,8 +43,9 @@ async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
 def pod(uid: str, state: JobState, *, namespace: str, created: datetime, seen: datetime,
         cpu: int = 1000) -> PodEvent:
     return PodEvent(event_id=uuid.uuid4().hex, cluster=CLUSTER, namespace=namespace,
-                    name="jupyter-alice", uid=uid, state=state, queue="q", jobset="notebooks",
-                    requests={"cpu": cpu}, created_at=created, observed_at=seen)
+                    name="jupyter-alice", uid=f"{namespace}-{uid}", state=state, queue="q",
+                    jobset="notebooks", requests={"cpu": cpu}, created_at=created,
+                    observed_at=seen)
 
 
 async def test_a_replacement_takes_the_stored_place_once(pool: asyncpg.Pool) -> None:
@@ -63,17 +64,18 @@ async def test_a_replacement_takes_the_stored_place_once(pool: asyncpg.Pool) -> 
                                   seen=later)])  # redelivered
     rows = {r["uid"]: r for r in await pool.fetch(
         "SELECT uid, queued_since, kept_place_of FROM jobs WHERE namespace = $1", namespace)}
+    rows = {uid.removeprefix(f"{namespace}-"): row for uid, row in rows.items()}
     assert rows["new"]["queued_since"] == start
     assert rows["new"]["kept_place_of"] == "jupyter-alice"
     assert rows["bigger"]["queued_since"] is None
-    assert await pool.fetchval("SELECT inherited_by FROM left_places WHERE uid = 'old'"
-                               " AND namespace = $1", namespace) == "new"
+    assert await pool.fetchval("SELECT inherited_by FROM left_places WHERE uid = $1",
+                               f"{namespace}-old") == f"{namespace}-new"
 
     async with pool.acquire() as connection:
         loaded = await scheduler_store.load_everything(connection)
     in_line = {job.job_id: job.created_at for job in loaded.jobs}
-    assert in_line[scheduler_store.job_id(CLUSTER, "new")] == start.timestamp()
-    assert in_line[scheduler_store.job_id(CLUSTER, "bigger")] == later.timestamp()
+    assert in_line[scheduler_store.job_id(CLUSTER, f"{namespace}-new")] == start.timestamp()
+    assert in_line[scheduler_store.job_id(CLUSTER, f"{namespace}-bigger")] == later.timestamp()
 
 
 async def test_places_older_than_the_grace_period_are_collected(pool: asyncpg.Pool) -> None:
@@ -89,5 +91,21 @@ async def test_places_older_than_the_grace_period_are_collected(pool: asyncpg.Po
                                   seen=now)], place_grace=timedelta(minutes=10))
     assert await pool.fetchval("SELECT count(*) FROM left_places WHERE namespace = $1",
                                namespace) == 0
-    assert await pool.fetchval("SELECT queued_since FROM jobs WHERE uid = 'late'"
-                               " AND namespace = $1", namespace) is None
+    assert await pool.fetchval("SELECT queued_since FROM jobs WHERE uid = $1",
+                               f"{namespace}-late") is None
+
+
+async def test_a_replacement_stored_before_the_deletion_takes_the_place(
+        pool: asyncpg.Pool) -> None:
+    namespace, start = f"ns-{uuid.uuid4().hex[:6]}", datetime.now(UTC) - timedelta(minutes=3)
+    later = start + timedelta(seconds=70)
+    await store_events(pool, [pod("old", JobState.QUEUED, namespace=namespace, created=start,
+                                  seen=start)])
+    await store_events(pool, [pod("new", JobState.QUEUED, namespace=namespace, created=later,
+                                  seen=later)])
+    await store_events(pool, [pod("old", JobState.DELETED, namespace=namespace, created=start,
+                                  seen=start + timedelta(seconds=60))])
+    row = await pool.fetchrow("SELECT queued_since, kept_place_of FROM jobs WHERE uid = $1",
+                              f"{namespace}-new")
+    assert row is not None
+    assert (row["queued_since"], row["kept_place_of"]) == (start, "jupyter-alice")

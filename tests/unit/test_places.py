@@ -189,3 +189,25 @@ def test_the_adapter_is_asked_for_the_places_of_each_namespace() -> None:
     needed = rows_to_read([pod_event("x", seen=0, created=0),
                            pod_event("y", seen=0, created=0, namespace="bob")])
     assert needed.place_namespaces == {("c", "alice"), ("c", "bob")}
+
+
+def test_a_replacement_stored_before_the_deletion_takes_the_place_when_it_is_stored() -> None:
+    """Pod events are keyed by uid: the replacement's may overtake the deletion's."""
+    books = stored(CurrentRows(), [pod_event("old", seen=0, created=0)])
+    books = stored(books, [pod_event("new", seen=70, created=70)])
+    assert job(books, "new").in_line_since == at(70)
+    books = stored(books, [pod_event("old", JobState.DELETED, seen=60, created=0)])
+    assert job(books, "new").in_line_since == at(0)
+    assert job(books, "new").kept_place_of == "jupyter-alice"
+    assert books.places[("c", "old")].inherited_by == "new"
+    needed = rows_to_read([pod_event("old", JobState.DELETED, seen=60, created=0)])
+    assert needed.heirs_of == {("c", "alice", "jupyter-alice", "")}
+
+
+def test_an_early_bigger_replacement_does_not_take_the_place() -> None:
+    books = stored(CurrentRows(), [pod_event("old", seen=0, created=0, requests={"cpu": 10}),
+                                   pod_event("big", seen=70, created=70)])
+    books = stored(books, [pod_event("old", JobState.DELETED, seen=60, created=0,
+                                     requests={"cpu": 10})])
+    assert job(books, "big").in_line_since == at(70)
+    assert books.places[("c", "old")].inherited_by is None
