@@ -54,6 +54,7 @@ from lockgate.scheduler import (
     timeout_message,
 )
 from lockgate.unplaceable import event_message, last_reason
+from lockgate.wait_estimates import ReleaseRates
 from lockgate_adapters import eviction_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
@@ -126,6 +127,7 @@ class Leader:
         # The state and every row applied to it through the hold-out policy (expired, backing
         # off, given up, controller holds): all the leader decides that needs no I/O.
         self._feed = Feed(SchedulerState(settings.fairness_resources), settings.feed_policy())
+        self._release_rates = ReleaseRates()  # for the wait estimates of notices
         self._state = self._feed.state
         self._unsent_expiries: list[PodNotice] = []
         self._preemption = PreemptionPolicy(
@@ -271,6 +273,9 @@ class Leader:
             if len(recorded) < len(planned):
                 await self._undo_dropped(planned, recorded)
             if recorded:
+                for release in recorded:
+                    self._release_rates.released(release.queue, release.cluster,
+                                                 decided_at.timestamp())
                 await self._publish(recorded)
             await self._remove(result, decided_at)
             seconds = time.perf_counter() - started
@@ -532,7 +537,8 @@ class Leader:
                 + (kept_place_note(deleted_pod=kept[(cluster, uid)],
                                    waited=format_duration(explanation.waited_seconds))
                    if first and (cluster, uid) in kept else "")
-                + explanation.message,
+                + explanation.message + "; "
+                + self._release_rates.estimate_for(explanation, now=now).text(),
                 at=at, event_type="Warning" if warning else "Normal",
                 series="" if first else str(int(now))))
             told.append(job_id)

@@ -17,6 +17,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -127,12 +128,25 @@ async def test_a_retried_pod_keeps_its_place(run: LockgateRun) -> None:
                                                           retry_cpu="2")
     assert notice.startswith('queued: it kept the place in line of deleted pod "jupyter-alice"'
                              " (waiting "), notice
+    # One release of this queue in this cluster so far (the filler): too few for a pace.
+    assert notice.endswith("; no wait estimate: this queue had 1 pod released in this cluster "
+                           "in the last 15 minutes, too few to tell a pace"), notice
     await until_released(run, retried)
     assert not released(await run.pod(later)), "the later pod went before the retried one"
     pod = await run.pod(retried)
     assert pod is not None
     row = await run.job(pod.metadata.uid)
     assert row is not None and row["kept_place_of"] == "jupyter-alice"
+    # explain (the admin API the CLI reads) says so too.
+    async with aiohttp.ClientSession(headers=run.lockgate.admin_headers) as session, \
+            session.get(f"{run.lockgate.admin_url}/api/v1/explain/{run.alias()}/"
+                        f"{run.namespace}/{later}") as reply:
+        answer = await reply.json()
+    assert answer["explanation"]["position"] == 1, answer
+    # Its queue had two pods released here (the filler, then the retried pod): too few.
+    assert answer["estimate"] == {"seconds": None, "text": (
+        "no wait estimate: this queue had 2 pods released in this cluster in the last 15 "
+        "minutes, too few to tell a pace")}, answer
 
 
 async def test_a_bigger_replacement_does_not_keep_the_place(run: LockgateRun) -> None:
