@@ -102,7 +102,7 @@ class ReleaseRates:
             return WaitEstimate(None, f"this queue had {count} pod"
                                 f"{'s' if count != 1 else ''} released in this cluster in the "
                                 f"last {window}, too few to tell a pace")
-        assert times is not None
-        span = max(now - times[0], 1.0)  # from the oldest release in the window to now
-        per_second = count / span
+        # Over the whole window, not since its first release: a burst of releases (a round that
+        # filled a freed node) followed by none is no pace; this errs towards longer waits.
+        per_second = count / self.window
         return WaitEstimate(math.ceil(position / per_second))

@@ -15,12 +15,19 @@ def rates_with(*times: float, queue: str = "q", cluster: str = "c") -> ReleaseRa
 
 
 def test_position_over_the_release_rate() -> None:
-    # 6 releases over the last 600 s: one per 100 s; the 3rd in line waits about 300 s.
+    # 6 releases in the 900 s window: one per 150 s; the 3rd in line waits about 450 s.
     rates = rates_with(400, 500, 600, 700, 800, 900)
     estimate = rates.estimate("q", "c", position=3, now=1000)
-    assert estimate == WaitEstimate(300)
-    assert estimate.text() == ("estimated wait: about 5 minutes, from this queue's release rate "
+    assert estimate == WaitEstimate(450)
+    assert estimate.text() == ("estimated wait: about 8 minutes, from this queue's release rate "
                                "in this cluster (an estimate, not a promise)")
+
+
+def test_a_burst_of_releases_is_not_taken_for_a_pace() -> None:
+    """Four pods released together a minute ago: one per 225 s over the window, not one per
+    15 s."""
+    rates = rates_with(940, 940, 940, 940)
+    assert rates.estimate("q", "c", position=1, now=1000) == WaitEstimate(225)
 
 
 def test_too_few_releases_give_no_estimate_and_say_why() -> None:
