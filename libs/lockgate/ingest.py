@@ -31,6 +31,12 @@ Rules:
   seen succeeded or failed before that time had ended before the cancel: it takes that outcome,
   the one exception to "terminal is final". So the books do not depend on whether queue-store
   stored the pod's end before or after it took the cancel (a restart, a backlog).
+- A job deleted while queued, never released, leaves its place in line (lockgate.places); a
+  new job first stored within the grace period that does the same work takes the place queued
+  longest: its `queued_since` and `kept_place_of` are set once, with its row, and the place
+  records its heir, so a redelivered or late event cannot hand it out twice. A replacement
+  stored before the deletion (its event overtook the deletion's on another partition) takes
+  the place when the deletion is stored, if it still waits and has taken none.
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from lockgate.events import (
@@ -51,6 +57,17 @@ from lockgate.events import (
 )
 from lockgate.jobs import JobState, advance, can_return_to_queue
 from lockgate.labels import InvalidLabelError, validate_label_value, validate_queue_name
+from lockgate.max_queued import JobSetMaxQueued, stricter
+from lockgate.places import (
+    DEFAULT_GRACE_SECONDS,
+    Claimant,
+    LeftPlace,
+    best_place,
+    place_left,
+    refusal,
+    waited_its_maximum,
+)
+from lockgate.queues import MaxQueued
 
 IngestEvent = PodEvent | ClusterSnapshot | ClusterCapacity | ReleaseOutcome
 JobKey = tuple[str, str]  # (cluster, uid)
@@ -100,10 +117,20 @@ class JobRow:
     # The uid of its controlling owner (migration 011; "" none), from the newest event: what a
     # back-off per controller is kept by (lockgate.backoff).
     controller_uid: str = ""
+    # Waits that clients survive (migration 030, lockgate.places): when the place it holds in
+    # its queue was taken (None: its creation), and the name of the deleted pod it was taken
+    # from (""). Set once, when the row is first written.
+    queued_since: datetime | None = None
+    kept_place_of: str = ""
 
     @property
     def key(self) -> JobKey:
         return (self.cluster, self.uid)
+
+    @property
+    def in_line_since(self) -> datetime:
+        """What it is ordered by in its queue, and its maximum time queued counts from."""
+        return self.created_at if self.queued_since is None else self.queued_since
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +223,12 @@ class RowsToRead:
     snapshots: tuple[SnapshotScope, ...]
     capacity_clusters: frozenset[str]  # load all their nodes
     clusters: frozenset[str]
+    # (cluster, namespace) of every pod event: load the places left there (lockgate.places).
+    place_namespaces: frozenset[tuple[str, str]] = frozenset()
+    place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS)  # older places go
+    # Of every pod event saying a pod is gone: (cluster, namespace, name, controller uid), so
+    # the adapter loads the queued jobs that may replace it, stored before its deletion was.
+    heirs_of: frozenset[tuple[str, str, str, str]] = frozenset()
 
 
 @dataclass
@@ -213,6 +246,10 @@ class CurrentRows:
     nodes: dict[NodeKey, NodeRow] = field(default_factory=dict)
     clusters: dict[str, ClusterRow] = field(default_factory=dict)
     listed_by_latest_snapshot: dict[JobKey, JobState | None] = field(default_factory=dict)
+    # The places left in `RowsToRead.place_namespaces` (lockgate.places), and every live queue's
+    # maximum time queued (a pod that waited it leaves no place).
+    places: dict[JobKey, LeftPlace] = field(default_factory=dict)
+    queue_max_queued: dict[str, MaxQueued | None] = field(default_factory=dict)
 
 
 Listing = Mapping[str, JobState | None]
@@ -230,13 +267,15 @@ class IngestResult:
     jobsets: list[JobsetSighting] = field(default_factory=list)
     # cluster → the pods its new latest snapshot listed (replaces the stored listing).
     snapshot_listings: dict[str, Listing] = field(default_factory=dict)
+    # Places left or taken in this batch (lockgate.places).
+    places: list[LeftPlace] = field(default_factory=list)
     # Events that changed nothing on purpose (stale outcome, old capacity), with why.
     ignored: list[tuple[IngestEvent, str]] = field(default_factory=list)
 
     @property
     def changes_anything(self) -> bool:
         return bool(self.jobs or self.nodes or self.clusters or self.decision_outcomes
-                    or self.jobsets or self.snapshot_listings)
+                    or self.jobsets or self.snapshot_listings or self.places)
 
 
 def invalid_reason(event: IngestEvent) -> str | None:
@@ -370,16 +409,23 @@ def _listing(scope: SnapshotScope) -> Listing:
     return {uid: scope.ended.get(uid) for uid in scope.listed}
 
 
-def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
+def rows_to_read(events: Iterable[IngestEvent], *,
+                 place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS)) -> RowsToRead:
     job_keys: set[JobKey] = set()
     snapshots: list[SnapshotScope] = []
     capacity_clusters: set[str] = set()
     pod_clusters: set[str] = set()
+    place_namespaces: set[tuple[str, str]] = set()
+    heirs_of: set[tuple[str, str, str, str]] = set()
     for event in events:
         match event:
             case PodEvent():
                 job_keys.add((event.cluster, event.uid))
                 pod_clusters.add(event.cluster)  # its latest snapshot may judge a late event
+                place_namespaces.add((event.cluster, event.namespace))
+                if event.state is JobState.DELETED:
+                    heirs_of.add((event.cluster, event.namespace, event.name,
+                                  event.controller_uid))
             case ReleaseOutcome():
                 job_keys.add((event.cluster, event.uid))
             case ClusterSnapshot():
@@ -392,12 +438,22 @@ def rows_to_read(events: Iterable[IngestEvent]) -> RowsToRead:
         snapshots=tuple(snapshots),
         capacity_clusters=frozenset(capacity_clusters),
         clusters=snapshot_clusters | capacity_clusters | pod_clusters,
+        place_namespaces=frozenset(place_namespaces) if place_grace > timedelta(0)
+        else frozenset(),
+        place_grace=place_grace,
+        heirs_of=frozenset(heirs_of) if place_grace > timedelta(0) else frozenset(),
     )
 
 
-def fold_batch(current: CurrentRows, events: Sequence[IngestEvent]) -> IngestResult:
-    """The rows to write after applying `events`, in order, to `current`. Does not mutate it."""
-    folding = _Folding(current)
+def fold_batch(current: CurrentRows, events: Sequence[IngestEvent], *,
+               place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS),
+               ) -> IngestResult:
+    """The rows to write after applying `events`, in order, to `current`. Does not mutate it.
+
+    `place_grace`: how long a deleted queued pod's place waits for a replacement
+    (lockgate.places); zero keeps none.
+    """
+    folding = _Folding(current, place_grace)
     for event in events:
         match event:
             case PodEvent():
@@ -414,8 +470,10 @@ def fold_batch(current: CurrentRows, events: Sequence[IngestEvent]) -> IngestRes
 class _Folding:
     """Working copies of the rows, and which of them changed."""
 
-    def __init__(self, current: CurrentRows) -> None:
+    def __init__(self, current: CurrentRows, place_grace: timedelta) -> None:
         self._original = current
+        self._place_grace = place_grace
+        self.places = dict(current.places)
         self.jobs = dict(current.jobs)
         self.nodes = dict(current.nodes)
         self.clusters = dict(current.clusters)
@@ -446,6 +504,8 @@ class _Folding:
                 else event.max_queued.model_dump(mode="json"),
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
+            if row.state is JobState.QUEUED:
+                row = self._takes_a_place(row, event.observed_at)
             self.jobs[row.key] = self._judged_by_latest_snapshot(row)
             return
         if _ended_before_its_cancel(row, event):
@@ -461,7 +521,58 @@ class _Folding:
             columns = _placement_columns(event, updated.unschedulable_since)
             if any(getattr(updated, name) != value for name, value in columns.items()):
                 updated = replace(updated, **columns)
-        self.jobs[row.key] = updated
+        self._set_job(row.state, updated)
+
+    def _takes_a_place(self, row: JobRow, seen_at: datetime) -> JobRow:
+        """`row` with the place it inherits, if any (lockgate.places)."""
+        if self._place_grace <= timedelta(0):
+            return row
+        place = best_place(_claimant(row, seen_at=seen_at), self.places.values(),
+                           grace=self._place_grace)
+        if place is None or place.queued_since > row.created_at:
+            return row
+        self.places[place.key] = replace(place, inherited_by=row.uid)
+        return replace(row, queued_since=place.queued_since, kept_place_of=place.name)
+
+    def _set_job(self, before: JobState, row: JobRow) -> None:
+        """Store `row`, which was in state `before`; a job deleted while queued, never released,
+        leaves its place (lockgate.places), unless it had waited its maximum time queued."""
+        self.jobs[row.key] = row
+        if (self._place_grace <= timedelta(0) or row.key in self.places
+                or not place_left(before=before, after=row.state,
+                                  released=row.released_at is not None
+                                  or row.decision_id is not None)):
+            return
+        limit = stricter(self._original.queue_max_queued.get(row.queue),
+                         None if row.max_queued is None
+                         else JobSetMaxQueued.model_validate(row.max_queued))
+        if not waited_its_maximum(queued_since=row.in_line_since,
+                                  deleted_at=row.state_changed_at,
+                                  max_queued_seconds=None if limit is None else limit.seconds):
+            place = LeftPlace(
+                cluster=row.cluster, namespace=row.namespace, queue=row.queue, name=row.name,
+                uid=row.uid, controller_uid=row.controller_uid, requests=dict(row.requests),
+                queued_since=row.in_line_since, deleted_at=row.state_changed_at)
+            self.places[row.key] = self._passed_to_an_early_heir(place, deleted=row)
+
+    def _passed_to_an_early_heir(self, place: LeftPlace, *, deleted: JobRow) -> LeftPlace:
+        """`place`, taken by a replacement already stored, if one may take it: queued, in line
+        since its own creation (it took no place), created no earlier than the deleted pod."""
+        heirs = sorted(
+            (row for row in self.jobs.values()
+             if row.namespace == place.namespace and row.cluster == place.cluster
+             and row.state is JobState.QUEUED and row.queued_since is None
+             and row.released_at is None and row.decision_id is None
+             and deleted.created_at <= row.created_at and place.queued_since < row.created_at
+             and refusal(place, _claimant(row, seen_at=place.deleted_at),
+                         grace=self._place_grace) is None),
+            key=lambda row: (row.created_at, row.uid))
+        if not heirs:
+            return place
+        heir = heirs[0]
+        self.jobs[heir.key] = replace(heir, queued_since=place.queued_since,
+                                      kept_place_of=place.name)
+        return replace(place, inherited_by=heir.uid)
 
     def release_outcome(self, event: ReleaseOutcome) -> None:
         if event.decision_id not in self.outcomes:
@@ -507,7 +618,7 @@ class _Folding:
             if (ended := scope.ended.get(row.uid)) is not None:
                 self.jobs[key] = _moved_to(row, advance(row.state, ended), event.listed_at)
             elif scope.judges(row):
-                self.jobs[key] = _vanished(row, event.snapshot_id, event.listed_at)
+                self._set_job(row.state, _vanished(row, event.snapshot_id, event.listed_at))
         cluster = self.clusters.get(event.cluster) or ClusterRow(event.cluster)
         if cluster.last_snapshot_at is None or cluster.last_snapshot_at < event.listed_at:
             self.clusters[event.cluster] = replace(
@@ -570,8 +681,16 @@ class _Folding:
             decision_outcomes=list(self.outcomes.values()),
             jobsets=list(self.jobsets.values()),
             snapshot_listings=self.listings,
+            places=[place for key, place in self.places.items()
+                    if original.places.get(key) != place],
             ignored=self.ignored,
         )
+
+
+def _claimant(row: JobRow, *, seen_at: datetime) -> Claimant:
+    return Claimant(cluster=row.cluster, namespace=row.namespace, queue=row.queue, name=row.name,
+                    uid=row.uid, controller_uid=row.controller_uid, requests=row.requests,
+                    seen_at=seen_at)
 
 
 def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any]:

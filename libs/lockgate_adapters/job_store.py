@@ -33,7 +33,8 @@ from lockgate.ingest import (
     RowsToRead,
 )
 from lockgate.jobs import TERMINAL_STATES, JobState
-from lockgate.queues import QueueSpec
+from lockgate.places import LeftPlace
+from lockgate.queues import MaxQueued, QueueSpec
 from lockgate_adapters.postgres import AnyConnection, hold_change_feed_lock, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
@@ -47,7 +48,7 @@ _JOB_COLUMNS = (
     "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
     "decision_id, release_attempts, last_reason, placement, unschedulable_since, "
     "unschedulable_message, controlled, pod_group, pod_group_size, preemptible, priority_class, "
-    "max_queued, controller_uid, pod_group_max_size"
+    "max_queued, controller_uid, pod_group_max_size, queued_since, kept_place_of"
 )
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
@@ -89,6 +90,23 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
             sorted(scope.ended),
         )
         current.jobs.update((row.key, row) for row in map(_job_row, records))
+    if needed.place_namespaces:
+        await _lock_places(connection, needed, current)
+    if needed.heirs_of:
+        # Queued jobs that may replace a pod gone in this batch, stored before its deletion.
+        clusters, namespaces, names, controllers = zip(*sorted(needed.heirs_of), strict=True)
+        records = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS_OF_J} FROM jobs j"  # noqa: S608
+            " JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[])"
+            " AS k(cluster, namespace, name, controller_uid)"
+            " ON j.cluster = k.cluster AND j.namespace = k.namespace"
+            " AND (j.name = k.name OR (k.controller_uid <> ''"
+            " AND j.controller_uid = k.controller_uid))"
+            " WHERE j.state = 'queued' AND j.queued_since IS NULL"
+            " ORDER BY j.cluster, j.uid FOR UPDATE OF j",
+            list(clusters), list(namespaces), list(names), list(controllers))
+        for row in map(_job_row, records):
+            current.jobs.setdefault(row.key, row)
     if needed.capacity_clusters:
         records = await connection.fetch(
             "SELECT cluster, node, allocatable, unmanaged_usage, schedulable, present,"
@@ -109,6 +127,32 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
             cluster = ClusterRow(**_as_dict(record))
             current.clusters[cluster.name] = cluster
     return current
+
+
+async def _lock_places(connection: AnyConnection, needed: RowsToRead,
+                       current: CurrentRows) -> None:
+    """The places left in the batch's namespaces (lockgate.places), and every live queue's
+    maximum time queued; places older than `needed.place_grace` are collected first."""
+    await connection.execute(
+        "DELETE FROM left_places WHERE deleted_at < now() - make_interval(secs => $1)",
+        needed.place_grace.total_seconds())
+    clusters, namespaces = zip(*sorted(needed.place_namespaces), strict=True)
+    records = await connection.fetch(
+        "SELECT p.cluster, p.uid, p.namespace, p.queue, p.name, p.controller_uid, p.requests,"
+        " p.queued_since, p.deleted_at, p.inherited_by FROM left_places p"
+        " JOIN unnest($1::text[], $2::text[]) AS k(cluster, namespace)"
+        " ON p.cluster = k.cluster AND p.namespace = k.namespace"
+        " ORDER BY p.cluster, p.uid FOR UPDATE OF p",
+        list(clusters), list(namespaces))
+    for record in records:
+        place = LeftPlace(**_as_dict(record))
+        current.places[place.key] = place
+    queues = await connection.fetch("SELECT name, max_queued FROM queues WHERE NOT deleted")
+    for record in queues:
+        found = record["max_queued"]
+        found = json.loads(found) if isinstance(found, str) else found
+        current.queue_max_queued[record["name"]] = (None if not found
+                                                    else MaxQueued.model_validate(found))
 
 
 def _job_row(record: asyncpg.Record) -> JobRow:
@@ -139,6 +183,8 @@ async def write_ingest(connection: AnyConnection, result: IngestResult) -> None:
         await upsert_clusters(connection, result.clusters)
     for cluster, listed in result.snapshot_listings.items():
         await replace_snapshot_listing(connection, cluster, listed)
+    if result.places:
+        await upsert_places(connection, result.places)
     if result.jobsets:
         await connection.execute(
             "INSERT INTO jobsets (cluster, queue, name, first_seen, last_seen)"
@@ -169,16 +215,17 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
     await connection.execute(
         f"INSERT INTO jobs ({_JOB_COLUMNS}, serial)"  # noqa: S608
         " SELECT c, u, ns, n, q, js, p, r::jsonb, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr,"
-        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, mq::jsonb, cu, pgm,"
+        " pl::jsonb, us, um, ct, pg, pgs, pre, pc, mq::jsonb, cu, pgm, qs, kp,"
         " nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
         " $7::int[], $8::text[], $9::text[], $10::text[], $11::timestamptz[],"
         " $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],"
         " $16::timestamptz[], $17::text[], $18::int[], $19::text[], $20::text[],"
         " $21::timestamptz[], $22::text[], $23::bool[], $24::text[], $25::int[], $26::bool[],"
-        " $27::text[], $28::text[], $29::text[], $30::int[])"
+        " $27::text[], $28::text[], $29::text[], $30::int[], $31::timestamptz[],"
+        " $32::text[])"
         " AS t(c, u, ns, n, q, js, p, r, s, nn, ca, sca, ra, ua, rna, fa, d, a, lr, pl, us, um,"
-        " ct, pg, pgs, pre, pc, mq, cu, pgm)"
+        " ct, pg, pgs, pre, pc, mq, cu, pgm, qs, kp)"
         " ON CONFLICT (cluster, uid) DO UPDATE SET"
         " namespace = EXCLUDED.namespace, name = EXCLUDED.name, queue = EXCLUDED.queue,"
         " jobset = EXCLUDED.jobset, priority = EXCLUDED.priority,"
@@ -195,7 +242,26 @@ async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None
         " preemptible = EXCLUDED.preemptible, priority_class = EXCLUDED.priority_class,"
         " max_queued = EXCLUDED.max_queued, controller_uid = EXCLUDED.controller_uid,"
         " pod_group_max_size = EXCLUDED.pod_group_max_size,"
+        " queued_since = EXCLUDED.queued_since, kept_place_of = EXCLUDED.kept_place_of,"
         " serial = EXCLUDED.serial",
+        *columns,
+    )
+
+
+async def upsert_places(connection: AnyConnection, places: Sequence[LeftPlace]) -> None:
+    """Record places left and taken; a place once taken stays taken (a late or redelivered
+    batch cannot hand it out again)."""
+    columns = _columns(places, "cluster", "uid", "namespace", "queue", "name", "controller_uid",
+                       "requests", "queued_since", "deleted_at", "inherited_by")
+    columns[6] = [json.dumps(dict(r)) for r in columns[6]]
+    await connection.execute(
+        "INSERT INTO left_places (cluster, uid, namespace, queue, name, controller_uid, requests,"
+        " queued_since, deleted_at, inherited_by)"
+        " SELECT c, u, ns, q, n, cu, r::jsonb, qs, da, ib FROM unnest($1::text[], $2::text[],"
+        " $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[],"
+        " $9::timestamptz[], $10::text[]) AS t(c, u, ns, q, n, cu, r, qs, da, ib)"
+        " ON CONFLICT (cluster, uid) DO UPDATE SET"
+        " inherited_by = COALESCE(left_places.inherited_by, EXCLUDED.inherited_by)",
         *columns,
     )
 

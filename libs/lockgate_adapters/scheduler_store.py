@@ -200,7 +200,8 @@ _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, crea
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
                 " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
                 " pod_group, pod_group_size, preemptible, priority_class, max_queued,"
-                " controller_uid, pod_group_max_size")
+                " controller_uid, pod_group_max_size,"
+                " COALESCE(queued_since, created_at) AS in_line_since")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
 _PLACEMENT_CACHE_SIZE = 4096
@@ -268,6 +269,20 @@ async def pod_names(connection: asyncpg.Connection, keys: Sequence[tuple[str, st
         " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
         [cluster for cluster, _ in keys], [uid for _, uid in keys])
     return {(r["cluster"], r["uid"]): (r["namespace"], r["name"]) for r in rows}
+
+
+async def kept_places(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]
+                      ) -> dict[tuple[str, str], str]:
+    """The name of the deleted pod whose place each job kept (lockgate.places), by (cluster,
+    uid); jobs that kept none are missing."""
+    if not keys:
+        return {}
+    rows = await connection.fetch(
+        "SELECT cluster, uid, kept_place_of FROM jobs"
+        " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+        " AND kept_place_of <> ''",
+        [cluster for cluster, _ in keys], [uid for _, uid in keys])
+    return {(r["cluster"], r["uid"]): r["kept_place_of"] for r in rows}
 
 
 def _changes(serial: int, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
@@ -342,7 +357,9 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         cluster=record["cluster"],
         requests=Resources(_json(record["requests"]) or {}),
         priority=record["priority"],
-        created_at=record["created_at"].timestamp(),
+        # A job that kept a deleted pod's place is ordered, and its maximum time queued counts,
+        # from when that place was taken (lockgate.places).
+        created_at=record["in_line_since"].timestamp(),
         state=JobState(record["state"]),
         node_name=record["node_name"],
         placement=_placement(record["placement"]),

@@ -53,7 +53,10 @@ def explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
         + ("" if e["queue_defined"] else " (not defined)"),
         "Position": f"{e['position']} of {e['queued_in_queue']}" if e["position"] else "-",
         "Waiting for": e["reason"] or "-",
-        "Waited": duration(e["waited_seconds"]),
+        "Waited": duration(e["waited_seconds"])
+        + (f" (in all: it kept the place of deleted pod {answer['kept_place_of']})"
+           if answer.get("kept_place_of") else ""),
+        "Estimated wait": (answer.get("estimate") or {}).get("text", "-"),
         "Requests": amounts(e["requests"]),
         "Queue weight": f"{e['weight']:.3g}",
         "Fair share": share(e["fair_share"]),

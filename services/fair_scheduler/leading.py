@@ -35,6 +35,7 @@ from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.groups import GroupTimeoutAction
 from lockgate.noticing import NoticeReason, queue_unknown_message
+from lockgate.places import kept_place_note
 from lockgate.scheduler import (
     EVENT_REASONS,
     MAX_QUEUED_EVENT_REASON,
@@ -53,6 +54,7 @@ from lockgate.scheduler import (
     timeout_message,
 )
 from lockgate.unplaceable import event_message, last_reason
+from lockgate.wait_estimates import ReleaseRates
 from lockgate_adapters import eviction_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
@@ -125,6 +127,7 @@ class Leader:
         # The state and every row applied to it through the hold-out policy (expired, backing
         # off, given up, controller holds): all the leader decides that needs no I/O.
         self._feed = Feed(SchedulerState(settings.fairness_resources), settings.feed_policy())
+        self._release_rates = ReleaseRates()  # for the wait estimates of notices
         self._state = self._feed.state
         self._unsent_expiries: list[PodNotice] = []
         self._preemption = PreemptionPolicy(
@@ -270,6 +273,9 @@ class Leader:
             if len(recorded) < len(planned):
                 await self._undo_dropped(planned, recorded)
             if recorded:
+                for release in recorded:
+                    self._release_rates.released(release.queue, release.cluster,
+                                                 decided_at.timestamp())
                 await self._publish(recorded)
             await self._remove(result, decided_at)
             seconds = time.perf_counter() - started
@@ -510,6 +516,8 @@ class Leader:
         ids = [job_id for job_id, _ in due] + [job_id for job_id, _ in expired]
         keys = [store.split_job_id(job_id) for job_id in ids]
         names = await store.pod_names(self._connection, keys)
+        kept = await store.kept_places(
+            self._connection, [store.split_job_id(job_id) for job_id, first in due if first])
         places = positions(state, ids)
         explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled)
         told: list[str] = []
@@ -525,7 +533,12 @@ class Leader:
             waiting_notices.append(PodNotice(
                 cluster=cluster, namespace=found[0], name=found[1], uid=uid,
                 queue=explanation.queue, reason=QUEUED_EVENT_REASON if first else reason,
-                message=("queued: " if first else "still waiting: ") + explanation.message,
+                message=("queued: " if first else "still waiting: ")
+                + (kept_place_note(deleted_pod=kept[(cluster, uid)],
+                                   waited=format_duration(explanation.waited_seconds))
+                   if first and (cluster, uid) in kept else "")
+                + explanation.message + "; "
+                + self._release_rates.estimate_for(explanation, now=now).text(),
                 at=at, event_type="Warning" if warning else "Normal",
                 series="" if first else str(int(now))))
             told.append(job_id)

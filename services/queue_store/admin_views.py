@@ -34,6 +34,7 @@ from lockgate.scheduler import (
     queue_statuses,
 )
 from lockgate.scheduler.state import DEFAULT_FAIRNESS_RESOURCES
+from lockgate.wait_estimates import WINDOW_SECONDS, ReleaseRates
 from lockgate_adapters import job_store, job_views
 from lockgate_adapters.postgres import AnyConnection
 
@@ -108,6 +109,8 @@ class AdminViews:
                                    "the names (`kubectl get pod -n NAMESPACE`), and that the "
                                    "pod carries a lockgate.io/queue label in a managed namespace")
             feed = await self._feed(connection)
+            released = await job_views.release_times(
+                connection, queue=row.queue, cluster=row.cluster, window_seconds=WINDOW_SECONDS)
         job_id = f"{row.cluster}/{row.uid}"
         now = time.time()
         explanation = Explainer(feed.state, now=now).explain(job_id)
@@ -124,6 +127,12 @@ class AdminViews:
         else:
             body["explanation"] = explanation_json(explanation)
             body["message"] = explanation.message
+            rates = ReleaseRates()
+            for at in released:
+                rates.released(row.queue, row.cluster, at)
+            estimate = rates.estimate_for(explanation, now=now)
+            body["estimate"] = {"seconds": estimate.seconds, "text": estimate.text()}
+            body["kept_place_of"] = row.kept_place_of  # lockgate.places
         return web.json_response(body)
 
     async def list_jobsets(self, request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -90,8 +91,9 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             topic=topic,
             group_id=settings.group_id,
             consumer_name=f"{settings.service_name}:{topic.name}",
-            handle=BatchStore[Any](pool=pool, topic_name=topic.name,
-                                   on_postgres=postgres_ready).handle,
+            handle=BatchStore[Any](
+                pool=pool, topic_name=topic.name, on_postgres=postgres_ready,
+                place_grace=timedelta(seconds=settings.place_grace_seconds)).handle,
             retry_policy=settings.retry,
             max_records=settings.max_batch,
             poll_timeout_ms=settings.poll_timeout_ms,

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Generic, TypeVar
 
 import asyncpg
@@ -25,6 +26,7 @@ from prometheus_client import Counter, Histogram
 
 from lockgate.events import Event
 from lockgate.ingest import IngestEvent, IngestResult, fold_batch, invalid_reason, rows_to_read
+from lockgate.places import DEFAULT_GRACE_SECONDS
 from lockgate_adapters import job_store
 from lockgate_adapters.kafka import Received
 from lockgate_adapters.postgres import hold_change_feed_lock, notify_changes
@@ -48,12 +50,16 @@ _MAX_TRACE_LINKS = 64  # a batch span links to the traces of its first messages
 E = TypeVar("E", bound=Event)
 
 
-async def store_events(pool: asyncpg.Pool, events: Sequence[IngestEvent]) -> IngestResult:
-    """Fold `events` into Postgres in one transaction (the change-feed rules included)."""
+async def store_events(pool: asyncpg.Pool, events: Sequence[IngestEvent], *,
+                       place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS),
+                       ) -> IngestResult:
+    """Fold `events` into Postgres in one transaction (the change-feed rules included);
+    `place_grace`: how long a deleted queued pod's place is kept (lockgate.places)."""
     async with pool.acquire() as connection, connection.transaction():
         await hold_change_feed_lock(connection)
-        current = await job_store.lock_current_rows(connection, rows_to_read(events))
-        result = fold_batch(current, events)
+        current = await job_store.lock_current_rows(
+            connection, rows_to_read(events, place_grace=place_grace))
+        result = fold_batch(current, events, place_grace=place_grace)
         await job_store.write_ingest(connection, result)
         if result.jobs or result.nodes:
             await notify_changes(connection, _changed_tables(result))
@@ -72,6 +78,7 @@ class BatchStore(Generic[E]):
     pool: asyncpg.Pool
     topic_name: str
     on_postgres: Callable[[bool, str], None] = lambda ready, detail: None
+    place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS)
     # Messages already dead-lettered in the batch being (re)tried, so a retry does not repeat it.
     _rejected: set[tuple[int, int]] = field(default_factory=set)
 
@@ -131,7 +138,7 @@ class BatchStore(Generic[E]):
         if not events:
             return IngestResult()
         try:
-            return await store_events(self.pool, events)
+            return await store_events(self.pool, events, place_grace=self.place_grace)
         except _REFUSED_DATA as error:
             if len(items) == 1:
                 await self._reject_once(items[0], f"postgres refused it: {error}", reject)

@@ -99,6 +99,12 @@ class QueueStoreSettings(ServiceSettings):
         description="most bytes of a bad message's value its dead letter keeps (JSON-encoded); "
         "beyond it only a prefix, the size and the sha256",
     )
+    place_grace_seconds: float = Field(
+        default=600.0, ge=0, le=86_400,
+        description="how long the place in line of a pod deleted while queued waits for a "
+        "replacement doing the same work (lockgate.places; docs/pending-pods.md, \"Waits that "
+        "clients survive\"); 0 keeps no places",
+    )
 
     # Admin API (queues, job views), for the `lockgate` CLI
     admin_host: str = Field(default="127.0.0.1", description="admin API bind address")

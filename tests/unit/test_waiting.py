@@ -188,6 +188,22 @@ def test_a_pod_queued_again_starts_its_early_notices_again() -> None:
     assert pods.due(114, limit=10) == [] and pods.due(115, limit=10) == [(job.job_id, False)]
 
 
+def test_a_pod_that_took_a_place_late_is_told_again_and_its_maximum_counts_from_the_place(
+        ) -> None:
+    """A replacement stored before the deletion whose place it takes (lockgate.places)."""
+    pods = WaitingPods(NoticeLimits(pod_interval=300, cluster_rate=100, cluster_burst=100,
+                                    early=(15, 45)))
+    job = a_job("q").created_at(100).build()
+    pods.observe(job, now=100)
+    assert told_at(pods, job.job_id, until=101) == [100]
+    moved = replace(job, created_at=10)
+    pods.observe(moved, now=101)
+    assert pods.due(101, limit=10) == [(job.job_id, True)]
+    assert pods.expired(129, lambda queue: MaxQueued(seconds=120)) == []
+    assert [found for found, _ in pods.expired(131, lambda queue: MaxQueued(seconds=120))] == [
+        job.job_id]
+
+
 @pytest.mark.parametrize(("early", "told", "gap"), [
     ((), 1, 300), ((), 7, 300), ((15, 45), 1, 15), ((15, 45), 2, 30), ((15, 45), 3, 300),
     ((5, 15, 45), 3, 30), ((5, 15, 45), 4, 300)])

@@ -85,7 +85,10 @@ class SchedJob:
     cluster: str
     requests: Resources
     priority: int = 0
-    created_at: float = 0.0  # epoch seconds
+    # Epoch seconds: when it took its place in line, what its queue orders by and its maximum
+    # time queued counts from; the pod's creation, or that of the deleted pod whose place it
+    # kept (lockgate.places).
+    created_at: float = 0.0
     state: JobState = JobState.QUEUED
     node_name: str | None = None
     # The pod's node filters (None: it carries none); jobs with other filters never share a

@@ -104,7 +104,10 @@ class WaitingPods:
         if job.state is not JobState.QUEUED:
             self.forget(job.job_id)
             return
-        if current is not None and current.queue == job.queue and current.cluster == job.cluster:
+        # A queued pod that took a deleted pod's place after it was stored (lockgate.places)
+        # changes its time in line: its maximum counts anew, and it is told again, as queued.
+        if (current is not None and current.queue == job.queue and current.cluster == job.cluster
+                and current.created_at == job.created_at):
             if current.own != job.max_queued:
                 current.own = job.max_queued
                 self._push_own_deadline(job.job_id, current)
