@@ -392,11 +392,15 @@ def exclusive(lock_path: Path, say: Callable[[str], None], waiting: str) -> Iter
 
 async def terminate(process: asyncio.subprocess.Process, grace_seconds: float) -> int | None:
     """SIGTERM, wait up to `grace_seconds` for a graceful exit, then SIGKILL; the exit code."""
+    # A process that has exited but is not reaped yet makes a signal raise ProcessLookupError
+    # (make run's Jaeger, once, as its grace ran out): it is gone, which is what was wanted.
     if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), grace_seconds)
         except TimeoutError:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
             await process.wait()
     return process.returncode

@@ -144,65 +144,72 @@ def test_make_run_starts_everything_is_usable_stops_on_ctrl_c_and_reruns(
     suffix = uuid.uuid4().hex[:6]
     queue, namespace = f"dev-{suffix}", f"dev-{suffix}"
     database = f"lockgate_dev_test_{suffix}"
-    first = DevRun(database)
+    # Whatever fails, the namespace (its pod holds half a cpu of cluster-a for ever) and the
+    # database go: a pod left running once made every later test that fills cluster-a fail.
     try:
-        first.wait_for(READY_LINE, START_WITHIN)
-        env = dev_env(first)
-        pids = service_pids(stack)
-        assert set(pids) == {"queue-store", "admission-webhook", "cluster-watcher", "ungater",
-                             "fair-scheduler", "jaeger"}
-        # The printed steps, with this test's own names.
-        sh(env, "lockgate", "queue", "create", queue, "--namespace", f"cluster-a/{namespace}")
-        sh(env, "kubectl", "create", "namespace", namespace)
-        sh(env, "kubectl", "label", "namespace", namespace, f"{MANAGED_NAMESPACE_LABEL}=true",
-           "lockgate.io/run=dev")
-        example = (Path(stack.stack_dir) / "dev" / "example-pod.yaml").read_text()
-        example = example.replace("namespace: team-a", f"namespace: {namespace}").replace(
-            "lockgate.io/queue: team-a", f"lockgate.io/queue: {queue}")
-        # Gated by the run's webhook (as created: it may be released a moment later), then
-        # released by its scheduler and ungater.
-        created = json.loads(sh(env, "kubectl", "create", "-o", "json", "-f", "-",
-                                stdin=example))
-        assert SCHEDULING_GATE in {g["name"] for g in created["spec"]["schedulingGates"]}
-        name = f"pod/{created['metadata']['name']}"
-        deadline = time.monotonic() + 180
-        while True:
-            pod = json.loads(sh(env, "kubectl", "-n", namespace, "get", name, "-o", "json"))
-            if not pod["spec"].get("schedulingGates") and pod["spec"].get("nodeName"):
-                break
-            assert time.monotonic() < deadline, f"pod never released: {pod['spec']}"
-            time.sleep(0.5)
-        jobs = sh(env, "lockgate", "jobs", "list", "--queue", queue)
-        assert name.split("/")[1] in jobs, jobs
-        # The pod's journey is one trace in the run's Jaeger, whose id is the pod's uid.
-        trace = pod_trace(env["LOCKGATE_TRACES_URL"], created["metadata"]["uid"],
-                          expect={"cluster-watcher", "queue-store", "fair-scheduler", "ungater"})
-        assert {"pod observed", "release decided", "ungate"} <= trace, trace
-        # A record written inside a span carries its ids (the round that released the pod).
-        assert any("fair-scheduler" in line and "round (" in line and "trace_id=" in line
-                   and "span_id=" in line for line in first.lines), first.output()[-5000:]
-    finally:
-        code = first.interrupt()
-    out = first.output()
-    assert code == 0, out[-5000:]
-    (stopped,) = [line for line in first.lines if "| stopped: " in line]
-    assert stopped.count("exit 0") == 5, stopped  # the five services; Jaeger stops after them
-    assert not [pid for pid in pids.values() if alive(pid)]
-    for kubeconfig in stack.kubeconfigs.values():
-        hooks = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get",
-                                "mutatingwebhookconfigurations", "-o", "name"], env=env,
-                               capture_output=True, text=True, check=True).stdout
-        assert "lockgate-dev" not in hooks  # no fail-closed registration left behind
-    assert not (Path(stack.stack_dir) / "dev" / "pids.json").exists()
+        first = DevRun(database)
+        try:
+            first.wait_for(READY_LINE, START_WITHIN)
+            env = dev_env(first)
+            pids = service_pids(stack)
+            assert set(pids) == {"queue-store", "admission-webhook", "cluster-watcher", "ungater",
+                                 "fair-scheduler", "jaeger"}
+            # The printed steps, with this test's own names.
+            sh(env, "lockgate", "queue", "create", queue, "--namespace", f"cluster-a/{namespace}")
+            sh(env, "kubectl", "create", "namespace", namespace)
+            sh(env, "kubectl", "label", "namespace", namespace, f"{MANAGED_NAMESPACE_LABEL}=true",
+               "lockgate.io/run=dev")
+            example = (Path(stack.stack_dir) / "dev" / "example-pod.yaml").read_text()
+            example = example.replace("namespace: team-a", f"namespace: {namespace}").replace(
+                "lockgate.io/queue: team-a", f"lockgate.io/queue: {queue}")
+            # Gated by the run's webhook (as created: it may be released a moment later), then
+            # released by its scheduler and ungater.
+            created = json.loads(sh(env, "kubectl", "create", "-o", "json", "-f", "-",
+                                    stdin=example))
+            assert SCHEDULING_GATE in {g["name"] for g in created["spec"]["schedulingGates"]}
+            name = f"pod/{created['metadata']['name']}"
+            deadline = time.monotonic() + 180
+            while True:
+                pod = json.loads(sh(env, "kubectl", "-n", namespace, "get", name, "-o", "json"))
+                if not pod["spec"].get("schedulingGates") and pod["spec"].get("nodeName"):
+                    break
+                assert time.monotonic() < deadline, f"pod never released: {pod['spec']}"
+                time.sleep(0.5)
+            jobs = sh(env, "lockgate", "jobs", "list", "--queue", queue)
+            assert name.split("/")[1] in jobs, jobs
+            # The pod's journey is one trace in the run's Jaeger, whose id is the pod's uid.
+            trace = pod_trace(env["LOCKGATE_TRACES_URL"], created["metadata"]["uid"],
+                              expect={"cluster-watcher", "queue-store", "fair-scheduler",
+                                      "ungater"})
+            assert {"pod observed", "release decided", "ungate"} <= trace, trace
+            # A record written inside a span carries its ids (the round that released the pod).
+            assert any("fair-scheduler" in line and "round (" in line and "trace_id=" in line
+                       and "span_id=" in line for line in first.lines), first.output()[-5000:]
+        finally:
+            code = first.interrupt()
+        out = first.output()
+        assert code == 0, out[-5000:]
+        (stopped,) = [line for line in first.lines if "| stopped: " in line]
+        assert stopped.count("exit 0") == 5, stopped  # the five services; Jaeger stops after them
+        assert not [pid for pid in pids.values() if alive(pid)]
+        for kubeconfig in stack.kubeconfigs.values():
+            hooks = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "get",
+                                    "mutatingwebhookconfigurations", "-o", "name"], env=env,
+                                   capture_output=True, text=True, check=True).stdout
+            assert "lockgate-dev" not in hooks  # no fail-closed registration left behind
+        assert not (Path(stack.stack_dir) / "dev" / "pids.json").exists()
 
-    # Again: it resumes with what the first run left (the queue, the job).
-    second = DevRun(database)
-    try:
-        second.wait_for(READY_LINE, START_WITHIN)
-        assert queue in sh(env, "lockgate", "queue", "get", queue)
-        assert name.split("/")[1] in sh(env, "lockgate", "jobs", "list", "--queue", queue)
+        # Again: it resumes with what the first run left (the queue, the job).
+        second = DevRun(database)
+        try:
+            second.wait_for(READY_LINE, START_WITHIN)
+            assert queue in sh(env, "lockgate", "queue", "get", queue)
+            assert name.split("/")[1] in sh(env, "lockgate", "jobs", "list", "--queue", queue)
+        finally:
+            code = second.interrupt()
+        assert code == 0, second.output()[-5000:]
     finally:
-        code = second.interrupt()
-        sh(env, "kubectl", "delete", "namespace", namespace, "--wait=false")
+        subprocess.run(["kubectl", "--kubeconfig", stack.kubeconfigs["cluster-a"], "delete",
+                        "namespace", namespace, "--ignore-not-found", "--wait=false"],
+                       capture_output=True, text=True, check=False)
         asyncio.run(drop_database(stack.postgres_dsn, database))
-    assert code == 0, second.output()[-5000:]
