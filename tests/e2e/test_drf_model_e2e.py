@@ -62,6 +62,7 @@ def factors(run: LockgateRun) -> dict[str, float]:
 async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
     # The scheduler starts later, once the whole backlog is queued (see the docstring).
     async with lockgate_run(stack, tmp_path, name="drf", clusters=("cluster-a", "cluster-b"),
+                            needs_empty_nodes=True,
                             standby_scheduler=False,
                             services=["queue-store", "admission-webhook", "cluster-watcher",
                                       "ungater"]) as run:

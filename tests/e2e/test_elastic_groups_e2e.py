@@ -39,7 +39,8 @@ FAIR = 4  # either queue's fair share, in pods, while both wait
 
 @pytest.fixture
 async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
-    async with lockgate_run(stack, tmp_path, name="elastic", standby_scheduler=False, env={
+    async with lockgate_run(stack, tmp_path, name="elastic", standby_scheduler=False,
+                            needs_empty_nodes=True, env={
             "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1"}) as run:
         # Nodes other runs add for a while are tainted (their pods tolerate it, ours do not):
         # lockgate's fair targets count only the nodes a pod may land on, the same for both

@@ -55,6 +55,7 @@ def factors(run: LockgateRun) -> dict[str, float]:
 async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
     # The schedulers start later, once the whole backlog is queued (see the test).
     async with lockgate_run(stack, tmp_path, name="fair", clusters=("cluster-a", "cluster-b"),
+                            needs_empty_nodes=True,
                             standby_scheduler=True,
                             services=["queue-store", "admission-webhook", "cluster-watcher",
                                       "ungater"]) as run:

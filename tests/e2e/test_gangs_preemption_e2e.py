@@ -40,7 +40,8 @@ POD_CPU = "8"  # a 16-cpu node takes 2; the cluster 8
 
 @pytest.fixture
 async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
-    async with lockgate_run(stack, tmp_path, name="gang", standby_scheduler=False, env={
+    async with lockgate_run(stack, tmp_path, name="gang", standby_scheduler=False,
+                            needs_empty_nodes=True, env={
             "LOCKGATE_SCHEDULER_PREEMPTION_ENABLED": "true",
             "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1"}) as run:
         core = run.core()

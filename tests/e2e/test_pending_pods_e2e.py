@@ -78,7 +78,7 @@ async def running(stack: StackInfo,
                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Running]:
     """One run for the module: each test uses queues and pods of its own in its namespace."""
     async with lockgate_run(stack, tmp_path_factory.mktemp("runs"), name="pend",
-                            standby_scheduler=False, env={
+                            needs_empty_nodes=True, standby_scheduler=False, env={
             "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
             "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5",
             "LOCKGATE_SCHEDULER_WAIT_NOTICE_INTERVAL_SECONDS": str(POD_INTERVAL),

@@ -63,6 +63,7 @@ class Queues:
 async def start(stack: StackInfo, tmp_path: Path, name: str, queues: dict[str, float],
                 preemption: bool) -> AsyncIterator[Queues]:
     async with lockgate_run(stack, tmp_path, name=name, clusters=("cluster-a", "cluster-b"),
+                            needs_empty_nodes=True,
                             standby_scheduler=False, env={
                                 "LOCKGATE_SCHEDULER_PREEMPTION_ENABLED": str(preemption).lower(),
                                 "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1"}) as run:

@@ -18,9 +18,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.stack import StackInfo
-from helpers.kube import gates_of
+from helpers.kube import gates_of, temporary_namespaces, until_nodes_hold_no_pods
 from helpers.pods import a_pod
 from helpers.runs import LockgateRun, lockgate_run, new_run_id
+from helpers.waiting import eventually
 from lockgate.labels import SCHEDULING_GATE
 from lockgate_adapters.postgres import database_of
 
@@ -112,3 +113,26 @@ async def test_a_service_that_dies_fails_the_run_unless_the_test_killed_it(
         await run.kill("queue-store")
         await run.restart("queue-store")  # back again: it must stop gracefully once more
         assert "queue-store" not in run.killed
+
+
+async def test_a_run_that_sizes_from_the_nodes_waits_for_a_leak_to_go_and_names_it(
+        stack: StackInfo, kube_clients: dict[str, client.ApiClient], tmp_path: Path) -> None:
+    """A pod another test left bound to a node fails `needs_empty_nodes` with its name, once;
+    gone, it no longer stands in the way."""
+    admin = kube_clients["cluster-a"]
+    leak = new_run_id("leak")
+    async with temporary_namespaces({"cluster-a": admin}) as namespaces:
+        await namespaces.create("cluster-a", leak)  # not managed: nothing gates its pod
+        await client.CoreV1Api(admin).create_namespaced_pod(
+            leak, a_pod("sleeper").tolerating_kwok_nodes().requesting(cpu="500m").manifest())
+
+        async def bound() -> bool:
+            pod = await client.CoreV1Api(admin).read_namespaced_pod("sleeper", leak)
+            return bool(pod.spec.node_name)
+        await eventually(bound, within=60, what="the leaked pod to bind")
+        with pytest.raises(AssertionError, match=rf"cluster-a/{leak}/sleeper on "):
+            await until_nodes_hold_no_pods({"cluster-a": admin}, within=2)
+    await until_nodes_hold_no_pods({"cluster-a": admin}, within=60)
+    async with lockgate_run(stack, tmp_path, name="runs", services=["queue-store"],
+                            needs_empty_nodes=True) as run:
+        assert run.lockgate.processes["queue-store"].alive()

@@ -42,7 +42,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import Lockgate, ServicePorts
 from helpers.browser import ARTIFACTS, browser, screenshot
-from helpers.kube import Namespaces
+from helpers.kube import Namespaces, until_nodes_hold_no_pods
 from helpers.pods import a_pod
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
@@ -149,6 +149,7 @@ async def scene(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
         apis = {alias: await api_client(stack.kubeconfigs[real])
                 for alias, real in CLUSTERS.items()}
         core = {alias: client.CoreV1Api(api) for alias, api in apis.items()}
+        await until_nodes_hold_no_pods(apis)  # the scene is sized from the nodes
         capacity = {}
         for alias, api in core.items():
             nodes = (await api.list_node()).items

@@ -193,6 +193,38 @@ async def temporary_namespaces(apis: Mapping[str, client.ApiClient]
         await namespaces.delete_all()
 
 
+async def until_nodes_hold_no_pods(apis: Mapping[str, client.ApiClient], *,
+                                   within: float = 180.0) -> None:
+    """Wait until no pod (outside kube-* namespaces) is bound to a node of these clusters, or
+    fail naming the pods that stayed.
+
+    Why: a test that fills a cluster sizes its load from the nodes' allocatable. A pod another
+    test left behind (a leak, or one whose deletion is still under way) would take room the
+    test counts on, and it would time out far from the cause, as would every such test after it.
+    Waiting covers a deletion under way; a leak fails here, once per test, with its name.
+    """
+
+    async def held() -> list[str]:
+        holders = []
+        for cluster, api in apis.items():
+            for pod in (await client.CoreV1Api(api).list_pod_for_all_namespaces()).items:
+                if (pod.spec.node_name and not pod.metadata.namespace.startswith("kube-")
+                        and pod.status.phase in ("Pending", "Running")):
+                    deleting = " (being deleted)" if pod.metadata.deletion_timestamp else ""
+                    holders.append(f"{cluster}/{pod.metadata.namespace}/{pod.metadata.name}"
+                                   f" on {pod.spec.node_name}{deleting}")
+        return sorted(holders)
+
+    deadline = time.monotonic() + within
+    while holders := await held():
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{len(holders)} pod(s) of other tests still hold room after {within:.0f}s, and "
+                f"this test sizes its load from the nodes' allocatable: {holders[:10]}. An "
+                "earlier test left them; delete their namespaces (and find that test's leak)")
+        await asyncio.sleep(1.0)
+
+
 # ---------------------------------------------------------------- kubeconfigs
 
 

@@ -45,7 +45,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from devstack.isolation import keep_only_clusters
 from devstack.launcher import STARTUP_SECONDS, Lockgate, ServicePorts
 from devstack.stack import StackInfo
-from helpers.kube import Namespaces
+from helpers.kube import Namespaces, until_nodes_hold_no_pods
 from helpers.pods import KWOK_NODE_ANNOTATION
 from helpers.postgres import fresh_database, migrate_database
 from helpers.waiting import eventually
@@ -232,6 +232,7 @@ async def lockgate_run(
     standby_scheduler: bool = False,
     migrate: bool = True,
     only_own_clusters: bool = True,
+    needs_empty_nodes: bool = False,
 ) -> AsyncIterator[LockgateRun]:
     """lockgate running for the block, as processes, isolated from every other run.
 
@@ -244,7 +245,10 @@ async def lockgate_run(
       starting dies of the SIGTERM, which teardown reports as an unclean exit);
     - `migrate`: migrate the database before queue-store starts (it migrates too);
     - `only_own_clusters`: keep other runs' jobs and nodes out of the database (the trigger of
-      devstack.isolation; it needs `migrate`).
+      devstack.isolation; it needs `migrate`);
+    - `needs_empty_nodes`: before anything starts, wait until no other test's pod is bound to a
+      node of the run's clusters (helpers.kube.until_nodes_hold_no_pods), for a test that
+      sizes its load from the nodes' allocatable.
     """
     run_id = new_run_id(name)
     aliases = {f"{run_id}-{real.rsplit('-', 1)[-1]}": real for real in clusters}
@@ -271,6 +275,8 @@ async def lockgate_run(
         try:
             for alias, real in aliases.items():
                 apis[alias] = await api_client(stack.kubeconfigs[real])
+            if needs_empty_nodes:
+                await until_nodes_hold_no_pods(apis)
             run = LockgateRun(run_id, lockgate, dict(aliases), apis, dsn, pool, Namespaces(apis))
             await lockgate.start(only=list(services) if services is not None else None)
             yield run
