@@ -65,7 +65,8 @@ def test_a_full_group_blocked_by_room_says_its_total_and_when_it_reserves() -> N
     assert told is not None and told.reason is WaitReason.CLUSTER_ROOM
     assert told.message.startswith(
         'queue "a", position 1 of 8; waiting for room in cluster cluster-a for its whole pod '
-        "group: free there cpu 6, memory 96Gi (most on one node: cpu 2, memory 32Gi)")
+        "group: it needs cpu 16, memory 32Gi at once, free there cpu 6, memory 96Gi (most on "
+        "one node: cpu 2, memory 32Gi)")
     # Its newest member arrived at T0 + 7: it reserves 60 s later if it still does not fit.
     assert told.group == (
         "pod group 'ns/g1': 8 of 8 members arrived, needing cpu 16, memory 32Gi in all, "
@@ -189,3 +190,14 @@ def test_the_reservation_sentences_of_the_pure_builder() -> None:
 
 def _fields(standing: GroupStanding) -> dict[str, object]:
     return {name: getattr(standing, name) for name in standing.__slots__}
+
+
+def test_queue_stores_explain_mirrors_the_ageing_and_knows_it_sees_no_reservations() -> None:
+    from queue_store.admin_views import SchedulerView
+
+    members = _members(8)
+    state = _blocked(members)
+    told = SchedulerView(group_reserve_after_seconds=60).explainer(state, T0 + 100).explain(
+        members[0].job_id)
+    assert told is not None and told.group_standing is not None
+    assert told.group_standing.reservation is Reservation.RESERVING_PROBABLY

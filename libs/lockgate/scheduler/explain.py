@@ -583,15 +583,19 @@ def _started_text(g: GroupStanding, name: str) -> str:
         return (f"{name} ({bounds}) holds its maximum, {g.held} members"
                 + (f"; {g.queued} wait until members end" if g.queued else ""))
     if g.held < g.size:
-        text = (f"{name} ({bounds}) runs below its minimum: {g.held} hold capacity after "
-                "members ended, and it keeps running")
+        text = (f"{name} ({bounds}) runs below its minimum: {_hold(g.held)} after members "
+                "ended, and it keeps running")
     else:
         above = ", above its minimum" if g.held > g.size else ""
-        text = f"{name} ({bounds}): {g.held} hold capacity{above}"
+        text = f"{name} ({bounds}): {_hold(g.held)}{above}"
     if g.queued:
         text += (f"; its {g.queued} queued members are released one at a time, as fair share "
                  "and room allow, and it reserves no cluster")
     return text
+
+
+def _hold(count: int) -> str:
+    return f"{count} hold{'s' if count == 1 else ''} capacity"
 
 
 def reservation_text(g: GroupStanding, *, cluster: str, now: float) -> str:
@@ -749,7 +753,8 @@ def _gang_why(e: Explanation, g: GroupStanding, reason: WaitReason) -> str:
         return (f"waiting for {missing} more member{'s' if missing != 1 else ''} of its pod "
                 "group to arrive")
     if reason is WaitReason.CLUSTER_ROOM:
-        return (f"waiting for room in cluster {e.cluster} for its whole pod group: free there "
+        return (f"waiting for room in cluster {e.cluster} for its whole pod group: it needs "
+                f"{_amounts(g.needs)} at once, free there "
                 f"{_amounts(e.cluster_free) or 'nothing'} (most on one node: "
                 f"{_amounts(e.largest_free_node) or 'nothing'})" + _room_detail(e))
     if reason is WaitReason.NODE_FIT and g.reservation is Reservation.NEVER:
