@@ -32,6 +32,7 @@ _NOT_BY_RELEASES = {
     WaitReason.QUEUE_CORDONED: "its queue to be uncordoned",
     WaitReason.QUEUE_UNKNOWN: "its queue to exist",
     WaitReason.BACKING_OFF: "its controller's back-off to end",
+    WaitReason.GROUP_INCOMPLETE: "the rest of its pod group to arrive",
 }
 
 

@@ -75,6 +75,7 @@ def explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
         "Max time queued": "-" if e["max_queued_seconds"] is None else
         f"{duration(e['max_queued_seconds'])}, then {e['max_queued_action']}"
         f"{' (job set)' if e.get('max_queued_by') == 'jobset' else ''}",
+        "Pod group": e.get("group") or "-",
         "Why": e["message"],
     })
     return fields

@@ -519,7 +519,8 @@ class Leader:
         kept = await store.kept_places(
             self._connection, [store.split_job_id(job_id) for job_id, first in due if first])
         places = positions(state, ids)
-        explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled)
+        explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled,
+                              group_reserve_after=settings.group_reserve_after_seconds)
         told: list[str] = []
         waiting_notices: list[PodNotice] = []
         for job_id, first in due:

@@ -30,6 +30,7 @@ from lockgate.scheduler import (
     Explanation,
     Feed,
     FeedPolicy,
+    SchedulerState,
     format_duration,
     queue_statuses,
 )
@@ -51,6 +52,13 @@ class SchedulerView:
 
     fairness_resources: tuple[str, ...] = DEFAULT_FAIRNESS_RESOURCES
     policy: FeedPolicy = field(default_factory=FeedPolicy)
+    group_reserve_after_seconds: float | None = 60.0  # the leader's group ageing
+
+    def explainer(self, state: SchedulerState, now: float) -> Explainer:
+        """An explainer for a state no round ran on: the leader's reservations are not in it,
+        so an aged group is told it probably reserves."""
+        return Explainer(state, now=now, group_reserve_after=self.group_reserve_after_seconds,
+                         reservations_known=False)
 
 
 def register(app: web.Application, pool: asyncpg.Pool, *, job_json: JobJson,
@@ -113,7 +121,7 @@ class AdminViews:
                 connection, queue=row.queue, cluster=row.cluster, window_seconds=WINDOW_SECONDS)
         job_id = f"{row.cluster}/{row.uid}"
         now = time.time()
-        explanation = Explainer(feed.state, now=now).explain(job_id)
+        explanation = self.view.explainer(feed.state, now).explain(job_id)
         body: dict[str, Any] = {"pod": {"cluster": row.cluster, "namespace": row.namespace,
                                         "name": row.name, "uid": row.uid, "jobset": row.jobset,
                                         "state": row.state.value,

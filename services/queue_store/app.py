@@ -182,7 +182,9 @@ def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publ
                                  name_prefix=settings.namespace_name_prefix)
     collection_api = CollectionApi(pool, publish)
     view = SchedulerView(fairness_resources=tuple(settings.scheduler_view.fairness_resources),
-                         policy=settings.scheduler_view.feed_policy())
+                         policy=settings.scheduler_view.feed_policy(),
+                         group_reserve_after_seconds=(
+                             settings.scheduler_view.group_reserve_after_seconds))
     ui_state = StateCache(pool, max_age_seconds=settings.ui.state_max_age_seconds, view=view)
     sampler = FairnessSampler(scheduler_urls=settings.ui.scheduler_urls, state=ui_state,
                               interval_seconds=settings.ui.sample_seconds,

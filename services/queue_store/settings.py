@@ -46,6 +46,9 @@ class SchedulerViewSettings(BaseModel):
         default=2.0, gt=0, description="a job whose release failed waits this long, doubling")
     release_retry_max_seconds: float = Field(default=300.0, gt=0,
                                              description="the longest such wait")
+    group_reserve_after_seconds: float = Field(
+        default=60.0, ge=0, description="a complete pod group that has not fitted for this long "
+        "after its last member arrived reserves its cluster (explain says when)")
 
     def feed_policy(self) -> FeedPolicy:
         return FeedPolicy(release_retry_initial_seconds=self.release_retry_initial_seconds,

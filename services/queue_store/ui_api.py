@@ -44,7 +44,7 @@ from aiohttp import web
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate.pod_traces import waterfall_json
-from lockgate.scheduler import Explainer, Feed, SchedJob, SchedulerState, queue_statuses
+from lockgate.scheduler import Feed, SchedJob, SchedulerState, queue_statuses
 from lockgate_adapters import job_views, ui_views
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.postgres import AnyConnection
@@ -89,6 +89,11 @@ class StateCache:
         self._order: dict[str, list[tuple[int, float, str]]] | None = None
         self._wanted = asyncio.Event()
         self._wanted_at = 0.0
+
+    @property
+    def view(self) -> SchedulerView:
+        """How the picture sees the scheduler (and builds its explainers)."""
+        return self._view
 
     def current(self) -> tuple[SchedulerState, float] | None:
         """The picture as it is now, if loaded; asks `run` to keep it fresh."""
@@ -310,7 +315,8 @@ class UiApi:
                       for job_id, position in zip(ids, page.positions, strict=True)}
         else:  # filtered: the place in the whole queue, from the picture
             places = self.state.positions(ids)
-        explainer = None if picture is None else Explainer(picture[0], now=time.time())
+        explainer = None if picture is None else self.state.view.explainer(picture[0],
+                                                                            time.time())
         pods = []
         for row, job_id in zip(page.rows, ids, strict=True):
             entry = self.job_json(row)
@@ -379,7 +385,8 @@ class UiApi:
             job_id = f"{row.cluster}/{row.uid}"
             place = self.state.positions([job_id]).get(job_id)
             if picture is not None and place is not None:
-                explanation = Explainer(picture[0], now=time.time()).explain(job_id, place)
+                explanation = self.state.view.explainer(picture[0], time.time()).explain(
+                    job_id, place)
             message = (explanation.message if explanation is not None else
                        "queued; why it waits is being worked out (queue-store is loading its "
                        "picture of the queues): this page fills it in shortly")

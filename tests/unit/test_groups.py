@@ -300,7 +300,7 @@ def test_explain_says_a_group_runs_below_its_minimum_and_what_its_members_wait_f
              .with_jobs(waiting).build())
     told = explain(fresh, waiting[0].job_id, now=T0)
     assert told is not None
-    assert "2 of 3 members exist, none released" in told.message
+    assert "2 of its minimum 3 arrived (asking cpu 2 so far); none is released" in told.message
 
 
 def test_a_group_whose_every_member_ended_starts_over_with_its_minimum() -> None:

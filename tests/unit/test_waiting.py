@@ -47,6 +47,10 @@ WAITING = WaitFacts(queue_defined=True, cordoned=False, cluster_has_nodes=True,
     # Its controller backs off: released at the earliest when that ends, whatever the room.
     ({"backing_off": True, "fits_some_node": False}, WaitReason.BACKING_OFF),
     ({"backing_off": True, "cordoned": True}, WaitReason.QUEUE_CORDONED),
+    # A pod group short of members: neither limits nor room can be judged until it is whole.
+    ({"group_incomplete": True, "over_queue_limit": True}, WaitReason.GROUP_INCOMPLETE),
+    ({"group_incomplete": True, "fits_free_room": True}, WaitReason.GROUP_INCOMPLETE),
+    ({"group_incomplete": True, "fits_some_node": False}, WaitReason.NODE_FIT),
 ])
 def test_the_reason_is_the_most_blocking_one(change: dict[str, bool], want: WaitReason) -> None:
     assert choose_reason(replace(WAITING, **change)) is want

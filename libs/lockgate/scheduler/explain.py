@@ -21,10 +21,10 @@ from enum import StrEnum
 from lockgate.backoff import backing_off_message
 from lockgate.jobs import JobState
 from lockgate.max_queued import stricter
-from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, fair_shares
-from lockgate.scheduler.groups import describe_group
+from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, dominant_of, fair_shares
+from lockgate.scheduler.groups import GroupKey, GroupStatus
 from lockgate.scheduler.holds import RoomHold
-from lockgate.scheduler.room import ClusterRoom, fits
+from lockgate.scheduler.room import ClusterRoom, fits, take
 from lockgate.scheduler.round import Rank, below_target, rank_in_cluster
 from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState, Shape
 
@@ -44,6 +44,8 @@ class WaitReason(StrEnum):
     # Its controller backs off: lockgate gave up on its pods that kube-scheduler kept refusing
     # (lockgate.backoff); it waits until the back-off ends.
     BACKING_OFF = "backing_off"
+    # Its pod group has fewer members than it releases together: it waits for the rest.
+    GROUP_INCOMPLETE = "group_incomplete"
     NEXT_ROUND = "next_round"  # there is room and nothing ahead of it: the next round takes it
 
 
@@ -58,6 +60,7 @@ EVENT_REASONS: dict[WaitReason, tuple[str, bool]] = {
     WaitReason.QUEUE_CORDONED: ("LockgateQueueCordoned", True),
     WaitReason.QUEUE_UNKNOWN: ("LockgateQueueUnknown", True),
     WaitReason.BACKING_OFF: ("LockgateBackingOff", True),
+    WaitReason.GROUP_INCOMPLETE: ("LockgateWaitingForGroup", False),
     WaitReason.NEXT_ROUND: ("LockgateWaitingForRound", False),
 }
 QUEUED_EVENT_REASON = "LockgateQueued"
@@ -77,6 +80,7 @@ class WaitFacts:
     at_fair_share: bool  # its queue holds at least its fair target in the pod's cluster
     others_below_share_waiting: bool  # queues the round ranks before it there wait there
     backing_off: bool = False  # its controller backs off (lockgate.backoff)
+    group_incomplete: bool = False  # its pod group lacks members it releases together
 
 
 def choose_reason(facts: WaitFacts) -> WaitReason:
@@ -92,6 +96,9 @@ def choose_reason(facts: WaitFacts) -> WaitReason:
         return WaitReason.NO_NODES
     if not facts.fits_some_node:
         return WaitReason.NODE_FIT
+    # Before limits and room: neither can be judged, nor helps, until the gang is whole.
+    if facts.group_incomplete:
+        return WaitReason.GROUP_INCOMPLETE
     if facts.over_queue_limit:
         return WaitReason.QUEUE_LIMIT
     if facts.at_fair_share and facts.others_below_share_waiting:
@@ -99,6 +106,51 @@ def choose_reason(facts: WaitFacts) -> WaitReason:
     if not facts.fits_free_room:
         return WaitReason.CLUSTER_ROOM
     return WaitReason.NEXT_ROUND
+
+
+class Reservation(StrEnum):
+    """Where a pod group that has not started stands with the reservation of its cluster
+    (docs/scheduling.md, "Gangs": a complete group that has not fitted for the ageing time after
+    its newest member arrived reserves its cluster)."""
+
+    RESERVING = "reserving"  # the scheduler holds its cluster for it
+    # Aged and still not fitting: queue-store's view, which cannot see the leader's reservations.
+    RESERVING_PROBABLY = "reserving_probably"
+    DUE = "due"  # aged and still not fitting: the next round reserves
+    BEHIND = "behind"  # aged, but another group holds the cluster's one reservation
+    LATER = "later"  # complete, not fitting: it reserves when it has aged
+    ONCE_COMPLETE = "once_complete"  # members still to come: the ageing starts at the last
+    AT_LIMIT = "at_limit"  # its queue's limits block it, which a reservation cannot fix
+    NEVER = "never"  # it does not fit its cluster even empty
+    STARTED = "started"  # a member holds capacity: the rest go one at a time, reserving nothing
+    NONE = "none"  # nothing to say: it fits now, its queue releases nothing, or no ageing known
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStanding:
+    """A member's pod group as explain sees it: the facts its sentence is built from."""
+
+    name: str
+    size: int  # released together: a static group's size, an elastic group's minimum
+    max_size: int  # the most members holding capacity at once (a static group's: its size)
+    queued: int
+    held: int  # members holding capacity (released, running)
+    # What the members released together ask in all: its gang, the oldest `size` queued
+    # members (while incomplete, those queued so far); empty once it started.
+    needs: Mapping[str, int]
+    reservation: Reservation
+    reserve_at: float | None = None  # epoch seconds: its newest member's arrival plus the ageing
+    # The ageing, seconds (LOCKGATE_SCHEDULER_GROUP_RESERVE_AFTER_SECONDS); None: not known.
+    reserve_after: float | None = None
+    reserved_by: str = ""  # BEHIND: the group holding the cluster, e.g. "pod group 'ns/h' of ..."
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_size != self.size
+
+    @property
+    def complete(self) -> bool:
+        return self.queued + self.held >= self.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,14 +207,19 @@ class Explanation:
     # Queues above their fair target in this cluster (what preemption could take from).
     above_target: tuple[str, ...] = ()
     preemption: bool | None = None  # whether preemption is on (None: not known here)
-    # Its pod group's state (lockgate.scheduler.groups.describe_group); "" when in none.
+    # Its pod group's state in a sentence (`group_text`), and the facts behind it; "" and None
+    # when in none.
     group: str = ""
+    group_standing: GroupStanding | None = None
 
 
 def explain(state: SchedulerState, job_id: str, *, now: float,
-            preemption: bool | None = None) -> Explanation | None:
+            preemption: bool | None = None, group_reserve_after: float | None = None,
+            reservations_known: bool = True) -> Explanation | None:
     """Why `job_id` waits, from the state as it is (after a round, as the leader holds it)."""
-    return Explainer(state, now=now, preemption=preemption).explain(job_id)
+    return Explainer(state, now=now, preemption=preemption,
+                     group_reserve_after=group_reserve_after,
+                     reservations_known=reservations_known).explain(job_id)
 
 
 class Explainer:
@@ -170,14 +227,23 @@ class Explainer:
     shares, each cluster's free room); build a new one after the state changed."""
 
     def __init__(self, state: SchedulerState, *, now: float,
-                 preemption: bool | None = None) -> None:
+                 preemption: bool | None = None, group_reserve_after: float | None = None,
+                 reservations_known: bool = True) -> None:
+        """`group_reserve_after`: the leader's group ageing (None: not known, so explain says
+        nothing of when a group reserves). `reservations_known`: False for a state no round
+        ran on (queue-store's), whose groups never hold a reservation: an aged group is then
+        told it probably reserves."""
         self.state = state
         self.now = now
         self.preemption = preemption
+        self.group_reserve_after = group_reserve_after
+        self.reservations_known = reservations_known
         self.shares = fair_shares(state)
         self.inverse = state.fairness_inverse()
         self._rounds: dict[str, ClusterRoom] = {}
         self._ranks: dict[str, dict[str, Rank]] = {}  # per cluster, per queue waiting there
+        # Per pod group, its gang's facts: the same for every member (O(members) to find).
+        self._gangs: dict[GroupKey, _Gang | None] = {}
 
     def explain(self, job_id: str, position: tuple[int, int] | None = None
                 ) -> Explanation | None:
@@ -206,7 +272,8 @@ class Explainer:
         if ranks is None:
             ranks = self._ranks[job.cluster] = _ranks_in(state, job.cluster, self.inverse)
         return _explain(state, job, position, self.shares, self.inverse, rounds, self.now,
-                        ranks, self.preemption)
+                        ranks, self.preemption, self.group_reserve_after,
+                        self.reservations_known, self._gangs)
 
 
 def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> str | None:
@@ -255,7 +322,9 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
 def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
              shares: Mapping[str, FairShare], inverse: list[float],
              rounds: ClusterRoom | None, now: float, ranks: Mapping[str, Rank],
-             preemption: bool | None) -> Explanation:
+             preemption: bool | None, reserve_after: float | None = None,
+             reservations_known: bool = True,
+             gangs: dict[GroupKey, _Gang | None] | None = None) -> Explanation:
     job_id = job.job_id
     spec = state.queue_spec(job.queue)
     share = shares.get(job.queue)
@@ -311,7 +380,16 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
                 biggest, largest_node = size, list(allocatable)
     allocation = state.queue_usage(job.queue).allocation.as_dict()
     limits = {} if spec is None else spec.limits.as_dict()
-    over_limit = any(allocation.get(name, 0) + requests.get(name, 0) > limit
+    # A member of a group that has not started goes with its gang: judge the gang's needs.
+    gang = None
+    if queued and job.group is not None:
+        gangs = {} if gangs is None else gangs
+        key = (job.cluster, job.queue, job.group)
+        if key not in gangs:
+            gangs[key] = _gang(state, job, rounds, inverse)
+        gang = gangs[key]
+    asks = requests if gang is None else gang.needs
+    over_limit = any(allocation.get(name, 0) + asks.get(name, 0) > limit
                      for name, limit in limits.items())
     cluster_target = 0.0 if share is None else share.cluster_targets.get(job.cluster, 0.0)
     cluster_share = 0.0 if share is None else share.cluster_shares.get(job.cluster, 0.0)
@@ -330,12 +408,13 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         queue_defined=spec is not None,
         cordoned=spec is not None and spec.cordoned,
         cluster_has_nodes=node_count > 0,
-        fits_some_node=fits_some,
+        fits_some_node=fits_some and (gang is None or not gang.complete or gang.fits_empty),
         over_queue_limit=over_limit,
-        fits_free_room=fits_free,
+        fits_free_room=fits_free if gang is None else gang.fits_free,
         at_fair_share=not below,
         others_below_share_waiting=bool(competing),
         backing_off=hold is not None,
+        group_incomplete=gang is not None and not gang.complete,
     )) if queued else None
     max_queued = stricter(None if spec is None else spec.max_queued, job.max_queued)
 
@@ -368,16 +447,188 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         held_until=None if held_on is None else held_on.until,
         held_free=None if held_room is None else named(held_room),
         gaps_to=tuple(sorted(gaps)), above_target=above, preemption=preemption,
-        group=_group_text(state, job),
     )
+    standing = _standing(state, job, gang, reason, now=now, after=reserve_after,
+                         known=reservations_known)
+    if standing is not None:
+        explanation = replace(explanation, group_standing=standing,
+                              group=group_text(standing, cluster=job.cluster, now=now))
     return _with_message(explanation)
 
 
-def _group_text(state: SchedulerState, job: SchedJob) -> str:
+@dataclass(frozen=True, slots=True)
+class _Gang:
+    """A queued member's group that has not started: its status and what its gang needs."""
+
+    status: GroupStatus
+    needs: dict[str, int]
+    complete: bool
+    fits_empty: bool  # the gang fits its cluster with no managed pod on any node
+    fits_free: bool  # the gang fits the room free now, all at once
+
+
+def _gang(state: SchedulerState, job: SchedJob, rounds: ClusterRoom | None,
+          inverse: list[float]) -> _Gang | None:
     if job.group is None:
-        return ""
-    status = state.groups().summary((job.cluster, job.queue, job.group))
-    return "" if status is None else describe_group(status)
+        return None
+    groups = state.groups()
+    key = (job.cluster, job.queue, job.group)
+    status = groups.summary(key)
+    if status is None or status.started:
+        return None
+    shapes = [state.job_records[member].shape for member in groups.gang(key)]
+    total = [0] * len(state.axis_names)
+    for shape in shapes:
+        for axis, amount in shape.pairs:
+            total[axis] += amount
+    needs = {state.axis_names[axis]: amount for axis, amount in enumerate(total) if amount}
+    cluster = state.cluster_records.get(job.cluster)
+    fits_empty = (rounds is not None and cluster is not None
+                  and rounds.fits_empty(shapes, inverse, cluster))
+    return _Gang(status=status, needs=needs, complete=status.complete, fits_empty=fits_empty,
+                 fits_free=fits_empty and rounds is not None
+                 and _fits_at_once(rounds, shapes, inverse))
+
+
+def _fits_at_once(rounds: ClusterRoom, shapes: list[Shape], inverse: list[float]) -> bool:
+    """Whether the shapes fit the free room together, largest first, first fit (as the round
+    places a gang), on a copy: the explainer's room is shared by the pods it explains."""
+    room = [free[:] for free in rounds.free]
+    for shape in sorted(shapes, key=lambda s: dominant_of(s, inverse), reverse=True):
+        for index in rounds.nodes_for(shape.placement):
+            if fits(room[index], shape):
+                take(room[index], shape)
+                break
+        else:
+            return False
+    return True
+
+
+def _standing(state: SchedulerState, job: SchedJob, gang: _Gang | None,
+              reason: WaitReason | None, *, now: float, after: float | None,
+              known: bool) -> GroupStanding | None:
+    if job.group is None:
+        return None
+    groups = state.groups()
+    key: GroupKey = (job.cluster, job.queue, job.group)
+    status = groups.summary(key)
+    if status is None:
+        return None
+    most = status.max_size or status.size
+    if gang is None:  # started (or it is not queued): its members go one at a time
+        return GroupStanding(name=key[2], size=status.size, max_size=most, queued=status.queued,
+                             held=status.held, needs={}, reservation=Reservation.STARTED)
+    at = None if after is None else status.last_created_at + after
+    holder = groups.reserved.get(key[0])
+    reserved_by = ""
+    if holder == key:
+        # Also when preemption reserved it before it aged: `reserve_at` is then still ahead.
+        where = Reservation.RESERVING
+    elif reason in (WaitReason.QUEUE_UNKNOWN, WaitReason.QUEUE_CORDONED, WaitReason.NO_NODES,
+                    WaitReason.BACKING_OFF, WaitReason.NEXT_ROUND, None):
+        where = Reservation.NONE  # nothing, or nothing but the round, stands in its way
+    elif gang.complete and not gang.fits_empty:
+        where = Reservation.NEVER
+    elif reason is WaitReason.QUEUE_LIMIT:
+        where = Reservation.AT_LIMIT
+    elif at is None:
+        where = Reservation.NONE  # the ageing is not known here
+    elif not gang.complete:
+        where = Reservation.ONCE_COMPLETE  # whether it will fit is not known yet
+    elif gang.fits_free:
+        where = Reservation.NONE  # it fits: only fair share holds it back
+    elif at > now:
+        where = Reservation.LATER
+    elif holder is not None:
+        where = Reservation.BEHIND
+        reserved_by = f"pod group {holder[2]!r} of queue \"{holder[1]}\""
+    else:
+        where = Reservation.DUE if known else Reservation.RESERVING_PROBABLY
+    return GroupStanding(name=key[2], size=status.size, max_size=most, queued=status.queued,
+                         held=status.held, needs=gang.needs, reservation=where, reserve_at=at,
+                         reserve_after=after, reserved_by=reserved_by)
+
+
+def group_text(g: GroupStanding, *, cluster: str, now: float) -> str:
+    """A member's pod group in a sentence, for explain and the Events of its members: how many
+    members arrived, what those released together ask in all, and its reservation."""
+    name = f"pod group {g.name!r}"
+    bounds = f" (minimum {g.size}, maximum {g.max_size})" if g.elastic else ""
+    arrived = g.queued + g.held
+    members = "member" if arrived == 1 else "members"
+    if g.held:
+        return _started_text(g, name)
+    if g.elastic and g.complete:
+        text = (f"{name}{bounds}: {arrived} {members} arrived; its first {g.size} need "
+                f"{_amounts(g.needs)} in all and are released together or not at all, the "
+                "rest one at a time after them")
+    elif g.elastic:
+        text = (f"{name}{bounds}: {arrived} of its minimum {g.size} arrived (asking "
+                f"{_amounts(g.needs)} so far); none is released before its first {g.size} "
+                "are here")
+    else:
+        text = f"{name}: {arrived} of {g.size} {members} arrived"
+        if g.complete:
+            text += f", needing {_amounts(g.needs)} in all, released together or not at all"
+        else:
+            text += (f" (asking {_amounts(g.needs)} so far); none is released before all "
+                     f"{g.size} are here")
+    reservation = reservation_text(g, cluster=cluster, now=now)
+    return f"{text}; {reservation}" if reservation else text
+
+
+def _started_text(g: GroupStanding, name: str) -> str:
+    bounds = (f"minimum {g.size}, maximum {g.max_size}" if g.elastic else f"of {g.size}")
+    if g.held >= g.max_size:
+        return (f"{name} ({bounds}) holds its maximum, {g.held} members"
+                + (f"; {g.queued} wait until members end" if g.queued else ""))
+    if g.held < g.size:
+        text = (f"{name} ({bounds}) runs below its minimum: {_hold(g.held)} after members "
+                "ended, and it keeps running")
+    else:
+        above = ", above its minimum" if g.held > g.size else ""
+        text = f"{name} ({bounds}): {_hold(g.held)}{above}"
+    if g.queued:
+        text += (f"; its {g.queued} queued members are released one at a time, as fair share "
+                 "and room allow, and it reserves no cluster")
+    return text
+
+
+def _hold(count: int) -> str:
+    return f"{count} hold{'s' if count == 1 else ''} capacity"
+
+
+def reservation_text(g: GroupStanding, *, cluster: str, now: float) -> str:
+    """When a group that has not started reserves its cluster, that it does, or why it never
+    will; "" when there is nothing to say (it fits now, or its queue releases nothing)."""
+    at = "" if g.reserve_at is None else _clock(g.reserve_at)
+    after = "" if g.reserve_after is None else format_duration(g.reserve_after)
+    where = g.reservation
+    if where is Reservation.RESERVING:
+        if g.reserve_at is None or g.reserve_at > now:  # preemption reserved it, unaged
+            return (f"cluster {cluster} is reserved for it while preemption makes room: nothing "
+                    "else is released there until it fits")
+        return (f"cluster {cluster} is reserved for it since about {at}: nothing else is "
+                "released there until it fits")
+    if where is Reservation.RESERVING_PROBABLY:
+        return (f"it has reserved cluster {cluster} since about {at}, {after} after its last "
+                "member arrived, unless another group holds the cluster's one reservation")
+    if where is Reservation.DUE:
+        return f"it reserves cluster {cluster} at the next round (due since about {at})"
+    if where is Reservation.BEHIND:
+        return (f"it reserves cluster {cluster} once {g.reserved_by}, which holds the "
+                "cluster's one reservation, is released or gone")
+    if where is Reservation.LATER:
+        return (f"if it does not fit by then, it reserves cluster {cluster} from about {at}, "
+                f"{after} after its last member arrived")
+    if where is Reservation.ONCE_COMPLETE:
+        return (f"once all are here, it reserves cluster {cluster} if it has not fitted "
+                f"{after} after the last arrives")
+    if where is Reservation.AT_LIMIT:
+        return "it reserves no room while its queue's limits hold it back"
+    if where is Reservation.NEVER:
+        return f"it never reserves cluster {cluster}, which cannot hold it even empty"
+    return ""
 
 
 def _room_for_holder(rounds: ClusterRoom, job: SchedJob,
@@ -445,6 +696,12 @@ def wait_message(e: Explanation) -> str:
     """One paragraph for the Event and the top of `lockgate explain`: queue, position, why."""
     where = f'queue "{e.queue}", position {e.position} of {e.queued_in_queue}'
     reason = e.reason
+    g = e.group_standing
+    gang = g is not None and not g.held  # it goes with its gang, judged as one
+    if gang and g is not None and reason is not None:
+        why = _gang_why(e, g, reason)
+        if why:
+            return _finish(e, f"{where}; {why}")
     if reason is WaitReason.FAIR_SHARE:
         why = (f"waiting for its queue's fair share: in cluster {e.cluster} the queue holds "
                f"{_percent(e.cluster_share)} of the pool, its fair target there is "
@@ -474,7 +731,11 @@ def wait_message(e: Explanation) -> str:
         why = "there is room: the next scheduling round releases it"
     else:
         return f"{where}; not waiting ({e.state})" + (f"; {e.group}" if e.group else "")
-    text = f"{where}; {why}"
+    return _finish(e, f"{where}; {why}")
+
+
+def _finish(e: Explanation, text: str) -> str:
+    """The pod's group and its maximum time queued after what it waits for."""
     if e.group:
         text += f"; {e.group}"
     if e.max_queued_seconds is not None:
@@ -482,6 +743,32 @@ def wait_message(e: Explanation) -> str:
         whose = " (its job set's maximum)" if e.max_queued_by == "jobset" else ""
         text += f"; it is {done} after {format_duration(e.max_queued_seconds)} queued{whose}"
     return text
+
+
+def _gang_why(e: Explanation, g: GroupStanding, reason: WaitReason) -> str:
+    """What a member of a group that has not started waits for, said of the group (its gang
+    is released as one); "" where the pod's own words say it (cordons, back-off, fair share)."""
+    if reason is WaitReason.GROUP_INCOMPLETE:
+        missing = g.size - g.queued - g.held
+        return (f"waiting for {missing} more member{'s' if missing != 1 else ''} of its pod "
+                "group to arrive")
+    if reason is WaitReason.CLUSTER_ROOM:
+        return (f"waiting for room in cluster {e.cluster} for its whole pod group: it needs "
+                f"{_amounts(g.needs)} at once, free there "
+                f"{_amounts(e.cluster_free) or 'nothing'} (most on one node: "
+                f"{_amounts(e.largest_free_node) or 'nothing'})" + _room_detail(e))
+    if reason is WaitReason.NODE_FIT and g.reservation is Reservation.NEVER:
+        return (f"its pod group does not fit cluster {e.cluster} even with every node empty: "
+                f"it needs {_amounts(g.needs)} in all, the largest node offers "
+                f"{_amounts(e.largest_node)}; lower the members' requests or the group's size, "
+                "or add nodes")
+    if reason is WaitReason.QUEUE_LIMIT:
+        return (f"its queue would exceed its limits with its whole pod group "
+                f"({_amounts(e.queue_limits)}; it holds "
+                f"{_amounts(e.queue_allocation) or 'nothing'})")
+    if reason is WaitReason.NEXT_ROUND:
+        return "there is room for its whole pod group: the next scheduling round releases it"
+    return ""
 
 
 def _room_detail(e: Explanation) -> str:
@@ -494,8 +781,11 @@ def _room_detail(e: Explanation) -> str:
             f"{_clock(e.held_until)} (free there for it now: "
             f"{_amounts(e.held_free or {}) or 'nothing'}); what frees there is kept for it")
     elif e.gaps_to:
+        needs = ("its pod group needs more room at once"
+                 if e.group_standing is not None and not e.group_standing.held
+                 else "this pod needs more room on one node")
         parts.append(f"the gaps that open go to {_queues(e.gaps_to)}, whose waiting pods fit "
-                     "them; this pod needs more room on one node")
+                     f"them; {needs}")
     if e.competing_queues:
         parts.append(f"ranked before it in cluster {e.cluster}: {_queues(e.competing_queues)}")
     if e.below_target:
