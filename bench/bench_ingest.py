@@ -114,7 +114,10 @@ async def end_to_end(stack: devstack.StackInfo, dsn: str, count: int,
     to RUNNING."""
     spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
     process = await spec.start(f"queue-store-bench-{spec.group_id}",
-                               {"LOCKGATE_QUEUE_STORE_MAX_BATCH": str(max_batch)})
+                               {"LOCKGATE_QUEUE_STORE_MAX_BATCH": str(max_batch),
+                                # The local stack has one broker (production defaults: 3, 2).
+                                "LOCKGATE_KAFKA_REPLICATION_FACTOR": "1",
+                                "LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS": "1"})
     producer = make_producer(stack.kafka_bootstrap, client_id="bench-ingest")
     pool = await connect_pool(dsn, policy=RetryPolicy())
     try:
