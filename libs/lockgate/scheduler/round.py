@@ -661,15 +661,17 @@ class _Round:
         while heap:
             entry = heap[0]
             job = jobs.get(entry[2])
+            kind = None if job is None else job.kind  # the fields, without the properties
             if (
                 job is None
-                or job.state is not _QUEUED
-                or job.parked
-                or job.held
-                or job.queue != name
-                or job.cluster != cluster_name
-                or job.priority != -entry[0]
-                or job.created_at != entry[1]
+                or kind is None
+                or kind.state is not _QUEUED
+                or kind.parked
+                or kind.held
+                or kind.queue != name
+                or kind.cluster != cluster_name
+                or job.entry[0] != entry[0]
+                or job.entry[1] != entry[1]
                 or entry[2] in skipped_jobs  # a second entry for a job already looked at
             ):
                 heapq.heappop(heap)

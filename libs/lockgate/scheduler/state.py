@@ -16,7 +16,9 @@ every aggregate agrees with the records.
 Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
 resource name on first sight (the axes only ever grow), and a job's requests are interned into a
 shared `Shape` holding the nonzero (axis, amount) pairs, because a million jobs typically share
-a handful of request shapes and the hot loops stay on small tuples.
+a handful of request shapes and the hot loops stay on small tuples. For the same reason a job's
+record is only its heap entry and an interned `JobKind` (queue, cluster, shape, state, flags...):
+per queued job the state keeps its id, its time in line, one entry and one two-slot record.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import bisect
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
 from lockgate.jobs import JobState
@@ -150,58 +153,115 @@ class Shape:
         self.refs = 0
 
 
+# How many kinds a state remembers before starting over (a cache: equal kinds need not be one
+# object, sharing them only saves memory).
+_KIND_CACHE = 1 << 16
+
+
+class JobKind(NamedTuple):
+    """Everything about a job but its place in line, shared by every job alike: a million queued
+    jobs are typically a few thousand kinds (queue x cluster x request shape), so keeping these
+    fields once per kind instead of once per job is most of a record's memory (issue 19).
+    A tuple, so that it is its own key in the state's table of kinds.
+
+    Parked: queued, but too big for every node of its cluster; kept out of the heap until the
+    cluster gains a node of a new size. Held: queued while its controller backs off; out of the
+    heap and of its queue's demand (never parked meanwhile) until the back-off ends.
+    """
+
+    queue: str
+    cluster: str
+    shape: Shape
+    state: JobState
+    node_name: str | None
+    parked: bool
+    held: bool
+    group: str | None
+    group_size: int
+    group_max_size: int
+    preemptible: bool
+    priority_class: str
+    max_queued: JobSetMaxQueued | None
+    controller: ControllerKey | None
+
+
 class JobRecord:
-    """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`."""
+    """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`.
 
-    __slots__ = (
-        "cluster",
-        "controller",
-        "created_at",
-        "group",
-        "group_max_size",
-        "group_size",
-        "held",
-        "max_queued",
-        "node_name",
-        "parked",
-        "preemptible",
-        "priority",
-        "priority_class",
-        "queue",
-        "shape",
-        "state",
-    )
+    Two references only (a record is one of a million): its heap entry, which is its priority,
+    its time in line and its id, and its interned `JobKind`, which is everything else. The
+    attributes below read through them; only `SchedulerState` changes a record.
+    """
 
-    def __init__(
-        self,
-        queue: str,
-        cluster: str,
-        shape: Shape,
-        priority: int,
-        created_at: float,
-        state: JobState,
-        node_name: str | None,
-    ) -> None:
-        self.queue = queue
-        self.cluster = cluster
-        self.shape = shape
-        self.priority = priority
-        self.created_at = created_at
-        self.state = state
-        self.node_name = node_name
-        self.group: str | None = None
-        self.group_size = 0
-        self.group_max_size = 0
-        self.preemptible = False
-        self.priority_class = ""
-        self.max_queued: JobSetMaxQueued | None = None
-        # Parked: queued, but too big for every node of its cluster; kept out of the heap until
-        # the cluster gains a node of a new size.
-        self.parked = False
-        self.controller: ControllerKey | None = None
-        # Held: queued while its controller backs off; out of the heap and of its queue's
-        # demand (never parked meanwhile) until the back-off ends.
-        self.held = False
+    __slots__ = ("entry", "kind")
+
+    def __init__(self, entry: HeapEntry, kind: JobKind) -> None:
+        self.entry = entry
+        self.kind = kind
+
+    @property
+    def priority(self) -> int:
+        return -self.entry[0]
+
+    @property
+    def created_at(self) -> float:
+        return self.entry[1]
+
+    @property
+    def queue(self) -> str:
+        return self.kind.queue
+
+    @property
+    def cluster(self) -> str:
+        return self.kind.cluster
+
+    @property
+    def shape(self) -> Shape:
+        return self.kind.shape
+
+    @property
+    def state(self) -> JobState:
+        return self.kind.state
+
+    @property
+    def node_name(self) -> str | None:
+        return self.kind.node_name
+
+    @property
+    def parked(self) -> bool:
+        return self.kind.parked
+
+    @property
+    def held(self) -> bool:
+        return self.kind.held
+
+    @property
+    def group(self) -> str | None:
+        return self.kind.group
+
+    @property
+    def group_size(self) -> int:
+        return self.kind.group_size
+
+    @property
+    def group_max_size(self) -> int:
+        return self.kind.group_max_size
+
+    @property
+    def preemptible(self) -> bool:
+        return self.kind.preemptible
+
+    @property
+    def priority_class(self) -> str:
+        return self.kind.priority_class
+
+    @property
+    def max_queued(self) -> JobSetMaxQueued | None:
+        return self.kind.max_queued
+
+    @property
+    def controller(self) -> ControllerKey | None:
+        return self.kind.controller
 
 
 class PendingJobs:
@@ -333,6 +393,7 @@ class SchedulerState:
         self._shape_of_object: dict[
             tuple[int, int], tuple[Resources, PodPlacement | None, Shape]] = {}
         self._jobs: dict[str, JobRecord] = {}
+        self._kinds: dict[tuple[object, ...], JobKind] = {}
         self._queues: dict[str, QueueRecord] = {}
         self._clusters: dict[str, ClusterRecord] = {}
         self._pool_total: list[int] = []
@@ -631,79 +692,58 @@ class SchedulerState:
         old = self._jobs.get(job.job_id)
         if job.state is not _QUEUED:
             self._room_holds.end(job.job_id)
-        if old is not None and (
-            old.state is job.state
-            and old.shape is shape
-            and old.queue == job.queue
-            and old.cluster == job.cluster
-            and old.priority == job.priority
-            and old.created_at == job.created_at
-            and old.node_name == job.node_name
-            and old.group == job.group
-            and old.group_size == job.group_size
-            and old.group_max_size == job.group_max_size
-            and old.preemptible == job.preemptible
-            and old.priority_class == job.priority_class
-            and old.max_queued == job.max_queued
-            and old.controller == _controller_key(job)
-        ):
-            return
+        controller = _controller_key(job)
+        if old is not None:
+            kind = old.kind
+            if (
+                kind.state is job.state
+                and kind.shape is shape
+                and kind.queue == job.queue
+                and kind.cluster == job.cluster
+                and old.entry[0] == -job.priority
+                and old.entry[1] == job.created_at
+                and kind.node_name == job.node_name
+                and kind.group == job.group
+                and kind.group_size == job.group_size
+                and kind.group_max_size == job.group_max_size
+                and kind.preemptible == job.preemptible
+                and kind.priority_class == job.priority_class
+                and kind.max_queued == job.max_queued
+                and kind.controller == controller
+            ):
+                return
         shape.refs += 1
         if old is None:
             record = self._jobs[job.job_id] = JobRecord(
-                job.queue,
-                job.cluster,
-                shape,
-                job.priority,
-                job.created_at,
-                job.state,
-                job.node_name,
-            )
-            record.group = job.group
-            record.group_size = job.group_size
-            record.group_max_size = job.group_max_size
-            record.preemptible = job.preemptible
-            record.priority_class = job.priority_class
-            record.max_queued = job.max_queued
-            record.controller = _controller_key(job)
+                (-job.priority, job.created_at, job.job_id),
+                self._kind_of(job, shape, controller, parked=False))
             self._apply(job.job_id, record, None)
-            if record.state is _QUEUED:
+            if record.kind.state is _QUEUED:
                 self._push(record, job.job_id)
             return
         # A change: the record is updated in place (a new object per change would pile up in
         # the collector's oldest generation at a million jobs).
-        old_queue, old_cluster, old_shape = old.queue, old.cluster, old.shape
+        kind = old.kind
+        old_queue, old_cluster, old_shape = kind.queue, kind.cluster, kind.shape
+        same_place = old.entry[0] == -job.priority and old.entry[1] == job.created_at
         entry_in_place = (
-            old.state is _QUEUED
+            kind.state is _QUEUED
             and job.state is _QUEUED
             and old_queue == job.queue
             and old_cluster == job.cluster
-            and old.priority == job.priority
-            and old.created_at == job.created_at
+            and same_place
         )
         # A parked job's entry stays valid among the parked ones if its requests did not change.
-        stays_parked = entry_in_place and old.parked and old_shape is shape
+        stays_parked = entry_in_place and kind.parked and old_shape is shape
         # A held job has no entry to keep.
-        entry_in_place = entry_in_place and (not old.parked or stays_parked) and not old.held
+        entry_in_place = entry_in_place and (not kind.parked or stays_parked) and not kind.held
         hint = self._retract(job.job_id, old)
         self._release_shape(old_shape)
-        old.queue = job.queue
-        old.cluster = job.cluster
-        old.shape = shape
-        old.priority = job.priority
-        old.created_at = job.created_at
-        old.state = job.state
-        old.node_name = job.node_name
-        old.group = job.group
-        old.group_size = job.group_size
-        old.group_max_size = job.group_max_size
-        old.preemptible = job.preemptible
-        old.priority_class = job.priority_class
-        old.max_queued = job.max_queued
-        old.controller = _controller_key(job)
-        old.parked = stays_parked
+        if not same_place:
+            old.entry = (-job.priority, job.created_at, job.job_id)
+        old.kind = self._kind_of(job, shape, controller, parked=stays_parked)
         self._apply(job.job_id, old, hint)
-        if old.state is _QUEUED and not entry_in_place:
+        if old.kind.state is _QUEUED and not entry_in_place:
             self._push(old, job.job_id)
         self._tidy(old_queue, old_cluster)
 
@@ -781,7 +821,7 @@ class SchedulerState:
         for job_id in sorted(self._queued_by_controller.get(key, ())):
             record = self._jobs[job_id]
             self._retract(job_id, record)
-            record.parked = False  # judged again by _push
+            record.kind = self._vary(record.kind, parked=False)  # judged again by _push
             self._apply(job_id, record, None)
             self._push(record, job_id)
             self._tidy(record.queue, record.cluster)
@@ -791,14 +831,13 @@ class SchedulerState:
     def mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
         """The round decided to release this queued job: it now holds capacity."""
         self._retract(job_id, record)
-        record.state = JobState.RELEASED
-        record.node_name = None
+        record.kind = self._vary(record.kind, released=True)
         self._apply(job_id, record, node_hint)
 
     def park(self, queue: QueueRecord, pending: PendingJobs, record: JobRecord,
              entry: HeapEntry) -> None:
         """Set aside a queued job that fits no node of its cluster (its entry already popped)."""
-        record.parked = True
+        record.kind = self._vary(record.kind, parked=True)
         queue.parked += 1
         pending.parked += 1
         subtract_pairs(queue.demand, record.shape.pairs)
@@ -811,18 +850,52 @@ class SchedulerState:
     # ---- internals -------------------------------------------------------------------------
 
     def _push(self, record: JobRecord, job_id: str) -> None:
-        if record.held:
+        kind = record.kind
+        if kind.held:
             return  # out of the line until its controller's back-off ends
-        queue = self._queues[record.queue]
-        pending = queue.pending[record.cluster]
-        entry = (-record.priority, record.created_at, job_id)
-        if not record.parked and self._fits_no_node(record.cluster, record.shape):
+        queue = self._queues[kind.queue]
+        pending = queue.pending[kind.cluster]
+        entry = record.entry  # the job's one entry, shared by its record and its heap
+        if not kind.parked and self._fits_no_node(kind.cluster, kind.shape):
             # Parked at once, wherever it would sit in its queue: a round may set a full
             # cluster aside without reaching it, and it must neither pass for waiting nor swell
             # its queue's demand.
             self.park(queue, pending, record, entry)
             return
         heapq.heappush(pending.heap, entry)
+
+    def _kind_of(self, job: SchedJob, shape: Shape, controller: ControllerKey | None, *,
+                 parked: bool) -> JobKind:
+        # Looked up as a plain tuple (equal to, and hashed like, the kind): building the named
+        # tuple only for a new kind keeps loading a million jobs fast.
+        key = (job.queue, job.cluster, shape, job.state, job.node_name, parked, False, job.group,
+               job.group_size, job.group_max_size, job.preemptible, job.priority_class,
+               job.max_queued, controller)
+        kind = self._kinds.get(key)
+        return self._kind(JobKind._make(key)) if kind is None else kind
+
+    def _vary(self, kind: JobKind, *, released: bool = False, parked: bool | None = None,
+              held: bool | None = None) -> JobKind:
+        """The kind with these fields changed (released: RELEASED, on no node yet)."""
+        new_state = JobState.RELEASED if released else kind.state
+        new_node = None if released else kind.node_name
+        new_parked = kind.parked if parked is None else parked
+        new_held = kind.held if held is None else held
+        if (new_state is kind.state and new_node is kind.node_name and new_parked is kind.parked
+                and new_held is kind.held):
+            return kind
+        return self._kind(kind._replace(state=new_state, node_name=new_node, parked=new_parked,
+                                        held=new_held))
+
+    def _kind(self, kind: JobKind) -> JobKind:
+        """The state's one copy of an equal kind, so that a million records share a few."""
+        shared = self._kinds.get(kind)
+        if shared is None:
+            if len(self._kinds) >= _KIND_CACHE:
+                # Kinds are values: after starting over, new records get new (equal) kinds.
+                self._kinds.clear()
+            shared = self._kinds[kind] = kind
+        return shared
 
     def _fits_no_node(self, cluster_name: str, shape: Shape) -> bool:
         """Known nodes exist in the cluster, and none of their sizes could hold the shape."""
@@ -838,42 +911,43 @@ class SchedulerState:
     def _retract(self, job_id: str, record: JobRecord) -> str | None:
         """Remove a record's contribution to every aggregate; returns its node hint, if any."""
         hint: str | None = None
-        queue = self._queues[record.queue]
-        shape = record.shape
-        if record.group is not None:
-            self._groups.remove(_group_key(record), job_id, queued=record.state is _QUEUED)
-        if record.state is _QUEUED:
+        kind = record.kind
+        queue = self._queues[kind.queue]
+        shape = kind.shape
+        if kind.group is not None:
+            self._groups.remove(_group_key(record), job_id, queued=kind.state is _QUEUED)
+        if kind.state is _QUEUED:
             queue.queued -= 1
-            controller = record.controller
+            controller = kind.controller
             if controller is not None:
                 bucket = self._queued_by_controller[controller]
                 bucket.discard(job_id)
                 if not bucket:
                     del self._queued_by_controller[controller]
-            if record.held:
+            if kind.held:
                 queue.held -= 1
                 return hint
-            pending = queue.pending[record.cluster]
-            if record.parked:
+            pending = queue.pending[kind.cluster]
+            if kind.parked:
                 queue.parked -= 1
                 pending.parked -= 1
             else:
                 subtract_pairs(queue.demand, shape.pairs)
                 self._forget_shape(pending, shape)
         else:
-            cluster = self._clusters[record.cluster]
+            cluster = self._clusters[kind.cluster]
             queue.allocated -= 1
             subtract_pairs(queue.allocation, shape.pairs)
-            subtract_pairs(queue.alloc_in[record.cluster], shape.pairs)
-            counts = queue.alloc_shapes[record.cluster]
+            subtract_pairs(queue.alloc_in[kind.cluster], shape.pairs)
+            counts = queue.alloc_shapes[kind.cluster]
             if counts[shape] == 1:
                 del counts[shape]
                 if not counts:
-                    del queue.alloc_shapes[record.cluster]
-                    del queue.alloc_in[record.cluster]
+                    del queue.alloc_shapes[kind.cluster]
+                    del queue.alloc_in[kind.cluster]
             else:
                 counts[shape] -= 1
-            node = record.node_name
+            node = kind.node_name
             if node is None:
                 held = cluster.held_unbound.pop(job_id, None)
                 hint = None if held is None else held[1]
@@ -887,30 +961,31 @@ class SchedulerState:
 
     def _apply(self, job_id: str, record: JobRecord, hint: str | None) -> None:
         # The hot path of loading a million jobs: lookups inlined on purpose.
-        queue = self._queues.get(record.queue) or self._queue(record.queue)
-        shape = record.shape
-        if record.group is not None:
-            self._groups.add(_group_key(record), job_id, size=record.group_size,
-                             max_size=record.group_max_size,
-                             queued=record.state is _QUEUED, created_at=record.created_at)
-        if record.state is _QUEUED:
-            if record.cluster not in self._clusters:
-                self._cluster(record.cluster)
+        kind = record.kind  # only its held and parked flags change below
+        queue = self._queues.get(kind.queue) or self._queue(kind.queue)
+        shape = kind.shape
+        if kind.group is not None:
+            self._groups.add(_group_key(record), job_id, size=kind.group_size,
+                             max_size=kind.group_max_size,
+                             queued=kind.state is _QUEUED, created_at=record.entry[1])
+        if kind.state is _QUEUED:
+            if kind.cluster not in self._clusters:
+                self._cluster(kind.cluster)
             queue.queued += 1
-            controller = record.controller
+            controller = kind.controller
             if controller is not None:
                 bucket = self._queued_by_controller.get(controller)
                 if bucket is None:
                     bucket = self._queued_by_controller[controller] = set()
                 bucket.add(job_id)
                 if controller in self._holds:
-                    record.held = True
-                    record.parked = False
+                    record.kind = self._vary(kind, parked=False, held=True)
                     queue.held += 1
                     return
-            record.held = False
-            pending = queue.pending.get(record.cluster) or queue.pending_in(record.cluster)
-            if record.parked:
+            if kind.held:
+                record.kind = self._vary(kind, held=False)
+            pending = queue.pending.get(kind.cluster) or queue.pending_in(kind.cluster)
+            if kind.parked:
                 queue.parked += 1
                 pending.parked += 1
             else:
@@ -921,18 +996,19 @@ class SchedulerState:
                 shapes = pending.shapes
                 shapes[shape] = shapes.get(shape, 0) + 1
         else:
-            record.held = False
-            cluster = self._cluster(record.cluster)
+            if kind.held:
+                record.kind = self._vary(kind, held=False)
+            cluster = self._cluster(kind.cluster)
             queue.allocated += 1
             add_pairs(queue.allocation, shape.pairs)
-            alloc_in = queue.alloc_in.get(record.cluster)
+            alloc_in = queue.alloc_in.get(kind.cluster)
             if alloc_in is None:
-                alloc_in = queue.alloc_in[record.cluster] = [0] * len(self._axis_names)
-                queue.alloc_shapes[record.cluster] = {}
+                alloc_in = queue.alloc_in[kind.cluster] = [0] * len(self._axis_names)
+                queue.alloc_shapes[kind.cluster] = {}
             add_pairs(alloc_in, shape.pairs)
-            counts = queue.alloc_shapes[record.cluster]
+            counts = queue.alloc_shapes[kind.cluster]
             counts[shape] = counts.get(shape, 0) + 1
-            node = record.node_name
+            node = kind.node_name
             if node is None:
                 cluster.held_unbound[job_id] = (shape, hint)
             else:
@@ -954,27 +1030,31 @@ class SchedulerState:
 
     def _is_heap_entry(self, queue: QueueRecord, pending: PendingJobs, entry: HeapEntry) -> bool:
         record = self._jobs.get(entry[2])
+        if record is None:
+            return False
+        kind = record.kind
         return (
-            record is not None
-            and record.state is _QUEUED
-            and not record.parked
-            and not record.held
-            and record.queue == queue.name
-            and record.cluster == pending.cluster
-            and record.priority == -entry[0]
-            and record.created_at == entry[1]
+            kind.state is _QUEUED
+            and not kind.parked
+            and not kind.held
+            and kind.queue == queue.name
+            and kind.cluster == pending.cluster
+            and record.entry[0] == entry[0]
+            and record.entry[1] == entry[1]
         )
 
     def _is_parked_entry(self, queue: QueueRecord, pending: PendingJobs, entry: HeapEntry) -> bool:
         record = self._jobs.get(entry[2])
+        if record is None:
+            return False
+        kind = record.kind
         return (
-            record is not None
-            and record.state is _QUEUED
-            and record.parked
-            and record.queue == queue.name
-            and record.cluster == pending.cluster
-            and record.priority == -entry[0]
-            and record.created_at == entry[1]
+            kind.state is _QUEUED
+            and kind.parked
+            and kind.queue == queue.name
+            and kind.cluster == pending.cluster
+            and record.entry[0] == entry[0]
+            and record.entry[1] == entry[1]
         )
 
     def _tidy(self, queue_name: str, cluster: str) -> None:
@@ -1014,7 +1094,7 @@ class SchedulerState:
                 record = self._jobs[entry[2]]
                 if not fits_node_class(record.shape, size):
                     continue
-                record.parked = False
+                record.kind = self._vary(record.kind, parked=False)
                 queue.parked -= 1
                 pending.parked -= 1
                 add_pairs(queue.demand, record.shape.pairs)
