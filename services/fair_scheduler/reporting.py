@@ -29,6 +29,7 @@ SHARE = Gauge("lockgate_scheduler_queue_share",
 QUEUE_JOBS = Gauge("lockgate_scheduler_queue_jobs",
                    "A queue's unfinished jobs (count), by phase: queued, released (gate being "
                    "removed or removed), running (bound or running)", ["queue", "phase"])
+SHARE_KINDS = ("fair", "adjusted_fair", "actual", "target")
 
 
 
@@ -42,7 +43,10 @@ class FairnessReport:
     last_round_decisions: int = 0
     last_round_seconds: float = 0.0
     queues: list[dict[str, Any]] = field(default_factory=list)
-    _labelled: set[str] = field(default_factory=set)
+    # Each queue's labelled gauges, looked up once: `labels()` per queue and round took 7% of
+    # the leader's CPU on the release benchmark (100 queues).
+    _gauges: dict[str, tuple[tuple[Gauge, ...], tuple[Gauge, ...]]] = field(
+        default_factory=dict)
 
     def set_leader(self, leader: bool) -> None:
         self.leader = leader
@@ -90,22 +94,27 @@ class FairnessReport:
                                        for reason, count in report.skipped.items() if count},
                 "clusters_set_aside_last_round": list(report.set_aside),
             })
-            SHARE.labels(name, "fair").set(share.fair_share)
-            SHARE.labels(name, "adjusted_fair").set(share.adjusted_fair_share)
-            SHARE.labels(name, "actual").set(share.actual_share)
-            SHARE.labels(name, "target").set(share.fair_target)
-            for phase in PHASES:
-                QUEUE_JOBS.labels(name, phase).set(counts[phase])
+            gauges = self._gauges.get(name)
+            if gauges is None:
+                gauges = self._gauges[name] = (
+                    tuple(SHARE.labels(name, kind) for kind in SHARE_KINDS),
+                    tuple(QUEUE_JOBS.labels(name, phase) for phase in PHASES))
+            shares, jobs = gauges
+            for gauge, value in zip(shares, (share.fair_share, share.adjusted_fair_share,
+                                             share.actual_share, share.fair_target), strict=True):
+                gauge.set(value)
+            for gauge, phase in zip(jobs, PHASES, strict=True):
+                gauge.set(counts[phase])
         self.queues = queues
         self._forget_queues({entry["name"] for entry in queues})
 
     def _forget_queues(self, current: set[str]) -> None:
-        for name in self._labelled - current:
-            for kind in ("fair", "adjusted_fair", "actual"):
+        for name in set(self._gauges) - current:
+            for kind in SHARE_KINDS:
                 SHARE.remove(name, kind)
             for phase in PHASES:
                 QUEUE_JOBS.remove(name, phase)
-        self._labelled = current
+            del self._gauges[name]
 
     def as_json(self) -> dict[str, Any]:
         return {

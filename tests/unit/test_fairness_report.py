@@ -1,0 +1,50 @@
+"""The leader's fairness report: every queue's gauges after a round, and none left behind for a
+queue that is gone (each of its share kinds and phases)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from datetime import UTC, datetime
+
+from builders import a_job, a_node, a_state
+from prometheus_client import REGISTRY
+
+from fair_scheduler.reporting import PHASES, SHARE_KINDS, FairnessReport
+from lockgate.scheduler import schedule_round
+
+
+def share(queue: str, kind: str) -> float | None:
+    return REGISTRY.get_sample_value("lockgate_scheduler_queue_share",
+                                     {"queue": queue, "kind": kind})
+
+
+def jobs(queue: str, phase: str) -> float | None:
+    return REGISTRY.get_sample_value("lockgate_scheduler_queue_jobs",
+                                     {"queue": queue, "phase": phase})
+
+
+def test_each_round_sets_every_queues_gauges_and_a_gone_queue_leaves_none() -> None:
+    state = (a_state().with_queues("rep-a", "rep-b")
+             .with_cluster("cluster-a", a_node(cpu="4", memory="8Gi").times(1))
+             .with_jobs(a_job("rep-a").times(2), a_job("rep-b").times(3)).build())
+    result = schedule_round(state, max_decisions=100, max_lookback_per_queue=10)
+    report = FairnessReport("test")
+    phases = {"rep-a": Counter(queued=2), "rep-b": Counter(queued=1, released=2)}
+    at = datetime.now(UTC)
+    report.record_round(result, phases=phases, at=at, seconds=0.01, decisions=3)
+    report.record_round(result, phases=phases, at=at, seconds=0.01, decisions=0)
+    for queue in ("rep-a", "rep-b"):
+        fair = result.queues[queue].share
+        assert share(queue, "fair") == fair.fair_share
+        assert share(queue, "target") == fair.fair_target
+        assert share(queue, "actual") == fair.actual_share
+    assert jobs("rep-b", "released") == 2 and jobs("rep-a", "queued") == 2
+
+    only_a = dataclasses.replace(result, queues={"rep-a": result.queues["rep-a"]})
+    report.record_round(only_a, phases=phases, at=at, seconds=0.01, decisions=0)
+    assert [kind for kind in SHARE_KINDS if share("rep-b", kind) is not None] == []
+    assert [phase for phase in PHASES if jobs("rep-b", phase) is not None] == []
+    assert share("rep-a", "fair") is not None
+    report.set_leader(False)
+    assert share("rep-a", "fair") is None and jobs("rep-a", "queued") is None
