@@ -62,7 +62,10 @@ def service_of(cmdline: str) -> str | None:
 
 
 def package_of(file: str) -> str:
-    """The package a frame's file belongs to, as a reader of a profile would name it."""
+    """The package a frame's file belongs to, as a reader of a profile would name it. py-spy
+    mostly gives paths relative to their sys.path entry ("pydantic/main.py", "selectors.py")."""
+    if not file.startswith("/"):
+        return file.split("/", 1)[0].removesuffix(".py")
     if "site-packages/" in file:
         return file.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
     for root in ("libs/", "services/"):

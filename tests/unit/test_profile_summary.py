@@ -27,6 +27,10 @@ def test_frames_are_named_by_the_package_their_file_belongs_to() -> None:
     assert package_of("/w/services/queue_store/main.py") == "queue_store"
     assert package_of("/usr/lib/python3.11/asyncio/events.py") == "stdlib:asyncio"
     assert package_of("/usr/lib/python3.11/json/decoder.py") == "stdlib:json"
+    # As py-spy mostly writes them: relative to their sys.path entry.
+    assert package_of("pydantic/_internal/_repr.py") == "pydantic"
+    assert package_of("selectors.py") == "selectors"
+    assert package_of("<frozen runpy>") == "<frozen runpy>"
 
 
 def test_self_shares_count_the_innermost_frame_and_inclusive_ones_every_package_once(
