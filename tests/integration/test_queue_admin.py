@@ -605,7 +605,10 @@ async def test_queue_list_watch_prints_new_queues_until_ctrl_c(
         str(LOCKGATE_CLI), "queue", "list", "--watch", "--interval", "0.2",
         env={"LOCKGATE_API": admin.admin_url, "LOCKGATE_TOKEN": admin.admin_token,
              "PATH": "/usr/bin"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        # Ctrl-C as a terminal delivers it: a test run started in the background (`make test &`
+        # from a script) passes SIGINT on ignored, and the CLI would never see it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert process.stdout is not None and process.stderr is not None
     seen: list[str] = []
 
