@@ -69,6 +69,8 @@ test: venv lint browser
 	$(BIN)/python -m devstack.jaeger --build >/dev/null
 	$(BIN)/python -m devstack.helm >/dev/null
 	$(BIN)/python -m devstack.fabric8
+	# The recipes' real clients (pyspark, dask-kubernetes, KubeSpawner): a venv of their own, cached.
+	$(BIN)/python -m devstack.clients >/dev/null
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 
 # docker compose with locally built images against the local stack (tests/compose); starts a
