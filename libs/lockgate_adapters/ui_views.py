@@ -21,9 +21,9 @@ from lockgate_adapters import job_store
 from lockgate_adapters.postgres import AnyConnection
 
 _HOLDING = sorted(state.value for state in CAPACITY_HOLDING_STATES)
-# The release order within a queue (lockgate.scheduler.explain): priority, then age; ties by
-# the pod's key.
-_RELEASE_ORDER = "priority DESC, created_at, cluster, uid"
+# The release order within a queue (lockgate.scheduler.explain): priority, then time in line
+# (a kept place's, else the pod's creation: scheduler_store's in_line_since); ties by the key.
+_RELEASE_ORDER = "priority DESC, COALESCE(queued_since, created_at), cluster, uid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class Page:
 async def waiting_pods(connection: AnyConnection, *, queue: str, cluster: str | None,
                        namespace: str | None, offset: int, limit: int) -> Page:
     """A page of the queue's queued pods in release order (an index range scan of
-    jobs_queued_order, OFFSET then LIMIT); unfiltered, with each one's position."""
+    jobs_queued_in_line, OFFSET then LIMIT); unfiltered, with each one's position."""
     counted = await connection.fetchrow(
         "SELECT count(*) AS queue_total, count(*) FILTER (WHERE ($2::text IS NULL"
         " OR cluster = $2) AND ($3::text IS NULL OR namespace = $3)) AS total"

@@ -41,6 +41,9 @@ ROWS: list[tuple[str, str, str, str, str, int, str, datetime, int]] = (
     + [(CLUSTERS[0], _uid(2000 + i), f"done-{i}", QUEUE, "js-finished", 0, "succeeded", START,
         100) for i in range(4)]
 )
+# Replacements that kept a deleted pod's place (lockgate.places): they are in line from the
+# place's time, earlier than their own creation, and the scheduler orders them from it.
+KEPT_PLACES = {f"w-{i}": START - timedelta(seconds=i) for i in range(3, 130, 11)}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +57,11 @@ async def served(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreU
         try:
             await connection.executemany(
                 "INSERT INTO jobs (cluster, uid, namespace, name, queue, jobset, priority,"
-                " requests, state, created_at, node_name, running_at) VALUES ($1, $2, 'ns',"
-                " $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11)",
+                " requests, state, created_at, node_name, running_at, queued_since) VALUES"
+                " ($1, $2, 'ns', $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12)",
                 [(c, u, n, q, js, p, json.dumps({"cpu": cpu}), s, at,
-                  "node-0" if s == "running" else None, at if s == "running" else None)
+                  "node-0" if s == "running" else None, at if s == "running" else None,
+                  KEPT_PLACES.get(n))
                  for c, u, n, q, js, p, s, at, cpu in ROWS])
             for i, cluster in enumerate((*CLUSTERS, CLUSTERS[0])):
                 await connection.execute(
@@ -93,9 +97,10 @@ async def get(served: QueueStoreUnderTest, path: str, *, token: str | None = Non
 
 
 def release_order() -> list[str]:
-    """The model: the queue's queued pods by priority (high first), then age, then key."""
+    """The model: the queue's queued pods by priority (high first), then time in line (a kept
+    place's, else its own creation), then key."""
     queued = [r for r in ROWS if r[3] == QUEUE and r[6] == "queued"]
-    queued.sort(key=lambda r: (-r[5], r[7], r[0], r[1]))
+    queued.sort(key=lambda r: (-r[5], KEPT_PLACES.get(r[2], r[7]), r[0], r[1]))
     return [r[2] for r in queued]
 
 
