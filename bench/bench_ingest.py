@@ -54,12 +54,21 @@ def pod_events(cluster: str, count: int, state: JobState = JobState.QUEUED) -> l
             for i in range(count)]
 
 
+_BASELINE_COLUMNS = ("cluster", "uid", "namespace", "name", "queue", "jobset", "priority",
+                     "requests", "state", "created_at")
+
+
+def _baseline_rows(events: Sequence[PodEvent]) -> list[tuple[object, ...]]:
+    """The job rows both baselines write: what ingest stores for a new pod."""
+    return [(e.cluster, e.uid, e.namespace, e.name, e.queue, e.jobset, e.priority,
+             json.dumps(e.requests), e.state.value, e.created_at) for e in events]
+
+
 async def baseline_executemany(dsn: str, events: Sequence[PodEvent]) -> float:
     """Seconds for a plain executemany of the same rows: the floor of any ingest path."""
     connection = await asyncpg.connect(dsn)
     try:
-        rows = [(e.cluster, e.uid, e.namespace, e.name, e.queue, e.jobset, e.priority,
-                 json.dumps(e.requests), e.state.value, e.created_at) for e in events]
+        rows = _baseline_rows(events)
         started = time.perf_counter()
         async with connection.transaction():
             await connection.executemany(
@@ -75,13 +84,11 @@ async def baseline_copy(dsn: str, events: Sequence[PodEvent]) -> float:
     """Seconds for a raw COPY of the same rows: the fastest way in, and the stricter floor."""
     connection = await asyncpg.connect(dsn)
     try:
-        rows = [(e.cluster, e.uid, e.namespace, e.name, e.queue, e.jobset, e.priority,
-                 json.dumps(e.requests), e.state.value, e.created_at) for e in events]
+        rows = _baseline_rows(events)
         started = time.perf_counter()
         async with connection.transaction():
             await connection.copy_records_to_table(
-                "jobs", columns=("cluster", "uid", "namespace", "name", "queue", "jobset",
-                                 "priority", "requests", "state", "created_at"), records=rows)
+                "jobs", columns=_BASELINE_COLUMNS, records=rows)
         return time.perf_counter() - started
     finally:
         await connection.close()
