@@ -383,19 +383,26 @@ def test_pods_waiting_on_a_reservation_do_not_use_up_their_queues_lookback() -> 
     assert result.queues["c"].skipped == {SkipReason.RESERVED_FOR_GROUP: 1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit: a queue sets a cluster aside once every shape it has waiting there was "
-    "turned down this round. c's 1-cpu pod ranks before a's whole group of 4 and is turned "
-    "down first, so a sets cluster-a aside before its aged group has its turn: the group never "
-    "reserves, and each gap that opens goes to c's next pod. Preemption's planner still sees "
-    "the set-aside cluster and can reserve for the group; without preemption it starves"))
-def test_an_aged_group_reserves_even_when_a_smaller_pod_was_turned_down_before_it() -> None:
+@pytest.mark.parametrize("a_pod_ahead", [False, True], ids=["group-only", "pod-ahead"])
+def test_an_aged_group_reserves_even_when_a_smaller_pod_was_turned_down_before_it(
+        a_pod_ahead: bool) -> None:
+    # c's 1-cpu pod ranks before a's group of 4 and is turned down first. a must not set the
+    # cluster aside for that (a pod of the same shape was turned down): its aged group has its
+    # own turn, reserves, and every gap that opens is kept for it until it goes whole. With
+    # a_pod_ahead, a's own single pod (older, same shape) comes up before its group.
     blockers = [a_job("b").requesting(cpu="1").running_on("node-1").build() for _ in range(4)]
+    ahead = [a_job("a").requesting(cpu="1").created_at(-5).build()] if a_pod_ahead else []
     state = (a_state().with_queues("a", "b", "c")
              .with_cluster("cluster-a", a_node(cpu="4").times(1))
-             .with_jobs(blockers, _gang(4, created=0), a_job("c").times(3)).build())
+             .with_jobs(blockers, ahead, _gang(4, created=0), a_job("c").times(3)).build())
     run_round(state, now=T0 + 100, reserve_after=30)
     assert state.groups().reserved == {"cluster-a": ("cluster-a", "a", "ns/g")}
+    state.upsert_job(replace(blockers[0], state=JobState.SUCCEEDED))
+    assert run_round(state, now=T0 + 101, reserve_after=30).decisions == ()  # gap kept
+    for blocker in blockers[1:]:
+        state.upsert_job(replace(blocker, state=JobState.SUCCEEDED))
+    assert released_per_queue(run_round(state, now=T0 + 102, reserve_after=30)) == {"a": 4}
+    assert not state.groups().reserved
 
 
 # ---- timeouts --------------------------------------------------------------------------------

@@ -247,6 +247,9 @@ class _Round:
         # A group's members are judged together once per round: why it was not released.
         self.groups_done: dict[GroupKey, SkipReason] = {}
         self.reserve_before = reserve_before
+        # (cluster, queue) -> its complete, unstarted groups old enough to reserve; found once,
+        # the first time a queue would set a cluster aside.
+        self._aged_groups: dict[tuple[str, str], list[GroupKey]] | None = None
 
     def run(self, max_decisions: int) -> RoundResult:
         state = self.state
@@ -313,7 +316,8 @@ class _Round:
             elif (
                 shape in cluster.rejected or shape in progress.over_limit or cluster.overcommitted
             ) and self._nothing_can_go(progress, pending, cluster) and not any(
-                    cluster.held_by.get(name, ())):
+                    cluster.held_by.get(name, ())) and not self._aged_group_unjudged(
+                        pending.cluster, name):
                 # Everything this queue has waiting in that cluster is of a kind already turned
                 # down there this round: set the cluster aside rather than look at each job.
                 progress.clusters.remove(pending)
@@ -634,6 +638,23 @@ class _Round:
             for axis, amount in jobs[member].shape.pairs:
                 total[axis] = total.get(axis, 0) + amount
         return tuple(sorted(total.items())) or job.shape.pairs
+
+    def _aged_group_unjudged(self, cluster_name: str, queue_name: str) -> bool:
+        """Whether the queue has a group in the cluster that aged enough to reserve it and has
+        not had its turn this round. Such a queue must not set the cluster aside because a pod
+        of the same shape was turned down there: a group waits for room its size, not a gap,
+        and only its own turn can reserve it (else a stream of small pods starves it)."""
+        if self.reserve_before is None:
+            return False
+        if self._aged_groups is None:
+            aged: dict[tuple[str, str], list[GroupKey]] = {}
+            for status in self.groups.waiting():
+                if (status.complete and not status.started
+                        and status.last_created_at <= self.reserve_before):
+                    aged.setdefault((status.key[0], status.key[1]), []).append(status.key)
+            self._aged_groups = aged
+        return any(key not in self.groups_done
+                   for key in self._aged_groups.get((cluster_name, queue_name), ()))
 
     @staticmethod
     def _nothing_can_go(progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom) -> bool:
