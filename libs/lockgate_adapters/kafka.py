@@ -182,7 +182,9 @@ def make_producer(bootstrap: KafkaTarget, *, client_id: str) -> AIOKafkaProducer
         client_id=client_id,
         enable_idempotence=True,
         acks="all",
-        linger_ms=5,
+        # No fixed window: an idle producer sends at once, and under load records batch by
+        # themselves while the previous request to their partition is in flight.
+        linger_ms=0,
         max_batch_size=256 * 1024,
         max_request_size=MAX_REQUEST_BYTES,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -168,6 +169,7 @@ class Leader:
         next_republish = time.monotonic() + republish_every
         next_check = time.monotonic() + settings.leader_check_interval_seconds
         next_waiting_check = time.monotonic()  # after the first round
+        last_round_ended = -math.inf
         while not stopping.is_set():
             if not more_to_do:
                 wall = self._now().timestamp()
@@ -179,7 +181,10 @@ class Leader:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if stopping.is_set():
                     return
-                if self._wake.is_set() and settings.debounce_seconds:
+                if self._wake.is_set() and settings.debounce_seconds and (
+                        time.monotonic() - last_round_ended < settings.busy_seconds):
+                    # Changes stream in: wait a moment so one round takes several. An idle
+                    # scheduler answers the first change at once (release latency).
                     await asyncio.sleep(settings.debounce_seconds)
             self._check_leadership()
             if time.monotonic() >= next_check:
@@ -202,6 +207,7 @@ class Leader:
             if changed or more_to_do or safety_due:
                 trigger = "more" if more_to_do else "change" if changed else "periodic"
                 more_to_do = await self._round(trigger)
+                last_round_ended = time.monotonic()
                 await self._notice()
             if time.monotonic() >= next_waiting_check:
                 next_waiting_check = time.monotonic() + settings.wait_notice_check_seconds

@@ -99,7 +99,13 @@ class SchedulerSettings(ServiceSettings):
         )
     # Rounds
     debounce_seconds: float = Field(
-        default=0.005, ge=0, description="after a change notification, wait this long for more")
+        default=0.005, ge=0,
+        description="after a change notification, wait this long for more, when busy (a round "
+                    "ended less than busy_seconds before); an idle scheduler starts at once")
+    busy_seconds: float = Field(
+        default=0.1, ge=0,
+        description="a change this soon after the last round means changes are streaming in: "
+                    "debounce to batch them into one round")
     safety_round_seconds: float = Field(
         default=5.0, gt=0, description="run a round at least this often, changes or not")
     max_decisions_per_round: int = Field(default=5000, ge=1)
