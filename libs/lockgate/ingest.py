@@ -735,10 +735,12 @@ def _stamp_milestones(row: JobRow, state: JobState, at: datetime) -> JobRow:
     def once(stamp: datetime | None, reached: bool) -> datetime | None:
         return at if stamp is None and reached else stamp
 
-    return replace(
-        row,
-        released_at=once(row.released_at, state is JobState.RELEASED),
-        ungated_at=once(row.ungated_at, state in _UNGATED_OR_LATER),
-        running_at=once(row.running_at, state is JobState.RUNNING),
-        finished_at=once(row.finished_at, state.is_terminal),
-    )
+    released_at = once(row.released_at, state is JobState.RELEASED)
+    ungated_at = once(row.ungated_at, state in _UNGATED_OR_LATER)
+    running_at = once(row.running_at, state is JobState.RUNNING)
+    finished_at = once(row.finished_at, state.is_terminal)
+    if (released_at is row.released_at and ungated_at is row.ungated_at
+            and running_at is row.running_at and finished_at is row.finished_at):
+        return row  # nothing to stamp (a new queued pod): copying the row was a quarter of ingest
+    return replace(row, released_at=released_at, ungated_at=ungated_at, running_at=running_at,
+                   finished_at=finished_at)
