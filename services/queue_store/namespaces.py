@@ -114,7 +114,7 @@ class NamespaceKeeper:
             if _is_outage(error):
                 raise _unavailable(cluster, error) from error
             raise
-        obj = client.ApiClient().sanitize_for_serialization(found)
+        obj = self.apis[cluster].sanitize_for_serialization(found)
         if not access.is_lockgate_namespace(obj, queue=queue, jobset=jobset):
             raise NamespaceTakenError(
                 f"namespace {name} already exists in cluster {cluster} and was not made by "
@@ -143,7 +143,7 @@ class NamespaceKeeper:
                 else JobSetMaxQueued.model_validate(record.max_queued)))
         timeout = {"_request_timeout": REQUEST_TIMEOUT_SECONDS}
         try:
-            current = client.ApiClient().sanitize_for_serialization(
+            current = api.sanitize_for_serialization(
                 await core.read_namespace(name, **timeout))
         except ApiException as error:
             if error.status != 404:
@@ -185,7 +185,7 @@ class NamespaceKeeper:
                     raise
         wanted_role = access.role_object(name, kinds, create_any=self._create_any)
         try:
-            role = client.ApiClient().sanitize_for_serialization(
+            role = api.sanitize_for_serialization(
                 await rbac.read_namespaced_role(access.COORDINATOR, name, **timeout))
         except ApiException as error:
             if error.status != 404:
