@@ -122,8 +122,15 @@ class BatchStore(Generic[E]):
     def _trace_each(self, stored: list[Received[E]], started_ns: int,
                     batch: trace.SpanContext) -> None:
         """One span per stored message, in the trace its producer started (from its headers), so
-        a pod's journey shows the moment it became durable; linked to the batch's span."""
+        a pod's journey shows the moment it became durable; linked to the batch's span.
+
+        Only for a message whose trace is sampled: with none, the span would start a stray trace
+        of its own per message, and with an unsampled one it would be dropped. (Per message,
+        that was a tenth of queue-store's ingest CPU.)"""
         for item in stored:
+            parent = trace.get_current_span(item.trace_context).get_span_context()
+            if not parent.trace_flags.sampled:
+                continue
             tracer.start_span(
                 f"queue-store store {self.topic_name}", context=item.trace_context,
                 start_time=started_ns, links=[Link(batch)],

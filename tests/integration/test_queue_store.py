@@ -263,6 +263,10 @@ async def test_each_stored_message_gets_a_span_in_the_trace_its_headers_carried(
                                       LOCKGATE_TRACE_CONSOLE="true")
     pool = await connect_pool(own_dsn, policy=FAST_RETRY)
     try:
+        # A message with no trace first: it gets no span (no stray trace of its own).
+        await publish_raw(producer, POD_EVENTS.name, "untraced",
+                          POD_EVENTS.encode(pod_event(cluster, "untraced")))
+        await job_in_state(pool, cluster, "untraced", JobState.QUEUED)
         trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
         event = pod_event(cluster, "traced")
         await producer.send_and_wait(
@@ -276,7 +280,7 @@ async def test_each_stored_message_gets_a_span_in_the_trace_its_headers_carried(
 
         await eventually(span_logged, within=10, what="the store span in the message's trace")
         text = running.process.log_path.read_text(errors="replace")
-        assert f'"name": "queue-store store {POD_EVENTS.name}"' in text
+        assert text.count(f'"name": "queue-store store {POD_EVENTS.name}"') == 1, text[-3000:]
     finally:
         await pool.close()
         assert await running.process.stop() == 0, running.process.log_tail()
