@@ -115,7 +115,7 @@ def main() -> int:
         def job() -> None:
             try:
                 context.parallelize(range(tasks), tasks).map(lambda x: x).count()
-            except Exception as error:  # noqa: BLE001 - cancelled when the session stops
+            except Exception as error:  # cancelled when the session stops
                 print(f"job ended: {type(error).__name__}", file=sys.stderr, flush=True)
 
         threading.Thread(target=job, daemon=True, name=f"job-{tasks}").start()
