@@ -281,8 +281,9 @@ async def test_static_allocation_goes_as_one_group(run: LockgateRun, tmp_path: P
         for pod in await spark.executors(app):
             assert_gated_member(spark, pod, app)
         rows = await stored_group(spark, app, 3)
+        group = f"{spark.namespace}/{app}"  # lockgate names a group per namespace
         assert {(r["queue"], r["jobset"], r["pod_group"], r["pod_group_size"])
-                for r in rows} == {(spark.queue, spark.jobset, app, 3)}, rows
+                for r in rows} == {(spark.queue, spark.jobset, group, 3)}, rows
         await spark.steady(app, released_=0, gated=3)  # 2 fit, the group needs 3: none goes
         await spark.delete_rival("static-rival-0")
         out = await spark.until(app, released_=3, gated=0, what="all 3 executors released")
@@ -304,9 +305,10 @@ async def test_dynamic_allocation_grows_one_executor_at_a_time(run: LockgateRun,
     async with spark_driver(spark, app, tmp_path, "--dynamic", "2", "4") as driver:
         await spark.until(app, released_=0, gated=2, what="Spark's first 2 executors, gated")
         rows = await stored_group(spark, app, 2)
+        group = f"{spark.namespace}/{app}"
         assert {(r["queue"], r["jobset"], r["pod_group"], r["pod_group_size"],
                  r["pod_group_max_size"]) for r in rows} == {
-            (spark.queue, spark.jobset, app, 2, 4)}, rows
+            (spark.queue, spark.jobset, group, 2, 4)}, rows
         await spark.steady(app, released_=0, gated=2)
         # Room for 2: the minimum goes together.
         await spark.delete_rival("dyn-rival-0")
@@ -318,7 +320,7 @@ async def test_dynamic_allocation_grows_one_executor_at_a_time(run: LockgateRun,
         await driver.line("submitted", within=30)
         await spark.until(app, released_=2, gated=2, what="Spark to ask for 2 more executors")
         rows = await stored_group(spark, app, 4)
-        assert {(r["queue"], r["pod_group"]) for r in rows} == {(spark.queue, app)}, rows
+        assert {(r["queue"], r["pod_group"]) for r in rows} == {(spark.queue, group)}, rows
         for pod in await spark.executors(app):
             assert_gated_member(spark, pod, app)
         await spark.steady(app, released_=2, gated=2)  # the node is full
