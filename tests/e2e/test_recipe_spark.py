@@ -50,6 +50,8 @@ pytestmark = [pytest.mark.stack, pytest.mark.timeout(420)]
 
 NODE_CPU = 4  # executors and rival pods ask 1 cpu each
 SESSION_SECONDS = 180  # a JVM and a SparkSession on a busy 2-core machine
+SPARK_KINDS = [arg for kind in ("pods", "services", "configmaps", "persistentvolumeclaims")
+               for arg in ("--only-kind", kind)]
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +154,9 @@ async def setting(run: LockgateRun, tmp_path: Path, test: str) -> Spark:
                    {"key": "spark-recipe", "operator": "Equal", "value": node,
                     "effect": "NoSchedule"}]
     queue, rival = run.name(f"{test}-spark"), run.name(f"{test}-rival")
-    # Spark's driver creates executor pods and a ConfigMap: the default kinds would do; the
-    # recipe names exactly what it needs.
-    await cli_ok(run, "queue", "create", queue, "--only-kind", "pods", "--only-kind",
-                 "configmaps", "--only-kind", "services")
+    # What Spark's driver creates and deletes (the recipe's list): executor pods, their
+    # ConfigMap, and on stop it deletes the app's PersistentVolumeClaims (refused without it).
+    await cli_ok(run, "queue", "create", queue, *SPARK_KINDS)
     await run.create_queues([rival], namespaces=[run.namespace])
     jobset = f"{test}-{uuid.uuid4().hex[:4]}"
     kubeconfig = tmp_path / "coordinator.kubeconfig"
@@ -210,6 +211,8 @@ class Driver:
         self.process.stdin.close()
         await self.line("stopped", within=120)
         assert await asyncio.wait_for(self.process.wait(), 60) == 0, self.tail()
+        # Everything Spark asked of the apiserver as the coordinator was allowed.
+        assert "forbidden" not in self.log.read_text(errors="replace"), self.tail()
 
 
 @contextlib.asynccontextmanager
