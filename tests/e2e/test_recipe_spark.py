@@ -50,7 +50,8 @@ pytestmark = [pytest.mark.stack, pytest.mark.timeout(420)]
 
 NODE_CPU = 4  # executors and rival pods ask 1 cpu each
 SESSION_SECONDS = 180  # a JVM and a SparkSession on a busy 2-core machine
-SPARK_KINDS = [arg for kind in ("pods", "services", "configmaps", "persistentvolumeclaims")
+SPARK_KINDS = [arg for kind in ("pods", "services", "configmaps", "persistentvolumeclaims",
+                                 "networkpolicies.networking.k8s.io")
                for arg in ("--only-kind", kind)]
 
 
@@ -154,8 +155,9 @@ async def setting(run: LockgateRun, tmp_path: Path, test: str) -> Spark:
                    {"key": "spark-recipe", "operator": "Equal", "value": node,
                     "effect": "NoSchedule"}]
     queue, rival = run.name(f"{test}-spark"), run.name(f"{test}-rival")
-    # What Spark's driver creates and deletes (the recipe's list): executor pods, their
-    # ConfigMap, and on stop it deletes the app's PersistentVolumeClaims (refused without it).
+    # What Spark creates and deletes (the recipe's list): executor pods, their ConfigMap; on
+    # stop, the app's PersistentVolumeClaims (refused without it); in cluster mode the driver's
+    # Service and NetworkPolicy.
     await cli_ok(run, "queue", "create", queue, *SPARK_KINDS)
     await run.create_queues([rival], namespaces=[run.namespace])
     jobset = f"{test}-{uuid.uuid4().hex[:4]}"
@@ -340,3 +342,73 @@ async def test_dynamic_allocation_grows_one_executor_at_a_time(run: LockgateRun,
         await spark.steady(app, released_=3, gated=1)
         await driver.stop()
     assert await spark.executors(app) == [], "stopping the session left executor pods"
+
+
+async def test_cluster_mode_gates_the_driver_as_a_pod_of_the_queue(run: LockgateRun,
+                                                                   tmp_path: Path) -> None:
+    """spark-submit in cluster mode, as the coordinator: the driver pod is gated, inherits the
+    queue and job set, stays out of the executors' group, and is released alone when a slot
+    frees. (kwok never runs it, so it never creates an executor.)"""
+    spark = await setting(run, tmp_path, "cluster")
+    for i in range(NODE_CPU):  # the rival fills the node
+        await spark.start_rival(f"cl-rival-{i}")
+    for i in range(NODE_CPU):
+        await eventually(lambda i=i: spark.rival_released(f"cl-rival-{i}"), within=60,
+                         what=f"rival pod {i} released")
+    app = run.name("cluster")
+    bin_dir = clients_python().parent
+    env = {**os.environ, "KUBECONFIG": str(spark.kubeconfig), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    server = yaml.safe_load(spark.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    conf = {
+        "spark.kubernetes.namespace": spark.namespace,
+        "spark.kubernetes.authenticate.driver.serviceAccountName": "lockgate-coordinator",
+        "spark.kubernetes.container.image": "lockgate.invalid/spark:never-pulled",
+        "spark.kubernetes.driver.pod.name": f"{app}-driver",
+        "spark.kubernetes.driver.podTemplateFile": str(spark.template),
+        "spark.kubernetes.executor.podTemplateFile": str(spark.template),
+        "spark.driver.cores": "1", "spark.driver.memory": "512m",
+        "spark.kubernetes.executor.label.lockgate.io/group": app,
+        "spark.executor.instances": "2",
+        "spark.kubernetes.executor.annotation.lockgate.io/group-size": "2",
+        "spark.kubernetes.submission.waitAppCompletion": "false",
+    }
+    args = [str(bin_dir / "spark-submit"), "--master", f"k8s://{server}",
+            "--deploy-mode", "cluster", "--name", app,
+            *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
+            "local:///opt/spark/examples/src/main/python/pi.py"]
+    log = tmp_path / "spark-submit.log"
+    with log.open("wb") as output:
+        submit = await asyncio.create_subprocess_exec(*args, stdout=output, stderr=output,
+                                                      env=env)
+        code = await asyncio.wait_for(submit.wait(), SESSION_SECONDS)
+    text = log.read_text(errors="replace")
+    assert code == 0 and "forbidden" not in text, text[-4000:]
+
+    driver = await spark.run.pod(f"{app}-driver", namespace=spark.namespace)
+    assert driver is not None, text[-4000:]
+    labels = driver.metadata.labels or {}
+    assert (labels.get(QUEUE_LABEL), labels.get(JOBSET_LABEL)) == (spark.queue, spark.jobset)
+    assert GROUP_LABEL not in labels, labels
+    assert labels.get("spark-role") == "driver", labels
+    # spark-submit made the driver's Service, ConfigMap and NetworkPolicy as the coordinator.
+    core = run.core()
+    assert (await core.list_namespaced_service(spark.namespace)).items, "no driver Service"
+    maps = (await core.list_namespaced_config_map(spark.namespace)).items
+    assert [m for m in maps if m.metadata.name != "kube-root-ca.crt"], "no driver ConfigMap"
+    policies = await client.NetworkingV1Api(run.apis[run.alias()]).list_namespaced_network_policy(
+        spark.namespace)
+    assert policies.items, "no driver NetworkPolicy"
+
+    async def driver_released() -> bool:
+        pod = await spark.run.pod(f"{app}-driver", namespace=spark.namespace)
+        return pod is not None and released(pod)
+
+    for _ in range(8):  # the node is full: the driver waits, gated, round after round
+        assert not await driver_released(), "the driver was released onto a full node"
+        await asyncio.sleep(0.5)
+    await spark.delete_rival("cl-rival-0")
+    await eventually(driver_released, within=60, what="the driver released alone")
+    row = await run.job(driver.metadata.uid)
+    assert row is not None and (row["queue"], row["pod_group"]) == (spark.queue, None), row
