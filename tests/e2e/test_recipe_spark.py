@@ -9,7 +9,9 @@ what the apiserver shows.
 - dynamic allocation (minExecutors 2, maxExecutors 4): its first 2 go together in one round; the
   executors Spark asks for once a job's tasks are pending join the same group and queue, and go
   one at a time, in rounds of their own, only while fair share allows: a slot that frees while
-  the rival queue holds nothing and waits goes to the rival.
+  the rival queue holds nothing and waits goes to the rival;
+- cluster mode (the real spark-submit): the driver pod is gated as a pod of the queue, out of
+  the executors' group, and released alone.
 
 What kwok cannot show: it runs no process, so no executor registers with the driver and no task
 runs. Spark sees its executor pods Running but never connected; the test judges admission,
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -124,8 +127,6 @@ def released(pod: client.V1Pod) -> bool:
 
 
 async def cli_ok(run: LockgateRun, *argv: str) -> str:
-    import io
-
     out, err = io.StringIO(), io.StringIO()
     token_file = run.lockgate.write_token_files()["admin"]
     code = await asyncio.to_thread(cli.main, ["--api", run.lockgate.admin_url, "--token-file",
