@@ -236,14 +236,20 @@ async def rounds_of(ray: Ray, names: list[str]) -> int:
         " WHERE j.namespace = $1 AND j.name = ANY($2::text[])", ray.namespace, names))
 
 
-async def stored_members(ray: Ray, names: list[str]) -> bool:
-    """lockgate holds these pods as queued or released members of the group, min 3 max 6."""
-    count = await ray.run.pool.fetchval(
-        "SELECT count(*) FROM jobs WHERE cluster = $1 AND namespace = $2"
-        " AND name = ANY($3::text[]) AND pod_group = $4 AND pod_group_size = $5"
-        " AND pod_group_max_size = $6", ray.run.alias(), ray.namespace, names, CLUSTER,
-        1 + MIN_WORKERS, 1 + MAX_WORKERS)
-    return bool(count == len(names))
+async def until_stored_members(ray: Ray, names: list[str], what: str) -> None:
+    """lockgate holds these pods as members of the group (named per namespace), min 3 max 6."""
+    seen: list[Any] = []
+
+    async def stored() -> bool:
+        rows = await ray.run.pool.fetch(
+            "SELECT name, pod_group, pod_group_size, pod_group_max_size FROM jobs"
+            " WHERE cluster = $1 AND namespace = $2 AND name = ANY($3::text[])",
+            ray.run.alias(), ray.namespace, names)
+        seen[:] = [dict(row) for row in rows]
+        return len(rows) == len(names) and all(
+            (row["pod_group"], row["pod_group_size"], row["pod_group_max_size"]) == (
+                f"{ray.namespace}/{CLUSTER}", 1 + MIN_WORKERS, 1 + MAX_WORKERS) for row in rows)
+    await eventually(stored, within=60, every=0.2, what=lambda: f"{what}; stored: {seen}")
 
 
 async def scale(ray: Ray, replicas: int, workers_to_delete: list[str] | None = None) -> None:
@@ -357,8 +363,7 @@ async def test_a_ray_cluster_goes_as_one_elastic_group_and_grows_one_worker_at_a
                           "jobset": f"namespace/{ray.namespace}"}, source
         assert pod.metadata.owner_references[0].kind == "RayCluster"
     names = [p.metadata.name for p in pods]
-    await eventually(lambda: stored_members(ray, names), within=60, every=0.2,
-                     what="lockgate to store head and workers as one group, min 3 max 6")
+    await until_stored_members(ray, names, "lockgate to store head and workers as one group")
     # Said once in the webhook's log, with the rule to grant (docs/admission.md).
     webhook_log = run.lockgate.processes["admission-webhook"].log_path
 
@@ -379,8 +384,7 @@ async def test_a_ray_cluster_goes_as_one_elastic_group_and_grows_one_worker_at_a
     pods = await until_pods(ray, 5, 4, "2 more workers, one of them released")
     added = [p.metadata.name for p in pods if p.metadata.name not in names]
     assert len(added) == 2, added
-    await eventually(lambda: stored_members(ray, [*names, *added]), within=60, every=0.2,
-                     what="the 2 new workers stored as members of the group")
+    await until_stored_members(ray, [*names, *added], "the 2 new workers stored in the group")
     await steady(ray, 5, 4)
     (first_added,) = [p.metadata.name for p in pods if p.metadata.name in added and released(p)]
     (waiting,) = [p.metadata.name for p in pods if not released(p)]
