@@ -41,7 +41,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from devstack.kuberay import CRDS, KUBERAY_VERSION, OPERATOR, kuberay_dir, kuberay_ready
 from devstack.launcher import free_port
 from devstack.stack import StackInfo
-from helpers.pods import a_pod
+from helpers.pods import KWOK_NODE_ANNOTATION, a_pod
 from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
 from lockgate.groups import GROUP_LABEL, GROUP_MAX_SIZE_KEY, GROUP_MIN_SIZE_KEY
@@ -55,7 +55,7 @@ RAY_GROUP, RAY_VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 CLUSTER = "raycluster"  # the RayCluster's name
 JOBSET = "ray-train-1"
 MIN_WORKERS, MAX_WORKERS = 2, 5
-KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists"}
+KWOK_TOLERATION = {"key": KWOK_NODE_ANNOTATION, "operator": "Exists"}  # as a_pod's
 
 
 @dataclass
