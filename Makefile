@@ -59,6 +59,8 @@ unit: venv
 	$(BIN)/pytest -q tests/unit
 
 integration: venv browser stack-up
+	$(BIN)/python -m devstack.kuberay >/dev/null
+	$(BIN)/python -m devstack.clients >/dev/null
 	$(BIN)/pytest -q tests/integration tests/e2e
 
 test: venv lint browser
