@@ -41,6 +41,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from devstack.kuberay import CRDS, KUBERAY_VERSION, OPERATOR, kuberay_dir, kuberay_ready
 from devstack.launcher import free_port
 from devstack.stack import StackInfo
+from helpers.network import answers_ok
 from helpers.pods import KWOK_NODE_ANNOTATION, a_pod
 from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
@@ -138,12 +139,7 @@ class Operator:
             if self.process.poll() is not None:
                 raise AssertionError(f"KubeRay's operator exited ({self.process.returncode}); "
                                      f"log {self.log}:\n{self.tail()}")
-            try:
-                async with aiohttp.ClientSession() as session, session.get(
-                        f"http://127.0.0.1:{self.probe_port}/readyz") as reply:
-                    return reply.status == 200
-            except aiohttp.ClientError:
-                return False
+            return await answers_ok(f"http://127.0.0.1:{self.probe_port}/readyz")
         await eventually(ready, within=60, every=0.5, what="KubeRay's operator ready")
 
     def stop(self) -> None:

@@ -117,6 +117,14 @@ class Spark:
     async def start_rival(self, name: str) -> None:
         await self.run.create_pod(self.rival_pod.named(name).manifest())
 
+    async def rivals_hold(self, prefix: str, count: int) -> None:
+        """`count` rival pods, each released (on the node: 1 cpu each) before this returns."""
+        for i in range(count):
+            await self.start_rival(f"{prefix}-{i}")
+        for i in range(count):
+            await eventually(lambda i=i: self.rival_released(f"{prefix}-{i}"), within=60,
+                             what=f"rival pod {prefix}-{i} released")
+
     async def delete_rival(self, name: str) -> None:
         await self.run.core().delete_namespaced_pod(name, self.run.namespace,
                                                     grace_period_seconds=0)
@@ -276,11 +284,7 @@ def assert_gated_member(spark: Spark, pod: client.V1Pod, app: str) -> None:
 async def test_static_allocation_goes_as_one_group(run: LockgateRun, tmp_path: Path) -> None:
     spark = await setting(run, tmp_path, "static")
     # The rival holds 2 of the node's 4 cpu: room for 2 of the 3 executors.
-    for i in range(2):
-        await spark.start_rival(f"static-rival-{i}")
-    for i in range(2):
-        await eventually(lambda i=i: spark.rival_released(f"static-rival-{i}"), within=60,
-                         what=f"rival pod {i} released")
+    await spark.rivals_hold("static-rival", 2)
     app = run.name("static")
     async with spark_driver(spark, app, tmp_path, "--static", "3") as driver:
         await spark.until(app, released_=0, gated=3, what="Spark's 3 executors, gated")
@@ -302,11 +306,7 @@ async def test_dynamic_allocation_grows_one_executor_at_a_time(run: LockgateRun,
                                                                tmp_path: Path) -> None:
     spark = await setting(run, tmp_path, "dynamic")
     # The rival holds 3 of the node's 4 cpu: room for 1 of the minimum of 2.
-    for i in range(3):
-        await spark.start_rival(f"dyn-rival-{i}")
-    for i in range(3):
-        await eventually(lambda i=i: spark.rival_released(f"dyn-rival-{i}"), within=60,
-                         what=f"rival pod {i} released")
+    await spark.rivals_hold("dyn-rival", 3)
     app = run.name("dynamic")
     async with spark_driver(spark, app, tmp_path, "--dynamic", "2", "4") as driver:
         await spark.until(app, released_=0, gated=2, what="Spark's first 2 executors, gated")
@@ -351,11 +351,7 @@ async def test_cluster_mode_gates_the_driver_as_a_pod_of_the_queue(run: Lockgate
     queue and job set, stays out of the executors' group, and is released alone when a slot
     frees. (kwok never runs it, so it never creates an executor.)"""
     spark = await setting(run, tmp_path, "cluster")
-    for i in range(NODE_CPU):  # the rival fills the node
-        await spark.start_rival(f"cl-rival-{i}")
-    for i in range(NODE_CPU):
-        await eventually(lambda i=i: spark.rival_released(f"cl-rival-{i}"), within=60,
-                         what=f"rival pod {i} released")
+    await spark.rivals_hold("cl-rival", NODE_CPU)  # the rival fills the node
     app = run.name("cluster")
     bin_dir = clients_python().parent
     env = {**os.environ, "KUBECONFIG": str(spark.kubeconfig), "SPARK_LOCAL_IP": "127.0.0.1",

@@ -31,6 +31,7 @@ from devstack.config import Settings
 from devstack.images import JAEGER, ensure_go_tool
 from devstack.launcher import free_port
 from devstack.stack import StackInfo
+from helpers.network import answers_ok
 from helpers.pods import a_pod
 from helpers.runs import lockgate_run
 from helpers.waiting import eventually
@@ -67,12 +68,7 @@ async def jaeger(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Jaeg
 
     async def answering() -> bool:
         assert process.returncode is None, f"Jaeger exited: {log.read_text()[-3000:]}"
-        try:
-            async with aiohttp.ClientSession() as session, session.get(
-                    f"{store.query_url}/api/services") as response:
-                return response.status == 200
-        except aiohttp.ClientError:
-            return False
+        return await answers_ok(f"{store.query_url}/api/services")
 
     try:
         await eventually(answering, within=120, every=0.5,

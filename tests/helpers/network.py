@@ -1,4 +1,5 @@
-"""A loopback TCP relay that a test can sever, to make a dependency unreachable on purpose.
+"""A loopback TCP relay that a test can sever, to make a dependency unreachable on purpose;
+and `answers_ok`, whether an HTTP endpoint is up yet.
 
 Why: outage tests point a service at the relay instead of Postgres, Kafka or an apiserver;
 `sever` closes the listening socket and drops every relayed connection (as a network outage
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+
+import aiohttp
 
 from devstack.launcher import free_port
 
@@ -80,3 +83,12 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             await flowing.wait()  # frozen meanwhile: hold what was read
             writer.write(chunk)
             await writer.drain()
+
+
+async def answers_ok(url: str) -> bool:
+    """Whether `url` answers 200; False while nothing listens there yet."""
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
