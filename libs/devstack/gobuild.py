@@ -30,7 +30,7 @@ def binaries_ready(settings: Settings) -> bool:
     return (d / ".complete").exists() and all(os.access(d / b, os.X_OK) for b in BINARIES)
 
 
-def _go() -> str | None:
+def find_go() -> str | None:
     found = shutil.which("go")
     if found:
         return found
@@ -76,7 +76,7 @@ def ensure_binaries(settings: Settings, say: Callable[[str], None]) -> None:
                 time.sleep(5)
         if binaries_ready(settings):
             return
-        go = _go()
+        go = find_go()
         if go is None:
             raise StackError(
                 "Go is missing: the Kubernetes control plane, etcd and kwok are built from Go "

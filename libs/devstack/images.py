@@ -28,7 +28,7 @@ from pathlib import Path
 from devstack.config import Settings
 from devstack.docker import DockerEngine
 from devstack.errors import StackError
-from devstack.gobuild import _go
+from devstack.gobuild import find_go
 from devstack.kafka import Kafka
 from devstack.procs import tail
 
@@ -67,7 +67,7 @@ def ensure_go_tool(settings: Settings, tool: GoTool, say: Callable[[str], None])
     out = tool.path(settings)
     if os.access(out, os.X_OK):
         return out
-    go = _go()
+    go = find_go()
     if go is None:
         raise StackError(f"Go is missing: {tool.name} {tool.version} is built from Go modules "
                          "(Go >= 1.25). Install Go and put its bin dir on PATH.")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from devstack.config import Settings
 from devstack.errors import StackError
-from devstack.gobuild import _go
+from devstack.gobuild import find_go
 from devstack.procs import tail
 
 KUBERAY_VERSION = os.environ.get("LOCKGATE_KUBERAY_VERSION", "v1.5.0")
@@ -61,7 +61,7 @@ def ensure_kuberay(settings: Settings | None = None,
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build; a second caller waits and reuses it
         if kuberay_ready(home):
             return home, time.monotonic() - started
-        go = _go()
+        go = find_go()
         if go is None:
             raise StackError(f"Go is missing: KubeRay's operator {KUBERAY_VERSION} is built from "
                              "its Go module (its go.mod names Go 1.24; Go >= 1.25 as for the "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from devstack.config import Settings
 from devstack.errors import StackError
-from devstack.gobuild import _go
+from devstack.gobuild import find_go
 from devstack.procs import tail
 
 TILT_VERSION = os.environ.get("LOCKGATE_TILT_VERSION", "v0.34.0")
@@ -48,7 +48,7 @@ def ensure_tilt(settings: Settings | None = None,
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.access(binary, os.X_OK):
             return binary, time.monotonic() - started
-        go = _go()
+        go = find_go()
         if go is None:
             raise StackError("Go is missing: tilt is built from its Go module (Go >= 1.23)")
         say(f"building tilt {TILT_VERSION} from the Go module proxy into {binary.parent} "
