@@ -146,7 +146,7 @@ class Shape:
         requests: Resources,
         pairs: tuple[tuple[int, int], ...],
         placement: PodPlacement | None,
-        placement_id: int = 0,
+        placement_id: int,
     ) -> None:
         self.key = key
         self.requests = requests
