@@ -195,6 +195,14 @@ def _check_target_inputs(state: SchedulerState, problems: _Problems, axes: int) 
             problems.check(slot.pending == queued.get(key, [0] * axes),
                            f"{where} has {slot.pending} queued, the queue's jobs "
                            f"{queued.get(key)}")
+    flat = {(name, cluster, placement_id): slot
+            for cluster, bookkeeping in state.target_clusters.items()
+            for (name, placement_id), slot in bookkeeping.slots.items()}
+    problems.check(
+        flat.keys() == state.target_slots.keys()
+        and all(state.target_slots[key] is slot and slot.home is state.target_clusters[key[1]]
+                for key, slot in flat.items()),
+        "fair targets: the slots by (queue, cluster, placement) are not those per cluster")
     missing = (set(held) | set(queued)) - kept
     problems.check(not missing, f"fair targets: no slot for {sorted(missing)[:5]}")
     groups, weights, demands, structure, amounts = state.target_inputs()

@@ -174,9 +174,11 @@ class TargetSlot:
     with every change of either. It exists while it counts a job.
     """
 
-    __slots__ = ("held", "held_jobs", "pending", "pending_jobs", "placement_id", "queue", "stamp")
+    __slots__ = ("held", "held_jobs", "home", "pending", "pending_jobs", "placement_id", "queue",
+                 "stamp")
 
-    def __init__(self, queue: str, placement_id: int, axes: int) -> None:
+    def __init__(self, queue: str, placement_id: int, axes: int, home: TargetCluster) -> None:
+        self.home = home  # its cluster's bookkeeping
         self.queue = queue
         self.placement_id = placement_id
         self.held = [0] * axes
@@ -480,6 +482,7 @@ class SchedulerState:
         # slots; every placement seen, by number, with its repr (what they sort by); a counter
         # of every change the inputs depend on, and one of the queues' weights and status.
         self._target_clusters: dict[str, TargetCluster] = {}
+        self._slots: dict[tuple[str, str, int], TargetSlot] = {}  # the same, by (q, cluster, id)
         self._placement_ids: dict[PodPlacement | None, int] = {None: 0}
         self._placements: list[PodPlacement | None] = [None]
         self._placement_reprs: list[str] = [repr(None)]
@@ -734,6 +737,11 @@ class SchedulerState:
     def target_clusters(self) -> Mapping[str, TargetCluster]:
         """The fair targets' bookkeeping per cluster (callers must not change it)."""
         return self._target_clusters
+
+    @property
+    def target_slots(self) -> Mapping[tuple[str, str, int], TargetSlot]:
+        """Every slot of `target_clusters`, by (queue, cluster, placement id)."""
+        return self._slots
 
     @property
     def placement_ids(self) -> Mapping[PodPlacement | None, int]:
@@ -1046,7 +1054,7 @@ class SchedulerState:
         pending.parked += 1
         subtract_pairs(queue.demand, record.shape.pairs)
         self._forget_shape(pending, record.shape)
-        self._count_in_slot(queue.name, pending.cluster, record.shape, held=False, sign=-1)
+        self._slot_remove(queue.name, pending.cluster, record.shape, False)
         entries = pending.parked_entries
         entries.append(entry)
         if len(entries) > 2 * pending.parked + 64:
@@ -1141,13 +1149,13 @@ class SchedulerState:
             else:
                 subtract_pairs(queue.demand, shape.pairs)
                 self._forget_shape(pending, shape)
-                self._count_in_slot(kind.queue, kind.cluster, shape, held=False, sign=-1)
+                self._slot_remove(kind.queue, kind.cluster, shape, False)
         else:
             cluster = self._clusters[kind.cluster]
             queue.allocated -= 1
             if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
                 self._queues_changed()
-            self._count_in_slot(kind.queue, kind.cluster, shape, held=True, sign=-1)
+            self._slot_remove(kind.queue, kind.cluster, shape, True)
             subtract_pairs(queue.allocation, shape.pairs)
             subtract_pairs(queue.alloc_in[kind.cluster], shape.pairs)
             counts = queue.alloc_shapes[kind.cluster]
@@ -1211,7 +1219,7 @@ class SchedulerState:
                 pending.live += 1
                 shapes = pending.shapes
                 shapes[shape] = shapes.get(shape, 0) + 1
-                self._count_in_slot(kind.queue, kind.cluster, shape, held=False, sign=1)
+                self._slot_add(kind.queue, kind.cluster, shape, False)
         else:
             if kind.held:
                 record.kind = self._vary(kind, held=False)
@@ -1225,7 +1233,7 @@ class SchedulerState:
             add_pairs(alloc_in, shape.pairs)
             counts = queue.alloc_shapes[kind.cluster]
             counts[shape] = counts.get(shape, 0) + 1
-            self._count_in_slot(kind.queue, kind.cluster, shape, held=True, sign=1)
+            self._slot_add(kind.queue, kind.cluster, shape, True)
             node = kind.node_name
             if node is None:
                 cluster.held_unbound[job_id] = (shape, hint)
@@ -1319,41 +1327,59 @@ class SchedulerState:
                 add_pairs(queue.demand, record.shape.pairs)
                 pending.live += 1
                 pending.shapes[record.shape] = pending.shapes.get(record.shape, 0) + 1
-                self._count_in_slot(queue.name, cluster, record.shape, held=False, sign=1)
+                self._slot_add(queue.name, cluster, record.shape, False)
                 heapq.heappush(pending.heap, entry)
 
-    def _count_in_slot(self, queue: str, cluster: str, shape: Shape, *, held: bool,
-                       sign: int) -> None:
-        """A job of this shape starts (+1) or stops (-1) counting as held or queued in its
-        queue's slot of the fair targets' inputs."""
-        bookkeeping = self._target_clusters.get(cluster)
-        if bookkeeping is None:
-            bookkeeping = self._target_clusters[cluster] = TargetCluster()
-        key = (queue, shape.placement_id)
-        slot = bookkeeping.slots.get(key)
+    def _slot_add(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
+        """A job of this shape starts counting as held (or queued) in its queue's slot of the
+        fair targets' inputs. (On every change of a job: kept lean on purpose.)"""
+        key = (queue, cluster, shape.placement_id)
+        slot = self._slots.get(key)
         if slot is None:
-            slot = bookkeeping.slots[key] = TargetSlot(queue, shape.placement_id,
-                                                       len(self._axis_names))
+            home = self._target_clusters.get(cluster)
+            if home is None:
+                home = self._target_clusters[cluster] = TargetCluster()
+            slot = self._slots[key] = home.slots[(queue, shape.placement_id)] = TargetSlot(
+                queue, shape.placement_id, len(self._axis_names), home)
+        home = slot.home
         if held:
             vector = slot.held
-            slot.held_jobs += sign
-            edge = slot.held_jobs == (1 if sign > 0 else 0)
+            slot.held_jobs += 1
+            if slot.held_jobs == 1:
+                home.layout += 1
         else:
             vector = slot.pending
-            slot.pending_jobs += sign
-            edge = slot.pending_jobs == (1 if sign > 0 else 0)
-        if sign > 0:
-            for axis, amount in shape.pairs:
-                vector[axis] += amount
-        else:
-            for axis, amount in shape.pairs:
-                vector[axis] -= amount
-        if edge:
-            bookkeeping.layout += 1
-            if not slot.held_jobs and not slot.pending_jobs:
-                del bookkeeping.slots[key]
+            slot.pending_jobs += 1
+            if slot.pending_jobs == 1:
+                home.layout += 1
+        for axis, amount in shape.pairs:
+            vector[axis] += amount
         slot.stamp += 1
-        bookkeeping.version += 1
+        home.version += 1
+        self._changes += 1
+
+    def _slot_remove(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
+        """A job of this shape stops counting as held (or queued) in its queue's slot."""
+        key = (queue, cluster, shape.placement_id)
+        slot = self._slots[key]
+        home = slot.home
+        if held:
+            vector = slot.held
+            slot.held_jobs -= 1
+            edge = not slot.held_jobs
+        else:
+            vector = slot.pending
+            slot.pending_jobs -= 1
+            edge = not slot.pending_jobs
+        for axis, amount in shape.pairs:
+            vector[axis] -= amount
+        if edge:
+            home.layout += 1
+            if not slot.held_jobs and not slot.pending_jobs:
+                del self._slots[key]
+                del home.slots[(queue, shape.placement_id)]
+        slot.stamp += 1
+        home.version += 1
         self._changes += 1
 
     def _pending_came(self, queue: str, cluster: str) -> None:
