@@ -47,6 +47,11 @@ class FairnessReport:
     # the leader's CPU on the release benchmark (100 queues).
     _gauges: dict[str, tuple[tuple[Gauge, ...], tuple[Gauge, ...]]] = field(
         default_factory=dict)
+    # The values each queue's gauges were last set to (shares, then jobs by phase): only those
+    # that changed are set again (700 sets a round were most of `record_round`'s cost on the
+    # release benchmark, most of them to the value the gauge already had). The report owns its
+    # queues' gauges: one report per process, as the leader keeps.
+    _values: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def set_leader(self, leader: bool) -> None:
         self.leader = leader
@@ -99,12 +104,16 @@ class FairnessReport:
                 gauges = self._gauges[name] = (
                     tuple(SHARE.labels(name, kind) for kind in SHARE_KINDS),
                     tuple(QUEUE_JOBS.labels(name, phase) for phase in PHASES))
-            shares, jobs = gauges
-            for gauge, value in zip(shares, (share.fair_share, share.adjusted_fair_share,
-                                             share.actual_share, share.fair_target), strict=True):
-                gauge.set(value)
-            for gauge, phase in zip(jobs, PHASES, strict=True):
-                gauge.set(counts[phase])
+            values = (share.fair_share, share.adjusted_fair_share, share.actual_share,
+                      share.fair_target, *(counts[phase] for phase in PHASES))
+            last = self._values.get(name)
+            if last != values:
+                shares, jobs = gauges
+                for index, (gauge, value) in enumerate(zip((*shares, *jobs), values,
+                                                           strict=True)):
+                    if last is None or last[index] != value:
+                        gauge.set(value)
+                self._values[name] = values
         self.queues = queues
         self._forget_queues({entry["name"] for entry in queues})
 
@@ -115,6 +124,7 @@ class FairnessReport:
             for phase in PHASES:
                 QUEUE_JOBS.remove(name, phase)
             del self._gauges[name]
+            self._values.pop(name, None)
 
     def as_json(self) -> dict[str, Any]:
         return {

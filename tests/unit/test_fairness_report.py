@@ -48,3 +48,28 @@ def test_each_round_sets_every_queues_gauges_and_a_gone_queue_leaves_none() -> N
     assert share("rep-a", "fair") is not None
     report.set_leader(False)
     assert share("rep-a", "fair") is None and jobs("rep-a", "queued") is None
+
+
+def test_a_round_sets_only_the_gauges_whose_values_changed() -> None:
+    state = (a_state().with_queues("rep-c")
+             .with_cluster("cluster-a", a_node(cpu="4", memory="8Gi").times(1))
+             .with_jobs(a_job("rep-c").times(2)).build())
+    result = schedule_round(state, max_decisions=100, max_lookback_per_queue=10)
+    report = FairnessReport("test")
+    at = datetime.now(UTC)
+    report.record_round(result, phases={"rep-c": Counter(queued=2)}, at=at, seconds=0.01,
+                        decisions=0)
+    shares, phase_gauges = report._gauges["rep-c"]
+    sets: list[float] = []
+    for gauge in (*shares, *phase_gauges):
+        original = gauge.set
+        gauge.set = lambda value, original=original: (sets.append(value), original(value))[1]
+    report.record_round(result, phases={"rep-c": Counter(queued=2)}, at=at, seconds=0.01,
+                        decisions=0)
+    assert sets == []  # nothing changed: nothing set
+    report.record_round(result, phases={"rep-c": Counter(queued=1, released=1)}, at=at,
+                        seconds=0.01, decisions=0)
+    assert sorted(sets) == [1, 1]
+    assert jobs("rep-c", "queued") == 1 and jobs("rep-c", "released") == 1
+    assert share("rep-c", "fair") == result.queues["rep-c"].share.fair_share
+    report.set_leader(False)

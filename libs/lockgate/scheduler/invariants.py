@@ -15,6 +15,7 @@ pushed back yet) they need not.
 from __future__ import annotations
 
 from collections import Counter
+from typing import cast
 
 from lockgate.jobs import JobState
 from lockgate.scheduler.groups import GroupKey
@@ -28,6 +29,9 @@ from lockgate.scheduler.state import (
     add_pairs,
     fits_node_class,
 )
+
+# One cluster's part of the fair targets' structure: its name, its groups, its slots.
+_StructurePart = tuple[str, object, tuple[tuple[str, str], ...]]
 
 # At most this many problems are listed in one AssertionError.
 _MAX_LISTED = 20
@@ -45,6 +49,7 @@ def check_invariants(state: SchedulerState) -> None:
     _check_shapes(state, problems)
     _check_groups(state, problems)
     _check_controllers(state, problems)
+    _check_target_inputs(state, problems, axes)
     if problems.found:
         listed = "\n  - ".join(problems.found[:_MAX_LISTED])
         more = len(problems.found) - _MAX_LISTED
@@ -147,6 +152,87 @@ def _check_queues(state: SchedulerState, problems: _Problems, axes: int) -> None
                            f"is not the sum of its jobs there {_sum(items, axes)}")
             problems.check(queue.alloc_shapes.get(cluster) == dict(Counter(
                 r.shape for _, r in items)), f"{where}'s shapes held in {cluster!r} miscounted")
+
+
+def _check_target_inputs(state: SchedulerState, problems: _Problems, axes: int) -> None:
+    """The fair targets' slots, kept change by change, against a recount from the queues'
+    records; and the inputs built from them against `recount_target_inputs`."""
+    held: dict[tuple[str, str, int], list[int]] = {}
+    queued: dict[tuple[str, str, int], list[int]] = {}
+    counts: Counter[tuple[str, str, int, bool]] = Counter()
+    ids = state.placement_ids
+    for name, queue in state.queue_records.items():
+        for cluster, shape_counts in queue.alloc_shapes.items():
+            for shape, count in shape_counts.items():
+                key = (cluster, name, ids[shape.placement])
+                _add_times(held.setdefault(key, [0] * axes), shape.pairs, count)
+                counts[(*key, True)] += count
+        for cluster, pending in queue.pending.items():
+            for shape, count in pending.shapes.items():
+                key = (cluster, name, ids[shape.placement])
+                _add_times(queued.setdefault(key, [0] * axes), shape.pairs, count)
+                counts[(*key, False)] += count
+    kept: set[tuple[str, str, int]] = set()
+    for cluster, bookkeeping in state.target_clusters.items():
+        waiting = {name for name, queue in state.queue_records.items() if cluster in queue.pending}
+        problems.check(bookkeeping.pending_queues == waiting,
+                       f"fair targets: cluster {cluster!r} records pending entries of "
+                       f"{sorted(bookkeeping.pending_queues)}, the queues have {sorted(waiting)}")
+        for (name, placement_id), slot in bookkeeping.slots.items():
+            key = (cluster, name, placement_id)
+            kept.add(key)
+            where = f"fair targets: slot {key}"
+            problems.check(slot.queue == name and slot.placement_id == placement_id,
+                           f"{where} is recorded as {(slot.queue, slot.placement_id)}")
+            problems.check(slot.held_jobs + slot.pending_jobs > 0, f"{where} counts no job")
+            problems.check(slot.held_jobs == counts[(*key, True)]
+                           and slot.pending_jobs == counts[(*key, False)],
+                           f"{where} counts {slot.held_jobs} held and {slot.pending_jobs} "
+                           f"queued, the queue {counts[(*key, True)]} and "
+                           f"{counts[(*key, False)]}")
+            problems.check(slot.held == held.get(key, [0] * axes),
+                           f"{where} holds {slot.held}, the queue's jobs {held.get(key)}")
+            problems.check(slot.pending == queued.get(key, [0] * axes),
+                           f"{where} has {slot.pending} queued, the queue's jobs "
+                           f"{queued.get(key)}")
+    flat = {(name, cluster, placement_id): slot
+            for cluster, bookkeeping in state.target_clusters.items()
+            for (name, placement_id), slot in bookkeeping.slots.items()}
+    problems.check(
+        flat.keys() == state.target_slots.keys()
+        and all(state.target_slots[key] is slot and slot.home is state.target_clusters[key[1]]
+                for key, slot in flat.items()),
+        "fair targets: the slots by (queue, cluster, placement) are not those per cluster")
+    missing = (set(held) | set(queued)) - kept
+    problems.check(not missing, f"fair targets: no slot for {sorted(missing)[:5]}")
+    groups, weights, demands, structure, amounts = state.target_inputs()
+    (r_groups, r_weights, r_demands, r_structure, r_amounts) = state.recount_target_inputs()
+    problems.check(groups == r_groups, "fair targets: node groups differ from the recount")
+    problems.check(weights == r_weights,
+                   f"fair targets: weights {weights} differ from the recount's {r_weights}")
+    problems.check(demands == r_demands,
+                   f"fair targets: demands differ from the recount: {demands} != {r_demands}")
+    problems.check(_flat_structure(structure) == r_structure,
+                   "fair targets: structure differs from the recount's")
+    flat_amounts = tuple(v for part in cast("tuple[tuple[object, ...], ...]", amounts)
+                         for v in part)
+    problems.check(flat_amounts == r_amounts, "fair targets: amounts differ from the recount's")
+
+
+def _add_times(vector: list[int], pairs: tuple[tuple[int, int], ...], count: int) -> None:
+    for axis, amount in pairs:
+        vector[axis] += amount * count
+
+
+def _flat_structure(structure: object) -> object:
+    """`SchedulerState.target_inputs`'s structure as `recount_target_inputs` lays it out:
+    the weights, then per cluster its groups, then its (cluster, queue, placement) slots."""
+    weights, parts = cast("tuple[object, tuple[_StructurePart, ...]]", structure)
+    flat: list[object] = [weights]
+    for cluster, groups, slots in parts:
+        flat.append((cluster, groups))
+        flat += [(cluster, queue, placement) for queue, placement in slots]
+    return tuple(flat)
 
 
 def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> None:

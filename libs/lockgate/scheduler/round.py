@@ -712,7 +712,7 @@ class _Round:
                 self.state.park(progress.queue, pending, job, entry)
                 skipped_jobs[entry[2]] = (
                     SkipReason.NO_SCHEDULABLE_NODES if not cluster.sizes
-                    else SkipReason.NO_MATCHING_NODE if not cluster.nodes_for(job.shape.placement)
+                    else SkipReason.NO_MATCHING_NODE if not cluster.nodes_for_shape(job.shape)
                     else SkipReason.TOO_BIG_FOR_ANY_NODE
                 )
                 continue

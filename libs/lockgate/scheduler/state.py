@@ -138,7 +138,7 @@ class QueueUsage:
 class Shape:
     """An interned request vector: shared by every job that asks for exactly the same."""
 
-    __slots__ = ("key", "pairs", "placement", "refs", "requests")
+    __slots__ = ("key", "pairs", "placement", "placement_id", "refs", "requests")
 
     def __init__(
         self,
@@ -146,11 +146,15 @@ class Shape:
         requests: Resources,
         pairs: tuple[tuple[int, int], ...],
         placement: PodPlacement | None,
+        placement_id: int,
     ) -> None:
         self.key = key
         self.requests = requests
         self.pairs = pairs
         self.placement = placement
+        # The state's number for its placement (equal placements, one number): the fair
+        # targets' bookkeeping keys by it, so a placement is hashed once per shape, not per job.
+        self.placement_id = placement_id
         self.refs = 0
 
 
@@ -159,6 +163,65 @@ def _placement_key(placement: PodPlacement | None) -> str:
     """A placement's repr, made once: the fair targets sort and compare by it every round, and
     a pydantic model's repr took a quarter of the leader's CPU on the release benchmark."""
     return repr(placement)
+
+
+class TargetSlot:
+    """What one queue holds and has queued in one cluster, for pods of one placement: one
+    demand of the fair targets, kept change by change (`SchedulerState._target_inputs`).
+
+    `held` sums the requests of its jobs holding capacity there, `pending` those of its queued
+    jobs that are neither parked nor held (its queue's `PendingJobs.shapes`); `stamp` moves
+    with every change of either. It exists while it counts a job.
+    """
+
+    __slots__ = ("held", "held_jobs", "home", "pending", "pending_jobs", "placement_id", "queue",
+                 "stamp")
+
+    def __init__(self, queue: str, placement_id: int, axes: int, home: TargetCluster) -> None:
+        self.home = home  # its cluster's bookkeeping
+        self.queue = queue
+        self.placement_id = placement_id
+        self.held = [0] * axes
+        self.pending = [0] * axes
+        self.held_jobs = 0
+        self.pending_jobs = 0
+        self.stamp = 0
+
+
+class _ClusterPart:
+    """One cluster's share of the fair targets' inputs, as last built (see `_target_inputs`)."""
+
+    __slots__ = ("demands", "entries", "groups", "key", "layout", "ordered", "present",
+                 "structure", "usable", "values", "version")
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int, int] = (-1, -1, -1)
+        self.layout = -1
+        self.version = -1
+        self.present = False
+        self.ordered: list[TargetSlot] = []
+        self.groups: list[NodeGroup] = []
+        self.usable: dict[int, tuple[str, ...]] = {}
+        self.structure: object = ()
+        # Per slot (by identity, in `ordered`): its stamp, its amounts entry and its demand.
+        self.entries: dict[int, tuple[int, tuple[tuple[int, ...], tuple[int, ...]], Demand]] = {}
+        self.values: tuple[object, ...] = ()  # the amounts, in `ordered`'s order
+        self.demands: list[Demand] = []
+
+
+class TargetCluster:
+    """The fair targets' bookkeeping for one cluster: its slots by (queue, placement id), and
+    the queues with a `PendingJobs` there (a queue's pending entry puts the cluster among the
+    targets' inputs even when it counts no live job, as the recount does)."""
+
+    __slots__ = ("layout", "part", "pending_queues", "slots", "version")
+
+    def __init__(self) -> None:
+        self.slots: dict[tuple[str, int], TargetSlot] = {}
+        self.pending_queues: set[str] = set()
+        self.version = 0  # any change of its slots or pending queues
+        self.layout = 0  # a slot or a pending queue came or went, or a slot's counts hit 0
+        self.part = _ClusterPart()
 
 
 # How many kinds a state remembers before starting over (a cache: equal kinds need not be one
@@ -415,11 +478,29 @@ class SchedulerState:
         # The last fair targets, what they were computed from, and when (`fair_targets`).
         self._targets: tuple[object, object, float, FairTargets] | None = None
         self._node_groups: dict[str, tuple[object, list[NodeGroup], _Usable]] = {}
+        # The fair targets' inputs, kept change by change (`_target_inputs`): per cluster its
+        # slots; every placement seen, by number, with its repr (what they sort by); a counter
+        # of every change the inputs depend on, and one of the queues' weights and status.
+        self._target_clusters: dict[str, TargetCluster] = {}
+        self._slots: dict[tuple[str, str, int], TargetSlot] = {}  # the same, by (q, cluster, id)
+        self._placement_ids: dict[PodPlacement | None, int] = {None: 0}
+        self._placements: list[PodPlacement | None] = [None]
+        self._placement_reprs: list[str] = [repr(None)]
+        self._changes = 0
+        self._queues_version = 0
+        # (queues version seen, weights, per included queue whether it is schedulable, the
+        # weights' sorted items, a generation that moves only when any of them changed).
+        self._weights: tuple[int, dict[str, float], dict[str, bool], object, int] = (
+            -1, {}, {}, None, 0)
+        self._inputs: tuple[int, tuple[list[NodeGroup], dict[str, float], list[Demand],
+                                       object, object]] | None = None
 
     # ---- queues ----------------------------------------------------------------------------
 
     def upsert_queue(self, spec: QueueSpec) -> None:
         queue = self._queue(spec.name)
+        if queue.spec is not spec and queue.spec != spec:
+            self._queues_changed()
         queue.spec = spec
         queue.priority_factor = spec.priority_factor
         queue.limit_pairs = tuple(
@@ -431,11 +512,13 @@ class SchedulerState:
         queue = self._queues.get(name)
         if queue is None:
             return
+        if queue.spec is not None:
+            self._queues_changed()
         queue.spec = None
         queue.priority_factor = 1.0
         queue.limit_pairs = ()
         if queue.is_empty():
-            del self._queues[name]
+            self._forget_queue(queue)
 
     def queue_names(self) -> list[str]:
         return sorted(self._queues)
@@ -474,6 +557,7 @@ class SchedulerState:
         if old is not None and old.info == info:
             return
         state.version += 1
+        self._changes += 1
         old_class = None
         if old is not None and old.info.schedulable:
             old_class = (tuple(old.allocatable), old.traits)
@@ -590,8 +674,8 @@ class SchedulerState:
         cached = self._targets
         if cached is not None:
             old_structure, old_amounts, at, targets = cached
-            if old_structure == structure and (
-                    latest or old_amounts == amounts
+            if (old_structure is structure or old_structure == structure) and (
+                    latest or old_amounts is amounts or old_amounts == amounts
                     or (now is not None and now - at < max_age)):
                 return targets
         inverse = self.fairness_inverse()
@@ -604,7 +688,127 @@ class SchedulerState:
     def _target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
                                       object, object]:
         """What the fair targets are computed from: node groups per cluster, the weights of
-        defined queues, and per (queue, cluster, node filters) what is held and queued."""
+        defined queues, and per (queue, cluster, node filters) what is held and queued.
+
+        Kept change by change in `TargetSlot`s, so that an unchanged state costs one comparison
+        and a changed one a pass over the changed clusters' slots (a new demand only for a
+        changed slot). Equal, demand for demand, to `recount_target_inputs`, and `structure`
+        and `amounts` compare equal exactly when the recount's would (they are grouped per
+        cluster, not flat); the invariants check it.
+        """
+        cached = self._inputs
+        if cached is not None and cached[0] == self._changes:
+            return cached[1]
+        if self._weights[0] != self._queues_version:
+            weights = {name: queue.weight for name, queue in self._queues.items()
+                       if queue.spec is not None and not queue.is_empty()}
+            included = {name: self._queues[name].schedulable for name in weights}
+            _, old_weights, old_included, old_key, generation = self._weights
+            if weights == old_weights and included == old_included and old_key is not None:
+                # (a queue emptied and filled again within one change, say): parts stay valid
+                self._weights = (self._queues_version, old_weights, old_included, old_key,
+                                 generation)
+            else:
+                self._weights = (self._queues_version, weights, included,
+                                 tuple(sorted(weights.items())), generation + 1)
+        _, weights, included, weights_key, generation = self._weights
+        groups: list[NodeGroup] = []
+        demands: list[Demand] = []
+        structure: list[object] = []
+        amounts: list[object] = []
+        for cluster_name in sorted(self._target_clusters):
+            part = self._cluster_part(cluster_name, self._target_clusters[cluster_name],
+                                      included, generation)
+            if part.present:
+                groups += part.groups
+                demands += part.demands
+                structure.append(part.structure)
+                amounts.append(part.values)
+        result = (groups, weights, demands, (weights_key, tuple(structure)), tuple(amounts))
+        self._inputs = (self._changes, result)
+        return result
+
+    def target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
+                                     object, object]:
+        """The fair targets' inputs as kept (groups, weights, demands, structure, amounts)."""
+        return self._target_inputs()
+
+    @property
+    def target_clusters(self) -> Mapping[str, TargetCluster]:
+        """The fair targets' bookkeeping per cluster (callers must not change it)."""
+        return self._target_clusters
+
+    @property
+    def target_slots(self) -> Mapping[tuple[str, str, int], TargetSlot]:
+        """Every slot of `target_clusters`, by (queue, cluster, placement id)."""
+        return self._slots
+
+    @property
+    def placement_ids(self) -> Mapping[PodPlacement | None, int]:
+        """Every placement seen, by its number (`Shape.placement_id`)."""
+        return self._placement_ids
+
+    def _cluster_part(self, cluster_name: str, bookkeeping: TargetCluster,
+                      included: Mapping[str, bool], generation: int) -> _ClusterPart:
+        """One cluster's groups, demands, structure and amounts for the fair targets, built
+        again only as far as its slots changed since the last call."""
+        part = bookkeeping.part
+        cluster = self._clusters.get(cluster_name)
+        key = (generation, -1 if cluster is None else cluster.version, len(self._axis_names))
+        if part.version == bookkeeping.version and part.key == key:
+            return part
+        if part.key != key or part.layout != bookkeeping.layout:
+            reprs = self._placement_reprs
+            ordered = sorted(
+                (slot for slot in bookkeeping.slots.values()
+                 if slot.queue in included
+                 and (slot.held_jobs or (slot.pending_jobs and included[slot.queue]))),
+                key=lambda slot: (slot.queue, reprs[slot.placement_id]))
+            part.key = key
+            part.layout = bookkeeping.layout
+            part.entries = {}
+            part.ordered = ordered
+            part.present = bool(ordered) or any(
+                included.get(name, False) for name in bookkeeping.pending_queues)
+            if part.present:
+                ids = sorted({slot.placement_id for slot in ordered}, key=reprs.__getitem__)
+                cluster_groups, usable = self._groups_for(
+                    cluster_name, [self._placements[i] for i in ids])
+                part.groups = cluster_groups
+                part.usable = {i: usable[self._placements[i]] for i in ids}
+                part.structure = (
+                    cluster_name,
+                    tuple((g.name, tuple(sorted(g.capacity.items()))) for g in cluster_groups),
+                    tuple((slot.queue, reprs[slot.placement_id]) for slot in ordered))
+        part.version = bookkeeping.version
+        if not part.present:
+            part.values, part.demands = (), []
+            return part
+        names = self._axis_names
+        entries = part.entries
+        values: list[object] = []
+        demands: list[Demand] = []
+        for slot in part.ordered:
+            known = entries.get(id(slot))
+            if known is None or known[0] != slot.stamp:
+                held = slot.held
+                asked = ([h + p for h, p in zip(held, slot.pending, strict=True)]
+                         if included[slot.queue] else held)
+                known = entries[id(slot)] = (slot.stamp, (tuple(asked), tuple(held)), Demand(
+                    queue=slot.queue, cluster=cluster_name,
+                    amount={names[a]: float(v) for a, v in enumerate(asked) if v},
+                    held={names[a]: float(v) for a, v in enumerate(held) if v},
+                    groups=part.usable[slot.placement_id]))
+            values.append(known[1])
+            demands.append(known[2])
+        part.values = tuple(values)
+        part.demands = demands
+        return part
+
+    def recount_target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
+                                             object, object]:
+        """`_target_inputs` recounted from the queues' records, O(their shapes): what the
+        bookkeeping must equal (for `lockgate.scheduler.invariants`, not for the hot path)."""
         names = self._axis_names
         weights: dict[str, float] = {}
         per_cluster: dict[str, dict[tuple[str, PodPlacement | None], list[list[int]]]] = {}
@@ -850,6 +1054,7 @@ class SchedulerState:
         pending.parked += 1
         subtract_pairs(queue.demand, record.shape.pairs)
         self._forget_shape(pending, record.shape)
+        self._slot_remove(queue.name, pending.cluster, record.shape, False)
         entries = pending.parked_entries
         entries.append(entry)
         if len(entries) > 2 * pending.parked + 64:
@@ -926,6 +1131,8 @@ class SchedulerState:
             self._groups.remove(_group_key(record), job_id, queued=kind.state is _QUEUED)
         if kind.state is _QUEUED:
             queue.queued -= 1
+            if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
+                self._queues_changed()  # it leaves the fair targets' weights
             controller = kind.controller
             if controller is not None:
                 bucket = self._queued_by_controller[controller]
@@ -942,9 +1149,13 @@ class SchedulerState:
             else:
                 subtract_pairs(queue.demand, shape.pairs)
                 self._forget_shape(pending, shape)
+                self._slot_remove(kind.queue, kind.cluster, shape, False)
         else:
             cluster = self._clusters[kind.cluster]
             queue.allocated -= 1
+            if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
+                self._queues_changed()
+            self._slot_remove(kind.queue, kind.cluster, shape, True)
             subtract_pairs(queue.allocation, shape.pairs)
             subtract_pairs(queue.alloc_in[kind.cluster], shape.pairs)
             counts = queue.alloc_shapes[kind.cluster]
@@ -972,6 +1183,8 @@ class SchedulerState:
         kind = record.kind  # only its held and parked flags change below
         queue = self._queues.get(kind.queue) or self._queue(kind.queue)
         shape = kind.shape
+        if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
+            self._queues_changed()  # it joins the fair targets' weights
         if kind.group is not None:
             self._groups.add(_group_key(record), job_id, size=kind.group_size,
                              max_size=kind.group_max_size,
@@ -992,7 +1205,10 @@ class SchedulerState:
                     return
             if kind.held:
                 record.kind = self._vary(kind, held=False)
-            pending = queue.pending.get(kind.cluster) or queue.pending_in(kind.cluster)
+            pending = queue.pending.get(kind.cluster)
+            if pending is None:
+                pending = queue.pending_in(kind.cluster)
+                self._pending_came(kind.queue, kind.cluster)
             if kind.parked:
                 queue.parked += 1
                 pending.parked += 1
@@ -1003,6 +1219,7 @@ class SchedulerState:
                 pending.live += 1
                 shapes = pending.shapes
                 shapes[shape] = shapes.get(shape, 0) + 1
+                self._slot_add(kind.queue, kind.cluster, shape, False)
         else:
             if kind.held:
                 record.kind = self._vary(kind, held=False)
@@ -1016,6 +1233,7 @@ class SchedulerState:
             add_pairs(alloc_in, shape.pairs)
             counts = queue.alloc_shapes[kind.cluster]
             counts[shape] = counts.get(shape, 0) + 1
+            self._slot_add(kind.queue, kind.cluster, shape, True)
             node = kind.node_name
             if node is None:
                 cluster.held_unbound[job_id] = (shape, hint)
@@ -1074,6 +1292,7 @@ class SchedulerState:
         if pending is not None:
             if pending.live == 0 and pending.parked == 0:
                 del queue.pending[cluster]
+                self._pending_went(queue_name, cluster)
             elif len(pending.heap) > 2 * pending.live + 64:
                 # Lazy deletion leaves stale entries behind; dropping them once they outnumber
                 # the live ones keeps the heap O(live) at O(1) amortised cost per change.
@@ -1081,7 +1300,7 @@ class SchedulerState:
                 pending.heap = _unique(live)
                 heapq.heapify(pending.heap)
         if queue.spec is None and queue.is_empty():
-            del self._queues[queue_name]
+            self._forget_queue(queue)
 
     def _unpark(self, cluster: str, size: NodeClass) -> None:
         """The cluster gained a node size: parked jobs that fit it queue again.
@@ -1108,7 +1327,87 @@ class SchedulerState:
                 add_pairs(queue.demand, record.shape.pairs)
                 pending.live += 1
                 pending.shapes[record.shape] = pending.shapes.get(record.shape, 0) + 1
+                self._slot_add(queue.name, cluster, record.shape, False)
                 heapq.heappush(pending.heap, entry)
+
+    def _slot_add(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
+        """A job of this shape starts counting as held (or queued) in its queue's slot of the
+        fair targets' inputs. (On every change of a job: kept lean on purpose.)"""
+        key = (queue, cluster, shape.placement_id)
+        slot = self._slots.get(key)
+        if slot is None:
+            home = self._target_clusters.get(cluster)
+            if home is None:
+                home = self._target_clusters[cluster] = TargetCluster()
+            slot = self._slots[key] = home.slots[(queue, shape.placement_id)] = TargetSlot(
+                queue, shape.placement_id, len(self._axis_names), home)
+        home = slot.home
+        if held:
+            vector = slot.held
+            slot.held_jobs += 1
+            if slot.held_jobs == 1:
+                home.layout += 1
+        else:
+            vector = slot.pending
+            slot.pending_jobs += 1
+            if slot.pending_jobs == 1:
+                home.layout += 1
+        for axis, amount in shape.pairs:
+            vector[axis] += amount
+        slot.stamp += 1
+        home.version += 1
+        self._changes += 1
+
+    def _slot_remove(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
+        """A job of this shape stops counting as held (or queued) in its queue's slot."""
+        key = (queue, cluster, shape.placement_id)
+        slot = self._slots[key]
+        home = slot.home
+        if held:
+            vector = slot.held
+            slot.held_jobs -= 1
+            edge = not slot.held_jobs
+        else:
+            vector = slot.pending
+            slot.pending_jobs -= 1
+            edge = not slot.pending_jobs
+        for axis, amount in shape.pairs:
+            vector[axis] -= amount
+        if edge:
+            home.layout += 1
+            if not slot.held_jobs and not slot.pending_jobs:
+                del self._slots[key]
+                del home.slots[(queue, shape.placement_id)]
+        slot.stamp += 1
+        home.version += 1
+        self._changes += 1
+
+    def _pending_came(self, queue: str, cluster: str) -> None:
+        bookkeeping = self._target_clusters.get(cluster)
+        if bookkeeping is None:
+            bookkeeping = self._target_clusters[cluster] = TargetCluster()
+        bookkeeping.pending_queues.add(queue)
+        bookkeeping.layout += 1
+        bookkeeping.version += 1
+        self._changes += 1
+
+    def _pending_went(self, queue: str, cluster: str) -> None:
+        bookkeeping = self._target_clusters[cluster]
+        bookkeeping.pending_queues.discard(queue)
+        bookkeeping.layout += 1
+        bookkeeping.version += 1
+        self._changes += 1
+
+    def _forget_queue(self, queue: QueueRecord) -> None:
+        """Drop an undefined, empty queue's record (and its leftover pending entries)."""
+        for cluster in queue.pending:
+            self._pending_went(queue.name, cluster)
+        del self._queues[queue.name]
+
+    def _queues_changed(self) -> None:
+        """A queue's weight or status, or whether it is empty, changed (fair targets)."""
+        self._queues_version += 1
+        self._changes += 1
 
     def _queue(self, name: str) -> QueueRecord:
         queue = self._queues.get(name)
@@ -1136,7 +1435,12 @@ class SchedulerState:
             if any(amount < 0 for amount in amounts.values()):
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
-            shape = self._shapes[key] = Shape(key, requests, pairs, placement)
+            placement_id = self._placement_ids.get(placement)
+            if placement_id is None:
+                placement_id = self._placement_ids[placement] = len(self._placements)
+                self._placements.append(placement)
+                self._placement_reprs.append(_placement_key(placement))
+            shape = self._shapes[key] = Shape(key, requests, pairs, placement, placement_id)
         if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
             self._shape_of_object.clear()
         # Holding the objects keeps their ids from being reused while the entry exists.
@@ -1154,6 +1458,7 @@ class SchedulerState:
             axis = self._axes[name] = len(self._axis_names)
             self._axis_names.append(name)
             self._grow_vectors()
+            self._changes += 1
         return axis
 
     def _grow_vectors(self) -> None:
@@ -1162,6 +1467,9 @@ class SchedulerState:
         vectors: list[list[int]] = [self._pool_total]
         for queue in self._queues.values():
             vectors += (queue.demand, queue.allocation, *queue.alloc_in.values())
+        for bookkeeping in self._target_clusters.values():
+            for slot in bookkeeping.slots.values():
+                vectors += (slot.held, slot.pending)
         for cluster in self._clusters.values():
             vectors.append(cluster.total)
             vectors.extend(cluster.used_by_node.values())
