@@ -14,9 +14,11 @@ Judged from what the apiserver shows, on a kwok node of the test's own (6 cpu, t
   in a round of its own, only while the group is below its fair share: a slot that frees when
   it holds 3 of 6 goes to the rival;
 - scaled down through the `scale` subresource (as `kubectl scale` or an autoscaler running as
-  the coordinator): the operator retires a worker by asking the Dask scheduler which, and on
-  kwok no scheduler answers, so the test checks that the coordinator may scale and the
-  replicas changed, and says it cannot show the retirement (docs/integrations/dask.md);
+  the coordinator): allowed by the coordinator's Role, and the worker group's replicas change.
+  The operator then asks the Dask scheduler which worker to retire; on kwok no scheduler
+  answers, so the test deletes a running worker's Deployment itself, as the operator would
+  next: the room goes to the group's waiting worker (the group is below its fair share), not
+  to the rival's waiting pod;
 - deleting the DaskCluster removes every pod (owner references: DaskCluster -> worker group
   and Deployments -> pods).
 """
