@@ -7,7 +7,7 @@ the real stack (helpers.runs).
 
 The namespace is bound to a queue; the test has a kwok node of its own (3 cpu, tainted), held
 by a filler pod of the same queue, so the spawner's 2-cpu pods wait:
-- alice's spawn waits longer than its start_timeout (20 s) and fails; meanwhile its progress
+- alice's spawn waits longer than its start_timeout (30 s) and fails; meanwhile its progress
   (what the spawn page shows) carried lockgate's Events: queued at once, still waiting at 15 s;
   `stop()` deleted the gated pod;
 - bob's spawn comes meanwhile, after alice's, and waits;
@@ -38,7 +38,7 @@ from lockgate.labels import QUEUE_LABEL, SCHEDULING_GATE
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(420)]
 
-START_TIMEOUT = 20  # s: past lockgate's first two Events (0 s and 15 s)
+START_TIMEOUT = 30  # s: past lockgate's Events at 0 s and 15 s, with room for a loaded machine
 HUB_ROLE = [  # Zero to JupyterHub's hub Role (its chart's hub/rbac.yaml)
     {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
      "verbs": ["get", "watch", "list", "create", "delete"]},
