@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 
 from devstack.stack import StackInfo
 from helpers.pods import PodBuilder, a_pod
-from helpers.runs import LockgateRun, lockgate_run
+from helpers.runs import LockgateRun, first_notice, lockgate_run
 from helpers.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
@@ -72,16 +72,6 @@ async def until_stored(run: LockgateRun, uid: str, state: str) -> None:
         return row is not None and row["state"] == state
 
     await eventually(stored, within=60, every=0.2, what=f"pod {uid} {state} in Postgres")
-
-
-async def first_notice(run: LockgateRun, uid: str) -> str:
-    """The message of the pod's LockgateQueued Event, once it has one."""
-    async def found() -> str | None:
-        events = await run.core().list_namespaced_event(
-            run.namespace, field_selector=f"source=lockgate-ungater,involvedObject.uid={uid}")
-        return next((e.message for e in events.items if e.reason == "LockgateQueued"), None)
-
-    return await eventually(found, within=60, every=0.5, what=f"the first Event of pod {uid}")
 
 
 async def delete_and_wait(run: LockgateRun, name: str) -> None:

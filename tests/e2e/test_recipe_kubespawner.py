@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 from devstack.stack import StackInfo
 from helpers.pods import a_pod
 from helpers.recipes import clients_python, recipe_script
-from helpers.runs import LockgateRun, lockgate_run
+from helpers.runs import LockgateRun, first_notice, lockgate_run
 from helpers.waiting import eventually
 from lockgate.labels import QUEUE_LABEL, SCHEDULING_GATE
 
@@ -84,16 +84,6 @@ def write_kubeconfig(admin_kubeconfig: str, token: str, namespace: str, path: Pa
         "contexts": [{"name": "hub", "context": {"cluster": cluster["name"], "user": "hub",
                                                  "namespace": namespace}}]}))
     return str(path)
-
-
-async def first_notice(run: LockgateRun, uid: str) -> str:
-    """The message of the pod's LockgateQueued Event, once it has one."""
-    async def found() -> str | None:
-        events = await run.core().list_namespaced_event(
-            run.namespace, field_selector=f"source=lockgate-ungater,involvedObject.uid={uid}")
-        return next((e.message for e in events.items if e.reason == "LockgateQueued"), None)
-
-    return await eventually(found, within=60, every=0.5, what=f"the first Event of pod {uid}")
 
 
 class Spawns:

@@ -223,6 +223,16 @@ class LockgateRun:
                          for name, p in self.lockgate.processes.items())
 
 
+async def first_notice(run: LockgateRun, uid: str) -> str:
+    """The message of the pod's first LockgateQueued Event from lockgate, once it has one."""
+    async def found() -> str | None:
+        events = await run.core().list_namespaced_event(
+            run.namespace, field_selector=f"source=lockgate-ungater,involvedObject.uid={uid}")
+        return next((e.message for e in events.items if e.reason == "LockgateQueued"), None)
+
+    return await eventually(found, within=60, every=0.5, what=f"the first Event of pod {uid}")
+
+
 @contextlib.asynccontextmanager
 async def lockgate_run(
     stack: StackInfo, workdir: Path, *, name: str,
