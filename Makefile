@@ -72,7 +72,7 @@ test: venv lint browser
 	$(BIN)/python -m devstack.helm >/dev/null
 	$(BIN)/python -m devstack.fabric8
 	$(BIN)/python -m devstack.kuberay >/dev/null
-	# The recipes' real clients (pyspark, dask-kubernetes, KubeSpawner): a venv of their own, cached.
+	# The recipes' real clients (pyspark, dask-kubernetes, KubeSpawner; Airflow apart): venvs of their own, cached.
 	$(BIN)/python -m devstack.clients >/dev/null
 	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
 

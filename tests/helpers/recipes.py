@@ -1,6 +1,7 @@
-"""The recipes' real clients (pyspark, the dask-kubernetes operator, KubeSpawner): a venv of
-their own, cached (devstack.clients), and the client scripts under tests/recipes/ run in it as
-separate processes, as their users run them."""
+"""The recipes' real clients (pyspark, the dask-kubernetes operator, KubeSpawner; Airflow's
+KubernetesPodOperator apart, its pins conflicting with theirs): venvs of their own, cached
+(devstack.clients), and the client scripts under tests/recipes/ run in them as separate
+processes, as their users run them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ def clients_python() -> Path:
     """The clients venv's python; built (once, cached by version) if missing, so a test fails
     with pip's own message rather than skipping when a client cannot be installed."""
     python, _ = ensure_clients()
+    return python
+
+
+@functools.cache
+def airflow_python() -> Path:
+    """The Airflow venv's python (tests/recipes/requirements-airflow.txt), likewise."""
+    python, _ = ensure_clients(name="airflow")
     return python
 
 
