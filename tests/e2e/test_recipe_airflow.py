@@ -28,7 +28,6 @@ from typing import Any
 from unittest.mock import ANY
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
 
 from devstack.stack import StackInfo
@@ -59,39 +58,6 @@ async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
             "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
             "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5"}) as running:
         yield running
-
-
-async def worker_kubeconfig(run: LockgateRun, stack: StackInfo, path: Path) -> str:
-    """Airflow's identity: a ServiceAccount with WORKER_ROLE in the run's namespace, and a
-    kubeconfig holding a token of it (TokenRequest, one hour) and nothing of the admin's."""
-    core, rbac = run.core(), client.RbacAuthorizationV1Api(run.apis[run.alias()])
-    namespace, name = run.namespace, "airflow-worker"
-    await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
-    await rbac.create_namespaced_role(namespace, {"metadata": {"name": name},
-                                                  "rules": WORKER_ROLE})
-    await rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
-    token = await core.create_namespaced_service_account_token(name, namespace, {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}})
-    return write_kubeconfig(stack.kubeconfigs["cluster-a"], name, token.status.token,
-                            namespace, path)
-
-
-def write_kubeconfig(admin_kubeconfig: str, user: str, token: str, namespace: str,
-                     path: Path) -> str:
-    """The admin kubeconfig's server and CA, with the token and nothing else of the admin's."""
-    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
-    (cluster,) = admin["clusters"]
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": user,
-        "clusters": [cluster],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user,
-                                                "namespace": namespace}}]}))
-    return str(path)
 
 
 class DagRun:
@@ -179,7 +145,8 @@ async def test_a_task_whose_pod_times_out_keeps_its_place_when_retried(
     # The docs' binding: the namespace may use the queue, and the task's pods name it.
     await run.create_queues([queue], namespaces=[run.namespace])
     await run.create_namespace()
-    kubeconfig = await worker_kubeconfig(run, stack, tmp_path / "airflow.kubeconfig")
+    kubeconfig = await run.identity_kubeconfig("airflow-worker", WORKER_ROLE,
+                                               tmp_path / "airflow.kubeconfig")
     node = run.name("kpo")
     await run.add_node(node, allocatable={"cpu": "3", "memory": "8Gi", "pods": "110"},
                        labels={"recipe": node},

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
 
 from devstack.stack import StackInfo
@@ -52,38 +51,6 @@ async def run(stack: StackInfo, tmp_path: Path) -> AsyncIterator[LockgateRun]:
             "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "0.5",
             "LOCKGATE_SCHEDULER_WAIT_NOTICE_CHECK_SECONDS": "0.5"}) as running:
         yield running
-
-
-async def hub_kubeconfig(run: LockgateRun, stack: StackInfo, path: Path) -> str:
-    """The hub's identity: a ServiceAccount with the hub Role in the run's namespace, and a
-    kubeconfig holding a token of it (TokenRequest, one hour)."""
-    core, rbac = run.core(), client.RbacAuthorizationV1Api(run.apis[run.alias()])
-    namespace = run.namespace
-    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "hub"}})
-    await rbac.create_namespaced_role(namespace, {"metadata": {"name": "hub"},
-                                                  "rules": HUB_ROLE})
-    await rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "hub"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
-        "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": namespace}]})
-    token = await core.create_namespaced_service_account_token("hub", namespace, {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}})
-    return write_kubeconfig(stack.kubeconfigs["cluster-a"], token.status.token, namespace,
-                            path)
-
-
-def write_kubeconfig(admin_kubeconfig: str, token: str, namespace: str, path: Path) -> str:
-    """The admin kubeconfig's server and CA, with the token and nothing else of the admin's."""
-    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
-    (cluster,) = admin["clusters"]
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "hub",
-        "clusters": [cluster],
-        "users": [{"name": "hub", "user": {"token": token}}],
-        "contexts": [{"name": "hub", "context": {"cluster": cluster["name"], "user": "hub",
-                                                 "namespace": namespace}}]}))
-    return str(path)
 
 
 class Spawns:
@@ -144,7 +111,7 @@ async def test_a_spawn_that_times_out_keeps_its_place_when_retried(
     # The docs' binding: the notebook namespace may use the queue, and its pods name it.
     await run.create_queues([queue], namespaces=[run.namespace])
     await run.create_namespace()
-    kubeconfig = await hub_kubeconfig(run, stack, tmp_path / "hub.kubeconfig")
+    kubeconfig = await run.identity_kubeconfig("hub", HUB_ROLE, tmp_path / "hub.kubeconfig")
     node = run.name("jhub")
     await run.add_node(node, allocatable={"cpu": "3", "memory": "8Gi", "pods": "110"},
                        labels={"recipe": node},

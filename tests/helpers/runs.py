@@ -39,6 +39,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -161,6 +162,28 @@ class LockgateRun:
         await self.lockgate.wait_for_queues({queue["name"]: queue for queue in created})
         return created
 
+    async def identity_kubeconfig(self, name: str, rules: Sequence[Mapping[str, Any]],
+                                  path: Path) -> str:
+        """A non-admin identity in the run's namespace, as a client is given one: a
+        ServiceAccount `name` holding a Role of `rules`, and a kubeconfig at `path` with the
+        cluster's server and CA and a token of it (TokenRequest, one hour), nothing of the
+        admin's. Returns the kubeconfig's path."""
+        alias = self.alias()
+        core, rbac = self.core(alias), client.RbacAuthorizationV1Api(self.apis[alias])
+        namespace = self.namespace
+        await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+        await rbac.create_namespaced_role(namespace, {"metadata": {"name": name},
+                                                      "rules": list(rules)})
+        await rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+        token = await core.create_namespaced_service_account_token(name, namespace, {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600}})
+        return token_kubeconfig(self.lockgate.kubeconfigs[alias], name, token.status.token,
+                                namespace, path)
+
     async def create_namespace(self, alias: str | None = None, name: str | None = None, *,
                                managed: bool = True,
                                labels: Mapping[str, str] | None = None) -> str:
@@ -231,6 +254,21 @@ async def first_notice(run: LockgateRun, uid: str) -> str:
         return next((e.message for e in events.items if e.reason == "LockgateQueued"), None)
 
     return await eventually(found, within=60, every=0.5, what=f"the first Event of pod {uid}")
+
+
+def token_kubeconfig(admin_kubeconfig: str, user: str, token: str, namespace: str,
+                     path: Path) -> str:
+    """A kubeconfig at `path` with the admin kubeconfig's server and CA and `token`, nothing
+    else of the admin's; returns its path."""
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    (cluster,) = admin["clusters"]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": user,
+        "clusters": [cluster],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user,
+                                                "namespace": namespace}}]}))
+    return str(path)
 
 
 @contextlib.asynccontextmanager
