@@ -55,7 +55,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     queues = QueueCopies({
         name: ClusterQueues(name, api, source=settings.queue_source, readiness=ctx.readiness,
                             retry=settings.retry,
-                            watch_timeout_seconds=settings.queue_watch_timeout_seconds)
+                            watch_timeout_seconds=settings.queue_watch_timeout_seconds,
+                            confirm_timeout_seconds=settings.kube_lookup_timeout_seconds)
         for name, api in apis.items()
     })
     ctx.health.add_json_view(QUEUES_PATH, queues.as_json)

@@ -20,8 +20,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from lockgate import queue_copies
-from lockgate.admission import QueueLookup, lookup_queue
+from lockgate.admission import QueueLookup, QueueStatus, lookup_queue
 from lockgate.queues import QueueSpec
+from lockgate_adapters.fresh_reads import FreshRead
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.retrying import BackoffIterator
 from lockgate_adapters.settings import RetryPolicy
@@ -29,6 +30,7 @@ from lockgate_adapters.settings import RetryPolicy
 log = logging.getLogger(__name__)
 
 GONE = 410
+REFUSING = frozenset({QueueStatus.MISSING, QueueStatus.NOT_ALLOWED})
 
 
 def readiness_check(cluster: str) -> str:
@@ -39,16 +41,19 @@ class ClusterQueues:
     """The Queue objects of one source in one cluster, by queue name."""
 
     def __init__(self, cluster: str, api: client.ApiClient, *, source: str,
-                 readiness: Readiness, retry: RetryPolicy, watch_timeout_seconds: int) -> None:
+                 readiness: Readiness, retry: RetryPolicy, watch_timeout_seconds: int,
+                 confirm_timeout_seconds: float = 1.0) -> None:
         self.cluster = cluster
         self._custom = client.CustomObjectsApi(api)
         self._selector = f"{queue_copies.SOURCE_LABEL}={source}"
         self._readiness = readiness
         self._retry = retry
         self._watch_timeout = watch_timeout_seconds
+        self._confirm_timeout = confirm_timeout_seconds
         # object name -> queue; None until the first list succeeded.
         self._by_object: dict[str, QueueSpec] | None = None
         self._queues: dict[str, QueueSpec] = {}
+        self.fresh = FreshRead(self._fresh_list, name=f"queues {cluster}: confirm")
         readiness.declare(readiness_check(cluster))
 
     @property
@@ -73,15 +78,29 @@ class ClusterQueues:
                     self._readiness.set(readiness_check(self.cluster), False, repr(error))
                 await asyncio.sleep(delay)
 
-    async def _relist(self) -> str:
+    async def _fresh_list(self) -> Mapping[str, QueueSpec]:
+        """The queues as the apiserver has them now (a consistent list), by queue name. Why:
+        the watched copy may trail a change by the watch's latency, and a refusal must not
+        come from that lag (`lockgate queue create`, then a pod at once). Only refusals ask,
+        through `fresh` (a `FreshRead`: a flood of refusals costs one list at a time)."""
+        _, by_object = await self._list(self._confirm_timeout)
+        return {spec.name: spec for spec in by_object.values()}
+
+    async def _list(self, timeout_seconds: float | None = None
+                    ) -> tuple[dict[str, Any], dict[str, QueueSpec]]:
         listing = await self._custom.list_cluster_custom_object(
             queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL,
-            label_selector=self._selector)
+            label_selector=self._selector,
+            **({} if timeout_seconds is None else {"_request_timeout": timeout_seconds}))
         by_object: dict[str, QueueSpec] = {}
         for obj in listing.get("items") or []:
             spec = self._read(obj)
             if spec is not None:
                 by_object[str(obj["metadata"]["name"])] = spec
+        return listing, by_object
+
+    async def _relist(self) -> str:
+        listing, by_object = await self._list()
         self._replace(by_object)
         self._readiness.set(readiness_check(self.cluster), True, f"{len(by_object)} queues")
         return str((listing.get("metadata") or {}).get("resourceVersion", ""))
@@ -151,6 +170,23 @@ class QueueCopies:
         queues = self._clusters[cluster].queues
         if queues is None:
             return None
+        return lookup_queue(queue, queues=queues, cluster=cluster, namespace=namespace,
+                            namespace_labels=namespace_labels)
+
+    async def confirmed_lookup(self, *, cluster: str, queue: str, namespace: str,
+                               namespace_labels: Mapping[str, str]) -> QueueLookup | None:
+        """`lookup`, but a refusal (missing, not allowed) is checked against a fresh list
+        first; if that list fails, the copy's answer stands."""
+        found = self.lookup(cluster=cluster, queue=queue, namespace=namespace,
+                            namespace_labels=namespace_labels)
+        if found is None or found.status not in REFUSING:
+            return found
+        try:
+            queues = await self._clusters[cluster].fresh()
+        except Exception as error:  # noqa: BLE001 - the copy's refusal stands
+            log.warning("%s: cannot confirm queue %r against the apiserver: %r", cluster,
+                        queue, error)
+            return found
         return lookup_queue(queue, queues=queues, cluster=cluster, namespace=namespace,
                             namespace_labels=namespace_labels)
 

@@ -150,10 +150,11 @@ class AdmissionServer:
         if namespace_labels is not None:
             queue_name = queue_to_check(request, namespace_labels, owners)
             if queue_name is not None:
-                # From this cluster's copy, in memory: no I/O for the queue.
-                queue = self._queues.lookup(cluster=lookups.cluster, queue=queue_name,
-                                            namespace=request.namespace,
-                                            namespace_labels=namespace_labels)
+                # From this cluster's copy, in memory: no I/O for the queue, unless the copy
+                # refuses (then a fresh list confirms it).
+                queue = await self._queues.confirmed_lookup(
+                    cluster=lookups.cluster, queue=queue_name, namespace=request.namespace,
+                    namespace_labels=namespace_labels)
         decision = decide(request=request, namespace_labels=namespace_labels, owners=owners,
                           queue=queue, trace_parent=current_traceparent(),
                           namespace_annotations=namespace_annotations)

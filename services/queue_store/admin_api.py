@@ -136,13 +136,24 @@ def _describe(error: Any) -> str:
     return f"{where}: {message}" if where else message
 
 
+# Waits until the Queue copies in the clusters hold a change just committed (QueueSync.settled),
+# so a pod created right after `lockgate queue create` is judged by the new queue.
+CopiesSettled = Callable[[], Awaitable[None]]
+
+
+async def no_copies() -> None:
+    """No copies kept (no queue-sync clusters): nothing to wait for."""
+
+
 class AdminApi:
     """The aiohttp application over a Postgres pool."""
 
     def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
                  extensions: Sequence[Callable[[web.Application], None]] = (),
-                 view: admin_views.SchedulerView | None = None) -> None:
+                 view: admin_views.SchedulerView | None = None,
+                 copies_settled: CopiesSettled = no_copies) -> None:
         self.pool, self.tokens = pool, tokens
+        self.copies_settled = copies_settled
         self.view = view or admin_views.SchedulerView()
         # Routes of other modules (admin_collection, namespace_api, admin_views), behind the
         # same auth and errors.
@@ -236,6 +247,7 @@ class AdminApi:
         spec = spec_from_body(body["name"], body)
         async with self.pool.acquire() as connection:
             created = await job_store.create_queue(connection, spec)
+        await self.copies_settled()
         log.info("queue %s created (priority factor %s) by %s", created.name,
                  created.priority_factor, caller_of(request))
         return web.json_response(queue_json(created), status=201)
@@ -270,6 +282,7 @@ class AdminApi:
                       edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
         async with self.pool.acquire() as connection:
             updated = await job_store.update_queue(connection, name, edit)
+        await self.copies_settled()
         log.info("queue %s updated by %s", name, caller_of(request))
         return web.json_response(queue_json(updated))
 
@@ -277,6 +290,7 @@ class AdminApi:
         name = request.match_info["name"]
         async with self.pool.acquire() as connection:
             await job_store.delete_queue(connection, name)
+        await self.copies_settled()
         log.info("queue %s deleted by %s", name, caller_of(request))
         return web.Response(status=204)
 

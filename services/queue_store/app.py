@@ -36,7 +36,7 @@ from lockgate_adapters.kube import api_clients
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
 from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
-from queue_store.admin_api import AdminApi, job_json
+from queue_store.admin_api import AdminApi, CopiesSettled, job_json, no_copies
 from queue_store.admin_collection import CollectionApi, Publish
 from queue_store.admin_views import SchedulerView
 from queue_store.collecting import NamespaceCollector
@@ -130,13 +130,19 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                              create_any=settings.coordinator_create_any)
     reconciler = RoleReconciler(pool=pool, dsn=settings.postgres_dsn, keeper=keeper,
                                 resync_seconds=settings.namespace_resync_seconds)
-    admin, sampler, ui_state = admin_api(pool, settings, publish=send, keeper=keeper)
     sync_apis = await api_clients(settings.queue_sync_clusters)
     queue_sync = QueueSync(pool=pool, dsn=settings.postgres_dsn, apis=sync_apis,
                            source=settings.queue_sync_source,
                            prefix=settings.queue_sync_name_prefix,
                            resync_seconds=settings.queue_sync_resync_seconds,
                            retry=settings.retry)
+
+    async def copies_settled() -> None:
+        if sync_apis and settings.queue_sync_settle_seconds > 0:
+            await queue_sync.settled(settings.queue_sync_settle_seconds)
+
+    admin, sampler, ui_state = admin_api(pool, settings, publish=send, keeper=keeper,
+                                         copies_settled=copies_settled)
 
     async def serve_admin(stopping: asyncio.Event) -> None:
         runner = web.AppRunner(admin.app(), access_log=None)
@@ -174,12 +180,14 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 
 
 def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publish,
-              keeper: NamespaceKeeper) -> tuple[AdminApi, FairnessSampler, StateCache]:
+              keeper: NamespaceKeeper, copies_settled: CopiesSettled = no_copies
+              ) -> tuple[AdminApi, FairnessSampler, StateCache]:
     """The admin API with every module's routes (and the web UI), the fairness sampler the
     UI's overview reads and the picture its waiting reasons come from (both loops to run);
     tests/unit/test_openapi.py builds it too, to check the routes."""
     namespace_api = NamespaceApi(pool=pool, keeper=keeper,
-                                 name_prefix=settings.namespace_name_prefix)
+                                 name_prefix=settings.namespace_name_prefix,
+                                 copies_settled=copies_settled)
     collection_api = CollectionApi(pool, publish)
     view = SchedulerView(fairness_resources=tuple(settings.scheduler_view.fairness_resources),
                          policy=settings.scheduler_view.feed_policy(),
@@ -196,7 +204,7 @@ def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publ
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
                      extensions=[collection_api.register, ui_api.register,
                                  lambda app: namespace_api.add_routes(app.router)],
-                     view=view)
+                     view=view, copies_settled=copies_settled)
     return admin, sampler, ui_state
 
 

@@ -13,7 +13,9 @@
 Creation order, so nothing is made unrecorded: the cluster is asked first (unreachable: 503,
 nothing written); the record is written (state active, transition "created"); then the objects
 are made (`namespaces.NamespaceKeeper.ensure`). A failure after the record is a 503 that says
-to retry: the retry, or else queue-store's reconciler, finishes the namespace.
+to retry: the retry, or else queue-store's reconciler, finishes the namespace. The answer waits
+for the cluster's Queue copy to bind the namespace (`QueueSync.settled`), so the coordinator's
+first pod is admitted.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from lockgate.labels import InvalidLabelError, validate_label_value, validate_qu
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.namespaces import NamespaceRecord, NamespaceState
 from lockgate_adapters import job_store, namespace_store
-from queue_store.admin_api import ApiError, caller_of, json_object
+from queue_store.admin_api import ApiError, CopiesSettled, caller_of, json_object, no_copies
 from queue_store.namespaces import (
     ClusterUnavailableError,
     CoordinatorCredentials,
@@ -47,8 +49,10 @@ MAX_NAMESPACES_PAGE = 10_000
 
 
 class NamespaceApi:
-    def __init__(self, *, pool: asyncpg.Pool, keeper: NamespaceKeeper, name_prefix: str) -> None:
+    def __init__(self, *, pool: asyncpg.Pool, keeper: NamespaceKeeper, name_prefix: str,
+                 copies_settled: CopiesSettled = no_copies) -> None:
         self.pool, self.keeper, self.prefix = pool, keeper, name_prefix
+        self.copies_settled = copies_settled
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/api/v1/namespaces", self.create)
@@ -114,6 +118,8 @@ class NamespaceApi:
                     max_queued=None if max_queued is None else max_queued.model_dump(mode="json"))
             await self.keeper.ensure(record, spec)
             credentials = await self.keeper.credentials(record, record.ttl_seconds)
+            # The namespace may use its queue by name once the cluster's Queue copy lists it.
+            await self.copies_settled()
         except ClusterUnavailableError as error:
             raise ApiError(503, str(error)) from error
         except NamespaceTakenError as error:
@@ -182,6 +188,8 @@ class NamespaceApi:
         self._cluster(record.cluster)
         try:
             credentials = await self.keeper.credentials(record, record.ttl_seconds)
+            # The namespace may use its queue by name once the cluster's Queue copy lists it.
+            await self.copies_settled()
         except ClusterUnavailableError as error:
             raise ApiError(503, str(error)) from error
         log.info("coordinator token for %s/%s issued to %s", record.cluster, record.name,

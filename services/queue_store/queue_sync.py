@@ -56,13 +56,20 @@ class QueueSync:
         self._changed = asyncio.Event()
         self._delays = BackoffIterator(retry)
         self._retry = retry
+        # Passes begun and finished, so a writer can wait for one that read its commit.
+        self._begun = self._finished = 0
+        self._pass_finished = asyncio.Condition()
 
     async def run(self, stopping: asyncio.Event) -> None:
         listener = asyncio.create_task(self._listen(stopping), name="queue sync: listen")
         try:
             while not stopping.is_set():
                 self._changed.clear()
+                self._begun += 1
                 outcomes = await self.sync_once()
+                async with self._pass_finished:
+                    self._finished = self._begun
+                    self._pass_finished.notify_all()
                 wait = self._resync
                 if any(outcome != "ok" for outcome in outcomes.values()):
                     # A cluster or Postgres failed: try again soon, not at the next resync.
@@ -81,6 +88,23 @@ class QueueSync:
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
+
+    async def settled(self, timeout_seconds: float) -> bool:
+        """Wait until a pass that began after this call has finished: then the copies hold
+        what the caller committed before calling (unless a cluster failed; its next pass
+        repairs it). Why: `lockgate queue create` or `namespace create` followed at once by a
+        pod must not be refused because the webhook's copy had not caught up yet. False when
+        no pass finished in `timeout_seconds`."""
+        wanted = self._begun + 1
+        self._changed.set()
+        try:
+            async with asyncio.timeout(timeout_seconds), self._pass_finished:
+                await self._pass_finished.wait_for(lambda: self._finished >= wanted)
+        except TimeoutError:
+            log.warning("queue sync: no pass finished within %.1fs of a change; the copies "
+                        "follow at the next pass", timeout_seconds)
+            return False
+        return True
 
     async def sync_once(self) -> dict[str, str]:
         """One pass over every cluster; returns each cluster's outcome ("ok" or the error)."""

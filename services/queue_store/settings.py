@@ -159,6 +159,10 @@ class QueueStoreSettings(ServiceSettings):
         description="prefix of the Queue objects' names (lets test runs share a cluster)")
     queue_sync_resync_seconds: float = Field(
         default=30.0, gt=0, description="full pass even without a change notification")
+    queue_sync_settle_seconds: float = Field(
+        default=10.0, ge=0,
+        description="how long a queue or namespace change waits, before it is answered, for "
+                    "the copies to hold it (so a pod created next is judged by it); 0: no wait")
 
     # Collecting ephemeral namespaces (docs/ARCHITECTURE.md, "Ephemeral namespaces"), as the
     # namespace-keeper identity of `namespace_clusters`; a record of a cluster not listed there

@@ -215,6 +215,31 @@ async def test_a_queue_of_another_namespace_is_refused_naming_the_ones_allowed(
     assert gates_of(pod) == [SCHEDULING_GATE]
 
 
+async def test_a_pod_created_as_soon_as_its_queue_is_created_or_bound_is_admitted(
+    run: Run, namespaces: Factory,
+) -> None:
+    """What a user does: `lockgate queue create`, then at once a pod. The answer to the
+    create comes once the clusters' Queue copies hold it, and the webhook checks a refusal
+    against the apiserver before giving it, so the pod is never refused for a queue that
+    exists (the copy's lag is the sync's notification, pass and watch: tens of ms at best).
+    The same for a namespace newly bound to an existing queue. No wait for the webhook."""
+    core = client.CoreV1Api(run.apis["cluster-b"])
+    for attempt in range(3):
+        namespace, later = await namespaces("cluster-b"), await namespaces("cluster-b")
+        queue = unique(f"at-once{attempt}")
+        status, created = await run.call("POST", "/queues", {
+            "name": queue, "namespaces": [{"cluster": "*", "names": [namespace]}]})
+        assert status == 201, created
+        pod = await core.create_namespaced_pod(namespace, user_pod("first", queue))
+        assert gates_of(pod) == [SCHEDULING_GATE]
+
+        status, bound = await run.call("PATCH", f"/queues/{queue}", {
+            "namespaces": [{"cluster": "*", "names": [namespace, later]}]})
+        assert status == 200, bound
+        pod = await core.create_namespaced_pod(later, user_pod("newly-bound", queue))
+        assert gates_of(pod) == [SCHEDULING_GATE]
+
+
 async def test_queue_labels_outside_managed_namespaces_are_never_jobs(
     run: Run, namespaces: Factory, kube_clients: Kube,
 ) -> None:
