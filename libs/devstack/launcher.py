@@ -368,6 +368,8 @@ class Lockgate:
             ("cluster-watcher", "cluster_watcher", {
                 "LOCKGATE_WATCHER_HTTP_PORT": str(p.watcher_health),
                 "LOCKGATE_WATCHER_CLUSTERS": self.clusters_as("cluster-watcher"),
+                # Only this run's namespaces, as its webhook registration: runs share clusters.
+                "LOCKGATE_WATCHER_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
             }, p.watcher_health),
             ("ungater", "ungater", {
                 "LOCKGATE_UNGATER_HTTP_PORT": str(p.ungater_health),

@@ -52,10 +52,16 @@ def validate_queue_name(name: str) -> str:
     return name
 
 
-def is_managed_namespace(name: str, namespace_labels: Mapping[str, str]) -> bool:
+def is_managed_namespace(name: str, namespace_labels: Mapping[str, str],
+                         required: Mapping[str, str] | None = None) -> bool:
+    """Whether pods of the namespace are lockgate's. `required`: labels it must carry too, so
+    installations sharing a cluster (each webhook registered for its own label) never take
+    each other's pods."""
     if name in NEVER_MANAGED_NAMESPACES:
         return False
-    return namespace_labels.get(MANAGED_NAMESPACE_LABEL) == "true"
+    if namespace_labels.get(MANAGED_NAMESPACE_LABEL) != "true":
+        return False
+    return all(namespace_labels.get(key) == value for key, value in (required or {}).items())
 
 
 def resolve_label(

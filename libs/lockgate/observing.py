@@ -343,10 +343,13 @@ class ObservedCluster:
         self,
         cluster: str,
         *,
+        managed_namespace_labels: Mapping[str, str] | None = None,
         now: Callable[[], datetime] = _utc_now,
         new_id: Callable[[], str] = _new_id,
     ) -> None:
         self.cluster = cluster
+        # Labels a managed namespace must carry too for its pods to be this installation's.
+        self._required_labels = dict(managed_namespace_labels or {})
         self._now, self._new_id = now, new_id
         self._managed: dict[str, _Observation] = {}
         # uid -> (node, requests) of unmanaged pods that hold room on a node.
@@ -470,7 +473,7 @@ class ObservedCluster:
             else:
                 waiting[uid] = (pod, deleted)
             return False
-        verdict = is_managed_namespace(namespace, labels or {})
+        verdict = is_managed_namespace(namespace, labels or {}, self._required_labels)
         self._verdicts[uid] = verdict
         return verdict
 

@@ -40,6 +40,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             cluster=name, api=api, outbox=outbox, set_ready=readiness.set, options=options,
             capacity_min_interval=settings.capacity_min_interval_seconds,
             capacity_refresh=settings.capacity_refresh_seconds,
+            managed_namespace_labels=settings.namespace_labels,
         )
         for name, api in apis.items()
     ]

@@ -24,6 +24,12 @@ class WatcherSettings(ClusterServiceSettings):
         description="server-side length of one watch request; the next resumes where it ended",
     )
     list_page_size: int = Field(default=500, ge=1, description="objects per page when listing")
+    namespace_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description='labels a namespace must carry besides lockgate.io/managed=true for its '
+        'pods to be this installation\'s jobs, e.g. {"lockgate.io/run": "staging"}, when '
+        "installations share a cluster (each webhook registered for its own label); empty: "
+        "the managed label alone")
 
     # Capacity
     capacity_min_interval_seconds: float = Field(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -255,9 +255,11 @@ class ClusterWatcher:
         capacity_min_interval: float = 0.5,
         capacity_refresh: float = 30.0,
         observed: ObservedCluster | None = None,
+        managed_namespace_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.cluster = cluster
-        self.observed = observed or ObservedCluster(cluster)
+        self.observed = observed or ObservedCluster(
+            cluster, managed_namespace_labels=managed_namespace_labels)
         self._outbox = outbox
         self._capacity_min_interval = capacity_min_interval
         self._capacity_refresh = capacity_refresh

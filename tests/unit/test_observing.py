@@ -306,6 +306,26 @@ def test_a_queue_label_outside_managed_namespaces_is_unmanaged_usage(pod: PodBui
     assert cluster.unmanaged_usage("n1") == held
 
 
+def test_with_required_labels_only_this_installations_namespaces_hold_jobs() -> None:
+    """Two installations share a cluster, each webhook registered for its own run label: a
+    managed namespace of the other is not ours; its running pods only take room."""
+    cluster = ObservedCluster("cluster-a", managed_namespace_labels={"lockgate.io/run": "ours"})
+    cluster.relist_namespaces([a_namespace("mine", **{"lockgate.io/run": "ours"}),
+                               a_namespace("theirs", **{"lockgate.io/run": "other"}),
+                               a_namespace("unlabelled")])
+    cluster.relist_nodes([a_node("n1")])
+    snapshot = cluster.relist_pods([
+        pod_in("mine", "job").in_queue("q").gated().requesting(cpu="1").obj(),
+        pod_in("theirs", "gated").in_queue("q").gated().requesting(cpu="1").obj(),
+        pod_in("theirs", "running").in_queue("q").on_node("n1").in_phase("Running")
+        .requesting(cpu="2").obj(),
+        pod_in("unlabelled", "gated").in_queue("q").gated().requesting(cpu="1").obj(),
+    ])
+    assert [event.name for event in snapshot.pod_events] == ["job"]
+    assert cluster.managed_pod_count == 1
+    assert cluster.unmanaged_usage("n1") == {"cpu": 2000}
+
+
 def test_a_pod_seen_before_its_namespace_is_judged_once_the_namespace_is_seen() -> None:
     cluster = a_cluster()
     cluster.relist_nodes([a_node("n1")])
