@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -68,13 +68,31 @@ def desired_object(spec: QueueSpec, *, source: str, prefix: str = "",
     }
 
 
+SYNC_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def status_of(spec: QueueSpec, *, generation: int, synced_at: datetime) -> dict[str, Any]:
     return {
         "observedGeneration": generation,
-        "lastSyncTime": synced_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastSyncTime": synced_at.strftime(SYNC_TIME_FORMAT),
         "state": "Cordoned" if spec.cordoned else "Open",
         "namespaces": "; ".join(b.describe() for b in spec.namespaces) or "(none)",
     }
+
+
+def status_is_current(stored: object, wanted: Mapping[str, Any], *, now: datetime,
+                      max_age_seconds: float) -> bool:
+    """Whether a Queue's stored status says what `wanted` says, synced within the last
+    `max_age_seconds`: then a pass need not write it again."""
+    if not isinstance(stored, Mapping):
+        return False
+    if any(stored.get(key) != value for key, value in wanted.items() if key != "lastSyncTime"):
+        return False
+    try:
+        synced = datetime.strptime(str(stored.get("lastSyncTime")), SYNC_TIME_FORMAT)
+    except ValueError:
+        return False
+    return (now - synced.replace(tzinfo=UTC)).total_seconds() < max_age_seconds
 
 
 def spec_from_object(obj: Mapping[str, Any]) -> QueueSpec:

@@ -163,7 +163,9 @@ class QueueSync:
                 if error.status != 404:
                     raise
             log.info("queue sync: %s: deleted Queue %s", cluster, name)
-        # Status on every object each pass: lastSyncTime tells how fresh this cluster's copy is.
+        # Status where the object changed, or its lastSyncTime (how fresh this cluster's copy
+        # is) is older than half a resync period: a pass after one queue's change writes one
+        # status, not one per queue (creating N queues one by one would cost N²/2 writes).
         now = datetime.now(UTC)
         current = {str(o["metadata"]["name"]): o for o in listing.get("items") or []}
         for name, spec in by_name.items():
@@ -171,10 +173,14 @@ class QueueSync:
             if stored is None:
                 continue
             generation = int((stored.get("metadata") or {}).get("generation") or 1)
+            status = queue_copies.status_of(spec, generation=generation, synced_at=now)
+            if name not in written and queue_copies.status_is_current(
+                    stored.get("status"), status, now=now,
+                    max_age_seconds=self._resync / 2):
+                continue
             await custom.patch_cluster_custom_object_status(
                 queue_copies.GROUP, queue_copies.VERSION, queue_copies.PLURAL, name,
-                {"status": queue_copies.status_of(spec, generation=generation, synced_at=now)},
-                _content_type="application/merge-patch+json")
+                {"status": status}, _content_type="application/merge-patch+json")
 
     async def _listen(self, stopping: asyncio.Event) -> None:
         """Wake the loop on a change to `queues` or `ephemeral_namespaces`."""

@@ -4,7 +4,7 @@ about queues bound to namespaces that needs no stack (the CLI's bindings: test_c
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -117,3 +117,24 @@ def test_a_run_renders_the_static_configuration_with_its_url_ca_and_namespaces()
     # Everything else is the static configuration's, and the static one is left unchanged.
     assert hook["failurePolicy"] == "Fail" and hook["rules"] == static["webhooks"][0]["rules"]
     assert "service" in static["webhooks"][0]["clientConfig"]
+
+
+def test_a_status_is_written_again_only_when_it_changed_or_grew_old() -> None:
+    spec = QueueSpec.model_validate({"name": "team-a", "namespaces": [
+        {"cluster": "*", "names": ["team-a"]}]})
+    synced = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
+    stored = queue_copies.status_of(spec, generation=3, synced_at=synced)
+
+    def current(wanted: dict[str, object], seconds_later: float) -> bool:
+        return queue_copies.status_is_current(
+            stored, wanted, now=synced + timedelta(seconds=seconds_later), max_age_seconds=15)
+
+    later = synced + timedelta(seconds=10)
+    assert current(queue_copies.status_of(spec, generation=3, synced_at=later), 10)
+    assert not current(queue_copies.status_of(spec, generation=3, synced_at=later), 15)
+    assert not current(queue_copies.status_of(spec, generation=4, synced_at=later), 1)
+    cordoned = spec.model_copy(update={"cordoned": True})
+    assert not current(queue_copies.status_of(cordoned, generation=3, synced_at=later), 1)
+    assert not queue_copies.status_is_current(None, stored, now=synced, max_age_seconds=15)
+    assert not queue_copies.status_is_current({**stored, "lastSyncTime": "yesterday"}, stored,
+                                              now=synced, max_age_seconds=15)
