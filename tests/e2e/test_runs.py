@@ -10,6 +10,7 @@ test killed it on purpose.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -28,6 +29,7 @@ from lockgate_adapters.postgres import database_of
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 
 QUEUE_STORE_AND_WEBHOOK = ("queue-store", "admission-webhook")
+QUIET_SECONDS = 5
 
 
 async def database_exists(server_dsn: str, dsn: str) -> bool:
@@ -136,3 +138,28 @@ async def test_a_run_that_sizes_from_the_nodes_waits_for_a_leak_to_go_and_names_
     async with lockgate_run(stack, tmp_path, name="runs", services=["queue-store"],
                             needs_empty_nodes=True) as run:
         assert run.lockgate.processes["queue-store"].alive()
+
+
+async def test_two_runs_sharing_a_cluster_take_only_their_own_pods(
+        stack: StackInfo, tmp_path: Path) -> None:
+    """Each run's watcher takes pods only from namespaces its webhook serves (the run label),
+    so another run's pod is never its job, counted in its queues or told "queue does not
+    exist". Pod events travel on Kafka partitions of their own, so after both runs hold their
+    own pod, a quiet period (ingest takes well under a second here) lets a wrong one arrive."""
+    services = ("queue-store", "admission-webhook", "cluster-watcher")
+    async with lockgate_run(stack, tmp_path, name="runs", services=services) as ours, \
+            lockgate_run(stack, tmp_path, name="runs", services=services) as theirs:
+        pods: dict[str, str] = {}
+        for run in (theirs, ours):
+            queue = run.name("q")
+            await run.create_queue(queue, namespaces=[run.namespace])
+            await run.create_namespace()
+            created = await run.create_pod(a_pod("p").in_queue(queue).manifest())
+            assert gates_of(created) == [SCHEDULING_GATE]
+            pods[run.id] = created.metadata.uid
+        await eventually(lambda: ours.job(pods[ours.id]), within=60, what="our pod's job")
+        await eventually(lambda: theirs.job(pods[theirs.id]), within=60,
+                         what="their pod's job")
+        await asyncio.sleep(QUIET_SECONDS)
+        assert await ours.job(pods[theirs.id]) is None, "our run took their pod as a job"
+        assert await ours.pool.fetchval("SELECT count(*) FROM jobs") == 1
