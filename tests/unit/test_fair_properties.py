@@ -163,17 +163,6 @@ def test_the_random_fleets_are_varied() -> None:
     assert len({w for f in fleets for w in f.weights.values()}) >= 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a finding for the round, cause known: it ranks a queue below its target in a cluster by "
-    "its fraction of that target after its next pod, even for the pod that carries it past "
-    "the target, so with fractional targets and whole pods every queue of small pods rounds "
-    "up before a queue of big pods whose target there is less than a pod, and the big pod "
-    "then fits none of the gaps left (fleet seed 79: q1's 4-cpu pods have targets of 0.67 "
-    "and 0.5 pods in two clusters, model 1.17, and get 0); a queue whose target is split over "
-    "clusters also rounds up or down in each, whatever its total. Ranking the pods that cross "
-    "their target after all within it, biggest first, then by the whole target (and only "
-    "while the queue's total is short) passed all 200 fleets but took test_fleet_sim's small "
-    "contested fleet to 1.5 pods off its model, so it is not in"))
 def test_rounds_at_saturation_match_the_independent_model() -> None:
     """From an empty fleet with every pod queued, rounds (with each release bound) reach an
     allocation within one pod of the model's, per queue."""

@@ -12,7 +12,8 @@ as one: J is then the sum of its queued members. The rule (compare Kueue's
 `LessThanOrEqualToFinalShare`), with cost = dominant share / weight, the quantity progressive
 filling equalises: pods V of queues A may be evicted for J only if
 
-  1. B is below its adjusted fair share and stays at or below it with J;
+  1. B is below its fair target in J's cluster and short of its whole target (the round owes
+     it room there, `round.owed`); a group J keeps it at or below its target there;
   2. no A drops below its adjusted fair share without its pods in V;
   3. cost(B with J) <= cost(A without V_A)   (each eviction of a batch judged cumulatively);
      for a single pod, also cost(B with U) for each unit U before J that gets no room: the
@@ -304,6 +305,15 @@ class _Planner:
         return (self.share(queue, self.in_cluster(queue, cluster))
                 < self.fair_in.get((queue, cluster), 0.0) - SHARE_EPSILON)
 
+    def owed(self, queue: str, cluster: str) -> bool:
+        """Rule 1 for a single pod, as the round ranks it (`round.owed`): the queue holds less
+        than its target in the pod's cluster, and its whole allocation is short of its whole
+        target. A pod the round ranks by cost (the room is nobody's due) is never preempted
+        for: the round could give the room freed to another queue, and preemption would free
+        it again."""
+        return (self.below_target(queue, cluster)
+                and self.share(queue) < self.fair.get(queue, 0.0) * (1 - 1e-9) - SHARE_EPSILON)
+
     def at_or_above_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
         """Rule 2: a victim's queue keeps at least its fair target in the cluster."""
         target = self.fair_in.get((queue, cluster), 0.0)
@@ -336,8 +346,8 @@ class _Planner:
                     if found is not None:
                         evictions.extend(found)
                     continue
-                if not self.below_target(name, cluster):
-                    continue  # rule 1: it holds its target there; nothing to free for it
+                if not self.owed(name, cluster):
+                    continue  # rule 1: nothing to free for it (as the round ranks it)
                 job = state.job_records[unit.job_id]
                 holder = self.reserved.get(job.cluster)
                 if holder is not None and holder[1] != name:
