@@ -207,15 +207,6 @@ def test_preemption_settles_and_then_stops(block: int) -> None:
         settle(random_fleet(seed))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a finding for preemption, cause known: on fleet seed 22 (c1 = 28 cpu on nodes of 16, 8 "
-    "and 4; fluid targets there q0 3.2 x 2 cpu, q1 6.4 x 1, q2 3.2 x 4, q3 2.4 x 1: all of c1) "
-    "q2's third 4-cpu pod needs 4 cpu freed on one node, and each queue above its target can "
-    "give up less than one of its pods before it drops below its fluid target (q0 8 -> 6 < "
-    "6.4; q1 and q3 a cpu each), which rule 2 (victims keep their targets) forbids, so q2 "
-    "settles at 2 (model 3.2). Letting a victim drop to the preemptor's fraction of its target "
-    "reaches the model here but thrashed in test_preemption's random states with groups "
-    "(seed 58), so it is not in"))
 def test_preemption_reaches_the_model() -> None:
     for seed in range(FLEETS // 2):
         fleet = random_fleet(seed)
