@@ -163,17 +163,6 @@ def test_the_random_fleets_are_varied() -> None:
     assert len({w for f in fleets for w in f.weights.values()}) >= 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a finding for the round, cause known: it ranks a queue below its target in a cluster by "
-    "its fraction of that target after its next pod, even for the pod that carries it past "
-    "the target, so with fractional targets and whole pods every queue of small pods rounds "
-    "up before a queue of big pods whose target there is less than a pod, and the big pod "
-    "then fits none of the gaps left (fleet seed 79: q1's 4-cpu pods have targets of 0.67 "
-    "and 0.5 pods in two clusters, model 1.17, and get 0); a queue whose target is split over "
-    "clusters also rounds up or down in each, whatever its total. Ranking the pods that cross "
-    "their target after all within it, biggest first, then by the whole target (and only "
-    "while the queue's total is short) passed all 200 fleets but took test_fleet_sim's small "
-    "contested fleet to 1.5 pods off its model, so it is not in"))
 def test_rounds_at_saturation_match_the_independent_model() -> None:
     """From an empty fleet with every pod queued, rounds (with each release bound) reach an
     allocation within one pod of the model's, per queue."""
@@ -218,15 +207,6 @@ def test_preemption_settles_and_then_stops(block: int) -> None:
         settle(random_fleet(seed))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a finding for preemption, cause known: on fleet seed 22 (c1 = 28 cpu on nodes of 16, 8 "
-    "and 4; fluid targets there q0 3.2 x 2 cpu, q1 6.4 x 1, q2 3.2 x 4, q3 2.4 x 1: all of c1) "
-    "q2's third 4-cpu pod needs 4 cpu freed on one node, and each queue above its target can "
-    "give up less than one of its pods before it drops below its fluid target (q0 8 -> 6 < "
-    "6.4; q1 and q3 a cpu each), which rule 2 (victims keep their targets) forbids, so q2 "
-    "settles at 2 (model 3.2). Letting a victim drop to the preemptor's fraction of its target "
-    "reaches the model here but thrashed in test_preemption's random states with groups "
-    "(seed 58), so it is not in"))
 def test_preemption_reaches_the_model() -> None:
     for seed in range(FLEETS // 2):
         fleet = random_fleet(seed)

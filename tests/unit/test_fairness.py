@@ -816,8 +816,10 @@ class _Model:
 def _reference_round(model: _Model, max_decisions: int, lookback: int,
                      targets: FairTargets) -> list[tuple[str, str]]:
     """The round as its docs say it, naively: each queue is ranked in each cluster by its next
-    pod there, (0, fraction of its fair target there after it) while it holds less than that
-    target there, else (1, its cost after it); the lowest rank goes, then the queue's name."""
+    pod there. While it holds less than its fair target there and its whole allocation is short
+    of its whole target: (0, fraction of its whole target after the pod) if the pod keeps it
+    within its target there, else (1, minus the pod's dominant share, that fraction). Otherwise
+    (2, its cost after it). The lowest rank goes, then the queue's name."""
     pool: dict[str, int] = {}
     for nodes in model.nodes.values():
         for info in nodes.values():
@@ -834,18 +836,23 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
                 allocation[job.queue][resource] = allocation[job.queue].get(resource, 0) + amount
                 here[resource] = here.get(resource, 0) + amount
 
-    def rank(name: str, job: SchedJob) -> tuple[int, float]:
+    def rank(name: str, job: SchedJob) -> tuple[int, float, float]:
         spec = model.specs[name]
-        cost = max(
-            (allocation[name].get(r, 0) + job.requests[r]) * inv for r, inv in inverse.items()
-        ) * spec.priority_factor
+        share_with = max(
+            (allocation[name].get(r, 0) + job.requests[r]) * inv for r, inv in inverse.items())
+        share_without = max(allocation[name].get(r, 0) * inv for r, inv in inverse.items())
         here = allocation_in.get((name, job.cluster), {})
         after = max((here.get(r, 0) + job.requests[r]) * inv for r, inv in inverse.items())
         target = targets.queues[name].in_cluster(job.cluster) if name in targets.queues else 0.0
+        whole = targets.queues[name].share if name in targets.queues else 0.0
         before = max(here.get(r, 0) * inv for r, inv in inverse.items())
-        if target > 0 and before < target * (1 - 1e-9) - 1e-12:
-            return (0, after / target)
-        return (1, cost)
+        if (target > 0 and before < target * (1 - 1e-9) - 1e-12
+                and whole > 0 and share_without / whole < 1 - 1e-9):
+            if after <= target * (1 + 1e-9) + 1e-12:
+                return (0, share_with / whole, 0.0)
+            size = max(job.requests[r] * inv for r, inv in inverse.items())
+            return (1, -size, share_with / whole)
+        return (2, share_with * spec.priority_factor, 0.0)
 
     def too_big(job: SchedJob) -> bool:
         return not any(
@@ -860,7 +867,7 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
     over_limit: dict[str, set[Resources]] = {q: set() for q in model.specs}  # any cluster
     decisions: list[tuple[str, str]] = []
     while len(decisions) < max_decisions:
-        best: tuple[tuple[int, float], str, SchedJob] | None = None
+        best: tuple[tuple[int, float, float], str, SchedJob] | None = None
         for name, spec in sorted(model.specs.items()):
             if spec.cordoned or name in dropped:
                 continue

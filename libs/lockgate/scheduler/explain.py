@@ -25,7 +25,7 @@ from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, dominan
 from lockgate.scheduler.groups import GroupKey, GroupStatus
 from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, fits, take
-from lockgate.scheduler.round import Rank, below_target, rank_in_cluster
+from lockgate.scheduler.round import Rank, owed, rank_in_cluster
 from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState, Shape
 
 
@@ -195,7 +195,9 @@ class Explanation:
     fair_target: float = 0.0
     cluster_target: float = 0.0
     cluster_share: float = 0.0
-    below_target: bool = False  # its queue holds less than its target in the pod's cluster
+    # Its queue holds less than its target in the pod's cluster, and less than its whole
+    # target overall: the round owes it room there (round.owed).
+    below_target: bool = False
     # Room held for this pod (lockgate.scheduler.holds): on which node, until when, and what
     # is free there for it now.
     held_on: str | None = None
@@ -312,11 +314,19 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
             after[axis] += amount
             total[axis] += amount
         target = targets.queues.get(name)
+        whole = 0.0 if target is None else target.share
         ranks[name] = rank_in_cluster(
             before=dominant(held, inverse), after=dominant(after, inverse),
             target=0.0 if target is None else target.in_cluster(cluster),
-            cost_after=dominant(total, inverse) * queue.priority_factor)
+            cost_after=dominant(total, inverse) * queue.priority_factor,
+            size=max((amount * inverse[axis] for axis, amount in pairs), default=0.0),
+            overall_before=_fraction(dominant(queue.allocation, inverse), whole),
+            overall_after=_fraction(dominant(total, inverse), whole))
     return ranks
+
+
+def _fraction(share: float, target: float) -> float:
+    return share / target if target > 0 else float("inf")
 
 
 def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
@@ -393,7 +403,11 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
                      for name, limit in limits.items())
     cluster_target = 0.0 if share is None else share.cluster_targets.get(job.cluster, 0.0)
     cluster_share = 0.0 if share is None else share.cluster_shares.get(job.cluster, 0.0)
-    below = below_target(cluster_share, cluster_target)
+    # Owed room there as the round ranks it (round.owed): below its target in the cluster,
+    # and its whole allocation short of its whole target.
+    below = share is not None and owed(
+        before=cluster_share, target=cluster_target,
+        overall_before=_fraction(share.actual_share, share.fair_target))
     # The round's order in this cluster, one total order: (rank, name) before this queue's.
     mine = ranks.get(job.queue)
     competing = () if mine is None else tuple(sorted(

@@ -12,8 +12,16 @@ as one: J is then the sum of its queued members. The rule (compare Kueue's
 `LessThanOrEqualToFinalShare`), with cost = dominant share / weight, the quantity progressive
 filling equalises: pods V of queues A may be evicted for J only if
 
-  1. B is below its adjusted fair share and stays at or below it with J;
-  2. no A drops below its adjusted fair share without its pods in V;
+  1. B is below its fair target in J's cluster and short of its whole target (the round owes
+     it room there, `round.owed`); a group J keeps it at or below its target there;
+  2. no A drops below its adjusted fair share without its pods in V; except, for a single pod J
+     that keeps B within its target in the cluster or within its whole target, A may end short
+     of its target there by less than its smallest pod there if no queue then holds more than
+     its target there by that pod or more, A's whole allocation over its whole target stays at
+     or above B's with J, and the round ranks J before every pod A would then have waiting
+     there (`_Planner.may_fall_short`, `ranks_first`): whole pods otherwise leave a big pod
+     waiting for room that queues above their targets by less than one of their pods each
+     cannot give;
   3. cost(B with J) <= cost(A without V_A)   (each eviction of a batch judged cumulatively);
      for a single pod, also cost(B with U) for each unit U before J that gets no room: the
      round ranks B by them before it reaches J;
@@ -52,7 +60,7 @@ from lockgate.placement import can_land
 from lockgate.scheduler.costs import SHARE_EPSILON, dominant, dominant_of
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.room import fits, give, take
-from lockgate.scheduler.round import RoundResult, SkipReason
+from lockgate.scheduler.round import Rank, RoundResult, SkipReason, rank_in_cluster
 from lockgate.scheduler.state import JobRecord, SchedulerState, Shape, add_pairs, subtract_pairs
 
 __all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
@@ -248,6 +256,9 @@ class _Planner:
                          for name, queue in state.queue_records.items()
                          for cluster, vector in queue.alloc_in.items()}
         self.factor = {name: queue.priority_factor for name, queue in state.queue_records.items()}
+        # Per cluster, the queues that held room there when the plan began (rule 2's
+        # exception looks at each one's excess), found on first use.
+        self.queues_in: dict[str, list[str]] = {}
         self.evicting = set(evicting)
         self.free: dict[str, dict[str, list[int]] | None] = {}
         self.victims: dict[str, dict[str, list[tuple[str, JobRecord]]]] = {}
@@ -304,6 +315,75 @@ class _Planner:
         return (self.share(queue, self.in_cluster(queue, cluster))
                 < self.fair_in.get((queue, cluster), 0.0) - SHARE_EPSILON)
 
+    def owed(self, queue: str, cluster: str) -> bool:
+        """Rule 1 for a single pod, as the round ranks it (`round.owed`): the queue holds less
+        than its target in the pod's cluster, and its whole allocation is short of its whole
+        target. A pod the round ranks by cost (the room is nobody's due) is never preempted
+        for: the round could give the room freed to another queue, and preemption would free
+        it again."""
+        return (self.below_target(queue, cluster)
+                and self.share(queue) < self.fair.get(queue, 0.0) * (1 - 1e-9) - SHARE_EPSILON)
+
+    def smallest_pod(self, queue: str, cluster: str) -> float:
+        """The dominant share of the queue's smallest pod in the cluster, running or waiting."""
+        return min((dominant_of(shape, self.inverse)
+                    for shapes in (self.state.queue_records[queue].alloc_shapes.get(cluster, {}),
+                                   self._waiting_shapes(queue, cluster))
+                    for shape in shapes), default=0.0)
+
+    def may_fall_short(self, victim: str, cluster: str, without_in: list[int],
+                       held_in: dict[str, list[int]]) -> bool:
+        """Rule 2's exception for a single pod: the victim's queue, holding `without_in` in
+        the cluster, is short of its target there by less than its smallest pod there, and
+        no queue (`held_in`: the planned holdings in the cluster of those that differ from
+        the planner's) holds more than its target there by that pod or more. Such a victim
+        is owed room only for pods that carry it past its target, and nobody then has room
+        to spare for one of them, so it preempts nobody back."""
+        smallest = self.smallest_pod(victim, cluster)
+        if self.share(victim, without_in) + smallest <= (
+                self.fair_in.get((victim, cluster), 0.0) + SHARE_EPSILON):
+            return False
+        names = self.queues_in.get(cluster)
+        if names is None:
+            names = self.queues_in[cluster] = [
+                name for (name, where) in self.alloc_in if where == cluster]
+        for name in {*names, *held_in}:
+            if name == victim:
+                continue
+            vector = held_in.get(name)
+            excess = (self.share(name, self.in_cluster(name, cluster) if vector is None
+                                 else vector) - self.fair_in.get((name, cluster), 0.0))
+            if excess >= smallest - SHARE_EPSILON:
+                return False
+        return True
+
+    def round_rank(self, queue: str, cluster: str, held_in: list[int], held: list[int],
+                   shape: Shape) -> tuple[Rank, str]:
+        """How the round ranks the queue in `cluster` for a pod of `shape`, holding `held_in`
+        there and `held` in all (`round.rank_in_cluster`, then the queue's name)."""
+        whole = self.fair.get(queue, 0.0)
+        after = _plus(held, shape)
+        return (rank_in_cluster(
+            before=self.share(queue, held_in), after=self.share(queue, _plus(held_in, shape)),
+            target=self.fair_in.get((queue, cluster), 0.0),
+            cost_after=self.share(queue, after) * self.factor.get(queue, 1.0),
+            size=dominant_of(shape, self.inverse),
+            overall_before=_fraction(self.share(queue, held), whole),
+            overall_after=_fraction(self.share(queue, after), whole)), queue)
+
+    def ranks_first(self, queue: str, cluster: str, shape: Shape, held: list[int],
+                    victim: JobRecord, without_in: list[int], without: list[int]) -> bool:
+        """Whether the round ranks the preemptor's pod (`shape`, its queue holding `held`)
+        before every pod its victim's queue would then have waiting in the cluster (the
+        victim's replacement, and its other waiting shapes)."""
+        mine = self.round_rank(queue, cluster, self.in_cluster(queue, cluster), held, shape)
+        return all(mine < self.round_rank(victim.queue, cluster, without_in, without, theirs)
+                   for theirs in {victim.shape, *self._waiting_shapes(victim.queue, cluster)})
+
+    def _waiting_shapes(self, queue: str, cluster: str) -> list[Shape]:
+        pending = self.state.queue_records[queue].pending.get(cluster)
+        return [] if pending is None else [shape for shape, n in pending.shapes.items() if n]
+
     def at_or_above_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
         """Rule 2: a victim's queue keeps at least its fair target in the cluster."""
         target = self.fair_in.get((queue, cluster), 0.0)
@@ -336,8 +416,8 @@ class _Planner:
                     if found is not None:
                         evictions.extend(found)
                     continue
-                if not self.below_target(name, cluster):
-                    continue  # rule 1: it holds its target there; nothing to free for it
+                if not self.owed(name, cluster):
+                    continue  # rule 1: nothing to free for it (as the round ranks it)
                 job = state.job_records[unit.job_id]
                 holder = self.reserved.get(job.cluster)
                 if holder is not None and holder[1] != name:
@@ -376,11 +456,18 @@ class _Planner:
             if fits(room, shape):
                 take(room, shape)  # freed already (earlier evictions in flight), or free
                 return []
+        # Only a pod that keeps its queue within its target there, or within its whole target,
+        # may leave a victim short of its own (rule 2's exception, `may_fall_short`).
+        within = self.within_target(queue, job.cluster,
+                                    _plus(self.in_cluster(queue, job.cluster), shape)) or (
+            self.share(queue, _plus(self.alloc[queue], shape))
+            <= self.fair.get(queue, 0.0) + SHARE_EPSILON)
         for spare_minimums in (True, False):  # break no group's minimum while room exists without
             for node in nodes:
                 room = rooms[node]
                 chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
-                                          self.alloc, (), None, spare_minimums=spare_minimums)
+                                          self.alloc, (), None, spare_minimums=spare_minimums,
+                                          short_by_a_pod=within)
                 if chosen is None or len(chosen) > budget:
                     continue
                 evictions = self._record(
@@ -494,11 +581,15 @@ class _Planner:
     def _victims_on(self, cluster: str, node: str, queue: str, shape: Shape,
                     room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
                     taken: Collection[str], alloc_in: dict[str, list[int]] | None, *,
-                    spare_minimums: bool = False) -> list[tuple[str, JobRecord]] | None:
+                    spare_minimums: bool = False,
+                    short_by_a_pod: bool = False) -> list[tuple[str, JobRecord]] | None:
         """The fewest-first greedy choice of victims on `node` that the rule allows, given the
         allocations `alloc` (victims chosen before for the same unit already taken out), and
         that make room for `shape`; None if they cannot. With `spare_minimums`, no member
-        within its group's minimum is taken; without, they are taken last."""
+        within its group's minimum is taken; without, they are taken last. With
+        `short_by_a_pod` (for a single pod), rule 2's exception applies (`may_fall_short`):
+        then rule 3 is judged by the whole targets, and the round must rank the pod before
+        any the victim's queue would then have waiting there."""
         within_min = self.within_min
         candidates = [(victim_id, victim) for victim_id, victim
                       in self.victims[cluster].get(node, ())
@@ -527,10 +618,21 @@ class _Planner:
                 continue  # would not help
             without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
             without_in = _minus(trial_in.get(victim.queue, held_in(victim.queue)), victim.shape)
-            if not self.at_or_above_target(victim.queue, cluster, without_in):
+            if self.at_or_above_target(victim.queue, cluster, without_in):
+                if (self.cost_in(victim.queue, cluster, without_in)
+                        < preemptor_cost - SHARE_EPSILON):
+                    continue  # rule 3: the preemptor would end up further towards its target
+            elif not short_by_a_pod or not self.may_fall_short(
+                    victim.queue, cluster, without_in,
+                    {**trial_in, victim.queue: without_in,
+                     queue: _plus(self.in_cluster(queue, cluster), shape)}):
                 continue  # rule 2: never below its own fair target
-            if self.cost_in(victim.queue, cluster, without_in) < preemptor_cost - SHARE_EPSILON:
-                continue  # rule 3: the preemptor would end up further towards its target
+            elif self.cost(victim.queue, without) < self.cost(
+                    queue, _plus(alloc[queue], shape)) - SHARE_EPSILON:
+                continue  # rule 3, by the whole targets (the round's order, `round.owed`)
+            elif not self.ranks_first(queue, cluster, shape, alloc[queue], victim,
+                                      without_in, without):
+                continue  # the round would give the room back to the victim
             trial[victim.queue] = without
             trial_in[victim.queue] = without_in
             _add(freed, victim.shape)
@@ -599,3 +701,7 @@ def _minus(vector: list[int], shape: Shape) -> list[int]:
     result = vector[:]
     _subtract(result, shape)
     return result
+
+
+def _fraction(share: float, target: float) -> float:
+    return share / target if target > 0 else float("inf")

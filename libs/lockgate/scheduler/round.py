@@ -159,9 +159,10 @@ def schedule_round(
 
     The order in a contested cluster follows the queues' fair targets there
     (`SchedulerState.fair_targets`, kept at most `targets_max_age` seconds while only amounts
-    change): queues below their target first, in proportion to it (`rank_in_cluster`). A pod
-    of a queue below its target that finds no room has room held for it on one node for at
-    most `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap.
+    change): queues owed room there (below their target there and short of their whole
+    target) first, the furthest short of its whole target first (`rank_in_cluster`). A pod of
+    a queue owed room that finds no room has room held for it on one node for at most
+    `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap.
     """
     if max_decisions < 0 or max_lookback_per_queue < 0:
         raise ValueError("max_decisions and max_lookback_per_queue must not be negative")
@@ -203,10 +204,20 @@ class _QueueRound:
         self.released = 0
         self.outcome = QueueOutcome.ALL_CONSIDERED
 
-# A queue's rank in a cluster for its next unit: (0, fraction of its fair target there after
-# taking it) while that stays within the target, else (1, its cost after taking it). Lower
-# goes first: queues below their targets before the rest, each in proportion to its target.
-Rank = tuple[int, float]
+# A queue's rank in a cluster for its next unit; lower goes first (docs/scheduling.md, "Fair
+# targets"):
+#   (0, fraction of its whole target after the unit, 0) while the unit keeps it within its
+#       target there: queues owed room there fill in proportion to their whole targets;
+#   (1, -size of the unit, fraction of its whole target after it) for the unit that carries it
+#       past its target there: pods are whole, so someone's last pod rounds up; the biggest go
+#       first (small pods fit the gaps a big one leaves, not the other way round), then the
+#       queue furthest short overall;
+#   (2, its cost after the unit, 0) otherwise: room nobody is owed goes by cost.
+# Ranks 0 and 1 (the queue is owed room there) need both: it holds less than its target in the
+# cluster, and its whole allocation is short of its whole target. Its target is judged on its
+# total (the split across clusters need not be unique), so a queue that rounded up elsewhere,
+# or holds more than its split somewhere, is owed nothing more here.
+Rank = tuple[int, float, float]
 # A share this close above a target is at it (floating point).
 _TARGET_SLACK = 1e-9
 
@@ -217,12 +228,29 @@ def below_target(share: float, target: float) -> bool:
     return target > 0 and share < target * (1 - _TARGET_SLACK) - 1e-12
 
 
-def rank_in_cluster(*, before: float, after: float, target: float,
-                    cost_after: float) -> Rank:
-    """The round's order in a cluster (docs/scheduling.md, "Fair targets")."""
-    if below_target(before, target):
-        return (0, after / target)
-    return (1, cost_after)
+def within_target(share: float, target: float) -> bool:
+    """Whether a share is at most its target (floating point)."""
+    return share <= target * (1 + _TARGET_SLACK) + 1e-12
+
+
+def owed(*, before: float, target: float, overall_before: float) -> bool:
+    """Whether the round owes a queue room in a cluster: it holds less than its target there
+    (`before` < `target`) and its whole allocation is short of its whole target
+    (`overall_before`, their ratio, below 1)."""
+    return below_target(before, target) and overall_before < 1 - _TARGET_SLACK
+
+
+def rank_in_cluster(*, before: float, after: float, target: float, cost_after: float,
+                    size: float, overall_before: float, overall_after: float) -> Rank:
+    """The round's order in a cluster (docs/scheduling.md, "Fair targets"). `before` and
+    `after`: the queue's dominant share in the cluster without and with the unit, `size` the
+    unit's; `overall_*` its whole allocation without and with the unit over its whole
+    target (infinite without one)."""
+    if owed(before=before, target=target, overall_before=overall_before):
+        if within_target(after, target):
+            return (0, overall_after, 0.0)
+        return (1, -size, overall_after)
+    return (2, cost_after, 0.0)
 
 
 class _Round:
@@ -436,13 +464,33 @@ class _Round:
             total[axis] += amount
         return max((a * i for a, i in zip(total, inverse, strict=False)), default=0.0)
 
+    def owes(self, queue: QueueRecord, cluster: str, held: list[int] | None) -> bool:
+        """Whether the round owes the queue room in `cluster` (`owed`), counting room `held`
+        for it there (a dense vector) as its."""
+        inverse = self.inverse_total
+        whole = self.targets.queues.get(queue.name)
+        total = queue.allocation if held is None else [
+            a + h for a, h in zip(queue.allocation, held, strict=True)]
+        return owed(before=self.share_in(queue, cluster, (), held),
+                    target=self.target_in(queue.name, cluster),
+                    overall_before=_fraction(dominant(total, inverse),
+                                             0.0 if whole is None else whole.share))
+
     def rank(self, progress: _QueueRound, cluster: str,
              pairs: tuple[tuple[int, int], ...]) -> Rank:
         queue = progress.queue
+        inverse = self.inverse_total
+        whole = self.targets.queues.get(queue.name)
+        whole_share = 0.0 if whole is None else whole.share
+        after = share_after(progress.share, queue.allocation, pairs, inverse)
         return rank_in_cluster(before=self.share_in(queue, cluster, ()),
                                after=self.share_in(queue, cluster, pairs),
                                target=self.target_in(queue.name, cluster),
-                               cost_after=self._cost_after(progress, pairs))
+                               cost_after=self._cost_after(progress, pairs),
+                               size=max((amount * inverse[axis] for axis, amount in pairs),
+                                        default=0.0),
+                               overall_before=_fraction(progress.share, whole_share),
+                               overall_after=_fraction(after, whole_share))
 
     def _prepare_holds(self) -> None:
         """Keep the holds that still serve a pod below its queue's target, oldest first;
@@ -473,8 +521,7 @@ class _Round:
                 holds.end(hold.job_id)
                 continue
             held = taken.setdefault((hold.queue, hold.cluster), [0] * len(self.inverse_total))
-            if not below_target(self.share_in(queue, hold.cluster, (), held),
-                                self.target_in(hold.queue, hold.cluster)):
+            if not self.owes(queue, hold.cluster, held):
                 holds.end(hold.job_id)  # its queue no longer needs that much to reach it
                 continue
             _add_pairs_to(held, job.shape.pairs)
@@ -509,16 +556,12 @@ class _Round:
 
     def _maybe_hold(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
                     job_id: str, shape: Shape, yields: Callable[[str, Shape], bool]) -> bool:
-        """A pod found no room: if its queue, with it and what it holds already, stays within
-        its fair target in this cluster, hold room for it (lockgate.scheduler.holds), on the
+        """A pod found no room: if the round owes its queue room in this cluster, counting
+        what it holds already (`owes`), hold room for it (lockgate.scheduler.holds), on the
         node closest to having room for it counting what queues that rank after it hold
         there. Returns whether it holds."""
         queue = progress.queue
-        target = self.target_in(queue.name, pending.cluster)
-        if target <= 0:
-            return False
-        held = cluster.held_by.get(queue.name)
-        if not below_target(self.share_in(queue, pending.cluster, (), held), target):
+        if not self.owes(queue, pending.cluster, cluster.held_by.get(queue.name)):
             return False
         assert self.now is not None and self.hold_seconds is not None
         holds = self.state.room_holds()
@@ -774,6 +817,11 @@ class _Round:
                 if cluster.overcommitted
             },
         )
+
+
+def _fraction(share: float, target: float) -> float:
+    """A share as a fraction of a target (infinite without one)."""
+    return share / target if target > 0 else float("inf")
 
 
 def _add_pairs_to(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
