@@ -157,6 +157,8 @@ async def _lock_clusters(connection: AnyConnection, needed: RowsToRead,
     """The batch's cluster rows, by name: FOR UPDATE those it may change, FOR SHARE the rest
     (a pod-event batch only reads its clusters' latest snapshot)."""
     changed = needed.changed_clusters
+    if not needed.clusters:  # a batch of release outcomes only
+        return
     if not changed:
         records = await connection.fetch(
             f"SELECT {_CLUSTER_COLUMNS} FROM clusters"  # noqa: S608
