@@ -22,7 +22,9 @@ lock their jobs in a sorted MATERIALIZED CTE first), and only then inserts new r
 table by table and sorted. A statement that waits only for rows later in the order than any it
 holds cannot close a cycle. Two exceptions, both safe: rows only the leader writes
 (controller_backoffs, evictions) nobody else waits for; collecting old left_places skips rows
-locked by others and is a batch's last statement, so nothing waits after it.
+locked by others and is a batch's last statement, so nothing waits after it. Cancelling a job
+set (namespace_store.cancel_jobs) locks its jobs sorted, then its jobset_cancellations row, then
+its ephemeral_namespaces rows: tables no other writer of jobs locks.
 
 A pod-event batch locks its clusters' rows FOR SHARE, a snapshot or capacity batch (which
 changes the row) FOR UPDATE: batches of pod events run concurrently, and a snapshot's scope is
