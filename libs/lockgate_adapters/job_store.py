@@ -12,15 +12,19 @@ No lock is taken for the feed's sake: writers commit concurrently (several queue
 instances in one consumer group, the scheduler). Rows are locked in one global order, so their
 locks never wait in a cycle:
 
-  clusters (by name) < jobs (by cluster, uid) < left_places (by cluster, uid)
+  clusters (by name) < job buckets < jobs (by cluster, uid) < left_places (by cluster, uid)
   < cluster_nodes (by cluster, node) < cluster_snapshot_pods < jobsets < release_decisions
   (by decision id).
 
 Each writer first locks the existing rows it may change, table by table in that order, each
 table's rows in one statement sorted by key (`lock_current_rows`; the scheduler's statements
-lock their jobs in a sorted MATERIALIZED CTE first), and only then inserts new rows, again
-table by table and sorted. A statement that waits only for rows later in the order than any it
-holds cannot close a cycle. Two exceptions, both safe: rows only the leader writes
+lock their jobs in a sorted MATERIALIZED CTE first), and only then inserts new rows. Rows it
+did not find cannot have been inserted meanwhile by another writer, or its inserts could wait
+for a writer waiting for it: a batch first creates its clusters' rows (ON CONFLICT DO NOTHING,
+sorted), and takes an advisory lock per bucket of its job keys (`job_bucket`, sorted) before
+it reads any job; only ingest inserts jobs and left places, always under those buckets.
+A statement that waits only for locks later in the order than any it holds cannot close a
+cycle. Two exceptions, both safe: rows only the leader writes
 (controller_backoffs, evictions) nobody else waits for; collecting old left_places skips rows
 locked by others and is a batch's last statement, so nothing waits after it. Cancelling a job
 set (namespace_store.cancel_jobs) locks its jobs sorted, then its jobset_cancellations row, then
@@ -48,6 +52,7 @@ from datetime import timedelta
 from typing import Any
 
 import asyncpg
+from aiokafka.partitioner import murmur2
 
 from lockgate.ingest import (
     ClusterRow,
@@ -90,6 +95,7 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
     """
     current = CurrentRows()
     await _lock_clusters(connection, needed, current)
+    await _lock_job_buckets(connection, needed)
     keys = set(needed.job_keys)
     for scope in needed.snapshots:
         # Unfinished jobs it did not list (it may delete them), and those it says ended.
@@ -152,15 +158,42 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
 
 
 _CLUSTER_COLUMNS = "name, capacity_observed_at, last_snapshot_id, last_snapshot_at"
+# Advisory locks (the two-int form, apart from postgres.py's single-key locks): one per bucket
+# of job keys. The bucket is the pod uid's Kafka partition among JOB_BUCKETS (murmur2, as
+# Kafka's default partitioner): with a partition count dividing it, queue-store instances
+# owning different partitions never share a bucket.
+JOB_BUCKET_LOCKS = 7_310
+JOB_BUCKETS = 64
+
+
+def job_bucket(uid: str) -> int:
+    return int(murmur2(uid.encode()) & 0x7FFFFFFF) % JOB_BUCKETS
+
+
+async def _lock_job_buckets(connection: AnyConnection, needed: RowsToRead) -> None:
+    """The buckets of the batch's own job keys, in order, before any job row: whoever may
+    insert a job row holds its bucket, so the rows a batch does not find cannot be inserted by
+    another writer before it commits, and its inserts never wait (module docstring)."""
+    buckets = sorted({job_bucket(uid) for _, uid in needed.job_keys})
+    if buckets:
+        # Volatile functions are evaluated after ORDER BY: the locks are taken in order.
+        await connection.execute(
+            "SELECT pg_advisory_xact_lock($1, b) FROM unnest($2::int[]) AS t(b) ORDER BY b",
+            JOB_BUCKET_LOCKS, buckets)
 
 
 async def _lock_clusters(connection: AnyConnection, needed: RowsToRead,
                          current: CurrentRows) -> None:
     """The batch's cluster rows, by name: FOR UPDATE those it may change, FOR SHARE the rest
-    (a pod-event batch only reads its clusters' latest snapshot)."""
+    (a pod-event batch only reads its clusters' latest snapshot). A cluster seen for the first
+    time gets its row first (empty until a snapshot or capacity report fills it), so that the
+    lock exists and no later insert of it can wait for another writer."""
     changed = needed.changed_clusters
     if not needed.clusters:  # a batch of release outcomes only
         return
+    await connection.execute(
+        "INSERT INTO clusters (name) SELECT n FROM unnest($1::text[]) AS t(n) ORDER BY n"
+        " ON CONFLICT DO NOTHING", sorted(needed.clusters))
     if not changed:
         records = await connection.fetch(
             f"SELECT {_CLUSTER_COLUMNS} FROM clusters"  # noqa: S608
