@@ -7,7 +7,11 @@ Measured in one run, on the local stack, each on a fresh database:
   directly in batches, no Kafka;
 - end to end: a burst of N pod events published to Kafka while queue-store runs as a process;
   timed from the first publish to the last row visible in Postgres. Then the same N pods move
-  to RUNNING (updates instead of inserts).
+  to RUNNING (updates instead of inserts). With `--instances 1,2`, once per number of
+  queue-store processes sharing one consumer group (and one database): each instance ingests
+  some of the topic's partitions, and their transactions commit concurrently (no change-feed
+  lock since migration 032). On a machine with few cores the ratio between them shows the cost
+  of that coordination, not a speed-up.
 
 Prints one JSON object per measurement; rates are events per second, with the ratios to both
 baselines measured in the same run (`ratio_to_baseline`: executemany; `ratio_to_copy_baseline`).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -25,9 +30,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import asyncpg
 
 import devstack
+from devstack.launcher import ServiceProcess, free_port
 from devstack.roles import prepare_database
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState
@@ -115,20 +122,65 @@ async def count_until(pool: asyncpg.Pool, sql: str, args: Sequence[Any], expecte
         await asyncio.sleep(0.02)
 
 
+async def stored_events(process: ServiceProcess) -> float:
+    """How many events a queue-store process stored, from its /metrics."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{process.health_port}/metrics") as reply:
+        text = await reply.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("lockgate_queue_store_events_total{")
+               and 'outcome="stored"' in line)
+
+
+async def start_instances(spec: QueueStoreUnderTest, instances: int,
+                          env: dict[str, str]) -> list[ServiceProcess]:
+    """`instances` queue-store processes in `spec`'s consumer group, each with ports of its
+    own."""
+    processes = [await spec.start(f"queue-store-bench-{spec.group_id}", env)]
+    try:
+        for i in range(1, instances):
+            other = dataclasses.replace(spec, admin_port=free_port(), health_port=free_port())
+            process = other.process(f"queue-store-bench-{spec.group_id}-{i}", env)
+            processes.append(process)
+            await process.start()
+            await process.wait_ready()
+    except BaseException:
+        for process in processes:
+            await process.stop()
+        raise
+    return processes
+
+
+async def warm_up(producer: Any,
+                  processes: list[ServiceProcess]) -> None:
+    """Until every instance has stored events: the group has settled and each has partitions
+    (else the burst would start on one instance and be rebalanced midway)."""
+    deadline = time.perf_counter() + 120
+    while True:
+        await publish_many(producer, POD_EVENTS, pod_events(f"warm-{uuid.uuid4().hex[:8]}", 200))
+        await asyncio.sleep(1)
+        if all([await stored_events(process) > 0 for process in processes]):
+            await asyncio.sleep(1)
+            return
+        if time.perf_counter() > deadline:
+            raise TimeoutError("not every queue-store instance got partitions")
+
+
 async def end_to_end(stack: devstack.StackInfo, dsn: str, count: int,
-                     max_batch: int) -> list[tuple[float, float]]:
+                     max_batch: int, instances: int = 1) -> list[tuple[float, float]]:
     """(seconds to publish, seconds to store) for `count` new pods, then for moving them all
-    to RUNNING."""
+    to RUNNING, with `instances` queue-store processes in one consumer group."""
     spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=stack.kafka_bootstrap)
-    process = await spec.start(f"queue-store-bench-{spec.group_id}",
-                               {"LOCKGATE_QUEUE_STORE_MAX_BATCH": str(max_batch),
-                                # The local stack has one broker (production defaults: 3, 2).
-                                "LOCKGATE_KAFKA_REPLICATION_FACTOR": "1",
-                                "LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS": "1"})
+    processes = await start_instances(spec, instances,
+                                      {"LOCKGATE_QUEUE_STORE_MAX_BATCH": str(max_batch),
+                                       # The local stack has one broker (production: 3, 2).
+                                       "LOCKGATE_KAFKA_REPLICATION_FACTOR": "1",
+                                       "LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS": "1"})
     producer = make_producer(stack.kafka_bootstrap, client_id="bench-ingest")
     pool = await connect_pool(dsn, policy=RetryPolicy())
     try:
         await producer.start()
+        await warm_up(producer, processes)
         cluster = f"bench-{uuid.uuid4().hex[:8]}"
         timings = []
         for state in (JobState.QUEUED, JobState.RUNNING):
@@ -143,14 +195,18 @@ async def end_to_end(stack: devstack.StackInfo, dsn: str, count: int,
     finally:
         await producer.stop()
         await pool.close()
-        await process.stop()
+        for process in processes:
+            await process.stop()
 
 
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=2000, help="queue-store's max batch")
+    parser.add_argument("--instances", default="1",
+                        help="numbers of queue-store processes to run end to end, e.g. 1,2")
     args = parser.parse_args(argv)
+    instance_counts = [int(n) for n in args.instances.split(",")]
     count = min(max(args.events, 100), MAX_EVENTS)
     stack = devstack.ensure_up()
 
@@ -186,15 +242,19 @@ async def main(argv: list[str] | None = None) -> int:
               "seconds": round(seconds, 3), "events_per_second": round(count / seconds),
               **ratios(count / seconds)})
 
-        inserted, updated = await end_to_end(stack, await fresh_database(), count, args.batch)
-        for name, (publishing, seconds) in (("ingest_end_to_end_new_pods", inserted),
-                                            ("ingest_end_to_end_state_changes", updated)):
-            emit({"name": name, "events": count, "batch": args.batch,
-                  "seconds": round(seconds, 3), "events_per_second": round(count / seconds),
-                  # The producer in this process is part of the time: its own rate, for scale.
-                  "publish_events_per_second": round(count / publishing),
-                  **ratios(count / seconds),
-                  "baselines": ["ingest_baseline_executemany", "ingest_baseline_copy"]})
+        for instances in instance_counts:
+            inserted, updated = await end_to_end(stack, await fresh_database(), count,
+                                                 args.batch, instances)
+            suffix = "" if instances == 1 else f"_{instances}_instances"
+            for name, (publishing, seconds) in (("ingest_end_to_end_new_pods", inserted),
+                                                ("ingest_end_to_end_state_changes", updated)):
+                emit({"name": name + suffix, "events": count, "batch": args.batch,
+                      "instances": instances,
+                      "seconds": round(seconds, 3), "events_per_second": round(count / seconds),
+                      # The producer in this process is part of the time: its own rate.
+                      "publish_events_per_second": round(count / publishing),
+                      **ratios(count / seconds),
+                      "baselines": ["ingest_baseline_executemany", "ingest_baseline_copy"]})
     finally:
         for database in databases:
             await drop_database(stack.postgres_dsn, database)

@@ -19,7 +19,8 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     ("scheduler_round", [sys.executable, str(HERE / "bench_scheduler_round.py")]),
     ("targets", [sys.executable, str(HERE / "bench_targets.py")]),
-    ("ingest", [sys.executable, str(HERE / "bench_ingest.py")]),
+    # With 1 and with 2 queue-store instances in one consumer group (issue 19, item 4).
+    ("ingest", [sys.executable, str(HERE / "bench_ingest.py"), "--instances", "1,2"]),
     ("release", [sys.executable, str(HERE / "bench_release.py")]),
     ("ui_pages", [sys.executable, str(HERE / "bench_ui_pages.py")]),
 ]

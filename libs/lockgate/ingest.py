@@ -3,7 +3,7 @@
 Why pure: queue-store's correctness (nothing moves backwards, nothing counts twice, a redelivered
 batch changes nothing) lives here, where it is tested without Kafka or Postgres. The adapter reads
 the current rows a batch touches (`rows_to_read`), this module computes the rows to write
-(`fold_batch`), and the adapter writes exactly those, bumping the change serial only on them.
+(`fold_batch`), and the adapter writes exactly those, stamping only them for the change feed.
 
 Rules:
 - A job's state only moves forward (`lockgate.jobs.advance`); duplicates and out-of-order pod
@@ -229,6 +229,12 @@ class RowsToRead:
     # Of every pod event saying a pod is gone: (cluster, namespace, name, controller uid), so
     # the adapter loads the queued jobs that may replace it, stored before its deletion was.
     heirs_of: frozenset[tuple[str, str, str, str]] = frozenset()
+
+    @property
+    def changed_clusters(self) -> frozenset[str]:
+        """The clusters whose rows the fold may change (a snapshot's or a capacity report's);
+        of the others it only reads the latest snapshot, so the adapter locks them shared."""
+        return self.capacity_clusters | frozenset(scope.cluster for scope in self.snapshots)
 
 
 @dataclass

@@ -4,9 +4,36 @@ Why one module: these tables are lockgate's shared truth, written by queue-store
 admin) and the fair scheduler (decisions) and read by the scheduler and the admin API. Keeping
 every statement about them here keeps the change-feed rules in one place:
 
-- every writer runs in a transaction that first takes `postgres.hold_change_feed_lock`;
-- every changed row of jobs, queues or cluster_nodes gets `serial = nextval('change_serial')`;
+- every changed row of jobs, queues or cluster_nodes gets `serial = nextval('change_serial')`
+  and `writer_xid = pg_current_xact_id()` (an INSERT's default; lockgate.change_feed);
 - the writer calls `postgres.notify_changes` before committing.
+
+No lock is taken for the feed's sake: writers commit concurrently (several queue-store
+instances in one consumer group, the scheduler). Rows are locked in one global order, so their
+locks never wait in a cycle:
+
+  clusters (by name) < job buckets < jobs (by cluster, uid) < left_places (by cluster, uid)
+  < cluster_nodes (by cluster, node) < cluster_snapshot_pods < jobsets < release_decisions
+  (by decision id).
+
+Each writer first locks the existing rows it may change, table by table in that order, each
+table's rows in one statement sorted by key (`lock_current_rows`; the scheduler's statements
+lock their jobs in a sorted MATERIALIZED CTE first), and only then inserts new rows. Rows it
+did not find cannot have been inserted meanwhile by another writer, or its inserts could wait
+for a writer waiting for it: a batch first creates its clusters' rows (ON CONFLICT DO NOTHING,
+sorted), and takes an advisory lock per bucket of its job keys (`job_bucket`, sorted) before
+it reads any job; only ingest inserts jobs and left places, always under those buckets.
+A statement that waits only for locks later in the order than any it holds cannot close a
+cycle. Two exceptions, both safe: rows only the leader writes
+(controller_backoffs, evictions) nobody else waits for; collecting old left_places skips rows
+locked by others and is a batch's last statement, so nothing waits after it. Cancelling a job
+set (namespace_store.cancel_jobs) locks its jobs sorted, then its jobset_cancellations row, then
+its ephemeral_namespaces rows: tables no other writer of jobs locks.
+
+A pod-event batch locks its clusters' rows FOR SHARE, a snapshot or capacity batch (which
+changes the row) FOR UPDATE: batches of pod events run concurrently, and a snapshot's scope is
+read with no pod batch of its cluster in flight, as under the old global lock (a job stored
+concurrently with the snapshot would be judged by neither).
 
 Functions take a connection already inside a transaction where they write, so callers choose
 the transaction's extent (queue-store folds a whole batch in one). Bulk writes go through
@@ -21,9 +48,11 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
+from aiokafka.partitioner import murmur2
 
 from lockgate.ingest import (
     ClusterRow,
@@ -37,7 +66,7 @@ from lockgate.ingest import (
 from lockgate.jobs import TERMINAL_STATES, JobState
 from lockgate.places import LeftPlace
 from lockgate.queues import MaxQueued, QueueSpec
-from lockgate_adapters.postgres import AnyConnection, hold_change_feed_lock, notify_changes
+from lockgate_adapters.postgres import AnyConnection, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 
@@ -56,14 +85,44 @@ _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.s
 
 
 async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> CurrentRows:
-    """Read, `FOR UPDATE`, every row a batch may change (see `lockgate.ingest.CurrentRows`).
+    """Read, `FOR UPDATE`, every row a batch may change (see `lockgate.ingest.CurrentRows`),
+    in the global lock order of this module's docstring.
 
-    Call after `hold_change_feed_lock`: every writer takes that lock first, so the row locks
-    here never wait on each other in a cycle.
+    The jobs of a snapshot's scope and the possible heirs of a deleted pod are found by plain
+    reads, then locked with the batch's own jobs in one sorted statement, which returns each as
+    it is once locked: a row that left the scope meanwhile comes too, and the fold judges every
+    row again (`SnapshotScope.judges`, heirs must still be queued).
     """
     current = CurrentRows()
-    if needed.job_keys:
-        clusters, uids = zip(*sorted(needed.job_keys), strict=True)
+    await _lock_clusters(connection, needed, current)
+    await _lock_job_buckets(connection, needed)
+    keys = set(needed.job_keys)
+    for scope in needed.snapshots:
+        # Unfinished jobs it did not list (it may delete them), and those it says ended.
+        records = await connection.fetch(
+            "SELECT cluster, uid FROM jobs"
+            " WHERE cluster = $1 AND state <> ALL($4::text[]) AND ("
+            " (created_at < $2 AND state_changed_at < $3 AND uid <> ALL($5::text[]))"
+            " OR uid = ANY($6::text[]))",
+            scope.cluster, scope.cutoff, scope.listed_at, _TERMINAL, sorted(scope.listed),
+            sorted(scope.ended),
+        )
+        keys.update((r["cluster"], r["uid"]) for r in records)
+    if needed.heirs_of:
+        # Queued jobs that may replace a pod gone in this batch, stored before its deletion.
+        clusters, namespaces, names, controllers = zip(*sorted(needed.heirs_of), strict=True)
+        records = await connection.fetch(
+            "SELECT j.cluster, j.uid FROM jobs j"
+            " JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[])"
+            " AS k(cluster, namespace, name, controller_uid)"
+            " ON j.cluster = k.cluster AND j.namespace = k.namespace"
+            " AND (j.name = k.name OR (k.controller_uid <> ''"
+            " AND j.controller_uid = k.controller_uid))"
+            " WHERE j.state = 'queued' AND j.queued_since IS NULL",
+            list(clusters), list(namespaces), list(names), list(controllers))
+        keys.update((r["cluster"], r["uid"]) for r in records)
+    if keys:
+        clusters, uids = zip(*sorted(keys), strict=True)
         records = await connection.fetch(
             f"SELECT {_JOB_COLUMNS_OF_J} FROM jobs j"  # noqa: S608
             " JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid)"
@@ -72,6 +131,8 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
             list(clusters), list(uids),
         )
         current.jobs.update((row.key, row) for row in map(_job_row, records))
+    if needed.job_keys:
+        clusters, uids = zip(*sorted(needed.job_keys), strict=True)
         listed = await connection.fetch(
             "SELECT p.cluster, p.uid, p.state FROM cluster_snapshot_pods p"
             " JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid)"
@@ -81,34 +142,8 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
         current.listed_by_latest_snapshot = {
             (r["cluster"], r["uid"]): None if r["state"] is None else JobState(r["state"])
             for r in listed}
-    for scope in needed.snapshots:
-        # Unfinished jobs it did not list (it may delete them), and those it says ended.
-        records = await connection.fetch(
-            f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
-            " WHERE cluster = $1 AND state <> ALL($4::text[]) AND ("
-            " (created_at < $2 AND state_changed_at < $3 AND uid <> ALL($5::text[]))"
-            " OR uid = ANY($6::text[])) ORDER BY uid FOR UPDATE",
-            scope.cluster, scope.cutoff, scope.listed_at, _TERMINAL, sorted(scope.listed),
-            sorted(scope.ended),
-        )
-        current.jobs.update((row.key, row) for row in map(_job_row, records))
     if needed.place_namespaces:
         await _lock_places(connection, needed, current)
-    if needed.heirs_of:
-        # Queued jobs that may replace a pod gone in this batch, stored before its deletion.
-        clusters, namespaces, names, controllers = zip(*sorted(needed.heirs_of), strict=True)
-        records = await connection.fetch(
-            f"SELECT {_JOB_COLUMNS_OF_J} FROM jobs j"  # noqa: S608
-            " JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[])"
-            " AS k(cluster, namespace, name, controller_uid)"
-            " ON j.cluster = k.cluster AND j.namespace = k.namespace"
-            " AND (j.name = k.name OR (k.controller_uid <> ''"
-            " AND j.controller_uid = k.controller_uid))"
-            " WHERE j.state = 'queued' AND j.queued_since IS NULL"
-            " ORDER BY j.cluster, j.uid FOR UPDATE OF j",
-            list(clusters), list(namespaces), list(names), list(controllers))
-        for row in map(_job_row, records):
-            current.jobs.setdefault(row.key, row)
     if needed.capacity_clusters:
         records = await connection.fetch(
             "SELECT cluster, node, allocatable, unmanaged_usage, schedulable, present,"
@@ -119,33 +154,77 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
         for record in records:
             node = NodeRow(**_as_dict(record))
             current.nodes[node.key] = node
-    if needed.clusters:
-        records = await connection.fetch(
-            "SELECT name, capacity_observed_at, last_snapshot_id, last_snapshot_at"
-            " FROM clusters WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE",
-            sorted(needed.clusters),
-        )
-        for record in records:
-            cluster = ClusterRow(**_as_dict(record))
-            current.clusters[cluster.name] = cluster
     return current
+
+
+_CLUSTER_COLUMNS = "name, capacity_observed_at, last_snapshot_id, last_snapshot_at"
+# Advisory locks (the two-int form, apart from postgres.py's single-key locks): one per bucket
+# of job keys. The bucket is the pod uid's Kafka partition among JOB_BUCKETS (murmur2, as
+# Kafka's default partitioner): with a partition count dividing it, queue-store instances
+# owning different partitions never share a bucket.
+JOB_BUCKET_LOCKS = 7_310
+JOB_BUCKETS = 64
+
+
+def job_bucket(uid: str) -> int:
+    return int(murmur2(uid.encode()) & 0x7FFFFFFF) % JOB_BUCKETS
+
+
+async def _lock_job_buckets(connection: AnyConnection, needed: RowsToRead) -> None:
+    """The buckets of the batch's own job keys, in order, before any job row: whoever may
+    insert a job row holds its bucket, so the rows a batch does not find cannot be inserted by
+    another writer before it commits, and its inserts never wait (module docstring)."""
+    buckets = sorted({job_bucket(uid) for _, uid in needed.job_keys})
+    if buckets:
+        # Volatile functions are evaluated after ORDER BY: the locks are taken in order.
+        await connection.execute(
+            "SELECT pg_advisory_xact_lock($1, b) FROM unnest($2::int[]) AS t(b) ORDER BY b",
+            JOB_BUCKET_LOCKS, buckets)
+
+
+async def _lock_clusters(connection: AnyConnection, needed: RowsToRead,
+                         current: CurrentRows) -> None:
+    """The batch's cluster rows, by name: FOR UPDATE those it may change, FOR SHARE the rest
+    (a pod-event batch only reads its clusters' latest snapshot). A cluster seen for the first
+    time gets its row first (empty until a snapshot or capacity report fills it), so that the
+    lock exists and no later insert of it can wait for another writer."""
+    changed = needed.changed_clusters
+    if not needed.clusters:  # a batch of release outcomes only
+        return
+    await connection.execute(
+        "INSERT INTO clusters (name) SELECT n FROM unnest($1::text[]) AS t(n) ORDER BY n"
+        " ON CONFLICT DO NOTHING", sorted(needed.clusters))
+    if not changed:
+        records = await connection.fetch(
+            f"SELECT {_CLUSTER_COLUMNS} FROM clusters"  # noqa: S608
+            " WHERE name = ANY($1::text[]) ORDER BY name FOR SHARE",
+            sorted(needed.clusters))
+    else:
+        records = []
+        for name in sorted(needed.clusters):  # one mode per row, in name order
+            mode = "UPDATE" if name in changed else "SHARE"
+            records += await connection.fetch(
+                f"SELECT {_CLUSTER_COLUMNS} FROM clusters WHERE name = $1 FOR {mode}",  # noqa: S608
+                name)
+    for record in records:
+        cluster = ClusterRow(**_as_dict(record))
+        current.clusters[cluster.name] = cluster
 
 
 async def _lock_places(connection: AnyConnection, needed: RowsToRead,
                        current: CurrentRows) -> None:
     """The places left in the batch's namespaces (lockgate.places), and every live queue's
-    maximum time queued; places older than `needed.place_grace` are collected first."""
-    await connection.execute(
-        "DELETE FROM left_places WHERE deleted_at < now() - make_interval(secs => $1)",
-        needed.place_grace.total_seconds())
+    maximum time queued; places older than `needed.place_grace` are left out, as if collected
+    (`collect_left_places` deletes them at the end of the batch)."""
     clusters, namespaces = zip(*sorted(needed.place_namespaces), strict=True)
     records = await connection.fetch(
         "SELECT p.cluster, p.uid, p.namespace, p.queue, p.name, p.controller_uid, p.requests,"
         " p.queued_since, p.deleted_at, p.inherited_by FROM left_places p"
         " JOIN unnest($1::text[], $2::text[]) AS k(cluster, namespace)"
         " ON p.cluster = k.cluster AND p.namespace = k.namespace"
+        " WHERE p.deleted_at >= now() - make_interval(secs => $3)"
         " ORDER BY p.cluster, p.uid FOR UPDATE OF p",
-        list(clusters), list(namespaces))
+        list(clusters), list(namespaces), needed.place_grace.total_seconds())
     for record in records:
         place = LeftPlace(**_as_dict(record))
         current.places[place.key] = place
@@ -191,16 +270,21 @@ async def write_ingest(connection: AnyConnection, result: IngestResult) -> None:
         await connection.execute(
             "INSERT INTO jobsets (cluster, queue, name, first_seen, last_seen)"
             " SELECT c, q, n, s, s FROM unnest($1::text[], $2::text[], $3::text[],"
-            " $4::timestamptz[]) AS t(c, q, n, s)"
+            " $4::timestamptz[]) AS t(c, q, n, s) ORDER BY c, q, n"
             " ON CONFLICT (cluster, queue, name)"
             " DO UPDATE SET last_seen = GREATEST(jobsets.last_seen, EXCLUDED.last_seen)",
             *_columns(result.jobsets, "cluster", "queue", "name", "seen_at"),
         )
     if result.decision_outcomes:
+        # Locked by id first: the leader marks decisions published concurrently.
         await connection.execute(
-            "UPDATE release_decisions d SET outcome = t.outcome, outcome_at = t.at"
-            " FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS t(id, outcome, at)"
-            " WHERE d.decision_id = t.id AND d.outcome IS NULL",
+            "WITH locked AS MATERIALIZED (SELECT decision_id FROM release_decisions"
+            " WHERE decision_id = ANY($1::text[]) AND outcome IS NULL"
+            " ORDER BY decision_id FOR UPDATE)"
+            " UPDATE release_decisions d SET outcome = t.outcome, outcome_at = t.at"
+            " FROM locked l,"
+            " unnest($1::text[], $2::text[], $3::timestamptz[]) AS t(id, outcome, at)"
+            " WHERE d.decision_id = l.decision_id AND d.decision_id = t.id AND d.outcome IS NULL",
             [o.decision_id for o in result.decision_outcomes],
             [o.outcome.value for o in result.decision_outcomes],
             [o.at for o in result.decision_outcomes],
@@ -233,9 +317,11 @@ _MERGE_STAGED_JOBS = (
     " SELECT " + ", ".join(f"{c}::jsonb" if c in _JSONB_JOB_COLUMNS else c
                            for c in _JOB_COLUMN_NAMES)
     + f", nextval('change_serial') FROM {_STAGED_JOBS}"
+    # Sorted: new rows are inserted in the global lock order (module docstring).
+    " ORDER BY cluster, uid"
     " ON CONFLICT (cluster, uid) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _JOB_COLUMN_NAMES[2:])
-    + ", serial = EXCLUDED.serial")
+    + ", serial = EXCLUDED.serial, writer_xid = EXCLUDED.writer_xid")
 
 
 async def upsert_jobs(connection: AnyConnection, rows: Sequence[JobRow]) -> None:
@@ -284,6 +370,7 @@ async def upsert_places(connection: AnyConnection, places: Sequence[LeftPlace]) 
         " SELECT c, u, ns, q, n, cu, r::jsonb, qs, da, ib FROM unnest($1::text[], $2::text[],"
         " $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[],"
         " $9::timestamptz[], $10::text[]) AS t(c, u, ns, q, n, cu, r, qs, da, ib)"
+        " ORDER BY c, u"
         " ON CONFLICT (cluster, uid) DO UPDATE SET"
         " inherited_by = COALESCE(left_places.inherited_by, EXCLUDED.inherited_by)",
         *columns,
@@ -303,11 +390,12 @@ async def upsert_nodes(connection: AnyConnection, rows: Sequence[NodeRow]) -> No
         " SELECT c, n, a::jsonb, u::jsonb, s, p, o, l::jsonb, tn::jsonb, nextval('change_serial')"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bool[],"
         " $7::timestamptz[], $8::text[], $9::text[]) AS t(c, n, a, u, s, p, o, l, tn)"
+        " ORDER BY c, n"
         " ON CONFLICT (cluster, node) DO UPDATE SET allocatable = EXCLUDED.allocatable,"
         " labels = EXCLUDED.labels, taints = EXCLUDED.taints,"
         " unmanaged_usage = EXCLUDED.unmanaged_usage, schedulable = EXCLUDED.schedulable,"
         " present = EXCLUDED.present, observed_at = EXCLUDED.observed_at,"
-        " serial = EXCLUDED.serial",
+        " serial = EXCLUDED.serial, writer_xid = EXCLUDED.writer_xid",
         *columns,
     )
 
@@ -316,6 +404,7 @@ async def upsert_clusters(connection: AnyConnection, rows: Sequence[ClusterRow])
     await connection.execute(
         "INSERT INTO clusters (name, capacity_observed_at, last_snapshot_id, last_snapshot_at)"
         " SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::timestamptz[])"
+        " AS t(n, c, i, a) ORDER BY n"
         " ON CONFLICT (name) DO UPDATE SET"
         " capacity_observed_at = EXCLUDED.capacity_observed_at,"
         " last_snapshot_id = EXCLUDED.last_snapshot_id,"
@@ -335,6 +424,19 @@ async def replace_snapshot_listing(connection: AnyConnection, cluster: str,
         " SELECT $1, uid, state FROM unnest($2::text[], $3::text[]) AS t(uid, state)"
         " ON CONFLICT DO NOTHING",
         cluster, uids, [None if (state := listed[uid]) is None else state.value for uid in uids])
+
+
+async def collect_left_places(connection: AnyConnection, grace: timedelta,
+                              written: Sequence[LeftPlace] = ()) -> None:
+    """Delete the places left longer than `grace` ago that no other writer has locked, except
+    those this batch just `written` (they go with a later batch, as before it): a batch's last
+    statement, so what it locks out of the global order never waits in a cycle."""
+    await connection.execute(
+        "DELETE FROM left_places WHERE (cluster, uid) IN (SELECT cluster, uid FROM left_places"
+        " WHERE deleted_at < now() - make_interval(secs => $1)"
+        " AND (cluster, uid) NOT IN (SELECT * FROM unnest($2::text[], $3::text[]))"
+        " FOR UPDATE SKIP LOCKED)",
+        grace.total_seconds(), [p.cluster for p in written], [p.uid for p in written])
 
 
 def _columns(rows: Sequence[object], *names: str) -> list[list[Any]]:
@@ -388,7 +490,6 @@ async def get_queue(connection: AnyConnection, name: str) -> QueueSpec | None:
 async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
     """Create a queue, or revive a deleted one under the same name; 409-worthy if it exists."""
     async with connection.transaction():
-        await hold_change_feed_lock(connection)
         existing = await connection.fetchrow(
             "SELECT deleted FROM queues WHERE name = $1 FOR UPDATE", spec.name)
         if existing is not None and not existing["deleted"]:
@@ -405,7 +506,7 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
             " group_timeout_action = EXCLUDED.group_timeout_action,"
             " allowed_kinds = EXCLUDED.allowed_kinds,"
             " deleted = false, created_at = now(), updated_at = now(),"
-            " serial = nextval('change_serial')"
+            " serial = nextval('change_serial'), writer_xid = EXCLUDED.writer_xid"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
             json.dumps(spec.namespaces_json()), _max_queued_json(spec),
@@ -429,7 +530,6 @@ async def update_queue(connection: AnyConnection, name: str,
     ValidationError for an invalid result). The name and creation time never change.
     """
     async with connection.transaction():
-        await hold_change_feed_lock(connection)
         record = await connection.fetchrow(
             f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE name = $1 AND NOT deleted FOR UPDATE",  # noqa: S608
             name)
@@ -449,7 +549,8 @@ async def update_queue(connection: AnyConnection, name: str,
             " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
             " max_queued = $6::text::jsonb, group_timeout_seconds = $7,"
             " group_timeout_action = $8, allowed_kinds = $9::text::jsonb,"
-            " updated_at = now(), serial = nextval('change_serial')"
+            " updated_at = now(), serial = nextval('change_serial'),"
+            " writer_xid = pg_current_xact_id()::text::bigint"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
             name, updated.priority_factor, updated.cordoned,
             json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
@@ -464,10 +565,10 @@ async def update_queue(connection: AnyConnection, name: str,
 async def delete_queue(connection: AnyConnection, name: str) -> None:
     """Tombstone a queue (readers of the change feed must see it go); its jobs stay stored."""
     async with connection.transaction():
-        await hold_change_feed_lock(connection)
         status = await connection.execute(
             "UPDATE queues SET deleted = true, updated_at = now(),"
-            " serial = nextval('change_serial') WHERE name = $1 AND NOT deleted", name)
+            " serial = nextval('change_serial'), writer_xid = pg_current_xact_id()::text::bigint"
+            " WHERE name = $1 AND NOT deleted", name)
         if status != "UPDATE 1":
             raise QueueNotFoundError(name)
         await notify_changes(connection, "queues")

@@ -41,7 +41,7 @@ async def scheduler_view(connection: AnyConnection, *, fairness_resources: Itera
 
 async def load_view(connection: AnyConnection, *, fairness_resources: Iterable[str],
                     policy: FeedPolicy) -> tuple[Feed, store.Changes]:
-    """`scheduler_view`, and the rows it was loaded from (their `serial` is what
+    """`scheduler_view`, and the rows it was loaded from (their `cursor` is what
     `apply_changes` goes on from)."""
     # A pooled connection proxies every method load_everything uses.
     everything = await store.load_everything(cast(asyncpg.Connection, connection))

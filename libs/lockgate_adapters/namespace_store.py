@@ -9,9 +9,9 @@ A record and its history change together or not at all (the row and its transiti
 statement pair, inside the caller's transaction), and every collection writer locks the row
 first, so several queue-store replicas never step on one record at once (`SKIP LOCKED` hands each
 due record to one of them). A collected record's `serial` takes a new value like every other
-changed row, but the change feed lock is not taken for it: no reader follows these rows by
-serial, and collection must not wait on ingest. Cancelling a job set changes jobs, so that does
-take the lock.
+changed row (no reader follows these rows through the change feed). Cancelling a job set changes
+jobs: it stamps them for the change feed (`writer_xid`) and locks them sorted by key before its
+cancellation row (job_store's global lock order).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from lockgate.namespaces import (
     Transition,
     Trigger,
 )
-from lockgate_adapters.postgres import AnyConnection, hold_change_feed_lock, notify_changes
+from lockgate_adapters.postgres import AnyConnection, notify_changes
 
 TABLE = "ephemeral_namespaces"
 CREATED_CAUSE = "created"
@@ -226,7 +226,11 @@ async def cancel_jobs(connection: AnyConnection, command: JobSetCommand) -> int:
     A job whose pod finished before the cancel but whose event is stored after it (queue-store
     restarted, or behind) takes that outcome then (lockgate.ingest): the cancel's time, on the
     row, tells the two apart."""
-    await hold_change_feed_lock(connection)
+    # The jobs first, sorted (job_store's global lock order); the statement below changes them.
+    await connection.execute(
+        "SELECT 1 FROM jobs WHERE queue = $1 AND jobset = $2 AND created_at < $3"
+        " ORDER BY cluster, uid FOR UPDATE",
+        command.queue, command.jobset, command.covers_created_before)
     await connection.execute(
         "INSERT INTO jobset_cancellations (queue, jobset, command_id, reason, requested_by,"
         " requested_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue, jobset) DO NOTHING",
@@ -236,7 +240,8 @@ async def cancel_jobs(connection: AnyConnection, command: JobSetCommand) -> int:
     # ungaters act on the same command, and their pods' deletion may be stored first.
     status = await connection.execute(
         "UPDATE jobs SET state = $3, last_reason = $4, state_changed_at = $7,"
-        " finished_at = COALESCE(finished_at, $7), serial = nextval('change_serial')"
+        " finished_at = COALESCE(finished_at, $7), serial = nextval('change_serial'),"
+        " writer_xid = pg_current_xact_id()::text::bigint"
         " WHERE queue = $1 AND jobset = $2 AND created_at < $8 AND (state <> ALL($5::text[])"
         " OR (state = $6 AND state_changed_at >= $7))",
         command.queue, command.jobset, JobState.CANCELLED.value,

@@ -5,10 +5,13 @@ the right version before any of them reads or writes. Migrations are plain SQL f
 NNN_name.sql beside this module, applied in order in one transaction each, under an advisory lock
 so services starting together do not race.
 
-Change feed: writers bump `change_serial` on every row they change, while holding the
-transaction-level lock `CHANGE_FEED_LOCK` so serials become visible in commit order (no reader can
-see serial N+1 before N), then `NOTIFY lockgate_changes`. Readers (the fair scheduler) load once and
-then fetch rows with a serial above the last one they saw.
+Change feed (lockgate.change_feed, migration 032): writers stamp every row of jobs, queues and
+cluster_nodes they change with their transaction id (`writer_xid`; an INSERT takes it by default,
+an UPDATE sets it, with `serial = nextval('change_serial')` for ordering), then
+`NOTIFY lockgate_changes`. They take no lock for the feed's sake and commit concurrently. Readers
+(the fair scheduler, the web UI) load once and then fetch the rows written by transactions their
+previous read's snapshot did not see as committed (`FeedCursor`). Writers that may lock the same
+rows lock them in one global order (job_store's module docstring), so they never deadlock.
 
 One service migrates: queue-store (its role owns the schema). The fair scheduler and the webhook
 connect with roles of their own that may only read and write the rows they use (migration 003,
@@ -36,7 +39,8 @@ from lockgate_adapters.settings import RetryPolicy
 log = logging.getLogger(__name__)
 
 MIGRATIONS_LOCK = 7_310_001
-CHANGE_FEED_LOCK = 7_310_002
+# 7_310_002 was the global change-feed lock, gone with migration 032: do not reuse it while an
+# older release may still run against the same database.
 LEADER_LOCK = 7_310_003
 CHANGES_CHANNEL = "lockgate_changes"
 # Each service's own Postgres role, by service name; migration 003 grants each what it uses.
@@ -169,11 +173,6 @@ async def grant_service_roles(connection: AnyConnection) -> bool:
     if exists:
         await connection.execute("SELECT lockgate_grant_service_roles()")
     return bool(exists)
-
-
-async def hold_change_feed_lock(connection: AnyConnection) -> None:
-    """Inside a transaction that bumps change_serial: serialise it with other such writers."""
-    await connection.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
 
 
 async def notify_changes(connection: AnyConnection, payload: str = "") -> None:

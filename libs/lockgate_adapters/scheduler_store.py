@@ -4,9 +4,14 @@ Why one module: the scheduler's guarantees live in these statements.
 - Leadership is a session-level advisory lock (`postgres.LEADER_LOCK`) held by one dedicated
   connection. Decisions are written on that same connection, so a scheduler that lost its
   connection (and with it the lock) cannot write: the connection is the fence.
-- Reading: load queues, nodes and unfinished jobs once, in one snapshot, with the highest serial
-  that snapshot holds; afterwards fetch only rows with a higher serial. Writers bump serials
-  under `CHANGE_FEED_LOCK`, so serials become visible in order and nothing is skipped.
+- Reading: load queues, nodes and unfinished jobs once, in one snapshot, and keep that snapshot
+  (`lockgate.change_feed.FeedCursor`); afterwards fetch only the rows whose writer
+  (`writer_xid`) that snapshot did not see as committed, and keep the new read's snapshot. No
+  writer takes a lock for the feed's sake, yet nothing is skipped, whatever order writers commit
+  in, and no row version is delivered twice. (Delivering one twice would be harmless anyway: a
+  job, queue or node row is applied as the whole current row, replacing what the state held.)
+- Writers lock rows in the global order of job_store's docstring: the decisions' jobs are
+  locked sorted by (cluster, uid) in a MATERIALIZED CTE before they are updated.
 - Writing a round: one transaction marks the decided jobs released — only those still queued,
   so a job is never released twice — and records one `release_decisions` row per job actually
   released, before any command is published. Publishing is recorded afterwards
@@ -29,13 +34,14 @@ from typing import Any
 import asyncpg
 
 from lockgate.backoff import ControllerBackoff
+from lockgate.change_feed import FeedCursor
 from lockgate.jobs import TERMINAL_STATES, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler import NodeInfo, SchedJob
-from lockgate_adapters.postgres import LEADER_LOCK, hold_change_feed_lock, notify_changes
+from lockgate_adapters.postgres import LEADER_LOCK, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 log = logging.getLogger(__name__)
@@ -111,9 +117,10 @@ class NodeChange:
 
 @dataclass
 class Changes:
-    """Rows changed since a serial (or everything, for the first load), and the new serial."""
+    """Rows changed since a cursor (or everything, for the first load), and the cursor of the
+    read that found them: the next read's starting point."""
 
-    serial: int
+    cursor: FeedCursor
     queues: list[QueueChange] = field(default_factory=list)
     nodes: list[NodeChange] = field(default_factory=list)
     jobs: list[SchedJob] = field(default_factory=list)
@@ -188,10 +195,10 @@ async def leader_pid(connection: asyncpg.Connection) -> int | None:
 
 # Reading ---------------------------------------------------------------------------------------
 
-_MAX_SERIAL = (
-    "SELECT GREATEST((SELECT max(serial) FROM jobs), (SELECT max(serial) FROM queues),"
-    " (SELECT max(serial) FROM cluster_nodes), 0)"
-)
+_SNAPSHOT = "SELECT pg_current_snapshot()::text"
+# Written by a transaction the cursor's snapshot did not see: one range and a few probes of the
+# writer_xid index (migration 032).
+_UNSEEN = "writer_xid >= $1 OR writer_xid = ANY($2::bigint[])"
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
                   " deleted, serial, max_queued, group_timeout_seconds, group_timeout_action")
 _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial,"
@@ -211,7 +218,7 @@ _placements: dict[str, PodPlacement] = {}
 async def load_everything(connection: asyncpg.Connection) -> Changes:
     """Live queues, present nodes and unfinished jobs, all from one snapshot."""
     async with connection.transaction(isolation="repeatable_read", readonly=True):
-        serial = int(await connection.fetchval(_MAX_SERIAL))
+        cursor = FeedCursor.from_snapshot(await connection.fetchval(_SNAPSHOT))
         queues = await connection.fetch(
             f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE NOT deleted")  # noqa: S608
         nodes = await connection.fetch(
@@ -222,7 +229,7 @@ async def load_everything(connection: asyncpg.Connection) -> Changes:
         backoffs = await connection.fetch(
             "SELECT cluster, controller_uid, attempts, given_up_at, until"
             " FROM controller_backoffs")
-    changes = _changes(serial, queues, nodes, jobs)
+    changes = _changes(cursor, queues, nodes, jobs)
     changes.backoffs = [
         ControllerBackoff(cluster=r["cluster"], controller_uid=r["controller_uid"],
                           attempts=r["attempts"], given_up_at=r["given_up_at"].timestamp(),
@@ -231,18 +238,19 @@ async def load_everything(connection: asyncpg.Connection) -> Changes:
     return changes
 
 
-async def changes_since(connection: asyncpg.Connection, serial: int) -> Changes:
-    """Every queue, node and job row whose serial is above `serial`, from one snapshot."""
+async def changes_since(connection: asyncpg.Connection, cursor: FeedCursor) -> Changes:
+    """Every queue, node and job row written by a transaction `cursor`'s snapshot did not see
+    as committed, from one snapshot, whose cursor the result carries."""
     async with connection.transaction(isolation="repeatable_read", readonly=True):
+        # First: a repeatable-read transaction's snapshot is taken by its first statement.
+        newest = FeedCursor.from_snapshot(await connection.fetchval(_SNAPSHOT))
+        unseen = (cursor.xmax, list(cursor.in_progress))
         queues = await connection.fetch(
-            f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE serial > $1", serial)  # noqa: S608
+            f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE {_UNSEEN}", *unseen)  # noqa: S608
         nodes = await connection.fetch(
-            f"SELECT {_NODE_COLUMNS} FROM cluster_nodes WHERE serial > $1",  # noqa: S608
-            serial)
+            f"SELECT {_NODE_COLUMNS} FROM cluster_nodes WHERE {_UNSEEN}", *unseen)  # noqa: S608
         jobs = await connection.fetch(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE serial > $1", serial)  # noqa: S608
-    newest = max((int(r["serial"]) for rows in (queues, nodes, jobs) for r in rows),
-                 default=serial)
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {_UNSEEN}", *unseen)  # noqa: S608
     return _changes(newest, queues, nodes, jobs)
 
 
@@ -285,10 +293,10 @@ async def kept_places(connection: asyncpg.Connection, keys: Sequence[tuple[str, 
     return {(r["cluster"], r["uid"]): r["kept_place_of"] for r in rows}
 
 
-def _changes(serial: int, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
+def _changes(cursor: FeedCursor, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
              jobs: Sequence[asyncpg.Record]) -> Changes:
     return Changes(
-        serial=serial,
+        cursor=cursor,
         queues=[_queue_change(r) for r in sorted(queues, key=_serial)],
         nodes=[_node_change(r) for r in sorted(nodes, key=_serial)],
         jobs=[_sched_job(r) for r in sorted(jobs, key=_serial)],
@@ -404,14 +412,18 @@ async def record_unplaceable(connection: asyncpg.Connection, *, keys: Sequence[t
     if not keys:
         return 0
     async with connection.transaction():
-        if backoffs:
+        if backoffs:  # rows only the leader writes: nobody waits for them
             await _store_backoffs(connection, backoffs)
-        await hold_change_feed_lock(connection)
         result = await connection.execute(
-            "UPDATE jobs j SET unplaceable_at = $4, last_reason = t.reason,"
-            " serial = nextval('change_serial')"
-            " FROM unnest($1::text[], $2::text[], $3::text[]) AS t(cluster, uid, reason)"
-            " WHERE j.cluster = t.cluster AND j.uid = t.uid"
+            "WITH locked AS MATERIALIZED (SELECT j.cluster, j.uid FROM jobs j"
+            " JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid)"
+            " ON j.cluster = k.cluster AND j.uid = k.uid"
+            " ORDER BY j.cluster, j.uid FOR UPDATE OF j)"
+            " UPDATE jobs j SET unplaceable_at = $4, last_reason = t.reason,"
+            " serial = nextval('change_serial'), writer_xid = pg_current_xact_id()::text::bigint"
+            " FROM locked l, unnest($1::text[], $2::text[], $3::text[]) AS t(cluster, uid, reason)"
+            " WHERE j.cluster = l.cluster AND j.uid = l.uid"
+            " AND j.cluster = t.cluster AND j.uid = t.uid"
             " AND (j.state IN ('released', 'ungated')"
             " OR (j.state = 'deleted' AND j.node_name IS NULL AND j.released_at IS NOT NULL))"
             " AND j.unplaceable_at IS NULL",
@@ -441,13 +453,18 @@ async def record_releases(
         return []
     ids, clusters, uids = (list(column) for column in zip(*decisions, strict=True))
     async with connection.transaction():
-        await hold_change_feed_lock(connection)
         rows = await connection.fetch(
-            "WITH released AS ("
+            # Locked sorted first (job_store's global lock order), only those still queued.
+            "WITH locked AS MATERIALIZED (SELECT j.cluster, j.uid, d.decision_id FROM jobs j"
+            " JOIN unnest($1::text[], $2::text[], $3::text[]) AS d(decision_id, cluster, uid)"
+            " ON j.cluster = d.cluster AND j.uid = d.uid WHERE j.state = 'queued'"
+            " ORDER BY j.cluster, j.uid FOR UPDATE OF j"
+            "), released AS ("
             " UPDATE jobs j SET state = 'released', decision_id = d.decision_id,"
             " released_at = $4, state_changed_at = $4,"
-            " release_attempts = j.release_attempts + 1, serial = nextval('change_serial')"
-            " FROM unnest($1::text[], $2::text[], $3::text[]) AS d(decision_id, cluster, uid)"
+            " release_attempts = j.release_attempts + 1, serial = nextval('change_serial'),"
+            " writer_xid = pg_current_xact_id()::text::bigint"
+            " FROM locked d"
             " WHERE j.cluster = d.cluster AND j.uid = d.uid AND j.state = 'queued'"
             " RETURNING d.decision_id, j.cluster, j.uid, j.namespace, j.name, j.queue"
             "), recorded AS ("
@@ -465,8 +482,12 @@ async def record_releases(
 
 async def mark_published(connection: asyncpg.Connection, decision_ids: Sequence[str],
                          at: datetime) -> None:
+    # Locked by id first: ingest records outcomes on these rows concurrently, in that order.
     await connection.execute(
-        "UPDATE release_decisions SET published_at = $2 WHERE decision_id = ANY($1::text[])",
+        "WITH locked AS MATERIALIZED (SELECT decision_id FROM release_decisions"
+        " WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE)"
+        " UPDATE release_decisions d SET published_at = $2 FROM locked l"
+        " WHERE d.decision_id = l.decision_id",
         list(decision_ids), at,
     )
 

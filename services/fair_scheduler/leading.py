@@ -3,8 +3,8 @@
 Why this shape: a round must start within milliseconds of a change that could release something
 (a pod queued, capacity freed, a queue changed), not at the next periodic tick. The leader LISTENs
 on `lockgate_changes` on its own connection; a notification wakes it, it waits a few
-milliseconds for more, fetches only the rows changed since the last serial it saw, applies them
-through the hold-out feed (`lockgate.scheduler.feed`: what is expired, backing off, given up or
+milliseconds for more, fetches only the rows changed since its last read (`FeedCursor`), applies
+them through the hold-out feed (`lockgate.scheduler.feed`: what is expired, backing off, given up or
 held for its controller stays out of the line) to the in-memory `SchedulerState` and runs a
 round. Everything it decides without I/O is the feed's (unit-tested there); this module reads,
 records and publishes. A periodic round is the safety net for lost
@@ -33,6 +33,7 @@ from prometheus_client import Counter as MetricCounter
 
 from fair_scheduler.reporting import FairnessReport
 from fair_scheduler.settings import SchedulerSettings
+from lockgate.change_feed import START
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.groups import GroupTimeoutAction
 from lockgate.noticing import NoticeReason, queue_unknown_message
@@ -134,7 +135,7 @@ class Leader:
         self._preemption = PreemptionPolicy(
             preemptible_priority_classes=frozenset(settings.preemptible_priority_classes),
             max_evictions_per_round=settings.max_evictions_per_round)
-        self._serial = 0
+        self._cursor = START
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -192,7 +193,7 @@ class Leader:
                 next_check = time.monotonic() + settings.leader_check_interval_seconds
             self._wake.clear()
             listener = await self._listen(listener)
-            changed = self._apply(await store.changes_since(self._connection, self._serial))
+            changed = self._apply(await store.changes_since(self._connection, self._cursor))
             changed = self._feed.end_due(self._now().timestamp()) or changed
             await self._forget_backoffs()
             changed = await self._give_up_unplaceable() or changed
@@ -222,9 +223,9 @@ class Leader:
         if everything.backoffs:
             log.info("loaded %d controller back-offs", len(everything.backoffs))
         self._apply(everything)
-        log.info("loaded %d queues, %d nodes, %d unfinished jobs up to serial %d in %.2fs",
+        log.info("loaded %d queues, %d nodes, %d unfinished jobs as of %s in %.2fs",
                  len(everything.queues), len(everything.nodes), len(everything.jobs),
-                 everything.serial, time.monotonic() - started)
+                 everything.cursor, time.monotonic() - started)
 
     def _apply(self, changes: store.Changes) -> bool:
         """Apply changed rows; returns whether any could let a round release something new."""
@@ -238,7 +239,7 @@ class Leader:
                     for job_id, (releases, at) in changes.returned.items()}
         changed = feed.apply_jobs(changes.jobs, now=self._now().timestamp(),
                                   returned=returned) or changed
-        self._serial = max(self._serial, changes.serial)
+        self._cursor = changes.cursor  # each read's snapshot is later than the last
         return changed
 
     async def _forget_backoffs(self) -> None:

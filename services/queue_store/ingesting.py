@@ -29,7 +29,7 @@ from lockgate.ingest import IngestEvent, IngestResult, fold_batch, invalid_reaso
 from lockgate.places import DEFAULT_GRACE_SECONDS
 from lockgate_adapters import job_store
 from lockgate_adapters.kafka import Received
-from lockgate_adapters.postgres import hold_change_feed_lock, notify_changes
+from lockgate_adapters.postgres import notify_changes
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("queue_store")
@@ -53,16 +53,24 @@ E = TypeVar("E", bound=Event)
 async def store_events(pool: asyncpg.Pool, events: Sequence[IngestEvent], *,
                        place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS),
                        ) -> IngestResult:
-    """Fold `events` into Postgres in one transaction (the change-feed rules included);
-    `place_grace`: how long a deleted queued pod's place is kept (lockgate.places)."""
+    """Fold `events` into Postgres in one transaction (job_store's change-feed and lock-order
+    rules included); `place_grace`: how long a deleted queued pod's place is kept
+    (lockgate.places)."""
+    needed = rows_to_read(events, place_grace=place_grace)
     async with pool.acquire() as connection, connection.transaction():
-        await hold_change_feed_lock(connection)
-        current = await job_store.lock_current_rows(
-            connection, rows_to_read(events, place_grace=place_grace))
+        # No lock for the change feed: instances in one consumer group commit concurrently,
+        # their row locks taken in job_store's global order.
+        current = await job_store.lock_current_rows(connection, needed)
         result = fold_batch(current, events, place_grace=place_grace)
+        # A cluster row locked FOR SHARE must not be written (an upgrade could deadlock).
+        unlocked = {row.name for row in result.clusters} - needed.changed_clusters
+        assert not unlocked, f"cluster rows changed without their lock: {sorted(unlocked)}"
         await job_store.write_ingest(connection, result)
         if result.jobs or result.nodes:
             await notify_changes(connection, _changed_tables(result))
+        if needed.place_namespaces:
+            await job_store.collect_left_places(  # the last statement
+                connection, needed.place_grace, result.places)
     return result
 
 

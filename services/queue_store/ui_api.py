@@ -41,6 +41,7 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
+from lockgate.change_feed import START
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate.pod_traces import waterfall_json
@@ -62,7 +63,7 @@ JobJson = Callable[[JobRow], dict[str, Any]]
 class StateCache:
     """The scheduler's picture from Postgres, as the leader keeps it: loaded once through the
     leader's hold-out feed (`job_views.load_view`, as `lockgate status` loads it), then brought
-    up to date from the change feed (rows whose serial is newer, `job_views.apply_changes`)
+    up to date from the change feed (rows changed since its last read, `job_views.apply_changes`)
     when older than `max_age_seconds`. Concurrent callers share one
     refresh. A full load costs a pass over every unfinished job (seconds at 100,000); a refresh
     costs what changed.
@@ -83,7 +84,7 @@ class StateCache:
         self._lock = asyncio.Lock()
         self._feed: Feed | None = None
         self._state: SchedulerState | None = None
-        self._serial = 0
+        self._cursor = START
         self._loaded_at = 0.0
         self._queued: dict[str, tuple[str, tuple[int, float, str]]] = {}  # id -> queue, key
         self._order: dict[str, list[tuple[int, float, str]]] | None = None
@@ -133,13 +134,13 @@ class StateCache:
                         self._state = self._feed.state
                     else:
                         changes = await store.changes_since(
-                            cast(asyncpg.Connection, connection), self._serial)
+                            cast(asyncpg.Connection, connection), self._cursor)
                         now = time.time()
                         # The leader's record of controllers backing off, as it stands now.
                         self._feed.load_backoffs(
                             await ui_views.controller_backoffs(connection), now)
                         job_views.apply_changes(self._feed, changes, now=now)
-                self._serial = max(self._serial, changes.serial)
+                self._cursor = changes.cursor
                 self._track(changes.jobs)
                 self._loaded_at = time.time()
             assert self._state is not None

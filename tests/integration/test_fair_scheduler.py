@@ -1,8 +1,8 @@
 """The fair scheduler against real Postgres and Kafka.
 
 Each test gets a fresh database, cloned from a template this module migrates once, and writes
-queues, nodes and jobs into it the way queue-store does (change-feed lock, new serial per changed
-row, NOTIFY). Cluster names are unique to this module, so the release commands it makes cannot
+queues, nodes and jobs into it the way queue-store does (new serial and writer_xid per changed row,
+NOTIFY). Cluster names are unique to this module, so the release commands it makes cannot
 be mistaken for (or acted on as) another test's; assertions read them back from Kafka.
 Schedulers run in this process (or, to be SIGKILLed, as a subprocess).
 """
@@ -33,7 +33,7 @@ from helpers.postgres import fresh_database
 from helpers.services import FAST_RETRY, fairness_report, service_in_process
 from helpers.waiting import eventually, until
 from lockgate.events import RELEASE_COMMANDS
-from lockgate_adapters.postgres import CHANGE_FEED_LOCK, CHANGES_CHANNEL, LEADER_LOCK
+from lockgate_adapters.postgres import CHANGES_CHANNEL, LEADER_LOCK
 from lockgate_adapters.service import ServiceContext
 from lockgate_adapters.settings import RetryPolicy
 
@@ -69,7 +69,6 @@ class Store:
 
     async def _write(self, statement: str, *args: Any) -> list[asyncpg.Record]:
         async with self.pool.acquire() as connection, connection.transaction():
-            await connection.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
             rows: list[asyncpg.Record] = await connection.fetch(statement, *args)
             await connection.execute("SELECT pg_notify($1, 'test')", CHANGES_CHANNEL)
             return rows
@@ -84,7 +83,8 @@ class Store:
             "INSERT INTO cluster_nodes (cluster, node, allocatable, observed_at)"
             " VALUES ($1, $2, $3::text::jsonb, now())"
             " ON CONFLICT (cluster, node) DO UPDATE SET allocatable = EXCLUDED.allocatable,"
-            " present = true, serial = nextval('change_serial')",
+            " present = true, serial = nextval('change_serial'),"
+            " writer_xid = pg_current_xact_id()::text::bigint",
             cluster, node, json.dumps({"cpu": cpu, "memory": memory}))
 
     async def jobs(self, cluster: str, queue: str, count: int, *, cpu: int = CPU,
@@ -104,7 +104,8 @@ class Store:
     async def set_state(self, cluster: str, uids: list[str], state: str) -> None:
         await self._write(
             "UPDATE jobs SET state = $3, state_changed_at = now(),"
-            " serial = nextval('change_serial') WHERE cluster = $1 AND uid = ANY($2::text[])",
+            " serial = nextval('change_serial'), writer_xid = pg_current_xact_id()::text::bigint"
+            " WHERE cluster = $1 AND uid = ANY($2::text[])",
             cluster, uids, state)
 
     async def states(self, cluster: str) -> dict[str, str]:
@@ -548,9 +549,10 @@ async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
     """The round decides on a job that another writer deleted in a transaction still open; the
     write then finds it not queued, and the scheduler must not go on counting it as released.
 
-    To make the race certain, the node that lets the round decide is written *without* the
-    change-feed lock (breaking the writers' rule on purpose), so the feed moves past the
-    deletion's serial and never delivers it: only re-reading the dropped job repairs the state.
+    To make the race certain, the node that lets the round decide is committed while the
+    deletion is still open: the round sees the node and the job still queued, and its write
+    waits for the job's row lock. (The feed delivers the deletion later too, since its writer was
+    in progress at that read; re-reading the dropped job repairs the state at once.)
     """
     cluster = store.cluster("a")
     await store.queue("q1")
@@ -564,10 +566,9 @@ async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
             deleting_transaction = deleting.transaction()
             await deleting_transaction.start()
             try:
-                await deleting.execute("SELECT pg_advisory_xact_lock($1)", CHANGE_FEED_LOCK)
                 await deleting.execute(
-                    "UPDATE jobs SET state = 'deleted', serial = nextval('change_serial')"
-                    " WHERE uid = $1", doomed)
+                    "UPDATE jobs SET state = 'deleted', serial = nextval('change_serial'),"
+                    " writer_xid = pg_current_xact_id()::text::bigint WHERE uid = $1", doomed)
                 await store.pool.execute(
                     "INSERT INTO cluster_nodes (cluster, node, allocatable, observed_at)"
                     " VALUES ($1, 'n1', $2::text::jsonb, now())",
@@ -576,7 +577,7 @@ async def test_a_decision_on_a_job_gone_meanwhile_frees_its_room_again(
                 # The round decided, and its write waits for the lock.
                 backend = await store.leader_backend()
                 await eventually(lambda: _waiting_for_a_lock(store, backend), within=30,
-                                 what="the leader's write to wait for the change-feed lock")
+                                 what="the leader's write to wait for the job's row lock")
             finally:
                 await deleting_transaction.commit()
         # The room the doomed job would have taken goes to the next job.

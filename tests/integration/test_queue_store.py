@@ -531,7 +531,6 @@ async def test_capacity_is_upserted_the_newest_report_wins_and_gone_nodes_are_no
 async def record_release(db: asyncpg.Pool, cluster: str, uid: str, decision_id: str) -> None:
     """What the fair scheduler does when it decides to release a job."""
     async with db.acquire() as connection, connection.transaction():
-        await connection.execute("SELECT pg_advisory_xact_lock(7310002)")
         await connection.execute(
             "INSERT INTO release_decisions (decision_id, cluster, uid, queue, decided_at,"
             " decided_by) VALUES ($1, $2, $3, 'research', now(), 'test')",
@@ -539,7 +538,8 @@ async def record_release(db: asyncpg.Pool, cluster: str, uid: str, decision_id: 
         await connection.execute(
             "UPDATE jobs SET state = 'released', decision_id = $3, released_at = now(),"
             " release_attempts = release_attempts + 1,"
-            " serial = nextval('change_serial') WHERE cluster = $1 AND uid = $2",
+            " serial = nextval('change_serial'), writer_xid = pg_current_xact_id()::text::bigint"
+            " WHERE cluster = $1 AND uid = $2",
             cluster, uid, decision_id)
 
 
