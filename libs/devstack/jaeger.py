@@ -25,7 +25,7 @@ from devstack.config import Settings
 from devstack.images import JAEGER, ensure_go_tool
 from devstack.procs import terminate
 
-# Beside the services' ports (58080-58106), inside the range the stack reserves for itself.
+# Beside the services' ports (58080-58107), inside the range the stack reserves for itself.
 OTLP_HTTP_PORT = 58318
 QUERY_HTTP_PORT = 58686
 QUERY_GRPC_PORT = 58685

@@ -183,6 +183,7 @@ class ServicePorts:
     standby_scheduler_health: int = 58104
     ungater_health: int = 58105
     webhook_health: int = 58106
+    second_ungater_health: int = 58107  # only with Lockgate(ungater_replicas=2)
 
     @classmethod
     def free(cls) -> ServicePorts:
@@ -208,6 +209,9 @@ class Lockgate:
     log_dir: Path = DEFAULT_LOG_DIR
     extra_env: Mapping[str, str] = field(default_factory=dict)
     standby_scheduler: bool = True
+    # 2: a second ungater process ("ungater-2") serving the same clusters in the same consumer
+    # group, so the two split the release commands' partitions (scale-out tests).
+    ungater_replicas: int = 1
     # Isolates this run from others sharing the stack (tests, an earlier demo): consumer groups
     # of its own that start at the topics' end, Queue objects of its own (labelled and named
     # after the run), and a webhook registration of its own that serves only namespaces
@@ -371,10 +375,7 @@ class Lockgate:
                 # Only this run's namespaces, as its webhook registration: runs share clusters.
                 "LOCKGATE_WATCHER_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
             }, p.watcher_health),
-            ("ungater", "ungater", {
-                "LOCKGATE_UNGATER_HTTP_PORT": str(p.ungater_health),
-                "LOCKGATE_UNGATER_CLUSTERS": self.clusters_as("ungater"),
-            }, p.ungater_health),
+            *self._ungaters(),
             ("fair-scheduler", "fair_scheduler", {
                 **self._postgres("fair-scheduler"),
                 "LOCKGATE_SCHEDULER_HTTP_PORT": str(p.scheduler_health),
@@ -388,6 +389,19 @@ class Lockgate:
                 "LOCKGATE_SCHEDULER_INSTANCE_ID": "scheduler-1",
             }, p.standby_scheduler_health))
         return defs
+
+    def _ungaters(self) -> list[tuple[str, str, dict[str, str], int]]:
+        """The ungater, and its replica if asked for: same clusters and group, each with its own
+        health port and instance id."""
+        if self.ungater_replicas not in (1, 2):
+            raise ValueError(f"ungater_replicas must be 1 or 2, not {self.ungater_replicas}")
+        ports = [self.ports.ungater_health, self.ports.second_ungater_health]
+        return [(("ungater", "ungater-2")[i], "ungater", {
+            "LOCKGATE_UNGATER_HTTP_PORT": str(ports[i]),
+            "LOCKGATE_UNGATER_CLUSTERS": self.clusters_as("ungater"),
+            **({"LOCKGATE_UNGATER_INSTANCE_ID": f"ungater-{i}"} if self.ungater_replicas > 1
+               else {}),
+        }, ports[i]) for i in range(self.ungater_replicas)]
 
     async def start(self, only: Sequence[str] | None = None,
                     within_seconds: float = STARTUP_SECONDS) -> None:

@@ -278,6 +278,7 @@ async def lockgate_run(
     env: Mapping[str, str] | None = None,
     services: Sequence[str] | None = None,
     standby_scheduler: bool = False,
+    ungater_replicas: int = 1,
     migrate: bool = True,
     only_own_clusters: bool = True,
     needs_empty_nodes: bool = False,
@@ -291,6 +292,8 @@ async def lockgate_run(
     - `standby_scheduler`: a second fair-scheduler instance ("fair-scheduler-standby") that
       takes over the lead, for tests of a failover (off by default: one stopped while still
       starting dies of the SIGTERM, which teardown reports as an unclean exit);
+    - `ungater_replicas`: 2 adds a second ungater process ("ungater-2") in the same consumer
+      group, serving the same clusters;
     - `migrate`: migrate the database before queue-store starts (it migrates too);
     - `only_own_clusters`: keep other runs' jobs and nodes out of the database (the trigger of
       devstack.isolation; it needs `migrate`);
@@ -314,7 +317,8 @@ async def lockgate_run(
         lockgate = Lockgate.for_stack(
             stack, clusters=aliases, postgres_dsn=dsn, ports=ServicePorts.free(),
             log_dir=workdir / "service-logs", cert_dir=workdir / "webhook-certs",
-            extra_env=dict(env or {}), run_id=run_id, standby_scheduler=standby_scheduler)
+            extra_env=dict(env or {}), run_id=run_id, standby_scheduler=standby_scheduler,
+            ungater_replicas=ungater_replicas)
         apis: dict[str, client.ApiClient] = {}
         # min_size=0: nothing to reconnect in the background after a test restarts Postgres.
         pool = await asyncpg.create_pool(dsn, min_size=0, max_size=4)
