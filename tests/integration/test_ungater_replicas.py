@@ -9,10 +9,18 @@ port and instance id. Release commands are keyed by the pod's uid, so the pods' 
 over the topic's partitions, and the group gives each ungater some of them.
 
 Small pods arrive in waves in both clusters. Once each ungater has released pods (its own
-/metrics), "ungater-2" is SIGKILLed while the next waves stream in: the group rebalances once
-its session times out, and the survivor takes its partitions over, reading from their last
-committed offsets (so a command the dead one had taken but not committed is carried out again:
-harmless, the patch tests the gate and the outcome consumer keeps the first outcome).
+/metrics), "ungater-2" is SIGKILLed at a moment its /metrics show an apiserver call in flight,
+while the next waves stream in: the group rebalances once its session times out, and the
+survivor takes its partitions over, reading from their last committed offsets (so a command the
+dead one had taken but not committed is carried out again: harmless, the patch tests the gate
+and the outcome consumer keeps the first outcome). The ungaters patch one pod at a time per
+cluster, so a round's commands take long enough for the kill to find some taken and not
+committed; and the leader's re-publishing of unanswered releases is pushed out past the test,
+so it cannot cover up a command the ungaters lost.
+
+How it was seen failing: with the ungater's offsets committed before its batch was handled (a
+temporary break of BatchConsumer), the commands of the killed one's last batch never got an
+outcome.
 
 Then, from lockgate's point of view, every pod was released exactly once: one release decision
 per job, its outcome `ungated` recorded in Postgres, one release attempt per job, no lockgate
