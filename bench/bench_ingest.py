@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 import asyncpg
 
 import devstack
@@ -42,7 +41,7 @@ from lockgate_adapters.kafka import make_producer, publish_many
 from lockgate_adapters.postgres import connect_pool, create_database, drop_database, migrate
 from lockgate_adapters.settings import RetryPolicy
 from queue_store.ingesting import store_events
-from queue_store.testing import QueueStoreUnderTest
+from queue_store.testing import QueueStoreUnderTest, stored_events
 
 MAX_EVENTS = 200_000
 
@@ -120,16 +119,6 @@ async def count_until(pool: asyncpg.Pool, sql: str, args: Sequence[Any], expecte
         if time.perf_counter() - started > within:
             raise TimeoutError(f"not all {expected} rows after {within}s")
         await asyncio.sleep(0.02)
-
-
-async def stored_events(process: ServiceProcess) -> float:
-    """How many events a queue-store process stored, from its /metrics."""
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{process.health_port}/metrics") as reply:
-        text = await reply.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("lockgate_queue_store_events_total{")
-               and 'outcome="stored"' in line)
 
 
 async def start_instances(spec: QueueStoreUnderTest, instances: int,

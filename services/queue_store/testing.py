@@ -31,6 +31,17 @@ from queue_store.app import CONSUMED_TOPICS
 FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
 
 
+async def stored_events(process: ServiceProcess) -> float:
+    """How many events a queue-store process stored, from its /metrics (several instances in
+    one consumer group: each has stored some once the group has settled)."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{process.health_port}/metrics") as reply:
+        text = await reply.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("lockgate_queue_store_events_total{")
+               and 'outcome="stored"' in line)
+
+
 async def start_group_at_end(bootstrap: str, group_id: str,
                              topics: Sequence[Topic[Any]] = CONSUMED_TOPICS) -> None:
     """Commit `group_id`'s offsets at the current end of the topics queue-store consumes."""

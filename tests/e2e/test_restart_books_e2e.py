@@ -42,9 +42,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.stack import StackInfo
+from helpers.kube import create_pods_as_a_controller
 from helpers.pods import COMPLETE_ANNOTATION, FAIL_ANNOTATION, a_pod
 from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
@@ -83,27 +83,9 @@ def backlog_queue(run: LockgateRun) -> str:
 
 
 async def create_pods(run: LockgateRun, manifests: list[dict[str, Any]]) -> None:
-    """Create them as a controller would: a few at a time, and again after a 503 (the webhook
-    answers that while it cannot verify the namespace yet, and says to retry)."""
-    slots = asyncio.Semaphore(CREATE_CONCURRENCY)
-
-    async def create(manifest: dict[str, Any]) -> None:
-        deadline = time.monotonic() + CREATE_RETRY_SECONDS
-        delay = 0.25
-        async with slots:
-            while True:
-                try:
-                    await run.core().create_namespaced_pod(run.namespace, manifest)
-                    return
-                except ApiException as error:
-                    if error.status != 503 or time.monotonic() > deadline:
-                        raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async with asyncio.TaskGroup() as group:
-        for manifest in manifests:
-            group.create_task(create(manifest))
+    await create_pods_as_a_controller(run.core(), run.namespace, manifests,
+                                      concurrency=CREATE_CONCURRENCY,
+                                      retry_seconds=CREATE_RETRY_SECONDS)
 
 
 async def states_in_postgres(run: LockgateRun, names: list[str]) -> dict[str, str]:

@@ -43,11 +43,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.stack import StackInfo
 from helpers.kafka import TopicTail, consumer_at_end
-from helpers.kube import gates_of
+from helpers.kube import create_pods_as_a_controller, gates_of
 from helpers.pods import a_pod
 from helpers.runs import LockgateRun, lockgate_run
 from helpers.waiting import eventually
@@ -169,29 +168,12 @@ async def kill_when_busy(run: LockgateRun, creating: asyncio.Future[Any], *,
 
 
 async def create_pods(run: LockgateRun, alias: str, names: list[str], queue: str) -> None:
-    """A few at a time, again after a 503 (the webhook's "retry" while it cannot verify the
-    namespace yet)."""
-    slots = asyncio.Semaphore(CREATE_CONCURRENCY)
     pod = (a_pod("member").in_namespace(run.namespace).in_queue(queue)
            .requesting(cpu="10m", memory="16Mi").never_restarted())
-
-    async def create(name: str) -> None:
-        deadline, delay = time.monotonic() + CREATE_RETRY_SECONDS, 0.25
-        async with slots:
-            while True:
-                try:
-                    await run.core(alias).create_namespaced_pod(run.namespace,
-                                                                pod.named(name).manifest())
-                    return
-                except ApiException as error:
-                    if error.status != 503 or time.monotonic() > deadline:
-                        raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async with asyncio.TaskGroup() as group:
-        for name in names:
-            group.create_task(create(name))
+    await create_pods_as_a_controller(run.core(alias), run.namespace,
+                                      [pod.named(name).manifest() for name in names],
+                                      concurrency=CREATE_CONCURRENCY,
+                                      retry_seconds=CREATE_RETRY_SECONDS)
 
 
 async def test_two_ungaters_in_one_group_release_every_pod_once_when_one_dies_mid_stream(

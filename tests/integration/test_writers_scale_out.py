@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -53,7 +52,7 @@ from lockgate.jobs import JobState
 from lockgate_adapters import scheduler_store
 from lockgate_adapters.kafka import make_producer
 from lockgate_adapters.postgres import connect_pool
-from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
+from queue_store.testing import FAST_RETRY, QueueStoreUnderTest, stored_events
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -201,16 +200,6 @@ async def lead(dsn: str, clusters: list[str], producer: AIOKafkaProducer, stop: 
     finally:
         await connection.close()
     return released
-
-
-async def stored_events(process: ServiceProcess) -> float:
-    """How many events this queue-store instance stored, from its /metrics."""
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{process.health_port}/metrics") as reply:
-        text = await reply.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("lockgate_queue_store_events_total{")
-               and 'outcome="stored"' in line)
 
 
 async def test_two_queue_stores_and_the_leader_write_concurrently_and_the_feed_misses_nothing(
