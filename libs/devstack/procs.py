@@ -283,6 +283,26 @@ def port_owner(port: int) -> str:
     return "an unknown process"
 
 
+def wait_while_only_connections_hold(port: int, within: float,
+                                     say: Callable[[str], None]) -> bool:
+    """Waits up to `within` seconds for a port held only by connections (no listener) to be
+    free; returns whether it is. A client connection that took the port from the ephemeral
+    range before it was reserved (`reserve_ports`) closes, and its TIME_WAIT does not keep a
+    listener with SO_REUSEADDR out; a listener, or a holder this user cannot see at all, is
+    not waited for."""
+    deadline = time.monotonic() + within
+    told = False
+    while port_busy(port):
+        listening, other = _sockets_on_port(port)
+        if listening or not other or time.monotonic() > deadline:
+            return False
+        if not told:
+            say(f"port {port} is held by {port_owner(port)}; waiting up to {within:.0f}s")
+            told = True
+        time.sleep(0.5)
+    return True
+
+
 def reserve_ports(ports: list[int]) -> bool:
     """Keeps the kernel from handing these ports to outgoing connections (root only).
 

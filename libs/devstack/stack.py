@@ -25,11 +25,15 @@ from devstack.procs import (
     pid_alive,
     port_busy,
     port_owner,
+    wait_while_only_connections_hold,
     reserve_ports,
     wait_healthy,
 )
 
 _MARKER = ".lockgate-stack"
+# A stack started right after another stopped may find one of its ports taken by a client
+# connection that is closing (before the ports were reserved): wait out that connection.
+PORT_HELD_BY_CONNECTIONS_WAIT_SECONDS = 90.0
 
 
 def launcher_ports(offset: int) -> list[int]:
@@ -271,7 +275,8 @@ class Stack:
                     )
                 continue
             for port in comp.ports:
-                if port_busy(port):
+                if port_busy(port) and not wait_while_only_connections_hold(
+                        port, PORT_HELD_BY_CONNECTIONS_WAIT_SECONDS, self.say):
                     raise StackError(
                         f"port {port} (for {comp.name}) is already in use by {port_owner(port)}, "
                         "which this stack did not start. Stop that process, or give this stack "
