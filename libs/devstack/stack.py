@@ -25,9 +25,9 @@ from devstack.procs import (
     pid_alive,
     port_busy,
     port_owner,
-    wait_while_only_connections_hold,
     reserve_ports,
     wait_healthy,
+    wait_while_only_connections_hold,
 )
 
 _MARKER = ".lockgate-stack"
