@@ -2,6 +2,9 @@
 
 - release latency: pod creation (client side, before the create call) to the moment a watch sees
   lockgate's gate removed, one pod at a time with room to spare; p50 and p99.
+- burst latency: the same, for 1,000 pods created at once (release_latency_burst).
+- latency while releasing: a queue with nothing running sends a pod every 0.1 s while the
+  sustained release below runs (release_latency_while_releasing).
 - sustained release throughput: N gated pods over Q queues and both clusters are created while
   the fair-scheduler is stopped; then it starts and we time how fast the gates come off.
   Reported as a ratio to the raw rate at which a tight kubernetes-asyncio client removes the
@@ -233,6 +236,36 @@ class GateWatcher:
         return True
 
 
+async def create_as_a_controller(core: client.CoreV1Api, namespace: str,
+                                 body: dict[str, Any], retries: list[int]) -> None:
+    """Create a pod, again after a 503 as a controller would (the webhook answers that while it
+    cannot verify the namespace in time, and says to retry); counts the retries."""
+    delay, deadline = 0.1, time.perf_counter() + 120
+    while True:
+        try:
+            await core.create_namespaced_pod(namespace, body)
+            return
+        except ApiException as error:
+            if error.status != 503 or time.perf_counter() > deadline:
+                raise
+        retries[0] += 1
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def latency_record(name: str, watcher: GateWatcher, created_at: dict[str, float],
+                   complete: bool) -> dict[str, Any]:
+    """p50 and p99 from each pod's creation (client side) to its gate seen gone."""
+    latencies = sorted(watcher.ungated_at[k] - t for k, t in created_at.items()
+                       if k in watcher.ungated_at)
+    return {
+        "name": name, "pods": len(created_at), "complete": complete,
+        "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+        "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1)
+        if latencies else None,
+    }
+
+
 async def create_queues(admin_url: str, names: Iterable[str], namespace: str, *,
                         headers: dict[str, str]) -> None:
     import aiohttp
@@ -249,14 +282,16 @@ async def create_queues(admin_url: str, names: Iterable[str], namespace: str, *,
 
 async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate, *,
                            pods_per_cluster: int, queues: int, latency_pods: int,
-                           concurrency: int, deadline_seconds: float) -> list[dict[str, Any]]:
+                           burst_pods: int, probe_pods: int, concurrency: int,
+                           deadline_seconds: float) -> list[dict[str, Any]]:
     run = uuid.uuid4().hex[:6]
     queue_names = [f"bench-{run}-{i}" for i in range(queues)]
+    probe_queue = f"bench-{run}-probe"
     namespace = f"bench-lg-{run}"
-    await create_queues(lockgate.admin_url, queue_names, namespace,
+    await create_queues(lockgate.admin_url, [*queue_names, probe_queue], namespace,
                         headers=lockgate.admin_headers)
     await lockgate.wait_for_queues({q: {"cordoned": False, "namespaces": [
-        {"cluster": "*", "names": [namespace]}]} for q in queue_names})
+        {"cluster": "*", "names": [namespace]}]} for q in [*queue_names, probe_queue]})
     for api in apis.values():
         await create_namespace(api, namespace, {MANAGED_NAMESPACE_LABEL: "true",
                                                 QUEUE_LABEL: queue_names[0],
@@ -277,14 +312,25 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
             await client.CoreV1Api(apis[cluster]).create_namespaced_pod(namespace, body)
             await asyncio.sleep(0.05)
         ok = await watcher.wait_for(latency_pods, time.perf_counter() + 120)
-        latencies = sorted(watcher.ungated_at[k] - t for k, t in created_at.items()
-                           if k in watcher.ungated_at)
-        results.append({
-            "name": "release_latency", "pods": latency_pods, "complete": ok,
-            "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
-            "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1)
-            if latencies else None,
-        })
+        results.append(latency_record("release_latency", watcher, created_at, ok))
+
+        # A burst: burst_pods created at once (bounded only by the client's concurrency),
+        # room to spare, the scheduler running.
+        burst_at: dict[str, float] = {}
+
+        async def create_burst_pod(i: int) -> None:
+            cluster = clusters[i % len(clusters)]
+            name = f"burst-{i}"
+            burst_at[f"{cluster}/{name}"] = time.perf_counter()
+            await create_as_a_controller(
+                client.CoreV1Api(apis[cluster]), namespace,
+                pod_body(name, gated=False, queue=queue_names[i % queues]), burst_retries)
+
+        burst_retries = [0]
+        await gather_bounded((create_burst_pod(i) for i in range(burst_pods)), concurrency)
+        ok = await watcher.wait_for(latency_pods + burst_pods, time.perf_counter() + 300)
+        results.append({**latency_record("release_latency_burst", watcher, burst_at, ok),
+                        "webhook_retries": burst_retries[0]})
 
         # Sustained throughput: build a backlog with the scheduler stopped, then release it.
         for name in ("fair-scheduler-standby", "fair-scheduler"):
@@ -306,10 +352,30 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
         started = time.perf_counter()
         cpu_before = cpu_seconds_by_component()
         await lockgate.start(only=["fair-scheduler"])
+        # Meanwhile, a pod of a queue with nothing running arrives every 0.1 s: how long a
+        # newcomer waits while the backlog is being released (fair share puts it first).
+        probe_at: dict[str, float] = {}
+        probe_retries = [0]
+
+        async def probe() -> None:
+            for i in range(probe_pods):
+                cluster = clusters[i % len(clusters)]
+                name = f"probe-{i}"
+                probe_at[f"{cluster}/{name}"] = time.perf_counter()
+                await create_as_a_controller(
+                    client.CoreV1Api(apis[cluster]), namespace,
+                    pod_body(name, gated=False, queue=probe_queue), probe_retries)
+                await asyncio.sleep(0.1)
+
+        probing = asyncio.create_task(probe())
         ok = await watcher.wait_for(before + total, started + deadline_seconds)
         cpu_used = cpu_breakdown(cpu_before, cpu_seconds_by_component())
-        released = len(watcher.ungated_at) - before
-        times = sorted(watcher.ungated_at.values())[before:]
+        await probing
+        probes_ok = await watcher.wait_for(before + total + probe_pods,
+                                           time.perf_counter() + 120)
+        probe_keys = set(probe_at)
+        released = len([k for k in watcher.ungated_at if k not in probe_keys]) - before
+        times = sorted(t for k, t in watcher.ungated_at.items() if k not in probe_keys)[before:]
         elapsed = (times[-1] - started) if times else float("nan")
         results.append({
             "name": "release_throughput", "pending_pods": total, "queues": queues,
@@ -318,6 +384,12 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
             if times else 0.0, "pod_creation_seconds": round(creation_seconds, 1),
             "cpu_seconds_by_component": cpu_used,
         })
+        results.append({**latency_record("release_latency_while_releasing", watcher, probe_at,
+                                         probes_ok),
+                        "while_releasing_pods": total, "webhook_retries": probe_retries[0],
+                        "probes_before_backlog_done": sum(
+                            1 for k in probe_at if k in watcher.ungated_at
+                            and times and watcher.ungated_at[k] <= times[-1])})
     finally:
         for task in watch_tasks:
             task.cancel()
@@ -350,6 +422,10 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queues", type=int, default=100)
     parser.add_argument("--raw-pods-per-cluster", type=int, default=1000)
     parser.add_argument("--latency-pods", type=int, default=100)
+    parser.add_argument("--burst-pods", type=int, default=1000,
+                        help="pods created at once, room to spare, scheduler running")
+    parser.add_argument("--probe-pods", type=int, default=100,
+                        help="a newcomer queue's pods, one every 0.1 s, during the release")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--bench-nodes-per-cluster", type=int, default=24)
     parser.add_argument("--deadline-seconds", type=float, default=900)
@@ -369,7 +445,8 @@ async def main(argv: list[str] | None = None) -> int:
         await lockgate.start()
         for record in await lockgate_release(
                 apis, lockgate, pods_per_cluster=args.pods_per_cluster, queues=args.queues,
-                latency_pods=args.latency_pods, concurrency=args.concurrency,
+                latency_pods=args.latency_pods, burst_pods=args.burst_pods,
+                probe_pods=args.probe_pods, concurrency=args.concurrency,
                 deadline_seconds=args.deadline_seconds):
             if record["name"] == "release_throughput" and record["pods_per_second"]:
                 record["ratio_to_raw_patch_rate"] = round(

@@ -268,12 +268,15 @@ def summarise(records: Sequence[Record], *, failed: Collection[str] = (),
             record="release_latency", key=key, unit="ms", target=Target("value", "<=", limit),
             baseline_missing=no_latency_baseline, not_judged=latency_conditions,
             context=("pods", "complete"))
-    for name, what in (("release_latency_p99_ms_1000_created_at_once",
-                        "1,000 pods created at once"),
-                       ("release_latency_p99_ms_while_releasing_10000",
-                        "pods created while 10,000 are being released")):
-        figures[name] = {"unit": "ms", "target": None, "met": None,
-                         "missing": f"not measured: bench_release.py has no phase timing {what}"}
+    # The issue asks for these p99s without a target of their own.
+    for name, record in (("release_latency_p99_ms_1000_created_at_once",
+                          "release_latency_burst"),
+                         ("release_latency_p99_ms_while_releasing_10000",
+                          "release_latency_while_releasing")):
+        figures[name] = s.figure(
+            record=record, key="p99_ms", unit="ms", target=None,
+            baseline_missing=no_latency_baseline, not_judged=None,
+            context=("pods", "complete"))
 
     # Ingest of new pods, Kafka -> queue-store -> Postgres, with 1 and with 2 instances.
     for instances, suffix in ((1, ""), (2, "_2_instances")):
