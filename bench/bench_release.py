@@ -32,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import devstack
 from devstack.demo import fresh_database
 from devstack.launcher import Lockgate
+from devstack.pod_creation import create_pod_as_a_controller
 from lockgate.labels import (
     JOBSET_LABEL,
     MANAGED_NAMESPACE_LABEL,
@@ -41,6 +42,8 @@ from lockgate.labels import (
 from lockgate_adapters.kube import api_client
 
 BENCH_NODE_LABEL = "lockgate.io/bench-node"
+# How long a pod is created again after the webhook's 503, as a controller would.
+RETRY_503_SECONDS = 120.0
 
 
 COMPONENTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok",
@@ -236,23 +239,6 @@ class GateWatcher:
         return True
 
 
-async def create_as_a_controller(core: client.CoreV1Api, namespace: str,
-                                 body: dict[str, Any], retries: list[int]) -> None:
-    """Create a pod, again after a 503 as a controller would (the webhook answers that while it
-    cannot verify the namespace in time, and says to retry); counts the retries."""
-    delay, deadline = 0.1, time.perf_counter() + 120
-    while True:
-        try:
-            await core.create_namespaced_pod(namespace, body)
-            return
-        except ApiException as error:
-            if error.status != 503 or time.perf_counter() > deadline:
-                raise
-        retries[0] += 1
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
-
-
 def latency_record(name: str, watcher: GateWatcher, created_at: dict[str, float],
                    complete: bool) -> dict[str, Any]:
     """p50 and p99 from each pod's creation (client side) to its gate seen gone."""
@@ -322,9 +308,10 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
             cluster = clusters[i % len(clusters)]
             name = f"burst-{i}"
             burst_at[f"{cluster}/{name}"] = time.perf_counter()
-            await create_as_a_controller(
+            burst_retries[0] += await create_pod_as_a_controller(
                 client.CoreV1Api(apis[cluster]), namespace,
-                pod_body(name, gated=False, queue=queue_names[i % queues]), burst_retries)
+                pod_body(name, gated=False, queue=queue_names[i % queues]),
+                retry_seconds=RETRY_503_SECONDS)
 
         burst_retries = [0]
         await gather_bounded((create_burst_pod(i) for i in range(burst_pods)), concurrency)
@@ -362,9 +349,10 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
                 cluster = clusters[i % len(clusters)]
                 name = f"probe-{i}"
                 probe_at[f"{cluster}/{name}"] = time.perf_counter()
-                await create_as_a_controller(
+                probe_retries[0] += await create_pod_as_a_controller(
                     client.CoreV1Api(apis[cluster]), namespace,
-                    pod_body(name, gated=False, queue=probe_queue), probe_retries)
+                    pod_body(name, gated=False, queue=probe_queue),
+                    retry_seconds=RETRY_503_SECONDS)
                 await asyncio.sleep(0.1)
 
         probing = asyncio.create_task(probe())

@@ -16,6 +16,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from devstack.pod_creation import create_pod_as_a_controller
 from lockgate.labels import SCHEDULING_GATE
 
 # ---------------------------------------------------------------- custom resources
@@ -67,23 +68,14 @@ async def worker_group_crd(api: client.ApiClient, group: str) -> AsyncIterator[s
 async def create_pods_as_a_controller(core: client.CoreV1Api, namespace: str,
                                       manifests: list[dict[str, Any]], *, concurrency: int,
                                       retry_seconds: float) -> None:
-    """Create pods as a controller would: `concurrency` at a time, and again after a 503 (the
-    webhook answers that while it cannot verify the namespace yet, and says to retry), backing
-    off for at most `retry_seconds` per pod."""
+    """Create pods as a controller would: `concurrency` at a time, each again after a 503
+    (devstack.pod_creation) for at most `retry_seconds`."""
     slots = asyncio.Semaphore(concurrency)
 
     async def create(manifest: dict[str, Any]) -> None:
-        deadline, delay = time.monotonic() + retry_seconds, 0.25
         async with slots:
-            while True:
-                try:
-                    await core.create_namespaced_pod(namespace, manifest)
-                    return
-                except ApiException as error:
-                    if error.status != 503 or time.monotonic() > deadline:
-                        raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            await create_pod_as_a_controller(core, namespace, manifest,
+                                             retry_seconds=retry_seconds)
 
     async with asyncio.TaskGroup() as group:
         for manifest in manifests:
