@@ -266,7 +266,8 @@ class Leader:
                                     group_reserve_after_seconds=(
                                         settings.group_reserve_after_seconds),
                                     room_hold_seconds=settings.room_hold_seconds or None,
-                                    targets_max_age=settings.targets_max_age_seconds)
+                                    targets_max_age=settings.targets_max_age_seconds,
+                                    release_budget=self._release_budget())
             planned: list[tuple[str, str, str]] = []
             for decision in result.decisions:
                 cluster, uid = store.split_job_id(decision.job_id)
@@ -296,6 +297,14 @@ class Leader:
                                   seconds=seconds,
                                   decisions=len(recorded))
         return len(result.decisions) >= settings.max_decisions_per_round
+
+    def _release_budget(self) -> dict[str, int] | None:
+        """What each cluster's ungater backlog may still grow by (None: no cap)."""
+        window = self._settings.max_releases_in_flight_per_cluster
+        if not window:
+            return None
+        return {name: max(0, window - cluster.releasing)
+                for name, cluster in self._state.cluster_records.items()}
 
     async def _undo_dropped(self, planned: list[tuple[str, str, str]],
                             recorded: list[store.RecordedRelease]) -> None:

@@ -817,9 +817,11 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
                      targets: FairTargets) -> list[tuple[str, str]]:
     """The round as its docs say it, naively: each queue is ranked in each cluster by its next
     pod there. While it holds less than its fair target there and its whole allocation is short
-    of its whole target: (0, fraction of its whole target after the pod) if the pod keeps it
-    within its target there, else (1, minus the pod's dominant share, that fraction). Otherwise
-    (2, its cost after it). The lowest rank goes, then the queue's name."""
+    of its whole target: if the pod keeps it within its target there, (0, its cost after it
+    over the highest cost of any target) when its target is all it asks for, else (0, fraction
+    of its whole target after the pod); if the pod carries it past, (1, minus the pod's
+    dominant share, that fraction). Otherwise (2, its cost after it). The lowest rank goes,
+    then the queue's name."""
     pool: dict[str, int] = {}
     for nodes in model.nodes.values():
         for info in nodes.values():
@@ -849,6 +851,8 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
         if (target > 0 and before < target * (1 - 1e-9) - 1e-12
                 and whole > 0 and share_without / whole < 1 - 1e-9):
             if after <= target * (1 + 1e-9) + 1e-12:
+                if targets.queues[name].capped and targets.top_cost > 0:
+                    return (0, share_with * spec.priority_factor / targets.top_cost, 0.0)
                 return (0, share_with / whole, 0.0)
             size = max(job.requests[r] * inv for r, inv in inverse.items())
             return (1, -size, share_with / whole)

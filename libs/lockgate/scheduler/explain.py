@@ -321,7 +321,8 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
             cost_after=dominant(total, inverse) * queue.priority_factor,
             size=max((amount * inverse[axis] for axis, amount in pairs), default=0.0),
             overall_before=_fraction(dominant(queue.allocation, inverse), whole),
-            overall_after=_fraction(dominant(total, inverse), whole))
+            overall_after=_fraction(dominant(total, inverse), whole),
+            capped=target is not None and target.capped, top_cost=targets.top_cost)
     return ranks
 
 

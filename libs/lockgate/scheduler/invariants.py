@@ -239,9 +239,12 @@ def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> No
     pool = [0] * axes
     bound: dict[tuple[str, str], list[tuple[str, JobRecord]]] = {}
     unbound: dict[str, dict[str, JobRecord]] = {}
+    releasing: Counter[str] = Counter()
     for job_id, record in state.job_records.items():
         if record.state is JobState.QUEUED:
             continue
+        if record.state is JobState.RELEASED:
+            releasing[record.cluster] += 1
         if record.node_name is None:
             unbound.setdefault(record.cluster, {})[job_id] = record
         else:
@@ -271,6 +274,9 @@ def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> No
         problems.check(dict(sizes) == cluster.node_sizes,
                        f"{where}'s node classes disagree with its schedulable nodes")
         _check_usage(cluster, bound, unbound.get(name, {}), problems, axes)
+        problems.check(cluster.releasing == releasing[name],
+                       f"{where} counts {cluster.releasing} jobs being released, "
+                       f"{releasing[name]} are in state released")
         for shape, fits_none in cluster.fits_no_node.items():
             problems.check(fits_none == (not any(fits_node_class(shape, size)
                                                  for size in cluster.node_sizes)),

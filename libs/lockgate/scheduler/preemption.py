@@ -249,6 +249,8 @@ class _Planner:
         self.inverse = state.fairness_inverse()
         targets = state.fair_targets(latest=True)  # those the round just ranked by
         self.fair = {name: target.share for name, target in targets.queues.items()}
+        self.capped = {name for name, target in targets.queues.items() if target.capped}
+        self.top_cost = targets.top_cost
         self.fair_in = {(name, cluster): share for name, target in targets.queues.items()
                         for cluster, share in target.cluster_shares.items()}
         self.alloc = {name: queue.allocation[:] for name, queue in state.queue_records.items()}
@@ -369,7 +371,8 @@ class _Planner:
             cost_after=self.share(queue, after) * self.factor.get(queue, 1.0),
             size=dominant_of(shape, self.inverse),
             overall_before=_fraction(self.share(queue, held), whole),
-            overall_after=_fraction(self.share(queue, after), whole)), queue)
+            overall_after=_fraction(self.share(queue, after), whole),
+            capped=queue in self.capped, top_cost=self.top_cost), queue)
 
     def ranks_first(self, queue: str, cluster: str, shape: Shape, held: list[int],
                     victim: JobRecord, without_in: list[int], without: list[int]) -> bool:

@@ -89,6 +89,9 @@ class QueueOutcome(StrEnum):
     NOTHING_FITS = "nothing_fits"
     LOOKBACK_EXCEEDED = "lookback_exceeded"  # skipped more jobs than max_lookback_per_queue
     ROUND_LIMIT = "round_limit"  # the round reached max_decisions while it still had jobs
+    # Its clusters with waiting jobs had as many releases in flight as the round may add to
+    # (`release_budget`): it waits for the ungaters to carry some out.
+    PACED = "paced"
     CORDONED = "cordoned"
     UNDEFINED = "undefined"  # its jobs name a queue nobody has defined
 
@@ -118,6 +121,9 @@ class QueueReport:
     # the cluster over-committed), so their jobs were not looked at one by one.
     set_aside: tuple[str, ...] = ()
     backing_off: int = 0  # queued jobs held while their controller backs off
+    # Clusters it had jobs waiting in that had no release budget left this round (not a lack
+    # of room: preemption does not count them).
+    paced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +151,7 @@ def schedule_round(
     group_reserve_after_seconds: float | None = None,
     room_hold_seconds: float | None = None,
     targets_max_age: float = 0.0,
+    release_budget: Mapping[str, int] | None = None,
 ) -> RoundResult:
     """Decide which queued jobs to release now, and apply those decisions to `state`.
 
@@ -163,14 +170,20 @@ def schedule_round(
     target) first, the furthest short of its whole target first (`rank_in_cluster`). A pod of
     a queue owed room that finds no room has room held for it on one node for at most
     `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap.
+
+    `release_budget` caps this round's releases per cluster named in it (the leader gives
+    each cluster what its ungaters' backlog may still grow by); a cluster that reaches its cap
+    drops out of the round for everyone, in fair order up to there, so a newcomer's pods do
+    not wait behind thousands already handed to the ungaters. A pod group is released whole
+    once the budget lets its first member go.
     """
     if max_decisions < 0 or max_lookback_per_queue < 0:
         raise ValueError("max_decisions and max_lookback_per_queue must not be negative")
     reserve_before = (None if now is None or group_reserve_after_seconds is None
                       else now - group_reserve_after_seconds)
     return _Round(state, max_lookback_per_queue, reserve_before, now=now,
-                  hold_seconds=room_hold_seconds,
-                  targets_max_age=targets_max_age).run(max_decisions)
+                  hold_seconds=room_hold_seconds, targets_max_age=targets_max_age,
+                  release_budget=release_budget).run(max_decisions)
 
 
 class _QueueRound:
@@ -181,6 +194,7 @@ class _QueueRound:
         "head",
         "outcome",
         "over_limit",
+        "paced",
         "queue",
         "released",
         "set_aside",
@@ -201,13 +215,19 @@ class _QueueRound:
         # a round, so they stay over until it ends.
         self.over_limit: set[Shape] = set()
         self.set_aside: list[str] = []  # clusters with room for none of its pending jobs
+        self.paced: list[str] = []  # clusters with jobs of its waiting, out of release budget
         self.released = 0
         self.outcome = QueueOutcome.ALL_CONSIDERED
 
 # A queue's rank in a cluster for its next unit; lower goes first (docs/scheduling.md, "Fair
 # targets"):
-#   (0, fraction of its whole target after the unit, 0) while the unit keeps it within its
-#       target there: queues owed room there fill in proportion to their whole targets;
+#   (0, how far it has risen after the unit, 0) while the unit keeps it within its target
+#       there: queues owed room there fill in proportion to their whole targets. How far: a
+#       queue held back (its target is less than it asks) has risen its fraction of its whole
+#       target; a queue given all it asks (`capped`) has risen its cost over the highest cost
+#       any target gives (`FairTargets.top_cost`), as in water-filling, where a demand below
+#       the water's level rises with the others until it is met. Its own target would make a
+#       queue asking for little (a newcomer's one pod) wait behind every other queue's backlog;
 #   (1, -size of the unit, fraction of its whole target after it) for the unit that carries it
 #       past its target there: pods are whole, so someone's last pod rounds up; the biggest go
 #       first (small pods fit the gaps a big one leaves, not the other way round), then the
@@ -241,14 +261,17 @@ def owed(*, before: float, target: float, overall_before: float) -> bool:
 
 
 def rank_in_cluster(*, before: float, after: float, target: float, cost_after: float,
-                    size: float, overall_before: float, overall_after: float) -> Rank:
+                    size: float, overall_before: float, overall_after: float,
+                    capped: bool, top_cost: float) -> Rank:
     """The round's order in a cluster (docs/scheduling.md, "Fair targets"). `before` and
     `after`: the queue's dominant share in the cluster without and with the unit, `size` the
     unit's; `overall_*` its whole allocation without and with the unit over its whole
-    target (infinite without one)."""
+    target (infinite without one); `capped`: its target is all it asks for; `top_cost`: the
+    highest cost any queue's target gives."""
     if owed(before=before, target=target, overall_before=overall_before):
         if within_target(after, target):
-            return (0, overall_after, 0.0)
+            risen = cost_after / top_cost if capped and top_cost > 0 else overall_after
+            return (0, risen, 0.0)
         return (1, -size, overall_after)
     return (2, cost_after, 0.0)
 
@@ -256,8 +279,11 @@ def rank_in_cluster(*, before: float, after: float, target: float, cost_after: f
 class _Round:
     def __init__(self, state: SchedulerState, max_lookback: int,
                  reserve_before: float | None = None, *, now: float | None = None,
-                 hold_seconds: float | None = None, targets_max_age: float = 0.0) -> None:
+                 hold_seconds: float | None = None, targets_max_age: float = 0.0,
+                 release_budget: Mapping[str, int] | None = None) -> None:
         self.state = state
+        # Releases each paced cluster may still take this round.
+        self.budget: dict[str, int] = dict(release_budget or {})
         self.now = now
         # Room is held for pods below their target only with a clock (holds end in time).
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
@@ -329,7 +355,12 @@ class _Round:
             job = jobs[entry[2]]
             cluster = self.clusters[pending.cluster]
             shape = job.shape
-            if cluster.reserved_for is not None:
+            if self.budget.get(pending.cluster, 1) <= 0:
+                # Its ungaters have as many releases in hand as allowed: the cluster waits for
+                # their answers (a later round), for every queue, without spending lookback.
+                progress.clusters.remove(pending)
+                progress.paced.append(pending.cluster)
+            elif cluster.reserved_for is not None:
                 # The cluster waits for the group it is reserved for, and that group had its
                 # turn this round already (first thing, or when it reserved): nothing else
                 # goes there this round. One job says why; the queue sets the cluster aside,
@@ -402,6 +433,7 @@ class _Round:
                                                  inverse)
                     state.mark_released(entry[2], job, hint)
                     decisions.append(Decision(entry[2], name, pending.cluster, hint))
+                    self._spend(pending.cluster, 1)
                     progress.released += 1
                 else:
                     progress.skipped.append((pending, entry))
@@ -422,6 +454,11 @@ class _Round:
                 heapq.heappush(pending.heap, entry)
         return self._result(decisions)
 
+    def _spend(self, cluster: str, releases: int) -> None:
+        left = self.budget.get(cluster)
+        if left is not None:
+            self.budget[cluster] = left - releases
+
     def _choose_head(self, progress: _QueueRound) -> Rank | None:
         """The queue's next unit: in the cluster where its rank is lowest (then in release
         order); None when it has nothing left in play."""
@@ -430,6 +467,8 @@ class _Round:
             progress.head = None
             if progress.set_aside:
                 progress.outcome = QueueOutcome.NOTHING_FITS
+            elif progress.paced:
+                progress.outcome = QueueOutcome.PACED
             return None
         jobs = self.state.job_records
         best: tuple[Rank, HeapEntry] | None = None
@@ -483,6 +522,7 @@ class _Round:
         whole = self.targets.queues.get(queue.name)
         whole_share = 0.0 if whole is None else whole.share
         after = share_after(progress.share, queue.allocation, pairs, inverse)
+        capped = whole is not None and whole.capped
         return rank_in_cluster(before=self.share_in(queue, cluster, ()),
                                after=self.share_in(queue, cluster, pairs),
                                target=self.target_in(queue.name, cluster),
@@ -490,7 +530,8 @@ class _Round:
                                size=max((amount * inverse[axis] for axis, amount in pairs),
                                         default=0.0),
                                overall_before=_fraction(progress.share, whole_share),
-                               overall_after=_fraction(after, whole_share))
+                               overall_after=_fraction(after, whole_share), capped=capped,
+                               top_cost=self.targets.top_cost)
 
     def _prepare_holds(self) -> None:
         """Keep the holds that still serve a pod below its queue's target, oldest first;
@@ -586,6 +627,8 @@ class _Round:
         for cluster_name, key in list(self.groups.reserved.items()):
             if len(decisions) >= max_decisions:
                 return
+            if self.budget.get(cluster_name, 1) <= 0:
+                continue  # keeps its reservation; its turn comes when the cluster has budget
             progress = self.queue_rounds.get(key[1])
             pending = None if progress is None else next(
                 (p for p in progress.clusters if p.cluster == cluster_name), None)
@@ -655,6 +698,7 @@ class _Round:
                     self.state.mark_released(member_id, member, hint)
                     decisions.append(Decision(member_id, queue.name, pending.cluster, hint))
                     progress.released += 1
+                self._spend(pending.cluster, len(member_ids))
                 if cluster.reserved_for == key:
                     cluster.reserved_for = None
                     self.groups.reserved.pop(pending.cluster, None)
@@ -804,6 +848,7 @@ class _Round:
                 skipped=per_queue.get(name, {}),
                 outcome=outcome,
                 set_aside=() if progress is None else tuple(sorted(progress.set_aside)),
+                paced=() if progress is None else tuple(sorted(progress.paced)),
                 backing_off=queue.held,
             )
         return RoundResult(

@@ -41,6 +41,7 @@ from lockgate.scheduler.holds import RoomHolds
 from lockgate.scheduler.targets import Demand, FairTargets, NodeGroup, fair_targets
 
 _QUEUED = JobState.QUEUED
+_RELEASED = JobState.RELEASED
 
 # How many request objects `_intern` remembers by identity before starting over.
 _SHAPE_OBJECT_CACHE = 1024
@@ -424,6 +425,7 @@ class ClusterRecord:
         "node_sizes",
         "nodes",
         "order",
+        "releasing",
         "total",
         "used_by_node",
         "version",
@@ -447,6 +449,9 @@ class ClusterRecord:
         # Jobs holding capacity without a node yet (released, ungated): job_id -> (shape, the
         # node the round that released it had in mind, if any).
         self.held_unbound: dict[str, tuple[Shape, str | None]] = {}
+        # Of those, how many are released and not yet ungated: the ungaters' backlog here,
+        # which the round keeps short so a newcomer's release does not queue behind it.
+        self.releasing = 0
 
 
 class SchedulerState:
@@ -1167,6 +1172,8 @@ class SchedulerState:
             else:
                 counts[shape] -= 1
             node = kind.node_name
+            if kind.state is _RELEASED:
+                cluster.releasing -= 1
             if node is None:
                 held = cluster.held_unbound.pop(job_id, None)
                 hint = None if held is None else held[1]
@@ -1235,6 +1242,8 @@ class SchedulerState:
             counts[shape] = counts.get(shape, 0) + 1
             self._slot_add(kind.queue, kind.cluster, shape, True)
             node = kind.node_name
+            if kind.state is _RELEASED:
+                cluster.releasing += 1
             if node is None:
                 cluster.held_unbound[job_id] = (shape, hint)
             else:

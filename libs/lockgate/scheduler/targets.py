@@ -130,6 +130,9 @@ class FairTargets:
     queues: Mapping[str, QueueTarget]
     pool: Mapping[str, float]
     levels: int = 0  # filling steps taken (for benchmarks and tests)
+    # The highest cost (share / weight) any queue's target gives: the water's level where it
+    # is highest, which the round measures a capped queue's rise against.
+    top_cost: float = 0.0
 
     def of(self, queue: str) -> QueueTarget | None:
         return self.queues.get(queue)
@@ -177,7 +180,9 @@ def fair_targets(
             _SOLVED[key] = solved
         levels += solved[0]
         queues.update(solved[1])
-    return FairTargets(queues=dict(sorted(queues.items())), pool=dict(pool), levels=levels)
+    top_cost = max((t.share / t.weight for t in queues.values() if t.weight > 0), default=0.0)
+    return FairTargets(queues=dict(sorted(queues.items())), pool=dict(pool), levels=levels,
+                       top_cost=top_cost)
 
 
 # Parts solved lately, by their inputs (a memo: the answer is a function of them).
