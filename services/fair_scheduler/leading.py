@@ -136,6 +136,7 @@ class Leader:
             preemptible_priority_classes=frozenset(settings.preemptible_priority_classes),
             max_evictions_per_round=settings.max_evictions_per_round)
         self._cursor = START
+        self._paced = False  # the last round left a cluster waiting for its ungaters
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -182,7 +183,11 @@ class Leader:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 if stopping.is_set():
                     return
-                if self._wake.is_set() and settings.debounce_seconds and (
+                paced_wait = last_round_ended + settings.paced_round_seconds - time.monotonic()
+                if self._wake.is_set() and self._paced and paced_wait > 0:
+                    # The answers that reopen the window arrive one by one: take several.
+                    await asyncio.sleep(paced_wait)
+                elif self._wake.is_set() and settings.debounce_seconds and (
                         time.monotonic() - last_round_ended < settings.busy_seconds):
                     # Changes stream in: wait a moment so one round takes several. An idle
                     # scheduler answers the first change at once (release latency).
@@ -276,6 +281,7 @@ class Leader:
             recorded = await store.record_releases(
                 self._connection, decisions=planned, decided_at=decided_at,
                 decided_by=settings.instance_id)
+            self._paced = any(report.paced for report in result.queues.values())
             span.set_attribute("lockgate.decisions", len(recorded))
             span.set_attribute("lockgate.trigger", trigger)
             if len(recorded) < len(planned):

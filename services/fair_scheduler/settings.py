@@ -110,11 +110,16 @@ class SchedulerSettings(ServiceSettings):
         default=5.0, gt=0, description="run a round at least this often, changes or not")
     max_decisions_per_round: int = Field(default=5000, ge=1)
     max_releases_in_flight_per_cluster: int = Field(
-        default=200, ge=0,
+        default=300, ge=0,
         description="releases decided but not yet carried out by the ungaters (jobs in state "
                     "released) a cluster may have; rounds release no more there until some are "
                     "answered, so a newcomer's pods wait behind at most this many (about "
                     "this many divided by the ungaters' rate per cluster); 0: no cap")
+    paced_round_seconds: float = Field(
+        default=0.25, ge=0,
+        description="while a cluster waits for its ungaters (the last round reached its "
+                    "max_releases_in_flight_per_cluster), start rounds at most this often: each "
+                    "answer would otherwise start a round that releases one or two pods")
     max_lookback_per_queue: int = Field(
         default=1000, ge=0, description="jobs that do not fit a queue may skip before it stops")
     max_notices_per_round: int = Field(
