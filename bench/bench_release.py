@@ -159,6 +159,22 @@ async def delete_namespace(api: client.ApiClient, name: str) -> None:
             raise
 
 
+async def until_namespace_gone(api: client.ApiClient, name: str, within: float = 300) -> None:
+    """Wait for a deleted namespace's pods to be gone: the next phase must not share the
+    machine with deleting a phase's thousands of pods."""
+    core = client.CoreV1Api(api)
+    deadline = time.perf_counter() + within
+    while time.perf_counter() < deadline:
+        try:
+            await core.read_namespace(name)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"namespace {name} still there {within:.0f} s after its deletion")
+
+
 async def raw_patch_rate(apis: dict[str, client.ApiClient], pods_per_cluster: int,
                          concurrency: int) -> dict[str, Any]:
     """The apiservers' own limit: a tight client removing the gate from pre-created pods."""
@@ -188,6 +204,8 @@ async def raw_patch_rate(apis: dict[str, client.ApiClient], pods_per_cluster: in
     finally:
         for api in apis.values():
             await delete_namespace(api, namespace)
+    for api in apis.values():
+        await until_namespace_gone(api, namespace)
     total = pods_per_cluster * len(apis)
     return {"name": "raw_patch_rate", "pods": total, "concurrency": concurrency,
             "seconds": round(elapsed, 3), "pods_per_second": round(total / elapsed, 1),
