@@ -152,7 +152,7 @@ async def main(argv: list[str] | None = None) -> int:
                 linked: list[TraceSpan] = []
                 for trace_id in linked_traces(own):
                     linked += [s for s in await trace_of(session, query, trace_id)
-                               if s.name == "admission review"]
+                               if s.name in ("admission review", "schedule-round")]
                 steps = steps_of(own, linked)
                 origin = next((start for key, (start, _) in steps.items()
                                if key.endswith(": admission review")), None)

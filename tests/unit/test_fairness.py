@@ -818,10 +818,10 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
     """The round as its docs say it, naively: each queue is ranked in each cluster by its next
     pod there. While it holds less than its fair target there and its whole allocation is short
     of its whole target: if the pod keeps it within its target there, (0, its cost after it
-    over the highest cost of any target) when its target is all it asks for, else (0, fraction
-    of its whole target after the pod); if the pod carries it past, (1, minus the pod's
-    dominant share, that fraction). Otherwise (2, its cost after it). The lowest rank goes,
-    then the queue's name."""
+    over the highest cost of any target) when every queue waiting in the cluster as the round
+    begins is given all it asks for, else (0, fraction of its whole target after the pod); if
+    the pod carries it past, (1, minus the pod's dominant share, that fraction). Otherwise
+    (2, its cost after it). The lowest rank goes, then the queue's name."""
     pool: dict[str, int] = {}
     for nodes in model.nodes.values():
         for info in nodes.values():
@@ -851,7 +851,7 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
         if (target > 0 and before < target * (1 - 1e-9) - 1e-12
                 and whole > 0 and share_without / whole < 1 - 1e-9):
             if after <= target * (1 + 1e-9) + 1e-12:
-                if targets.queues[name].capped and targets.top_cost > 0:
+                if uncontested(job.cluster) and targets.top_cost > 0:
                     return (0, share_with * spec.priority_factor / targets.top_cost, 0.0)
                 return (0, share_with / whole, 0.0)
             size = max(job.requests[r] * inv for r, inv in inverse.items())
@@ -862,6 +862,17 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
         return not any(
             job.requests.fits_within(info.allocatable) for info in model.nodes[job.cluster].values()
         )
+
+    waiting_in: dict[str, set[str]] = {}  # as the round begins
+    for j in model.jobs.values():
+        if (j.state is JobState.QUEUED and j.queue in model.specs and not too_big(j)
+                and not model.specs[j.queue].cordoned):
+            waiting_in.setdefault(j.cluster, set()).add(j.queue)
+    by_cost = {cluster: all(q in targets.queues and targets.queues[q].capped for q in queues)
+               for cluster, queues in waiting_in.items()}
+
+    def uncontested(cluster: str) -> bool:
+        return by_cost.get(cluster, True)
 
     looked: set[str] = set()
     skips: dict[str, int] = {}

@@ -73,9 +73,7 @@ def test_the_weight_two_queue_goes_first_when_both_wait_for_the_same_room() -> N
     assert released_per_queue(run_round(state)) == {"nw2": 8}
 
 
-def test_within_their_targets_queues_rise_together_by_weight() -> None:
-    # nw1 is held back (target 24 of the 40 it asks), nw2 gets all it asks (40): as in
-    # water-filling, they rise together by cost until nw2's demand is met.
+def test_within_their_targets_queues_fill_in_proportion_to_them() -> None:
     nodes = a_node(cpu="16", memory="64Gi").times(4, prefix="a")
     state = (
         a_state()
@@ -86,9 +84,9 @@ def test_within_their_targets_queues_rise_together_by_weight() -> None:
         .build()
     )
     result = schedule_round(state, max_decisions=16, max_lookback_per_queue=1_000)
-    # Weights 1 : 2 in sixteen releases is 5.3 : 10.7.
-    assert released_per_queue(result) == {"nw1": 5, "nw2": 11}
-    assert released_per_queue(run_round(state)) == {"nw1": 19, "nw2": 29}
+    # 24 : 40 in sixteen releases is 6 : 10.
+    assert released_per_queue(result) == {"nw1": 6, "nw2": 10}
+    assert released_per_queue(run_round(state)) == {"nw1": 18, "nw2": 30}
 
 
 # ---- holds: no starvation by size -------------------------------------------------------------

@@ -25,7 +25,7 @@ from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, dominan
 from lockgate.scheduler.groups import GroupKey, GroupStatus
 from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, fits, take
-from lockgate.scheduler.round import Rank, owed, rank_in_cluster
+from lockgate.scheduler.round import Rank, owed, rank_in_cluster, uncontested
 from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState, Shape
 
 
@@ -299,6 +299,7 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
     """How the round ranks each queue with pods waiting in `cluster`, by its next pod there."""
     targets = state.fair_targets(latest=True)  # those the last round ranked by
     ranks: dict[str, Rank] = {}
+    by_cost = uncontested(state, targets, cluster)
     for name, queue in state.queue_records.items():
         pending = queue.pending.get(cluster)
         if not queue.schedulable or pending is None or pending.live == 0:
@@ -322,7 +323,7 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
             size=max((amount * inverse[axis] for axis, amount in pairs), default=0.0),
             overall_before=_fraction(dominant(queue.allocation, inverse), whole),
             overall_after=_fraction(dominant(total, inverse), whole),
-            capped=target is not None and target.capped, top_cost=targets.top_cost)
+            by_cost=by_cost, top_cost=targets.top_cost)
     return ranks
 
 

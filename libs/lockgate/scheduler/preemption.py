@@ -60,7 +60,13 @@ from lockgate.placement import can_land
 from lockgate.scheduler.costs import SHARE_EPSILON, dominant, dominant_of
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.room import fits, give, take
-from lockgate.scheduler.round import Rank, RoundResult, SkipReason, rank_in_cluster
+from lockgate.scheduler.round import (
+    Rank,
+    RoundResult,
+    SkipReason,
+    rank_in_cluster,
+    uncontested,
+)
 from lockgate.scheduler.state import JobRecord, SchedulerState, Shape, add_pairs, subtract_pairs
 
 __all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
@@ -249,8 +255,9 @@ class _Planner:
         self.inverse = state.fairness_inverse()
         targets = state.fair_targets(latest=True)  # those the round just ranked by
         self.fair = {name: target.share for name, target in targets.queues.items()}
-        self.capped = {name for name, target in targets.queues.items() if target.capped}
+        self.targets = targets
         self.top_cost = targets.top_cost
+        self.uncontested: dict[str, bool] = {}  # per cluster, of the queues still waiting
         self.fair_in = {(name, cluster): share for name, target in targets.queues.items()
                         for cluster, share in target.cluster_shares.items()}
         self.alloc = {name: queue.allocation[:] for name, queue in state.queue_records.items()}
@@ -359,6 +366,12 @@ class _Planner:
                 return False
         return True
 
+    def _uncontested(self, cluster: str) -> bool:
+        known = self.uncontested.get(cluster)
+        if known is None:
+            known = self.uncontested[cluster] = uncontested(self.state, self.targets, cluster)
+        return known
+
     def round_rank(self, queue: str, cluster: str, held_in: list[int], held: list[int],
                    shape: Shape) -> tuple[Rank, str]:
         """How the round ranks the queue in `cluster` for a pod of `shape`, holding `held_in`
@@ -372,7 +385,7 @@ class _Planner:
             size=dominant_of(shape, self.inverse),
             overall_before=_fraction(self.share(queue, held), whole),
             overall_after=_fraction(self.share(queue, after), whole),
-            capped=queue in self.capped, top_cost=self.top_cost), queue)
+            by_cost=self._uncontested(cluster), top_cost=self.top_cost), queue)
 
     def ranks_first(self, queue: str, cluster: str, shape: Shape, held: list[int],
                     victim: JobRecord, without_in: list[int], without: list[int]) -> bool:

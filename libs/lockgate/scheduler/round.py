@@ -44,6 +44,7 @@ from lockgate.scheduler.state import (
     SchedulerState,
     Shape,
 )
+from lockgate.scheduler.targets import FairTargets
 
 # A queue with more distinct request shapes than this waiting in one cluster is not checked
 # shape by shape for whether any could still go there; its lookback bounds the cost instead.
@@ -222,12 +223,14 @@ class _QueueRound:
 # A queue's rank in a cluster for its next unit; lower goes first (docs/scheduling.md, "Fair
 # targets"):
 #   (0, how far it has risen after the unit, 0) while the unit keeps it within its target
-#       there: queues owed room there fill in proportion to their whole targets. How far: a
-#       queue held back (its target is less than it asks) has risen its fraction of its whole
-#       target; a queue given all it asks (`capped`) has risen its cost over the highest cost
-#       any target gives (`FairTargets.top_cost`), as in water-filling, where a demand below
-#       the water's level rises with the others until it is met. Its own target would make a
-#       queue asking for little (a newcomer's one pod) wait behind every other queue's backlog;
+#       there: in a contested cluster (a queue waiting there is held back: its target is less
+#       than it asks), queues owed room there fill in proportion to their whole targets, how
+#       far being its fraction of its whole target. Where every queue waiting in the cluster
+#       is given all it asks (`uncontested`), the order changes no allocation, only who waits
+#       meanwhile: there it goes by cost, as in Armada, how far being its cost over the highest
+#       cost any target gives (`FairTargets.top_cost`, so that it compares with the fractions
+#       of other clusters). By its fraction of its own target, a queue asking for little (a
+#       newcomer's one pod) would wait behind every other queue's backlog;
 #   (1, -size of the unit, fraction of its whole target after it) for the unit that carries it
 #       past its target there: pods are whole, so someone's last pod rounds up; the biggest go
 #       first (small pods fit the gaps a big one leaves, not the other way round), then the
@@ -260,17 +263,31 @@ def owed(*, before: float, target: float, overall_before: float) -> bool:
     return below_target(before, target) and overall_before < 1 - _TARGET_SLACK
 
 
+def uncontested(state: SchedulerState, targets: FairTargets, cluster: str) -> bool:
+    """Whether every queue with pods waiting in `cluster` is given all it asks for by its
+    target (`QueueTarget.capped`): then the round's order there decides only who waits
+    meanwhile, not what anyone ends up with, and goes by cost (`rank_in_cluster`)."""
+    for name, queue in state.queue_records.items():
+        pending = queue.pending.get(cluster)
+        if pending is None or pending.live == 0 or not queue.schedulable:
+            continue
+        target = targets.queues.get(name)
+        if target is None or not target.capped:
+            return False
+    return True
+
+
 def rank_in_cluster(*, before: float, after: float, target: float, cost_after: float,
                     size: float, overall_before: float, overall_after: float,
-                    capped: bool, top_cost: float) -> Rank:
+                    by_cost: bool, top_cost: float) -> Rank:
     """The round's order in a cluster (docs/scheduling.md, "Fair targets"). `before` and
     `after`: the queue's dominant share in the cluster without and with the unit, `size` the
     unit's; `overall_*` its whole allocation without and with the unit over its whole
-    target (infinite without one); `capped`: its target is all it asks for; `top_cost`: the
+    target (infinite without one); `by_cost`: the cluster is `uncontested`; `top_cost`: the
     highest cost any queue's target gives."""
     if owed(before=before, target=target, overall_before=overall_before):
         if within_target(after, target):
-            risen = cost_after / top_cost if capped and top_cost > 0 else overall_after
+            risen = cost_after / top_cost if by_cost and top_cost > 0 else overall_after
             return (0, risen, 0.0)
         return (1, -size, overall_after)
     return (2, cost_after, 0.0)
@@ -282,6 +299,9 @@ class _Round:
                  hold_seconds: float | None = None, targets_max_age: float = 0.0,
                  release_budget: Mapping[str, int] | None = None) -> None:
         self.state = state
+        # Per cluster: every queue waiting there is given all it asks (`uncontested`), as the
+        # round began.
+        self._uncontested: dict[str, bool] = {}
         # Releases each paced cluster may still take this round.
         self.budget: dict[str, int] = dict(release_budget or {})
         self.now = now
@@ -522,7 +542,9 @@ class _Round:
         whole = self.targets.queues.get(queue.name)
         whole_share = 0.0 if whole is None else whole.share
         after = share_after(progress.share, queue.allocation, pairs, inverse)
-        capped = whole is not None and whole.capped
+        by_cost = self._uncontested.get(cluster)
+        if by_cost is None:
+            by_cost = self._uncontested[cluster] = uncontested(self.state, self.targets, cluster)
         return rank_in_cluster(before=self.share_in(queue, cluster, ()),
                                after=self.share_in(queue, cluster, pairs),
                                target=self.target_in(queue.name, cluster),
@@ -530,7 +552,7 @@ class _Round:
                                size=max((amount * inverse[axis] for axis, amount in pairs),
                                         default=0.0),
                                overall_before=_fraction(progress.share, whole_share),
-                               overall_after=_fraction(after, whole_share), capped=capped,
+                               overall_after=_fraction(after, whole_share), by_cost=by_cost,
                                top_cost=self.targets.top_cost)
 
     def _prepare_holds(self) -> None:
