@@ -27,7 +27,7 @@ from lockgate.labels import SCHEDULING_GATE
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 
 BACKLOG = 200
-IN_FLIGHT = 10
+IN_FLIGHT = 4
 
 
 @pytest.fixture
