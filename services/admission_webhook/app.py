@@ -65,6 +65,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             name: ClusterLookups(
                 name, api, timeout=settings.kube_lookup_timeout_seconds,
                 namespace_ttl=settings.namespace_cache_ttl_seconds,
+                namespace_stale_seconds=settings.namespace_stale_seconds,
                 owner_ttl=settings.owner_cache_ttl_seconds,
                 max_owner_depth=settings.max_owner_depth,
             )

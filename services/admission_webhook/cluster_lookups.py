@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
 
 from lockgate.admission import NotPermitted, OwnerLabels, owner_rbac_hint, refused_user
+from lockgate.labels import is_managed_namespace
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +32,30 @@ OWNERS_NOT_PERMITTED = Counter(
     "kind (pods then inherit from their namespace); the log says, once per kind, what to grant",
     ["cluster", "resource"])
 
+STALE_NAMESPACE_READS = Counter(
+    "lockgate_admission_stale_namespace_reads",
+    "Reviews answered with a managed namespace's labels read before, because reading them "
+    "again failed (the apiserver too busy to answer in time)", ["cluster"])
+
 T = TypeVar("T")
 # Beyond this many entries, expired ones are dropped on the next insert.
 CACHE_PRUNE_SIZE = 4096
 
 
 class TtlCache(Generic[T]):
-    """Values kept for `ttl` seconds; concurrent loads of one key share a single call."""
+    """Values kept for `ttl` seconds; concurrent loads of one key share a single call.
 
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+    When a load fails, the last value loaded is served instead if it expired at most
+    `stale_for` seconds ago and `stale_ok` accepts it (`on_stale` is told): an apiserver too
+    busy to answer one read in time must not fail every review that waited on it.
+    """
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic, *,
+                 stale_for: float = 0.0, stale_ok: Callable[[T], bool] = lambda _: False,
+                 on_stale: Callable[[Hashable, float, BaseException], None] | None = None,
+                 ) -> None:
         self._ttl, self._clock = ttl, clock
+        self._stale_for, self._stale_ok, self._on_stale = stale_for, stale_ok, on_stale
         self._values: dict[Hashable, tuple[float, T]] = {}
         self._loading: dict[Hashable, asyncio.Task[T]] = {}
 
@@ -60,10 +75,20 @@ class TtlCache(Generic[T]):
     async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         try:
             value = await load()
+        except Exception as error:
+            last = self._values.get(key)
+            if last is None or not self._stale_ok(last[1]):
+                raise
+            age = self._clock() - last[0]  # seconds since it expired
+            if age > self._stale_for:
+                raise
+            if self._on_stale is not None:
+                self._on_stale(key, age + self._ttl, error)
+            return last[1]
         finally:
             self._loading.pop(key, None)
         if len(self._values) >= CACHE_PRUNE_SIZE:
-            now = self._clock()
+            now = self._clock() - self._stale_for
             self._values = {k: v for k, v in self._values.items() if v[0] > now}
         self._values[key] = (self._clock() + self._ttl, value)
         return value
@@ -87,20 +112,31 @@ class ClusterLookups:
         namespace_ttl: float,
         owner_ttl: float,
         max_owner_depth: int,
+        namespace_stale_seconds: float = 0.0,
     ) -> None:
         self.cluster = cluster
         self._api = api
         self._timeout = timeout
         self._max_depth = max_owner_depth
-        # A namespace's labels and annotations, read together.
+        # A namespace's labels and annotations, read together. When a read fails, labels read
+        # before that say the namespace is managed are used for `namespace_stale_seconds`:
+        # its pods are gated either way (fail-closed); labels saying it is not managed are never
+        # used stale, so no pod goes ungated on old news.
         self._namespaces: TtlCache[tuple[dict[str, str], dict[str, str]]] = TtlCache(
-            namespace_ttl)
+            namespace_ttl, stale_for=namespace_stale_seconds,
+            stale_ok=lambda found: is_managed_namespace("", found[0]),
+            on_stale=self._said_stale)
         self._owners: TtlCache[dict[str, Any]] = TtlCache(owner_ttl)
         # API discovery rarely changes while we run; a kind is looked up once per apiVersion.
         self._resources: dict[str, dict[str, _ApiResource]] = {}
         # (API group, kind) of owners the webhook was refused and said so for: said again only
         # after a read of that kind succeeded in between (the rule was granted, then taken away).
         self._said_not_permitted: set[tuple[str, str]] = set()
+
+    def _said_stale(self, namespace: Hashable, age: float, error: BaseException) -> None:
+        STALE_NAMESPACE_READS.labels(self.cluster).inc()
+        log.warning("%s: cannot read namespace %s (%r); using its labels read %.1f s ago, "
+                    "which say it is managed", self.cluster, namespace, error, age)
 
     async def namespace_labels(self, namespace: str) -> dict[str, str]:
         return (await self._namespace(namespace))[0]

@@ -63,6 +63,12 @@ class WebhookSettings(ServiceSettings):
     kube_lookup_timeout_seconds: float = Field(
         default=1.0, gt=0, description="per read of a namespace or owner")
     namespace_cache_ttl_seconds: float = Field(default=2.0, ge=0)
+    namespace_stale_seconds: float = Field(
+        default=30.0, ge=0,
+        description="when reading a namespace again fails (the apiserver too busy to answer "
+                    "within kube_lookup_timeout_seconds), labels read at most this long before "
+                    "that say it is managed are used (its pods are gated either way); labels "
+                    "saying it is not managed are never used stale; 0: refuse at once")
     owner_cache_ttl_seconds: float = Field(default=2.0, ge=0)
     max_owner_depth: int = Field(default=5, ge=1, le=20)
 
