@@ -28,6 +28,16 @@ def paced_round(state: SchedulerState, window: int = WINDOW) -> RoundResult:
                            release_budget=budget)
 
 
+def ten_jobs_with_room() -> SchedulerState:
+    return (
+        a_state()
+        .with_queues("a")
+        .with_cluster("cluster-a", a_node(cpu="64", memory="256Gi").times(1))
+        .with_jobs(a_job("a").times(10))
+        .build()
+    )
+
+
 def answer(state: SchedulerState, result: RoundResult, count: int) -> None:
     """The ungaters carry out `count` of the round's releases (the gate is gone)."""
     for decision in result.decisions[:count]:
@@ -82,13 +92,7 @@ def test_answers_open_the_window_and_a_newcomer_goes_first() -> None:
 
 
 def test_bound_and_ended_jobs_leave_the_backlog() -> None:
-    state = (
-        a_state()
-        .with_queues("a")
-        .with_cluster("cluster-a", a_node(cpu="64", memory="256Gi").times(1))
-        .with_jobs(a_job("a").times(10))
-        .build()
-    )
+    state = ten_jobs_with_room()
     result = paced_round(state)
     ids = [d.job_id for d in result.decisions]
     first = state.job(ids[0])
@@ -103,13 +107,7 @@ def test_bound_and_ended_jobs_leave_the_backlog() -> None:
 
 
 def test_no_budget_means_no_cap() -> None:
-    state = (
-        a_state()
-        .with_queues("a")
-        .with_cluster("cluster-a", a_node(cpu="64", memory="256Gi").times(1))
-        .with_jobs(a_job("a").times(10))
-        .build()
-    )
+    state = ten_jobs_with_room()
 
     result = _schedule_round(state, max_decisions=10_000, max_lookback_per_queue=1_000,
                              release_budget={"cluster-other": 0})
