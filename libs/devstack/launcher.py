@@ -504,5 +504,20 @@ def _copy_matches(copy: Mapping[str, Any] | None, queue: Mapping[str, Any] | Non
         copy["namespaces"] == queue["namespaces"])
 
 
-async def _deleting(api: Any, source: str) -> None:
-    await delete_queue_copies(api, source=source)
+async def _deleting(api: Any, source: str, within: float = 90.0) -> None:
+    """Delete a run's Queue objects, again while the apiserver cannot answer yet (a test that
+    restarted it leaves it answering 429 "storage is (re)initializing" for a while)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            await delete_queue_copies(api, source=source)
+            return
+        except ApiException as error:
+            if error.status not in (429, 500, 503, 504) or time.monotonic() > deadline:
+                raise
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(1.0)
