@@ -44,8 +44,9 @@ async def postgres_counts(dsn: str) -> dict[str, int]:
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"))}
         for row in await connection.fetch(
                 "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables"):
-            for what in ("ins", "upd", "del"):
-                counts[f"{row['relname']}.{what}"] = int(row[f"n_tup_{what}"])
+            for what in ("ins", "upd", "del"):  # summed: each session's temporary tables
+                key = f"{row['relname']}.{what}"
+                counts[key] = counts.get(key, 0) + int(row[f"n_tup_{what}"])
         return counts
     finally:
         await connection.close()
