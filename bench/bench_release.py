@@ -31,7 +31,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
 from devstack.demo import fresh_database
-from devstack.launcher import Lockgate
+from devstack.launcher import Lockgate, ServicePorts
 from devstack.pod_creation import create_pod_as_a_controller
 from lockgate.labels import (
     JOBSET_LABEL,
@@ -40,6 +40,7 @@ from lockgate.labels import (
     SCHEDULING_GATE,
 )
 from lockgate_adapters.kube import api_client
+from stack_counts import difference, stack_counts
 
 BENCH_NODE_LABEL = "lockgate.io/bench-node"
 # How long a pod is created again after the webhook's 503, as a controller would.
@@ -52,11 +53,18 @@ COMPONENTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manag
 
 
 def cpu_seconds_by_component() -> dict[str, float]:
-    """CPU time used so far by each part of the stack and of lockgate, from /proc."""
+    """CPU time used so far by each part of the stack and of lockgate, from /proc.
+
+    With LOCKGATE_STACK_DIR set, only that stack's processes count: those whose command line,
+    or an ancestor's, names the stack's directory (Go binaries, Kafka, the postmaster and its
+    backends), and this process's descendants (the services it starts). Another stack on the
+    same machine is not counted."""
     import os
 
     ticks = os.sysconf("SC_CLK_TCK")
     totals: dict[str, float] = {}
+    stack_dir = os.environ.get("LOCKGATE_STACK_DIR", "")
+    processes: dict[str, tuple[str, str, list[str]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -66,6 +74,20 @@ def cpu_seconds_by_component() -> dict[str, float]:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
+            continue
+        processes[entry] = (cmdline, fields[1], fields)
+
+    def ours(pid: str) -> bool:
+        seen = 0
+        while pid in processes and seen < 64:
+            cmdline, parent, _ = processes[pid]
+            if stack_dir in cmdline or pid == str(os.getpid()):
+                return True
+            pid, seen = parent, seen + 1
+        return False
+
+    for entry, (cmdline, _parent, fields) in processes.items():
+        if stack_dir and not ours(entry):
             continue
         # Go binaries by their own name (their cache path names other components too);
         # Python services and Kafka by their module or main class.
@@ -355,6 +377,7 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
         await wait_for_backlog(lockgate.postgres_dsn, queue_names, total,
                                time.perf_counter() + deadline_seconds)
         started = time.perf_counter()
+        counts_before = await stack_counts(lockgate.kafka_bootstrap, lockgate.postgres_dsn)
         cpu_before = cpu_seconds_by_component()
         await lockgate.start(only=["fair-scheduler"])
         # Meanwhile, a pod of a queue with nothing running arrives every 0.1 s: how long a
@@ -376,9 +399,12 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
         probing = asyncio.create_task(probe())
         ok = await watcher.wait_for(before + total, started + deadline_seconds)
         cpu_used = cpu_breakdown(cpu_before, cpu_seconds_by_component())
+        counts_window = await stack_counts(lockgate.kafka_bootstrap, lockgate.postgres_dsn)
         await probing
         probes_ok = await watcher.wait_for(before + total + probe_pods,
                                            time.perf_counter() + 120)
+        await asyncio.sleep(10)  # the pods' later events (bound, Running) are stored too
+        counts_settled = await stack_counts(lockgate.kafka_bootstrap, lockgate.postgres_dsn)
         probe_keys = set(probe_at)
         released = len([k for k in watcher.ungated_at if k not in probe_keys]) - before
         times = sorted(t for k, t in watcher.ungated_at.items() if k not in probe_keys)[before:]
@@ -389,6 +415,9 @@ async def lockgate_release(apis: dict[str, client.ApiClient], lockgate: Lockgate
             "seconds": round(elapsed, 3), "pods_per_second": round(released / elapsed, 1)
             if times else 0.0, "pod_creation_seconds": round(creation_seconds, 1),
             "cpu_seconds_by_component": cpu_used,
+            # [count, per pod] of the backlog; "settled": also the later events and the probes.
+            "counts_in_window": difference(counts_before, counts_window, total),
+            "counts_settled": difference(counts_before, counts_settled, total),
         })
         results.append({**latency_record("release_latency_while_releasing", watcher, probe_at,
                                          probes_ok),
@@ -441,8 +470,10 @@ async def main(argv: list[str] | None = None) -> int:
     apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
     # A database and consumer groups of its own: earlier runs on this stack must not count.
     dsn = await fresh_database(info.postgres_dsn, "lockgate_bench")
+    # Ports free now, not the fixed ones: a run on another stack of this machine uses those.
     lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, standby_scheduler=False,
-                                  run_id=f"bench-{uuid.uuid4().hex[:5]}")
+                                  run_id=f"bench-{uuid.uuid4().hex[:5]}",
+                                  ports=ServicePorts.free())
     try:
         for cluster, api in apis.items():
             await add_bench_nodes(api, cluster, args.bench_nodes_per_cluster)

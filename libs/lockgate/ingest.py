@@ -709,7 +709,10 @@ def _placement_columns(event: PodEvent, since: datetime | None) -> dict[str, Any
     elif since is None:
         since = max(event.unschedulable_since, event.observed_at)
     return {
-        "placement": None if event.placement is None else event.placement.model_dump(),
+        # As JSON (lists, not tuples): equal to the row read back from Postgres, so an event that
+        # changes nothing writes nothing (a tuple never equalled the stored list: every event of
+        # a pod with a toleration, which every pod has by default, rewrote its row).
+        "placement": None if event.placement is None else event.placement.model_dump(mode="json"),
         "unschedulable_since": since,
         "unschedulable_message": event.unschedulable_message,
         "controlled": event.controlled,

@@ -157,6 +157,8 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
     return current
 
 
+# How far behind a job set's last sighting may be before a batch writes it (`write_ingest`).
+JOBSET_LAST_SEEN_STEP = timedelta(seconds=60)
 _CLUSTER_COLUMNS = "name, capacity_observed_at, last_snapshot_id, last_snapshot_at"
 # Advisory locks (the two-int form, apart from postgres.py's single-key locks): one per bucket
 # of job keys. The bucket is the pod uid's Kafka partition among JOB_BUCKETS (murmur2, as
@@ -228,6 +230,10 @@ async def _lock_places(connection: AnyConnection, needed: RowsToRead,
     for record in records:
         place = LeftPlace(**_as_dict(record))
         current.places[place.key] = place
+    if not needed.heirs_of:
+        # Only a deletion leaves a place (lockgate.places.place_left), and only then does the
+        # fold ask for its queue's maximum time queued: no need to read every queue per batch.
+        return
     queues = await connection.fetch("SELECT name, max_queued FROM queues WHERE NOT deleted")
     for record in queues:
         found = record["max_queued"]
@@ -267,13 +273,18 @@ async def write_ingest(connection: AnyConnection, result: IngestResult) -> None:
     if result.places:
         await upsert_places(connection, result.places)
     if result.jobsets:
+        # last_seen moves only when it is JOBSET_LAST_SEEN_STEP behind: every pod event of a
+        # batch sights its job set, and rewriting its row per batch (a new tuple, WAL) was most
+        # of the rows a release wrote, for a column nothing reads finer than that.
         await connection.execute(
             "INSERT INTO jobsets (cluster, queue, name, first_seen, last_seen)"
             " SELECT c, q, n, s, s FROM unnest($1::text[], $2::text[], $3::text[],"
             " $4::timestamptz[]) AS t(c, q, n, s) ORDER BY c, q, n"
             " ON CONFLICT (cluster, queue, name)"
-            " DO UPDATE SET last_seen = GREATEST(jobsets.last_seen, EXCLUDED.last_seen)",
+            " DO UPDATE SET last_seen = EXCLUDED.last_seen"
+            " WHERE jobsets.last_seen < EXCLUDED.last_seen - make_interval(secs => $5)",
             *_columns(result.jobsets, "cluster", "queue", "name", "seen_at"),
+            JOBSET_LAST_SEEN_STEP.total_seconds(),
         )
     if result.decision_outcomes:
         # Locked by id first: the leader marks decisions published concurrently.

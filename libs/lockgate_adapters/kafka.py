@@ -18,12 +18,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CommitFailedError,
@@ -268,6 +275,13 @@ class BatchConsumer(Generic[E]):
     their effects durable before it returns. If it raises a retryable error the same batch is
     retried with backoff (nothing is committed); `PermanentMessageError` is not expected for whole
     batches — a handler reports bad single messages through `reject`.
+
+    Offsets of handled batches are committed together, at most every `commit_interval_seconds`
+    while messages keep coming, at once when a poll finds nothing new, before the partitions are
+    revoked and when stopping: a commit is a request to the group coordinator and a record in
+    `__consumer_offsets`, and committing after every small batch cost Kafka more than the
+    messages did. Never before the batch is handled; a crash redelivers at most that interval's
+    messages, which handlers take again idempotently.
     """
 
     bootstrap: KafkaTarget
@@ -279,6 +293,13 @@ class BatchConsumer(Generic[E]):
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     max_records: int = 2000
     poll_timeout_ms: int = 200
+    commit_interval_seconds: float = 0.5
+    # After a poll that found something, wait this long once for more before handling it (0:
+    # never): fewer and larger batches, each a transaction less. With `linger_when_busy_ms`,
+    # only when the previous batch was handled less than that long ago: a stream that keeps
+    # coming waits a little, a lone message (one pod created, latency) does not.
+    linger_ms: int = 0
+    linger_when_busy_ms: int = 0
     on_ready: Callable[[bool, str], None] = lambda ready, detail: None
     letter_limits: LetterLimits = field(default_factory=LetterLimits)
     # Which process this is (the service's instance_id), written on its dead letters.
@@ -286,6 +307,10 @@ class BatchConsumer(Generic[E]):
     _producer: AIOKafkaProducer | None = None
     _consumer: AIOKafkaConsumer | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Handled, not yet committed: the next offset of each partition.
+    _uncommitted: dict[TopicPartition, int] = field(default_factory=dict)
+    _last_commit: float = 0.0
+    _last_handled: float = 0.0
 
     def __post_init__(self) -> None:
         if self.letter_limits.max_letter_bytes > MAX_REQUEST_BYTES:
@@ -314,7 +339,6 @@ class BatchConsumer(Generic[E]):
     async def _start(self) -> None:
         self._producer = make_producer(self.bootstrap, client_id=f"{self.consumer_name}-dlq")
         self._consumer = AIOKafkaConsumer(
-            self.topic.name,
             **client_kwargs(self.bootstrap),
             group_id=self.group_id,
             client_id=self.consumer_name,
@@ -323,10 +347,14 @@ class BatchConsumer(Generic[E]):
             max_poll_records=self.max_records,
             isolation_level="read_committed",
         )
+        self._consumer.subscribe([self.topic.name], listener=_CommitBeforeRevoking(self))
+        self._uncommitted = {}
         await self._producer.start()
         await self._consumer.start()
 
     async def _stop(self) -> None:
+        with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            await asyncio.wait_for(self._commit_handled(), 5)
         consumer, producer = self._consumer, self._producer
         self._consumer = self._producer = None
         for client in (consumer, producer):
@@ -343,7 +371,12 @@ class BatchConsumer(Generic[E]):
                 timeout_ms=self.poll_timeout_ms, max_records=self.max_records
             )
             if not by_partition:
+                await self._commit_handled()
                 continue
+            if self.linger_ms and (
+                    not self.linger_when_busy_ms
+                    or time.monotonic() - self._last_handled < self.linger_when_busy_ms / 1000):
+                await self._linger(by_partition)
             received: list[Received[E]] = []
             for records in by_partition.values():
                 for record in records:
@@ -352,13 +385,44 @@ class BatchConsumer(Generic[E]):
                         received.append(decoded)
             if not await self._handle_with_retry(received, stopping):
                 return  # stopping with the batch unhandled: uncommitted, so redelivered
-            offsets = {tp: records[-1].offset + 1 for tp, records in by_partition.items()}
-            try:
-                await self._consumer.commit(offsets)
-            except CommitFailedError as error:
-                # The group rebalanced: another member redelivers; handlers are idempotent.
-                log.warning("commit after rebalance failed (%s); messages may be redelivered",
-                            error)
+            self._last_handled = time.monotonic()
+            self._uncommitted.update(
+                (tp, records[-1].offset + 1) for tp, records in by_partition.items())
+            if time.monotonic() - self._last_commit >= self.commit_interval_seconds:
+                await self._commit_handled()
+
+    async def _linger(self, by_partition: dict[TopicPartition, list[ConsumerRecord[Any, Any]]],
+                      ) -> None:
+        """Wait `linger_ms` once, then add what came meanwhile (up to `max_records`) to the batch,
+        each partition's records kept in order: one transaction for what would have been
+        many."""
+        assert self._consumer is not None
+        room = self.max_records - sum(len(records) for records in by_partition.values())
+        if room <= 0:
+            return
+        await asyncio.sleep(self.linger_ms / 1000)
+        more = await self._consumer.getmany(timeout_ms=0, max_records=room)
+        for tp, records in more.items():
+            by_partition.setdefault(tp, []).extend(records)
+
+    async def _commit_handled(self, partitions: Collection[TopicPartition] | None = None,
+                              ) -> None:
+        """Commit the handled offsets (of `partitions` only, if given)."""
+        if self._consumer is None:
+            return
+        offsets = {tp: offset for tp, offset in self._uncommitted.items()
+                   if partitions is None or tp in partitions}
+        if not offsets:
+            return
+        for tp in offsets:
+            del self._uncommitted[tp]
+        self._last_commit = time.monotonic()
+        try:
+            await self._consumer.commit(offsets)
+        except CommitFailedError as error:
+            # The group rebalanced: another member redelivers; handlers are idempotent.
+            log.warning("commit after rebalance failed (%s); messages may be redelivered",
+                        error)
 
     async def _handle_with_retry(self, received: list[Received[E]],
                                  stopping: asyncio.Event) -> bool:
@@ -467,3 +531,21 @@ __all__ = [
     "publish_many",
     "start_producer",
 ]
+
+
+class _CommitBeforeRevoking(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commits what was handled of the partitions being taken away, so their next owner does
+    not take it again (it would, harmlessly: handlers are idempotent)."""
+
+    def __init__(self, consumer: BatchConsumer[Any]) -> None:
+        self._consumer = consumer
+
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
+        try:
+            await self._consumer._commit_handled(revoked)
+        except (KafkaError, OSError) as error:
+            log.warning("commit before revoking %s failed: %s", sorted(revoked), error,
+                        extra=quiet(KAFKA))
+
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        pass

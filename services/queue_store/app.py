@@ -97,6 +97,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             retry_policy=settings.retry,
             max_records=settings.max_batch,
             poll_timeout_ms=settings.poll_timeout_ms,
+            linger_ms=_linger(settings, topic)[0],
+            linger_when_busy_ms=_linger(settings, topic)[1],
             on_ready=_reporter(ctx, f"consume {topic.name}"),
             letter_limits=LetterLimits(value_bytes=settings.dead_letter_value_bytes),
             instance=settings.instance_id,
@@ -221,6 +223,16 @@ async def _started_producer(settings: QueueStoreSettings) -> AIOKafkaProducer:
 
     return await retry(start, policy=settings.retry, retryable=is_retryable_kafka_error,
                        what="starting the command producer", dependency="kafka")
+
+
+def _linger(settings: QueueStoreSettings, topic: Topic[Any]) -> tuple[int, int]:
+    """How long a consumer of `topic` waits for more after a poll, and within how long of its
+    last batch (BatchConsumer.linger_ms, .linger_when_busy_ms; 0: always)."""
+    if topic is RELEASE_OUTCOMES:
+        return settings.outcomes_linger_ms, 0
+    if topic is POD_EVENTS:
+        return settings.pod_events_linger_ms, 4 * settings.pod_events_linger_ms
+    return 0, 0
 
 
 def _reporter(ctx: ServiceContext, check: str) -> Callable[[bool, str], None]:

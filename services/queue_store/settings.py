@@ -96,6 +96,16 @@ class QueueStoreSettings(ServiceSettings):
     max_batch: int = Field(default=2000, gt=0, le=50_000,
                            description="most messages folded into one transaction")
     poll_timeout_ms: int = Field(default=100, gt=0, description="wait for a batch to fill")
+    pod_events_linger_ms: int = Field(
+        default=5, ge=0, le=1000,
+        description="pod events: while they keep coming (the last batch stored less than 4x "
+        "this ago), wait this long once after a poll for more, so a stream of events is "
+        "stored in fewer transactions; a lone pod's event is stored at once")
+    outcomes_linger_ms: int = Field(
+        default=25, ge=0, le=1000,
+        description="release outcomes: after a poll that found some, wait this long once for "
+        "more, so a trickle of outcomes is stored in fewer transactions (off the release "
+        "latency path: the watcher reports the same gate removal)")
     postgres_pool_size: int = Field(default=6, ge=2, le=50)
     dead_letter_value_bytes: int = Field(
         default=64 * 1024, ge=0, le=512 * 1024,

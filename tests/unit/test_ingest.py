@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -197,6 +198,37 @@ def test_failed_twice_requeues_once() -> None:
 def test_ungated_moves_a_released_job_forward_and_stamps_it() -> None:
     row = only_job(rows(released()), outcome(ReleaseOutcomeKind.UNGATED, when=2))
     assert (row.state, row.ungated_at, row.decision_id) == (JobState.UNGATED, at(2), "d1")
+
+
+def as_read_back(row: JobRow) -> JobRow:
+    """`row` as job_store reads it from Postgres: its jsonb columns decoded from JSON."""
+    return replace(row, placement=None if row.placement is None
+                   else json.loads(json.dumps(row.placement)))
+
+
+def test_the_gate_removal_the_ungater_reported_is_not_written_again_when_the_watcher_sees_it(
+) -> None:
+    """One fact, two reports: the ungater's outcome and the watcher's event of the same gate
+    removal. Whichever queue-store folds second writes nothing (a row written is a new serial,
+    the leader reads it again), even for a pod with tolerations, which every pod has (the
+    apiserver adds its default ones): its placement read back from Postgres must equal the
+    event's."""
+    tolerated = {"placement": {"tolerations": [{"operator": "Exists"}]}}
+    first = only_job(rows(), pod_event("u1", **tolerated))
+    stored = as_read_back(replace(first, state=JobState.RELEASED, decision_id="d1",
+                                  released_at=at(1)))
+    ungated = as_read_back(only_job(rows(stored), outcome(ReleaseOutcomeKind.UNGATED, when=2)))
+    again = fold_batch(rows(ungated), [pod_event("u1", JobState.UNGATED, seen=2, **tolerated)])
+    assert again.jobs == []
+    # The other order: the watcher's first, then the outcome (recorded on its decision only).
+    seen = as_read_back(only_job(rows(stored),
+                                 pod_event("u1", JobState.UNGATED, seen=2, **tolerated)))
+    late = fold_batch(rows(seen), [outcome(ReleaseOutcomeKind.UNGATED, when=3)])
+    assert late.jobs == [] and [o.decision_id for o in late.decision_outcomes] == ["d1"]
+    # An event that does change the pod's books is still written.
+    bound = fold_batch(rows(ungated), [pod_event("u1", JobState.BOUND, seen=3, node_name="n1",
+                                                 **tolerated)])
+    assert [(r.state, r.node_name) for r in bound.jobs] == [(JobState.BOUND, "n1")]
 
 
 def test_ungated_after_the_watcher_saw_it_running_keeps_it_running() -> None:
