@@ -40,7 +40,7 @@ from bench_release import (
 from devstack.config import Settings
 from devstack.demo import fresh_database
 from devstack.images import JAEGER, ensure_go_tool
-from devstack.launcher import Lockgate, free_port
+from devstack.launcher import Lockgate, ServicePorts, free_port
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.pod_traces import TraceSpan, linked_traces, spans_from_jaeger, trace_id_of_uid
 from lockgate_adapters.kube import api_client
@@ -114,6 +114,7 @@ async def main(argv: list[str] | None = None) -> int:
     dsn = await fresh_database(info.postgres_dsn, "lockgate_hops")
     lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, standby_scheduler=False,
                                   run_id=f"hops-{uuid.uuid4().hex[:5]}",
+                                  ports=ServicePorts.free(),
                                   extra_env={"LOCKGATE_OTLP_ENDPOINT": otlp})
     apis = {cluster: await api_client(path) for cluster, path in info.kubeconfigs.items()}
     cluster, api = next(iter(apis.items()))
