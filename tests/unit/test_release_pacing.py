@@ -152,5 +152,7 @@ def test_pacing_is_not_a_lack_of_room_to_preemption() -> None:
 
     assert waiting.decisions == ()
     assert all(report.set_aside == () for report in waiting.queues.values())
+    assert waiting.queues["high"].paced == ("cluster-a",)
+    assert waiting.queues["high"].outcome is QueueOutcome.PACED
     assert plan_evictions(state, waiting, policy=PreemptionPolicy(),
                           evicting=set()) == []
