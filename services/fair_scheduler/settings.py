@@ -121,7 +121,8 @@ class SchedulerSettings(ServiceSettings):
                     "max_releases_in_flight_per_cluster), start rounds at most this often: each "
                     "answer would otherwise start a round that releases one or two pods")
     max_lookback_per_queue: int = Field(
-        default=1000, ge=0, description="jobs that do not fit a queue may skip before it stops")
+        default=1000, ge=0,
+        description="jobs that do not fit a queue may skip in one cluster before it stops there")
     max_notices_per_round: int = Field(
         default=100, ge=0,
         description="most pod notices (e.g. 'your queue does not exist') sent after one round; "

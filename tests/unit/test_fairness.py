@@ -615,6 +615,34 @@ def test_a_queue_whose_jobs_do_not_fit_drops_out_without_stopping_the_others(
     assert result.queues["a"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 1}
 
 
+def test_jobs_that_find_no_room_in_one_cluster_do_not_keep_a_queue_out_of_its_others() -> None:
+    # The fleet simulator's finding: a queue below its target in every cluster it uses looked
+    # past its lookback in the one that was full, left the round, and a queue over its target
+    # took the room freed where the first was owed it. Lookback is counted per cluster.
+    state = (
+        a_state()
+        .with_queues("a", "c", a_queue("b").with_weight(0.1))
+        # cluster-a is full of c's pods (over c's target there, and nothing preempts them).
+        .with_cluster("cluster-a", a_node(cpu="8", memory="64Gi").times(1))
+        .with_jobs(a_job("c").requesting(cpu="1", memory="1Gi").running_on("node-1").times(8))
+        # a waits there with pods of three shapes (so none is set aside for another's sake),
+        # each of which ranks before its pods in cluster-b (a smaller step towards its target).
+        .with_jobs(*(a_job("a").requesting(cpu="1", memory=f"{gi}Gi") for gi in (1, 2, 3)))
+        .with_cluster("cluster-b", a_node(cpu="4", memory="64Gi").times(1, prefix="b"))
+        .with_jobs(a_job("a").in_cluster("cluster-b").requesting(cpu="2", memory="1Gi").times(2))
+        .with_jobs(a_job("b").in_cluster("cluster-b").requesting(cpu="1", memory="1Gi").times(8))
+        .build()
+    )
+    targets = state.fair_targets()
+    assert targets.queues["a"].in_cluster("cluster-a") > 0  # owed room where none is free
+
+    result = run_round(state, lookback=2)
+
+    assert released_per_queue(result) == {"a": 2}
+    assert result.queues["a"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 3}
+    assert result.queues["a"].outcome is QueueOutcome.LOOKBACK_EXCEEDED
+
+
 def test_max_decisions_caps_a_round() -> None:
     state = (
         a_state()
@@ -875,8 +903,7 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
         return by_cost.get(cluster, True)
 
     looked: set[str] = set()
-    skips: dict[str, int] = {}
-    dropped: set[str] = set()
+    skips: dict[tuple[str, str], int] = {}
     set_aside: set[tuple[str, str]] = set()  # (queue, cluster)
     no_room: dict[str, set[Resources]] = {c: set() for c in model.nodes}  # any queue's
     over_limit: dict[str, set[Resources]] = {q: set() for q in model.specs}  # any cluster
@@ -884,7 +911,7 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
     while len(decisions) < max_decisions:
         best: tuple[tuple[int, float, float], str, SchedJob] | None = None
         for name, spec in sorted(model.specs.items()):
-            if spec.cordoned or name in dropped:
+            if spec.cordoned:
                 continue
             candidates = [
                 j
@@ -940,9 +967,10 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
                 no_room[job.cluster].add(job.requests)
         if node is None:
             looked.add(job.job_id)
-            skips[name] = skips.get(name, 0) + 1
-            if skips[name] > lookback:
-                dropped.add(name)
+            # Lookback is counted per cluster: past it, only that cluster leaves the round.
+            skips[(name, job.cluster)] = skips.get((name, job.cluster), 0) + 1
+            if skips[(name, job.cluster)] > lookback:
+                set_aside.add((name, job.cluster))
             continue
         for resource, amount in job.requests.items():
             here = room[(job.cluster, node)]

@@ -88,7 +88,8 @@ class QueueOutcome(StrEnum):
     ALL_CONSIDERED = "all_considered"  # every pending job was released or skipped
     # What it still has pending is of kinds turned down this round in every cluster it uses.
     NOTHING_FITS = "nothing_fits"
-    LOOKBACK_EXCEEDED = "lookback_exceeded"  # skipped more jobs than max_lookback_per_queue
+    # Skipped more than max_lookback_per_queue jobs in a cluster (each cluster has its own count).
+    LOOKBACK_EXCEEDED = "lookback_exceeded"
     ROUND_LIMIT = "round_limit"  # the round reached max_decisions while it still had jobs
     # Its clusters with waiting jobs had as many releases in flight as the round may add to
     # (`release_budget`): it waits for the ungaters to carry some out.
@@ -193,6 +194,7 @@ class _QueueRound:
     __slots__ = (
         "clusters",
         "head",
+        "looked_past",
         "outcome",
         "over_limit",
         "paced",
@@ -210,7 +212,10 @@ class _QueueRound:
         self.clusters: list[PendingJobs] = []
         self.head: PendingJobs | None = None  # the one whose heap[0] goes next
         self.share = share  # dominant share of the allocation, kept current as jobs are taken
-        self.skips = 0
+        # Jobs looked past per cluster: a queue's lookback is spent cluster by cluster, so jobs
+        # that find no room where its pods are pinned do not keep it out of its other clusters.
+        self.skips: dict[str, int] = {}
+        self.looked_past: list[str] = []  # clusters it looked past max_lookback jobs in
         self.skipped: list[tuple[PendingJobs, HeapEntry]] = []  # popped; pushed back at the end
         # Request shapes that would take the queue over its limits: allocation only grows during
         # a round, so they stay over until it ends.
@@ -219,6 +224,17 @@ class _QueueRound:
         self.paced: list[str] = []  # clusters with jobs of its waiting, out of release budget
         self.released = 0
         self.outcome = QueueOutcome.ALL_CONSIDERED
+
+    def skip(self, pending: PendingJobs, max_lookback: int) -> bool:
+        """Count a job looked past in `pending`'s cluster. True when that makes more than
+        `max_lookback` there: the cluster leaves the queue's round (its others stay in)."""
+        cluster = pending.cluster
+        skips = self.skips[cluster] = self.skips.get(cluster, 0) + 1
+        if skips <= max_lookback:
+            return False
+        self.clusters.remove(pending)
+        self.looked_past.append(cluster)
+        return True
 
 # A queue's rank in a cluster for its next unit; lower goes first (docs/scheduling.md, "Fair
 # targets"):
@@ -405,24 +421,22 @@ class _Round:
                     (pending.cluster, name, job.group)):
                 heapq.heappop(pending.heap)
                 reason, counted = self._group_turn(progress, pending, cluster, job, decisions)
+                dropped = False
                 if reason is None and job.state is _QUEUED:
                     # Its gang (the oldest members) went without it: it joins alone, later.
                     heapq.heappush(pending.heap, entry)
                 elif reason is not None:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
-                    if counted:
-                        progress.skips += 1
-                        if progress.skips > max_lookback:
-                            progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
-                            continue
-                if not self._validate_head(progress, pending):
+                    dropped = counted and progress.skip(pending, max_lookback)
+                if not dropped and not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
             else:
                 # A single pod, or a member of a started group: it joins alone (groups.py).
                 heapq.heappop(pending.heap)
                 node = -1
                 counted = True
+                dropped = False
                 if job.group is not None and self.groups.at_max(
                         (pending.cluster, name, job.group)):
                     # Waits until a member ends; not a job that could go, so no lookback spent.
@@ -458,11 +472,8 @@ class _Round:
                 else:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
-                    progress.skips += counted
-                    if progress.skips > max_lookback:
-                        progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
-                        continue
-                if not self._validate_head(progress, pending):
+                    dropped = counted and progress.skip(pending, max_lookback)
+                if not dropped and not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
             rank = self._choose_head(progress)
             if rank is None:
@@ -485,7 +496,9 @@ class _Round:
         clusters = progress.clusters
         if not clusters:
             progress.head = None
-            if progress.set_aside:
+            if progress.looked_past:
+                progress.outcome = QueueOutcome.LOOKBACK_EXCEEDED
+            elif progress.set_aside:
                 progress.outcome = QueueOutcome.NOTHING_FITS
             elif progress.paced:
                 progress.outcome = QueueOutcome.PACED
