@@ -10,7 +10,14 @@ import pytest
 from builders import JobBuilder, a_job, a_node, a_queue, a_state, released_per_queue
 
 from lockgate.jobs import JobState
-from lockgate.scheduler import RoundResult, SchedJob, SchedulerState, schedule_round
+from lockgate.scheduler import (
+    QueueOutcome,
+    RoundResult,
+    SchedJob,
+    SchedulerState,
+    SkipReason,
+    schedule_round,
+)
 
 T0 = 1_700_000_000.0
 
@@ -246,6 +253,30 @@ def test_other_pods_use_room_on_nodes_no_one_holds() -> None:
     # a-1's free cpu is nobody's hold: comp takes it. a-2's two are kept for big.
     assert released_per_queue(result) == {"comp": 1}
     assert [d.node_hint for d in result.decisions] == ["a-1"]
+
+
+def test_a_queue_whose_holds_cover_what_it_is_owed_sets_the_cluster_aside() -> None:
+    # q is owed two 2-cpu pods in cluster-a (its target there is 4 cpu of 8) and has 30 waiting.
+    # Once room is held for two, its other pods can go there neither now (no room) nor by a new
+    # hold, so the round looks at its held pods only, not its whole backlog every round
+    # (the fleet simulator's rounds spent most of their time looking past such backlogs).
+    state = (
+        a_state()
+        .with_queues("comp", "q")
+        .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(2, prefix="a"))
+        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build() for i in range(4)],
+                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(3)],
+                   a_job("comp").times(10), a_job("q").requesting(cpu="2").times(30))
+        .build()
+    )
+    for now in (T0, T0 + 1):
+        result = run_round(state, now=now, hold=30)
+        held = [hold.job_id for hold in state.room_holds() if hold.queue == "q"]
+        assert len(held) == 2
+        assert result.queues["q"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 2}
+        assert result.queues["q"].outcome is QueueOutcome.NOTHING_FITS
+        assert set(held) <= set(result.skipped_jobs)  # the held pods were looked at
+        assert released_per_queue(result) == {}
 
 
 def test_a_hold_ends_when_its_queue_no_longer_needs_it_to_reach_its_target() -> None:

@@ -325,6 +325,8 @@ class _Round:
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
         self.targets = state.fair_targets(now=now, max_age=targets_max_age)
         self.holds_by_cluster: dict[str, list[RoomHold]] = {}
+        # (cluster, queue) -> jobs held for it from earlier rounds the round has not looked at.
+        self.unlooked_held: dict[tuple[str, str], set[str]] = {}
         # Per (queue, cluster, shape held): the queue's rank there, and how many jobs it had
         # released when that was worked out (`_yields_to`).
         self.hold_ranks: dict[tuple[str, str, Shape], tuple[int, Rank]] = {}
@@ -410,8 +412,8 @@ class _Round:
                 progress.clusters.remove(pending)
             elif (
                 shape in cluster.rejected or shape in progress.over_limit or cluster.overcommitted
-            ) and self._nothing_can_go(progress, pending, cluster) and not any(
-                    cluster.held_by.get(name, ())) and not self._aged_group_unjudged(
+            ) and self._nothing_can_go(progress, pending, cluster) and not self._holds_may_serve(
+                    progress.queue, pending.cluster, cluster) and not self._aged_group_unjudged(
                         pending.cluster, name):
                 # Everything this queue has waiting in that cluster is of a kind already turned
                 # down there this round: set the cluster aside rather than look at each job.
@@ -420,6 +422,7 @@ class _Round:
             elif job.group is not None and not self.groups.started(
                     (pending.cluster, name, job.group)):
                 heapq.heappop(pending.heap)
+                self._looked_at(pending.cluster, name, entry[2])
                 reason, counted = self._group_turn(progress, pending, cluster, job, decisions)
                 dropped = False
                 if reason is None and job.state is _QUEUED:
@@ -434,6 +437,7 @@ class _Round:
             else:
                 # A single pod, or a member of a started group: it joins alone (groups.py).
                 heapq.heappop(pending.heap)
+                self._looked_at(pending.cluster, name, entry[2])
                 node = -1
                 counted = True
                 dropped = False
@@ -629,6 +633,27 @@ class _Round:
             return (known[1], other) > mine
 
         return yields
+
+    def _looked_at(self, cluster: str, queue: str, job_id: str) -> None:
+        if self.unlooked_held:
+            unlooked = self.unlooked_held.get((cluster, queue))
+            if unlooked:
+                unlooked.discard(job_id)
+
+    def _holds_may_serve(self, queue: QueueRecord, cluster_name: str,
+                         cluster: ClusterRoom) -> bool:
+        """Whether holds may still release one of the queue's jobs in the cluster this round
+        although every shape it has waiting there was turned down: a job of its held from an
+        earlier round not looked at yet (its node's held room is its first), or room it is
+        still owed there counting what is held for it (its next job may get a hold, and take
+        it at once). Otherwise the cluster is set aside for it: without this every queue with
+        a hold looked past its whole lookback there, every round (most of the round's time in
+        the fleet simulator at scale 0.05)."""
+        held = cluster.held_by.get(queue.name)
+        if held is None or not any(held):
+            return False
+        return bool(self.unlooked_held.get((cluster_name, queue.name))) or self.owes(
+            queue, cluster_name, held)
 
     def _maybe_hold(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
                     job_id: str, shape: Shape, yields: Callable[[str, Shape], bool]) -> bool:
@@ -829,6 +854,8 @@ class _Round:
                 for hold in self.holds_by_cluster.get(cluster_name, ()):
                     cluster.hold(hold.job_id, hold.queue, jobs[hold.job_id].shape,
                                  len(self.inverse_total), node=index[hold.node])
+                    self.unlooked_held.setdefault((cluster_name, hold.queue), set()).add(
+                        hold.job_id)
             if not cluster.fits_some_node(job.shape):
                 heapq.heappop(heap)
                 self.state.park(progress.queue, pending, job, entry)
