@@ -237,7 +237,10 @@ def test_room_is_held_for_a_started_groups_next_member_as_for_a_single_pod() -> 
     assert released_per_queue(run_round(state, now=T0 + 1, hold=30)) == {}
 
 
-def test_other_pods_use_room_on_nodes_no_one_holds() -> None:
+def test_room_freed_anywhere_gathers_for_a_queue_owed_room_that_could_use_any_node() -> None:
+    # big (q, below its target) fits no node now; it could use either once pods end there. Its
+    # hold keeps a-2's two free cpus; a-1's free cpu is nobody's hold, but comp (over its
+    # target) does not take it either: room nobody is owed waits for big this round.
     state = (
         a_state()
         .with_queues("comp", "q")
@@ -250,7 +253,29 @@ def test_other_pods_use_room_on_nodes_no_one_holds() -> None:
     result = run_round(state, now=T0, hold=30)
     hold = state.room_holds().of("big")
     assert hold is not None and hold.node == "a-2"  # closest to fitting it (2 of 3 free)
-    # a-1's free cpu is nobody's hold: comp takes it. a-2's two are kept for big.
+    assert released_per_queue(result) == {}
+    assert result.queues["comp"].set_aside == ("cluster-a",)
+    # Without holds nothing is kept for big: comp takes both nodes' free room.
+    assert released_per_queue(run_round(state, now=T0 + 1, hold=None)) == {"comp": 3}
+
+
+def test_other_pods_use_room_on_nodes_no_one_holds_where_the_owed_pod_cannot_go() -> None:
+    # a-1 is too small for big ever: its free cpu cannot bring big closer, so comp takes it.
+    nodes = {"a-1": a_node(cpu="2", memory="64Gi").build(),
+             "a-2": a_node(cpu="4", memory="64Gi").build()}
+    state = (
+        a_state()
+        .with_queues("comp", "q")
+        .with_cluster("cluster-a", nodes)
+        .with_jobs(a_job("comp").running_on("a-1").named("c0-0"),
+                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(2)],
+                   a_job("comp").times(10), a_job("q").requesting(cpu="3").named("big"))
+        .build()
+    )
+    result = run_round(state, now=T0, hold=30)
+    hold = state.room_holds().of("big")
+    assert hold is not None and hold.node == "a-2"
+    # a-2's two free cpus are kept for big; a-1's goes to comp.
     assert released_per_queue(result) == {"comp": 1}
     assert [d.node_hint for d in result.decisions] == ["a-1"]
 

@@ -118,10 +118,7 @@ class ClusterRoom:
         `room_for_held`): from now on what frees there is kept for it. Returns the node, or
         -1."""
         if node is None:
-            candidates = self.hold_candidates.get(shape)
-            if candidates is None:
-                candidates = self.hold_candidates[shape] = [
-                    i for i in self.nodes_for_shape(shape) if fits(self.capacity[i], shape)]
+            candidates = self.candidates_to_hold(shape)
             if avoid:
                 names = self.names
                 fresh = [i for i in candidates if names[i] not in avoid]
@@ -310,6 +307,19 @@ class ClusterRoom:
             room = self.free[node]
             self.held_index.set(node, [a + h for a, h in zip(room, self.held_on[node],
                                                             strict=True)])
+
+    def candidates_to_hold(self, shape: Shape) -> list[int]:
+        """The nodes `shape` may land on and fit when no managed pod runs there."""
+        candidates = self.hold_candidates.get(shape)
+        if candidates is None:
+            candidates = self.hold_candidates[shape] = [
+                i for i in self.nodes_for_shape(shape) if fits(self.capacity[i], shape)]
+        return candidates
+
+    def could_use_every_node(self, shape: Shape) -> bool:
+        """Whether `shape` may land on every node here and fits each once its managed pods
+        end: then room freed on any node here brings it closer to running."""
+        return len(self.candidates_to_hold(shape)) == len(self.names)
 
     def fits_some_node(self, shape: Shape) -> bool:
         """Whether some schedulable node could hold `shape` when empty."""

@@ -325,6 +325,10 @@ class _Round:
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
         self.targets = state.fair_targets(now=now, max_age=targets_max_age)
         self.holds_by_cluster: dict[str, list[RoomHold]] = {}
+        # Clusters where a pod of a queue owed room there (rank tier 0: within its target),
+        # able to use every node there, found no room this round: queues owed nothing there
+        # take no room there after it (docs/scheduling.md, "Holds").
+        self.owed_turned_down: set[str] = set()
         # (cluster, queue) -> jobs held for it from earlier rounds the round has not looked at.
         self.unlooked_held: dict[tuple[str, str], set[str]] = {}
         # Per (queue, cluster, shape held): the queue's rank there, and how many jobs it had
@@ -393,7 +397,12 @@ class _Round:
             job = jobs[entry[2]]
             cluster = self.clusters[pending.cluster]
             shape = job.shape
-            if self.budget.get(pending.cluster, 1) <= 0:
+            if popped_rank[0] == 2 and pending.cluster in self.owed_turned_down:
+                # A queue owed room here found none this round: room nobody is owed does not
+                # go to others meanwhile, so what frees here gathers for it ("Holds").
+                progress.clusters.remove(pending)
+                progress.set_aside.append(pending.cluster)
+            elif self.budget.get(pending.cluster, 1) <= 0:
                 # Its ungaters have as many releases in hand as allowed: the cluster waits for
                 # their answers (a later round), for every queue, without spending lookback.
                 progress.clusters.remove(pending)
@@ -476,6 +485,12 @@ class _Round:
                 else:
                     progress.skipped.append((pending, entry))
                     skipped_jobs[entry[2]] = reason
+                    if (reason is SkipReason.NO_NODE_WITH_ROOM and popped_rank[0] == 0
+                            and self.hold_seconds is not None
+                            and cluster.could_use_every_node(shape)):
+                        # Owed room here, within its target, and none fits it: what frees
+                        # on any node here is its (with holds on, room is kept for the owed).
+                        self.owed_turned_down.add(pending.cluster)
                     dropped = counted and progress.skip(pending, max_lookback)
                 if not dropped and not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
