@@ -194,18 +194,27 @@ def test_the_work_conservation_cost_of_holds_is_a_few_idle_cpus_while_they_fill(
           f"{capacity_seconds} ({with_holds.idle_cpu_seconds / capacity_seconds:.2%})")
 
 
-def test_a_hold_ends_in_time_and_moves_to_another_node() -> None:
-    # Node a-1 is full of pods that never finish; a-2 frees a cpu now and then. q's 2-cpu pod
-    # is held on one node; when that hold expires the next goes to the other node.
-    state = (
+def comp_fills_two_nodes(on_a1: int, on_a2: int,
+                         *waiting: JobBuilder | list[SchedJob]) -> SchedulerState:
+    """cluster-a: two 4-cpu nodes running comp's 1-cpu pods (`on_a1`, `on_a2` of them), comp
+    with 10 more waiting, and `waiting` (q's pods)."""
+    return (
         a_state()
         .with_queues("comp", "q")
         .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(2, prefix="a"))
-        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build() for i in range(4)],
-                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(3)],
-                   a_job("comp").times(10), a_job("q").requesting(cpu="2").named("big"))
+        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build()
+                    for i in range(on_a1)],
+                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build()
+                    for i in range(on_a2)],
+                   a_job("comp").times(10), *waiting)
         .build()
     )
+
+
+def test_a_hold_ends_in_time_and_moves_to_another_node() -> None:
+    # Node a-1 is full of pods that never finish; a-2 frees a cpu now and then. q's 2-cpu pod
+    # is held on one node; when that hold expires the next goes to the other node.
+    state = comp_fills_two_nodes(4, 3, a_job("q").requesting(cpu="2").named("big"))
     run_round(state, now=T0, hold=30)
     first = state.room_holds().of("big")
     assert first is not None and first.until == T0 + 30
@@ -241,15 +250,7 @@ def test_room_freed_anywhere_gathers_for_a_queue_owed_room_that_could_use_any_no
     # big (q, below its target) fits no node now; it could use either once pods end there. Its
     # hold keeps a-2's two free cpus; a-1's free cpu is nobody's hold, but comp (over its
     # target) does not take it either: room nobody is owed waits for big this round.
-    state = (
-        a_state()
-        .with_queues("comp", "q")
-        .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(2, prefix="a"))
-        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build() for i in range(3)],
-                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(2)],
-                   a_job("comp").times(10), a_job("q").requesting(cpu="3").named("big"))
-        .build()
-    )
+    state = comp_fills_two_nodes(3, 2, a_job("q").requesting(cpu="3").named("big"))
     result = run_round(state, now=T0, hold=30)
     hold = state.room_holds().of("big")
     assert hold is not None and hold.node == "a-2"  # closest to fitting it (2 of 3 free)
@@ -285,15 +286,7 @@ def test_a_queue_whose_holds_cover_what_it_is_owed_sets_the_cluster_aside() -> N
     # Once room is held for two, its other pods can go there neither now (no room) nor by a new
     # hold, so the round looks at its held pods only, not its whole backlog every round
     # (the fleet simulator's rounds spent most of their time looking past such backlogs).
-    state = (
-        a_state()
-        .with_queues("comp", "q")
-        .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(2, prefix="a"))
-        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build() for i in range(4)],
-                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(3)],
-                   a_job("comp").times(10), a_job("q").requesting(cpu="2").times(30))
-        .build()
-    )
+    state = comp_fills_two_nodes(4, 3, a_job("q").requesting(cpu="2").times(30))
     for now in (T0, T0 + 1):
         result = run_round(state, now=now, hold=30)
         held = [hold.job_id for hold in state.room_holds() if hold.queue == "q"]
@@ -305,15 +298,7 @@ def test_a_queue_whose_holds_cover_what_it_is_owed_sets_the_cluster_aside() -> N
 
 
 def test_a_hold_ends_when_its_queue_no_longer_needs_it_to_reach_its_target() -> None:
-    state = (
-        a_state()
-        .with_queues("comp", "q")
-        .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(2, prefix="a"))
-        .with_jobs([a_job("comp").running_on("a-1").named(f"c0-{i}").build() for i in range(4)],
-                   [a_job("comp").running_on("a-2").named(f"c1-{i}").build() for i in range(3)],
-                   a_job("comp").times(10), a_job("q").requesting(cpu="2").named("big"))
-        .build()
-    )
+    state = comp_fills_two_nodes(4, 3, a_job("q").requesting(cpu="2").named("big"))
     run_round(state, now=T0, hold=30)
     assert state.room_holds().of("big") is not None
     big = state.job("big")
