@@ -542,7 +542,8 @@ class Leader:
             self._connection, [store.split_job_id(job_id) for job_id, first in due if first])
         places = positions(state, ids)
         explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled,
-                              group_reserve_after=settings.group_reserve_after_seconds)
+                              group_reserve_after=settings.group_reserve_after_seconds,
+                              holds=settings.room_hold_seconds > 0)
         told: list[str] = []
         waiting_notices: list[PodNotice] = []
         for job_id, first in due:

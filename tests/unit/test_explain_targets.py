@@ -76,13 +76,22 @@ def test_a_queue_below_its_target_without_preemption_is_told_so_and_what_would_c
 
 def test_it_says_who_gets_the_gaps_and_then_that_room_is_held_for_it() -> None:
     state = _crowded()
-    before = Explainer(state, now=T0).explain("big")
+    # Without holds: a-2 has a 1-cpu gap; comp's waiting 1-cpu pods fit it, the 2-cpu pod not.
+    before = Explainer(state, now=T0, holds=False).explain("big")
     assert before is not None
-    # a-2 has a 1-cpu gap: comp's waiting 1-cpu pods fit it, the 2-cpu pod does not.
     assert before.gaps_to == ("comp",) and before.held_on is None
+    assert not before.room_gathers
     assert 'the gaps that open go to queue "comp"' in before.message
-    schedule_round(state, max_decisions=100, max_lookback_per_queue=100, now=T0,
-                   room_hold_seconds=60)
+    # With holds (the leader's default) comp, above its target, takes no room in cluster-a
+    # while big (owed room, able to use either node) waits: the round sets it aside.
+    gathering = Explainer(state, now=T0).explain("big")
+    assert gathering is not None and gathering.gaps_to == () and gathering.room_gathers
+    assert "what frees on any node of cluster cluster-a is kept for queues owed room there" \
+        in gathering.message
+    released = schedule_round(state, max_decisions=100, max_lookback_per_queue=100, now=T0,
+                              room_hold_seconds=60)
+    assert all(decision.queue != "comp" for decision in released.decisions)
+    assert released.queues["comp"].set_aside == ("cluster-a",)
     held = Explainer(state, now=T0 + 1).explain("big")
     assert held is not None and held.held_on == "a-2"
     assert held.held_until == T0 + 60

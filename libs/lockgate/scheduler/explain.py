@@ -206,6 +206,10 @@ class Explanation:
     # Queues whose waiting pods in this cluster fit the room free now beyond every hold: the
     # gaps that open go to them while this pod does not fit.
     gaps_to: tuple[str, ...] = ()
+    # What frees on any node of its cluster goes to queues owed room there, its own among
+    # them: queues owed nothing there take none while it waits (round: room nobody is owed
+    # waits for the owed; with holds on, for a pod within its target that could use any node).
+    room_gathers: bool = False
     # Queues above their fair target in this cluster (what preemption could take from).
     above_target: tuple[str, ...] = ()
     preemption: bool | None = None  # whether preemption is on (None: not known here)
@@ -217,11 +221,11 @@ class Explanation:
 
 def explain(state: SchedulerState, job_id: str, *, now: float,
             preemption: bool | None = None, group_reserve_after: float | None = None,
-            reservations_known: bool = True) -> Explanation | None:
+            reservations_known: bool = True, holds: bool = True) -> Explanation | None:
     """Why `job_id` waits, from the state as it is (after a round, as the leader holds it)."""
     return Explainer(state, now=now, preemption=preemption,
                      group_reserve_after=group_reserve_after,
-                     reservations_known=reservations_known).explain(job_id)
+                     reservations_known=reservations_known, holds=holds).explain(job_id)
 
 
 class Explainer:
@@ -230,12 +234,14 @@ class Explainer:
 
     def __init__(self, state: SchedulerState, *, now: float,
                  preemption: bool | None = None, group_reserve_after: float | None = None,
-                 reservations_known: bool = True) -> None:
+                 reservations_known: bool = True, holds: bool = True) -> None:
         """`group_reserve_after`: the leader's group ageing (None: not known, so explain says
         nothing of when a group reserves). `reservations_known`: False for a state no round
         ran on (queue-store's), whose groups never hold a reservation: an aged group is then
-        told it probably reserves."""
+        told it probably reserves. `holds`: whether the leader holds room
+        (`room_hold_seconds` above 0, its default)."""
         self.state = state
+        self.holds = holds
         self.now = now
         self.preemption = preemption
         self.group_reserve_after = group_reserve_after
@@ -275,7 +281,7 @@ class Explainer:
             ranks = self._ranks[job.cluster] = _ranks_in(state, job.cluster, self.inverse)
         return _explain(state, job, position, self.shares, self.inverse, rounds, self.now,
                         ranks, self.preemption, self.group_reserve_after,
-                        self.reservations_known, self._gangs)
+                        self.reservations_known, self._gangs, holds=self.holds)
 
 
 def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> str | None:
@@ -336,7 +342,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
              rounds: ClusterRoom | None, now: float, ranks: Mapping[str, Rank],
              preemption: bool | None, reserve_after: float | None = None,
              reservations_known: bool = True,
-             gangs: dict[GroupKey, _Gang | None] | None = None) -> Explanation:
+             gangs: dict[GroupKey, _Gang | None] | None = None, *,
+             holds: bool = True) -> Explanation:
     job_id = job.job_id
     spec = state.queue_spec(job.queue)
     share = shares.get(job.queue)
@@ -353,6 +360,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     held_on: RoomHold | None = None
     held_room: list[int] | None = None
     gaps: list[str] = []
+    gathers = False
     if cluster is not None and rounds is not None:
         node_count = len(cluster.order)
         shape = state.job_records[job_id].shape
@@ -374,9 +382,12 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
             fits_free = fits_free or fits(held_free, shape)
             held_on = room_hold
             held_room = [max(0, a) for a in held_free]
+        mine = ranks.get(job.queue)
+        gathers = (holds and queued and job.group is None and mine is not None
+                   and mine[0] == 0 and rounds.could_use_every_node(shape))
         for other in ranks:
-            if other == job.queue:
-                continue
+            if other == job.queue or (gathers and ranks[other][0] == 2):
+                continue  # owed nothing there: it takes no room there while this pod waits
             head = _head(state, state.queue_records[other],
                          state.queue_records[other].pending[job.cluster])
             if head is not None and any(
@@ -462,7 +473,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         held_on=None if held_on is None else held_on.node,
         held_until=None if held_on is None else held_on.until,
         held_free=None if held_room is None else named(held_room),
-        gaps_to=tuple(sorted(gaps)), above_target=above, preemption=preemption,
+        gaps_to=tuple(sorted(gaps)), room_gathers=gathers, above_target=above,
+        preemption=preemption,
     )
     standing = _standing(state, job, gang, reason, now=now, after=reserve_after,
                          known=reservations_known)
@@ -802,6 +814,10 @@ def _room_detail(e: Explanation) -> str:
                  else "this pod needs more room on one node")
         parts.append(f"the gaps that open go to {_queues(e.gaps_to)}, whose waiting pods fit "
                      f"them; {needs}")
+    elif e.room_gathers:
+        parts.append(f"what frees on any node of cluster {e.cluster} is kept for queues owed "
+                     "room there, its own among them: queues above their targets there take "
+                     "none of it while it waits")
     if e.competing_queues:
         parts.append(f"ranked before it in cluster {e.cluster}: {_queues(e.competing_queues)}")
     if e.below_target:
