@@ -158,6 +158,11 @@ class Scenario:
             gang_fraction=float(gangs.get("fraction", 0.0)),
             gang_size=int(gangs.get("size", 0)),
             preemption=bool(data.get("preemption", False)),
+            max_decisions=int(data.get("max_decisions", cls.max_decisions)),
+            max_lookback_per_queue=int(data.get("max_lookback_per_queue",
+                                                cls.max_lookback_per_queue)),
+            # The leader's LOCKGATE_SCHEDULER_ROOM_HOLD_SECONDS; 0 turns holds off.
+            room_hold_seconds=float(data.get("room_hold_seconds", 120.0)) or None,
             scale=float(data.get("scale", 1.0)),
             targets=Targets(**{k: float(v) for k, v in targets.items()}),
         )
@@ -165,6 +170,10 @@ class Scenario:
             raise ScenarioError(f"{source}: clusters, nodes and queues must be 1 or more")
         if not scenario.weights or min(scenario.weights) <= 0:
             raise ScenarioError(f"{source}: queue weights must be positive")
+        if scenario.max_decisions < 1 or scenario.max_lookback_per_queue < 0 or (
+                scenario.room_hold_seconds is not None and scenario.room_hold_seconds < 0):
+            raise ScenarioError(f"{source}: max_decisions must be 1 or more, "
+                                "max_lookback_per_queue and room_hold_seconds not negative")
         if scenario.gang_fraction and scenario.gang_size < 2:
             raise ScenarioError(f"{source}: `gangs.size` must be 2 or more")
         return scenario

@@ -40,10 +40,23 @@ def test_a_scenario_missing_a_key_is_refused_with_its_name() -> None:
     ({"queues": {"count": 2, "weights": [0]}}, "weights must be positive"),
     ({"gangs": {"fraction": 0.5, "size": 1}}, "gangs.size"),
     ({"shapes": []}, "at least one shape"),
+    ({"max_lookback_per_queue": -1}, "not negative"),
+    ({"room_hold_seconds": -5}, "not negative"),
 ])
 def test_bad_scenarios_are_refused_with_a_reason(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         Scenario.from_mapping(small(**change))
+
+
+def test_a_scenario_may_set_the_rounds_limits_and_hold_time_as_the_leader_does() -> None:
+    scenario = Scenario.from_mapping(small(max_decisions=50, max_lookback_per_queue=7,
+                                           room_hold_seconds=600))
+    assert (scenario.max_decisions, scenario.max_lookback_per_queue,
+            scenario.room_hold_seconds) == (50, 7, 600.0)
+    assert Scenario.from_mapping(small(room_hold_seconds=0)).room_hold_seconds is None
+    defaults = Scenario.from_mapping(small())
+    assert (defaults.max_decisions, defaults.max_lookback_per_queue,
+            defaults.room_hold_seconds) == (10_000, 100, 120.0)
 
 
 def test_every_shipped_scenario_parses_and_scales() -> None:
