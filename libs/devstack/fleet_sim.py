@@ -162,7 +162,8 @@ class Scenario:
             max_lookback_per_queue=int(data.get("max_lookback_per_queue",
                                                 cls.max_lookback_per_queue)),
             # The leader's LOCKGATE_SCHEDULER_ROOM_HOLD_SECONDS; 0 turns holds off.
-            room_hold_seconds=float(data.get("room_hold_seconds", 120.0)) or None,
+            room_hold_seconds=float(data.get("room_hold_seconds", cls.room_hold_seconds or 0))
+            or None,
             scale=float(data.get("scale", 1.0)),
             targets=Targets(**{k: float(v) for k, v in targets.items()}),
         )

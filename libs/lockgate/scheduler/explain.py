@@ -25,7 +25,14 @@ from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, dominan
 from lockgate.scheduler.groups import GroupKey, GroupStatus
 from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, fits, take
-from lockgate.scheduler.round import Rank, owed, rank_in_cluster, uncontested
+from lockgate.scheduler.round import (
+    Rank,
+    owed,
+    owed_nothing,
+    rank_in_cluster,
+    room_gathers_for,
+    uncontested,
+)
 from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState, Shape
 
 
@@ -383,10 +390,10 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
             held_on = room_hold
             held_room = [max(0, a) for a in held_free]
         mine = ranks.get(job.queue)
-        gathers = (holds and queued and job.group is None and mine is not None
-                   and mine[0] == 0 and rounds.could_use_every_node(shape))
+        gathers = (queued and job.group is None and mine is not None and room_gathers_for(
+            mine, holds=holds, could_use_every_node=rounds.could_use_every_node(shape)))
         for other in ranks:
-            if other == job.queue or (gathers and ranks[other][0] == 2):
+            if other == job.queue or (gathers and owed_nothing(ranks[other])):
                 continue  # owed nothing there: it takes no room there while this pod waits
             head = _head(state, state.queue_records[other],
                          state.queue_records[other].pending[job.cluster])
