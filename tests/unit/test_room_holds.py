@@ -114,3 +114,103 @@ def test_a_held_pod_takes_the_node_a_scan_of_every_hold_would(seed: int) -> None
         expected = min(candidates, key=missing)
         assert room.hold(job_id, queue, shape, axes, inverse_total=state.fairness_inverse(),
                          yields=yields_new) == expected
+
+
+def _partly_full_cluster(rng: random.Random, nodes: int) -> SchedulerState:
+    """Nodes of 8 cpu with 0 to 8 running 1-cpu pods each, and queued pods of 1, 2 and 4 cpu
+    of four queues."""
+    running = []
+    for i in range(1, nodes + 1):
+        running += a_job("filler").requesting(cpu="1", memory="1Gi").running_on(
+            f"n-{i}").times(rng.randint(0, 8))
+    queued = [a_job(f"q{i % 4}").requesting(cpu=str(rng.choice((1, 2, 4))), memory="1Gi")
+              .build() for i in range(80)]
+    return (a_state().with_queues("filler", "q0", "q1", "q2", "q3")
+            .with_cluster("cluster-a", a_node(cpu="8", memory="64Gi").times(nodes, prefix="n"))
+            .with_jobs(running, queued).build())
+
+
+def _expected_place_held(room: ClusterRoom, job_id: str, queue: str, shape: Shape,
+                         yields: Yields) -> int:
+    """`place_held` worked out by scans: its own node if its held room fits; else first fit
+    beyond the holds (from where first fit last left off for the shape, as `place` does); else
+    the first node with holds where what is free plus what yielding queues hold fits."""
+    if fits(room.room_for_held(job_id, queue, yields), shape):
+        return room.hold_node[job_id]
+    order = room.nodes_for(shape.placement)
+    for i in order[room.cursor.get(shape, 0):]:
+        if fits(room.free[i], shape):
+            return i
+    for node in order:
+        if not room.holds_on.get(node):
+            continue
+        free = room.free[node][:]
+        for _, other_queue, other_shape in room.holds_on[node]:
+            if other_queue != queue and yields(other_queue, other_shape):
+                give(free, other_shape)
+        if fits(free, shape):
+            return node
+    return -1
+
+
+def _interleave(seed: int) -> dict[str, int]:
+    """Random holds, held pods placed and plain first fit, each checked against scans;
+    returns how often a held pod went to its own node, by first fit, or to another node's
+    yielded room."""
+    rng = random.Random(seed)
+    nodes = rng.randint(1, 10)
+    state = _partly_full_cluster(rng, nodes)
+    room = ClusterRoom(state.cluster_records["cluster-a"], state.fairness_inverse())
+    inverse = state.fairness_inverse()
+    axes = len(inverse)
+    waiting = [(job_id, job.queue, job.shape) for job_id, job in state.job_records.items()
+               if job.queue != "filler"]
+    rng.shuffle(waiting)
+    ranks = {f"q{i}": rng.random() for i in range(4)}
+    held: list[tuple[str, str, Shape]] = []
+    outcomes = {"own node": 0, "first fit": 0, "yielded": 0, "none": 0}
+    for job_id, queue, shape in waiting:
+        def yields(other: str, _: Shape, queue: str = queue) -> bool:
+            return (ranks[other], other) > (ranks[queue], queue)
+        roll = rng.random()
+        if held and roll < 0.45:
+            held_id, held_queue, held_shape = held.pop(rng.randrange(len(held)))
+
+            def held_yields(other: str, _: Shape, queue: str = held_queue) -> bool:
+                return (ranks[other], other) > (ranks[queue], queue)
+            own = fits(room.room_for_held(held_id, held_queue, held_yields), held_shape)
+            first_fit = room.cursor.get(held_shape, 0) < len(room.nodes_for(None)) and any(
+                fits(room.free[i], held_shape)
+                for i in room.nodes_for(None)[room.cursor.get(held_shape, 0):])
+            expected = _expected_place_held(room, held_id, held_queue, held_shape, held_yields)
+            assert room.place_held(held_id, held_queue, held_shape, held_yields) == expected
+            if expected < 0:
+                held.append((held_id, held_queue, held_shape))
+                outcomes["none"] += 1
+            else:
+                outcomes["own node" if own else "first fit" if first_fit else "yielded"] += 1
+                ranks[held_queue] += rng.random() / 4
+        elif roll < 0.6:
+            order = room.nodes_for(shape.placement)
+            expected = next((i for i in order[room.cursor.get(shape, 0):]
+                             if fits(room.free[i], shape)), -1)
+            assert room.place(shape) == expected
+        elif room.hold(job_id, queue, shape, axes, inverse_total=inverse, yields=yields) >= 0:
+            held.append((job_id, queue, shape))
+    return outcomes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_held_pods_and_new_holds_interleaved_go_where_scans_say(seed: int) -> None:
+    """Room held by queues that yield is looked for among a list of nodes kept per shape for
+    the round (`yield_candidates`): it must choose what scans of every node would, while holds
+    are made on nodes that had none, held pods are placed and plain first fit runs between."""
+    _interleave(seed)
+
+
+def test_the_interleaved_runs_take_every_way_a_held_pod_can_go() -> None:
+    totals: dict[str, int] = {}
+    for seed in range(40):
+        for outcome, count in _interleave(seed).items():
+            totals[outcome] = totals.get(outcome, 0) + count
+    assert all(totals.values()), totals

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -18,6 +19,8 @@ from lockgate.scheduler import (
     SkipReason,
     schedule_round,
 )
+from lockgate.scheduler.room import ClusterRoom
+from lockgate.scheduler.state import Shape
 
 T0 = 1_700_000_000.0
 
@@ -295,6 +298,37 @@ def test_a_queue_whose_holds_cover_what_it_is_owed_sets_the_cluster_aside() -> N
         assert result.queues["q"].outcome is QueueOutcome.NOTHING_FITS
         assert set(held) <= set(result.skipped_jobs)  # the held pods were looked at
         assert released_per_queue(result) == {}
+
+
+def test_held_pods_looked_at_in_a_row_look_for_room_others_hold_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # comp fills eight 4-cpu nodes; q (30 pods of 2 cpu waiting) is owed half the cluster, so
+    # the first round holds room for 8 of its pods, one per node. In the next round nothing
+    # frees: its 8 held pods come up one after another, and the first one's search of other
+    # nodes for room held by queues that yield to it answers for the 7 after it (nobody took
+    # room in between, so the answer cannot change).
+    state = (
+        a_state().with_queues("comp", "q")
+        .with_cluster("cluster-a", a_node(cpu="4", memory="64Gi").times(8, prefix="a"))
+        .with_jobs([a_job("comp").running_on(f"a-{n}").named(f"c{n}-{i}").build()
+                    for n in range(1, 9) for i in range(4)],
+                   a_job("comp").times(10), a_job("q").requesting(cpu="2").times(30))
+        .build()
+    )
+    run_round(state, now=T0, hold=30)
+    assert len([hold for hold in state.room_holds() if hold.queue == "q"]) == 8
+    searches: list[str] = []
+    search = ClusterRoom._place_yielded
+
+    def counted(room: ClusterRoom, shape: Shape, queue: str, yields: Callable[..., bool]
+                ) -> int:
+        searches.append(queue)
+        return search(room, shape, queue, yields)
+
+    monkeypatch.setattr(ClusterRoom, "_place_yielded", counted)
+    result = run_round(state, now=T0 + 1, hold=30)
+    assert result.queues["q"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 8}
+    assert searches == ["q"]
 
 
 def test_a_hold_ends_when_its_queue_no_longer_needs_it_to_reach_its_target() -> None:

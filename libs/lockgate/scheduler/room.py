@@ -30,7 +30,8 @@ class ClusterRoom:
     __slots__ = ("capacity", "cursor", "eligible", "eligible_by_id", "eligible_sets", "empty",
                  "fits_cache", "free", "held_by", "held_index", "held_nodes", "held_on",
                  "hold_candidates", "hold_counts", "hold_node", "holds_on", "names",
-                 "overcommitted", "queue_held_on", "rejected", "reserved_for", "sizes", "traits")
+                 "overcommitted", "queue_held_on", "rejected", "reserved_for", "sizes", "traits",
+                 "yield_candidates")
 
     def __init__(self, cluster: ClusterRecord, inverse_total: list[float],
                  reserved_for: GroupKey | None = None) -> None:
@@ -55,6 +56,11 @@ class ClusterRoom:
         # more: a pod looking for room among holds finds the first node that might fit it in
         # O(log nodes), not by looking at each (built at the first hold).
         self.held_index: RoomIndex | None = None
+        # Per shape turned down beyond the holds: the nodes with holds it may land on whose
+        # room counting no hold fits it (`_place_yielded`), in first-fit order. Room counting
+        # no hold only shrinks in a round, so a node leaves for good once it is too small; a
+        # node joins when it gains a hold (`_index`).
+        self.yield_candidates: dict[Shape, list[int]] = {}
         self.capacity: list[list[int]] = [
             [a - u for a, u in zip(cluster.nodes[name].allocatable, cluster.nodes[name].unmanaged,
                                    strict=True)] for name in cluster.order]
@@ -137,7 +143,8 @@ class ClusterRoom:
         if counts is None:
             counts = self.hold_counts[node] = {}
             self.held_on[node] = [0] * axes
-        if not counts:
+        first = not counts
+        if first:
             bisect.insort(self.held_nodes, node)
         counts[(queue, shape)] = counts.get((queue, shape), 0) + 1
         on_node = self.held_on[node]
@@ -149,8 +156,29 @@ class ClusterRoom:
             mine[axis] += amount
         if self.held_index is None:
             self.held_index = RoomIndex(len(self.names), len(self.free[node]))
+        if first:
+            self._join_yield_candidates(node)
         self._index(node)
         return node
+
+    def _join_yield_candidates(self, node: int) -> None:
+        """A node gained its first hold: put it among the `yield_candidates` of each shape
+        its room counting no hold fits (where it is not already)."""
+        if not self.yield_candidates:
+            return
+        room = [a + h for a, h in zip(self.free[node], self.held_on[node], strict=True)]
+        for shape, candidates in self.yield_candidates.items():
+            if fits(room, shape) and node in self._eligible_set(shape):
+                at = bisect.bisect_left(candidates, node)
+                if at == len(candidates) or candidates[at] != node:
+                    candidates.insert(at, node)
+
+    def _eligible_set(self, shape: Shape) -> frozenset[int]:
+        eligible = self.eligible_sets.get(shape.placement_id)
+        if eligible is None:
+            eligible = self.eligible_sets[shape.placement_id] = frozenset(
+                self.nodes_for_shape(shape))
+        return eligible
 
     def _closest(self, candidates: list[int], queue: str, shape: Shape, inverse: list[float],
                  yields: Callable[[str, Shape], bool] | None) -> int:
@@ -246,11 +274,13 @@ class ClusterRoom:
         return room
 
     def place_held(self, job_id: str, queue: str, shape: Shape,
-                   yields: Callable[[str, Shape], bool] | None = None) -> int:
+                   yields: Callable[[str, Shape], bool] | None = None, *,
+                   elsewhere: bool = True) -> int:
         """Place a pod that room is held for: on its node if `room_for_held` fits it; else
-        anywhere there is room beyond the holds. Its hold ends when it is placed; -1 (hold
-        kept) when it fits nowhere yet. Taking room another queue holds leaves that hold in
-        place (its node's `free` goes below zero until more frees there)."""
+        anywhere there is room beyond the holds, and (`elsewhere`) on other nodes with holds
+        counting what `yields` there. Its hold ends when it is placed; -1 (hold kept) when it
+        fits nowhere yet. Taking room another queue holds leaves that hold in place (its
+        node's `free` goes below zero until more frees there)."""
         node = self.hold_node[job_id]
         room = self.room_for_held(job_id, queue, yields or _never)
         if fits(room, shape):
@@ -259,7 +289,7 @@ class ClusterRoom:
             self._index(node)
             return node
         placed = self.place(shape)
-        if placed < 0 and yields is not None:
+        if placed < 0 and yields is not None and elsewhere:
             placed = self._place_yielded(shape, queue, yields)
         if placed >= 0:
             self.unhold(job_id, queue, shape)
@@ -275,30 +305,46 @@ class ClusterRoom:
         A node where the room beyond the holds plus every other queue's holds would not fit
         `shape` is passed over without asking who yields there: O(axes) per node with holds,
         and O(queues holding there) only where it might fit."""
-        index = self.held_index
-        if index is None:
-            return -1
-        eligible = self.eligible_sets.get(shape.placement_id)
-        if eligible is None:
-            eligible = self.eligible_sets[shape.placement_id] = frozenset(
-                self.nodes_for_shape(shape))
+        candidates = self.yield_candidates.get(shape)
+        if candidates is None:
+            index = self.held_index
+            if index is None:
+                return -1
+            eligible = self._eligible_set(shape)
+            candidates = []
+            node = index.first(shape.pairs, 0)
+            while node >= 0:
+                if node in eligible:
+                    candidates.append(node)
+                node = index.first(shape.pairs, node + 1)
+            self.yield_candidates[shape] = candidates
         free = self.free
         held_on = self.held_on
         queue_held_on = self.queue_held_on
+        counts = self.hold_counts
         pairs = shape.pairs
-        node = index.first(pairs, 0)
-        while node >= 0:
-            if node in eligible and self.hold_counts.get(node):
-                room = free[node]
-                others = held_on[node]
-                mine = queue_held_on.get((node, queue))
-                if (mine is None or not any(room[axis] + others[axis] - mine[axis] < amount
-                                            for axis, amount in pairs)) and fits(
-                        self._room_yielded(node, queue, yields), shape):
-                    take(free[node], shape)
-                    self._index(node)
-                    return node
-            node = index.first(pairs, node + 1)
+        gone = 0
+        for position, node in enumerate(candidates):
+            room = free[node]
+            others = held_on[node]
+            if any(room[axis] + others[axis] < amount for axis, amount in pairs):
+                gone += 1  # too little room there counting no hold: for the rest of the round
+                continue
+            if gone:
+                candidates[position - gone] = node
+            if not counts.get(node):
+                continue  # no hold left there (a later one puts it back in play)
+            mine = queue_held_on.get((node, queue))
+            if (mine is None or not any(room[axis] + others[axis] - mine[axis] < amount
+                                        for axis, amount in pairs)) and fits(
+                    self._room_yielded(node, queue, yields), shape):
+                if gone:
+                    del candidates[position - gone + 1:position + 1]
+                take(free[node], shape)
+                self._index(node)
+                return node
+        if gone:
+            del candidates[len(candidates) - gone:]
         return -1
 
     def _index(self, node: int) -> None:
@@ -381,6 +427,7 @@ class ClusterRoom:
             node = self.place(shapes[i])
             if node < 0:
                 self.free, self.cursor, self.rejected = saved
+                self.yield_candidates = {}
                 for held in self.held_nodes:  # room came back: the bounds must rise again
                     self._index(held)
                 return None

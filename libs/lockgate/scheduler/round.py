@@ -349,6 +349,9 @@ class _Round:
         # Per (queue, cluster, shape held): the queue's rank there, and how many jobs it had
         # released when that was worked out (`_yields_to`).
         self.hold_ranks: dict[tuple[str, str, Shape], tuple[int, Rank]] = {}
+        # (cluster, queue, shape) -> (rank, releases made) when its held pod last found no
+        # room held by others that yield to it (`_place_held`).
+        self.found_no_yield: dict[tuple[str, str, Shape], tuple[Rank, int]] = {}
         self.max_lookback = max_lookback
         self.inverse_total = state.fairness_inverse()
         self.clusters: dict[str, ClusterRoom] = {}
@@ -476,17 +479,18 @@ class _Round:
                 elif cluster.overcommitted:
                     reason = SkipReason.CLUSTER_OVERCOMMITTED
                 elif entry[2] in cluster.hold_node:
-                    node = cluster.place_held(entry[2], name, shape, self._yields_to(
-                        popped_rank, name, pending.cluster))
+                    node = self._place_held(entry[2], name, pending.cluster, cluster, shape,
+                                            popped_rank, len(decisions))
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 else:
                     node = cluster.place(shape)
-                    if node < 0 and self.hold_seconds is not None:
-                        yields = self._yields_to(popped_rank, name, pending.cluster)
-                        if self._maybe_hold(progress, pending, cluster, entry[2], shape, yields):
-                            # Room held for a queue that ranks after this one is this one's
-                            # first: take it now rather than a round later.
-                            node = cluster.place_held(entry[2], name, shape, yields)
+                    if node < 0 and self.hold_seconds is not None and self._maybe_hold(
+                            progress, pending, cluster, entry[2], shape,
+                            self._yields_to(popped_rank, name, pending.cluster)):
+                        # Room held for a queue that ranks after this one is this one's
+                        # first: take it now rather than a round later.
+                        node = self._place_held(entry[2], name, pending.cluster, cluster,
+                                                shape, popped_rank, len(decisions))
                     reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
                 if reason is None:
                     hint = cluster.names[node]
@@ -663,6 +667,23 @@ class _Round:
             return (known[1], other) > mine
 
         return yields
+
+    def _place_held(self, job_id: str, name: str, cluster_name: str, cluster: ClusterRoom,
+                    shape: Shape, rank: Rank, released: int) -> int:
+        """`ClusterRoom.place_held` for a held pod of queue `name` served at `rank`, when the
+        round has made `released` releases. Room held by queues that yield to it on other
+        nodes is looked for only if something changed since a pod of its queue and shape
+        last found none there: nobody took room since (yields move only when a queue takes
+        room, and room only shrinks in a round) at the same rank means the same answer. A
+        queue with 50 held pods looked at in a row looks once, not 50 times."""
+        key = (cluster_name, name, shape)
+        stamp = (rank, released)
+        elsewhere = self.found_no_yield.get(key) != stamp
+        node = cluster.place_held(job_id, name, shape, self._yields_to(rank, name, cluster_name),
+                                  elsewhere=elsewhere)
+        if node < 0 and elsewhere:
+            self.found_no_yield[key] = stamp
+        return node
 
     def _looked_at(self, cluster: str, queue: str, job_id: str) -> None:
         if self.unlooked_held:
