@@ -519,7 +519,7 @@ def _gang(state: SchedulerState, job: SchedJob, rounds: ClusterRoom | None,
     needs = {state.axis_names[axis]: amount for axis, amount in enumerate(total) if amount}
     cluster = state.cluster_records.get(job.cluster)
     fits_empty = (rounds is not None and cluster is not None
-                  and rounds.fits_empty(shapes, inverse, cluster))
+                  and rounds.fits_empty(shapes, inverse))
     return _Gang(status=status, needs=needs, complete=status.complete, fits_empty=fits_empty,
                  fits_free=fits_empty and rounds is not None
                  and _fits_at_once(rounds, shapes, inverse))

@@ -310,6 +310,15 @@ def _check_usage(cluster: ClusterRecord, bound: dict[tuple[str, str], list[tuple
         problems.check(cluster.jobs_on_node.get(node) == len(jobs),
                        f"{where} counts {cluster.jobs_on_node.get(node)} jobs on node {node!r}, "
                        f"{len(jobs)} are bound there")
+    for name, node_record in cluster.nodes.items():
+        used = cluster.used_by_node.get(name, [0] * axes)
+        room = [a - u for a, u in zip(node_record.allocatable, node_record.unmanaged,
+                                      strict=True)]
+        problems.check(node_record.room == room and node_record.free == [
+            r - m for r, m in zip(room, used, strict=True)],
+                       f"{where}'s node {name!r} keeps room {node_record.room} and free "
+                       f"{node_record.free}, "
+                       f"its allocatable less unmanaged is {room} and managed jobs use {used}")
     problems.check(set(cluster.held_unbound) == set(unbound),
                    f"{where} holds unbound jobs {sorted(cluster.held_unbound)[:5]}, its "
                    f"released jobs without a node are {sorted(unbound)[:5]}")

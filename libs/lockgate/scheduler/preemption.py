@@ -663,13 +663,7 @@ class _Planner:
         cluster = self.state.cluster_records.get(cluster_name)
         rooms: dict[str, list[int]] | None = None
         if cluster is not None and not cluster.held_unbound:
-            rooms = {}
-            for name in cluster.order:
-                node = cluster.nodes[name]
-                used = cluster.used_by_node.get(name)
-                rooms[name] = [a - u - (used[i] if used is not None else 0)
-                               for i, (a, u) in enumerate(zip(node.allocatable, node.unmanaged,
-                                                              strict=True))]
+            rooms = {name: cluster.nodes[name].free[:] for name in cluster.order}
             victims: dict[str, list[tuple[str, JobRecord]]] = {}
             members: dict[GroupKey, list[tuple[float, str]]] = {}
             for job_id, job in self.state.job_records.items():

@@ -27,7 +27,7 @@ class ClusterRoom:
     only them.
     """
 
-    __slots__ = ("capacity", "cursor", "eligible", "eligible_by_id", "eligible_sets", "empty",
+    __slots__ = ("capacity", "cursor", "eligible", "eligible_by_id", "eligible_sets",
                  "fits_cache", "free", "held_by", "held_index", "held_nodes", "held_on",
                  "hold_candidates", "hold_counts", "hold_node", "holds_on", "names",
                  "overcommitted", "queue_held_on", "rejected", "reserved_for", "sizes", "traits",
@@ -59,17 +59,14 @@ class ClusterRoom:
         # Per shape turned down beyond the holds: the nodes with holds it may land on whose
         # room counting no hold fits it (`_place_yielded`), in first-fit order. Room counting
         # no hold only shrinks in a round, so a node leaves for good once it is too small; a
-        # node joins when it gains a hold (`_index`).
+        # node joins when it gains its first hold (`_join_yield_candidates`).
         self.yield_candidates: dict[Shape, list[int]] = {}
-        self.capacity: list[list[int]] = [
-            [a - u for a, u in zip(cluster.nodes[name].allocatable, cluster.nodes[name].unmanaged,
-                                   strict=True)] for name in cluster.order]
+        records = [cluster.nodes[name] for name in cluster.order]
+        self.capacity: list[list[int]] = [record.room for record in records]  # never changed
         # A pod group this cluster waits for: nothing else is released here meanwhile.
         self.reserved_for = reserved_for
-        # Each node's room with no managed job on it (computed when a group first asks).
-        self.empty: list[list[int]] | None = None
         self.sizes = list(cluster.node_sizes)
-        self.traits = [cluster.nodes[name].traits for name in self.names]
+        self.traits = [record.traits for record in records]
         self.eligible: dict[PodPlacement | None, list[int]] = {}
         # The same by the state's number for a shape's placement: hashing a pydantic placement
         # for every pod placed was 7% of the leader's CPU on the release benchmark.
@@ -84,18 +81,7 @@ class ClusterRoom:
         # Shapes no node had room for: free room only shrinks, so they stay turned down until
         # the round ends, for every queue.
         self.rejected: set[Shape] = set()
-        self.free: list[list[int]] = []
-        for name in self.names:
-            node = cluster.nodes[name]
-            used = cluster.used_by_node.get(name)
-            if used is None:
-                free = [a - u for a, u in zip(node.allocatable, node.unmanaged, strict=True)]
-            else:
-                free = [
-                    a - u - m
-                    for a, u, m in zip(node.allocatable, node.unmanaged, used, strict=True)
-                ]
-            self.free.append(free)
+        self.free: list[list[int]] = [record.free[:] for record in records]
         self.overcommitted = self._place_held_unbound(cluster, inverse_total)
 
     def _place_held_unbound(self, cluster: ClusterRecord, inverse_total: list[float]) -> int:
@@ -434,15 +420,9 @@ class ClusterRoom:
             nodes[i] = node
         return nodes
 
-    def fits_empty(self, shapes: list[Shape], inverse_total: list[float],
-                   cluster: ClusterRecord) -> bool:
+    def fits_empty(self, shapes: list[Shape], inverse_total: list[float]) -> bool:
         """Whether the shapes fit together on the nodes with no managed job on any of them."""
-        if self.empty is None:
-            self.empty = [
-                [a - u for a, u in zip(node.allocatable, node.unmanaged, strict=True)]
-                for node in (cluster.nodes[name] for name in self.names)
-            ]
-        room = [free[:] for free in self.empty]
+        room = [free[:] for free in self.capacity]
         for shape in sorted(shapes, key=lambda s: dominant_of(s, inverse_total),
                             reverse=True):
             for free, traits in zip(room, self.traits, strict=True):

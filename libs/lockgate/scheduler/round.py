@@ -788,8 +788,7 @@ class _Round:
             reason = SkipReason.QUEUE_LIMIT
         elif cluster.overcommitted:
             reason = SkipReason.CLUSTER_OVERCOMMITTED
-        elif not cluster.fits_empty(shapes, self.inverse_total,
-                                    self.state.cluster_records[pending.cluster]):
+        elif not cluster.fits_empty(shapes, self.inverse_total):
             reason = SkipReason.GROUP_TOO_BIG
         else:
             nodes = cluster.place_all(shapes, self.inverse_total)
