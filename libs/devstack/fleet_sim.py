@@ -102,6 +102,7 @@ class Scenario:
     max_decisions: int = 10_000
     max_lookback_per_queue: int = 100
     room_hold_seconds: float | None = 120.0
+    room_holds_per_queue: int = 1
     scale: float = 1.0
     targets: Targets = field(default_factory=Targets)
 
@@ -164,6 +165,8 @@ class Scenario:
             # The leader's LOCKGATE_SCHEDULER_ROOM_HOLD_SECONDS; 0 turns holds off.
             room_hold_seconds=float(data.get("room_hold_seconds", cls.room_hold_seconds or 0))
             or None,
+            room_holds_per_queue=int(data.get("room_holds_per_queue",
+                                              cls.room_holds_per_queue)),
             scale=float(data.get("scale", 1.0)),
             targets=Targets(**{k: float(v) for k, v in targets.items()}),
         )
@@ -171,10 +174,12 @@ class Scenario:
             raise ScenarioError(f"{source}: clusters, nodes and queues must be 1 or more")
         if not scenario.weights or min(scenario.weights) <= 0:
             raise ScenarioError(f"{source}: queue weights must be positive")
-        if scenario.max_decisions < 1 or scenario.max_lookback_per_queue < 0 or (
+        if scenario.max_decisions < 1 or scenario.room_holds_per_queue < 1 or (
+                scenario.max_lookback_per_queue < 0) or (
                 scenario.room_hold_seconds is not None and scenario.room_hold_seconds < 0):
-            raise ScenarioError(f"{source}: max_decisions must be 1 or more, "
-                                "max_lookback_per_queue and room_hold_seconds not negative")
+            raise ScenarioError(f"{source}: max_decisions and room_holds_per_queue must be 1 or "
+                                "more, max_lookback_per_queue and room_hold_seconds not "
+                                "negative")
         if scenario.gang_fraction and scenario.gang_size < 2:
             raise ScenarioError(f"{source}: `gangs.size` must be 2 or more")
         return scenario
@@ -376,7 +381,8 @@ def simulate(scenario: Scenario, *, seed: int = 17,
         result = schedule_round(
             state, max_decisions=scenario.max_decisions,
             max_lookback_per_queue=scenario.max_lookback_per_queue, now=EPOCH + now,
-            group_reserve_after_seconds=60, room_hold_seconds=scenario.room_hold_seconds)
+            group_reserve_after_seconds=60, room_hold_seconds=scenario.room_hold_seconds,
+            room_holds_per_queue=scenario.room_holds_per_queue)
         report.round_ms.append((time.perf_counter() - tick) * 1000)
         for decision in result.decisions:
             job = state.job(decision.job_id)

@@ -271,6 +271,7 @@ class Leader:
                                     group_reserve_after_seconds=(
                                         settings.group_reserve_after_seconds),
                                     room_hold_seconds=settings.room_hold_seconds or None,
+                                    room_holds_per_queue=settings.room_holds_per_queue,
                                     targets_max_age=settings.targets_max_age_seconds,
                                     release_budget=self._release_budget())
             planned: list[tuple[str, str, str]] = []

@@ -187,6 +187,11 @@ class SchedulerSettings(ServiceSettings):
         description="a pod of a queue below its fair target that does not fit has room freed "
                     "on one node held for it for at most this long (then on another node); "
                     "0 turns holds off")
+    room_holds_per_queue: int = Field(
+        default=1, ge=1,
+        description="how many of a queue's pods may have room held for them in one cluster at a "
+                    "time (1: its next pod); more gathers room on more nodes at once, at a "
+                    "round's cost per hold")
     targets_max_age_seconds: float = Field(
         default=1.0, ge=0,
         description="fair targets are recomputed when demand, weights or capacity change; "

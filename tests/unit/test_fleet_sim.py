@@ -42,6 +42,7 @@ def test_a_scenario_missing_a_key_is_refused_with_its_name() -> None:
     ({"shapes": []}, "at least one shape"),
     ({"max_lookback_per_queue": -1}, "not negative"),
     ({"room_hold_seconds": -5}, "not negative"),
+    ({"room_holds_per_queue": 0}, "1 or more"),
 ])
 def test_bad_scenarios_are_refused_with_a_reason(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
@@ -50,13 +51,13 @@ def test_bad_scenarios_are_refused_with_a_reason(change: dict[str, Any], message
 
 def test_a_scenario_may_set_the_rounds_limits_and_hold_time_as_the_leader_does() -> None:
     scenario = Scenario.from_mapping(small(max_decisions=50, max_lookback_per_queue=7,
-                                           room_hold_seconds=600))
+                                           room_hold_seconds=600, room_holds_per_queue=3))
     assert (scenario.max_decisions, scenario.max_lookback_per_queue,
-            scenario.room_hold_seconds) == (50, 7, 600.0)
+            scenario.room_hold_seconds, scenario.room_holds_per_queue) == (50, 7, 600.0, 3)
     assert Scenario.from_mapping(small(room_hold_seconds=0)).room_hold_seconds is None
     defaults = Scenario.from_mapping(small())
     assert (defaults.max_decisions, defaults.max_lookback_per_queue,
-            defaults.room_hold_seconds) == (10_000, 100, 120.0)
+            defaults.room_hold_seconds, defaults.room_holds_per_queue) == (10_000, 100, 120.0, 1)
 
 
 def test_every_shipped_scenario_parses_and_scales() -> None:

@@ -158,7 +158,7 @@ def _interleave(seed: int) -> dict[str, int]:
     returns how often a held pod went to its own node, by first fit, or to another node's
     yielded room."""
     rng = random.Random(seed)
-    nodes = rng.randint(1, 10)
+    nodes = rng.randint(1, 33)
     state = _partly_full_cluster(rng, nodes)
     room = ClusterRoom(state.cluster_records["cluster-a"], state.fairness_inverse())
     inverse = state.fairness_inverse()
@@ -195,9 +195,35 @@ def _interleave(seed: int) -> dict[str, int]:
             expected = next((i for i in order[room.cursor.get(shape, 0):]
                              if fits(room.free[i], shape)), -1)
             assert room.place(shape) == expected
-        elif room.hold(job_id, queue, shape, axes, inverse_total=inverse, yields=yields) >= 0:
-            held.append((job_id, queue, shape))
+        else:
+            avoid = {name for name in room.names if rng.random() < 0.3}
+            expected = _closest_by_scan(room, queue, shape, inverse, yields, avoid)
+            node = room.hold(job_id, queue, shape, axes, inverse_total=inverse, yields=yields,
+                             avoid=avoid)
+            assert node == expected
+            if node >= 0:
+                held.append((job_id, queue, shape))
     return outcomes
+
+
+def _closest_by_scan(room: ClusterRoom, queue: str, shape: Shape, inverse: list[float],
+                     yields: Yields, avoid: set[str]) -> int:
+    """Where a new hold goes, by a scan: of the nodes the shape fits when empty (those not in
+    `avoid`, unless every one is), the one missing the least room, counting what queues that
+    yield hold there; the first of equals."""
+    candidates = [i for i in room.nodes_for(shape.placement) if fits(room.capacity[i], shape)]
+    candidates = [i for i in candidates if room.names[i] not in avoid] or candidates
+    if not candidates:
+        return -1
+
+    def missing(i: int) -> tuple[float, int]:
+        free = room.free[i][:]
+        for _, other_queue, other_shape in room.holds_on.get(i, ()):
+            if other_queue != queue and yields(other_queue, other_shape):
+                give(free, other_shape)
+        return (max((amount - free[axis]) * inverse[axis] for axis, amount in shape.pairs), i)
+
+    return min(candidates, key=missing)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -26,9 +26,9 @@ T0 = 1_700_000_000.0
 
 
 def run_round(state: SchedulerState, *, now: float | None = None,
-              hold: float | None = None) -> RoundResult:
+              hold: float | None = None, holds_per_queue: int = 1) -> RoundResult:
     return schedule_round(state, max_decisions=10_000, max_lookback_per_queue=1_000, now=now,
-                          room_hold_seconds=hold)
+                          room_hold_seconds=hold, room_holds_per_queue=holds_per_queue)
 
 
 def run_and_bind(state: SchedulerState, *, now: float, hold: float | None) -> list[SchedJob]:
@@ -291,7 +291,7 @@ def test_a_queue_whose_holds_cover_what_it_is_owed_sets_the_cluster_aside() -> N
     # (in the fleet simulator's scenario (a) at scale 0.01 that halved the round's median).
     state = comp_fills_two_nodes(4, 3, a_job("q").requesting(cpu="2").times(30))
     for now in (T0, T0 + 1):
-        result = run_round(state, now=now, hold=30)
+        result = run_round(state, now=now, hold=30, holds_per_queue=5)
         held = [hold.job_id for hold in state.room_holds() if hold.queue == "q"]
         assert len(held) == 2
         assert result.queues["q"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 2}
@@ -315,7 +315,7 @@ def test_held_pods_looked_at_in_a_row_look_for_room_others_hold_once(
                    a_job("comp").times(10), a_job("q").requesting(cpu="2").times(30))
         .build()
     )
-    run_round(state, now=T0, hold=30)
+    run_round(state, now=T0, hold=30, holds_per_queue=8)
     assert len([hold for hold in state.room_holds() if hold.queue == "q"]) == 8
     searches: list[str] = []
     search = ClusterRoom._place_yielded
@@ -326,9 +326,28 @@ def test_held_pods_looked_at_in_a_row_look_for_room_others_hold_once(
         return search(room, shape, queue, yields)
 
     monkeypatch.setattr(ClusterRoom, "_place_yielded", counted)
-    result = run_round(state, now=T0 + 1, hold=30)
+    result = run_round(state, now=T0 + 1, hold=30, holds_per_queue=8)
     assert result.queues["q"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 8}
     assert searches == ["q"]
+
+
+def test_a_queue_holds_room_for_its_next_pod_only_unless_allowed_more() -> None:
+    # q is owed two 2-cpu pods in cluster-a. By default room is held for its next pod alone
+    # (each hold is looked at every round: at fleet scale the round's cost grows with the
+    # holds); once that held pod was looked at, its other pods are not looked at one by one.
+    state = comp_fills_two_nodes(4, 3, a_job("q").requesting(cpu="2").times(30))
+    for now in (T0, T0 + 1):
+        result = run_round(state, now=now, hold=30)
+        assert len([hold for hold in state.room_holds() if hold.queue == "q"]) == 1
+        assert result.queues["q"].skipped == {SkipReason.NO_NODE_WITH_ROOM: 1}
+        assert result.queues["q"].outcome is QueueOutcome.NOTHING_FITS
+    # Allowed fewer than it holds (the setting lowered), the oldest hold stays.
+    state = comp_fills_two_nodes(4, 3, a_job("q").requesting(cpu="2").times(30))
+    run_round(state, now=T0, hold=30, holds_per_queue=2)
+    oldest = min((hold for hold in state.room_holds() if hold.queue == "q"),
+                 key=lambda hold: hold.seq)
+    run_round(state, now=T0 + 1, hold=30)
+    assert [hold.job_id for hold in state.room_holds() if hold.queue == "q"] == [oldest.job_id]
 
 
 def test_a_hold_ends_when_its_queue_no_longer_needs_it_to_reach_its_target() -> None:

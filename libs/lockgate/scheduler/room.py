@@ -10,7 +10,7 @@ explain) from the state's records; room only shrinks while a round consumes it.
 
 from __future__ import annotations
 
-import bisect
+import heapq
 from collections.abc import Callable
 
 from lockgate.placement import PodPlacement, can_land
@@ -27,11 +27,33 @@ class ClusterRoom:
     only them.
     """
 
-    __slots__ = ("capacity", "cursor", "eligible", "eligible_by_id", "eligible_sets",
-                 "fits_cache", "free", "held_by", "held_index", "held_nodes", "held_on",
-                 "hold_candidates", "hold_counts", "hold_node", "holds_on", "names",
-                 "overcommitted", "queue_held_on", "rejected", "reserved_for", "sizes", "traits",
-                 "yield_candidates")
+    __slots__ = (
+        "capacity",
+        "cursor",
+        "eligible",
+        "eligible_by_id",
+        "eligible_sets",
+        "fits_cache",
+        "free",
+        "held_by",
+        "held_on",
+        "hold_candidate_sets",
+        "hold_candidates",
+        "hold_counts",
+        "hold_node",
+        "holds_of",
+        "holds_on",
+        "names",
+        "overcommitted",
+        "position",
+        "queue_held_on",
+        "rejected",
+        "reserved_for",
+        "room_index",
+        "sizes",
+        "traits",
+        "yield_candidates",
+    )
 
     def __init__(self, cluster: ClusterRecord, inverse_total: list[float],
                  reserved_for: GroupKey | None = None) -> None:
@@ -43,24 +65,24 @@ class ClusterRoom:
         self.holds_on: dict[int, list[tuple[str, str, Shape]]] = {}
         self.hold_node: dict[str, int] = {}
         self.held_by: dict[str, list[int]] = {}
+        self.holds_of: dict[str, int] = {}  # per queue, how many pods it holds room for here
         # The same holds summed, so that a pod looking for room counts a node's holds in
         # O(queues holding there), not O(holds there), and passes over a node at once when
         # even every other queue's holds there would not make room for it: per node, how many
         # holds of each (queue, shape); the sum of all its holds; the sum of each queue's
-        # holds on it; and the nodes with holds, in first-fit order.
+        # holds on it.
         self.hold_counts: dict[int, dict[tuple[str, Shape], int]] = {}
         self.held_on: dict[int, list[int]] = {}
         self.queue_held_on: dict[tuple[int, str], list[int]] = {}
-        self.held_nodes: list[int] = []
-        # Per node with holds, its room counting no hold (`free` plus every hold there), or
-        # more: a pod looking for room among holds finds the first node that might fit it in
-        # O(log nodes), not by looking at each (built at the first hold).
-        self.held_index: RoomIndex | None = None
-        # Per shape turned down beyond the holds: the nodes with holds it may land on whose
-        # room counting no hold fits it (`_place_yielded`), in first-fit order. Room counting
-        # no hold only shrinks in a round, so a node leaves for good once it is too small; a
-        # node joins when it gains its first hold (`_join_yield_candidates`).
+        # Every node's room counting no hold (`free` plus the holds there): a pod looking for
+        # room among holds, or for the node to hold room on, finds it in about O(log nodes),
+        # not by looking at each (built when a cluster first has holds; `_room_index`).
+        self.room_index: RoomIndex | None = None
+        # Per shape turned down beyond the holds: the nodes it may land on whose room counting
+        # no hold fits it (`_place_yielded`), in first-fit order. That room only shrinks in a
+        # round, so the list only thins: a node leaves for good once it is too small.
         self.yield_candidates: dict[Shape, list[int]] = {}
+        self.position: dict[str, int] | None = None  # node name -> index, when first asked
         records = [cluster.nodes[name] for name in cluster.order]
         self.capacity: list[list[int]] = [record.room for record in records]  # never changed
         # A pod group this cluster waits for: nothing else is released here meanwhile.
@@ -74,6 +96,7 @@ class ClusterRoom:
         self.eligible_sets: dict[int, frozenset[int]] = {}
         # Per shape, the nodes it may land on and fit when empty (where a hold may go).
         self.hold_candidates: dict[Shape, list[int]] = {}
+        self.hold_candidate_sets: dict[Shape, frozenset[int]] = {}
         self.fits_cache: dict[Shape, bool] = {}
         # First-fit resumes per shape where it last succeeded: free room only shrinks during a
         # round, so nodes before that point cannot take that shape again.
@@ -111,17 +134,14 @@ class ClusterRoom:
         -1."""
         if node is None:
             candidates = self.candidates_to_hold(shape)
-            if avoid:
-                names = self.names
-                fresh = [i for i in candidates if names[i] not in avoid]
-                candidates = fresh or candidates
             if not candidates:
                 return -1
-            node = self._closest(candidates, queue, shape, inverse_total or [1.0] * axes,
-                                 yields)
+            node = self._closest(shape, queue, inverse_total or [1.0] * axes, yields,
+                                 self._avoided(candidates, shape, avoid))
         take(self.free[node], shape)
         self.holds_on.setdefault(node, []).append((job_id, queue, shape))
         self.hold_node[job_id] = node
+        self.holds_of[queue] = self.holds_of.get(queue, 0) + 1
         held = self.held_by.setdefault(queue, [0] * axes)
         for axis, amount in shape.pairs:
             held[axis] += amount
@@ -129,9 +149,6 @@ class ClusterRoom:
         if counts is None:
             counts = self.hold_counts[node] = {}
             self.held_on[node] = [0] * axes
-        first = not counts
-        if first:
-            bisect.insort(self.held_nodes, node)
         counts[(queue, shape)] = counts.get((queue, shape), 0) + 1
         on_node = self.held_on[node]
         mine = self.queue_held_on.get((node, queue))
@@ -140,24 +157,32 @@ class ClusterRoom:
         for axis, amount in shape.pairs:
             on_node[axis] += amount
             mine[axis] += amount
-        if self.held_index is None:
-            self.held_index = RoomIndex(len(self.names), len(self.free[node]))
-        if first:
-            self._join_yield_candidates(node)
-        self._index(node)
+        self._room_index()  # the cluster has holds now: keep the index from here on
         return node
 
-    def _join_yield_candidates(self, node: int) -> None:
-        """A node gained its first hold: put it among the `yield_candidates` of each shape
-        its room counting no hold fits (where it is not already)."""
-        if not self.yield_candidates:
-            return
-        room = [a + h for a, h in zip(self.free[node], self.held_on[node], strict=True)]
-        for shape, candidates in self.yield_candidates.items():
-            if fits(room, shape) and node in self._eligible_set(shape):
-                at = bisect.bisect_left(candidates, node)
-                if at == len(candidates) or candidates[at] != node:
-                    candidates.insert(at, node)
+    def _room_index(self) -> RoomIndex:
+        index = self.room_index
+        if index is None:
+            held_on = self.held_on
+            index = self.room_index = RoomIndex(len(self.names), len(self.capacity[0]) if
+                                                self.capacity else 0, rows=[
+                [a + h for a, h in zip(free, held_on[i], strict=True)] if i in held_on
+                else free for i, free in enumerate(self.free)])
+        return index
+
+    def _avoided(self, candidates: list[int], shape: Shape,
+                 avoid: frozenset[str] | set[str]) -> frozenset[int]:
+        """The candidates to hold room on for `shape` that are not in `avoid` (node names), or
+        all of them when every one is: as node indexes."""
+        allowed = self.hold_candidate_sets.get(shape)
+        if allowed is None:
+            allowed = self.hold_candidate_sets[shape] = frozenset(candidates)
+        if not avoid:
+            return allowed
+        if self.position is None:
+            self.position = {name: i for i, name in enumerate(self.names)}
+        avoided = {i for name in avoid if (i := self.position.get(name, -1)) in allowed}
+        return allowed - avoided if len(avoided) < len(allowed) else allowed
 
     def _eligible_set(self, shape: Shape) -> frozenset[int]:
         eligible = self.eligible_sets.get(shape.placement_id)
@@ -166,49 +191,57 @@ class ClusterRoom:
                 self.nodes_for_shape(shape))
         return eligible
 
-    def _closest(self, candidates: list[int], queue: str, shape: Shape, inverse: list[float],
-                 yields: Callable[[str, Shape], bool] | None) -> int:
-        """The candidate closest to having room for `shape` (the least missing on its
+    def _closest(self, shape: Shape, queue: str, inverse: list[float],
+                 yields: Callable[[str, Shape], bool] | None, allowed: frozenset[int]) -> int:
+        """The node in `allowed` closest to having room for `shape` (the least missing on its
         dominant resource, then the first), counting what holds that `yields` free there.
 
-        A node with holds is asked who yields there only if it might beat the best so far:
-        in the order of what it would miss were every other queue's holds there to yield
-        (never more room than that), until that alone misses more than the best."""
+        A best-first search of the room index: what a subtree misses at least (its most room
+        per axis) orders it, so only nodes that might beat the best are looked at, and a node
+        with holds is asked who yields there only when it comes up."""
+        index = self._room_index()
+        tops = index.tops
+        size = index.size
+        pairs = shape.pairs
         free = self.free
         counts = self.hold_counts
-        held_on = self.held_on
-        queue_held_on = self.queue_held_on
-        pairs = shape.pairs
-        best: tuple[float, int] | None = None
-        held: list[tuple[float, int]] = []
-        for i in candidates:
-            room = free[i]
-            if yields is None or not counts.get(i):
-                key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
-                if best is None or key < best:
-                    best = key
+        nodes = len(free)
+
+        def least(i: int) -> float:
+            return max(((amount - tops[axis][i]) * inverse[axis] for axis, amount in pairs),
+                       default=0.0)
+
+        # (misses at least, first position under it, tree index; a negative one is a node
+        # whose exact miss was worked out).
+        frontier: list[tuple[float, int, int]] = [(least(1), 0, 1)]
+        while frontier:
+            missing, low, i = heapq.heappop(frontier)
+            if i < 0:
+                return low
+            if i >= size:
+                node = i - size
+                if node not in allowed:
+                    continue
+                if yields is not None and counts.get(node):
+                    room = self._room_yielded(node, queue, yields)
+                else:
+                    room = free[node]
+                exact = max(((amount - room[axis]) * inverse[axis] for axis, amount in pairs),
+                            default=0.0)
+                if exact <= missing:
+                    return node
+                heapq.heappush(frontier, (exact, node, -1))
                 continue
-            others = held_on[i]
-            mine = queue_held_on.get((i, queue))
-            held.append((max((amount - room[axis] - others[axis]
-                              + (0 if mine is None else mine[axis])) * inverse[axis]
-                             for axis, amount in pairs), i))
-        if held:
-            assert yields is not None
-            held.sort()
-            for least, i in held:
-                if best is not None and least > best[0]:
-                    break
-                room = self._room_yielded(i, queue, yields)
-                key = (max((amount - room[axis]) * inverse[axis] for axis, amount in pairs), i)
-                if best is None or key < best:
-                    best = key
-        assert best is not None
-        return best[1]
+            span = (size >> (i.bit_length() - 1)) >> 1  # positions under each child
+            for child, first in ((2 * i, low), (2 * i + 1, low + span)):
+                if first < nodes:
+                    heapq.heappush(frontier, (least(child), first, child))
+        return -1
 
     def unhold(self, job_id: str, queue: str, shape: Shape) -> None:
         """The hold ends: its room is anyone's again."""
         node = self.hold_node.pop(job_id)
+        self.holds_of[queue] -= 1
         self.holds_on[node] = [h for h in self.holds_on[node] if h[0] != job_id]
         give(self.free[node], shape)
         for axis, amount in shape.pairs:
@@ -219,10 +252,6 @@ class ClusterRoom:
             counts[(queue, shape)] = left
         else:
             del counts[(queue, shape)]
-            if not counts:
-                self.held_nodes.remove(node)
-                assert self.held_index is not None
-                self.held_index.set(node, None)
         take(self.held_on[node], shape)
         take(self.queue_held_on[(node, queue)], shape)
 
@@ -293,9 +322,7 @@ class ClusterRoom:
         and O(queues holding there) only where it might fit."""
         candidates = self.yield_candidates.get(shape)
         if candidates is None:
-            index = self.held_index
-            if index is None:
-                return -1
+            index = self._room_index()
             eligible = self._eligible_set(shape)
             candidates = []
             node = index.first(shape.pairs, 0)
@@ -334,11 +361,12 @@ class ClusterRoom:
         return -1
 
     def _index(self, node: int) -> None:
-        """The node's room counting no hold changed (or it gained its first hold)."""
-        if self.held_index is not None and self.hold_counts.get(node):
+        """The node's room counting no hold changed."""
+        if self.room_index is not None:
+            held = self.held_on.get(node)
             room = self.free[node]
-            self.held_index.set(node, [a + h for a, h in zip(room, self.held_on[node],
-                                                            strict=True)])
+            self.room_index.set(node, room if held is None else [
+                a + h for a, h in zip(room, held, strict=True)])
 
     def candidates_to_hold(self, shape: Shape) -> list[int]:
         """The nodes `shape` may land on and fit when no managed pod runs there."""
@@ -395,7 +423,7 @@ class ClusterRoom:
                 for axis, amount in pairs:
                     room[axis] -= amount
                 self.cursor[shape] = i
-                if self.held_index is not None:
+                if self.room_index is not None:
                     self._index(order[i])
                 return order[i]
             i += 1
@@ -414,8 +442,7 @@ class ClusterRoom:
             if node < 0:
                 self.free, self.cursor, self.rejected = saved
                 self.yield_candidates = {}
-                for held in self.held_nodes:  # room came back: the bounds must rise again
-                    self._index(held)
+                self.room_index = None  # room came back: built again when next asked
                 return None
             nodes[i] = node
         return nodes
@@ -444,12 +471,18 @@ class RoomIndex:
 
     __slots__ = ("size", "tops")
 
-    def __init__(self, nodes: int, axes: int) -> None:
+    def __init__(self, nodes: int, axes: int, *, rows: list[list[int]] | None = None) -> None:
         size = 1
         while size < nodes:
             size *= 2
         self.size = size
         self.tops = [[_NO_NODE] * (2 * size) for _ in range(axes)]
+        if rows:
+            for axis, top in enumerate(self.tops):
+                top[size:size + len(rows)] = [row[axis] for row in rows]
+                for i in range(size - 1, 0, -1):
+                    left, right = top[2 * i], top[2 * i + 1]
+                    top[i] = left if left > right else right
 
     def set(self, node: int, room: list[int] | None) -> None:
         for axis, top in enumerate(self.tops):

@@ -152,6 +152,7 @@ def schedule_round(
     now: float | None = None,
     group_reserve_after_seconds: float | None = None,
     room_hold_seconds: float | None = None,
+    room_holds_per_queue: int = 1,
     targets_max_age: float = 0.0,
     release_budget: Mapping[str, int] | None = None,
 ) -> RoundResult:
@@ -171,7 +172,9 @@ def schedule_round(
     change): queues owed room there (below their target there and short of their whole
     target) first, the furthest short of its whole target first (`rank_in_cluster`). A pod of
     a queue owed room that finds no room has room held for it on one node for at most
-    `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap.
+    `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap; a
+    queue has room held for at most `room_holds_per_queue` of its pods in a cluster at a time
+    (1: its next pod).
 
     `release_budget` caps this round's releases per cluster named in it (the leader gives
     each cluster what its ungaters' backlog may still grow by); a cluster that reaches its cap
@@ -179,12 +182,14 @@ def schedule_round(
     not wait behind thousands already handed to the ungaters. A pod group is released whole
     once the budget lets its first member go.
     """
-    if max_decisions < 0 or max_lookback_per_queue < 0:
-        raise ValueError("max_decisions and max_lookback_per_queue must not be negative")
+    if max_decisions < 0 or max_lookback_per_queue < 0 or room_holds_per_queue < 1:
+        raise ValueError("max_decisions and max_lookback_per_queue must not be negative, "
+                         "room_holds_per_queue must be 1 or more")
     reserve_before = (None if now is None or group_reserve_after_seconds is None
                       else now - group_reserve_after_seconds)
     return _Round(state, max_lookback_per_queue, reserve_before, now=now,
-                  hold_seconds=room_hold_seconds, targets_max_age=targets_max_age,
+                  hold_seconds=room_hold_seconds, holds_per_queue=room_holds_per_queue,
+                  targets_max_age=targets_max_age,
                   release_budget=release_budget).run(max_decisions)
 
 
@@ -327,7 +332,8 @@ def rank_in_cluster(*, before: float, after: float, target: float, cost_after: f
 class _Round:
     def __init__(self, state: SchedulerState, max_lookback: int,
                  reserve_before: float | None = None, *, now: float | None = None,
-                 hold_seconds: float | None = None, targets_max_age: float = 0.0,
+                 hold_seconds: float | None = None, holds_per_queue: int = 1,
+                 targets_max_age: float = 0.0,
                  release_budget: Mapping[str, int] | None = None) -> None:
         self.state = state
         # Per cluster: every queue waiting there is given all it asks (`uncontested`), as the
@@ -338,6 +344,7 @@ class _Round:
         self.now = now
         # Room is held for pods below their target only with a clock (holds end in time).
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
+        self.holds_per_queue = holds_per_queue
         self.targets = state.fair_targets(now=now, max_age=targets_max_age)
         self.holds_by_cluster: dict[str, list[RoomHold]] = {}
         # Clusters where a pod of a queue owed room there (rank tier 0: within its target),
@@ -619,6 +626,7 @@ class _Round:
         jobs = self.state.job_records
         queues = self.state.queue_records
         taken: dict[tuple[str, str], list[int]] = {}
+        count: dict[tuple[str, str], int] = {}
         for hold in sorted(holds, key=lambda h: h.seq):
             job = jobs.get(hold.job_id)
             queue = queues.get(hold.queue)
@@ -635,10 +643,15 @@ class _Round:
                 holds.end(hold.job_id)
                 continue
             held = taken.setdefault((hold.queue, hold.cluster), [0] * len(self.inverse_total))
+            kept = count.get((hold.queue, hold.cluster), 0)
+            if kept >= self.holds_per_queue:
+                holds.end(hold.job_id)  # beyond how many a queue may hold (the oldest stay)
+                continue
             if not self.owes(queue, hold.cluster, held):
                 holds.end(hold.job_id)  # its queue no longer needs that much to reach it
                 continue
             _add_pairs_to(held, job.shape.pairs)
+            count[(hold.queue, hold.cluster)] = kept + 1
             self.holds_by_cluster.setdefault(hold.cluster, []).append(hold)
 
     def _joins_alone(self, job: JobRecord) -> bool:
@@ -703,8 +716,9 @@ class _Round:
         held = cluster.held_by.get(queue.name)
         if held is None or not any(held):
             return False
-        return bool(self.unlooked_held.get((cluster_name, queue.name))) or self.owes(
-            queue, cluster_name, held)
+        return bool(self.unlooked_held.get((cluster_name, queue.name))) or (
+            cluster.holds_of.get(queue.name, 0) < self.holds_per_queue
+            and self.owes(queue, cluster_name, held))
 
     def _maybe_hold(self, progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom,
                     job_id: str, shape: Shape, yields: Callable[[str, Shape], bool]) -> bool:
@@ -713,7 +727,8 @@ class _Round:
         node closest to having room for it counting what queues that rank after it hold
         there. Returns whether it holds."""
         queue = progress.queue
-        if not self.owes(queue, pending.cluster, cluster.held_by.get(queue.name)):
+        if cluster.holds_of.get(queue.name, 0) >= self.holds_per_queue or not self.owes(
+                queue, pending.cluster, cluster.held_by.get(queue.name)):
             return False
         assert self.now is not None and self.hold_seconds is not None
         holds = self.state.room_holds()
