@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from lockgate.scheduler.targets import Demand, FairTargets, NodeGroup, fair_targets
+from lockgate.scheduler.targets import Demand, FairTargets, NodeGroup, _FlowNetwork, fair_targets
 
 CPU = "cpu"
 
@@ -322,3 +322,40 @@ def test_a_queue_that_may_run_anywhere_is_split_in_proportion_to_what_it_asks() 
     for queue, total in (("w1", 128 / 7), ("w2", 256 / 7), ("w4", 512 / 7)):
         assert cpus(targets, queue) == pytest.approx(total)
         assert cpus(targets, queue, "A") == pytest.approx(total / 2)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_max_flow_started_from_an_earlier_flow_is_a_max_flow(seed: int) -> None:
+    """The filling keeps one network and changes only the queues' caps between max flows
+    (`_FlowNetwork.set_capacity` cancels what flows beyond a lowered cap): each answer, and
+    who can still reach the sink, must be those of a network built afresh with those caps."""
+    rng = random.Random(seed)
+    queues, demands, groups = rng.randint(1, 6), rng.randint(1, 10), rng.randint(1, 4)
+    owner = [rng.randrange(queues) for _ in range(demands)]
+    asked = [rng.choice((0.5, 1.0, 2.0, 3.5)) for _ in range(demands)]
+    usable = [rng.sample(range(groups), rng.randint(1, groups)) for _ in range(demands)]
+    room = [rng.choice((1.0, 2.0, 4.0)) for _ in range(groups)]
+
+    def build(caps: list[float]) -> tuple[_FlowNetwork, list[int]]:
+        sink = 1 + queues + demands + groups
+        net = _FlowNetwork(sink + 1)
+        edges = [net.add(0, 1 + q, caps[q]) for q in range(queues)]
+        for d in range(demands):
+            net.add(1 + owner[d], 1 + queues + d, asked[d])
+            for g in usable[d]:
+                net.add(1 + queues + d, 1 + queues + demands + g, float("inf"))
+        for g in range(groups):
+            net.add(1 + queues + demands + g, sink, room[g])
+        return net, edges
+
+    kept, edges = build([0.0] * queues)
+    for _ in range(8):
+        caps = [rng.choice((0.0, 0.5, 1.0, 2.5, 6.0)) for _ in range(queues)]
+        for edge, cap in zip(edges, caps, strict=True):
+            kept.set_capacity(edge, cap)
+        fresh, _ = build(caps)
+        assert kept.max_flow(0, kept.size - 1) == pytest.approx(fresh.max_flow(0, fresh.size - 1))
+        assert kept.reaching(kept.size - 1) == fresh.reaching(fresh.size - 1)
+        assert kept.reachable_from(0) == fresh.reachable_from(0)
+        for edge, cap in zip(edges, caps, strict=True):
+            assert -1e-9 <= kept.flow_of(edge) <= cap + 1e-9

@@ -342,6 +342,11 @@ class _Problem:
 
     def fill(self) -> int:
         steps = 0
+        # One network for the whole filling: each max flow starts from the last one's flow,
+        # with only the queues' caps (their source edges) changed (`set_capacity`). The max
+        # flow's value, and who reaches the sink, do not depend on where it started.
+        net: _FlowNetwork | None = None
+        source_edges: list[int] = []
         while len(self.level) < len(self.queue_names):
             steps += 1
             rising = [name for name in self.queue_names if name not in self.level]
@@ -349,7 +354,11 @@ class _Problem:
             level = max(self.asked[name] / self.weights[name] for name in rising)
             for _ in range(_MAX_DINKELBACH):
                 caps = self._caps(level)
-                net, source_edges, _ = self._network(caps)
+                if net is None:
+                    net, source_edges, _ = self._network(caps)
+                else:
+                    for name, edge in zip(self.queue_names, source_edges, strict=True):
+                        net.set_capacity(edge, caps.get(name, 0.0))
                 total = sum(caps.values())
                 flow = net.max_flow(0, net.size - 1)
                 if flow >= total - _EPSILON * max(1.0, total):
@@ -359,6 +368,7 @@ class _Problem:
                     break  # floating point: the cut no longer moves; take what flows
                 level = lower
             # Freeze who has all it asks, and who sits behind a saturated cut.
+            assert net is not None
             reaches_sink = net.reaching(net.size - 1)
             frozen = False
             for i, name in enumerate(self.queue_names):
@@ -505,6 +515,33 @@ class _FlowNetwork:
 
     def flow_of(self, edge: int) -> float:
         return self.capacity[edge ^ 1]
+
+    def set_capacity(self, edge: int, capacity: float) -> None:
+        """Give a source edge a new capacity, keeping the flow a flow: where more flows
+        through it than that, the excess is cancelled along the paths it takes to the sink
+        (the network is layered, without cycles). `max_flow` then augments from there."""
+        flow = self.capacity[edge ^ 1]
+        if flow > capacity:
+            self._cancel(self.to[edge], flow - capacity)
+            flow = capacity
+        self.capacity[edge] = capacity - flow
+        self.capacity[edge ^ 1] = flow
+        self.original[edge] = capacity
+
+    def _cancel(self, node: int, amount: float) -> None:
+        """Cancel `amount` of the flow leaving `node` forwards, down to the sink."""
+        capacity, to = self.capacity, self.to
+        for e in self.edges_of[node]:
+            if amount <= 0:
+                return
+            flow = capacity[e ^ 1]
+            if e % 2 or flow <= 0:
+                continue  # a reverse edge, or no flow
+            taken = flow if flow < amount else amount
+            self._cancel(to[e], taken)
+            capacity[e] += taken
+            capacity[e ^ 1] -= taken
+            amount -= taken
 
     def max_flow(self, source: int, sink: int) -> float:
         """Augment to a max flow from the current flow; returns the total flow out of source."""
