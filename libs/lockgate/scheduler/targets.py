@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 
 # Shares are fractions of the pool: anything below this is rounding, not room.
 _EPSILON = 1e-12
+# A retired node's depth in `_FlowNetwork.max_flow`: never one more than any node's.
+_RETIRED = 1 << 40
 # Dinkelbach's iterations per filling step: each strictly lowers the level and changes the cut;
 # in practice two or three. The bound only guards against floating-point stalls.
 _MAX_DINKELBACH = 64
@@ -358,7 +360,9 @@ class _Problem:
                     net, source_edges, _ = self._network(caps)
                 else:
                     for name, edge in zip(self.queue_names, source_edges, strict=True):
-                        net.set_capacity(edge, caps.get(name, 0.0))
+                        cap = caps.get(name, 0.0)
+                        if cap != net.original[edge]:
+                            net.set_capacity(edge, cap)
                 total = sum(caps.values())
                 flow = net.max_flow(0, net.size - 1)
                 if flow >= total - _EPSILON * max(1.0, total):
@@ -384,6 +388,9 @@ class _Problem:
             if not frozen:  # numerically stuck: freeze everyone where they stand
                 for name in rising:
                     self.level[name] = min(self.asked[name], level * self.weights[name])
+            # What cannot reach the sink now never will while caps only rise (lowering one
+            # cancels flow only along paths that can): later max flows need not visit it.
+            net.retire(node for node in range(1, net.size) if node not in reaches_sink)
         self._split()
         return steps
 
@@ -494,10 +501,13 @@ def _highest_level(rising: list[tuple[float, float]], budget: float, ceiling: fl
 class _FlowNetwork:
     """A residual network with float capacities and Dinic's max flow (iterative DFS)."""
 
-    __slots__ = ("capacity", "edges_of", "original", "size", "to")
+    __slots__ = ("capacity", "edges_of", "fresh_depth", "original", "size", "to")
 
     def __init__(self, size: int) -> None:
         self.size = size
+        # Where a max flow's search starts: -1 (not reached yet) for every node but those
+        # retired (`retire`), which look reached at a depth no path ever has.
+        self.fresh_depth = [-1] * size
         self.edges_of: list[list[int]] = [[] for _ in range(size)]
         self.to: list[int] = []
         self.capacity: list[float] = []  # residual
@@ -516,6 +526,13 @@ class _FlowNetwork:
     def flow_of(self, edge: int) -> float:
         return self.capacity[edge ^ 1]
 
+    def retire(self, nodes: Iterable[int]) -> None:
+        """Nodes with no residual path to the sink: augmenting paths never pass them, so max
+        flows skip them (the caller keeps it true: caps only rise, or fall by `set_capacity`,
+        which cancels flow only through nodes not retired)."""
+        for node in nodes:
+            self.fresh_depth[node] = _RETIRED
+
     def set_capacity(self, edge: int, capacity: float) -> None:
         """Give a source edge a new capacity, keeping the flow a flow: where more flows
         through it than that, the excess is cancelled along the paths it takes to the sink
@@ -530,13 +547,13 @@ class _FlowNetwork:
 
     def _cancel(self, node: int, amount: float) -> None:
         """Cancel `amount` of the flow leaving `node` forwards, down to the sink."""
-        capacity, to = self.capacity, self.to
+        capacity, to, fresh = self.capacity, self.to, self.fresh_depth
         for e in self.edges_of[node]:
             if amount <= 0:
                 return
             flow = capacity[e ^ 1]
-            if e % 2 or flow <= 0:
-                continue  # a reverse edge, or no flow
+            if e % 2 or flow <= 0 or fresh[to[e]] == _RETIRED:
+                continue  # a reverse edge, no flow, or flow that must stay where it is
             taken = flow if flow < amount else amount
             self._cancel(to[e], taken)
             capacity[e] += taken
@@ -547,7 +564,7 @@ class _FlowNetwork:
         """Augment to a max flow from the current flow; returns the total flow out of source."""
         capacity, to, edges_of = self.capacity, self.to, self.edges_of
         while True:
-            depth = [-1] * self.size
+            depth = self.fresh_depth[:]
             depth[source] = 0
             queue = deque([source])
             while queue:
