@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 _EPSILON = 1e-12
 # A retired node's depth in `_FlowNetwork.max_flow`: never one more than any node's.
 _RETIRED = 1 << 40
+# Cuts kept to start the next filling step's search below the top (`_Problem.cuts`).
+_CUTS_KEPT = 12
 # Dinkelbach's iterations per filling step: each strictly lowers the level and changes the cut;
 # in practice two or three. The bound only guards against floating-point stalls.
 _MAX_DINKELBACH = 64
@@ -308,6 +310,9 @@ class _Problem:
         for queue, _, dominant, _, _, _ in self.demands:
             self.asked[queue] += dominant
         self.level: dict[str, float] = {}  # frozen queues' shares
+        # The min cuts of the latest failed max flows: each bounds the level from above for as
+        # long as it has rising queues (what leaves it does not depend on the level).
+        self.cuts: deque[_Cut] = deque(maxlen=_CUTS_KEPT)
         self.split: list[float] = [0.0] * len(self.demands)
 
     # ---- the network ----------------------------------------------------------------------
@@ -349,11 +354,14 @@ class _Problem:
         # flow's value, and who reaches the sink, do not depend on where it started.
         net: _FlowNetwork | None = None
         source_edges: list[int] = []
+        floor = 0.0  # the last step's level: the next one is no lower
         while len(self.level) < len(self.queue_names):
             steps += 1
             rising = [name for name in self.queue_names if name not in self.level]
-            # Dinkelbach from the top: first ask whether everyone can have all it asks.
+            # Dinkelbach from above: from everyone having all it asks, or lower where a cut
+            # found in the last steps already says the level cannot be higher.
             level = max(self.asked[name] / self.weights[name] for name in rising)
+            level = max(floor, min([level, *(cut.level(self, level) for cut in self.cuts)]))
             for _ in range(_MAX_DINKELBACH):
                 caps = self._caps(level)
                 if net is None:
@@ -391,6 +399,7 @@ class _Problem:
             # What cannot reach the sink now never will while caps only rise (lowering one
             # cancels flow only along paths that can): later max flows need not visit it.
             net.retire(node for node in range(1, net.size) if node not in reaches_sink)
+            floor = level
         self._split()
         return steps
 
@@ -405,17 +414,9 @@ class _Problem:
             for e in net.edges_of[u]:
                 if e % 2 == 0 and net.to[e] not in side:
                     leaving += net.original[e]  # saturated: a min cut's forward edge
-        fixed = 0.0
-        rising: list[tuple[float, float]] = []  # (weight, asked) of rising queues in S
-        for i, name in enumerate(self.queue_names):
-            if 1 + i not in side:
-                continue
-            if name in self.level:
-                fixed += self.level[name]
-            else:
-                rising.append((self.weights[name], self.asked[name]))
-        budget = leaving - fixed
-        return _highest_level(rising, budget, level)
+        cut = _Cut([name for i, name in enumerate(self.queue_names) if 1 + i in side], leaving)
+        self.cuts.append(cut)
+        return cut.level(self, level)
 
     def _split(self) -> None:
         """Route the final levels: first through what queues hold; then each queue's level
@@ -476,6 +477,28 @@ class _Problem:
                                 for cluster, vector in sorted(clusters.items())},
             )
         return result
+
+
+class _Cut:
+    """A min cut of a failed max flow: the queues on its source side and the capacity of the
+    edges leaving it (other than the source's, which are the queues' own caps)."""
+
+    __slots__ = ("fixed", "leaving", "rising")
+
+    def __init__(self, queues: list[str], leaving: float) -> None:
+        self.rising = queues  # those not frozen when last asked
+        self.fixed = 0.0  # the frozen ones' levels
+        self.leaving = leaving
+
+    def level(self, problem: _Problem, ceiling: float) -> float:
+        """The highest level (at most `ceiling`) at which the queues on its side fit through
+        it: the queues rising may ask together what leaves it less what the frozen hold."""
+        frozen = problem.level
+        if any(name in frozen for name in self.rising):
+            self.fixed += sum(frozen[name] for name in self.rising if name in frozen)
+            self.rising = [name for name in self.rising if name not in frozen]
+        return _highest_level([(problem.weights[name], problem.asked[name])
+                               for name in self.rising], self.leaving - self.fixed, ceiling)
 
 
 def _highest_level(rising: list[tuple[float, float]], budget: float, ceiling: float) -> float:
