@@ -324,11 +324,13 @@ def test_a_queue_that_may_run_anywhere_is_split_in_proportion_to_what_it_asks() 
         assert cpus(targets, queue, "A") == pytest.approx(total / 2)
 
 
+@pytest.mark.parametrize("layered", [False, True])
 @pytest.mark.parametrize("seed", range(30))
-def test_a_max_flow_started_from_an_earlier_flow_is_a_max_flow(seed: int) -> None:
+def test_a_max_flow_started_from_an_earlier_flow_is_a_max_flow(seed: int, layered: bool) -> None:
     """The filling keeps one network and changes only the queues' caps between max flows
-    (`_FlowNetwork.set_capacity` cancels what flows beyond a lowered cap): each answer, and
-    who can still reach the sink, must be those of a network built afresh with those caps."""
+    (`_FlowNetwork.set_capacity` cancels what flows beyond a lowered cap), and pushes along
+    its layers first (`layer`): each answer, and who can still reach the sink, must be those
+    of a plain network built afresh with those caps."""
     rng = random.Random(seed)
     queues, demands, groups = rng.randint(1, 6), rng.randint(1, 10), rng.randint(1, 4)
     owner = [rng.randrange(queues) for _ in range(demands)]
@@ -349,6 +351,8 @@ def test_a_max_flow_started_from_an_earlier_flow_is_a_max_flow(seed: int) -> Non
         return net, edges
 
     kept, edges = build([0.0] * queues)
+    if layered:
+        kept.layer = [0] + [1] * queues + [2] * demands + [3] * groups + [4]
     for _ in range(8):
         caps = [rng.choice((0.0, 0.5, 1.0, 2.5, 6.0)) for _ in range(queues)]
         for edge, cap in zip(edges, caps, strict=True):

@@ -336,6 +336,7 @@ class _Problem:
                 net.add(node, 1 + nq + nd + g, float("inf"))
         for g in range(ng):
             net.add(1 + nq + nd + g, sink, self.capacity[g])
+        net.layer = [0] + [1] * nq + [2] * nd + [3] * ng + [4]
         return net, source_edges, demand_edges
 
     def _caps(self, level: float) -> dict[str, float]:
@@ -524,13 +525,16 @@ def _highest_level(rising: list[tuple[float, float]], budget: float, ceiling: fl
 class _FlowNetwork:
     """A residual network with float capacities and Dinic's max flow (iterative DFS)."""
 
-    __slots__ = ("capacity", "edges_of", "fresh_depth", "original", "size", "to")
+    __slots__ = ("capacity", "edges_of", "fresh_depth", "layer", "original", "size", "to")
 
     def __init__(self, size: int) -> None:
         self.size = size
         # Where a max flow's search starts: -1 (not reached yet) for every node but those
         # retired (`retire`), which look reached at a depth no path ever has.
         self.fresh_depth = [-1] * size
+        # Each node's layer when every edge goes from one layer to the next (None: unknown):
+        # a max flow first pushes along such forward paths alone, with no search for levels.
+        self.layer: list[int] | None = None
         self.edges_of: list[list[int]] = [[] for _ in range(size)]
         self.to: list[int] = []
         self.capacity: list[float] = []  # residual
@@ -555,6 +559,8 @@ class _FlowNetwork:
         which cancels flow only through nodes not retired)."""
         for node in nodes:
             self.fresh_depth[node] = _RETIRED
+            if self.layer is not None:
+                self.layer[node] = _RETIRED
 
     def set_capacity(self, edge: int, capacity: float) -> None:
         """Give a source edge a new capacity, keeping the flow a flow: where more flows
@@ -586,6 +592,13 @@ class _FlowNetwork:
     def max_flow(self, source: int, sink: int) -> float:
         """Augment to a max flow from the current flow; returns the total flow out of source."""
         capacity, to, edges_of = self.capacity, self.to, self.edges_of
+        if self.layer is not None:
+            # Most of what a changed cap lets through goes straight down an unsaturated path:
+            # push that first (the layers are a level graph of forward edges, found for free),
+            # and leave to Dinic's phases only what needs flow moved aside.
+            depth, cursor = self.layer[:], [0] * self.size
+            while self._augment(source, sink, depth, cursor) > _EPSILON:
+                pass
         while True:
             depth = self.fresh_depth[:]
             depth[source] = 0
