@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from lockgate.scheduler.targets import Demand, FairTargets, NodeGroup, _FlowNetwork, fair_targets
+from lockgate.scheduler.targets import (
+    _SOLVED,
+    Demand,
+    FairTargets,
+    NodeGroup,
+    _FlowNetwork,
+    _Problem,
+    fair_targets,
+)
 
 CPU = "cpu"
 
@@ -363,3 +371,47 @@ def test_a_max_flow_started_from_an_earlier_flow_is_a_max_flow(seed: int, layere
         assert kept.reachable_from(0) == fresh.reachable_from(0)
         for edge, cap in zip(edges, caps, strict=True):
             assert -1e-9 <= kept.flow_of(edge) <= cap + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_where_everything_fits_the_shortcut_gives_what_the_filling_would(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part where every node group could take every demand that may use it is answered
+    without max flows (`_Problem._everyone_fits`): the same targets, cluster by cluster, as
+    the filling and split find."""
+    rng = random.Random(seed)
+    clusters = [f"c{i}" for i in range(rng.randint(1, 3))]
+    groups = [cluster(where, 0.0, group=g) for where in clusters for g in ("gpu", "cpu")]
+    demands = []
+    for i in range(rng.randint(1, 6)):
+        where = rng.choice(clusters)
+        demands.append(asks(f"q{i % 3}", where, rng.choice((1.0, 2.5, 4.0)),
+                            held=rng.choice((0.0, 1.0)),
+                            groups=tuple(rng.sample(("gpu", "cpu"), rng.randint(1, 2)))))
+    # Each group can take all that may ask it, and a little more.
+    room = {(g.cluster, g.name): sum(d.amount[CPU] for d in demands if d.cluster == g.cluster
+                                     and d.groups is not None and g.name in d.groups)
+            for g in groups}
+    groups = [cluster(g.cluster, room[(g.cluster, g.name)] + rng.choice((0.5, 3.0)),
+                      group=g.name) for g in groups]
+    weights = {f"q{i}": float(rng.randint(1, 3)) for i in range(3)}
+    answers: list[bool] = []
+    fits = _Problem._everyone_fits
+
+    def spied(problem: _Problem) -> bool:
+        answers.append(fits(problem))
+        return answers[-1]
+
+    monkeypatch.setattr(_Problem, "_everyone_fits", spied)
+    _SOLVED.clear()
+    fast = fair_targets(groups=groups, weights=weights, demands=demands)
+    assert answers and all(answers)
+    monkeypatch.setattr(_Problem, "_everyone_fits", lambda self: False)
+    _SOLVED.clear()
+    slow = fair_targets(groups=groups, weights=weights, demands=demands)
+    _SOLVED.clear()
+    assert set(fast.queues) == set(slow.queues)
+    for name, target in slow.queues.items():
+        assert fast.queues[name].share == pytest.approx(target.share, abs=1e-12)
+        for where, share in target.cluster_shares.items():
+            assert fast.queues[name].in_cluster(where) == pytest.approx(share, abs=1e-12)
