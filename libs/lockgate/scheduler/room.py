@@ -23,14 +23,13 @@ class ClusterRoom:
     """One cluster's free room per schedulable node, as the round consumes it.
 
     A job goes only to a node its placement lets it land on (`lockgate.placement`): per
-    placement, the round works out once which nodes those are (`eligible`), and first-fit walks
-    only them.
+    placement, which nodes those are is worked out once while the cluster's nodes stay the
+    same (`ClusterRecord.eligible_nodes`), and first-fit walks only them.
     """
 
     __slots__ = (
         "capacity",
         "cursor",
-        "eligible",
         "eligible_by_id",
         "eligible_sets",
         "fits_cache",
@@ -38,7 +37,6 @@ class ClusterRoom:
         "held_by",
         "held_on",
         "hold_candidate_sets",
-        "hold_candidates",
         "hold_counts",
         "hold_node",
         "holds_of",
@@ -47,6 +45,7 @@ class ClusterRoom:
         "overcommitted",
         "position",
         "queue_held_on",
+        "record",
         "rejected",
         "reserved_for",
         "room_index",
@@ -83,19 +82,17 @@ class ClusterRoom:
         # round, so the list only thins: a node leaves for good once it is too small.
         self.yield_candidates: dict[Shape, list[int]] = {}
         self.position: dict[str, int] | None = None  # node name -> index, when first asked
-        records = [cluster.nodes[name] for name in cluster.order]
-        self.capacity: list[list[int]] = [record.room for record in records]  # never changed
+        cluster.current_caches()
+        self.record = cluster
+        self.capacity: list[list[int]] = cluster.node_rooms  # never changed
         # A pod group this cluster waits for: nothing else is released here meanwhile.
         self.reserved_for = reserved_for
         self.sizes = list(cluster.node_sizes)
-        self.traits = [record.traits for record in records]
-        self.eligible: dict[PodPlacement | None, list[int]] = {}
-        # The same by the state's number for a shape's placement: hashing a pydantic placement
-        # for every pod placed was 7% of the leader's CPU on the release benchmark.
+        self.traits = cluster.node_traits
+        # Eligible nodes by the state's number for a shape's placement: hashing a pydantic
+        # placement for every pod placed was 7% of the leader's CPU on the release benchmark.
         self.eligible_by_id: dict[int, list[int]] = {}
         self.eligible_sets: dict[int, frozenset[int]] = {}
-        # Per shape, the nodes it may land on and fit when empty (where a hold may go).
-        self.hold_candidates: dict[Shape, list[int]] = {}
         self.hold_candidate_sets: dict[Shape, frozenset[int]] = {}
         self.fits_cache: dict[Shape, bool] = {}
         # First-fit resumes per shape where it last succeeded: free room only shrinks during a
@@ -104,7 +101,7 @@ class ClusterRoom:
         # Shapes no node had room for: free room only shrinks, so they stay turned down until
         # the round ends, for every queue.
         self.rejected: set[Shape] = set()
-        self.free: list[list[int]] = [record.free[:] for record in records]
+        self.free: list[list[int]] = [record.free[:] for record in cluster.node_list]
         self.overcommitted = self._place_held_unbound(cluster, inverse_total)
 
     def _place_held_unbound(self, cluster: ClusterRecord, inverse_total: list[float]) -> int:
@@ -370,9 +367,9 @@ class ClusterRoom:
 
     def candidates_to_hold(self, shape: Shape) -> list[int]:
         """The nodes `shape` may land on and fit when no managed pod runs there."""
-        candidates = self.hold_candidates.get(shape)
+        candidates = self.record.hold_nodes.get(shape)
         if candidates is None:
-            candidates = self.hold_candidates[shape] = [
+            candidates = self.record.hold_nodes[shape] = [
                 i for i in self.nodes_for_shape(shape) if fits(self.capacity[i], shape)]
         return candidates
 
@@ -394,9 +391,9 @@ class ClusterRoom:
 
     def nodes_for(self, placement: PodPlacement | None) -> list[int]:
         """Indexes of the nodes a pod with this placement may land on, in first-fit order."""
-        nodes = self.eligible.get(placement)
+        nodes = self.record.eligible_nodes.get(placement)
         if nodes is None:
-            nodes = self.eligible[placement] = [
+            nodes = self.record.eligible_nodes[placement] = [
                 i for i, traits in enumerate(self.traits) if can_land(placement, traits)]
         return nodes
 
