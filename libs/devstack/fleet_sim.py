@@ -27,6 +27,7 @@ capacity shrinks with demand and a contested fleet stays contested.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -52,6 +53,7 @@ from lockgate.scheduler import (
     plan_evictions,
     schedule_round,
 )
+from lockgate.scheduler.collection import collect_for_large_state
 
 GI = 2**30
 EPOCH = 1_700_000_000.0  # the simulated day starts here (epoch seconds)
@@ -329,6 +331,16 @@ class _Fleet:
 def simulate(scenario: Scenario, *, seed: int = 17,
              progress: Callable[[str], None] | None = None) -> Report:
     started = time.perf_counter()
+    # The leader's collector thresholds (fair_scheduler's settings default), for the run only.
+    thresholds = collect_for_large_state()
+    try:
+        return _simulate(scenario, seed, progress, started)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | None,
+              started: float) -> Report:
     rng = random.Random(seed)
     fleet = _Fleet(scenario, rng)
     report = Report(scenario=scenario)

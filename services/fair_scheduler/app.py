@@ -19,6 +19,7 @@ from fair_scheduler.leading import Leader, LeadershipLostError
 from fair_scheduler.reporting import FairnessReport
 from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import DEAD_LETTERS, POD_NOTICES, RELEASE_COMMANDS
+from lockgate.scheduler.collection import collect_for_large_state
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.kafka import start_producer
 from lockgate_adapters.postgres import connect_pool, wait_for_schema
@@ -39,6 +40,7 @@ _POSTGRES_TROUBLE = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.Inter
 async def compose(ctx: ServiceContext) -> list[Loop]:
     settings = ctx.settings
     assert isinstance(settings, SchedulerSettings)
+    collect_for_large_state(settings.gc_first_threshold)
     ctx.readiness.declare("postgres", "kafka", "leader")
     ctx.dependencies.postgres(settings.postgres_dsn)
     ctx.dependencies.kafka(settings.kafka())

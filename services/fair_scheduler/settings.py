@@ -187,6 +187,12 @@ class SchedulerSettings(ServiceSettings):
         description="a pod of a queue below its fair target that does not fit has room freed "
                     "on one node held for it for at most this long (then on another node); "
                     "0 turns holds off")
+    gc_first_threshold: int = Field(
+        default=20_000, ge=700,
+        description="Python's garbage collector runs a young collection after this many more "
+                    "allocations than deallocations (Python's default 700 makes it rescan a "
+                    "large state's millions of long-lived objects every few rounds); see "
+                    "lockgate.scheduler.collection")
     room_holds_per_queue: int = Field(
         default=1, ge=1,
         description="how many of a queue's pods may have room held for them in one cluster at a "
