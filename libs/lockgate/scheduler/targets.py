@@ -362,6 +362,7 @@ class _Problem:
         net: _FlowNetwork | None = None
         source_edges: list[int] = []
         floor = 0.0  # the last step's level: the next one is no lower
+        live: set[int] | None = None  # nodes not retired yet (all but the source, at first)
         while len(self.level) < len(self.queue_names):
             steps += 1
             rising = [name for name in self.queue_names if name not in self.level]
@@ -405,7 +406,11 @@ class _Problem:
                     self.level[name] = min(self.asked[name], level * self.weights[name])
             # What cannot reach the sink now never will while caps only rise (lowering one
             # cancels flow only along paths that can): later max flows need not visit it.
-            net.retire(node for node in range(1, net.size) if node not in reaches_sink)
+            if live is None:
+                live = set(range(1, net.size))
+            gone = live.difference(reaches_sink)
+            net.retire(gone)
+            live -= gone
             floor = level
         self._split()
         return steps
