@@ -363,23 +363,31 @@ class _Problem:
         source_edges: list[int] = []
         floor = 0.0  # the last step's level: the next one is no lower
         live: set[int] | None = None  # nodes not retired yet (all but the source, at first)
+        position = {name: i for i, name in enumerate(self.queue_names)}
+        # The queues whose caps may still change: those rising at the last step's start (the
+        # ones it froze take their frozen level once more). Work per step is O(these).
+        touch = list(self.queue_names)
+        frozen_total = 0.0  # what the frozen queues' levels add up to
         while len(self.level) < len(self.queue_names):
             steps += 1
-            rising = [name for name in self.queue_names if name not in self.level]
+            rising = [name for name in touch if name not in self.level]
             # Dinkelbach from above: from everyone having all it asks, or lower where a cut
             # found in the last steps already says the level cannot be higher.
             level = max(self.asked[name] / self.weights[name] for name in rising)
             level = max(floor, min([level, *(cut.level(self, level) for cut in self.cuts)]))
             for _ in range(_MAX_DINKELBACH):
-                caps = self._caps(level)
                 if net is None:
-                    net, source_edges, _ = self._network(caps)
+                    net, source_edges, _ = self._network(self._caps(level))
                 else:
-                    for name, edge in zip(self.queue_names, source_edges, strict=True):
-                        cap = caps.get(name, 0.0)
+                    for name in touch:
+                        edge = source_edges[position[name]]
+                        cap = self.level.get(name)
+                        if cap is None:
+                            cap = min(level * self.weights[name], self.asked[name])
                         if cap != net.original[edge]:
                             net.set_capacity(edge, cap)
-                total = sum(caps.values())
+                total = frozen_total + sum(min(level * self.weights[name], self.asked[name])
+                                           for name in rising)
                 flow = net.max_flow(0, net.size - 1)
                 if flow >= total - _EPSILON * max(1.0, total):
                     break
@@ -391,19 +399,19 @@ class _Problem:
             assert net is not None
             reaches_sink = net.reaching(net.size - 1)
             frozen = False
-            for i, name in enumerate(self.queue_names):
-                if name in self.level:
-                    continue
+            for name in rising:
                 asked = self.asked[name]
                 if level * self.weights[name] >= asked - _EPSILON:
                     self.level[name] = asked
                     frozen = True
-                elif (1 + i) not in reaches_sink:
-                    self.level[name] = min(asked, net.flow_of(source_edges[i]))
+                elif (1 + position[name]) not in reaches_sink:
+                    self.level[name] = min(asked, net.flow_of(source_edges[position[name]]))
                     frozen = True
             if not frozen:  # numerically stuck: freeze everyone where they stand
                 for name in rising:
                     self.level[name] = min(self.asked[name], level * self.weights[name])
+            frozen_total += sum(self.level[name] for name in rising if name in self.level)
+            touch = rising
             # What cannot reach the sink now never will while caps only rise (lowering one
             # cancels flow only along paths that can): later max flows need not visit it.
             if live is None:
