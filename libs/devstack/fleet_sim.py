@@ -53,7 +53,7 @@ from lockgate.scheduler import (
     plan_evictions,
     schedule_round,
 )
-from lockgate.scheduler.collection import collect_for_large_state
+from lockgate.scheduler.collection import RoundCollector, collect_for_large_state
 
 GI = 2**30
 EPOCH = 1_700_000_000.0  # the simulated day starts here (epoch seconds)
@@ -331,11 +331,12 @@ class _Fleet:
 def simulate(scenario: Scenario, *, seed: int = 17,
              progress: Callable[[str], None] | None = None) -> Report:
     started = time.perf_counter()
-    # The leader's collector thresholds (fair_scheduler's settings default), for the run only.
+    # The leader's garbage collection (fair_scheduler's settings defaults), for the run only.
     thresholds = collect_for_large_state()
     try:
         return _simulate(scenario, seed, progress, started)
     finally:
+        gc.unfreeze()
         gc.set_threshold(*thresholds)
 
 
@@ -357,6 +358,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
     running: set[str] = set()
     next_arrival = number = 0
     now, next_sample = 0.0, 0.0
+    collector = RoundCollector(clock=lambda: now)  # a full collection each simulated hour
 
     def add(queue: str, cluster: str, created: float, group: str | None, size: int) -> None:
         nonlocal number
@@ -395,6 +397,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             max_lookback_per_queue=scenario.max_lookback_per_queue, now=EPOCH + now,
             group_reserve_after_seconds=60, room_hold_seconds=scenario.room_hold_seconds,
             room_holds_per_queue=scenario.room_holds_per_queue)
+        collector.after_round()  # as the leader does; counted in the round's time
         report.round_ms.append((time.perf_counter() - tick) * 1000)
         for decision in result.decisions:
             job = state.job(decision.job_id)

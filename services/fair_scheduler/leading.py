@@ -55,6 +55,7 @@ from lockgate.scheduler import (
     timed_out,
     timeout_message,
 )
+from lockgate.scheduler.collection import RoundCollector
 from lockgate.unplaceable import event_message, last_reason
 from lockgate.wait_estimates import ReleaseRates
 from lockgate_adapters import eviction_store
@@ -135,6 +136,8 @@ class Leader:
         self._preemption = PreemptionPolicy(
             preemptible_priority_classes=frozenset(settings.preemptible_priority_classes),
             max_evictions_per_round=settings.max_evictions_per_round)
+        # Collects after each round what the round left (lockgate.scheduler.collection).
+        self._collector = RoundCollector(settings.gc_full_collection_seconds)
         self._cursor = START
         self._paced = False  # the last round left a cluster waiting for its ungaters
         self._wake = asyncio.Event()
@@ -303,6 +306,7 @@ class Leader:
         self._report.record_round(result, phases=self._feed.phases, at=decided_at,
                                   seconds=seconds,
                                   decisions=len(recorded))
+        self._collector.after_round()
         return len(result.decisions) >= settings.max_decisions_per_round
 
     def _release_budget(self) -> dict[str, int] | None:

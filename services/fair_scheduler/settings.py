@@ -193,6 +193,11 @@ class SchedulerSettings(ServiceSettings):
                     "allocations than deallocations (Python's default 700 makes it rescan a "
                     "large state's millions of long-lived objects every few rounds); see "
                     "lockgate.scheduler.collection")
+    gc_full_collection_seconds: float = Field(
+        default=3600.0, gt=0,
+        description="what survives a round is frozen out of the garbage collector's scans "
+                    "(it is still freed by reference counting); a full collection for cycles "
+                    "runs after a round this often instead")
     room_holds_per_queue: int = Field(
         default=1, ge=1,
         description="how many of a queue's pods may have room held for them in one cluster at a "

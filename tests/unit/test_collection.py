@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Any
 
 import pytest
 from test_fleet_sim import small
 
 import devstack.fleet_sim as fleet_sim
-from lockgate.scheduler.collection import LARGE_STATE_THRESHOLDS, collect_for_large_state
+from lockgate.scheduler.collection import (
+    LARGE_STATE_THRESHOLDS,
+    RoundCollector,
+    collect_for_large_state,
+)
 
 
 def test_the_first_threshold_is_raised_and_the_old_ones_are_given_back() -> None:
@@ -37,3 +42,34 @@ def test_the_simulator_runs_with_the_leaders_thresholds_and_restores_the_callers
     fleet_sim.simulate(fleet_sim.Scenario.from_mapping(small()), seed=1)
     assert gc.get_threshold() == before
     assert seen and set(seen) == {LARGE_STATE_THRESHOLDS}
+
+
+def test_after_a_round_what_survived_is_frozen_and_a_full_collection_comes_each_interval(
+        ) -> None:
+    class Node:
+        other: object = None
+
+    clock = [0.0]
+    collector = RoundCollector(full_every_seconds=60, clock=lambda: clock[0])
+    before = gc.get_freeze_count()
+    try:
+        kept = [[index] for index in range(1_000)]  # survives the round
+        collector.after_round()
+        assert gc.get_freeze_count() >= before + len(kept)
+        cycle = Node()
+        cycle.other = cycle  # freed only by a collection that scans it
+        gone = weakref.ref(cycle)
+        collector.after_round()  # frozen with it
+        del cycle
+        collector.after_round()
+        gc.collect()  # a full collection does not look at frozen objects
+        assert gone() is not None and collector.full_collections == 0
+        clock[0] = 61.0
+        collector.after_round()  # the interval is over: unfreeze, collect everything, freeze
+        assert gone() is None
+        assert collector.full_collections == 1 and collector.last_full == 61.0
+        clock[0] = 100.0
+        collector.after_round()
+        assert collector.full_collections == 1
+    finally:
+        gc.unfreeze()
