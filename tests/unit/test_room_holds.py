@@ -47,6 +47,16 @@ def _full_cluster(rng: random.Random, nodes: int) -> SchedulerState:
             .with_jobs(running, queued).build())
 
 
+def _yielded_by_scan(room: ClusterRoom, node: int, queue: str, yields: Yields) -> list[int]:
+    """The room on `node` beyond every hold, plus each hold there of another queue that
+    `yields`, hold by hold."""
+    free = room.free[node][:]
+    for _, other_queue, other_shape in room.holds_on.get(node, ()):
+        if other_queue != queue and yields(other_queue, other_shape):
+            give(free, other_shape)
+    return free
+
+
 def _scan(room: ClusterRoom, job_id: str, queue: str, shape: Shape, yields: Yields) -> int:
     """`place_held` as a scan of every hold on every node: its own node's room if it fits
     there, else the first node with holds where what is free plus what the queues that yield
@@ -56,13 +66,8 @@ def _scan(room: ClusterRoom, job_id: str, queue: str, shape: Shape, yields: Yiel
         return node
     eligible = set(room.nodes_for(shape.placement))
     for other in sorted(room.holds_on):
-        if other not in eligible or not room.holds_on[other]:
-            continue
-        free = room.free[other][:]
-        for _, other_queue, other_shape in room.holds_on[other]:
-            if other_queue != queue and yields(other_queue, other_shape):
-                give(free, other_shape)
-        if fits(free, shape):
+        if (other in eligible and room.holds_on[other]
+                and fits(_yielded_by_scan(room, other, queue, yields), shape)):
             return other
     return -1
 
@@ -96,22 +101,8 @@ def test_a_held_pod_takes_the_node_a_scan_of_every_hold_would(seed: int) -> None
     for job_id, queue, shape in waiting[30:]:
         def yields_new(other: str, _: Shape, queue: str = queue) -> bool:
             return (ranks[other], other) > (ranks[queue], queue)
-        candidates = [i for i in room.nodes_for(shape.placement)
-                      if fits(room.capacity[i], shape)]
-        if not candidates:
-            continue
-
-        def missing(i: int, queue: str = queue, shape: Shape = shape,
-                    yields: Yields = yields_new) -> tuple[float, int]:
-            free = room.free[i][:]
-            for _, other_queue, other_shape in room.holds_on.get(i, ()):
-                if other_queue != queue and yields(other_queue, other_shape):
-                    give(free, other_shape)
-            inverse = state.fairness_inverse()
-            return (max((amount - free[axis]) * inverse[axis] for axis, amount in shape.pairs),
-                    i)
-
-        expected = min(candidates, key=missing)
+        expected = _closest_by_scan(room, queue, shape, state.fairness_inverse(), yields_new,
+                                    set())
         assert room.hold(job_id, queue, shape, axes, inverse_total=state.fairness_inverse(),
                          yields=yields_new) == expected
 
@@ -142,13 +133,7 @@ def _expected_place_held(room: ClusterRoom, job_id: str, queue: str, shape: Shap
         if fits(room.free[i], shape):
             return i
     for node in order:
-        if not room.holds_on.get(node):
-            continue
-        free = room.free[node][:]
-        for _, other_queue, other_shape in room.holds_on[node]:
-            if other_queue != queue and yields(other_queue, other_shape):
-                give(free, other_shape)
-        if fits(free, shape):
+        if room.holds_on.get(node) and fits(_yielded_by_scan(room, node, queue, yields), shape):
             return node
     return -1
 
@@ -217,10 +202,7 @@ def _closest_by_scan(room: ClusterRoom, queue: str, shape: Shape, inverse: list[
         return -1
 
     def missing(i: int) -> tuple[float, int]:
-        free = room.free[i][:]
-        for _, other_queue, other_shape in room.holds_on.get(i, ()):
-            if other_queue != queue and yields(other_queue, other_shape):
-                give(free, other_shape)
+        free = _yielded_by_scan(room, i, queue, yields)
         return (max((amount - free[axis]) * inverse[axis] for axis, amount in shape.pairs), i)
 
     return min(candidates, key=missing)
