@@ -36,14 +36,12 @@ class ClusterRoom:
         "free",
         "held_by",
         "held_on",
-        "hold_candidate_sets",
         "hold_counts",
         "hold_node",
         "holds_of",
         "holds_on",
         "names",
         "overcommitted",
-        "position",
         "queue_held_on",
         "record",
         "rejected",
@@ -81,7 +79,6 @@ class ClusterRoom:
         # no hold fits it (`_place_yielded`), in first-fit order. That room only shrinks in a
         # round, so the list only thins: a node leaves for good once it is too small.
         self.yield_candidates: dict[Shape, list[int]] = {}
-        self.position: dict[str, int] | None = None  # node name -> index, when first asked
         cluster.current_caches()
         self.record = cluster
         self.capacity: list[list[int]] = cluster.node_rooms  # never changed
@@ -93,7 +90,6 @@ class ClusterRoom:
         # placement for every pod placed was 7% of the leader's CPU on the release benchmark.
         self.eligible_by_id: dict[int, list[int]] = {}
         self.eligible_sets: dict[int, frozenset[int]] = {}
-        self.hold_candidate_sets: dict[Shape, frozenset[int]] = {}
         self.fits_cache: dict[Shape, bool] = {}
         # First-fit resumes per shape where it last succeeded: free room only shrinks during a
         # round, so nodes before that point cannot take that shape again.
@@ -171,14 +167,14 @@ class ClusterRoom:
                  avoid: frozenset[str] | set[str]) -> frozenset[int]:
         """The candidates to hold room on for `shape` that are not in `avoid` (node names), or
         all of them when every one is: as node indexes."""
-        allowed = self.hold_candidate_sets.get(shape)
+        sets = self.record.hold_node_sets
+        allowed = sets.get(shape)
         if allowed is None:
-            allowed = self.hold_candidate_sets[shape] = frozenset(candidates)
+            allowed = sets[shape] = frozenset(candidates)
         if not avoid:
             return allowed
-        if self.position is None:
-            self.position = {name: i for i, name in enumerate(self.names)}
-        avoided = {i for name in avoid if (i := self.position.get(name, -1)) in allowed}
+        position = self.record.positions
+        avoided = {i for name in avoid if (i := position.get(name, -1)) in allowed}
         return allowed - avoided if len(avoided) < len(allowed) else allowed
 
     def _eligible_set(self, shape: Shape) -> frozenset[int]:

@@ -428,6 +428,7 @@ class ClusterRecord:
         "eligible_nodes",
         "fits_no_node",
         "held_unbound",
+        "hold_node_sets",
         "hold_nodes",
         "jobs_on_node",
         "name",
@@ -437,6 +438,7 @@ class ClusterRecord:
         "node_traits",
         "nodes",
         "order",
+        "positions",
         "releasing",
         "total",
         "used_by_node",
@@ -475,6 +477,8 @@ class ClusterRecord:
         self.node_traits: list[NodeTraits] = []
         self.eligible_nodes: dict[PodPlacement | None, list[int]] = {}
         self.hold_nodes: dict[Shape, list[int]] = {}
+        self.hold_node_sets: dict[Shape, frozenset[int]] = {}  # the same, as sets
+        self.positions: dict[str, int] = {}  # node name -> its index in first-fit order
 
     def current_caches(self) -> None:
         """Drop what was worked out from the nodes if they changed since."""
@@ -485,6 +489,8 @@ class ClusterRecord:
             self.node_traits = [node.traits for node in self.node_list]
             self.eligible_nodes = {}
             self.hold_nodes = {}
+            self.hold_node_sets = {}
+            self.positions = {name: i for i, name in enumerate(self.order)}
 
 
 class SchedulerState:
