@@ -35,6 +35,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,17 @@ from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler import (
+    FairTargets,
     NodeInfo,
     PreemptionPolicy,
     SchedJob,
     SchedulerState,
+    TargetsKey,
     plan_evictions,
     schedule_round,
 )
 from lockgate.scheduler.collection import RoundCollector, collect_for_large_state
+from lockgate_adapters.targets_worker import TargetsWorker
 
 GI = 2**30
 EPOCH = 1_700_000_000.0  # the simulated day starts here (epoch seconds)
@@ -105,6 +109,9 @@ class Scenario:
     max_lookback_per_queue: int = 100
     room_hold_seconds: float | None = 120.0
     room_holds_per_queue: int = 1
+    # The leader's LOCKGATE_SCHEDULER_TARGETS_WORKER_MIN_DEMANDS: fair targets with at least
+    # this many demands are solved in a worker process between rounds (0: always).
+    targets_worker_min_demands: int = 200
     scale: float = 1.0
     targets: Targets = field(default_factory=Targets)
 
@@ -169,6 +176,8 @@ class Scenario:
             or None,
             room_holds_per_queue=int(data.get("room_holds_per_queue",
                                               cls.room_holds_per_queue)),
+            targets_worker_min_demands=int(data.get("targets_worker_min_demands",
+                                                    cls.targets_worker_min_demands)),
             scale=float(data.get("scale", 1.0)),
             targets=Targets(**{k: float(v) for k, v in targets.items()}),
         )
@@ -177,11 +186,11 @@ class Scenario:
         if not scenario.weights or min(scenario.weights) <= 0:
             raise ScenarioError(f"{source}: queue weights must be positive")
         if scenario.max_decisions < 1 or scenario.room_holds_per_queue < 1 or (
-                scenario.max_lookback_per_queue < 0) or (
+                scenario.max_lookback_per_queue < 0) or scenario.targets_worker_min_demands < 0 or (
                 scenario.room_hold_seconds is not None and scenario.room_hold_seconds < 0):
             raise ScenarioError(f"{source}: max_decisions and room_holds_per_queue must be 1 or "
-                                "more, max_lookback_per_queue and room_hold_seconds not "
-                                "negative")
+                                "more, max_lookback_per_queue, room_hold_seconds and "
+                                "targets_worker_min_demands not negative")
         if scenario.gang_fraction and scenario.gang_size < 2:
             raise ScenarioError(f"{source}: `gangs.size` must be 2 or more")
         return scenario
@@ -211,9 +220,15 @@ class Sample:
 class Report:
     scenario: Scenario
     round_ms: list[float] = field(default_factory=list)
+    # Rounds that used fair targets solved in the worker; the seconds each solve took there
+    # (how stale they are, beyond a round), and the leader's own time handing a problem over.
+    rounds_with_worker_targets: int = 0
+    worker_solve_ms: list[float] = field(default_factory=list)
+    handoff_ms: list[float] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     peak_jobs: int = 0
     rss_added_bytes: int = 0
+    worker_rss_bytes: int = 0  # the targets worker's peak RSS (0: it never ran)
     evictions: int = 0
     created: int = 0  # pods: every arrival's, and each evicted pod's replacement
     released: int = 0
@@ -252,10 +267,15 @@ class Report:
             "round_ms_p50": round(statistics.median(rounds), 2),
             "round_ms_p99": round(rounds[min(len(rounds) - 1, int(len(rounds) * 0.99))], 2),
             "round_ms_max": round(rounds[-1], 2),
+            "rounds_with_worker_targets": self.rounds_with_worker_targets,
+            "worker_solve_ms_p50": _percentile(self.worker_solve_ms, 0.5),
+            "worker_solve_ms_p99": _percentile(self.worker_solve_ms, 0.99),
+            "handoff_ms_p99": _percentile(self.handoff_ms, 0.99),
             "created": self.created, "released": self.released, "evictions": self.evictions,
             "peak_jobs_held": self.peak_jobs,
             "peak_queued": max((s.queued for s in self.samples), default=0),
             "bytes_per_job_held": round(self.rss_added_bytes / max(1, self.peak_jobs)),
+            "worker_peak_rss_mib": round(self.worker_rss_bytes / 2**20, 1),
             "samples": len(self.samples), "contested_samples": len(contested),
             "settled_samples": len(self.settled()),
             "contested_utilisation_min": round(min(utilisation), 4) if utilisation else None,
@@ -293,6 +313,13 @@ class Report:
     def missed(self) -> list[str]:
         return [name for name, verdict in self.summary()["verdicts"].items()
                 if verdict.startswith("MISSED")]
+
+
+def _percentile(values: list[float], at: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * at))], 2)
 
 
 class _Fleet:
@@ -333,15 +360,21 @@ def simulate(scenario: Scenario, *, seed: int = 17,
     started = time.perf_counter()
     # The leader's garbage collection (fair_scheduler's settings defaults), for the run only.
     thresholds = collect_for_large_state()
+    worker = TargetsWorker()
     try:
-        return _simulate(scenario, seed, progress, started)
+        report = _simulate(scenario, seed, progress, started, worker)
+        worker.close()
+        # The leader's memory is its own and its worker's (a waited-for child's peak).
+        report.worker_rss_bytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        return report
     finally:
+        worker.close()
         gc.unfreeze()
         gc.set_threshold(*thresholds)
 
 
 def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | None,
-              started: float) -> Report:
+              started: float, worker: TargetsWorker) -> Report:
     rng = random.Random(seed)
     fleet = _Fleet(scenario, rng)
     report = Report(scenario=scenario)
@@ -359,6 +392,8 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
     next_arrival = number = 0
     now, next_sample = 0.0, 0.0
     collector = RoundCollector(clock=lambda: now)  # a full collection each simulated hour
+    # Fair targets being solved in the worker: (answer, key, when the problem was taken).
+    solving: tuple[Future[tuple[FairTargets, float]], TargetsKey, float] | None = None
 
     def add(queue: str, cluster: str, created: float, group: str | None, size: int) -> None:
         nonlocal number
@@ -391,12 +426,22 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                 running.discard(job_id)
                 state.remove_job(job_id)
         report.peak_jobs = max(report.peak_jobs, len(state))
+        if solving is not None:
+            # The leader adopts the worker's answer when it comes; here it has had a whole
+            # round's interval, so waiting for it (outside the round's time) is what happens.
+            future, key, taken = solving
+            solving = None
+            targets, seconds = future.result()
+            state.adopt_targets(key, targets, at=EPOCH + taken)
+            report.worker_solve_ms.append(seconds * 1000)
+            report.rounds_with_worker_targets += 1
         tick = time.perf_counter()
         result = schedule_round(
             state, max_decisions=scenario.max_decisions,
             max_lookback_per_queue=scenario.max_lookback_per_queue, now=EPOCH + now,
             group_reserve_after_seconds=60, room_hold_seconds=scenario.room_hold_seconds,
-            room_holds_per_queue=scenario.room_holds_per_queue)
+            room_holds_per_queue=scenario.room_holds_per_queue,
+            adopted_targets_max_age=scenario.round_seconds)
         collector.after_round()  # as the leader does; counted in the round's time
         report.round_ms.append((time.perf_counter() - tick) * 1000)
         for decision in result.decisions:
@@ -416,6 +461,12 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                 running.discard(victim.job_id)
                 state.remove_job(victim.job_id)
                 add(victim.queue, victim.cluster, now, None, 0)
+        handing = time.perf_counter()
+        handed = state.hand_over_targets(at=EPOCH + now,
+                                         min_demands=scenario.targets_worker_min_demands)
+        if handed is not None:
+            solving = (worker.submit(handed[0]), handed[1], now)
+            report.handoff_ms.append((time.perf_counter() - handing) * 1000)
         if now >= next_sample:
             report.samples.append(_sample(state, fleet, running, now))
             next_sample += scenario.sample_seconds

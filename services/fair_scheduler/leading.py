@@ -48,6 +48,8 @@ from lockgate.scheduler import (
     RoundResult,
     SchedJob,
     SchedulerState,
+    TargetProblem,
+    TargetsKey,
     format_duration,
     plan_evictions,
     positions,
@@ -65,6 +67,7 @@ from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL
 from lockgate_adapters.quieting import quiet
 from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.targets_worker import TargetsWorker
 from lockgate_adapters.telemetry import inject_headers, pod_trace_parent
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,11 @@ NOTICES = MetricCounter("lockgate_scheduler_pod_notices",
                         "Pod notices published (why a pod stays gated), by reason", ["reason"])
 ROUNDS = MetricCounter("lockgate_scheduler_rounds", "Scheduling rounds run, by trigger",
                        ["trigger"])
+TARGETS_SOLVED = MetricCounter("lockgate_scheduler_targets_solved_in_worker",
+                               "Fair targets solved in the worker process and adopted")
+TARGETS_SOLVE_SECONDS = MetricCounter(
+    "lockgate_scheduler_targets_worker_seconds",
+    "Seconds the worker process spent solving fair targets (with _solved: the mean)")
 REMOVALS = MetricCounter("lockgate_scheduler_pod_removals",
                          "Pods recorded for removal, by kind (preempted, group_timeout) and queue",
                          ["kind", "queue"])
@@ -140,6 +148,12 @@ class Leader:
         self._collector = RoundCollector(settings.gc_full_collection_seconds)
         self._cursor = START
         self._paced = False  # the last round left a cluster waiting for its ungaters
+        # Fair targets solved beside the event loop at scale (docs/scheduling.md, "Fair targets
+        # off the round's path"): the worker, started when first needed; the solve under way;
+        # whether targets came since the last round (they may change its order).
+        self._targets_worker: TargetsWorker | None = None
+        self._solving: asyncio.Task[None] | None = None
+        self._targets_arrived = False
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -161,6 +175,7 @@ class Leader:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            await self._stop_targets_worker()
             self._connection.remove_termination_listener(self._on_leader_connection_lost)
             if listener is not None:
                 await _close_quietly(listener)
@@ -213,8 +228,10 @@ class Leader:
                 next_republish = now + republish_every
                 await self._republish(include_unpublished=False)
                 await self._republish_removals()
-            if changed or more_to_do or safety_due:
-                trigger = "more" if more_to_do else "change" if changed else "periodic"
+            targets_arrived, self._targets_arrived = self._targets_arrived, False
+            if changed or more_to_do or safety_due or targets_arrived:
+                trigger = ("more" if more_to_do else "change" if changed
+                           else "targets" if targets_arrived else "periodic")
                 more_to_do = await self._round(trigger)
                 last_round_ended = time.monotonic()
                 await self._notice()
@@ -276,6 +293,8 @@ class Leader:
                                     room_hold_seconds=settings.room_hold_seconds or None,
                                     room_holds_per_queue=settings.room_holds_per_queue,
                                     targets_max_age=settings.targets_max_age_seconds,
+                                    adopted_targets_max_age=(
+                                        settings.targets_worker_max_age_seconds),
                                     release_budget=self._release_budget())
             planned: list[tuple[str, str, str]] = []
             for decision in result.decisions:
@@ -307,7 +326,48 @@ class Leader:
                                   seconds=seconds,
                                   decisions=len(recorded))
         self._collector.after_round()
+        self._hand_over_targets()
         return len(result.decisions) >= settings.max_decisions_per_round
+
+    # ---- fair targets in the worker -------------------------------------------------------
+
+    def _hand_over_targets(self) -> None:
+        """After a round, at scale: have the worker solve the targets for the state as it is
+        now, unless it is solving already (the next round after its answer hands over again)
+        or the last targets were solved from these very inputs."""
+        if self._solving is not None and not self._solving.done():
+            return
+        taken = self._now().timestamp()
+        handed = self._state.hand_over_targets(
+            at=taken, min_demands=self._settings.targets_worker_min_demands)
+        if handed is None:
+            return
+        if self._targets_worker is None:
+            self._targets_worker = TargetsWorker()
+        self._solving = asyncio.create_task(
+            self._solve(self._targets_worker, *handed, taken), name="fair-targets")
+
+    async def _solve(self, worker: TargetsWorker, problem: TargetProblem, key: TargetsKey,
+                     taken: float) -> None:
+        answer = await worker.solve_async(problem)
+        if answer is None:  # logged; the next round hands over again
+            return
+        targets, seconds = answer
+        self._state.adopt_targets(key, targets, at=taken)
+        TARGETS_SOLVED.inc()
+        TARGETS_SOLVE_SECONDS.inc(seconds)
+        self._targets_arrived = True
+        self._wake.set()
+
+    async def _stop_targets_worker(self) -> None:
+        solving, self._solving = self._solving, None
+        if solving is not None:
+            solving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await solving
+        worker, self._targets_worker = self._targets_worker, None
+        if worker is not None:
+            await asyncio.to_thread(worker.close)
 
     def _release_budget(self) -> dict[str, int] | None:
         """What each cluster's ungater backlog may still grow by (None: no cap)."""

@@ -208,6 +208,18 @@ class SchedulerSettings(ServiceSettings):
         description="fair targets are recomputed when demand, weights or capacity change; "
                     "while only amounts change, a result this recent is kept (bounds the cost "
                     "with many queues)")
+    targets_worker_min_demands: int = Field(
+        default=200, ge=0,
+        description="fair targets with at least this many demands (a queue asking in a "
+                    "cluster) are solved in a worker process between rounds, and rounds use "
+                    "the last ones solved instead of waiting for them (docs/scheduling.md, "
+                    "'Fair targets off the round's path'); below it, a round solves them "
+                    "itself (a few ms); 0: always in the worker")
+    targets_worker_max_age_seconds: float = Field(
+        default=30.0, gt=0,
+        description="a round uses targets from the worker at most this old (counted from when "
+                    "their inputs were taken); older (the worker stalled or died), the round "
+                    "solves them itself")
     # Preemption to fair share (docs/scheduling.md, "Preemption"): off unless enabled.
     preemption_enabled: bool = Field(
         default=False, description="evict preemptible pods of queues above their fair share "

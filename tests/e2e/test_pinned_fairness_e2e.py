@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from devstack.demo_weights import schedulable_capacity
@@ -61,12 +62,13 @@ class Queues:
 
 
 async def start(stack: StackInfo, tmp_path: Path, name: str, queues: dict[str, float],
-                preemption: bool) -> AsyncIterator[Queues]:
+                preemption: bool, env: dict[str, str] | None = None) -> AsyncIterator[Queues]:
     async with lockgate_run(stack, tmp_path, name=name, clusters=("cluster-a", "cluster-b"),
                             needs_empty_nodes=True,
                             standby_scheduler=False, env={
                                 "LOCKGATE_SCHEDULER_PREEMPTION_ENABLED": str(preemption).lower(),
-                                "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1"}) as run:
+                                "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1",
+                                **(env or {})}) as run:
         namespaces = {run.name(queue): run.name(f"ns-{queue}") for queue in queues}
         for queue, weight in queues.items():
             await run.create_queue(run.name(queue), namespaces=[namespaces[run.name(queue)]],
@@ -142,15 +144,33 @@ def pods_of(model: FairAllocation, queue: str) -> float:
 
 # ---- weights, with preemption -----------------------------------------------------------------
 
-@pytest.fixture
-async def weighted(stack: StackInfo, tmp_path: Path) -> AsyncIterator[Queues]:
-    async for queues in start(stack, tmp_path, "pinw", {"nw1": 1.0, "nw2": 2.0},
-                              preemption=True):
+# Where the leader solves the fair targets: in the round (a small fleet's default), or in its
+# worker process with rounds using the last answer (the default at fleet scale; here forced
+# with a threshold of 0 demands).
+TARGETS_IN = {"round": {}, "worker": {"LOCKGATE_SCHEDULER_TARGETS_WORKER_MIN_DEMANDS": "0"}}
+
+
+@pytest.fixture(params=sorted(TARGETS_IN))
+async def weighted(stack: StackInfo, tmp_path: Path,
+                   request: pytest.FixtureRequest) -> AsyncIterator[Queues]:
+    async for queues in start(stack, tmp_path, f"pinw{request.param[0]}",
+                              {"nw1": 1.0, "nw2": 2.0}, preemption=True,
+                              env=TARGETS_IN[request.param]):
         yield queues
 
 
+async def targets_solved_in_worker(run: LockgateRun) -> float:
+    """The leader's count of fair targets its worker process solved, from its /metrics."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{run.health_port('fair-scheduler')}/metrics",
+            timeout=aiohttp.ClientTimeout(total=5)) as reply:
+        lines = (await reply.text()).splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("lockgate_scheduler_targets_solved_in_worker_total"))
+
+
 async def test_weights_count_for_pinned_pods_and_preemption_settles_at_the_targets(
-        weighted: Queues) -> None:
+        weighted: Queues, request: pytest.FixtureRequest) -> None:
     run = weighted.run
     nw1, nw2 = run.name("nw1"), run.name("nw2")
     # Both Deployments at the same moment, the scheduler already running.
@@ -180,6 +200,11 @@ async def test_weights_count_for_pinned_pods_and_preemption_settles_at_the_targe
             f"moved after settling: {now}, model {want}")
         assert await evictions(run) == moved, "evicted again after settling"
         await asyncio.sleep(2.0)  # sampling the window, not waiting for a condition
+    solved_in_worker = await targets_solved_in_worker(run)
+    if request.node.callspec.params["weighted"] == "worker":
+        assert solved_in_worker > 0, "the leader never used its targets worker"
+    else:
+        assert solved_in_worker == 0, "a small fleet's targets went to the worker"
 
 
 # ---- weights, without preemption --------------------------------------------------------------

@@ -43,6 +43,7 @@ def test_a_scenario_missing_a_key_is_refused_with_its_name() -> None:
     ({"max_lookback_per_queue": -1}, "not negative"),
     ({"room_hold_seconds": -5}, "not negative"),
     ({"room_holds_per_queue": 0}, "1 or more"),
+    ({"targets_worker_min_demands": -1}, "not negative"),
 ])
 def test_bad_scenarios_are_refused_with_a_reason(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
@@ -55,7 +56,9 @@ def test_a_scenario_may_set_the_rounds_limits_and_hold_time_as_the_leader_does()
     assert (scenario.max_decisions, scenario.max_lookback_per_queue,
             scenario.room_hold_seconds, scenario.room_holds_per_queue) == (50, 7, 600.0, 3)
     assert Scenario.from_mapping(small(room_hold_seconds=0)).room_hold_seconds is None
+    assert Scenario.from_mapping(small(targets_worker_min_demands=0)).targets_worker_min_demands == 0
     defaults = Scenario.from_mapping(small())
+    assert defaults.targets_worker_min_demands == 200  # the leader's default
     assert (defaults.max_decisions, defaults.max_lookback_per_queue,
             defaults.room_hold_seconds, defaults.room_holds_per_queue) == (10_000, 100, 120.0, 1)
 

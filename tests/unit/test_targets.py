@@ -415,3 +415,17 @@ def test_where_everything_fits_the_shortcut_gives_what_the_filling_would(
         assert fast.queues[name].share == pytest.approx(target.share, abs=1e-12)
         for where, share in target.cluster_shares.items():
             assert fast.queues[name].in_cluster(where) == pytest.approx(share, abs=1e-12)
+
+
+def test_the_memo_keeps_only_the_last_call_s_parts() -> None:
+    # At fleet scale the whole fleet is one part whose inputs change every round: a memo of
+    # many calls held gigabytes of answers never asked for again.
+    groups = [cluster("A", 10.0), cluster("B", 10.0)]
+    weights = {"q1": 1.0, "q2": 1.0}
+    for count in range(1, 30):
+        fair_targets(groups=groups, weights=weights,
+                     demands=[asks("q1", "A", float(count)), asks("q2", "B", 3.0)])
+    assert len(_SOLVED) == 2  # the two clusters' parts of the last call
+    again = fair_targets(groups=groups, weights=weights,
+                         demands=[asks("q1", "A", 29.0), asks("q2", "B", 3.0)])
+    assert again.queues["q1"].share > 0 and len(_SOLVED) == 2

@@ -63,7 +63,9 @@ from lockgate.scheduler.state import (
     QueueUsage,
     SchedJob,
     SchedulerState,
+    TargetsKey,
 )
+from lockgate.scheduler.targets import FairTargets, TargetProblem, solve_problem
 from lockgate.scheduler.waiting import NoticeLimits, TokenBucket, WaitingPods
 
 __all__ = [
@@ -80,6 +82,7 @@ __all__ = [
     "Explainer",
     "Explanation",
     "FairShare",
+    "FairTargets",
     "Feed",
     "FeedPolicy",
     "GroupIndex",
@@ -98,6 +101,8 @@ __all__ = [
     "SchedJob",
     "SchedulerState",
     "SkipReason",
+    "TargetProblem",
+    "TargetsKey",
     "TokenBucket",
     "WaitFacts",
     "WaitReason",
@@ -116,6 +121,7 @@ __all__ = [
     "queue_statuses",
     "reservation_text",
     "schedule_round",
+    "solve_problem",
     "timed_out",
     "timeout_message",
     "wait_message",

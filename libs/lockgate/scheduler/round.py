@@ -154,6 +154,7 @@ def schedule_round(
     room_hold_seconds: float | None = None,
     room_holds_per_queue: int = 1,
     targets_max_age: float = 0.0,
+    adopted_targets_max_age: float | None = None,
     release_budget: Mapping[str, int] | None = None,
 ) -> RoundResult:
     """Decide which queued jobs to release now, and apply those decisions to `state`.
@@ -169,7 +170,9 @@ def schedule_round(
 
     The order in a contested cluster follows the queues' fair targets there
     (`SchedulerState.fair_targets`, kept at most `targets_max_age` seconds while only amounts
-    change): queues owed room there (below their target there and short of their whole
+    change; with `adopted_targets_max_age`, the caller keeps them current from another process
+    and the round takes the last adopted ones while at most that many seconds old, whatever
+    changed since): queues owed room there (below their target there and short of their whole
     target) first, the furthest short of its whole target first (`rank_in_cluster`). A pod of
     a queue owed room that finds no room has room held for it on one node for at most
     `room_hold_seconds` (None: never; needs `now`), so smaller pods cannot take every gap; a
@@ -190,6 +193,7 @@ def schedule_round(
     return _Round(state, max_lookback_per_queue, reserve_before, now=now,
                   hold_seconds=room_hold_seconds, holds_per_queue=room_holds_per_queue,
                   targets_max_age=targets_max_age,
+                  adopted_targets_max_age=adopted_targets_max_age,
                   release_budget=release_budget).run(max_decisions)
 
 
@@ -333,7 +337,7 @@ class _Round:
     def __init__(self, state: SchedulerState, max_lookback: int,
                  reserve_before: float | None = None, *, now: float | None = None,
                  hold_seconds: float | None = None, holds_per_queue: int = 1,
-                 targets_max_age: float = 0.0,
+                 targets_max_age: float = 0.0, adopted_targets_max_age: float | None = None,
                  release_budget: Mapping[str, int] | None = None) -> None:
         self.state = state
         # Per cluster: every queue waiting there is given all it asks (`uncontested`), as the
@@ -345,7 +349,8 @@ class _Round:
         # Room is held for pods below their target only with a clock (holds end in time).
         self.hold_seconds = hold_seconds if now is not None and hold_seconds else None
         self.holds_per_queue = holds_per_queue
-        self.targets = state.fair_targets(now=now, max_age=targets_max_age)
+        self.targets = state.fair_targets(now=now, max_age=targets_max_age,
+                                          adopted_max_age=adopted_targets_max_age)
         self.holds_by_cluster: dict[str, list[RoomHold]] = {}
         # Clusters where a pod of a queue owed room there (rank tier 0: within its target),
         # able to use every node there, found no room this round: queues owed nothing there

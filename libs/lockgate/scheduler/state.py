@@ -38,7 +38,13 @@ from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHolds
-from lockgate.scheduler.targets import Demand, FairTargets, NodeGroup, fair_targets
+from lockgate.scheduler.targets import (
+    Demand,
+    FairTargets,
+    NodeGroup,
+    TargetProblem,
+    fair_targets,
+)
 
 _QUEUED = JobState.QUEUED
 _RELEASED = JobState.RELEASED
@@ -228,6 +234,14 @@ class TargetCluster:
 # How many kinds a state remembers before starting over (a cache: equal kinds need not be one
 # object, sharing them only saves memory).
 _KIND_CACHE = 1 << 16
+
+
+class TargetsKey(NamedTuple):
+    """What fair targets were computed from, as `SchedulerState.target_problem` gave it: the
+    demands' structure (who asks where, weights, nodes) and their amounts."""
+
+    structure: object
+    amounts: object
 
 
 class JobKind(NamedTuple):
@@ -519,8 +533,9 @@ class SchedulerState:
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
         # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
         self._room_holds = RoomHolds()
-        # The last fair targets, what they were computed from, and when (`fair_targets`).
-        self._targets: tuple[object, object, float, FairTargets] | None = None
+        # The last fair targets, what they were computed from, when, and whether they were
+        # computed elsewhere and adopted (`fair_targets`, `adopt_targets`).
+        self._targets: tuple[object, object, float, FairTargets, bool] | None = None
         self._node_groups: dict[str, tuple[object, list[NodeGroup], _Usable]] = {}
         # The fair targets' inputs, kept change by change (`_target_inputs`): per cluster its
         # slots; every placement seen, by number, with its repr (what they sort by); a counter
@@ -705,30 +720,79 @@ class SchedulerState:
         return self._room_holds
 
     def fair_targets(self, *, now: float | None = None, max_age: float = 0.0,
-                     latest: bool = False) -> FairTargets:
+                     latest: bool = False, adopted_max_age: float | None = None,
+                     ) -> FairTargets:
         """Every queue's constrained fair target (lockgate.scheduler.targets), from the demand,
         weights and capacity as they are now.
 
         Recomputed only when what it depends on changed; with `now`, a result at most `max_age`
         seconds old is kept while only amounts changed (the same queues asking in the same
         clusters, the same weights and nodes), which bounds its cost at scale. `latest` keeps
-        the last result whenever only amounts changed: for readers right after a round (its
-        report, preemption, explain), which must judge by the targets the round used.
+        the last result whenever only amounts changed, and an adopted one whatever changed:
+        for readers right after a round (its report, preemption, explain), which must judge by
+        the targets the round used.
+
+        `adopted_max_age`: the caller keeps the targets current from another process
+        (`target_problem`, `adopt_targets`): the last adopted result is kept whatever changed
+        since, while at most this many seconds old (with `now`); only without one that recent
+        are they computed here.
         """
-        groups, weights, demands, structure, amounts = self._target_inputs()
         cached = self._targets
+        if cached is not None and cached[4] and (latest or (
+                adopted_max_age is not None and now is not None
+                and now - cached[2] <= adopted_max_age)):
+            return cached[3]
+        groups, weights, demands, structure, amounts = self._target_inputs()
         if cached is not None:
-            old_structure, old_amounts, at, targets = cached
+            old_structure, old_amounts, at, targets, _ = cached
             if (old_structure is structure or old_structure == structure) and (
                     latest or old_amounts is amounts or old_amounts == amounts
                     or (now is not None and now - at < max_age)):
                 return targets
-        inverse = self.fairness_inverse()
-        pool = {name: float(amount) for name, amount, inv
-                in zip(self._axis_names, self._pool_total, inverse, strict=False) if inv > 0}
-        targets = fair_targets(groups=groups, weights=weights, demands=demands, pool=pool)
-        self._targets = (structure, amounts, -1e18 if now is None else now, targets)
+        targets = fair_targets(groups=groups, weights=weights, demands=demands,
+                               pool=self._target_pool())
+        self._targets = (structure, amounts, -1e18 if now is None else now, targets, False)
         return targets
+
+    def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
+        """The fair targets' inputs as one value to solve elsewhere (`TargetProblem.solve`),
+        and the key to adopt its answer under (`adopt_targets`)."""
+        groups, weights, demands, structure, amounts = self._target_inputs()
+        problem = TargetProblem(groups=tuple(groups), weights=dict(weights),
+                                demands=tuple(demands), pool=self._target_pool())
+        return problem, TargetsKey(structure, amounts)
+
+    def hand_over_targets(self, *, at: float, min_demands: int = 0,
+                          ) -> tuple[TargetProblem, TargetsKey] | None:
+        """What to solve elsewhere now (`target_problem`), or None: when it has fewer than
+        `min_demands` demands (small enough for a round to solve), or when the last targets
+        were computed from the inputs as they are (then they are as good as solved at `at`,
+        and count as adopted then, so rounds keep using them without solving them again)."""
+        problem, key = self.target_problem()
+        if len(problem.demands) < min_demands:
+            return None
+        cached = self._targets
+        if cached is not None and self.targets_current(key):
+            self._targets = (cached[0], cached[1], max(at, cached[2]), cached[3], True)
+            return None
+        return problem, key
+
+    def adopt_targets(self, key: TargetsKey, targets: FairTargets, *, at: float) -> None:
+        """Keep `targets`, solved elsewhere from the problem `target_problem` gave with `key`
+        when the clock read `at`, as the fair targets (`fair_targets(adopted_max_age=...)`)."""
+        self._targets = (key.structure, key.amounts, at, targets, True)
+
+    def targets_current(self, key: TargetsKey) -> bool:
+        """Whether the last targets were computed from the inputs `key` names."""
+        cached = self._targets
+        return cached is not None and (cached[0] is key.structure
+                                       or cached[0] == key.structure) and (
+            cached[1] is key.amounts or cached[1] == key.amounts)
+
+    def _target_pool(self) -> dict[str, float]:
+        inverse = self.fairness_inverse()
+        return {name: float(amount) for name, amount, inv
+                in zip(self._axis_names, self._pool_total, inverse, strict=False) if inv > 0}
 
     def _target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
                                       object, object]:

@@ -173,24 +173,48 @@ def fair_targets(
     # (pinned fleets fall apart into about one part per cluster, each small).
     # A part whose inputs did not change since an earlier call has the same answer: between two
     # rounds usually only a few parts changed, so only those are solved again.
+    # Only this call's parts are kept for the next: at fleet scale the fleet is one part whose
+    # inputs change every round, and a memo of many would hold gigabytes of answers never asked
+    # for again.
+    kept: dict[object, tuple[int, dict[str, QueueTarget]]] = {}
     for part_groups, part_demands in _components(group_list, list(demands)):
         key = _part_key(axes, inverse, part_groups, weights, part_demands)
-        solved = _SOLVED.get(key)
+        solved = _SOLVED.get(key) or kept.get(key)
         if solved is None:
             problem = _Problem(axes, inverse, part_groups, weights, part_demands)
             solved = (problem.fill(), problem.targets())
-            if len(_SOLVED) >= _SOLVED_PARTS:
-                _SOLVED.clear()
-            _SOLVED[key] = solved
+        kept[key] = solved
         levels += solved[0]
         queues.update(solved[1])
+    _SOLVED.clear()
+    _SOLVED.update(kept)
     top_cost = max((t.share / t.weight for t in queues.values() if t.weight > 0), default=0.0)
     return FairTargets(queues=dict(sorted(queues.items())), pool=dict(pool), levels=levels,
                        top_cost=top_cost)
 
 
-# Parts solved lately, by their inputs (a memo: the answer is a function of them).
-_SOLVED_PARTS = 4096
+@dataclass(frozen=True, slots=True)
+class TargetProblem:
+    """Everything the fair targets are computed from, as one value: what a caller hands to
+    another process so that a round need not wait for them (docs/scheduling.md, "Fair targets
+    off the round's path"). Picklable."""
+
+    groups: tuple[NodeGroup, ...]
+    weights: Mapping[str, float]
+    demands: tuple[Demand, ...]
+    pool: Mapping[str, float]
+
+    def solve(self) -> FairTargets:
+        return fair_targets(groups=self.groups, weights=self.weights, demands=self.demands,
+                            pool=self.pool)
+
+
+def solve_problem(problem: TargetProblem) -> FairTargets:
+    """`problem.solve()` as a module-level function (what a process pool can call)."""
+    return problem.solve()
+
+
+# The parts the last call solved, by their inputs (a memo: the answer is a function of them).
 _SOLVED: dict[object, tuple[int, dict[str, QueueTarget]]] = {}
 
 
