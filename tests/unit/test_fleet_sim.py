@@ -56,7 +56,8 @@ def test_a_scenario_may_set_the_rounds_limits_and_hold_time_as_the_leader_does()
     assert (scenario.max_decisions, scenario.max_lookback_per_queue,
             scenario.room_hold_seconds, scenario.room_holds_per_queue) == (50, 7, 600.0, 3)
     assert Scenario.from_mapping(small(room_hold_seconds=0)).room_hold_seconds is None
-    assert Scenario.from_mapping(small(targets_worker_min_demands=0)).targets_worker_min_demands == 0
+    always = Scenario.from_mapping(small(targets_worker_min_demands=0))
+    assert always.targets_worker_min_demands == 0
     defaults = Scenario.from_mapping(small())
     assert defaults.targets_worker_min_demands == 200  # the leader's default
     assert (defaults.max_decisions, defaults.max_lookback_per_queue,
