@@ -22,12 +22,26 @@ import asyncio
 import concurrent.futures
 import logging
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 
 from lockgate.scheduler import FairTargets, TargetProblem, solve_problem
 
 log = logging.getLogger(__name__)
+
+
+def _exit_with(parent: int) -> None:
+    """In the worker: end when the process that started it is gone (killed, say), instead of
+    living on as an orphan holding its memory."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def solve_timed(problem: TargetProblem) -> tuple[FairTargets, float]:
@@ -46,7 +60,8 @@ class TargetsWorker:
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with, initargs=(os.getpid(),))
         return self._pool
 
     def submit(self, problem: TargetProblem,

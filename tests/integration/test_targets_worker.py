@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +97,34 @@ def test_the_simulator_hands_the_targets_to_the_worker(monkeypatch: pytest.Monke
     assert in_worker["contested_utilisation_min"] >= in_round["contested_utilisation_min"] - 0.02
     assert in_worker["deviation_pods_max"] <= in_round["deviation_pods_max"] + 5, (
         in_round, in_worker)
+
+
+def test_the_worker_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # A leader killed outright leaves no orphan holding the worker's memory.
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from lockgate_adapters.targets_worker import TargetsWorker\n"
+        "from lockgate.scheduler import TargetProblem\n"
+        "if __name__ == '__main__':\n"
+        "    worker = TargetsWorker()\n"
+        "    worker.submit(TargetProblem(groups=(), weights={}, demands=(), pool={})).result()\n"
+        "    print(*worker._executor()._processes, flush=True)\n"
+        "    time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(Path(__file__).resolve().parents[2] / part) for part in ("libs", "services"))}
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                          env=env) as parent:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)  # polling for the orphan's exit
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError(f"the worker {child} outlived its parent by 10 s")

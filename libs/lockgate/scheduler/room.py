@@ -104,7 +104,7 @@ class ClusterRoom:
         """Charge released-but-unbound jobs to nodes; returns how many fit nowhere."""
         if not cluster.held_unbound:
             return 0
-        index = {name: i for i, name in enumerate(self.names)}
+        index = cluster.positions
         without_room: list[Shape] = []
         for shape, hint in cluster.held_unbound.values():
             i = index.get(hint) if hint is not None else None

@@ -920,7 +920,7 @@ class _Round:
                     self.state.cluster_records[cluster_name], self.inverse_total,
                     self.groups.reserved.get(cluster_name),
                 )
-                index = {node: i for i, node in enumerate(cluster.names)}
+                index = cluster.record.positions
                 for hold in self.holds_by_cluster.get(cluster_name, ()):
                     cluster.hold(hold.job_id, hold.queue, jobs[hold.job_id].shape,
                                  len(self.inverse_total), node=index[hold.node])
