@@ -39,7 +39,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack import demo_ephemeral, demo_placement, demo_scheduling, demo_weights
+from devstack import (
+    demo_ephemeral,
+    demo_placement,
+    demo_scheduling,
+    demo_unfinished,
+    demo_weights,
+)
 from devstack.launcher import Lockgate, ServicePorts
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate_adapters.kube import api_client
@@ -293,6 +299,12 @@ async def demo(args: argparse.Namespace) -> int:
                 if time.monotonic() > deadline:
                     failures.append(f"batch workloads not finished after "
                                     f"{args.deadline_seconds}s")
+                    # Before the namespaces go: where the missing work is, as both sides see it.
+                    unfinished = await demo_unfinished.explain(apis, pool, namespaces)
+                    print("\nwhat the clusters show that lockgate does not account for:")
+                    for line in unfinished:
+                        print(f"  {line}", flush=True)
+                    failures += [line for line in unfinished if not line.startswith("Job ")]
                     break
             batch_seconds = time.monotonic() - batch_started
         stopping.set()

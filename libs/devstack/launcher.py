@@ -374,6 +374,10 @@ class Lockgate:
                 "LOCKGATE_WATCHER_CLUSTERS": self.clusters_as("cluster-watcher"),
                 # Only this run's namespaces, as its webhook registration: runs share clusters.
                 "LOCKGATE_WATCHER_NAMESPACE_LABELS": json.dumps(self.run_namespace_labels),
+                # A pod whose watch event was skipped is said (and reported) within a minute:
+                # the demo once lost one such pod, on a loaded machine, with nothing logged.
+                "LOCKGATE_WATCHER_POD_AUDIT_SECONDS": os.environ.get(
+                    "LOCKGATE_WATCHER_POD_AUDIT_SECONDS", "60"),
             }, p.watcher_health),
             *self._ungaters(),
             ("fair-scheduler", "fair_scheduler", {

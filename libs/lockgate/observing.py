@@ -322,6 +322,28 @@ class Snapshot:
     unreadable: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _PodAudit:
+    watched_version: int
+    gone: set[str] = field(default_factory=set)  # uids the watch reported deleted meanwhile
+
+
+@dataclass(frozen=True)
+class MissedPod:
+    """A pod an audit found that the watch never reported, with the event it should have had
+    and how far the watch had come (`ObservedCluster.end_pod_audit`)."""
+
+    event: PodEvent
+    watched_version: int
+
+
+def _version(obj: KubeObject) -> int | None:
+    try:
+        return int(str(_metadata(obj).get("resourceVersion", "")))
+    except ValueError:
+        return None
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -362,6 +384,10 @@ class ObservedCluster:
         self._verdicts: dict[str, bool] = {}
         # Pods seen before their namespace, by namespace: judged once it is seen.
         self._pending: dict[str, dict[str, tuple[KubeObject, bool]]] = {}
+        # The audit in progress (`begin_pod_audit`), if any.
+        self._audit: _PodAudit | None = None
+        # The newest pod resourceVersion taken in (list or watch), as a number; -1: none yet.
+        self._newest_pod_version = -1
         self.namespaces_listed = False
         self.pods_listed = False
         self.nodes_listed = False
@@ -378,6 +404,7 @@ class ObservedCluster:
         """
         snapshot_id = self._new_id()
         listed_at = listed_at or self._now()
+        self._audit = None  # what an audit compares with is replaced
         self._managed.clear()
         self._unmanaged.clear()
         self._usage_by_node.clear()
@@ -390,6 +417,7 @@ class ObservedCluster:
         ended: dict[JobState, list[str]] = {}
         unreadable: list[str] = []
         for pod in pods:
+            self._note_version(pod)
             try:
                 if not self._is_lockgates(pod, deleted=False):
                     self._track_unmanaged(pod, deleted=False)
@@ -426,6 +454,9 @@ class ObservedCluster:
         impossible); what was known of the pod before is kept.
         """
         uid = _metadata(pod).get("uid", "")
+        self._note_version(pod)
+        if deleted and self._audit is not None:
+            self._audit.gone.add(uid)
         if not self._is_lockgates(pod, deleted=deleted):
             # A pod relabelled out of lockgate's hands is forgotten as managed.
             self._managed.pop(uid, None)
@@ -450,6 +481,57 @@ class ObservedCluster:
     @property
     def managed_pod_count(self) -> int:
         return len(self._managed)
+
+    # Auditing the watch
+
+    def begin_pod_audit(self) -> None:
+        """Call just before listing pods for `end_pod_audit`: remembers how far the watch had
+        come (the newest pod version taken in), and from now on which pods it reports gone."""
+        self._audit = _PodAudit(watched_version=self._newest_pod_version)
+
+    def end_pod_audit(self, pods: Iterable[KubeObject]) -> list[MissedPod]:
+        """The pods of a fresh list that are lockgate's but that the watch never reported,
+        although it had passed their version before the list began; each is taken in now, and
+        comes with the event it should have had.
+
+        Why: a pod event the watch skipped is lost silently (queue-store never hears of the pod,
+        which then waits gated forever) until the next relist, which happens only after a 410
+        or an outage. A pod whose listed version is no newer than what the watch had reached
+        when the list began existed, as listed, at that point of the watch: the watch must
+        have reported it. Unless it was deleted since (its DELETED taken in during the audit:
+        skipped) or is not judged yet (its namespace unseen, or not lockgate's: skipped).
+        Versions are compared as numbers (etcd revisions); a pod whose version is not one is
+        skipped, so the audit never reports a pod wrongly, only possibly misses one.
+        """
+        audit, self._audit = self._audit, None
+        if audit is None or audit.watched_version < 0:
+            return []
+        missed = []
+        for pod in pods:
+            metadata = _metadata(pod)
+            uid = str(metadata.get("uid", ""))
+            version = _version(pod)
+            if (version is None or version > audit.watched_version or uid in audit.gone
+                    or uid in self._managed or not is_managed(pod)):
+                continue
+            namespace = str(metadata.get("namespace", ""))
+            labels = self._namespaces.get(namespace)
+            verdict = self._verdicts.get(uid)
+            if verdict is False or labels is None or not is_managed_namespace(
+                    namespace, labels, self._required_labels):
+                continue
+            try:
+                event = self.observe_pod(pod)
+            except ValueError:
+                continue  # unreadable: the watcher reports those as it sees them
+            if event is not None:
+                missed.append(MissedPod(event=event, watched_version=audit.watched_version))
+        return missed
+
+    def _note_version(self, pod: KubeObject) -> None:
+        version = _version(pod)
+        if version is not None and version > self._newest_pod_version:
+            self._newest_pod_version = version
 
     def _is_lockgates(self, pod: KubeObject, *, deleted: bool) -> bool:
         """Whether the pod is one of lockgate's jobs (see the module docstring).

@@ -30,7 +30,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         send_timeout_seconds=settings.kafka_send_timeout_seconds,
     )
     options = WatchOptions(timeout_seconds=settings.watch_timeout_seconds,
-                           page_size=settings.list_page_size, retry=settings.retry)
+                           page_size=settings.list_page_size, retry=settings.retry,
+                           pod_audit_seconds=settings.pod_audit_seconds)
     apis = await api_clients(settings.clusters)
     ctx.dependencies.kafka(settings.kafka())
     for name, api in apis.items():

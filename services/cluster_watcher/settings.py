@@ -24,6 +24,13 @@ class WatcherSettings(ClusterServiceSettings):
         description="server-side length of one watch request; the next resumes where it ended",
     )
     list_page_size: int = Field(default=500, ge=1, description="objects per page when listing")
+    pod_audit_seconds: float = Field(
+        default=0.0, ge=0,
+        description="every this many seconds, list the cluster's pods and report, with a "
+        "warning, those of lockgate's that the watch never reported although it had passed "
+        "their version (a skipped watch event leaves a pod gated forever otherwise); 0: never. "
+        "Each audit is a full list of the cluster's pods, in pages",
+    )
     namespace_labels: dict[str, str] = Field(
         default_factory=dict,
         description='labels a namespace must carry besides lockgate.io/managed=true for its '

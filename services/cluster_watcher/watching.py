@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -52,6 +53,13 @@ WATCH_EVENTS = Counter("lockgate_watcher_watch_events_total",
 WATCH_FAILURES = Counter("lockgate_watcher_watch_failures_total",
                          "Lists or watches that failed and were retried after a backoff",
                          ["cluster", "resource"])
+WATCH_REQUESTS = Counter("lockgate_watcher_watch_requests_total",
+                         "Watch requests that ended without error: at their timeout, or early "
+                         "(the apiserver closed the stream, e.g. a watcher too slow for it)",
+                         ["cluster", "resource", "ended"])
+PODS_MISSED = Counter("lockgate_watcher_pods_missed_by_watch_total",
+                      "Pods of lockgate's that an audit list found although the watch had "
+                      "passed their version without reporting them (reported then)", ["cluster"])
 
 ListCall = Callable[..., Awaitable[Any]]
 GONE = 410
@@ -66,6 +74,8 @@ class WatchOptions:
     timeout_seconds: int = 300
     page_size: int = 500
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Every this many seconds, list pods and report those the watch missed (0: never).
+    pod_audit_seconds: float = 0.0
 
 
 class ResourceWatcher:
@@ -170,6 +180,7 @@ class ResourceWatcher:
         timeout = self._options.timeout_seconds
         # return_type "object" keeps the objects as the apiserver's JSON instead of client models.
         watch = RawWatch()
+        started, events = time.monotonic(), 0
         try:
             async with watch:
                 stream = watch.stream(
@@ -182,6 +193,7 @@ class ResourceWatcher:
                 )
                 async for event in stream:
                     kind = event["type"]
+                    events += 1
                     WATCH_EVENTS.labels(self.cluster, self.resource, kind).inc()
                     if kind != "BOOKMARK":  # a bookmark only moves the resourceVersion on
                         await self._on_event(kind, event["raw_object"])
@@ -189,7 +201,17 @@ class ResourceWatcher:
             if error.status == GONE:
                 raise WatchExpired(str(error.reason)) from error
             raise
-        return str(watch.resource_version or resource_version)
+        resumed_from = str(watch.resource_version or resource_version)
+        lasted = time.monotonic() - started
+        early = lasted < timeout - 5
+        WATCH_REQUESTS.labels(self.cluster, self.resource, "early" if early else "timeout").inc()
+        # Ended early, the apiserver closed it (a slow watcher, a restarting cache): nothing is
+        # lost if the next one resumes right; said, so a lost event can be matched to it.
+        log.log(logging.INFO if early else logging.DEBUG,
+                "%s %s: watch from version %s ended after %.1fs (%d events%s); resuming from "
+                "version %s", self.cluster, self.resource, resource_version, lasted, events,
+                ", before its timeout" if early else "", resumed_from)
+        return resumed_from
 
 
 class RawWatch(Watch):  # type: ignore[misc]  # (kubernetes-asyncio has no types)
@@ -266,6 +288,7 @@ class ClusterWatcher:
         self._capacity_changed = asyncio.Event()
         self._capacity_revision_seen = -1
         self._namespaces_listed = asyncio.Event()
+        self._pod_audit_seconds = options.pod_audit_seconds
         core = client.CoreV1Api(api)
         self.namespaces = ResourceWatcher(
             cluster=cluster, resource="namespaces", list_call=core.list_namespace,
@@ -306,6 +329,9 @@ class ClusterWatcher:
                 group.create_task(self.nodes.run(), name=f"watch {self.cluster} nodes"),
                 group.create_task(self._publish_capacity(), name=f"{self.cluster} capacity"),
             ]
+            if self._pod_audit_seconds > 0:
+                tasks.append(group.create_task(self._audit_pods(),
+                                               name=f"{self.cluster} pod audit"))
             await stopping.wait()
             for task in tasks:
                 task.cancel()
@@ -356,6 +382,37 @@ class ClusterWatcher:
         if event is not None:
             await self._outbox.put([pod_event_message(event)])
         self._note_capacity()
+
+    async def _audit_pods(self) -> None:
+        """Every `pod_audit_seconds`, list pods and report the pods of lockgate's that the
+        watch never reported (`ObservedCluster.end_pod_audit`), loudly: a watch that skips an
+        event would otherwise leave that pod gated forever, with nothing said anywhere."""
+        while True:
+            await asyncio.sleep(self._pod_audit_seconds)
+            if not self.observed.pods_listed:
+                continue
+            self.observed.begin_pod_audit()
+            try:
+                pods, _ = await self.pods.list_all()
+            except Exception as error:  # noqa: BLE001 - an audit is retried at the next turn
+                log.warning("%s: auditing pods: listing failed (%r); next audit in %.0fs",
+                            self.cluster, error, self._pod_audit_seconds,
+                            extra=quiet(f"apiserver:{self.cluster}"))
+                continue
+            missed = self.observed.end_pod_audit(pods)
+            log.debug("%s: audited %d pods, %d missed by the watch", self.cluster, len(pods),
+                      len(missed))
+            for pod in missed:
+                event = pod.event
+                log.warning(
+                    "%s: pod %s/%s (uid %s, version %s, %s, queue %s) is lockgate's but its "
+                    "watch never reported it, although the watch had passed version %d; "
+                    "reporting it now", self.cluster, event.namespace, event.name, event.uid,
+                    event.resource_version, event.state.value, event.queue,
+                    pod.watched_version)
+            if missed:
+                PODS_MISSED.labels(self.cluster).inc(len(missed))
+                await self._outbox.put([pod_event_message(p.event) for p in missed])
 
     # Nodes
 
