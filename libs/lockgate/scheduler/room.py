@@ -42,6 +42,7 @@ class ClusterRoom:
         "holds_on",
         "names",
         "overcommitted",
+        "owned",
         "queue_held_on",
         "record",
         "rejected",
@@ -97,8 +98,18 @@ class ClusterRoom:
         # Shapes no node had room for: free room only shrinks, so they stay turned down until
         # the round ends, for every queue.
         self.rejected: set[Shape] = set()
-        self.free: list[list[int]] = [record.free[:] for record in cluster.node_list]
+        # Each node's room as the state keeps it, copied only when the round first takes from
+        # it (`_own`): a round touches a few of a cluster's hundreds of nodes.
+        self.free: list[list[int]] = [record.free for record in cluster.node_list]
+        self.owned = bytearray(len(self.free))
         self.overcommitted = self._place_held_unbound(cluster, inverse_total)
+
+    def _own(self, node: int) -> list[int]:
+        """The node's room, the round's own copy (made the first time it is written)."""
+        if not self.owned[node]:
+            self.free[node] = self.free[node][:]
+            self.owned[node] = 1
+        return self.free[node]
 
     def _place_held_unbound(self, cluster: ClusterRecord, inverse_total: list[float]) -> int:
         """Charge released-but-unbound jobs to nodes; returns how many fit nowhere."""
@@ -110,7 +121,7 @@ class ClusterRoom:
             i = index.get(hint) if hint is not None else None
             if (i is not None and fits(self.free[i], shape)
                     and can_land(shape.placement, self.traits[i])):
-                take(self.free[i], shape)
+                take(self._own(i), shape)
             else:
                 without_room.append(shape)
         without_room.sort(key=lambda shape: dominant_of(shape, inverse_total), reverse=True)
@@ -131,7 +142,7 @@ class ClusterRoom:
                 return -1
             node = self._closest(shape, queue, inverse_total or [1.0] * axes, yields,
                                  self._avoided(candidates, shape, avoid))
-        take(self.free[node], shape)
+        take(self._own(node), shape)
         self.holds_on.setdefault(node, []).append((job_id, queue, shape))
         self.hold_node[job_id] = node
         self.holds_of[queue] = self.holds_of.get(queue, 0) + 1
@@ -236,7 +247,7 @@ class ClusterRoom:
         node = self.hold_node.pop(job_id)
         self.holds_of[queue] -= 1
         self.holds_on[node] = [h for h in self.holds_on[node] if h[0] != job_id]
-        give(self.free[node], shape)
+        give(self._own(node), shape)
         for axis, amount in shape.pairs:
             self.held_by[queue][axis] -= amount
         counts = self.hold_counts[node]
@@ -293,7 +304,7 @@ class ClusterRoom:
         room = self.room_for_held(job_id, queue, yields or _never)
         if fits(room, shape):
             self.unhold(job_id, queue, shape)
-            take(self.free[node], shape)
+            take(self._own(node), shape)
             self._index(node)
             return node
         placed = self.place(shape)
@@ -346,7 +357,7 @@ class ClusterRoom:
                     self._room_yielded(node, queue, yields), shape):
                 if gone:
                     del candidates[position - gone + 1:position + 1]
-                take(free[node], shape)
+                take(self._own(node), shape)
                 self._index(node)
                 return node
         if gone:
@@ -413,6 +424,7 @@ class ClusterRoom:
                 if room[axis] < amount:
                     break
             else:
+                room = self._own(order[i])
                 for axis, amount in pairs:
                     room[axis] -= amount
                 self.cursor[shape] = i
@@ -434,6 +446,7 @@ class ClusterRoom:
             node = self.place(shapes[i])
             if node < 0:
                 self.free, self.cursor, self.rejected = saved
+                self.owned = bytearray(b"\x01") * len(self.free)  # all copies now
                 self.yield_candidates = {}
                 self.room_index = None  # room came back: built again when next asked
                 return None

@@ -608,12 +608,18 @@ class _Round:
         by_cost = self._uncontested.get(cluster)
         if by_cost is None:
             by_cost = self._uncontested[cluster] = uncontested(self.state, self.targets, cluster)
-        return rank_in_cluster(before=self.share_in(queue, cluster, ()),
-                               after=self.share_in(queue, cluster, pairs),
-                               target=self.target_in(queue.name, cluster),
-                               cost_after=self._cost_after(progress, pairs),
-                               size=max((amount * inverse[axis] for axis, amount in pairs),
-                                        default=0.0),
+        size = max((amount * inverse[axis] for axis, amount in pairs), default=0.0)
+        # What it holds in the cluster, without and with the unit (`share_in`, inlined: this
+        # runs for every cluster of a queue each time it releases).
+        held = queue.alloc_in.get(cluster)
+        if held is None:
+            before, in_cluster_after = 0.0, size
+        else:
+            before = dominant(held, inverse)
+            in_cluster_after = share_after(before, held, pairs, inverse)
+        return rank_in_cluster(before=before, after=in_cluster_after,
+                               target=0.0 if whole is None else whole.in_cluster(cluster),
+                               cost_after=self._cost_after(progress, pairs), size=size,
                                overall_before=_fraction(progress.share, whole_share),
                                overall_after=_fraction(after, whole_share), by_cost=by_cost,
                                top_cost=self.targets.top_cost)
