@@ -448,7 +448,8 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             max_lookback_per_queue=scenario.max_lookback_per_queue, now=EPOCH + now,
             group_reserve_after_seconds=60, room_hold_seconds=scenario.room_hold_seconds,
             room_holds_per_queue=scenario.room_holds_per_queue,
-            adopted_targets_max_age=scenario.round_seconds)
+            # One round old (plus a margin: epoch seconds in floating point).
+            adopted_targets_max_age=scenario.round_seconds + 1.0)
         collector.after_round()  # as the leader does; counted in the round's time
         report.round_ms.append((time.perf_counter() - tick) * 1000)
         for decision in result.decisions:

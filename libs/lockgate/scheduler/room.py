@@ -418,6 +418,26 @@ class ClusterRoom:
         count = len(order)
         pairs = shape.pairs
         i = self.cursor.get(shape, 0)
+        index = self.room_index
+        if index is not None and count == len(free):
+            # Every node is eligible (first-fit order is the index's): the index of room
+            # counting no hold, never below the room beyond the holds, skips the nodes that
+            # cannot take the shape in O(log nodes) each, instead of looking at every one of a
+            # full cluster's nodes.
+            while (i := index.first(pairs, i)) >= 0:
+                room = free[i]
+                for axis, amount in pairs:
+                    if room[axis] < amount:
+                        break
+                else:
+                    take(self._own(i), shape)
+                    self.cursor[shape] = i
+                    self._index(i)
+                    return i
+                i += 1
+            self.cursor[shape] = count
+            self.rejected.add(shape)
+            return -1
         while i < count:
             room = free[order[i]]
             for axis, amount in pairs:
