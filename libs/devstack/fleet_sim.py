@@ -398,7 +398,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
     running: set[str] = set()
     next_arrival = number = 0
     now, next_sample = 0.0, 0.0
-    collector = RoundCollector(clock=lambda: now)  # a full collection each simulated hour
+    collector = RoundCollector(clock=lambda: now)  # as the leader: a full one each 6 h
     # Fair targets being solved in the worker: (answer, key, when the problem was taken).
     solving: tuple[Future[tuple[FairTargets, float]], TargetsKey, float] | None = None
 

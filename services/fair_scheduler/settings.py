@@ -194,7 +194,7 @@ class SchedulerSettings(ServiceSettings):
                     "large state's millions of long-lived objects every few rounds); see "
                     "lockgate.scheduler.collection")
     gc_full_collection_seconds: float = Field(
-        default=3600.0, gt=0,
+        default=6 * 3600.0, gt=0,
         description="what survives a round is frozen out of the garbage collector's scans "
                     "(it is still freed by reference counting); a full collection for cycles "
                     "runs after a round this often instead")

@@ -39,10 +39,12 @@ class RoundCollector:
     collector no longer scans them, so no full collection of a state of millions of objects
     lands inside a round. Cyclic garbage among frozen objects (a few thousand objects over 6
     simulated hours at scale 0.2, against 1.5 million frozen) waits for the full collection
-    that every `full_every_seconds` (by `clock`) runs after a round instead of freezing.
+    that every `full_every_seconds` (by `clock`) runs after a round instead of freezing. Six
+    hours by default: at scale 1 hourly ones found 0-10 objects each in the first 9 simulated
+    hours and took up to 2.4 s each (1.1-1.4 million jobs held).
     """
 
-    def __init__(self, full_every_seconds: float = 3600.0,
+    def __init__(self, full_every_seconds: float = 6 * 3600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.full_every_seconds = full_every_seconds
         self.clock = clock
