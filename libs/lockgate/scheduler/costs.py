@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lockgate.scheduler.state import SchedulerState, Shape
+from lockgate.scheduler.targets import FairTargets
 
 # Shares are floats: a queue exactly at its fair share must not look a hair above or below it.
 SHARE_EPSILON = 1e-9
@@ -82,8 +83,10 @@ def fair_shares(state: SchedulerState) -> dict[str, FairShare]:
     return fair_shares_over(state, state.fairness_inverse())
 
 
-def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, FairShare]:
-    """`fair_shares` with the pool's inverse already at hand (a round computes it once)."""
+def fair_shares_over(state: SchedulerState, inverse: list[float],
+                     targets: FairTargets | None = None) -> dict[str, FairShare]:
+    """`fair_shares` with the pool's inverse already at hand (a round computes it once), and
+    the fair targets to report (None: the state's latest)."""
     weights: dict[str, float] = {}
     demands: dict[str, float] = {}
     actual: dict[str, float] = {}
@@ -101,7 +104,8 @@ def fair_shares_over(state: SchedulerState, inverse: list[float]) -> dict[str, F
         )
     total_weight = sum(weights.values())
     adjusted = adjusted_fair_shares(weights, demands)
-    targets = state.fair_targets(latest=True)  # the round's, when one ran
+    if targets is None:
+        targets = state.fair_targets(latest=True)  # the round's, when one ran
     shares: dict[str, FairShare] = {}
     for name, queue in state.queue_records.items():
         target = targets.queues.get(name)
