@@ -9,14 +9,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from builders import a_job, a_node, a_queue, a_state
 
 from devstack.fleet_sim import Scenario, simulate
+from lockgate.queues import QueueSpec
+from lockgate.resources import Resources
+from lockgate.scheduler import NodeInfo, SchedJob, SchedulerState
 from lockgate.scheduler import state as state_module
 from lockgate_adapters.targets_worker import TargetsWorker
 
@@ -24,41 +27,51 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
 
 
 @pytest.fixture
-def worker() -> TargetsWorker:
+def worker() -> Iterator[TargetsWorker]:
     worker = TargetsWorker()
-    yield worker  # type: ignore[misc]
+    yield worker
     worker.close()
 
 
-def a_pinned_fleet() -> object:
-    return (
-        a_state()
-        .with_queues(a_queue("q1"), a_queue("q2").with_priority_factor(0.5), a_queue("q3"))
-        .with_cluster("A", a_node(cpu="10", memory="64Gi").times(2, prefix="a"))
-        .with_cluster("B", a_node(cpu="10", memory="64Gi").times(1, prefix="b"))
-        .with_jobs(a_job("q1").in_cluster("A").times(12), a_job("q1").in_cluster("B").times(6),
-                   a_job("q2").in_cluster("A").times(15), a_job("q3").in_cluster("B").times(9))
-        .build()
-    )
+def a_pinned_fleet() -> SchedulerState:
+    """Cluster A (2 nodes) and B (1 node) of 10 cpu each; q1 asks in both, q2 (weight 2) in
+    A, q3 in B, all more than there is."""
+    state = SchedulerState()
+    for name, factor in (("q1", 1.0), ("q2", 0.5), ("q3", 1.0)):
+        state.upsert_queue(QueueSpec(name=name, priority_factor=factor))
+    node = NodeInfo(allocatable=Resources({"cpu": 10_000, "memory": 64 * 2**30}))
+    state.set_cluster("A", {"a-1": node, "a-2": node})
+    state.set_cluster("B", {"b-1": node})
+    count = 0
+    for queue, cluster, pods in (("q1", "A", 12), ("q1", "B", 6), ("q2", "A", 15),
+                                 ("q3", "B", 9)):
+        for _ in range(pods):
+            count += 1
+            state.upsert_job(SchedJob(
+                job_id=f"{cluster}/j{count}", queue=queue, cluster=cluster,
+                created_at=float(count), requests=Resources({"cpu": 1000, "memory": 2**30})))
+    return state
 
 
 async def test_the_worker_solves_what_the_state_would(worker: TargetsWorker) -> None:
     state = a_pinned_fleet()
-    problem, key = state.target_problem()  # type: ignore[attr-defined]
+    problem, key = state.target_problem()
     answer = await worker.solve_async(problem)
     assert answer is not None
     targets, seconds = answer
-    assert targets == state.fair_targets()  # type: ignore[attr-defined]
+    assert targets == state.fair_targets()
+    assert {name for name, target in targets.queues.items() if target.share > 0} == {
+        "q1", "q2", "q3"}
     assert seconds >= 0
-    state.adopt_targets(key, targets, at=0.0)  # type: ignore[attr-defined]
-    assert state.targets_current(key)  # type: ignore[attr-defined]
+    state.adopt_targets(key, targets, at=0.0)
+    assert state.targets_current(key)
 
 
 async def test_a_killed_worker_is_replaced(worker: TargetsWorker) -> None:
     state = a_pinned_fleet()
-    problem, _ = state.target_problem()  # type: ignore[attr-defined]
+    problem, _ = state.target_problem()
     assert await worker.solve_async(problem) is not None
-    expected = state.fair_targets()  # type: ignore[attr-defined]
+    expected = state.fair_targets()
     killed = set(worker._executor()._processes)
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
