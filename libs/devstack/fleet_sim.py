@@ -27,8 +27,10 @@ capacity shrinks with demand and a contested fleet stays contested.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
+import itertools
 import math
 import random
 import resource
@@ -102,6 +104,9 @@ class Scenario:
     sample_seconds: float
     hot_fraction: float = 1.0  # the first this fraction of clusters are the hot ones
     hot_queues: float = 0.0  # the fraction of queues pinned to hot clusters only
+    # Whether a queue's share of the arrivals follows its weight (a team given more of the
+    # fleet sends more work) rather than being the same for every queue.
+    arrivals_by_weight: bool = False
     gang_fraction: float = 0.0  # the fraction of arrivals that are pod groups
     gang_size: int = 0
     preemption: bool = False
@@ -165,6 +170,7 @@ class Scenario:
             sample_seconds=float(data.get("sample_seconds", 3600)),
             hot_fraction=float(data.get("hot_fraction", 1.0)),
             hot_queues=float(data.get("hot_queues", 0.0)),
+            arrivals_by_weight=bool(data.get("arrivals_by_weight", False)),
             gang_fraction=float(gangs.get("fraction", 0.0)),
             gang_size=int(gangs.get("size", 0)),
             preemption=bool(data.get("preemption", False)),
@@ -345,10 +351,18 @@ class _Fleet:
             self.pinned[queue] = rng.sample(pool, count)
             self.shape[queue] = rng.choices(scenario.shapes,
                                             weights=[s.weight for s in scenario.shapes])[0]
+        self.names = list(self.weights)
+        self.cumulative = list(itertools.accumulate(self.weights.values()))
         span = scenario.duration_seconds * scenario.arrival_fraction
         self.arrivals = sorted(rng.uniform(0, span) for _ in range(scenario.jobs))
         self.node_cpu_milli = scenario.node_cpu * 1000
         self.node_memory = scenario.node_memory_gi * GI
+
+    def sender(self, rng: random.Random) -> str:
+        """The queue an arrival comes from: any with the same chance, or by its weight."""
+        if self.scenario.arrivals_by_weight:
+            return self.names[bisect.bisect(self.cumulative, rng.random() * self.cumulative[-1])]
+        return rng.choice(self.names)
 
     def nodes(self, cluster: str) -> dict[str, NodeInfo]:
         allocatable = Resources({"cpu": self.node_cpu_milli, "memory": self.node_memory})
@@ -392,7 +406,6 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
     for cluster in fleet.clusters:
         state.set_cluster(cluster, fleet.nodes(cluster))
     policy = PreemptionPolicy(max_evictions_per_round=1_000)
-    queue_names = list(fleet.weights)
     ends: list[tuple[float, str]] = []  # (simulated end, job id) of running pods
     runtime: dict[str, float] = {}
     running: set[str] = set()
@@ -417,7 +430,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
 
     while now <= scenario.duration_seconds:
         while next_arrival < len(fleet.arrivals) and fleet.arrivals[next_arrival] <= now:
-            queue = rng.choice(queue_names)
+            queue = fleet.sender(rng)
             cluster = rng.choice(fleet.pinned[queue])
             at = fleet.arrivals[next_arrival]
             if rng.random() < scenario.gang_fraction:

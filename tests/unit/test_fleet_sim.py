@@ -3,13 +3,16 @@ judged against the independent model, in about a second."""
 
 from __future__ import annotations
 
+import random
+import statistics
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devstack.fleet_sim import Scenario, ScenarioError, plot, simulate
+from devstack.fleet_sim import Scenario, ScenarioError, _Fleet, plot, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
 
@@ -128,3 +131,17 @@ def test_targets_are_judged_at_full_scale_only() -> None:
     assert verdicts["round_p99_ms"].startswith("MISSED"), verdicts  # no round takes 0 ms
     assert verdicts["contested_utilisation_min"].startswith("met"), verdicts
     assert full.missed == ["round_p99_ms"]
+
+
+@pytest.mark.parametrize("by_weight", [False, True])
+def test_arrivals_come_from_every_queue_alike_or_by_weight(by_weight: bool) -> None:
+    scenario = Scenario.from_mapping(small(queues={"count": 40, "weights": [1, 4]},
+                                           arrivals_by_weight=by_weight))
+    rng = random.Random(5)
+    fleet = _Fleet(scenario, rng)
+    sent = Counter(fleet.sender(rng) for _ in range(40_000))
+    per_queue = {weight: statistics.mean(sent[q] for q, w in fleet.weights.items() if w == weight)
+                 for weight in (1.0, 4.0)}
+    ratio = per_queue[4.0] / per_queue[1.0]
+    # 1,000 arrivals a queue on average: the ratio is within a few percent of 1 or 4.
+    assert abs(ratio - (4.0 if by_weight else 1.0)) < (0.3 if by_weight else 0.08), per_queue
