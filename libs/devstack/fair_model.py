@@ -36,7 +36,7 @@ each queue's total (`FairAllocation.shares`, `pods`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -408,3 +408,112 @@ def fair_allocation(*, clusters: Sequence[Cluster], weights: Mapping[str, float]
         programs=programs,
         demand_shares={q: float(demand_share[i]) / scale for i, q in enumerate(queues)},
     )
+
+
+@dataclass(frozen=True)
+class NearestSplit:
+    """The split of a fair allocation nearest a holding (`nearest_split`)."""
+
+    largest: float  # the largest |held - part| over the judged queues' clusters, in pods
+    parts: dict[tuple[str, str], float]  # (queue, cluster) -> its part there, in common pods
+    by_queue: dict[str, float]  # queue -> its largest |held - part| over its clusters, in pods
+
+
+def nearest_split(allocation: FairAllocation, *, clusters: Sequence[Cluster],
+                  demands: Iterable[Demand], held: Mapping[tuple[str, str], float],
+                  judged: Collection[str] | None = None) -> NearestSplit:
+    """Of every split of `allocation` across clusters, the one nearest what the queues hold.
+
+    Why: the fair shares are unique but their split across clusters need not be (a queue asking
+    in two clusters may be served in either), so "within one pod of its target in each cluster"
+    means within one pod of *some* fair split. Every split that gives each queue its unique
+    fair share, within each cluster's capacity and each demand, is one (the shares are what
+    max-min fairness fixes).
+
+    Two linear programs: the first finds the smallest largest difference, in pods of each
+    queue's most common shape, between what a queue of `judged` (None: every queue) holds in a
+    cluster (`held`, in those pods) and its part there; the second keeps the judged queues
+    within that and makes the sum of every queue's differences least, so that each queue's
+    own figure (`by_queue`) is as small as that allows.
+
+    Clusters of one node group only (the fleet simulator's); demands naming groups are refused.
+    """
+    demands = [d for d in demands if d.count > 0]
+    capacity = {c.name: c.capacity for c in clusters}
+    if any(len(c.groups) != 1 for c in clusters) or any(d.groups for d in demands):
+        raise FairModelError("nearest_split: clusters of one node group only")
+    pool = allocation.pool_total
+    unit = {q: _dominant(shape, pool) for q, shape in allocation.common_shapes.items()}
+    pairs = sorted({(d.queue, d.cluster) for d in demands} | {
+        pair for pair, pods in held.items() if pods > 0})
+    n, m = len(demands), len(pairs)
+    # Columns: each demand's pods, then each pair's difference u, then t (the largest).
+    t_col = n + m
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rhs: list[float] = []
+
+    def row(entries: Iterable[tuple[int, float]], bound: float) -> None:
+        index = len(rhs)
+        for col, value in entries:
+            rows.append(index)
+            cols.append(col)
+            vals.append(value)
+        rhs.append(bound)
+
+    # In each cluster, within its capacity.
+    by_cluster_resource: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for col, demand in enumerate(demands):
+        for resource, amount in demand.shape.items():
+            if amount:
+                by_cluster_resource[(demand.cluster, resource)].append((col, float(amount)))
+    for (cluster, resource), entries in by_cluster_resource.items():
+        limit = float(capacity[cluster].get(resource, 0.0))
+        scale = max(v for _, v in entries)
+        row(((c, v / scale) for c, v in entries), limit / scale)
+    # Each queue gets its fair share (in pods of its common shape), to the solver's tolerance.
+    in_pods = [(_dominant(d.shape, pool) / unit[d.queue]) if unit.get(d.queue) else 0.0
+               for d in demands]
+    by_queue: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    by_pair: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for col, demand in enumerate(demands):
+        by_queue[demand.queue].append((col, in_pods[col]))
+        by_pair[(demand.queue, demand.cluster)].append((col, in_pods[col]))
+    for queue, entries in by_queue.items():
+        fair = allocation.pods(queue) if unit.get(queue) else 0.0
+        slack = 1e-6 * max(1.0, fair)
+        row(entries, fair + slack)
+        row(((c, -v) for c, v in entries), -(fair - slack))
+    # u >= |held - part| in every pair a queue asks or holds in; u <= t for the judged.
+    for index, pair in enumerate(pairs):
+        entries = by_pair.get(pair, [])
+        pods = float(held.get(pair, 0.0))
+        row([*((c, -v) for c, v in entries), (n + index, -1.0)], -pods)
+        row([*entries, (n + index, -1.0)], pods)
+        if judged is None or pair[0] in judged:
+            row([(n + index, 1.0), (t_col, -1.0)], 0.0)
+    matrix = sparse.csr_matrix((vals, (rows, cols)), shape=(len(rhs), n + m + 1))
+    bounds = [(0.0, float(d.count)) for d in demands] + [(0.0, None)] * (m + 1)
+
+    def solve(objective: np.ndarray, bounds: Sequence[tuple[float, float | None]]) -> Any:
+        result = linprog(objective, A_ub=matrix, b_ub=np.array(rhs), bounds=bounds,
+                         method="highs")
+        if result.status != 0:
+            raise FairModelError(f"nearest_split: linear program failed: {result.message}")
+        return result
+
+    least = np.zeros(n + m + 1)
+    least[t_col] = 1.0
+    largest = float(solve(least, bounds).x[t_col])
+    total = np.zeros(n + m + 1)
+    total[n:n + m] = 1.0
+    result = solve(total, [*bounds[:t_col], (0.0, largest + 1e-6 * max(1.0, largest))])
+    parts: dict[tuple[str, str], float] = dict.fromkeys(pairs, 0.0)
+    for col, demand in enumerate(demands):
+        parts[(demand.queue, demand.cluster)] += float(result.x[col]) * in_pods[col]
+    worst: dict[str, float] = {}
+    for (queue, cluster), part in parts.items():
+        gap = abs(float(held.get((queue, cluster), 0.0)) - part)
+        worst[queue] = max(worst.get(queue, 0.0), gap)
+    return NearestSplit(largest=largest, parts=parts, by_queue=worst)

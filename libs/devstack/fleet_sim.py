@@ -17,9 +17,11 @@ What is measured: each round's wall time (p50, p99); memory, as the peak RSS the
 job the state held at its fullest; utilisation per cluster; and, at samples, each queue's
 deviation from the model's fair allocation, in pods of its most common shape, judged only once
 the fleet has been contested (some cluster's demand exceeds its capacity) for the longest runtime
-without a break (`Report.settled`). The deviation is judged on each
-queue's total, because the model's split of a queue's allocation across clusters need not be
-unique while its total is.
+without a break (`Report.settled`). The deviation is judged for each queue in each cluster it
+asks in, against the split of the fair allocation nearest what the queues hold
+(`fair_model.nearest_split`): the fair shares are unique, their split across clusters need not
+be, and any split that gives every queue its share is a fair target. Each queue's deviation on
+its total is reported too.
 
 `scale` shrinks jobs and queues linearly and clusters and nodes by its square root each, so that
 capacity shrinks with demand and a contested fleet stays contested.
@@ -44,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from devstack.fair_model import Cluster, Demand, fair_allocation
+from devstack.fair_model import Cluster, Demand, fair_allocation, nearest_split
 from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
@@ -217,7 +219,14 @@ class Sample:
     at: float  # simulated seconds
     contested: tuple[str, ...]
     deviation_pods: dict[str, float]  # queue -> (held - fair) in pods of its common shape
-    saturated: bool  # every cluster contested, every queue waiting wherever it asks
+    # queue -> its largest |held - part| in a cluster, in pods, at the fair split nearest the
+    # holding (`fair_model.nearest_split`): what the target "in each cluster" is judged on.
+    cluster_deviation_pods: dict[str, float]
+    # The queues at saturation: pods waiting in every cluster they ask in (their target is
+    # less than their demand everywhere, so it moves with weights and pinning, not with their
+    # own arrivals); the judged deviation is theirs.
+    saturated_queues: frozenset[str]
+    saturated: bool  # every cluster contested, every queue at saturation
     utilisation: dict[str, float]  # cluster -> cpu used / cpu there
     queued: int
     model_seconds: float
@@ -263,9 +272,15 @@ class Report:
     def summary(self) -> dict[str, Any]:
         rounds = sorted(self.round_ms) or [0.0]
         contested = [s for s in self.samples if s.contested]
-        deviations = [abs(d) for s in self.settled() for d in s.deviation_pods.values()]
-        saturated = [s for s in self.settled() if s.saturated]
-        at_saturation = [abs(d) for s in saturated for d in s.deviation_pods.values()]
+        settled = self.settled()
+        # Judged: each queue at saturation in each cluster, against the fair split nearest the
+        # holding. Reported: every queue so, and every queue on its total.
+        deviations = [d for s in settled for q, d in s.cluster_deviation_pods.items()
+                      if q in s.saturated_queues]
+        every = [d for s in settled for d in s.cluster_deviation_pods.values()]
+        totals = [abs(d) for s in settled for d in s.deviation_pods.values()]
+        saturated = [s for s in settled if s.saturated]
+        at_saturation = [d for s in saturated for d in s.cluster_deviation_pods.values()]
         utilisation = self._contested_utilisation()
         summary: dict[str, Any] = {
             "scenario": self.scenario.name, "scale": self.scenario.scale,
@@ -291,7 +306,15 @@ class Report:
             "deviation_pods_max": round(max(deviations), 2) if deviations else None,
             "deviation_pods_p99": round(sorted(deviations)[int(len(deviations) * 0.99)], 2)
             if deviations else None,
-            # Reported, not judged: the same over the settled samples taken at saturation.
+            # Reported, not judged: the same for every queue (those not at saturation too),
+            # and on each queue's total (over all its clusters).
+            "deviation_every_queue_pods_max": round(max(every), 2) if every else None,
+            "deviation_total_pods_max": round(max(totals), 2) if totals else None,
+            "queues_at_saturation_min": min((len(s.saturated_queues) for s in settled),
+                                            default=0),
+            # Reported, not judged: every queue's, over the settled samples where every
+            # queue is at saturation (rare in a pinned fleet: a queue is given all it asks
+            # somewhere).
             "saturated_samples": len(saturated),
             "deviation_pods_max_saturated": round(max(at_saturation), 2)
             if at_saturation else None,
@@ -505,6 +528,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
 
 def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float) -> Sample:
     held: dict[str, int] = {}
+    held_in: dict[tuple[str, str], int] = {}
     demand: dict[tuple[str, str], int] = {}
     asked_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
     used_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
@@ -515,27 +539,42 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
         asked_cpu[record.cluster] += cpu
         if job_id in running:
             held[record.queue] = held.get(record.queue, 0) + 1
+            pair = (record.queue, record.cluster)
+            held_in[pair] = held_in.get(pair, 0) + 1
             used_cpu[record.cluster] += cpu
         else:
             waiting.add((record.queue, record.cluster))
     capacity = fleet.cluster_capacity
     contested = tuple(c for c in fleet.clusters if asked_cpu[c] > capacity["cpu"])
     utilisation = {c: used_cpu[c] / capacity["cpu"] for c in fleet.clusters}
+    asks: dict[str, int] = {}
+    for queue, _ in demand:
+        asks[queue] = asks.get(queue, 0) + 1
+    waits: dict[str, int] = {}
+    for queue, _ in waiting:
+        waits[queue] = waits.get(queue, 0) + 1
+    at_saturation = frozenset(q for q, n in asks.items() if waits.get(q, 0) == n)
     deviation: dict[str, float] = {}
+    in_clusters: dict[str, float] = {}
     solving = time.perf_counter()
     if contested:
-        model = fair_allocation(
-            clusters=[Cluster.of(c, capacity) for c in fleet.clusters],
-            weights=fleet.weights,
-            demands=[Demand(q, c, _model_shape(fleet.shape[q]), count)
-                     for (q, c), count in demand.items()])
+        clusters = [Cluster.of(c, capacity) for c in fleet.clusters]
+        demands = [Demand(q, c, _model_shape(fleet.shape[q]), count)
+                   for (q, c), count in demand.items()]
+        model = fair_allocation(clusters=clusters, weights=fleet.weights, demands=demands)
         deviation = {q: held.get(q, 0) - model.pods(q)
                      for q in fleet.weights if q in model.shares and model.common_shapes.get(q)}
+        nearest = nearest_split(model, clusters=clusters, demands=demands,
+                                held={pair: float(n) for pair, n in held_in.items()},
+                                judged=at_saturation)
+        in_clusters = {q: nearest.by_queue.get(q, 0.0) for q in deviation}
     # Saturated: every cluster contested, and every queue has pods waiting wherever it asks;
     # then the fair allocation no longer depends on how much anyone asks, only on weights and
     # pinning (it holds still while pods come and go).
-    saturated = len(contested) == len(fleet.clusters) and len(waiting) == len(demand)
-    return Sample(at=now, contested=contested, deviation_pods=deviation, saturated=saturated,
+    saturated = len(contested) == len(fleet.clusters) and len(at_saturation) == len(asks)
+    return Sample(at=now, contested=contested, deviation_pods=deviation,
+                  cluster_deviation_pods=in_clusters, saturated_queues=at_saturation,
+                  saturated=saturated,
                   utilisation=utilisation, queued=len(state) - len(running),
                   model_seconds=time.perf_counter() - solving)
 
@@ -555,10 +594,10 @@ def plot(report: Report, out: Path) -> Path:
     path = out / f"{report.scenario.name}.png"
     hours = [s.at / 3600 for s in report.samples]
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    top.plot(hours, [max(map(abs, s.deviation_pods.values()), default=0.0)
+    top.plot(hours, [max(s.cluster_deviation_pods.values(), default=0.0)
                      for s in report.samples], marker="o", label="largest |deviation|")
-    top.plot(hours, [statistics.mean(map(abs, s.deviation_pods.values()))
-                     if s.deviation_pods else 0.0 for s in report.samples],
+    top.plot(hours, [statistics.mean(s.cluster_deviation_pods.values())
+                     if s.cluster_deviation_pods else 0.0 for s in report.samples],
              marker=".", label="mean |deviation|")
     top.set_ylabel("pods from the fair allocation")
     top.legend()

@@ -214,3 +214,57 @@ def test_the_model_is_independent_of_the_scheduler() -> None:
                 for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not [name for name in imported if name.startswith("lockgate")], imported
+
+
+def _non_unique_split() -> tuple[list[Cluster], list[Demand], fair_model.FairAllocation]:
+    """q1 and q2 each want 20 x 1 cpu in both A and B (10 cpu each): every split giving each
+    10 in all is fair, from 10 : 0 to 0 : 10 in A."""
+    clusters = [Cluster.of("A", cpu(10)), Cluster.of("B", cpu(10))]
+    demands = [Demand(q, c, CPU, 20) for q in ("q1", "q2") for c in ("A", "B")]
+    return clusters, demands, fair_allocation(clusters=clusters, weights={"q1": 1, "q2": 1},
+                                              demands=demands)
+
+
+def test_the_nearest_split_follows_the_holding_where_the_split_is_free() -> None:
+    clusters, demands, fair = _non_unique_split()
+    # q1 holds all of A and q2 all of B: a fair split, so nobody is off by anything.
+    held = {("q1", "A"): 10.0, ("q2", "B"): 10.0}
+    nearest = fair_model.nearest_split(fair, clusters=clusters, demands=demands, held=held)
+    assert nearest.largest == pytest.approx(0, abs=1e-6)
+    assert nearest.parts[("q1", "A")] == pytest.approx(10, abs=1e-6)
+    # One pod moved from q2 to q1 in B: q1 holds 11 and q2 9, one pod off each in total. The
+    # split nearest gives q1 9.5 of A and 0.5 of B: half a pod off in each cluster, no less.
+    moved = {("q1", "A"): 10.0, ("q1", "B"): 1.0, ("q2", "B"): 9.0}
+    nearest = fair_model.nearest_split(fair, clusters=clusters, demands=demands, held=moved)
+    assert nearest.largest == pytest.approx(0.5, abs=1e-5)
+    assert nearest.parts[("q1", "A")] == pytest.approx(9.5, abs=1e-5)
+    assert nearest.by_queue == pytest.approx({"q1": 0.5, "q2": 0.5}, abs=1e-5)
+
+
+def test_the_nearest_split_judges_only_the_queues_asked_for() -> None:
+    # q3 asks in A and for 2 in B; q1 only in A, q2 only in B (10 cpu each). Max-min gives
+    # q1 6, q3 6 (4 in A, 2 in B) and q2 the 8 left in B.
+    clusters = [Cluster.of("A", cpu(10)), Cluster.of("B", cpu(10))]
+    demands = [Demand("q1", "A", CPU, 20), Demand("q2", "B", CPU, 20),
+               Demand("q3", "A", CPU, 20), Demand("q3", "B", CPU, 2)]
+    fair = fair_allocation(clusters=clusters, weights={"q1": 1, "q2": 1, "q3": 1},
+                           demands=demands)
+    assert [fair.pods(q) for q in ("q1", "q2", "q3")] == pytest.approx([6, 8, 6], abs=1e-5)
+    # q3 took a pod of q1's in A: both are a pod off there, q2 is not.
+    held = {("q1", "A"): 5.0, ("q3", "A"): 5.0, ("q2", "B"): 8.0, ("q3", "B"): 2.0}
+    every = fair_model.nearest_split(fair, clusters=clusters, demands=demands, held=held)
+    assert every.largest == pytest.approx(1, abs=1e-5)
+    assert every.by_queue == pytest.approx({"q1": 1, "q2": 0, "q3": 1}, abs=1e-5)
+    only_q2 = fair_model.nearest_split(fair, clusters=clusters, demands=demands, held=held,
+                                       judged={"q2"})
+    assert only_q2.largest == pytest.approx(0, abs=1e-5)
+    # The others are still reported, as near as the judged queues' bound lets them be.
+    assert only_q2.by_queue["q1"] == pytest.approx(1, abs=1e-5)
+
+
+def test_the_nearest_split_refuses_node_groups() -> None:
+    clusters = [Cluster("A", (NodeGroup("x", cpu(4)), NodeGroup("y", cpu(4))))]
+    demands = [Demand("q1", "A", CPU, 4)]
+    fair = fair_allocation(clusters=clusters, weights={"q1": 1}, demands=demands)
+    with pytest.raises(FairModelError, match="one node group"):
+        fair_model.nearest_split(fair, clusters=clusters, demands=demands, held={})

@@ -89,6 +89,10 @@ def test_a_contested_small_fleet_stays_near_the_fair_allocation(tmp_path: Path) 
     # While contested, the room is used; once settled, each queue is within a pod of the model.
     assert summary["contested_utilisation_min"] >= 0.95, summary
     assert summary["deviation_pods_max"] <= 1.0, summary
+    # Judged on the queues at saturation; every queue, and totals, are reported beside.
+    assert summary["queues_at_saturation_min"] >= 1, summary
+    assert summary["deviation_every_queue_pods_max"] >= summary["deviation_pods_max"], summary
+    assert summary["deviation_total_pods_max"] is not None, summary
     # Demand well above capacity everywhere: most settled samples are at saturation.
     assert summary["saturated_samples"] >= 3, summary
     assert summary["deviation_pods_max_saturated"] <= 1.0, summary
