@@ -527,8 +527,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
 
 
 def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float) -> Sample:
-    held: dict[str, int] = {}
-    held_in: dict[tuple[str, str], int] = {}
+    held_in: dict[tuple[str, str], int] = {}  # (queue, cluster) -> its pods running there
     demand: dict[tuple[str, str], int] = {}
     asked_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
     used_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
@@ -538,7 +537,6 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
         cpu = fleet.shape[record.queue].cpu * 1000
         asked_cpu[record.cluster] += cpu
         if job_id in running:
-            held[record.queue] = held.get(record.queue, 0) + 1
             pair = (record.queue, record.cluster)
             held_in[pair] = held_in.get(pair, 0) + 1
             used_cpu[record.cluster] += cpu
@@ -547,13 +545,12 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
     capacity = fleet.cluster_capacity
     contested = tuple(c for c in fleet.clusters if asked_cpu[c] > capacity["cpu"])
     utilisation = {c: used_cpu[c] / capacity["cpu"] for c in fleet.clusters}
-    asks: dict[str, int] = {}
-    for queue, _ in demand:
-        asks[queue] = asks.get(queue, 0) + 1
-    waits: dict[str, int] = {}
-    for queue, _ in waiting:
-        waits[queue] = waits.get(queue, 0) + 1
-    at_saturation = frozenset(q for q, n in asks.items() if waits.get(q, 0) == n)
+    held: dict[str, int] = {}
+    for (queue, _), pods in held_in.items():
+        held[queue] = held.get(queue, 0) + pods
+    # A queue with no pod waiting in some cluster it asks in is given all it asks there.
+    served_somewhere = {queue for queue, cluster in demand if (queue, cluster) not in waiting}
+    at_saturation = frozenset(queue for queue, _ in demand) - served_somewhere
     deviation: dict[str, float] = {}
     in_clusters: dict[str, float] = {}
     solving = time.perf_counter()
@@ -571,7 +568,7 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
     # Saturated: every cluster contested, and every queue has pods waiting wherever it asks;
     # then the fair allocation no longer depends on how much anyone asks, only on weights and
     # pinning (it holds still while pods come and go).
-    saturated = len(contested) == len(fleet.clusters) and len(at_saturation) == len(asks)
+    saturated = len(contested) == len(fleet.clusters) and not served_somewhere
     return Sample(at=now, contested=contested, deviation_pods=deviation,
                   cluster_deviation_pods=in_clusters, saturated_queues=at_saturation,
                   saturated=saturated,
