@@ -63,6 +63,15 @@ logger.groups.level = WARN
 """
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id, as `kafka-storage random-uuid` gives: 22 url-safe base64
+    characters, never starting with "-" (the storage tool would read it as a flag)."""
+    while True:
+        raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not raw.startswith("-"):
+            return raw
+
+
 def java_bin() -> str:
     java = shutil.which("java")
     if java is None:
@@ -184,9 +193,9 @@ class Kafka:
 
     def _format(self, say: Callable[[str], None]) -> None:
         id_file = self.dir / "cluster-id"
-        if not id_file.exists():
-            raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            id_file.write_text(raw + "\n")
+        # An id from before new_cluster_id() may start with "-", which the tool reads as a flag.
+        if not id_file.exists() or id_file.read_text().startswith("-"):
+            id_file.write_text(new_cluster_id() + "\n")
         cluster_id = id_file.read_text().strip()
         log = self.s.logs_dir / "kafka-format.log"
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ storage is formatted; it is stopped (SIGTERM, then SIGKILL) afterwards.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import subprocess
 import uuid
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from devstack.config import Settings
-from devstack.kafka import Kafka, java_bin
+from devstack.kafka import Kafka, java_bin, new_cluster_id
 from devstack.launcher import free_port
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -72,7 +71,7 @@ async def sasl_broker(directory: Path, *, within: float = 90.0) -> AsyncIterator
     properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     log = directory / "kafka.log"
     java = [java_bin(), "-Xmx256m", "-Xms64m", "-cp", f"{jars}/*"]
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     scram = [arg for m in MECHANISMS
              for arg in ("--add-scram", f"{m}=[name={username},password={password}]")]
     with _append(log) as output:
