@@ -29,6 +29,7 @@ from lockgate.scheduler import (
     fair_shares,
     schedule_round,
 )
+from lockgate.scheduler.room import BEST_FIT_WINDOW
 from lockgate.scheduler.targets import FairTargets
 
 GI = 2**30
@@ -955,14 +956,17 @@ def _reference_round(model: _Model, max_decisions: int, lookback: int,
         ):
             over_limit[name].add(job.requests)
         else:
-            node = next(
-                (
-                    n
-                    for n in sorted(model.nodes[job.cluster])
-                    if job.requests.fits_within(room[(job.cluster, n)])
-                ),
-                None,
-            )
+            # Best fit among the first BEST_FIT_WINDOW nodes that fit, in name order, a perfect
+            # fit ending the search: the least room left, each resource over the pool.
+            window: list[tuple[float, int, str]] = []
+            for position, n in enumerate(sorted(model.nodes[job.cluster])):
+                if job.requests.fits_within(room[(job.cluster, n)]):
+                    left = sum((room[(job.cluster, n)].get(r, 0) - amount) * inverse.get(r, 0.0)
+                               for r, amount in job.requests.items())
+                    window.append((left, position, n))
+                    if left == 0 or len(window) == BEST_FIT_WINDOW:
+                        break
+            node = min(window)[2] if window else None
             if node is None:
                 no_room[job.cluster].add(job.requests)
         if node is None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from builders import a_job, a_node, a_state
 
-from lockgate.scheduler.room import ClusterRoom, RoomIndex, fits, give
+from lockgate.scheduler.room import BEST_FIT_WINDOW, ClusterRoom, RoomIndex, fits, give
 from lockgate.scheduler.state import SchedulerState, Shape
 
 Yields = Callable[[str, Shape], bool]
@@ -123,19 +123,37 @@ def _partly_full_cluster(rng: random.Random, nodes: int) -> SchedulerState:
 
 def _expected_place_held(room: ClusterRoom, job_id: str, queue: str, shape: Shape,
                          yields: Yields) -> int:
-    """`place_held` worked out by scans: its own node if its held room fits; else first fit
-    beyond the holds (from where first fit last left off for the shape, as `place` does); else
-    the first node with holds where what is free plus what yielding queues hold fits."""
+    """`place_held` worked out by scans: its own node if its held room fits; else `place`
+    beyond the holds (`_best_fit_by_scan`); else the first node with holds where what is free
+    plus what yielding queues hold fits."""
     if fits(room.room_for_held(job_id, queue, yields), shape):
         return room.hold_node[job_id]
     order = room.nodes_for(shape.placement)
-    for i in order[room.cursor.get(shape, 0):]:
-        if fits(room.free[i], shape):
-            return i
+    placed = _best_fit_by_scan(room, shape)
+    if placed >= 0:
+        return placed
     for node in order:
         if room.holds_on.get(node) and fits(_yielded_by_scan(room, node, queue, yields), shape):
             return node
     return -1
+
+
+def _best_fit_by_scan(room: ClusterRoom, shape: Shape) -> int:
+    """`place` by a scan: of the nodes that fit `shape` from where it last left off, up to the
+    first `BEST_FIT_WINDOW` (or the first that it fills exactly), the one it leaves the least
+    room on (as fractions of the pool), the first of equals; -1 if none fits."""
+    order = room.nodes_for(shape.placement)
+    window: list[tuple[float, int]] = []
+    for position, node in enumerate(order[room.cursor.get(shape, 0):]):
+        if fits(room.free[node], shape):
+            leftover = sum((room.free[node][axis] - amount) * room.inverse_total[axis]
+                           for axis, amount in shape.pairs)
+            window.append((leftover, position))
+            if leftover == 0 or len(window) == BEST_FIT_WINDOW:
+                break
+    if not window:
+        return -1
+    return order[room.cursor.get(shape, 0) + min(window)[1]]
 
 
 def _interleave(seed: int) -> dict[str, int]:
@@ -176,9 +194,7 @@ def _interleave(seed: int) -> dict[str, int]:
                 outcomes["own node" if own else "first fit" if first_fit else "yielded"] += 1
                 ranks[held_queue] += rng.random() / 4
         elif roll < 0.6:
-            order = room.nodes_for(shape.placement)
-            expected = next((i for i in order[room.cursor.get(shape, 0):]
-                             if fits(room.free[i], shape)), -1)
+            expected = _best_fit_by_scan(room, shape)
             assert room.place(shape) == expected
         else:
             avoid = {name for name in room.names if rng.random() < 0.3}
@@ -212,7 +228,7 @@ def _closest_by_scan(room: ClusterRoom, queue: str, shape: Shape, inverse: list[
 def test_held_pods_and_new_holds_interleaved_go_where_scans_say(seed: int) -> None:
     """Room held by queues that yield is looked for among a list of nodes kept per shape for
     the round (`yield_candidates`): it must choose what scans of every node would, while holds
-    are made on nodes that had none, held pods are placed and plain first fit runs between."""
+    are made on nodes that had none, held pods are placed and plain placement runs between."""
     _interleave(seed)
 
 

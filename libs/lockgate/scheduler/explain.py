@@ -28,10 +28,10 @@ from lockgate.scheduler.room import ClusterRoom, fits, take
 from lockgate.scheduler.round import (
     Rank,
     owed,
-    owed_nothing,
     rank_in_cluster,
     room_gathers_for,
     uncontested,
+    waits_while_room_gathers,
 )
 from lockgate.scheduler.state import PendingJobs, QueueRecord, SchedJob, SchedulerState, Shape
 
@@ -393,8 +393,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         gathers = (queued and job.group is None and mine is not None and room_gathers_for(
             mine, holds=holds, could_use_every_node=rounds.could_use_every_node(shape)))
         for other in ranks:
-            if other == job.queue or (gathers and owed_nothing(ranks[other])):
-                continue  # owed nothing there: it takes no room there while this pod waits
+            if other == job.queue or (gathers and waits_while_room_gathers(ranks[other])):
+                continue  # it takes no room there while this pod waits
             head = _head(state, state.queue_records[other],
                          state.queue_records[other].pending[job.cluster])
             if head is not None and any(

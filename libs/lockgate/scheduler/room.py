@@ -40,6 +40,7 @@ class ClusterRoom:
         "hold_node",
         "holds_of",
         "holds_on",
+        "inverse_total",
         "names",
         "overcommitted",
         "owned",
@@ -83,6 +84,7 @@ class ClusterRoom:
         cluster.current_caches()
         self.record = cluster
         self.capacity: list[list[int]] = cluster.node_rooms  # never changed
+        self.inverse_total = inverse_total
         # A pod group this cluster waits for: nothing else is released here meanwhile.
         self.reserved_for = reserved_for
         self.sizes = list(cluster.node_sizes)
@@ -412,49 +414,67 @@ class ClusterRoom:
         return nodes
 
     def place(self, shape: Shape) -> int:
-        """First-fit: the index of the node now holding `shape`, or -1 when none has room."""
+        """Best fit among the first `BEST_FIT_WINDOW` nodes that fit, in first-fit order: the
+        index of the node now holding `shape`, or -1 when none has room.
+
+        Why not first fit: a small pod put into the first gap that fits it breaks up the room a
+        bigger pod needs, when a gap its own size waits further on. In a full cluster gaps open
+        where pods finish, and queues of big pods stayed short of their targets while queues of
+        small ones rounded up (docs/scheduling.md, "Room per cluster in a round"). The window
+        bounds the cost: a perfect fit ends the search at once, and in an empty cluster the
+        first node is as good as any."""
         free = self.free
         order = self.nodes_for_shape(shape)
         count = len(order)
         pairs = shape.pairs
         i = self.cursor.get(shape, 0)
         index = self.room_index
-        if index is not None and count == len(free):
-            # Every node is eligible (first-fit order is the index's): the index of room
-            # counting no hold, never below the room beyond the holds, skips the nodes that
-            # cannot take the shape in O(log nodes) each, instead of looking at every one of a
-            # full cluster's nodes.
-            while (i := index.first(pairs, i)) >= 0:
-                room = free[i]
-                for axis, amount in pairs:
-                    if room[axis] < amount:
-                        break
-                else:
-                    take(self._own(i), shape)
-                    self.cursor[shape] = i
-                    self._index(i)
-                    return i
-                i += 1
+        every_node = index is not None and count == len(free)
+        inverse = self.inverse_total
+        best, best_leftover, first, seen = -1, 0.0, -1, 0
+        while True:
+            if every_node:
+                # Every node is eligible (first-fit order is the index's): the index of room
+                # counting no hold, never below the room beyond the holds, skips the nodes
+                # that cannot take the shape in O(log nodes) each, instead of looking at every
+                # one of a full cluster's nodes.
+                assert index is not None
+                i = index.first(pairs, i)
+                if i < 0:
+                    break
+                node = i
+            elif i < count:
+                node = order[i]
+            else:
+                break
+            room = free[node]
+            # What it would leave there, each axis as a fraction of the pool (as shares are).
+            leftover = 0.0
+            for axis, amount in pairs:
+                if room[axis] < amount:
+                    leftover = -1.0
+                    break
+                leftover += (room[axis] - amount) * inverse[axis]
+            if leftover >= 0:
+                if first < 0:
+                    first = i
+                if best < 0 or leftover < best_leftover:
+                    best, best_leftover = node, leftover
+                seen += 1
+                if leftover == 0 or seen >= BEST_FIT_WINDOW:
+                    break
+            i += 1
+        if best < 0:
             self.cursor[shape] = count
             self.rejected.add(shape)
             return -1
-        while i < count:
-            room = free[order[i]]
-            for axis, amount in pairs:
-                if room[axis] < amount:
-                    break
-            else:
-                room = self._own(order[i])
-                for axis, amount in pairs:
-                    room[axis] -= amount
-                self.cursor[shape] = i
-                if self.room_index is not None:
-                    self._index(order[i])
-                return order[i]
-            i += 1
-        self.cursor[shape] = count
-        self.rejected.add(shape)
-        return -1
+        # Nodes before the first that fit still cannot take the shape (room only shrinks in a
+        # round); the first may, if the pod went elsewhere.
+        self.cursor[shape] = first
+        take(self._own(best), shape)
+        if index is not None:
+            self._index(best)
+        return best
 
     def place_all(self, shapes: list[Shape], inverse_total: list[float]) -> list[int] | None:
         """Place every shape (largest first) or none: the node of each, in the order given."""
@@ -489,6 +509,8 @@ class ClusterRoom:
 
 # Below any room a node can have: a node without holds in `RoomIndex`.
 _NO_NODE = -(1 << 62)
+# How many nodes that fit a pod `ClusterRoom.place` compares before taking the tightest.
+BEST_FIT_WINDOW = 8
 
 
 class RoomIndex:

@@ -289,7 +289,8 @@ class _QueueRound:
 #   (1, -size of the unit, fraction of its whole target after it) for the unit that carries it
 #       past its target there: pods are whole, so someone's last pod rounds up; the biggest go
 #       first (small pods fit the gaps a big one leaves, not the other way round), then the
-#       queue furthest short overall;
+#       queue furthest short overall; it waits while room gathers for a pod of the first tier
+#       (`waits_while_room_gathers`);
 #   (2, its cost after the unit, 0) otherwise: room nobody is owed goes by cost.
 # Ranks 0 and 1 (the queue is owed room there) need both: it holds less than its target in the
 # cluster, and its whole allocation is short of its whole target. Its target is judged on its
@@ -318,18 +319,22 @@ def owed(*, before: float, target: float, overall_before: float) -> bool:
     return below_target(before, target) and overall_before < 1 - _TARGET_SLACK
 
 
-def owed_nothing(rank: Rank) -> bool:
-    """Whether a queue at `rank` in a cluster is owed no room there (`rank_in_cluster`'s last
-    tier): such a queue takes no room there while room gathers for the owed
-    (`room_gathers_for`)."""
-    return rank[0] == 2
+def waits_while_room_gathers(rank: Rank) -> bool:
+    """Whether a queue at `rank` in a cluster takes no room there while room gathers for the
+    owed (`room_gathers_for`): a queue owed nothing there (the last tier), and one whose next
+    unit would carry it past its target there (the middle tier). Rounding up waits for the
+    queues still short of their targets: when every queue of small pods took its last pod
+    past its target in the gaps that opened, the room went from queues of big pods, which
+    stayed a few pods short of theirs (docs/scheduling.md, "Holds")."""
+    return rank[0] >= 1
 
 
 def room_gathers_for(rank: Rank, *, holds: bool, could_use_every_node: bool) -> bool:
     """Whether a pod at `rank` that finds no room in its cluster makes room there gather for
     the queues owed it (docs/scheduling.md, "Holds"): with holds on, a pod of a queue owed room
     there that keeps it within its target (the first tier) and could use any node of the
-    cluster once its managed pods end. Queues `owed_nothing` there then take no room there."""
+    cluster once its managed pods end. Queues that `waits_while_room_gathers` there then take
+    no room there."""
     return holds and rank[0] == 0 and could_use_every_node
 
 
@@ -457,7 +462,7 @@ class _Round:
             job = jobs[entry[2]]
             cluster = self.clusters[pending.cluster]
             shape = job.shape
-            if pending.cluster in self.owed_turned_down and owed_nothing(popped_rank):
+            if pending.cluster in self.owed_turned_down and waits_while_room_gathers(popped_rank):
                 # A queue owed room here found none this round: room nobody is owed does not
                 # go to others meanwhile, so what frees here gathers for it ("Holds").
                 progress.clusters.remove(pending)
