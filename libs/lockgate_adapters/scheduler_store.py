@@ -60,6 +60,8 @@ class SessionLiveness:
       idle_session_timeout / idle_in_transaction_session_timeout: a live leader is never idle
       that long (it checks in every `check_interval`), so a session idle that long belongs to
       a leader that is gone, and Postgres ends it, which frees the leader lock for a standby.
+    - A session frozen mid-command is not idle, so Postgres never ends it: a standby does
+      (`end_stuck_leader`) once it has been in one command for `stuck_after`.
     """
 
     check_interval: float = 2.0
@@ -70,6 +72,13 @@ class SessionLiveness:
     keepalive_interval: int = 5
     keepalive_count: int = 3
     tcp_user_timeout: float = 20.0
+
+    @property
+    def stuck_after(self) -> float:
+        """How long a leader's session may stay in one command before a standby ends it
+        (`end_stuck_leader`): past the leader's own bound for stepping down (a command times
+        out, then its next check fails), plus a check interval of margin."""
+        return 2 * self.check_interval + self.check_timeout + self.command_timeout
 
     def server_settings(self) -> dict[str, str]:
         return {
@@ -180,6 +189,32 @@ async def check_alive(connection: asyncpg.Connection, *, within_seconds: float) 
 async def try_lead(connection: asyncpg.Connection) -> bool:
     """Take leadership if nobody holds it; it lasts as long as this connection's session."""
     return bool(await connection.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK))
+
+
+async def end_stuck_leader(connection: asyncpg.Connection, *,
+                           stuck_for_seconds: float) -> int | None:
+    """End the leader's session if it has been in one command longer than `stuck_for_seconds`
+    (`SessionLiveness.stuck_after`); returns its backend pid, or None.
+
+    A leader whose connection froze mid-message (a proxy that stops forwarding halfway
+    through a query) leaves its session "active", waiting for the rest of the message:
+    neither idle_session_timeout nor statement_timeout ends it, and TCP keepalives succeed, so
+    the lock would be held for ever. By then the leader has stepped down on its own (its
+    command timed out and its checks failed), so ending the session only frees the lock. The
+    scheduler's role may end sessions of its own role (pg_terminate_backend)."""
+    pid = await connection.fetchval(
+        "SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND l.classid = 0 AND l.objid = $1 AND l.objsubid = 1"
+        " AND a.pid <> pg_backend_pid() AND a.state = 'active'"
+        " AND a.state_change < clock_timestamp() - make_interval(secs => $2)",
+        LEADER_LOCK, stuck_for_seconds,
+    )
+    if pid is None:
+        return None
+    ended = await connection.fetchval("SELECT pg_terminate_backend($1)", pid)
+    return int(pid) if ended else None
 
 
 async def leader_pid(connection: asyncpg.Connection) -> int | None:

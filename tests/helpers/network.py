@@ -28,12 +28,28 @@ class TcpRelay:
         self._writers: set[asyncio.StreamWriter] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+        # Each connection's stream to the server stops just before these bytes, and the
+        # connection freezes both ways until thawed (None: off).
+        self._cut_before: bytes | None = None
+        self._uncut = asyncio.Event()
+        self._uncut.set()
 
     def freeze(self) -> None:
         self._flowing.clear()
 
+    def freeze_before(self, marker: bytes) -> None:
+        """Each connection's stream to the server stops just before the next `marker` it
+        sends (e.g. a Postgres Sync message), and that connection then freezes both ways until
+        `thaw` (no bytes, no FIN): a connection that dies in the middle of a command, the
+        server having read part of it. Connections meanwhile flow on until they send it. (A
+        marker split across two reads is not seen.)"""
+        self._cut_before = marker
+        self._uncut.clear()
+
     def thaw(self) -> None:
         self._flowing.set()
+        self._cut_before = None
+        self._uncut.set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -50,14 +66,37 @@ class TcpRelay:
         if server is not None:
             await server.wait_closed()
 
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    cut: asyncio.Event, *, to_server: bool) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                await self._hold(cut)
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return
+                await self._hold(cut)  # frozen meanwhile: hold what was read
+                if to_server and self._cut_before is not None and not cut.is_set():
+                    at = chunk.find(self._cut_before)
+                    if at >= 0:
+                        chunk = chunk[:at]
+                        cut.set()
+                writer.write(chunk)
+                await writer.drain()
+
+    async def _hold(self, cut: asyncio.Event) -> None:
+        await self._flowing.wait()
+        if cut.is_set():
+            await self._uncut.wait()
+
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             return
-        pipes = [asyncio.create_task(_pipe(reader, upstream_writer, self._flowing)),
-                 asyncio.create_task(_pipe(upstream_reader, writer, self._flowing))]
+        cut = asyncio.Event()  # cut midway (`freeze_before`): frozen both ways until thawed
+        pipes = [asyncio.create_task(self._pipe(reader, upstream_writer, cut, to_server=True)),
+                 asyncio.create_task(self._pipe(upstream_reader, writer, cut, to_server=False))]
         self._pipes.update(pipes)
         self._writers.update((writer, upstream_writer))
         try:
@@ -70,19 +109,6 @@ class TcpRelay:
             self._writers.difference_update((writer, upstream_writer))
             for stream in (writer, upstream_writer):
                 stream.close()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                flowing: asyncio.Event) -> None:
-    with contextlib.suppress(OSError):
-        while True:
-            await flowing.wait()
-            chunk = await reader.read(65536)
-            if not chunk:
-                return
-            await flowing.wait()  # frozen meanwhile: hold what was read
-            writer.write(chunk)
-            await writer.drain()
 
 
 async def answers_ok(url: str) -> bool:

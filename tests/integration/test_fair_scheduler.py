@@ -9,6 +9,7 @@ Schedulers run in this process (or, to be SIGKILLed, as a subprocess).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -33,7 +34,9 @@ from helpers.postgres import fresh_database
 from helpers.services import FAST_RETRY, fairness_report, service_in_process
 from helpers.waiting import eventually, until
 from lockgate.events import RELEASE_COMMANDS
+from lockgate_adapters import scheduler_store
 from lockgate_adapters.postgres import CHANGES_CHANNEL, LEADER_LOCK
+from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.service import ServiceContext
 from lockgate_adapters.settings import RetryPolicy
 
@@ -42,6 +45,9 @@ pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 SUFFIX = uuid.uuid4().hex[:8]
 CPU = 1000  # millicores
 GIB = 2**30
+# A Postgres Sync message (ends an extended query): a relay that stops before it leaves the
+# session active, waiting for the rest of the command.
+SYNC = b"S\x00\x00\x00\x04"
 # Long enough that every release a test sees was triggered by a change, not by the safety net.
 SAFETY_ROUND_SECONDS = 60.0
 
@@ -423,11 +429,15 @@ async def test_a_standby_takes_over_when_the_leaders_connection_dies(
     assert [decided_by[uid] for uid in first] == ["one"] * 4 + ["two"] * 2
 
 
+@pytest.mark.parametrize("midway", [False, True], ids=["between-messages", "mid-message"])
 async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_over(
-        store: Store, commands: CommandTail, kafka_bootstrap: str) -> None:
+        store: Store, commands: CommandTail, kafka_bootstrap: str, midway: bool) -> None:
     """A connection that dies silently (frozen: no bytes, no FIN) ends the leadership in
     bounded time on both ends: the leader steps down within check interval + check timeout,
-    and Postgres ends the idle session (freeing the lock) after the idle-session timeout."""
+    and Postgres ends the idle session (freeing the lock) after the idle-session timeout.
+    Frozen in the middle of a command (the leader's next query arrives without its Sync), the
+    session is not idle and Postgres never ends it: the standby does, as soon
+    (`SessionLiveness.stuck_after` is 4 s here too)."""
     cluster = store.cluster("a")
     await store.queue("q1")
     await store.node(cluster, "n1", cpu=4 * CPU)
@@ -455,7 +465,10 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
                 assert not leading(standby), "two leaders at once"
                 backend = await store.leader_backend()
 
-                relay.freeze()
+                if midway:
+                    relay.freeze_before(SYNC)
+                else:
+                    relay.freeze()
                 frozen_at = time.monotonic()
                 await until(lambda: not leading(frozen), within=steps_down_within + 5,
                             what="the leader on the frozen connection to step down")
@@ -465,7 +478,7 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
                                 what="the standby to take over once Postgres ends the idle "
                                      "session")
                 except AssertionError as error:
-                    # What kept Postgres from ending the old leader's session, if it lives.
+                    # What kept the old leader's session from ending, if it lives.
                     session = await store.pool.fetchrow(
                         "SELECT state, wait_event_type, wait_event, xact_start, state_change,"
                         " query FROM pg_stat_activity WHERE pid = $1", backend)
@@ -491,6 +504,62 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
     assert all(n == 1 for n in (await store.decisions_per_job()).values())
     decided_by = dict(await store.pool.fetch("SELECT uid, decided_by FROM release_decisions"))
     assert [decided_by[uid] for uid in first] == ["frozen"] * 4 + ["standby"] * 2
+
+
+async def test_a_standby_ends_a_leader_session_frozen_in_the_middle_of_a_command(
+        store: Store) -> None:
+    """A connection that freezes halfway through a command leaves the session "active",
+    waiting for the rest: Postgres's idle timeouts never end it, so the lock would be held
+    for ever. A standby ends it once it has been stuck past the leader's own bound for
+    stepping down, and takes the lead; it never ends a leader that is only idle or busy."""
+    postgres = urlsplit(store.dsn)
+    assert postgres.hostname is not None and postgres.port is not None
+    relay = TcpRelay(postgres.hostname, postgres.port)
+    await relay.start()
+    relayed = urlunsplit(postgres._replace(
+        netloc=postgres.netloc.rpartition("@")[0] + f"@127.0.0.1:{relay.port}"))
+    liveness = SessionLiveness(check_interval=0.5, check_timeout=1.0, command_timeout=2.0,
+                               idle_session_timeout=30.0)
+    leader = await scheduler_store.connect(service_dsn(relayed, "fair-scheduler"),
+                                           liveness=liveness)
+    standby = await scheduler_store.connect(service_dsn(store.dsn, "fair-scheduler"))
+    stuck: asyncio.Task[object] | None = None
+    try:
+        assert await scheduler_store.try_lead(leader)
+        assert not await scheduler_store.try_lead(standby)
+        backend = await store.leader_backend()
+        # Idle or between commands, the leader is never ended, however short the bound.
+        assert await scheduler_store.end_stuck_leader(standby, stuck_for_seconds=0.0) is None
+
+        await leader.fetchval("SELECT 1")  # prepared: the next call is Bind, Execute, Sync
+        relay.freeze_before(SYNC)  # the server runs the query, then waits for the Sync
+        stuck = asyncio.create_task(leader.fetchval("SELECT 1", timeout=60))
+        await eventually(lambda: _stuck_mid_command(store, backend), within=10,
+                         what="the leader's session active, waiting for the rest of a message")
+        assert await scheduler_store.end_stuck_leader(standby, stuck_for_seconds=60.0) is None
+        assert not await scheduler_store.try_lead(standby)
+
+        await asyncio.sleep(liveness.stuck_after)
+        assert await _stuck_mid_command(store, backend), "Postgres ended it on its own"
+        assert await scheduler_store.end_stuck_leader(
+            standby, stuck_for_seconds=liveness.stuck_after) == backend
+        await eventually(lambda: scheduler_store.try_lead(standby), within=10,
+                         what="the standby to take the lock once the stuck session ended")
+        assert await store.leader_backend() not in (None, backend)
+    finally:
+        relay.thaw()
+        if stuck is not None:
+            stuck.cancel()
+            await asyncio.gather(stuck, return_exceptions=True)
+        leader.terminate()
+        await standby.close()
+        await relay.sever()
+
+
+async def _stuck_mid_command(store: Store, backend: int | None) -> bool:
+    row = await store.pool.fetchrow(
+        "SELECT state, wait_event FROM pg_stat_activity WHERE pid = $1", backend)
+    return row is not None and row["state"] == "active" and row["wait_event"] == "ClientRead"
 
 
 async def _waiting_for_a_lock(store: Store, backend: int | None) -> bool:
