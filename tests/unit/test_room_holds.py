@@ -32,6 +32,16 @@ def test_the_index_finds_the_first_node_whose_room_fits_as_a_scan_does() -> None
             assert index.first(tuple(sorted(pairs)), start) == expected
 
 
+def test_an_index_built_from_rows_is_the_one_built_node_by_node() -> None:
+    rng = random.Random(11)
+    for nodes in (1, 2, 3, 5, 16, 37, 400):
+        rows = [[rng.randint(-4, 12), rng.randint(0, 48)] for _ in range(nodes)]
+        one_by_one = RoomIndex(nodes, 2)
+        for node, row in enumerate(rows):
+            one_by_one.set(node, row)
+        assert RoomIndex(nodes, 2, rows=rows).tops == one_by_one.tops
+
+
 def _full_cluster(rng: random.Random, nodes: int) -> SchedulerState:
     """Nodes of 8 cpu full of running 1-cpu pods (no room beyond the holds anywhere, ever: a
     pod placed frees only its own hold), and queued pods of 1, 2 and 4 cpu of four queues to
