@@ -448,12 +448,7 @@ async def test_a_leader_whose_connection_freezes_steps_down_and_a_standby_takes_
                 "leader_command_timeout_seconds": 2.0,
                 "leader_idle_session_timeout_seconds": 4.0}
     steps_down_within = 0.5 + 1.0 + 2.0
-    postgres = urlsplit(store.dsn)
-    assert postgres.hostname is not None and postgres.port is not None
-    relay = TcpRelay(postgres.hostname, postgres.port)
-    await relay.start()
-    relayed = urlunsplit(postgres._replace(
-        netloc=postgres.netloc.rpartition("@")[0] + f"@127.0.0.1:{relay.port}"))
+    relay, relayed = await _relay_to(store.dsn)
     try:
         async with running_scheduler(scheduler_settings(
                 store, kafka_bootstrap, "frozen", **liveness,
@@ -511,13 +506,8 @@ async def test_a_standby_ends_a_leader_session_frozen_in_the_middle_of_a_command
     """A connection that freezes halfway through a command leaves the session "active",
     waiting for the rest: Postgres's idle timeouts never end it, so the lock would be held
     for ever. A standby ends it once it has been stuck past the leader's own bound for
-    stepping down, and takes the lead; it never ends a leader that is only idle or busy."""
-    postgres = urlsplit(store.dsn)
-    assert postgres.hostname is not None and postgres.port is not None
-    relay = TcpRelay(postgres.hostname, postgres.port)
-    await relay.start()
-    relayed = urlunsplit(postgres._replace(
-        netloc=postgres.netloc.rpartition("@")[0] + f"@127.0.0.1:{relay.port}"))
+    stepping down, and takes the lead; it never ends a leader that is idle."""
+    relay, relayed = await _relay_to(store.dsn)
     liveness = SessionLiveness(check_interval=0.5, check_timeout=1.0, command_timeout=2.0,
                                idle_session_timeout=30.0)
     leader = await scheduler_store.connect(service_dsn(relayed, "fair-scheduler"),
@@ -554,6 +544,16 @@ async def test_a_standby_ends_a_leader_session_frozen_in_the_middle_of_a_command
         leader.terminate()
         await standby.close()
         await relay.sever()
+
+
+async def _relay_to(dsn: str) -> tuple[TcpRelay, str]:
+    """A started relay to the Postgres of `dsn`, and `dsn` through it."""
+    postgres = urlsplit(dsn)
+    assert postgres.hostname is not None and postgres.port is not None
+    relay = TcpRelay(postgres.hostname, postgres.port)
+    await relay.start()
+    return relay, urlunsplit(postgres._replace(
+        netloc=postgres.netloc.rpartition("@")[0] + f"@127.0.0.1:{relay.port}"))
 
 
 async def _stuck_mid_command(store: Store, backend: int | None) -> bool:
