@@ -191,6 +191,14 @@ async def try_lead(connection: asyncpg.Connection) -> bool:
     return bool(await connection.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK))
 
 
+# The backend holding the leader lock ($1: LEADER_LOCK), in this database.
+_LEADER_LOCK_HOLDER = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND classid = 0 AND objid = $1 AND objsubid = 1"
+)
+
+
 async def end_stuck_leader(connection: asyncpg.Connection, *,
                            stuck_for_seconds: float) -> int | None:
     """End the leader's session if it has been in one command longer than `stuck_for_seconds`
@@ -203,28 +211,22 @@ async def end_stuck_leader(connection: asyncpg.Connection, *,
     command timed out and its checks failed), so ending the session only frees the lock. The
     scheduler's role may end sessions of its own role (pg_terminate_backend)."""
     pid = await connection.fetchval(
-        "SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-        " WHERE l.locktype = 'advisory' AND l.granted"
-        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        " AND l.classid = 0 AND l.objid = $1 AND l.objsubid = 1"
-        " AND a.pid <> pg_backend_pid() AND a.state = 'active'"
+        f"SELECT a.pid FROM ({_LEADER_LOCK_HOLDER}) l"  # noqa: S608 - a constant query
+        " JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE a.pid <> pg_backend_pid() AND a.state = 'active'"
         " AND a.state_change < clock_timestamp() - make_interval(secs => $2)",
         LEADER_LOCK, stuck_for_seconds,
     )
     if pid is None:
         return None
-    ended = await connection.fetchval("SELECT pg_terminate_backend($1)", pid)
+    # Waits (up to 5 s) for it to exit, so the lock is free when this returns.
+    ended = await connection.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
     return int(pid) if ended else None
 
 
 async def leader_pid(connection: asyncpg.Connection) -> int | None:
     """The backend pid of the current leader's connection, for operators and tests."""
-    pid = await connection.fetchval(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        " AND classid = 0 AND objid = $1 AND objsubid = 1",
-        LEADER_LOCK,
-    )
+    pid = await connection.fetchval(_LEADER_LOCK_HOLDER, LEADER_LOCK)
     return None if pid is None else int(pid)
 
 

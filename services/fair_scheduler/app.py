@@ -107,16 +107,16 @@ async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,
                          connection: asyncpg.Connection, stopping: asyncio.Event) -> bool:
     """Block until this connection holds the leader lock (True) or we are stopping (False)."""
     announced = False
+    stuck_after = settings.liveness().stuck_after
     while not stopping.is_set():
         if await store.try_lead(connection):
             return True
-        stuck_after = settings.liveness().stuck_after
         ended = await store.end_stuck_leader(connection, stuck_for_seconds=stuck_after)
         if ended is not None:
             log.warning("%s ended the leader's session (backend pid %s): stuck in one command "
                         "for over %.1fs, its leader has stepped down", settings.instance_id,
                         ended, stuck_after)
-            continue
+            continue  # that session has exited: the lock is free now
         if not announced:
             pid = await store.leader_pid(connection)
             log.info("%s is a standby (leader's backend pid %s)", settings.instance_id, pid)
