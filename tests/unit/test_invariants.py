@@ -90,6 +90,26 @@ def test_a_job_held_without_its_controller_backing_off_is_named() -> None:
         check_invariants(state)
 
 
+def test_a_room_index_that_missed_a_change_of_free_room_is_named() -> None:
+    state = _busy_state()
+    cluster = state.cluster_records["cluster-a"]
+    cluster.current_caches()
+    cluster.nodes["node-2"].free[0] -= 1000  # changed without telling the index
+    with pytest.raises(AssertionError, match="index of its nodes' free room is stale"):
+        check_invariants(state)
+
+
+def test_a_kept_head_whose_job_changed_is_named() -> None:
+    state = _busy_state()
+    schedule_round(state, max_decisions=0, max_lookback_per_queue=10)
+    pending = state.queue_records["b"].pending["cluster-a"]
+    assert pending.head is not None
+    record = state.job_records[pending.head[2]]
+    record.kind = record.kind._replace(parked=True)  # as only a bug in the state would
+    with pytest.raises(AssertionError, match="as its validated head, which has changed"):
+        check_invariants(state)
+
+
 # ---- random operations ----------------------------------------------------------------------
 
 _SHAPES = ({"cpu": "1"}, {"cpu": "2", "memory": "1Gi"}, {"cpu": "500m"},

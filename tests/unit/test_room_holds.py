@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 from builders import a_job, a_node, a_state
 
-from lockgate.scheduler.room import BEST_FIT_WINDOW, ClusterRoom, RoomIndex, fits, give
+from lockgate.scheduler.room import BEST_FIT_WINDOW, ClusterRoom, fits, give
+from lockgate.scheduler.room_index import RoomIndex
 from lockgate.scheduler.state import SchedulerState, Shape
 
 Yields = Callable[[str, Shape], bool]

@@ -19,6 +19,7 @@ from typing import cast
 
 from lockgate.jobs import JobState
 from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.room_index import RoomIndex
 from lockgate.scheduler.state import (
     ClusterRecord,
     HeapEntry,
@@ -137,6 +138,13 @@ def _check_queues(state: SchedulerState, problems: _Problems, axes: int) -> None
                          if _matches(entry, state, name, cluster)}
             lost = [i for i, _ in mine_parked if i not in parked_in]
             problems.check(not lost, f"{here}'s parked entries lack parked jobs {lost[:5]}")
+            head = pending.head
+            if head is not None:  # a round takes it as valid without looking (round.py)
+                kept = state.job_records.get(head[2])
+                problems.check(
+                    kept is not None and kept.entry is head and not kept.parked and not kept.held
+                    and _matches(head, state, name, cluster) and kept.kind is pending.head_kind,
+                    f"{here} keeps {head[2]!r} as its validated head, which has changed")
         for vector, what in ((queue.allocation, "allocation"), (queue.demand, "demand")):
             problems.check(len(vector) == axes, f"{where}'s {what} has {len(vector)} axes")
         # What it holds per cluster (the fair targets' input and the round's rank).
@@ -277,6 +285,14 @@ def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> No
         problems.check(cluster.releasing == releasing[name],
                        f"{where} counts {cluster.releasing} jobs being released, "
                        f"{releasing[name]} are in state released")
+        if cluster.cached_version == cluster.version:  # rounds copy its room index
+            rooms = [cluster.nodes[node_name].free for node_name in cluster.order]
+            problems.check(
+                len(cluster.node_free) == len(rooms)
+                and all(kept is room for kept, room in zip(cluster.node_free, rooms, strict=True))
+                and cluster.free_index.tops
+                == RoomIndex(len(rooms), axes, rows=rooms).tops,
+                f"{where}'s index of its nodes' free room is stale")
         for shape, fits_none in cluster.fits_no_node.items():
             problems.check(fits_none == (not any(fits_node_class(shape, size)
                                                  for size in cluster.node_sizes)),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from lockgate.placement import PodPlacement, can_land
 from lockgate.scheduler.costs import dominant_of
 from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.room_index import RoomIndex
 from lockgate.scheduler.state import ClusterRecord, Shape
 
 
@@ -74,8 +75,9 @@ class ClusterRoom:
         self.held_on: dict[int, list[int]] = {}
         self.queue_held_on: dict[tuple[int, str], list[int]] = {}
         # Every node's room counting no hold (`free` plus the holds there): a pod looking for
-        # room among holds, or for the node to hold room on, finds it in about O(log nodes),
-        # not by looking at each (built when a cluster first has holds; `_room_index`).
+        # room, among holds or not, or for the node to hold room on, finds it in about
+        # O(log nodes), not by looking at each (copied from the state below; built again by
+        # `_room_index` if a group's placement gave room back).
         self.room_index: RoomIndex | None = None
         # Per shape turned down beyond the holds: the nodes it may land on whose room counting
         # no hold fits it (`_place_yielded`), in first-fit order. That room only shrinks in a
@@ -102,9 +104,15 @@ class ClusterRoom:
         self.rejected: set[Shape] = set()
         # Each node's room as the state keeps it, copied only when the round first takes from
         # it (`_own`): a round touches a few of a cluster's hundreds of nodes.
-        self.free: list[list[int]] = [record.free for record in cluster.node_list]
+        self.free: list[list[int]] = cluster.node_free[:]
         self.owned = bytearray(len(self.free))
         self.overcommitted = self._place_held_unbound(cluster, inverse_total)
+        # Every node's room counting no hold, from the state's index of it: a copy, changed
+        # where released-but-unbound jobs were just placed (the nodes copied so far).
+        self.room_index = cluster.free_index.copy()
+        for node, owned in enumerate(self.owned):
+            if owned:
+                self._index(node)
 
     def _own(self, node: int) -> list[int]:
         """The node's room, the round's own copy (made the first time it is written)."""
@@ -507,58 +515,8 @@ class ClusterRoom:
         return True
 
 
-# Below any room a node can have: a node without holds in `RoomIndex`.
-_NO_NODE = -(1 << 62)
 # How many nodes that fit a pod `ClusterRoom.place` compares before taking the tightest.
 BEST_FIT_WINDOW = 8
-
-
-class RoomIndex:
-    """Per node, a room vector (or none), to find the first node whose room may fit a shape
-    in O(log nodes): a tree of per-axis maxima over node positions (first-fit order)."""
-
-    __slots__ = ("size", "tops")
-
-    def __init__(self, nodes: int, axes: int, *, rows: list[list[int]] | None = None) -> None:
-        size = 1
-        while size < nodes:
-            size *= 2
-        self.size = size
-        self.tops = [[_NO_NODE] * (2 * size) for _ in range(axes)]
-        if rows:
-            for axis, top in enumerate(self.tops):
-                top[size:size + len(rows)] = [row[axis] for row in rows]
-                for i in range(size - 1, 0, -1):
-                    left, right = top[2 * i], top[2 * i + 1]
-                    top[i] = left if left > right else right
-
-    def set(self, node: int, room: list[int] | None) -> None:
-        for axis, top in enumerate(self.tops):
-            i = node + self.size
-            top[i] = _NO_NODE if room is None else room[axis]
-            i >>= 1
-            while i:
-                top[i] = max(top[2 * i], top[2 * i + 1])
-                i >>= 1
-
-    def first(self, pairs: tuple[tuple[int, int], ...], start: int) -> int:
-        """The first node at or after `start` whose room is at least `pairs` on every axis
-        asked; -1 if none."""
-        return self._first(1, 0, self.size, pairs, start)
-
-    def _first(self, i: int, low: int, high: int, pairs: tuple[tuple[int, int], ...],
-               start: int) -> int:
-        if high <= start:
-            return -1
-        tops = self.tops
-        for axis, amount in pairs:
-            if tops[axis][i] < amount:
-                return -1
-        if high - low == 1:
-            return low
-        middle = (low + high) // 2
-        found = self._first(2 * i, low, middle, pairs, start)
-        return found if found >= 0 else self._first(2 * i + 1, middle, high, pairs, start)
 
 
 def _never(queue: str, shape: Shape) -> bool:

@@ -38,6 +38,7 @@ from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
 from lockgate.scheduler.state import (
     HeapEntry,
+    JobKind,
     JobRecord,
     PendingJobs,
     QueueRecord,
@@ -404,6 +405,8 @@ class _Round:
         self.clusters: dict[str, ClusterRoom] = {}
         self.queue_rounds: dict[str, _QueueRound] = {}
         self.skipped_jobs: dict[str, SkipReason] = {}
+        # The same counted per queue and reason, as the round goes (`_skipped`).
+        self.skips_by_queue: dict[str, dict[SkipReason, int]] = {}
         self.groups: GroupIndex = state.groups()
         # A group's members are judged together once per round: why it was not released.
         self.groups_done: dict[GroupKey, SkipReason] = {}
@@ -433,7 +436,7 @@ class _Round:
                 queue, dominant(queue.allocation, inverse)
             )
             for in_cluster in queue.pending.values():
-                if in_cluster.live and self._validate_head(progress, in_cluster):
+                if in_cluster.live and self._validate_head(progress, in_cluster, fresh=True):
                     progress.clusters.append(in_cluster)
         decisions: list[Decision] = []
         self._reserved_groups_first(decisions, max_decisions)
@@ -447,7 +450,6 @@ class _Round:
             candidates.append((rank, name, progress))
         heapq.heapify(candidates)
 
-        skipped_jobs = self.skipped_jobs
         max_lookback = self.max_lookback
         while candidates:
             if len(decisions) >= max_decisions:
@@ -459,9 +461,10 @@ class _Round:
             pending = progress.head
             assert pending is not None  # a candidate always has a head
             entry = pending.heap[0]
-            job = jobs[entry[2]]
+            kind = pending.head_kind  # heap[0]'s, validated (`_validate_head`)
+            assert kind is not None
             cluster = self.clusters[pending.cluster]
-            shape = job.shape
+            shape = kind.shape
             if pending.cluster in self.owed_turned_down and waits_while_room_gathers(popped_rank):
                 # A queue owed room here found none this round: room nobody is owed does not
                 # go to others meanwhile, so what frees here gathers for it ("Holds").
@@ -480,9 +483,9 @@ class _Round:
                 heapq.heappop(pending.heap)
                 progress.skipped.append((pending, entry))
                 why = SkipReason.RESERVED_FOR_GROUP
-                if job.group is not None:  # its own group's reason, if it was judged
-                    why = self.groups_done.get((pending.cluster, name, job.group), why)
-                skipped_jobs[entry[2]] = why
+                if kind.group is not None:  # its own group's reason, if it was judged
+                    why = self.groups_done.get((pending.cluster, name, kind.group), why)
+                self._skipped(entry[2], name, why)
                 progress.clusters.remove(pending)
             elif (
                 shape in cluster.rejected or shape in progress.over_limit or cluster.overcommitted
@@ -493,8 +496,9 @@ class _Round:
                 # down there this round: set the cluster aside rather than look at each job.
                 progress.clusters.remove(pending)
                 progress.set_aside.append(pending.cluster)
-            elif job.group is not None and not self.groups.started(
-                    (pending.cluster, name, job.group)):
+            elif kind.group is not None and not self.groups.started(
+                    (pending.cluster, name, kind.group)):
+                job = jobs[entry[2]]
                 heapq.heappop(pending.heap)
                 self._looked_at(pending.cluster, name, entry[2])
                 # Once judged, a member's unit is itself, not its gang: rank it again.
@@ -506,19 +510,20 @@ class _Round:
                     heapq.heappush(pending.heap, entry)
                 elif reason is not None:
                     progress.skipped.append((pending, entry))
-                    skipped_jobs[entry[2]] = reason
+                    self._skipped(entry[2], name, reason)
                     dropped = counted and progress.skip(pending, max_lookback)
                 if not dropped and not self._validate_head(progress, pending):
                     progress.clusters.remove(pending)
             else:
                 # A single pod, or a member of a started group: it joins alone (groups.py).
+                job = jobs[entry[2]]
                 heapq.heappop(pending.heap)
                 self._looked_at(pending.cluster, name, entry[2])
                 node = -1
                 counted = True
                 dropped = False
-                if job.group is not None and self.groups.at_max(
-                        (pending.cluster, name, job.group)):
+                if kind.group is not None and self.groups.at_max(
+                        (pending.cluster, name, kind.group)):
                     # Waits until a member ends; not a job that could go, so no lookback spent.
                     reason = SkipReason.GROUP_AT_MAX
                     counted = False
@@ -552,7 +557,7 @@ class _Round:
                     progress.released += 1
                 else:
                     progress.skipped.append((pending, entry))
-                    skipped_jobs[entry[2]] = reason
+                    self._skipped(entry[2], name, reason)
                     if (reason is SkipReason.NO_NODE_WITH_ROOM
                             and pending.cluster not in self.owed_turned_down
                             and room_gathers_for(
@@ -570,7 +575,35 @@ class _Round:
         for progress in self.queue_rounds.values():
             for pending, entry in progress.skipped:
                 heapq.heappush(pending.heap, entry)
+            for pending, _ in progress.skipped:
+                self._keep_head(pending)
         return self._result(decisions)
+
+    def _keep_head(self, pending: PendingJobs) -> None:
+        """After the round pushed back the jobs it passed over: keep the one at the top as
+        the head the next round starts from (`_validate_head`), as the state holds it."""
+        entry = pending.heap[0]
+        if entry is pending.head:
+            return
+        job = self.state.job_records.get(entry[2])
+        kind = None if job is None else job.kind
+        if (job is not None and kind is not None and job.entry is entry
+                and entry[2] in self.skipped_jobs and kind.state is _QUEUED
+                and not kind.parked and not kind.held):
+            pending.head, pending.head_kind = entry, kind
+        else:
+            pending.head = pending.head_kind = None
+
+    def _skipped(self, job_id: str, queue: str, reason: SkipReason) -> None:
+        """The round looked at a job of `queue` and passed it over, for `reason`."""
+        counts = self.skips_by_queue.get(queue)
+        if counts is None:
+            counts = self.skips_by_queue[queue] = {}
+        earlier = self.skipped_jobs.get(job_id)
+        if earlier is not None:
+            counts[earlier] -= 1
+        self.skipped_jobs[job_id] = reason
+        counts[reason] = counts.get(reason, 0) + 1
 
     def _spend(self, cluster: str, releases: int) -> None:
         left = self.budget.get(cluster)
@@ -590,7 +623,6 @@ class _Round:
             elif progress.paced:
                 progress.outcome = QueueOutcome.PACED
             return None
-        jobs = self.state.job_records
         best: tuple[Rank, HeapEntry] | None = None
         ranks = progress.ranks
         allocated, share = progress.queue.allocated, progress.share
@@ -601,8 +633,9 @@ class _Round:
                     and known[2] == share):
                 rank = known[3]
             else:
-                rank = self.rank(progress, pending.cluster,
-                                 self._unit_pairs(pending, jobs[entry[2]]))
+                kind = pending.head_kind
+                assert kind is not None  # heap[0] is validated
+                rank = self.rank(progress, pending.cluster, self._unit_pairs(pending, kind))
                 ranks[pending.cluster] = (entry, allocated, share, rank)
             if best is None or (rank, entry) < best:
                 best = (rank, entry)
@@ -892,7 +925,7 @@ class _Round:
         self.groups_done[key] = reason
         return reason, True
 
-    def _unit_pairs(self, pending: PendingJobs, job: JobRecord) -> tuple[tuple[int, int], ...]:
+    def _unit_pairs(self, pending: PendingJobs, job: JobKind) -> tuple[tuple[int, int], ...]:
         """What taking the queue's next unit costs: the job, or its group's gang (the members
         released together; a started group's member goes alone)."""
         if job.group is None:
@@ -939,14 +972,24 @@ class _Round:
             for shape in shapes
         )
 
-    def _validate_head(self, progress: _QueueRound, pending: PendingJobs) -> bool:
+    def _validate_head(self, progress: _QueueRound, pending: PendingJobs, *,
+                       fresh: bool = False) -> bool:
         """Make heap[0] a job the round may consider: drop stale entries and park jobs too big
-        for every node of their cluster. False when nothing is left."""
+        for every node of their cluster. False when nothing is left. Sets `pending.head` (and
+        its kind) to heap[0].
+
+        `fresh`: the round has not looked at this queue's jobs in the cluster yet. Then a head
+        an earlier round validated whose job has not changed since (`PendingJobs.head`) is
+        taken as it is: the state forgets it when its job changes."""
         heap = pending.heap
         jobs = self.state.job_records
         name = progress.queue.name
         cluster_name = pending.cluster
         skipped_jobs = self.skipped_jobs
+        if fresh and heap and heap[0] is pending.head and pending.head_kind is not None:
+            if self._fits_cluster(cluster_name, pending.head_kind.shape):
+                return True
+            pending.head = pending.head_kind = None
         while heap:
             entry = heap[0]
             job = jobs.get(entry[2])
@@ -965,29 +1008,39 @@ class _Round:
             ):
                 heapq.heappop(heap)
                 continue
-            cluster = self.clusters.get(cluster_name)
-            if cluster is None:
-                cluster = self.clusters[cluster_name] = ClusterRoom(
-                    self.state.cluster_records[cluster_name], self.inverse_total,
-                    self.groups.reserved.get(cluster_name),
-                )
-                index = cluster.record.positions
-                for hold in self.holds_by_cluster.get(cluster_name, ()):
-                    cluster.hold(hold.job_id, hold.queue, jobs[hold.job_id].shape,
-                                 len(self.inverse_total), node=index[hold.node])
-                    self.unlooked_held.setdefault((cluster_name, hold.queue), set()).add(
-                        hold.job_id)
-            if not cluster.fits_some_node(job.shape):
+            if not self._fits_cluster(cluster_name, kind.shape):
+                cluster = self.clusters[cluster_name]
                 heapq.heappop(heap)
                 self.state.park(progress.queue, pending, job, entry)
-                skipped_jobs[entry[2]] = (
+                self._skipped(
+                    entry[2], name,
                     SkipReason.NO_SCHEDULABLE_NODES if not cluster.sizes
                     else SkipReason.NO_MATCHING_NODE if not cluster.nodes_for_shape(job.shape)
-                    else SkipReason.TOO_BIG_FOR_ANY_NODE
+                    else SkipReason.TOO_BIG_FOR_ANY_NODE,
                 )
                 continue
+            # Kept only as the job's own entry: the state forgets it when the job changes.
+            pending.head, pending.head_kind = (entry, kind) if job.entry is entry else (None, kind)
             return True
         return False
+
+    def _fits_cluster(self, cluster_name: str, shape: Shape) -> bool:
+        """`ClusterRoom.fits_some_node` in the cluster's room for this round (made when the
+        round first looks at a job there)."""
+        cluster = self.clusters.get(cluster_name)
+        if cluster is None:
+            jobs = self.state.job_records
+            cluster = self.clusters[cluster_name] = ClusterRoom(
+                self.state.cluster_records[cluster_name], self.inverse_total,
+                self.groups.reserved.get(cluster_name),
+            )
+            index = cluster.record.positions
+            for hold in self.holds_by_cluster.get(cluster_name, ()):
+                cluster.hold(hold.job_id, hold.queue, jobs[hold.job_id].shape,
+                             len(self.inverse_total), node=index[hold.node])
+                self.unlooked_held.setdefault((cluster_name, hold.queue), set()).add(
+                    hold.job_id)
+        return cluster.fits_some_node(shape)
 
     def _cost_after(self, progress: _QueueRound, pairs: tuple[tuple[int, int], ...]) -> float:
         """The queue's cost once it takes `pairs` (its next unit): what the round ranks by."""
@@ -998,13 +1051,13 @@ class _Round:
     def _result(self, decisions: list[Decision]) -> RoundResult:
         shares = RoundShares(self.state, self.inverse_total, self.targets)
         totals: dict[SkipReason, int] = {}
-        per_queue: dict[str, dict[SkipReason, int]] = {}
-        for job_id, reason in self.skipped_jobs.items():
-            totals[reason] = totals.get(reason, 0) + 1
-            record = self.state.job_records.get(job_id)
-            if record is not None:
-                counts = per_queue.setdefault(record.queue, {})
-                counts[reason] = counts.get(reason, 0) + 1
+        # Counted as jobs were passed over: looking a few thousand up among a million jobs
+        # here was a tenth of a round at fleet scale (scattered in memory).
+        per_queue = {name: {reason: count for reason, count in counts.items() if count}
+                     for name, counts in self.skips_by_queue.items()}
+        for counts in per_queue.values():
+            for reason, count in counts.items():
+                totals[reason] = totals.get(reason, 0) + count
         backing_off = SkipReason.BACKING_OFF
         for name, queue in self.state.queue_records.items():
             if queue.held:  # skipped without being looked at, as parked jobs are

@@ -38,6 +38,7 @@ from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHolds
+from lockgate.scheduler.room_index import RoomIndex
 from lockgate.scheduler.targets import (
     Demand,
     FairTargets,
@@ -357,11 +358,17 @@ class PendingJobs:
     has no room for any kind of job the queue has waiting there.
     """
 
-    __slots__ = ("cluster", "heap", "live", "parked", "parked_entries", "shapes")
+    __slots__ = ("cluster", "head", "head_kind", "heap", "live", "parked", "parked_entries",
+                 "shapes")
 
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
         self.heap: list[HeapEntry] = []
+        # The heap entry a round last found valid at the top, and its job's kind, until that
+        # job changes (`SchedulerState._retract` forgets it): the next round starts from it
+        # without looking the job up among a million (issue 17, the round's memory traffic).
+        self.head: HeapEntry | None = None
+        self.head_kind: JobKind | None = None
         self.live = 0  # queued jobs not parked; each has at least one valid heap entry
         self.shapes: dict[Shape, int] = {}  # live jobs per request shape
         self.parked = 0
@@ -441,11 +448,13 @@ class ClusterRecord:
         "cached_version",
         "eligible_nodes",
         "fits_no_node",
+        "free_index",
         "held_unbound",
         "hold_node_sets",
         "hold_nodes",
         "jobs_on_node",
         "name",
+        "node_free",
         "node_list",
         "node_rooms",
         "node_sizes",
@@ -488,11 +497,23 @@ class ClusterRecord:
         self.cached_version = -1
         self.node_list: list[NodeRecord] = []
         self.node_rooms: list[list[int]] = []
+        # Each node's `free` (the lists themselves, which jobs change in place): a round
+        # copies this rather than read it from each node's record, 20,000 scattered objects.
+        self.node_free: list[list[int]] = []
+        # The same in a `RoomIndex`, changed with them (`note_free`): each round copies it.
+        self.free_index = RoomIndex(0, axes)
         self.node_traits: list[NodeTraits] = []
         self.eligible_nodes: dict[PodPlacement | None, list[int]] = {}
         self.hold_nodes: dict[Shape, list[int]] = {}
         self.hold_node_sets: dict[Shape, frozenset[int]] = {}  # the same, as sets
         self.positions: dict[str, int] = {}  # node name -> its index in first-fit order
+
+    def note_free(self, node: str, free: list[int]) -> None:
+        """A node's free room changed (in place): keep the index of it current, if it is."""
+        if self.cached_version == self.version:
+            position = self.positions.get(node)
+            if position is not None:
+                self.free_index.set(position, free)
 
     def current_caches(self) -> None:
         """Drop what was worked out from the nodes if they changed since."""
@@ -500,6 +521,9 @@ class ClusterRecord:
             self.cached_version = self.version
             self.node_list = [self.nodes[name] for name in self.order]
             self.node_rooms = [node.room for node in self.node_list]
+            self.node_free = [node.free for node in self.node_list]
+            self.free_index = RoomIndex(len(self.node_free), len(self.total),
+                                        rows=self.node_free)
             self.node_traits = [node.traits for node in self.node_list]
             self.eligible_nodes = {}
             self.hold_nodes = {}
@@ -1158,6 +1182,8 @@ class SchedulerState:
     def park(self, queue: QueueRecord, pending: PendingJobs, record: JobRecord,
              entry: HeapEntry) -> None:
         """Set aside a queued job that fits no node of its cluster (its entry already popped)."""
+        if pending.head is record.entry:
+            pending.head = pending.head_kind = None
         record.kind = self._vary(record.kind, parked=True)
         queue.parked += 1
         pending.parked += 1
@@ -1252,6 +1278,8 @@ class SchedulerState:
                 queue.held -= 1
                 return hint
             pending = queue.pending[kind.cluster]
+            if pending.head is record.entry:
+                pending.head = pending.head_kind = None  # the round looks at it again
             if kind.parked:
                 queue.parked -= 1
                 pending.parked -= 1
@@ -1286,6 +1314,7 @@ class SchedulerState:
                 record_on = cluster.nodes.get(node)
                 if record_on is not None:
                     add_pairs(record_on.free, shape.pairs)
+                    cluster.note_free(node, record_on.free)
                 cluster.jobs_on_node[node] -= 1
                 if cluster.jobs_on_node[node] == 0:
                     del cluster.jobs_on_node[node]
@@ -1362,6 +1391,7 @@ class SchedulerState:
                 record_on = cluster.nodes.get(node)
                 if record_on is not None:
                     subtract_pairs(record_on.free, shape.pairs)
+                    cluster.note_free(node, record_on.free)
                 cluster.jobs_on_node[node] += 1
 
     @staticmethod
@@ -1590,6 +1620,7 @@ class SchedulerState:
             for slot in bookkeeping.slots.values():
                 vectors += (slot.held, slot.pending)
         for cluster in self._clusters.values():
+            cluster.cached_version = -1  # its room index gains the axis too
             vectors.append(cluster.total)
             vectors.extend(cluster.used_by_node.values())
             for node in cluster.nodes.values():
