@@ -30,6 +30,7 @@ class ClusterRoom:
 
     __slots__ = (
         "capacity",
+        "copied",
         "cursor",
         "eligible_by_id",
         "eligible_sets",
@@ -75,9 +76,8 @@ class ClusterRoom:
         self.held_on: dict[int, list[int]] = {}
         self.queue_held_on: dict[tuple[int, str], list[int]] = {}
         # Every node's room counting no hold (`free` plus the holds there): a pod looking for
-        # room, among holds or not, or for the node to hold room on, finds it in about
-        # O(log nodes), not by looking at each (copied from the state below; built again by
-        # `_room_index` if a group's placement gave room back).
+        # room among holds, or for the node to hold room on, finds it in about O(log nodes),
+        # not by looking at each (made when a cluster first has holds; `_room_index`).
         self.room_index: RoomIndex | None = None
         # Per shape turned down beyond the holds: the nodes it may land on whose room counting
         # no hold fits it (`_place_yielded`), in first-fit order. That room only shrinks in a
@@ -106,19 +106,15 @@ class ClusterRoom:
         # it (`_own`): a round touches a few of a cluster's hundreds of nodes.
         self.free: list[list[int]] = cluster.node_free[:]
         self.owned = bytearray(len(self.free))
+        self.copied: list[int] = []  # the nodes owned, in the order they were copied
         self.overcommitted = self._place_held_unbound(cluster, inverse_total)
-        # Every node's room counting no hold, from the state's index of it: a copy, changed
-        # where released-but-unbound jobs were just placed (the nodes copied so far).
-        self.room_index = cluster.free_index.copy()
-        for node, owned in enumerate(self.owned):
-            if owned:
-                self._index(node)
 
     def _own(self, node: int) -> list[int]:
         """The node's room, the round's own copy (made the first time it is written)."""
         if not self.owned[node]:
             self.free[node] = self.free[node][:]
             self.owned[node] = 1
+            self.copied.append(node)
         return self.free[node]
 
     def _place_held_unbound(self, cluster: ClusterRecord, inverse_total: list[float]) -> int:
@@ -176,7 +172,14 @@ class ClusterRoom:
 
     def _room_index(self) -> RoomIndex:
         index = self.room_index
-        if index is None:
+        if index is None and len(self.copied) * 8 <= len(self.free):
+            # A copy of the state's index of the nodes' free room, changed on the few nodes
+            # whose room the round changed so far: a block copy, not a walk over every node's
+            # scattered room.
+            index = self.room_index = self.record.free_index.copy()
+            for node in self.copied:
+                self._index(node)
+        elif index is None:
             held_on = self.held_on
             index = self.room_index = RoomIndex(len(self.names), len(self.capacity[0]) if
                                                 self.capacity else 0, rows=[
@@ -495,6 +498,7 @@ class ClusterRoom:
             if node < 0:
                 self.free, self.cursor, self.rejected = saved
                 self.owned = bytearray(b"\x01") * len(self.free)  # all copies now
+                self.copied = list(range(len(self.free)))
                 self.yield_candidates = {}
                 self.room_index = None  # room came back: built again when next asked
                 return None
