@@ -172,19 +172,13 @@ class ClusterRoom:
 
     def _room_index(self) -> RoomIndex:
         index = self.room_index
-        if index is None and len(self.copied) * 8 <= len(self.free):
-            # A copy of the state's index of the nodes' free room, changed on the few nodes
-            # whose room the round changed so far: a block copy, not a walk over every node's
+        if index is None:
+            # A copy of the state's index of the nodes' free room, changed on the nodes whose
+            # room the round changed so far: a block copy, not a walk over every node's
             # scattered room.
             index = self.room_index = self.record.free_index.copy()
             for node in self.copied:
                 self._index(node)
-        elif index is None:
-            held_on = self.held_on
-            index = self.room_index = RoomIndex(len(self.names), len(self.capacity[0]) if
-                                                self.capacity else 0, rows=[
-                [a + h for a, h in zip(free, held_on[i], strict=True)] if i in held_on
-                else free for i, free in enumerate(self.free)])
         return index
 
     def _avoided(self, candidates: list[int], shape: Shape,

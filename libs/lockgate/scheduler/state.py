@@ -374,6 +374,12 @@ class PendingJobs:
         self.parked = 0
         self.parked_entries: list[HeapEntry] = []
 
+    def forget_head(self, entry: HeapEntry) -> None:
+        """A queued job whose entry this is changed: if it is the kept head, the next round
+        looks at the top again."""
+        if self.head is entry:
+            self.head = self.head_kind = None
+
 
 class QueueRecord:
     __slots__ = (
@@ -1182,8 +1188,7 @@ class SchedulerState:
     def park(self, queue: QueueRecord, pending: PendingJobs, record: JobRecord,
              entry: HeapEntry) -> None:
         """Set aside a queued job that fits no node of its cluster (its entry already popped)."""
-        if pending.head is record.entry:
-            pending.head = pending.head_kind = None
+        pending.forget_head(record.entry)
         record.kind = self._vary(record.kind, parked=True)
         queue.parked += 1
         pending.parked += 1
@@ -1278,8 +1283,7 @@ class SchedulerState:
                 queue.held -= 1
                 return hint
             pending = queue.pending[kind.cluster]
-            if pending.head is record.entry:
-                pending.head = pending.head_kind = None  # the round looks at it again
+            pending.forget_head(record.entry)
             if kind.parked:
                 queue.parked -= 1
                 pending.parked -= 1
