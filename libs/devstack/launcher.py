@@ -355,8 +355,8 @@ class Lockgate:
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_CLUSTERS": self.clusters_as("queue-sync"),
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_SOURCE": self.queue_source,
                 "LOCKGATE_QUEUE_STORE_QUEUE_SYNC_NAME_PREFIX": self.queue_object_prefix,
-                # The web UI's overview samples the scheduler leader's fairness report.
-                "LOCKGATE_QUEUE_STORE_UI__SCHEDULER_URLS": json.dumps(
+                # status, explain and the web UI ask the scheduler leader's picture.
+                "LOCKGATE_QUEUE_STORE_SCHEDULER_URLS": json.dumps(
                     [f"http://127.0.0.1:{p.scheduler_health}"]
                     + ([f"http://127.0.0.1:{p.standby_scheduler_health}"]
                        if self.standby_scheduler else [])),

@@ -9,6 +9,7 @@ may also serve small read-only JSON views under /api/ (e.g. the scheduler's fair
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,6 +74,7 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
         self._json_views: dict[str, Callable[[], object]] = {}
+        self._json_queries: dict[str, Callable[[object], object]] = {}
 
     def add_json_view(self, path: str, view: Callable[[], object]) -> None:
         """Serve `view()` as JSON at GET `path` (which starts with /api/), even once started."""
@@ -80,12 +82,20 @@ class HealthServer:
             raise ValueError(f"JSON views live under /api/, not at {path!r}")
         self._json_views[path] = view
 
+    def add_json_query(self, path: str, query: Callable[[object], object]) -> None:
+        """Serve `query(body)` as JSON at POST `path` (under /api/), `body` the request's JSON.
+        A `ValueError` it raises is the caller's mistake: a 400 with its message."""
+        if not path.startswith("/api/"):
+            raise ValueError(f"JSON queries live under /api/, not at {path!r}")
+        self._json_queries[path] = query
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/api/{view:.*}", self._json_view)
+        app.router.add_post("/api/{view:.*}", self._json_query)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -112,6 +122,16 @@ class HealthServer:
         if view is None:
             raise web.HTTPNotFound(text=f"no view at {request.path}")
         return web.json_response(view())
+
+    async def _json_query(self, request: web.Request) -> web.Response:
+        query = self._json_queries.get(request.path)
+        if query is None:
+            raise web.HTTPNotFound(text=f"no query at {request.path}")
+        try:
+            body = json.loads(await request.read() or b"null")
+            return web.json_response(query(body))
+        except ValueError as error:  # JSONDecodeError included
+            return web.json_response({"error": str(error)}, status=400)
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,68 +1,98 @@
-"""Read-only Postgres views for operators: job sets, one pod's job, and the scheduler's picture.
+"""Read-only Postgres views for operators: job sets, one pod's job and place in line, and each
+queue's counts when no scheduler leader answers.
 
 Why a module of its own: `lockgate status`, `lockgate explain` and `lockgate jobset list|describe`
-read what the other writers keep, and change nothing. `scheduler_view` loads the same rows the
-fair-scheduler leader loads (one snapshot) through the same hold-out feed into a
-`SchedulerState`, so `lockgate explain` reasons over the same picture as the Events the leader
-sends. It costs one pass over the unfinished
-jobs, which is fine for a command a person runs, not for a loop.
+read what the other writers keep, and change nothing. Why a pod waits is never worked out here:
+only the fair-scheduler leader holds that picture (`lockgate.scheduler.report`), and queue-store
+asks it; this module gives what Postgres alone can say (states, places in line, counts).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 
 from lockgate.ingest import JobRow
-from lockgate.jobs import TERMINAL_STATES
-from lockgate.scheduler import Feed, FeedPolicy, SchedulerState
+from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.scheduler import PHASE_OF_STATE, PHASES
 from lockgate_adapters import job_store
-from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.postgres import AnyConnection
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
 
 
-async def scheduler_view(connection: AnyConnection, *, fairness_resources: Iterable[str],
-                         policy: FeedPolicy) -> Feed:
-    """Queues, present nodes and unfinished jobs as the scheduler leader holds them: loaded
-    through the same hold-out policy (`lockgate.scheduler.feed`: expired, backing off, given
-    up, controller holds) over the same fairness resources, so `lockgate status` and
-    `lockgate explain` say what the scheduler does."""
-    feed, _ = await load_view(connection, fairness_resources=fairness_resources, policy=policy)
-    return feed
+# The release order within a queue (lockgate.scheduler.explain): priority, then time in line
+# (a kept place's, else the pod's creation: scheduler_store's in_line_since); ties by the key.
+# Index jobs_queued_in_line (migration 031) serves it.
+RELEASE_ORDER = "priority DESC, COALESCE(queued_since, created_at), cluster, uid"
 
 
-async def load_view(connection: AnyConnection, *, fairness_resources: Iterable[str],
-                    policy: FeedPolicy) -> tuple[Feed, store.Changes]:
-    """`scheduler_view`, and the rows it was loaded from (their `cursor` is what
-    `apply_changes` goes on from)."""
-    # A pooled connection proxies every method load_everything uses.
-    everything = await store.load_everything(cast(asyncpg.Connection, connection))
-    now = time.time()
-    feed = Feed(SchedulerState(fairness_resources), policy)
-    feed.load_backoffs(everything.backoffs, now)
-    apply_changes(feed, everything, now=now)
-    return feed, everything
+async def queued_place(connection: AnyConnection, row: JobRow) -> tuple[int, int]:
+    """(place, of how many) of a queued pod in its queue's release order.
+
+    One pass over the queue's queued pods in index jobs_queued_in_line (not over every job):
+    a pod's place is the count of those ahead of it."""
+    in_line = row.in_line_since
+    record = await connection.fetchrow(
+        "SELECT count(*) FILTER (WHERE priority > $2 OR (priority = $2 AND"
+        " (COALESCE(queued_since, created_at), cluster, uid) < ($3, $4, $5))) AS ahead,"
+        " count(*) AS total FROM jobs WHERE queue = $1 AND state = 'queued'",
+        row.queue, row.priority, in_line, row.cluster, row.uid)
+    assert record is not None
+    return int(record["ahead"]) + 1, int(record["total"])
 
 
-def apply_changes(feed: Feed, changes: store.Changes, *, now: float) -> None:
-    """Rows loaded or changed (`scheduler_store.changes_since`), through the feed's policy."""
-    for queue in changes.queues:
-        feed.apply_queue(queue.name, queue.spec)
-    for node in changes.nodes:
-        feed.apply_node(node.cluster, node.node, node.info)
-    feed.apply_jobs(changes.jobs, now=now, returned={
-        job_id: (releases, at.timestamp())
-        for job_id, (releases, at) in changes.returned.items()})
-    feed.end_due(now)
-    feed.expire_all_due(now)
+async def oldest_in_line(connection: AnyConnection, queues: Iterable[str]) -> dict[str, datetime]:
+    """When each queue's longest-waiting queued pod joined the line (a kept place's time, else
+    its creation): one index probe per queue (jobs_in_line_since, migration 033)."""
+    records = await connection.fetch(
+        "SELECT q.name, (SELECT min(COALESCE(queued_since, created_at)) FROM jobs"
+        "  WHERE queue = q.name AND state = 'queued') AS oldest"
+        " FROM unnest($1::text[]) AS q(name)", sorted(set(queues)))
+    return {r["name"]: r["oldest"] for r in records if r["oldest"] is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """A queue as Postgres alone sees it, when no scheduler leader answers."""
+
+    name: str
+    defined: bool
+    cordoned: bool
+    weight: float | None
+    max_queued_seconds: float | None
+    by_phase: dict[str, int]
+
+
+async def queue_counts(connection: AnyConnection) -> list[QueueCounts]:
+    """Every defined queue, and every queue unfinished pods name, with its pods by phase
+    (queued, released, running): a pass over the unfinished jobs, for when the leader (which
+    keeps these counts) does not answer."""
+    specs = {spec.name: spec for spec in await job_store.list_queues(connection)}
+    records = await connection.fetch(
+        "SELECT queue, state, count(*) AS n FROM jobs WHERE state <> ALL($1::text[])"
+        " GROUP BY queue, state", _TERMINAL)
+    phases: dict[str, dict[str, int]] = {}
+    for record in records:
+        phase = PHASE_OF_STATE.get(JobState(record["state"]))
+        if phase is not None:
+            counts = phases.setdefault(record["queue"], dict.fromkeys(PHASES, 0))
+            counts[phase] += int(record["n"])
+    found = []
+    for name in sorted({*specs, *phases}):
+        spec = specs.get(name)
+        found.append(QueueCounts(
+            name=name, defined=spec is not None, cordoned=spec is not None and spec.cordoned,
+            weight=None if spec is None else 1.0 / spec.priority_factor,
+            max_queued_seconds=None if spec is None or spec.max_queued is None
+            else spec.max_queued.seconds,
+            by_phase=phases.get(name, dict.fromkeys(PHASES, 0))))
+    return found
 
 
 async def find_job(connection: AnyConnection, *, cluster: str, namespace: str,

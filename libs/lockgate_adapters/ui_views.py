@@ -10,51 +10,62 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
+
+import asyncpg
 
 from lockgate.backoff import ControllerBackoff
 from lockgate.ingest import JobRow
 from lockgate.jobs import CAPACITY_HOLDING_STATES, JobState
 from lockgate_adapters import job_store
+from lockgate_adapters.job_views import RELEASE_ORDER
 from lockgate_adapters.postgres import AnyConnection
 
 _HOLDING = sorted(state.value for state in CAPACITY_HOLDING_STATES)
-# The release order within a queue (lockgate.scheduler.explain): priority, then time in line
-# (a kept place's, else the pod's creation: scheduler_store's in_line_since); ties by the key.
-_RELEASE_ORDER = "priority DESC, COALESCE(queued_since, created_at), cluster, uid"
+_RELEASE_ORDER = RELEASE_ORDER
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
     rows: list[JobRow]
     total: int  # rows matching the filters
-    # 1-based release positions of `rows` in their queue (waiting pages), when the page is
-    # cut from the whole queue (no filter): then OFFSET gives them exactly.
-    positions: list[int] | None = None
+    # 1-based release positions of `rows` in their whole queue (waiting pages).
+    positions: list[int] = field(default_factory=list)
     queue_total: int = 0  # the queue's queued pods, filters aside (waiting pages)
 
 
 async def waiting_pods(connection: AnyConnection, *, queue: str, cluster: str | None,
                        namespace: str | None, offset: int, limit: int) -> Page:
-    """A page of the queue's queued pods in release order (an index range scan of
-    jobs_queued_in_line, OFFSET then LIMIT); unfiltered, with each one's position."""
+    """A page of the queue's queued pods in release order, each with its position in the whole
+    queue. Unfiltered, an index range scan of jobs_queued_in_line, OFFSET then LIMIT (the
+    positions follow from OFFSET); filtered by cluster or namespace, one pass over the queue's
+    queued pods in that index, numbering them, to give each its place in the whole queue."""
     counted = await connection.fetchrow(
         "SELECT count(*) AS queue_total, count(*) FILTER (WHERE ($2::text IS NULL"
         " OR cluster = $2) AND ($3::text IS NULL OR namespace = $3)) AS total"
         " FROM jobs WHERE queue = $1 AND state = 'queued'", queue, cluster, namespace)
     assert counted is not None
-    records = await connection.fetch(
-        f"SELECT {job_store._JOB_COLUMNS} FROM jobs"  # noqa: S608 - constant columns
-        " WHERE queue = $1 AND state = 'queued' AND ($2::text IS NULL OR cluster = $2)"
-        f" AND ($3::text IS NULL OR namespace = $3) ORDER BY {_RELEASE_ORDER}"
-        " OFFSET $4 LIMIT $5", queue, cluster, namespace, offset, limit)
-    filtered = cluster is not None or namespace is not None
-    return Page(rows=[job_store._job_row(r) for r in records], total=int(counted["total"]),
-                positions=None if filtered else list(range(offset + 1,
-                                                           offset + 1 + len(records))),
-                queue_total=int(counted["queue_total"]))
+    if cluster is None and namespace is None:
+        records = await connection.fetch(
+            f"SELECT {job_store._JOB_COLUMNS} FROM jobs"  # noqa: S608 - constant columns
+            f" WHERE queue = $1 AND state = 'queued' ORDER BY {_RELEASE_ORDER}"
+            " OFFSET $2 LIMIT $3", queue, offset, limit)
+        positions = list(range(offset + 1, offset + 1 + len(records)))
+        rows = [job_store._job_row(r) for r in records]
+    else:
+        records = await connection.fetch(
+            f"SELECT * FROM (SELECT {job_store._JOB_COLUMNS},"  # noqa: S608 - constant columns
+            f" row_number() OVER (ORDER BY {_RELEASE_ORDER}) AS position FROM jobs"
+            " WHERE queue = $1 AND state = 'queued') in_line"
+            " WHERE ($2::text IS NULL OR cluster = $2) AND ($3::text IS NULL OR namespace = $3)"
+            " ORDER BY position OFFSET $4 LIMIT $5", queue, cluster, namespace, offset, limit)
+        positions = [int(r["position"]) for r in records]
+        rows = [job_store._job_row(cast(asyncpg.Record, {
+            k: v for k, v in r.items() if k != "position"})) for r in records]
+    return Page(rows=rows, total=int(counted["total"]),
+                positions=positions, queue_total=int(counted["queue_total"]))
 
 
 async def jobset_pods(connection: AnyConnection, *, queue: str, jobset: str,
@@ -71,7 +82,7 @@ async def jobset_pods(connection: AnyConnection, *, queue: str, jobset: str,
         f"SELECT {job_store._JOB_COLUMNS} FROM jobs WHERE {where}"  # noqa: S608
         " ORDER BY created_at, cluster, uid OFFSET $5 LIMIT $6",
         queue, jobset, cluster, state_value, offset, limit)
-    return Page(rows=[job_store._job_row(r) for r in records], total=int(total), positions=[])
+    return Page(rows=[job_store._job_row(r) for r in records], total=int(total))
 
 
 async def jobset_counts(connection: AnyConnection, *, queue: str,

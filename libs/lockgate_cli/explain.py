@@ -46,6 +46,8 @@ def explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
     fields = {"Pod": f"{pod['cluster']}/{pod['namespace']}/{pod['name']}",
               "Job set": pod["jobset"], "State": pod["state"]}
     if e is None:
+        if answer.get("position"):  # Postgres's place in line, when the leader gave no reason
+            fields["Position"] = f"{answer['position']} of {answer['queued_in_queue']}"
         fields["Why"] = answer["message"]
         return fields
     fields.update({

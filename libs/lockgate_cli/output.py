@@ -274,8 +274,8 @@ def age(timestamp: str | None, *, now: datetime | None = None) -> str:
     return _format_duration(((now or datetime.now(UTC)) - then).total_seconds())
 
 
-def weight(value: float) -> str:
-    return f"{value:.3g}"
+def weight(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 def timestamp(value: str | None) -> str:

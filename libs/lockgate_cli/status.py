@@ -47,12 +47,14 @@ def _fairness(session: Session) -> dict[str, Any] | None:
 
 
 def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None) -> View:
+    # The round's own fields come with each queue from a leader; an older server's status
+    # needs its /api/v1/fairness beside.
     by_queue = {q.get("name") or q.get("queue"): q for q in (report or {}).get("queues") or []}
 
     def table() -> Table:
         rows = []
         for q in answer["queues"]:
-            fair = by_queue.get(q["queue"]) or {}
+            fair = by_queue.get(q["queue"]) or q
             rows.append(
                 [q["queue"], weight(q["weight"]), share(q["fair_share"]),
                  share(q["adjusted_fair_share"]), share(q["actual_share"]),
@@ -64,7 +66,9 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
             ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET", "QUEUED", "RELEASED",
              "RUNNING", "OLDEST-WAIT", "NOTE", "BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"],
             rows, wide=3,
-            empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`")
+            empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`",
+            notes=[f"shares unavailable: {answer['reasons_unavailable']}"]
+            if answer.get("reasons_unavailable") else [])
 
     data = dict(answer)
     if report is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -30,6 +31,7 @@ from lockgate_adapters.service import Loop, ServiceContext
 log = logging.getLogger(__name__)
 
 FAIRNESS_PATH = "/api/v1/fairness"
+EXPLAIN_PATH = "/api/v1/explain"
 # What ends a term of leadership (or prevents one): Postgres unreachable or the session lost.
 # A client error on the leader connection (e.g. "another operation is in progress" after an
 # operation was cut off by a Postgres shutdown) ends the term like any other: step down, retry.
@@ -46,6 +48,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     ctx.dependencies.kafka(settings.kafka())
     report = FairnessReport(instance_id=settings.instance_id)
     ctx.health.add_json_view(FAIRNESS_PATH, report.as_json)
+    ctx.health.add_json_query(EXPLAIN_PATH,
+                              lambda body: report.explain_json(body, now=time.time()))
 
     async def schedule(stopping: asyncio.Event) -> None:
         await _wait_for_schema(settings)

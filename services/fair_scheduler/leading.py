@@ -58,6 +58,7 @@ from lockgate.scheduler import (
     timeout_message,
 )
 from lockgate.scheduler.collection import RoundCollector
+from lockgate.scheduler.report import ExplainSettings, report_round
 from lockgate.unplaceable import event_message, last_reason
 from lockgate.wait_estimates import ReleaseRates
 from lockgate_adapters import eviction_store
@@ -139,6 +140,14 @@ class Leader:
         # off, given up, controller holds): all the leader decides that needs no I/O.
         self._feed = Feed(SchedulerState(settings.fairness_resources), settings.feed_policy())
         self._release_rates = ReleaseRates()  # for the wait estimates of notices
+        report.release_rates = self._release_rates  # and of explain, from the same pace
+        feed = self._feed
+        report.held_out = lambda job_id: (feed.held_out(job_id), feed.retry_due(job_id))
+        self._rounds = 0  # of this term, numbering the reports
+        self._explain_settings = ExplainSettings(
+            preemption=settings.preemption_enabled,
+            group_reserve_after=settings.group_reserve_after_seconds,
+            holds=settings.room_hold_seconds > 0)
         self._state = self._feed.state
         self._unsent_expiries: list[PodNotice] = []
         self._preemption = PreemptionPolicy(
@@ -322,9 +331,12 @@ class Leader:
                          len(recorded), len(planned), seconds * 1000)
             else:
                 log.debug("round (%s): nothing to release (%.1f ms)", trigger, seconds * 1000)
-        self._report.record_round(result, phases=self._feed.phases, at=decided_at,
-                                  seconds=seconds,
-                                  decisions=len(recorded))
+        self._rounds += 1
+        self._report.record_round(
+            report_round(self._state, result, number=self._rounds,
+                         at=decided_at.timestamp(), phases=self._feed.phases,
+                         settings=self._explain_settings),
+            seconds=seconds, decisions=len(recorded))
         self._collector.after_round()
         self._hand_over_targets()
         return len(result.decisions) >= settings.max_decisions_per_round

@@ -46,6 +46,7 @@ from lockgate_adapters import job_store
 from lockgate_adapters.admin_tokens import TokenEntry, TokenVerifier
 from lockgate_adapters.postgres import AnyConnection, is_retryable_postgres_error
 from queue_store import admin_views, openapi, web_ui
+from queue_store.leader import SchedulerLeader
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +151,13 @@ class AdminApi:
 
     def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
                  extensions: Sequence[Callable[[web.Application], None]] = (),
-                 view: admin_views.SchedulerView | None = None,
+                 leader: SchedulerLeader | None = None,
                  copies_settled: CopiesSettled = no_copies) -> None:
         self.pool, self.tokens = pool, tokens
         self.copies_settled = copies_settled
-        self.view = view or admin_views.SchedulerView()
+        # Whom `status` and `explain` ask why pods wait (no instance: the reasons are
+        # unavailable, and say so).
+        self.leader = leader or SchedulerLeader(())
         # Routes of other modules (admin_collection, namespace_api, admin_views), behind the
         # same auth and errors.
         self.extensions = tuple(extensions)
@@ -170,7 +173,7 @@ class AdminApi:
         app.router.add_get("/api/v1/jobs", self.list_jobs)
         for register in self.extensions:
             register(app)
-        admin_views.register(app, self.pool, job_json=job_json, view=self.view)
+        admin_views.register(app, self.pool, job_json=job_json, leader=self.leader)
         web_ui.register(app)
         app.router.add_get(openapi.PATH, self.openapi_document)
         return app

@@ -1,13 +1,13 @@
 """Admin API views that answer "how do the queues stand?" and "why is my pod still pending?".
 
 Why here, beside the queue endpoints: they are read-only and served to the same tokens by the
-same `lockgate` CLI. `status` and `explain` compute over the scheduler's picture loaded from
-Postgres through the leader's hold-out feed (`job_views.scheduler_view`, with the fair-scheduler's
-fairness resources and retry policy: `SchedulerViewSettings`) with the pure
-`lockgate.scheduler.explain`, which is what the leader uses for the Events on waiting pods: both
-say the same.
+same `lockgate` CLI. Why a pod waits, and each queue's shares, are the fair-scheduler leader's
+picture of its last round (`lockgate.scheduler.report`), asked of the leader
+(`queue_store.leader`), never worked out here. Postgres adds what only it keeps (how long each
+queue's oldest pod has waited, a pod's place in line). When no leader answers, the views say so
+and give what Postgres alone can say: counts, states and places, with the reasons unavailable.
 
-    GET /api/v1/status                               {"queues": [...], "at": ...}
+    GET /api/v1/status                               {"queues": [...], "at": ..., "leader": ...}
     GET /api/v1/explain/{cluster}/{namespace}/{pod}  the pod's explanation; 404
     GET /api/v1/jobsets?queue=&all=true&limit=&offset=   {"jobsets": [...]}
     GET /api/v1/jobsets/{queue}/{jobset}             summary + "jobs"; 404
@@ -16,8 +16,7 @@ say the same.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,19 +24,11 @@ import asyncpg
 from aiohttp import web
 
 from lockgate.ingest import JobRow
-from lockgate.scheduler import (
-    Explainer,
-    Explanation,
-    Feed,
-    FeedPolicy,
-    SchedulerState,
-    format_duration,
-    queue_statuses,
-)
-from lockgate.scheduler.state import DEFAULT_FAIRNESS_RESOURCES
-from lockgate.wait_estimates import WINDOW_SECONDS, ReleaseRates
+from lockgate.jobs import JobState
+from lockgate.scheduler import format_duration
 from lockgate_adapters import job_store, job_views
-from lockgate_adapters.postgres import AnyConnection
+from lockgate_adapters.scheduler_store import job_id
+from queue_store.leader import SchedulerLeader
 
 MAX_JOBSETS_LISTED = 10_000
 JOBS_IN_DESCRIBE = 500
@@ -46,25 +37,10 @@ JOBS_IN_DESCRIBE = 500
 JobJson = Callable[[JobRow], dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerView:
-    """What the views must share with the fair-scheduler to see its state as it does."""
-
-    fairness_resources: tuple[str, ...] = DEFAULT_FAIRNESS_RESOURCES
-    policy: FeedPolicy = field(default_factory=FeedPolicy)
-    group_reserve_after_seconds: float | None = 60.0  # the leader's group ageing
-
-    def explainer(self, state: SchedulerState, now: float) -> Explainer:
-        """An explainer for a state no round ran on: the leader's reservations are not in it,
-        so an aged group is told it probably reserves."""
-        return Explainer(state, now=now, group_reserve_after=self.group_reserve_after_seconds,
-                         reservations_known=False)
-
-
 def register(app: web.Application, pool: asyncpg.Pool, *, job_json: JobJson,
-             view: SchedulerView) -> None:
+             leader: SchedulerLeader) -> None:
     """Add the views to the admin API's app; `job_json` is its one shape of a job."""
-    views = AdminViews(pool, job_json, view)
+    views = AdminViews(pool, job_json, leader)
     app.router.add_get("/api/v1/status", views.status)
     app.router.add_get("/api/v1/explain/{cluster}/{namespace}/{pod}", views.explain)
     app.router.add_get("/api/v1/jobsets", views.list_jobsets)
@@ -75,35 +51,53 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message, "details": []}, status=status)
 
 
-def explanation_json(e: Explanation) -> dict[str, Any]:
-    body = asdict(e)
-    body["reason"] = None if e.reason is None else e.reason.value
-    body["competing_queues"] = list(e.competing_queues)
-    return body
+def leader_json(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Who answered and which round its answer is of (None: no leader answered)."""
+    if report is None:
+        return None
+    return {"instance_id": report.get("instance_id"), "round": report.get("last_round")
+            or report.get("round")}
+
+
+async def queue_standings(pool: asyncpg.Pool, leader: SchedulerLeader
+                          ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every queue's standing as `status` and the UI's overview show it, and the leader's
+    report it came from (None: no leader answered; then the shares are None and the counts
+    Postgres's)."""
+    report = await leader.fairness()
+    async with pool.acquire() as connection:
+        if report is not None:
+            queues = [dict(q) for q in report.get("queues") or [] if isinstance(q, dict)]
+        else:
+            queues = [{
+                "queue": c.name, "name": c.name, "defined": c.defined, "cordoned": c.cordoned,
+                "weight": c.weight, "fair_share": None, "adjusted_fair_share": None,
+                "actual_share": None, "fair_target": None, "queued": c.by_phase["queued"],
+                "unschedulable": None, "backing_off": None,
+                "released": c.by_phase["released"], "running": c.by_phase["running"],
+                "max_queued_seconds": c.max_queued_seconds, "cluster_targets": {},
+                "cluster_shares": {}} for c in await job_views.queue_counts(connection)]
+        oldest = await job_views.oldest_in_line(connection, [q["queue"] for q in queues])
+    now = time.time()
+    for q in queues:
+        at = oldest.get(q["queue"])
+        q["oldest_queued_at"] = None if at is None else at.isoformat()
+        q["oldest_wait_seconds"] = None if at is None else max(0.0, now - at.timestamp())
+    return queues, report
 
 
 class AdminViews:
-    def __init__(self, pool: asyncpg.Pool, job_json: JobJson, view: SchedulerView) -> None:
+    def __init__(self, pool: asyncpg.Pool, job_json: JobJson, leader: SchedulerLeader) -> None:
         self.pool = pool
         self.job_json = job_json
-        self.view = view
-
-    async def _feed(self, connection: AnyConnection) -> Feed:
-        return await job_views.scheduler_view(
-            connection, fairness_resources=self.view.fairness_resources,
-            policy=self.view.policy)
+        self.leader = leader
 
     async def status(self, _: web.Request) -> web.Response:
-        async with self.pool.acquire() as connection:
-            state = (await self._feed(connection)).state
-        now = time.time()
-        queues = []
-        for s in queue_statuses(state):
-            entry = asdict(s)
-            entry["oldest_wait_seconds"] = (None if s.oldest_queued_at is None
-                                            else max(0.0, now - s.oldest_queued_at))
-            queues.append(entry)
-        return web.json_response({"at": datetime.now(UTC).isoformat(), "queues": queues})
+        queues, report = await queue_standings(self.pool, self.leader)
+        return web.json_response({
+            "at": datetime.now(UTC).isoformat(), "leader": leader_json(report),
+            "reasons_unavailable": None if report is not None else self.leader.unavailable,
+            "queues": queues})
 
     async def explain(self, request: web.Request) -> web.Response:
         cluster = request.match_info["cluster"]
@@ -116,31 +110,16 @@ class AdminViews:
                 return _error(404, f"lockgate knows no pod {cluster}/{namespace}/{pod}: check "
                                    "the names (`kubectl get pod -n NAMESPACE`), and that the "
                                    "pod carries a lockgate.io/queue label in a managed namespace")
-            feed = await self._feed(connection)
-            released = await job_views.release_times(
-                connection, queue=row.queue, cluster=row.cluster, window_seconds=WINDOW_SECONDS)
-        job_id = f"{row.cluster}/{row.uid}"
-        now = time.time()
-        explanation = self.view.explainer(feed.state, now).explain(job_id)
+            place = (await job_views.queued_place(connection, row)
+                     if row.state is JobState.QUEUED else None)
         body: dict[str, Any] = {"pod": {"cluster": row.cluster, "namespace": row.namespace,
                                         "name": row.name, "uid": row.uid, "jobset": row.jobset,
                                         "state": row.state.value,
-                                        "last_reason": row.last_reason}}
-        held_out = feed.held_out(job_id)
-        if explanation is None:
-            body["explanation"] = None
-            body["held_out"] = held_out
-            body["message"] = _held_out_message(held_out, feed.retry_due(job_id), now) or (
-                f"not waiting: the pod is {row.state.value}")
-        else:
-            body["explanation"] = explanation_json(explanation)
-            body["message"] = explanation.message
-            rates = ReleaseRates()
-            for at in released:
-                rates.released(row.queue, row.cluster, at)
-            estimate = rates.estimate_for(explanation, now=now)
-            body["estimate"] = {"seconds": estimate.seconds, "text": estimate.text()}
-            body["kept_place_of"] = row.kept_place_of  # lockgate.places
+                                        "last_reason": row.last_reason},
+                                "kept_place_of": row.kept_place_of,  # lockgate.places
+                                "position": None if place is None else place[0],
+                                "queued_in_queue": None if place is None else place[1]}
+        body.update(await explain_job(self.leader, row, place))
         return web.json_response(body)
 
     async def list_jobsets(self, request: web.Request) -> web.Response:
@@ -175,6 +154,59 @@ class AdminViews:
         body["jobs"] = [self.job_json(job_store._job_row(record)) for record in jobs]
         body["jobs_shown"] = len(jobs)
         return web.json_response(body)
+
+
+async def explain_job(leader: SchedulerLeader, row: JobRow,
+                      place: tuple[int, int] | None) -> dict[str, Any]:
+    """Why the pod of `row` waits, as the leader says: "explanation", "message", "estimate",
+    "round_skip" and "leader" (None, with "reasons_unavailable", when no leader answers)."""
+    return (await explain_rows(leader, [(row, place)]))[0]
+
+
+async def explain_rows(leader: SchedulerLeader,
+                       rows: Sequence[tuple[JobRow, tuple[int, int] | None]]
+                       ) -> list[dict[str, Any]]:
+    """`explain_job` for many pods, one request to the leader for the queued ones."""
+    queued = [(job_id(row.cluster, row.uid), place) for row, place in rows
+              if row.state is JobState.QUEUED]
+    answer = await leader.explain(queued) if queued else None
+    explained = {} if answer is None else answer.get("explanations") or {}
+    who = leader_json(answer)
+    now = time.time()
+    found: list[dict[str, Any]] = []
+    for row, place in rows:
+        entry: dict[str, Any] = {"explanation": None, "reason": None, "estimate": None,
+                                 "round_skip": None, "held_out": None, "leader": who,
+                                 "reasons_unavailable": None}
+        if row.state is not JobState.QUEUED:
+            entry["message"] = f"not waiting: the pod is {row.state.value}" + (
+                f" ({row.last_reason})" if row.last_reason else "")
+        elif answer is None:
+            where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "
+            entry["message"] = f"queued, {where}why it waits is unavailable: {leader.unavailable}"
+            entry["reasons_unavailable"] = leader.unavailable
+        else:
+            said = explained.get(job_id(row.cluster, row.uid))
+            explanation = None if not isinstance(said, dict) else said.get("explanation")
+            if said is not None and explanation is not None:
+                entry.update({"explanation": explanation, "reason": explanation.get("reason"),
+                              "message": explanation.get("message"),
+                              "estimate": said.get("estimate"),
+                              "round_skip": said.get("round_skip")})
+            else:
+                held_out = None if not isinstance(said, dict) else said.get("held_out")
+                entry["held_out"] = held_out
+                entry["message"] = _held_out_message(
+                    held_out, None if not isinstance(said, dict) else said.get("retry_due"),
+                    now) or ("queued, and new to the scheduler: its next round looks at it "
+                             "(Postgres has the pod; the leader has not read it yet)")
+        found.append(entry)
+    return found
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _held_out_message(held_out: str | None, retry_due: float | None, now: float) -> str | None:

@@ -38,15 +38,15 @@ from lockgate_adapters.retrying import retry
 from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi, CopiesSettled, job_json, no_copies
 from queue_store.admin_collection import CollectionApi, Publish
-from queue_store.admin_views import SchedulerView
 from queue_store.collecting import NamespaceCollector
 from queue_store.ingesting import BatchStore
+from queue_store.leader import SchedulerLeader
 from queue_store.namespace_api import NamespaceApi
 from queue_store.namespaces import NamespaceKeeper, RoleReconciler
 from queue_store.pod_trace import TraceStore
 from queue_store.queue_sync import QueueSync
 from queue_store.settings import QueueStoreSettings
-from queue_store.ui_api import FairnessSampler, StateCache, UiApi
+from queue_store.ui_api import FairnessSampler, UiApi
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         if sync_apis and settings.queue_sync_settle_seconds > 0:
             await queue_sync.settled(settings.queue_sync_settle_seconds)
 
-    admin, sampler, ui_state = admin_api(pool, settings, publish=send, keeper=keeper,
+    admin, sampler, leader = admin_api(pool, settings, publish=send, keeper=keeper,
                                          copies_settled=copies_settled)
 
     async def serve_admin(stopping: asyncio.Event) -> None:
@@ -164,7 +164,6 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             async with asyncio.TaskGroup() as group:
                 group.create_task(serve_admin(stopping), name="admin API")
                 group.create_task(sampler.run(stopping), name="fairness samples")
-                group.create_task(ui_state.run(stopping), name="UI picture of the queues")
                 if sync_apis:
                     group.create_task(queue_sync.run(stopping), name="queue sync")
                 group.create_task(collector.run(stopping), name="namespace collector")
@@ -174,6 +173,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                     group.create_task(consumer.run(stopping), name=consumer.consumer_name)
         finally:
             await producer.stop()
+            await leader.close()
             for api in (*sync_apis.values(), *keeper_apis.values()):
                 await api.close()
             await pool.close()
@@ -183,31 +183,27 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 
 def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publish,
               keeper: NamespaceKeeper, copies_settled: CopiesSettled = no_copies
-              ) -> tuple[AdminApi, FairnessSampler, StateCache]:
+              ) -> tuple[AdminApi, FairnessSampler, SchedulerLeader]:
     """The admin API with every module's routes (and the web UI), the fairness sampler the
-    UI's overview reads and the picture its waiting reasons come from (both loops to run);
+    UI's chart reads (a loop to run) and the scheduler leader's client (to close);
     tests/unit/test_openapi.py builds it too, to check the routes."""
     namespace_api = NamespaceApi(pool=pool, keeper=keeper,
                                  name_prefix=settings.namespace_name_prefix,
                                  copies_settled=copies_settled)
     collection_api = CollectionApi(pool, publish)
-    view = SchedulerView(fairness_resources=tuple(settings.scheduler_view.fairness_resources),
-                         policy=settings.scheduler_view.feed_policy(),
-                         group_reserve_after_seconds=(
-                             settings.scheduler_view.group_reserve_after_seconds))
-    ui_state = StateCache(pool, max_age_seconds=settings.ui.state_max_age_seconds, view=view)
-    sampler = FairnessSampler(scheduler_urls=settings.ui.scheduler_urls, state=ui_state,
-                              interval_seconds=settings.ui.sample_seconds,
+    leader = SchedulerLeader(settings.scheduler_urls,
+                             timeout_seconds=settings.scheduler_timeout_seconds)
+    sampler = FairnessSampler(leader=leader, interval_seconds=settings.ui.sample_seconds,
                               keep=settings.ui.history_samples)
-    ui_api = UiApi(pool=pool, state=ui_state, sampler=sampler, job_json=job_json,
+    ui_api = UiApi(pool=pool, leader=leader, sampler=sampler, job_json=job_json,
                    trace_url=settings.ui.trace_url,
                    traces=(TraceStore(settings.ui.traces_url) if settings.ui.traces_url
                            else None))
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
                      extensions=[collection_api.register, ui_api.register,
                                  lambda app: namespace_api.add_routes(app.router)],
-                     view=view, copies_settled=copies_settled)
-    return admin, sampler, ui_state
+                     leader=leader, copies_settled=copies_settled)
+    return admin, sampler, leader
 
 
 async def _started_producer(settings: QueueStoreSettings) -> AIOKafkaProducer:

@@ -8,7 +8,6 @@ from typing import ClassVar
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from lockgate.scheduler import DEFAULT_FAIRNESS_RESOURCES, FeedPolicy
 from lockgate_adapters.admin_tokens import TokenConfigError, TokenEntry, parse_lines
 from lockgate_adapters.settings import ServiceSettings
 
@@ -34,42 +33,13 @@ class CollectionSettings(BaseModel):
         "default <group_id>-commands")
 
 
-class SchedulerViewSettings(BaseModel):
-    """How `lockgate status` and `lockgate explain` see the scheduler's state
-    (LOCKGATE_QUEUE_STORE_SCHEDULER_VIEW__*): set each as the fair-scheduler's setting of the
-    same name (LOCKGATE_SCHEDULER_*), so the views weigh and hold out pods as it does."""
-
-    fairness_resources: list[str] = Field(
-        default=list(DEFAULT_FAIRNESS_RESOURCES), min_length=1,
-        description="the resources fair shares are computed over (JSON list)")
-    release_retry_initial_seconds: float = Field(
-        default=2.0, gt=0, description="a job whose release failed waits this long, doubling")
-    release_retry_max_seconds: float = Field(default=300.0, gt=0,
-                                             description="the longest such wait")
-    group_reserve_after_seconds: float = Field(
-        default=60.0, ge=0, description="a complete pod group that has not fitted for this long "
-        "after its last member arrived reserves its cluster (explain says when)")
-
-    def feed_policy(self) -> FeedPolicy:
-        return FeedPolicy(release_retry_initial_seconds=self.release_retry_initial_seconds,
-                          release_retry_max_seconds=self.release_retry_max_seconds)
-
-
 class UiSettings(BaseModel):
     """The web UI at /ui/ on the admin API's port (LOCKGATE_QUEUE_STORE_UI__*; docs/web-ui.md)."""
 
-    scheduler_urls: list[str] = Field(
-        default_factory=list, description="base URLs of the fair-scheduler instances' HTTP "
-        "servers (LOCKGATE_SCHEDULER_HTTP_PORT), e.g. [\"http://fair-scheduler:8080\"]; the "
-        "leader's /api/v1/fairness is sampled. Empty, or none leading: shares are computed "
-        "from Postgres")
     sample_seconds: float = Field(default=5.0, gt=0, le=3600,
                                   description="between two fairness samples")
     history_samples: int = Field(default=720, ge=1, le=100_000,
                                  description="fairness samples kept for the chart (in memory)")
-    state_max_age_seconds: float = Field(
-        default=5.0, ge=0, description="how old the scheduler picture behind the waiting "
-        "reasons may be (one load of every unfinished job; shared by all callers)")
     trace_url: str | None = Field(
         default=None, description="a pod's trace in your trace store, with {trace_id} in it, "
         "e.g. http://127.0.0.1:16686/trace/{trace_id} (Jaeger); unset: no link")
@@ -178,8 +148,16 @@ class QueueStoreSettings(ServiceSettings):
     # namespace-keeper identity of `namespace_clusters`; a record of a cluster not listed there
     # waits, failed, until it is.
     collection: CollectionSettings = Field(default_factory=CollectionSettings)
-    # `lockgate status` / `lockgate explain` (the fair-scheduler's view of the queues)
-    scheduler_view: SchedulerViewSettings = Field(default_factory=SchedulerViewSettings)
+    # Whom `lockgate status`, `lockgate explain` and the web UI ask why pods wait: the
+    # fair-scheduler leader's picture of its last round (queue_store.leader).
+    scheduler_urls: list[str] = Field(
+        default_factory=list, description="base URLs of the fair-scheduler instances' HTTP "
+        "servers (LOCKGATE_SCHEDULER_HTTP_PORT), e.g. [\"http://fair-scheduler:8080\"]: the "
+        "one leading answers status, explain and the UI's reasons. Empty, or none leading: "
+        "Postgres's counts and places, with the reasons unavailable")
+    scheduler_timeout_seconds: float = Field(
+        default=2.0, gt=0, le=60, description="per request to a fair-scheduler instance: a "
+        "frozen leader slows a page by at most this")
 
     @property
     def commands_group(self) -> str:

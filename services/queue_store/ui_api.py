@@ -2,12 +2,13 @@
 
 Why these beside the CLI's views: the UI shows a queue of 100,000 pods a page at a time and
 refreshes every few seconds, so every list here is cut in Postgres (`ui_views`, indexes of
-migration 016) and the one answer that needs the scheduler's whole picture (why a pod waits)
-reads it from a picture shared by all callers (`StateCache`), kept fresh in the background
-every `ui.state_max_age_seconds` while the UI is in use, so no request waits for it.
+migrations 016 and 031), and why each pod on a page waits is asked of the fair-scheduler leader
+in one request for the page (`admin_views.explain_rows`): its picture of the last round is the
+only one. With no leader answering, the pages say the reasons are unavailable.
 
     GET /api/v1/whoami                                the caller's token name and role
-    GET /api/v1/fairness                              the scheduler leader's newest report
+    GET /api/v1/fairness                              every queue's standing: the leader's
+                                                      report, or Postgres's counts without it
     GET /api/v1/fairness/history?since=               samples of every queue's shares
     GET /api/v1/clusters                              capacity, and use and waiting by queue
     GET /api/v1/queues/{name}/waiting?cluster=&namespace=&offset=&limit=
@@ -28,236 +29,70 @@ Every route is GET: a read-only token may call all of them, and none changes any
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
-import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-import aiohttp
 import asyncpg
 from aiohttp import web
 
-from lockgate.change_feed import START
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate.pod_traces import waterfall_json
-from lockgate.scheduler import Feed, SchedJob, SchedulerState, queue_statuses
 from lockgate_adapters import job_views, ui_views
-from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.postgres import AnyConnection
 from queue_store.admin_api import CALLER, ApiError
-from queue_store.admin_views import SchedulerView, explanation_json
+from queue_store.admin_views import explain_job, explain_rows, leader_json, queue_standings
+from queue_store.leader import SchedulerLeader
 from queue_store.pod_trace import TraceStore, TraceStoreError
 
 log = logging.getLogger(__name__)
 
 MAX_PAGE = 500
-FAIRNESS_PATH = "/api/v1/fairness"
 JobJson = Callable[[JobRow], dict[str, Any]]
 
 
-class StateCache:
-    """The scheduler's picture from Postgres, as the leader keeps it: loaded once through the
-    leader's hold-out feed (`job_views.load_view`, as `lockgate status` loads it), then brought
-    up to date from the change feed (rows changed since its last read, `job_views.apply_changes`)
-    when older than `max_age_seconds`. Concurrent callers share one
-    refresh. A full load costs a pass over every unfinished job (seconds at 100,000); a refresh
-    costs what changed.
-
-    It also keeps each queue's queued jobs in release order, rebuilt when jobs changed, so a
-    pod's position is a bisection instead of a pass over the jobs.
-
-    The UI's requests never wait for a load: they take `current()` (None until the first load
-    is done) and so ask `run` to keep the picture fresh; `run` refreshes every
-    `max_age_seconds` while it was asked for in the last `IDLE_SECONDS`, and rests otherwise.
-    """
-
-    IDLE_SECONDS = 60.0
-
-    def __init__(self, pool: asyncpg.Pool, *, max_age_seconds: float,
-                 view: SchedulerView) -> None:
-        self._pool, self._max_age, self._view = pool, max_age_seconds, view
-        self._lock = asyncio.Lock()
-        self._feed: Feed | None = None
-        self._state: SchedulerState | None = None
-        self._cursor = START
-        self._loaded_at = 0.0
-        self._queued: dict[str, tuple[str, tuple[int, float, str]]] = {}  # id -> queue, key
-        self._order: dict[str, list[tuple[int, float, str]]] | None = None
-        self._wanted = asyncio.Event()
-        self._wanted_at = 0.0
-
-    @property
-    def view(self) -> SchedulerView:
-        """How the picture sees the scheduler (and builds its explainers)."""
-        return self._view
-
-    def current(self) -> tuple[SchedulerState, float] | None:
-        """The picture as it is now, if loaded; asks `run` to keep it fresh."""
-        self._wanted_at = time.monotonic()
-        self._wanted.set()
-        return None if self._state is None else (self._state, self._loaded_at)
-
-    async def run(self, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            waiting = asyncio.create_task(self._wanted.wait())
-            stop = asyncio.create_task(stopping.wait())
-            try:
-                await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiting.cancel()
-                stop.cancel()
-            if stopping.is_set():
-                return
-            try:
-                await self.get()
-            except Exception as error:  # noqa: BLE001 - the next refresh may work
-                log.warning("refreshing the UI's picture of the queues failed: %r", error)
-            if time.monotonic() - self._wanted_at > self.IDLE_SECONDS:
-                self._wanted.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), max(self._max_age, 0.2))
-
-    async def get(self) -> tuple[SchedulerState, float]:
-        """The state and the epoch second it was brought up to date at."""
-        async with self._lock:
-            if self._feed is None or time.time() - self._loaded_at > self._max_age:
-                async with self._pool.acquire() as connection:
-                    if self._feed is None:
-                        self._feed, changes = await job_views.load_view(
-                            connection, fairness_resources=self._view.fairness_resources,
-                            policy=self._view.policy)
-                        self._state = self._feed.state
-                    else:
-                        changes = await store.changes_since(
-                            cast(asyncpg.Connection, connection), self._cursor)
-                        now = time.time()
-                        # The leader's record of controllers backing off, as it stands now.
-                        self._feed.load_backoffs(
-                            await ui_views.controller_backoffs(connection), now)
-                        job_views.apply_changes(self._feed, changes, now=now)
-                self._cursor = changes.cursor
-                self._track(changes.jobs)
-                self._loaded_at = time.time()
-            assert self._state is not None
-            return self._state, self._loaded_at
-
-    def _track(self, jobs: Sequence[SchedJob]) -> None:
-        """Keep the release-order keys of queued jobs (for `positions`)."""
-        for job in jobs:
-            if job.state is JobState.QUEUED:
-                self._queued[job.job_id] = (job.queue, (-job.priority, job.created_at,
-                                                        job.job_id))
-            else:
-                self._queued.pop(job.job_id, None)
-        if jobs:
-            self._order = None
-
-    def positions(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """(place, of how many) of queued jobs in their queue's release order, in the current
-        picture (none before the first load)."""
-        state = self._state
-        if state is None:
-            return {}
-        if self._order is None:
-            order: dict[str, list[tuple[int, float, str]]] = {}
-            for queue, key in self._queued.values():
-                order.setdefault(queue, []).append(key)
-            for keys in order.values():
-                keys.sort()
-            self._order = order
-        found = {}
-        for job_id in job_ids:
-            job = state.job(job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                continue
-            keys = self._order.get(job.queue, [])
-            found[job_id] = (bisect.bisect_left(keys, (-job.priority, job.created_at, job_id))
-                             + 1, len(keys))
-        return found
-
-
-FetchReport = Callable[[], Awaitable[tuple[str, dict[str, Any]] | None]]
 
 
 class FairnessSampler:
-    """Keeps the newest fairness report and a bounded history of each queue's shares.
+    """Keeps a bounded history of each queue's shares, for the overview's chart: a sample of
+    the leader's report every `interval` seconds (none while no leader answers: the chart shows
+    a gap, never numbers the leader did not give)."""
 
-    The report comes from the fair-scheduler leader's `/api/v1/fairness` (the round's own
-    numbers, with whatever per-cluster fields the scheduler adds); with no scheduler URL
-    configured, or none leading, it is computed from Postgres (`lockgate.scheduler.queue_statuses`
-    over the cached picture), so the overview never goes blank.
-    """
-
-    def __init__(self, *, scheduler_urls: Sequence[str], state: StateCache,
-                 interval_seconds: float, keep: int) -> None:
-        self._urls = [url.rstrip("/") for url in scheduler_urls]
-        self._state = state
+    def __init__(self, *, leader: SchedulerLeader, interval_seconds: float, keep: int) -> None:
+        self._leader = leader
         self.interval = interval_seconds
         self.history: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.latest: dict[str, Any] | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, min(5.0, self.interval)))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while not stopping.is_set():
-                try:
-                    await self.sample(session)
-                except Exception as error:  # noqa: BLE001 - a missed sample; the next may work
-                    log.warning("fairness sample failed: %r", error)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), self.interval)
+        while not stopping.is_set():
+            try:
+                await self.sample()
+            except Exception as error:  # noqa: BLE001 - a missed sample; the next may work
+                log.warning("fairness sample failed: %r", error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.interval)
 
-    async def sample(self, session: aiohttp.ClientSession) -> None:
-        found = await self._from_scheduler(session)
-        source, report = found if found is not None else ("postgres", await self._computed())
-        now = datetime.now(UTC)
-        self.latest = {"source": source, "sampled_at": now.isoformat(), "report": report}
-        self.history.append({"at": now.isoformat(), "queues": {
+    async def sample(self) -> None:
+        report = await self._leader.fairness()
+        if report is None:
+            return
+        self.history.append({"at": datetime.now(UTC).isoformat(), "queues": {
             q["name"]: {"fair": q.get("fair_share"),
                         "adjusted_fair": q.get("adjusted_fair_share"),
-                        # The scheduler's constrained fair target when it reports one.
-                        "target": q.get("fair_target", q.get("adjusted_fair_share")),
+                        "target": q.get("fair_target"),
                         "actual": q.get("actual_share"), "queued": q.get("queued")}
             for q in report.get("queues", []) if isinstance(q, dict) and "name" in q}})
 
-    async def _from_scheduler(self, session: aiohttp.ClientSession
-                              ) -> tuple[str, dict[str, Any]] | None:
-        for url in self._urls:
-            try:
-                async with session.get(url + FAIRNESS_PATH) as response:
-                    if response.status != 200:
-                        continue
-                    body = await response.json()
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                continue
-            if isinstance(body, dict) and body.get("leader"):
-                return url, body
-        return None
-
-    async def _computed(self) -> dict[str, Any]:
-        state, loaded_at = await self._state.get()
-        queues = []
-        for s in queue_statuses(state):
-            queues.append({"name": s.queue, "weight": s.weight, "fair_share": s.fair_share,
-                           "adjusted_fair_share": s.adjusted_fair_share,
-                           "actual_share": s.actual_share, "queued": s.queued,
-                           "unschedulable": s.unschedulable, "backing_off": s.backing_off,
-                           "released": s.released, "running": s.running,
-                           "cordoned": s.cordoned, "defined": s.defined})
-        return {"leader": None, "computed_at": datetime.fromtimestamp(loaded_at, UTC).isoformat(),
-                "queues": queues}
-
 
 class UiApi:
-    def __init__(self, *, pool: asyncpg.Pool, state: StateCache, sampler: FairnessSampler,
-                 job_json: JobJson, trace_url: str | None,
+    def __init__(self, *, pool: asyncpg.Pool, leader: SchedulerLeader,
+                 sampler: FairnessSampler, job_json: JobJson, trace_url: str | None,
                  traces: TraceStore | None = None) -> None:
-        self.pool, self.state, self.sampler = pool, state, sampler
+        self.pool, self.leader, self.sampler = pool, leader, sampler
         self.job_json, self.trace_url, self.traces = job_json, trace_url, traces
 
     def register(self, app: web.Application) -> None:
@@ -278,10 +113,17 @@ class UiApi:
                                   "may_act": holder.role.may_write})
 
     async def fairness(self, _: web.Request) -> web.Response:
-        if self.sampler.latest is None:
-            raise ApiError(503, "no fairness sample yet: queue-store takes one every "
-                                f"{self.sampler.interval:g} s; retry shortly")
-        return web.json_response(self.sampler.latest)
+        """The leader's report, asked now (a sample could be the report of a leader that has
+        since stopped); without a leader, Postgres's counts and no shares."""
+        queues, report = await queue_standings(self.pool, self.leader)
+        return web.json_response({
+            "source": "leader" if report is not None else "postgres",
+            "sampled_at": datetime.now(UTC).isoformat(),
+            "leader": leader_json(report),
+            "reasons_unavailable": None if report is not None else self.leader.unavailable,
+            "report": {"leader": None if report is None else report.get("instance_id"),
+                       "last_round": None if report is None else report.get("last_round"),
+                       "queues": queues}})
 
     async def fairness_history(self, request: web.Request) -> web.Response:
         since = request.query.get("since")
@@ -309,32 +151,24 @@ class UiApi:
             page = await ui_views.waiting_pods(
                 connection, queue=queue, cluster=request.query.get("cluster") or None,
                 namespace=request.query.get("namespace") or None, offset=offset, limit=limit)
-        picture = self.state.current()
-        ids = [f"{row.cluster}/{row.uid}" for row in page.rows]
-        if page.positions is not None:
-            places = {job_id: (position, page.queue_total)
-                      for job_id, position in zip(ids, page.positions, strict=True)}
-        else:  # filtered: the place in the whole queue, from the picture
-            places = self.state.positions(ids)
-        explainer = None if picture is None else self.state.view.explainer(picture[0],
-                                                                            time.time())
+        places = [(row, (position, page.queue_total))
+                  for row, position in zip(page.rows, page.positions, strict=True)]
+        explained = await explain_rows(self.leader, places)
         pods = []
-        for row, job_id in zip(page.rows, ids, strict=True):
+        for (row, (position, _)), said in zip(places, explained, strict=True):
             entry = self.job_json(row)
-            place = places.get(job_id)
-            entry["position"] = None if place is None else place[0]
-            # A pod newer than the picture is not explained yet (its next refresh will).
-            explanation = None if place is None or explainer is None \
-                else explainer.explain(job_id, place)
-            entry["reason"] = None if explanation is None or explanation.reason is None \
-                else explanation.reason.value
-            entry["message"] = None if explanation is None else explanation.message
+            entry["position"] = position
+            entry["reason"] = said["reason"]
+            entry["message"] = said["message"]
+            entry["round_skip"] = said["round_skip"]
             pods.append(entry)
+        who = explained[0]["leader"] if explained else leader_json(
+            await self.leader.fairness())
         return web.json_response({
             "queue": queue, "total": page.total, "queued_in_queue": page.queue_total,
-            "offset": offset, "limit": limit,
-            "reasons_as_of": None if picture is None
-            else datetime.fromtimestamp(picture[1], UTC).isoformat(), "pods": pods})
+            "offset": offset, "limit": limit, "leader": who,
+            "reasons_unavailable": None if who is not None else self.leader.unavailable,
+            "pods": pods})
 
     async def jobset_pods(self, request: web.Request) -> web.Response:
         queue, jobset = request.match_info["queue"], request.match_info["jobset"]
@@ -373,6 +207,8 @@ class UiApi:
         async with self.pool.acquire() as connection:
             row = await self._pod_row(connection, request)
             eviction = await ui_views.eviction_of(connection, cluster=cluster, uid=row.uid)
+            place = (await job_views.queued_place(connection, row)
+                     if row.state is JobState.QUEUED else None)
         body: dict[str, Any] = {"pod": self.job_json(row), "journey": journey(row),
                                 "eviction": None if eviction is None else eviction.as_json()}
         body["pod"].update({
@@ -380,22 +216,9 @@ class UiApi:
             "running_at": _iso(row.running_at), "finished_at": _iso(row.finished_at),
             "unschedulable_message": row.unschedulable_message,
             "priority_class": row.priority_class, "pod_group": row.pod_group})
-        explanation = None
-        if row.state is JobState.QUEUED:
-            picture = self.state.current()
-            job_id = f"{row.cluster}/{row.uid}"
-            place = self.state.positions([job_id]).get(job_id)
-            if picture is not None and place is not None:
-                explanation = self.state.view.explainer(picture[0], time.time()).explain(
-                    job_id, place)
-            message = (explanation.message if explanation is not None else
-                       "queued; why it waits is being worked out (queue-store is loading its "
-                       "picture of the queues): this page fills it in shortly")
-        else:
-            message = f"not waiting: the pod is {row.state.value}" + (
-                f" ({row.last_reason})" if row.last_reason else "")
-        body["explanation"] = None if explanation is None else explanation_json(explanation)
-        body["message"] = message
+        said = await explain_job(self.leader, row, place)
+        body["position"] = None if place is None else place[0]
+        body.update(said)
         trace_id = trace_id_of(row.uid)
         body["trace_id"] = trace_id
         body["trace_url"] = (self.trace_url.replace("{trace_id}", trace_id)

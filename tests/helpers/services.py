@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from devstack.launcher import STARTUP_SECONDS, ServiceProcess, free_port
+from devstack.roles import service_dsn
 from fair_scheduler.app import FAIRNESS_PATH
 from helpers.waiting import until
 from lockgate_adapters.service import Loop, ServiceContext, run_service
@@ -121,3 +122,24 @@ async def fairness_report(health_port: int) -> dict[str, Any]:
         assert response.status == 200
         report: dict[str, Any] = await response.json()
         return report
+
+
+def scheduler_process(name: str, *, postgres_dsn: str, kafka_bootstrap: str,
+                      env: Mapping[str, str] | None = None) -> ServiceProcess:
+    """`python -m fair_scheduler` over `postgres_dsn` as the scheduler's own role, with fast
+    retries and rounds; its HTTP server (the leader's picture) on a port of its own."""
+    port = free_port()
+    return ServiceProcess(name, "fair_scheduler", {
+        "LOCKGATE_POSTGRES_DSN": service_dsn(postgres_dsn, "fair-scheduler"),
+        "LOCKGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LOCKGATE_SCHEDULER_INSTANCE_ID": name,
+        "LOCKGATE_SCHEDULER_HTTP_PORT": str(port),
+        "LOCKGATE_SCHEDULER_RETRY__INITIAL_SECONDS": str(FAST_RETRY.initial_seconds),
+        "LOCKGATE_SCHEDULER_RETRY__MAX_SECONDS": str(FAST_RETRY.max_seconds),
+        **(env or {})}, health_port=port)
+
+
+def scheduler_urls(*schedulers: ServiceProcess) -> dict[str, str]:
+    """queue-store's setting that points `status`, `explain` and the UI at these schedulers."""
+    return {"LOCKGATE_QUEUE_STORE_SCHEDULER_URLS": json.dumps(
+        [f"http://127.0.0.1:{s.health_port}" for s in schedulers])}

@@ -1,8 +1,11 @@
 """The admin API's read-only views (status, explain, job sets) and a queue's maximum time queued,
-served by a real queue-store process over a fresh database of this module.
+served by a real queue-store process over a fresh database of this module, beside a real
+fair-scheduler process whose picture `status` and `explain` ask.
 
 Job rows are written straight into Postgres (what queue-store would have folded from pod events):
-these views only read them. Each test uses names of its own.
+these views only read them, and the scheduler reads them through its change feed. Each test uses
+names of its own. The last test stops the scheduler: the views must then say the reasons are
+unavailable, never give an old one.
 """
 
 from __future__ import annotations
@@ -18,22 +21,43 @@ import aiohttp
 import asyncpg
 import pytest
 
+from devstack.launcher import ServiceProcess
 from helpers.postgres import fresh_database
+from helpers.services import scheduler_process, scheduler_urls
+from helpers.waiting import eventually
 from queue_store.testing import QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(180)]
 
 
+@dataclass
+class Served:
+    store: QueueStoreUnderTest
+    scheduler: ServiceProcess
+
+
 @pytest.fixture(scope="module")
-async def admin(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreUnderTest]:
+async def served(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[Served]:
     async with fresh_database(pg_dsn, prefix="admin_views_it") as dsn:
         spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
-        process = await spec.start(f"queue-store-views-{spec.group_id}")
+        scheduler = scheduler_process(f"fair-scheduler-views-{spec.group_id}",
+                                      postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
+        process = await spec.start(f"queue-store-views-{spec.group_id}",
+                                   scheduler_urls(scheduler))
+        await scheduler.start()
         try:
-            yield spec
+            await scheduler.wait_ready()  # ready only while leading
+            yield Served(spec, scheduler)
         finally:
+            scheduler_code = await scheduler.stop()
             code = await process.stop()
     assert code == 0, process.log_tail()
+    assert scheduler_code in (0, None, -9), scheduler.log_tail()
+
+
+@pytest.fixture
+def admin(served: Served) -> QueueStoreUnderTest:
+    return served.store
 
 
 @dataclass
@@ -109,23 +133,77 @@ async def test_job_sets_are_listed_with_their_pods_by_state_and_described(
     assert missing.status == 404 and "lockgate jobset list --queue" in missing.body["error"]
 
 
-async def test_explain_and_status_over_the_stored_picture(admin: QueueStoreUnderTest) -> None:
+async def test_explain_and_status_are_the_leaders_picture(admin: QueueStoreUnderTest) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     assert (await call(admin, "POST", "/api/v1/queues", {"name": queue})).status == 201
     cluster = f"c-{uuid.uuid4().hex[:6]}"  # no node ever seen there
     await add_jobs(admin.postgres_dsn, (cluster, "w-0", queue, "js", "queued"),
                    (cluster, "w-1", queue, "js", "queued"))
-    answer = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/w-1")
-    assert answer.status == 200, answer.body
+
+    async def explained() -> Reply | None:
+        answer = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/w-1")
+        assert answer.status == 200, answer.body
+        return answer if answer.body["explanation"] is not None else None
+    # The leader reads the new rows through its change feed and runs a round on them.
+    answer = await eventually(explained, within=30, every=0.2, what="the leader's reason")
     explanation = answer.body["explanation"]
     assert explanation["reason"] == "no_nodes"
     assert (explanation["position"], explanation["queued_in_queue"]) == (2, 2)
+    assert (answer.body["position"], answer.body["queued_in_queue"]) == (2, 2)  # Postgres's
     assert answer.body["message"].startswith(f'queue "{queue}", position 2 of 2')
+    assert answer.body["leader"]["round"]["number"] >= 1
 
-    status = await call(admin, "GET", "/api/v1/status")
-    mine = next(q for q in status.body["queues"] if q["queue"] == queue)
-    assert (mine["queued"], mine["running"]) == (2, 0)
+    async def status_with_queue() -> dict[str, Any] | None:
+        status = await call(admin, "GET", "/api/v1/status")
+        return next((q for q in status.body["queues"] if q["queue"] == queue
+                     and q["queued"] == 2), None)
+    mine = await eventually(status_with_queue, within=30, every=0.2, what="the queue's status")
+    assert (mine["queued"], mine["running"], mine["weight"]) == (2, 0, 1.0)
+    assert mine["fair_share"] is not None and "outcome_last_round" in mine  # the round's own
     assert mine["oldest_wait_seconds"] >= 3600 - 120
 
     missing = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/nobody")
     assert missing.status == 404 and "lockgate.io/queue" in missing.body["error"]
+
+
+async def test_with_the_leader_stopped_the_views_say_no_leader_never_an_old_reason(
+        served: Served) -> None:
+    """Stop the scheduler mid-run: status, explain and the UI's pages must say the reasons are
+    unavailable (with Postgres's counts and places), not keep the last leader's answer."""
+    admin = served.store
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    assert (await call(admin, "POST", "/api/v1/queues", {"name": queue})).status == 201
+    cluster = f"c-{uuid.uuid4().hex[:6]}"
+    await add_jobs(admin.postgres_dsn, *[(cluster, f"s-{i}", queue, "js", "queued")
+                                         for i in range(3)])
+
+    async def led() -> Reply | None:
+        answer = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/s-2")
+        return answer if answer.body["explanation"] is not None else None
+    await eventually(led, within=30, every=0.2, what="the leader's reason")
+    await served.scheduler.kill()  # mid-run, as a crash: nothing said goodbye
+
+    explained = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/s-2")
+    assert explained.status == 200
+    assert explained.body["explanation"] is None and explained.body["leader"] is None
+    assert explained.body["reasons_unavailable"]
+    assert (explained.body["position"], explained.body["queued_in_queue"]) == (3, 3)
+    assert "why it waits is unavailable" in explained.body["message"]
+    assert "no fair-scheduler leader" in explained.body["message"]
+
+    status = await call(admin, "GET", "/api/v1/status")
+    assert status.body["leader"] is None and "no fair-scheduler leader" in status.body[
+        "reasons_unavailable"]
+    mine = next(q for q in status.body["queues"] if q["queue"] == queue)
+    assert (mine["queued"], mine["fair_share"], mine["actual_share"]) == (3, None, None)
+
+    page = await call(admin, "GET", f"/api/v1/queues/{queue}/waiting")
+    assert page.body["leader"] is None and page.body["reasons_unavailable"]
+    assert [p["position"] for p in page.body["pods"]] == [1, 2, 3]
+    assert all(p["reason"] is None and "unavailable" in p["message"]
+               for p in page.body["pods"])
+    pod = await call(admin, "GET", f"/api/v1/pods/{cluster}/ns/s-0")
+    assert pod.body["explanation"] is None and pod.body["reasons_unavailable"]
+    fairness = await call(admin, "GET", "/api/v1/fairness")
+    assert fairness.body["source"] == "postgres" and fairness.body["leader"] is None
+    assert all(q["fair_share"] is None for q in fairness.body["report"]["queues"])

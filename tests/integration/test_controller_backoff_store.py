@@ -18,8 +18,14 @@ import pytest
 from devstack.roles import service_dsn
 from helpers.postgres import fresh_database
 from lockgate.backoff import ControllerBackoff
-from lockgate.scheduler import DEFAULT_FAIRNESS_RESOURCES, Explainer, FeedPolicy, WaitReason
-from lockgate_adapters import job_views
+from lockgate.scheduler import (
+    DEFAULT_FAIRNESS_RESOURCES,
+    Explainer,
+    Feed,
+    FeedPolicy,
+    SchedulerState,
+    WaitReason,
+)
 from lockgate_adapters import scheduler_store as store
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
@@ -63,14 +69,13 @@ async def test_a_back_off_is_stored_with_the_give_up_and_read_by_every_service(d
         assert loaded.backoffs == [backoff]
         assert {job.job_id: job.controller for job in loaded.jobs} == {
             f"{CLUSTER}/given-up": RS, f"{CLUSTER}/replacement": RS}
-        # queue-store's admin views hold the controller's queued pod, as the leader does.
-        queue_store = await asyncpg.connect(service_dsn(dsn, "queue-store"))
-        try:
-            state = (await job_views.scheduler_view(
-                queue_store, fairness_resources=DEFAULT_FAIRNESS_RESOURCES,
-                policy=FeedPolicy())).state
-        finally:
-            await queue_store.close()
+        # The leader's feed, loading those rows, holds the controller's queued pod out.
+        feed = Feed(SchedulerState(DEFAULT_FAIRNESS_RESOURCES), FeedPolicy())
+        feed.load_backoffs(loaded.backoffs, at.timestamp())
+        for queue in loaded.queues:
+            feed.apply_queue(queue.name, queue.spec)
+        feed.apply_jobs(loaded.jobs, now=at.timestamp(), returned={})
+        state = feed.state
         explanation = Explainer(state, now=at.timestamp()).explain(f"{CLUSTER}/replacement")
         assert explanation is not None and explanation.reason is WaitReason.BACKING_OFF
         assert explanation.backoff_attempts == 2

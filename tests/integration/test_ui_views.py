@@ -1,4 +1,5 @@
-"""The web UI's paged views, served by a real queue-store process over a fresh database.
+"""The web UI's paged views, served by a real queue-store process over a fresh database, with a
+real fair-scheduler leader whose picture gives the waiting reasons.
 
 Job, node and eviction rows are written straight into Postgres (what queue-store and the
 scheduler would have written); the views only read them. Every answer is checked against a
@@ -18,6 +19,7 @@ import asyncpg
 import pytest
 
 from helpers.postgres import fresh_database
+from helpers.services import scheduler_process, scheduler_urls
 from helpers.waiting import eventually
 from queue_store.testing import QueueStoreUnderTest
 
@@ -50,9 +52,11 @@ KEPT_PLACES = {f"w-{i}": START - timedelta(seconds=i) for i in range(3, 130, 11)
 async def served(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreUnderTest]:
     async with fresh_database(pg_dsn, prefix="ui_views_it") as dsn:
         spec = QueueStoreUnderTest(postgres_dsn=dsn, kafka_bootstrap=kafka_bootstrap)
+        # Preemption stays off: it would evict the rows' running pods for the queued ones.
+        scheduler = scheduler_process(f"fair-scheduler-ui-{spec.group_id}", postgres_dsn=dsn,
+                                      kafka_bootstrap=kafka_bootstrap)
         process = await spec.start(f"queue-store-ui-{spec.group_id}", {
-            "LOCKGATE_QUEUE_STORE_UI__STATE_MAX_AGE_SECONDS": "0.2",
-            "LOCKGATE_QUEUE_STORE_UI__SAMPLE_SECONDS": "0.5"})
+            **scheduler_urls(scheduler), "LOCKGATE_QUEUE_STORE_UI__SAMPLE_SECONDS": "0.5"})
         connection = await asyncpg.connect(dsn)
         try:
             await connection.executemany(
@@ -78,14 +82,21 @@ async def served(pg_dsn: str, kafka_bootstrap: str) -> AsyncIterator[QueueStoreU
                     OTHER, f"preempted for {OTHER} ({i})", START + timedelta(minutes=i))
             for name in (QUEUE, OTHER):
                 await connection.execute(
-                    "INSERT INTO queues (name, namespaces) VALUES ($1, '[]'::jsonb)", name)
+                    # Cordoned: the leader explains the rows but releases none of them, so
+                    # the model of what is queued stays true.
+                    "INSERT INTO queues (name, namespaces, cordoned) VALUES ($1, '[]'::jsonb,"
+                    " true)", name)
         finally:
             await connection.close()
+        await scheduler.start()
         try:
+            await scheduler.wait_ready()
             yield spec
         finally:
+            scheduler_code = await scheduler.stop()
             code = await process.stop()
     assert code == 0, process.log_tail()
+    assert scheduler_code == 0, scheduler.log_tail()
 
 
 async def get(served: QueueStoreUnderTest, path: str, *, token: str | None = None) -> Any:
@@ -115,21 +126,21 @@ async def test_waiting_pages_walk_the_queue_in_release_order(
             range(offset + 1, offset + 1 + len(page["pods"])))
         seen += [p["name"] for p in page["pods"]]
     assert seen == expected
-    # A filtered page keeps the positions of the whole queue (from the scheduler's picture,
-    # loaded in the background: the first answers may not have them yet).
+    # A filtered page keeps the positions of the whole queue; its reasons are the scheduler
+    # leader's, once it has run a round over the rows.
     positions = {name: i + 1 for i, name in enumerate(expected)}
 
     async def filtered() -> Any:
         page = await get(served, f"/api/v1/queues/{QUEUE}/waiting?cluster={CLUSTERS[1]}"
                                  "&offset=10&limit=20")
-        return page if page["reasons_as_of"] and all(p["position"] for p in page["pods"]) \
-            else None
-    page = await eventually(filtered, within=30, every=0.2, what="a filtered page with places")
+        return page if page["leader"] and all(p["reason"] for p in page["pods"]) else None
+    page = await eventually(filtered, within=30, every=0.2, what="a filtered page with reasons")
     ours = [n for n in expected if ROWS[int(n.split("-")[1])][0] == CLUSTERS[1]]
     assert page["total"] == len(ours)
     assert [p["name"] for p in page["pods"]] == ours[10:30]
     assert [p["position"] for p in page["pods"]] == [positions[n] for n in ours[10:30]]
-    assert all(p["reason"] and p["message"] for p in page["pods"]), page["pods"][0]
+    assert {p["reason"] for p in page["pods"]} == {"queue_cordoned"}, page["pods"][0]
+    assert all(p["message"] for p in page["pods"])
 
 
 async def test_job_sets_page_by_page_and_a_job_sets_pods(served: QueueStoreUnderTest) -> None:

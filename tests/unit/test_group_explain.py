@@ -90,11 +90,6 @@ def test_a_reserving_group_says_since_when_and_what_that_means() -> None:
         "pod group 'ns/g1': 8 of 8 members arrived, needing cpu 16, memory 32Gi in all, "
         "released together or not at all; cluster cluster-a is reserved for it since about "
         "22:14:27Z: nothing else is released there until it fits")
-    # queue-store's view has no round's reservations: it says what is probably so.
-    seen = explain(state, members[0].job_id, now=T0 + 101, group_reserve_after=60,
-                   reservations_known=False)
-    assert seen is not None  # the state holds the reservation, so it is known even here
-    assert seen.group == told.group
 
 
 def test_an_aged_group_not_yet_reserving_says_why() -> None:
@@ -103,11 +98,6 @@ def test_an_aged_group_not_yet_reserving_says_why() -> None:
     due = explain(state, members[0].job_id, now=T0 + 100, group_reserve_after=60)
     assert due is not None and due.group.endswith(
         "; it reserves cluster cluster-a at the next round (due since about 22:14:27Z)")
-    probably = explain(state, members[0].job_id, now=T0 + 100, group_reserve_after=60,
-                       reservations_known=False)
-    assert probably is not None and probably.group.endswith(
-        "; it has reserved cluster cluster-a since about 22:14:27Z, 1m after its last member "
-        "arrived, unless another group holds the cluster's one reservation")
     # Another group holds the cluster's one reservation: it waits for that one.
     state.groups().reserved["cluster-a"] = ("cluster-a", "b", "ns/h")
     behind = explain(state, members[0].job_id, now=T0 + 100, group_reserve_after=60)
@@ -192,12 +182,3 @@ def _fields(standing: GroupStanding) -> dict[str, object]:
     return {name: getattr(standing, name) for name in standing.__slots__}
 
 
-def test_queue_stores_explain_mirrors_the_ageing_and_knows_it_sees_no_reservations() -> None:
-    from queue_store.admin_views import SchedulerView
-
-    members = _members(8)
-    state = _blocked(members)
-    told = SchedulerView(group_reserve_after_seconds=60).explainer(state, T0 + 100).explain(
-        members[0].job_id)
-    assert told is not None and told.group_standing is not None
-    assert told.group_standing.reservation is Reservation.RESERVING_PROBABLY

@@ -121,8 +121,6 @@ class Reservation(StrEnum):
     its newest member arrived reserves its cluster)."""
 
     RESERVING = "reserving"  # the scheduler holds its cluster for it
-    # Aged and still not fitting: queue-store's view, which cannot see the leader's reservations.
-    RESERVING_PROBABLY = "reserving_probably"
     DUE = "due"  # aged and still not fitting: the next round reserves
     BEHIND = "behind"  # aged, but another group holds the cluster's one reservation
     LATER = "later"  # complete, not fitting: it reserves when it has aged
@@ -228,11 +226,10 @@ class Explanation:
 
 def explain(state: SchedulerState, job_id: str, *, now: float,
             preemption: bool | None = None, group_reserve_after: float | None = None,
-            reservations_known: bool = True, holds: bool = True) -> Explanation | None:
+            holds: bool = True) -> Explanation | None:
     """Why `job_id` waits, from the state as it is (after a round, as the leader holds it)."""
     return Explainer(state, now=now, preemption=preemption,
-                     group_reserve_after=group_reserve_after,
-                     reservations_known=reservations_known, holds=holds).explain(job_id)
+                     group_reserve_after=group_reserve_after, holds=holds).explain(job_id)
 
 
 class Explainer:
@@ -241,18 +238,16 @@ class Explainer:
 
     def __init__(self, state: SchedulerState, *, now: float,
                  preemption: bool | None = None, group_reserve_after: float | None = None,
-                 reservations_known: bool = True, holds: bool = True) -> None:
+                 holds: bool = True) -> None:
         """`group_reserve_after`: the leader's group ageing (None: not known, so explain says
-        nothing of when a group reserves). `reservations_known`: False for a state no round
-        ran on (queue-store's), whose groups never hold a reservation: an aged group is then
-        told it probably reserves. `holds`: whether the leader holds room
-        (`room_hold_seconds` above 0, its default)."""
+        nothing of when a group reserves). `holds`: whether the leader holds room
+        (`room_hold_seconds` above 0, its default). Only the leader's state, which its rounds
+        ran on, is explained: its reservations and holds are in it."""
         self.state = state
         self.holds = holds
         self.now = now
         self.preemption = preemption
         self.group_reserve_after = group_reserve_after
-        self.reservations_known = reservations_known
         self.shares = fair_shares(state)
         self.inverse = state.fairness_inverse()
         self._rounds: dict[str, ClusterRoom] = {}
@@ -288,7 +283,7 @@ class Explainer:
             ranks = self._ranks[job.cluster] = _ranks_in(state, job.cluster, self.inverse)
         return _explain(state, job, position, self.shares, self.inverse, rounds, self.now,
                         ranks, self.preemption, self.group_reserve_after,
-                        self.reservations_known, self._gangs, holds=self.holds)
+                        self._gangs, holds=self.holds)
 
 
 def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> str | None:
@@ -348,7 +343,6 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
              shares: Mapping[str, FairShare], inverse: list[float],
              rounds: ClusterRoom | None, now: float, ranks: Mapping[str, Rank],
              preemption: bool | None, reserve_after: float | None = None,
-             reservations_known: bool = True,
              gangs: dict[GroupKey, _Gang | None] | None = None, *,
              holds: bool = True) -> Explanation:
     job_id = job.job_id
@@ -483,8 +477,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         gaps_to=tuple(sorted(gaps)), room_gathers=gathers, above_target=above,
         preemption=preemption,
     )
-    standing = _standing(state, job, gang, reason, now=now, after=reserve_after,
-                         known=reservations_known)
+    standing = _standing(state, job, gang, reason, now=now, after=reserve_after)
     if standing is not None:
         explanation = replace(explanation, group_standing=standing,
                               group=group_text(standing, cluster=job.cluster, now=now))
@@ -540,8 +533,8 @@ def _fits_at_once(rounds: ClusterRoom, shapes: list[Shape], inverse: list[float]
 
 
 def _standing(state: SchedulerState, job: SchedJob, gang: _Gang | None,
-              reason: WaitReason | None, *, now: float, after: float | None,
-              known: bool) -> GroupStanding | None:
+              reason: WaitReason | None, *, now: float,
+              after: float | None) -> GroupStanding | None:
     if job.group is None:
         return None
     groups = state.groups()
@@ -578,7 +571,7 @@ def _standing(state: SchedulerState, job: SchedJob, gang: _Gang | None,
         where = Reservation.BEHIND
         reserved_by = f"pod group {holder[2]!r} of queue \"{holder[1]}\""
     else:
-        where = Reservation.DUE if known else Reservation.RESERVING_PROBABLY
+        where = Reservation.DUE
     return GroupStanding(name=key[2], size=status.size, max_size=most, queued=status.queued,
                          held=status.held, needs=gang.needs, reservation=where, reserve_at=at,
                          reserve_after=after, reserved_by=reserved_by)
@@ -645,9 +638,6 @@ def reservation_text(g: GroupStanding, *, cluster: str, now: float) -> str:
                     "else is released there until it fits")
         return (f"cluster {cluster} is reserved for it since about {at}: nothing else is "
                 "released there until it fits")
-    if where is Reservation.RESERVING_PROBABLY:
-        return (f"it has reserved cluster {cluster} since about {at}, {after} after its last "
-                "member arrived, unless another group holds the cluster's one reservation")
     if where is Reservation.DUE:
         return f"it reserves cluster {cluster} at the next round (due since about {at})"
     if where is Reservation.BEHIND:

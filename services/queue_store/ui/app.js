@@ -268,7 +268,7 @@ async function overviewPage(view) {
       anyPerCluster ? el("td", { class: "small muted", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
   });
   const source = fairness.error ? `no fairness report: ${fairness.error}`
-    : fairness.source === "postgres" ? `computed from Postgres ${ago(fairness.sampled_at)} (no scheduler leader answered)`
+    : fairness.source === "postgres" ? `no shares: ${fairness.reasons_unavailable} (the counts are Postgres's)`
       : `from the scheduler leader, round ${report.last_round ? ago(report.last_round.at) : "–"}`;
   const queuesCard = el("div", { class: "card" },
     el("h2", {}, "Queues"),
@@ -415,8 +415,10 @@ async function queuePage(view, name) {
       el("span", { class: "muted" }, `job sets ${jobsetOffset + 1}–${jobsetOffset + jobsets.jobsets.length}`),
       el("button", { class: "quiet", onclick: moveJobsets(jobsetOffset + JOBSETS_PAGE), disabled: !more }, "Next ›")) : null)));
   view.root.querySelector('[data-region="waiting"]').replaceChildren(...kids(
-    el("p", { class: "small muted" }, `${waiting.queued_in_queue} queued in the queue; ` + (waiting.reasons_as_of
-      ? `reasons as of ${ago(waiting.reasons_as_of)}` : "reasons are being worked out (the first look at the queues), shortly")),
+    el("p", { class: waiting.leader ? "small muted" : "small error", "data-reasons": waiting.leader ? "leader" : "unavailable" },
+      `${waiting.queued_in_queue} queued in the queue; ` + (waiting.leader
+        ? `reasons from the scheduler leader's round ${waiting.leader.round ? ago(waiting.leader.round.at) : "–"}`
+        : `no reasons: ${waiting.reasons_unavailable}`)),
     table(["#Position", "Pod", "Cluster", "Job set", "Priority", "Requests", "Waiting", "Reason"],
       waiting.pods.map((p) => el("tr", { "data-pod": `${p.cluster}/${p.namespace}/${p.name}` },
         num(p.position ?? "…"), el("td", {}, link(podHref(p), `${p.namespace}/${p.name}`)), el("td", {}, p.cluster),
@@ -521,7 +523,7 @@ async function podPage(view, cluster, namespace, name) {
           "data-reached": s.reached ? "true" : "false" },
         el("b", {}, s.step), el("span", { class: "small" }, s.at ? when(s.at) : (s.reached ? "" : "not yet")),
         s.detail ? el("div", { class: "small muted" }, s.detail) : null))),
-      el("h2", {}, "Why"), el("div", { class: "explain", "data-explain": "" }, body.message || ""),
+      el("h2", {}, "Why"), el("div", { class: "explain", "data-explain": "", "data-reasons": body.reasons_unavailable ? "unavailable" : "leader" }, body.message || ""),
       body.eviction ? el("p", { class: "error", "data-eviction": "" },
         `Evicted (${body.eviction.kind}, ${body.eviction.action}) ${ago(body.eviction.decided_at)}: ${body.eviction.message}`) : null),
     el("div", { class: "card" }, el("dl", { class: "facts" },

@@ -1,0 +1,138 @@
+"""The leader's picture after a round: the one answer to `status`, `explain` and the web UI.
+
+Why this exists: what users read about the scheduler used to be worked out three times (the
+leader's round, queue-store per request from a full load of Postgres, and a second incremental
+copy for the UI), and the copies could not see the leader's holds and reservations, so they
+could disagree with it. Now the leader builds a `RoundReport` from each round's own results and
+keeps it; queue-store asks the leader (as Armada's non-leaders proxy scheduling reports to it)
+and answers from Postgres alone, saying that the reasons are unavailable, when no leader answers.
+
+A report holds every queue's standing after the round (`QueueStatus`, the shape `lockgate
+status` shows) and what the round said of each job it passed over (`skipped`). Why a waiting pod
+waits is explained against the leader's state with the same `Explainer` the pod's Events use,
+built once per round when first asked (so a page of 500 pods costs one explainer), and never
+older than the last round: the leader replaces the report after every round.
+
+Pure: the leader passes the state, the round's result and the clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lockgate.scheduler.explain import Explainer, Explanation, QueueStatus
+from lockgate.scheduler.round import RoundResult, SkipReason
+from lockgate.scheduler.state import SchedulerState
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainSettings:
+    """What an explanation says of the leader's own settings."""
+
+    preemption: bool
+    group_reserve_after: float | None
+    holds: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRound:
+    """One queue's part in the round, beside its standing."""
+
+    demand_share: float
+    allocated: int
+    released: int  # in this round
+    outcome: str
+    skipped: Mapping[str, int]  # why its waiting jobs were passed over, by reason
+    set_aside: tuple[str, ...]  # clusters none of its waiting jobs could go to this round
+
+
+@dataclass(slots=True)
+class RoundReport:
+    """What the leader's last round decided and why, for every queue and waiting job."""
+
+    number: int  # rounds of this term of leadership, 1 for the first
+    at: float  # epoch seconds the round decided at
+    queues: tuple[QueueStatus, ...]
+    rounds: Mapping[str, QueueRound]  # by queue name
+    skipped: Mapping[str, SkipReason]  # every job the round looked at and passed over
+    _state: SchedulerState
+    _settings: ExplainSettings
+    _explainer: Explainer | None = field(default=None)
+
+    def explain(self, jobs: Iterable[tuple[str, tuple[int, int] | None]], *,
+                now: float) -> dict[str, Explanation | None]:
+        """Why each (job id, (place, of how many) in its queue) waits, or None for a job the
+        leader does not hold (finished, or not yet seen). Pass the place when it is known
+        (queue-store reads it from Postgres's index): without it the explainer counts the
+        queue's pods, a pass over every job."""
+        explainer = self._explainer
+        if explainer is None:
+            settings = self._settings
+            explainer = self._explainer = Explainer(
+                self._state, now=now, preemption=settings.preemption,
+                group_reserve_after=settings.group_reserve_after, holds=settings.holds)
+        explainer.now = now
+        return {job_id: explainer.explain(job_id, place) for job_id, place in jobs}
+
+    def status_of(self, queue: str) -> QueueStatus | None:
+        for status in self.queues:
+            if status.queue == queue:
+                return status
+        return None
+
+
+def report_round(state: SchedulerState, result: RoundResult, *, number: int, at: float,
+                 phases: Mapping[str, Counter[str]], settings: ExplainSettings) -> RoundReport:
+    """The report of a round just run on `state` (after its decisions were recorded).
+
+    O(queues): the counts come from the leader's running tallies (`Feed.phases` and the state's
+    per-queue usage), never from a pass over the jobs, which at fleet scale is a million."""
+    queues: list[QueueStatus] = []
+    rounds: dict[str, QueueRound] = {}
+    for name, report in sorted(result.queues.items()):
+        spec = state.queue_spec(name)
+        usage = state.queue_usage(name)
+        share = report.share
+        counts = phases.get(name, Counter())
+        queues.append(QueueStatus(
+            queue=name, defined=spec is not None, cordoned=spec is not None and spec.cordoned,
+            # An undefined queue has no weight: it releases nothing (as its outcome says).
+            weight=share.weight if spec is not None else 0.0, fair_share=share.fair_share,
+            adjusted_fair_share=share.adjusted_fair_share, actual_share=share.actual_share,
+            queued=usage.queued_jobs, unschedulable=usage.unschedulable_jobs,
+            released=counts["released"], running=counts["running"],
+            # Postgres knows when each pod joined the line (kept places included); the leader
+            # keeps no per-queue minimum, so the reader adds it (`status_json`).
+            oldest_queued_at=None,
+            max_queued_seconds=None if spec is None or spec.max_queued is None
+            else spec.max_queued.seconds,
+            backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
+            cluster_targets=dict(share.cluster_targets),
+            cluster_shares=dict(share.cluster_shares)))
+        rounds[name] = QueueRound(
+            demand_share=share.demand_share, allocated=report.allocated,
+            released=report.released, outcome=report.outcome.value,
+            skipped={str(reason.value): count for reason, count in report.skipped.items()
+                     if count},
+            set_aside=tuple(report.set_aside))
+    return RoundReport(number=number, at=at, queues=tuple(queues), rounds=rounds,
+                       skipped=result.skipped_jobs, _state=state, _settings=settings)
+
+
+def status_json(status: QueueStatus) -> dict[str, Any]:
+    """A queue's standing as `lockgate status` and the UI read it."""
+    body = asdict(status)
+    body["cluster_targets"] = dict(status.cluster_targets)
+    body["cluster_shares"] = dict(status.cluster_shares)
+    return body
+
+
+def explanation_json(explanation: Explanation) -> dict[str, Any]:
+    """An explanation as `lockgate explain` and the UI read it."""
+    body = asdict(explanation)
+    body["reason"] = None if explanation.reason is None else explanation.reason.value
+    body["competing_queues"] = list(explanation.competing_queues)
+    return body
