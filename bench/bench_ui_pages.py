@@ -7,10 +7,9 @@ running pods on 8 nodes. The admin API runs in this process on a loopback port w
 and each page is fetched over HTTP as the UI fetches it, with a token.
 
 For each page: the median of several fetches, at N = 1,000 (the baseline, same run) and at
-N = 100,000, and their ratio: a page cut in Postgres costs about the same at both sizes. The
-waiting page's reasons come from the scheduler picture (`ui_api.StateCache`), loaded in the
-background once and then refreshed from the change feed: its first load is reported on its own
-(`state_load`), and the pages are timed with it loaded, as the UI sees them.
+N = 100,000, and their ratio: a page cut in Postgres costs about the same at both sizes. No
+scheduler runs here, so the pages say the reasons are unavailable: the waiting reasons are the
+leader's, asked per page, and `bench_leader_views.py` measures them with a leader at fleet scale.
 
 Prints one JSON object per page.
 """
@@ -118,7 +117,7 @@ PAGES: dict[str, Callable[[int], str]] = {
 }
 
 
-async def measure(server_dsn: str, queued: int) -> tuple[dict[str, float], float]:
+async def measure(server_dsn: str, queued: int) -> dict[str, float]:
     database = f"bench_ui_{uuid.uuid4().hex[:12]}"
     dsn = await create_database(server_dsn, database)
     token = new_token()
@@ -129,17 +128,14 @@ async def measure(server_dsn: str, queued: int) -> tuple[dict[str, float], float
             await fill(pool, queued)
             settings = QueueStoreSettings(
                 admin_tokens=[entry_for("bench", Role.READ_ONLY, token).line()],
-                postgres_dsn=dsn, kafka_bootstrap="127.0.0.1:1",
-                ui={"state_max_age_seconds": 3600})
+                postgres_dsn=dsn, kafka_bootstrap="127.0.0.1:1")
             keeper = NamespaceKeeper(apis={}, extra_labels={}, token_seconds=3600,
                                      create_any=True)
 
             async def no_publish(_: Any, __: Any) -> None:
                 raise RuntimeError("the bench reads only")
 
-            admin, _, picture = admin_api(pool, settings, publish=no_publish, keeper=keeper)
-            stopping = asyncio.Event()
-            refreshing = asyncio.create_task(picture.run(stopping))
+            admin, _, leader = admin_api(pool, settings, publish=no_publish, keeper=keeper)
             runner = web.AppRunner(admin.app(), access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -154,18 +150,13 @@ async def measure(server_dsn: str, queued: int) -> tuple[dict[str, float], float
                             assert response.status == 200, (path, await response.text())
                             await response.read()
 
-                    started = time.perf_counter()
-                    await get(PAGES["pod_queued"](queued))  # asks for the picture
-                    await picture.get()  # shares the load the request started
-                    state_load = (time.perf_counter() - started) * 1000
                     found = {}
                     for name, page in PAGES.items():
                         path = page(queued)
                         found[name] = await median_ms(functools.partial(get, path))
-                    return found, state_load
+                    return found
             finally:
-                stopping.set()
-                await refreshing
+                await leader.close()
                 await runner.cleanup()
         finally:
             await pool.close()
@@ -179,16 +170,12 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=int, default=1_000)
     args = parser.parse_args(argv)
     stack = devstack.ensure_up()
-    base, base_load = await measure(stack.postgres_dsn, args.baseline)
-    big, big_load = await measure(stack.postgres_dsn, args.queued)
+    base = await measure(stack.postgres_dsn, args.baseline)
+    big = await measure(stack.postgres_dsn, args.queued)
     for name in PAGES:
         emit({"name": f"ui_{name}", "queued": args.queued, "median_ms": round(big[name], 2),
               "baseline_queued": args.baseline, "baseline_median_ms": round(base[name], 2),
               "ratio_to_baseline": round(big[name] / base[name], 2)})
-    emit({"name": "ui_state_load", "queued": args.queued, "ms": round(big_load, 1),
-          "baseline_queued": args.baseline, "baseline_ms": round(base_load, 1),
-          "note": "one load of the scheduler picture behind waiting reasons, shared by all "
-                  "callers for ui.state_max_age_seconds"})
     return 0
 
 

@@ -27,6 +27,8 @@ BENCHES = [
     ("ingest", [sys.executable, str(HERE / "bench_ingest.py"), "--instances", "1,2"]),
     ("release", [sys.executable, str(HERE / "bench_release.py")]),
     ("ui_pages", [sys.executable, str(HERE / "bench_ui_pages.py")]),
+    # status, explain and two UI pages at a million queued pods, a leader running (issue 37).
+    ("leader_views", [sys.executable, str(HERE / "bench_leader_views.py")]),
 ]
 
 

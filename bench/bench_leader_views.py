@@ -1,0 +1,292 @@
+"""Leader views benchmark: `status`, `explain`, a UI queue page and a pod page at fleet scale.
+
+Issue 37 moved every answer about why pods wait to the fair-scheduler leader's picture of its
+last round; queue-store asks the leader and adds only what Postgres keeps. This measures those
+four calls as a user makes them, at N queued pods against the same calls at the baseline's N
+(1,000) in the same run:
+
+- a fresh database on the local stack's Postgres holding the simulator's fleet: 20,000 nodes in
+  50 clusters of 400, each filled by one running pod, 1,000 queues, and N queued pods spread
+  over the queues and clusters (mixed shapes), written by queue-store's own bulk writer;
+- a real fair-scheduler process leading over it (it loads every row, then runs rounds), while a
+  writer in this process ends a few running pods every half second, so rounds keep releasing
+  and the leader's picture keeps changing under the requests;
+- queue-store's admin API in this process, asking that leader, fetched over HTTP with a token.
+
+Each call is made REQUESTS times; p50 and p99 are printed per call and size, one JSON object per
+call: {"name": "leader_view_<call>", "queued": N, "p50_ms", "p99_ms", "baseline_*", ratios}.
+Target (issue 37): p99 <= 200 ms at 1,000,000 queued, and no call growing with N beyond a page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+
+import devstack
+from devstack.launcher import ServiceProcess, free_port
+from devstack.roles import service_dsn
+from lockgate.ingest import JobRow
+from lockgate.jobs import JobState
+from lockgate_adapters import job_store
+from lockgate_adapters.admin_tokens import Role, entry_for, new_token
+from lockgate_adapters.postgres import (
+    CHANGES_CHANNEL,
+    connect_pool,
+    create_database,
+    drop_database,
+    migrate,
+)
+from lockgate_adapters.settings import RetryPolicy
+from queue_store.app import admin_api
+from queue_store.namespaces import NamespaceKeeper
+from queue_store.settings import QueueStoreSettings
+
+CLUSTERS = 50
+NODES_PER_CLUSTER = 400
+QUEUES = 1_000
+REQUESTS = 200
+NODE_CPU = 16_000
+NODE_MEMORY = 64 * 2**30
+# Queued shapes (cpu millicores, memory bytes): small, medium, large, as the simulator's mix.
+SHAPES = ((500, 2**30), (2_000, 4 * 2**30), (8_000, 16 * 2**30))
+TARGET_P99_MS = 200.0
+LOAD_SECONDS = 900.0  # the leader's first load of a million rows, at most
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def cluster_name(run: str, index: int) -> str:
+    return f"lv{run}-{index:02d}"
+
+
+def queued_rows(run: str, queued: int) -> list[JobRow]:
+    now = datetime.now(UTC)
+    rows = []
+    for i in range(queued):
+        cpu, memory = SHAPES[i % len(SHAPES)]
+        rows.append(JobRow(
+            cluster=cluster_name(run, i % CLUSTERS), uid=str(uuid.UUID(int=i + 1)),
+            namespace=f"ns-{i % 20}", name=f"pod-{i}", queue=f"q-{i % QUEUES:04d}",
+            jobset=f"js-{i % 100}", priority=(i % 11 == 0) * 10,
+            requests={"cpu": cpu, "memory": memory}, state=JobState.QUEUED, node_name=None,
+            created_at=now - timedelta(seconds=queued - i), state_changed_at=now))
+    return rows
+
+
+def running_rows(run: str) -> list[JobRow]:
+    """One running pod filling each node, of every queue in turn."""
+    now = datetime.now(UTC)
+    rows = []
+    for c in range(CLUSTERS):
+        for n in range(NODES_PER_CLUSTER):
+            i = c * NODES_PER_CLUSTER + n
+            rows.append(JobRow(
+                cluster=cluster_name(run, c), uid=str(uuid.UUID(int=10**9 + i)),
+                namespace="ns-run", name=f"run-{i}", queue=f"q-{i % QUEUES:04d}",
+                jobset=f"run-{i % 10}", priority=0,
+                requests={"cpu": NODE_CPU, "memory": NODE_MEMORY}, state=JobState.RUNNING,
+                node_name=f"node-{n}", created_at=now - timedelta(hours=1),
+                state_changed_at=now, running_at=now))
+    return rows
+
+
+async def fill(pool: asyncpg.Pool, run: str, queued: int) -> None:
+    async with pool.acquire() as connection:
+        await connection.execute(
+            "INSERT INTO queues (name, priority_factor, namespaces)"
+            " SELECT 'q-' || lpad(i::text, 4, '0'), 1 + (i % 3), '[]'::jsonb"
+            " FROM generate_series(0, $1 - 1) AS i", QUEUES)
+        await connection.execute(
+            "INSERT INTO cluster_nodes (cluster, node, allocatable, unmanaged_usage,"
+            " schedulable, present, observed_at, labels, taints)"
+            " SELECT 'lv' || $1 || '-' || lpad(c::text, 2, '0'), 'node-' || n,"
+            " jsonb_build_object('cpu', $2::bigint, 'memory', $3::bigint), '{}'::jsonb, true,"
+            " true, now(), '{}'::jsonb, '[]'::jsonb"
+            " FROM generate_series(0, $4 - 1) AS c, generate_series(0, $5 - 1) AS n",
+            run, NODE_CPU, NODE_MEMORY, CLUSTERS, NODES_PER_CLUSTER)
+        rows = running_rows(run) + queued_rows(run, queued)
+        for start in range(0, len(rows), 20_000):
+            async with connection.transaction():
+                await job_store.upsert_jobs(connection, rows[start:start + 20_000])
+        # As autovacuum leaves a table that stopped growing (visibility map set, statistics).
+        await connection.execute("VACUUM ANALYZE jobs")
+
+
+async def keep_rounds_going(pool: asyncpg.Pool, run: str, stopping: asyncio.Event) -> int:
+    """End a few running pods every half second (as pods finish), so the leader's rounds keep
+    releasing queued ones into the room; returns how many ended."""
+    ended = 0
+    while not stopping.is_set():
+        async with pool.acquire() as connection, connection.transaction():
+            done = await connection.fetch(
+                "UPDATE jobs SET state = 'succeeded', state_changed_at = now(),"
+                " finished_at = now(), serial = nextval('change_serial'),"
+                " writer_xid = pg_current_xact_id()::text::bigint"
+                " WHERE (cluster, uid) IN (SELECT cluster, uid FROM jobs"
+                "  WHERE cluster LIKE $1 AND state = 'running' LIMIT 5) RETURNING uid",
+                f"lv{run}-%")
+            await connection.execute("SELECT pg_notify($1, 'bench')", CHANGES_CHANNEL)
+        ended += len(done)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), 0.5)
+    return ended
+
+
+async def leader_round(port: int) -> dict[str, Any] | None:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{port}/api/v1/fairness",
+                timeout=aiohttp.ClientTimeout(total=5)) as response:
+            body = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    return body.get("last_round") if body.get("leader") else None
+
+
+async def timings(fetch: Callable[[], Awaitable[None]]) -> list[float]:
+    await fetch()  # warm: connections, plans, the round's explainer
+    times = []
+    for _ in range(REQUESTS):
+        started = time.perf_counter()
+        await fetch()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def p99(times: list[float]) -> float:
+    return statistics.quantiles(times, n=100, method="inclusive")[98]
+
+
+def calls(run: str, queued: int) -> dict[str, str]:
+    """The four calls, each about a pod in the middle of the line of a busy queue."""
+    i = queued // 2
+    cluster, pod = cluster_name(run, i % CLUSTERS), f"pod-{i}"
+    return {
+        "status": "/api/v1/status",
+        "explain": f"/api/v1/explain/{cluster}/ns-{i % 20}/{pod}",
+        "ui_queue_page": f"/api/v1/queues/q-{i % QUEUES:04d}/waiting?limit=50",
+        "ui_pod_page": f"/api/v1/pods/{cluster}/ns-{i % 20}/{pod}",
+    }
+
+
+async def measure(stack: Any, queued: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    run = uuid.uuid4().hex[:6]
+    database = f"bench_leader_{run}"
+    dsn = await create_database(stack.postgres_dsn, database)
+    token = new_token()
+    facts: dict[str, Any] = {}
+    try:
+        pool = await connect_pool(dsn, policy=RetryPolicy(), max_size=6)
+        try:
+            await migrate(pool)
+            started = time.perf_counter()
+            await fill(pool, run, queued)
+            facts["fill_seconds"] = round(time.perf_counter() - started, 1)
+            port = free_port()
+            scheduler = ServiceProcess(f"bench-leader-{run}", "fair_scheduler", {
+                "LOCKGATE_POSTGRES_DSN": service_dsn(dsn, "fair-scheduler"),
+                "LOCKGATE_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+                "LOCKGATE_SCHEDULER_INSTANCE_ID": f"bench-{run}",
+                "LOCKGATE_SCHEDULER_HTTP_PORT": str(port)}, health_port=port)
+            await scheduler.start()
+            try:
+                started = time.perf_counter()
+                deadline = time.monotonic() + LOAD_SECONDS
+                while await leader_round(port) is None:
+                    if not scheduler.alive() or time.monotonic() > deadline:
+                        raise RuntimeError("the leader did not finish its first round:\n"
+                                           + scheduler.log_tail())
+                    await asyncio.sleep(1)
+                facts["leader_first_round_seconds"] = round(time.perf_counter() - started, 1)
+                found = await _timed_calls(pool, dsn, run, queued, token, port, facts)
+            finally:
+                await scheduler.stop()
+            return found, facts
+        finally:
+            await pool.close()
+    finally:
+        await drop_database(stack.postgres_dsn, database)
+
+
+async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, token: str,
+                       port: int, facts: dict[str, Any]) -> dict[str, list[float]]:
+    settings = QueueStoreSettings(
+        admin_tokens=[entry_for("bench", Role.READ_ONLY, token).line()], postgres_dsn=dsn,
+        kafka_bootstrap="127.0.0.1:1", scheduler_urls=[f"http://127.0.0.1:{port}"])
+    keeper = NamespaceKeeper(apis={}, extra_labels={}, token_seconds=3600, create_any=True)
+
+    async def no_publish(_: Any, __: Any) -> None:
+        raise RuntimeError("the bench reads only")
+
+    admin, _, leader = admin_api(pool, settings, publish=no_publish, keeper=keeper)
+    runner = web.AppRunner(admin.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    stopping = asyncio.Event()
+    writer = asyncio.create_task(keep_rounds_going(pool, run, stopping))
+    first = await leader_round(port)
+    found: dict[str, list[float]] = {}
+    try:
+        async with aiohttp.ClientSession(
+                f"http://127.0.0.1:{runner.addresses[0][1]}",
+                headers={"Authorization": f"Bearer {token}"}) as session:
+            for name, path in calls(run, queued).items():
+                async def get(path: str = path, name: str = name) -> None:
+                    async with session.get(path) as response:
+                        assert response.status == 200, (path, await response.text())
+                        body = await response.json()
+                    if name == "explain":  # an answer from the leader, not "unavailable"
+                        assert body["explanation"] is not None, body
+                found[name] = await timings(get)
+    finally:
+        stopping.set()
+        facts["pods_ended_meanwhile"] = await writer
+        last = await leader_round(port)
+        facts["rounds_meanwhile"] = (0 if first is None or last is None
+                                     else last["number"] - first["number"])
+        await leader.close()
+        await runner.cleanup()
+    return found
+
+
+async def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queued", type=int, default=1_000_000)
+    parser.add_argument("--baseline", type=int, default=1_000)
+    args = parser.parse_args(argv)
+    stack = devstack.ensure_up()
+    base, base_facts = await measure(stack, args.baseline)
+    big, big_facts = await measure(stack, args.queued)
+    for name, times in big.items():
+        emit({"name": f"leader_view_{name}", "queued": args.queued,
+              "p50_ms": round(statistics.median(times), 2), "p99_ms": round(p99(times), 2),
+              "baseline_queued": args.baseline,
+              "baseline_p50_ms": round(statistics.median(base[name]), 2),
+              "baseline_p99_ms": round(p99(base[name]), 2),
+              "ratio_p99_to_baseline": round(p99(times) / p99(base[name]), 2),
+              "target_p99_ms": TARGET_P99_MS, "met": p99(times) <= TARGET_P99_MS})
+    emit({"name": "leader_view_setup", "queued": args.queued, **big_facts,
+          "baseline_queued": args.baseline,
+          **{f"baseline_{k}": v for k, v in base_facts.items()}})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
