@@ -335,8 +335,8 @@ async def test_queue_page_lists_waiting_pods_in_order_with_their_reason(
     positions = [int(p) for p in await page.locator(
         "[data-table=waiting] tr[data-pod] td:first-child").all_inner_texts()]
     assert positions == list(range(1, len(names) + 1))
-    # Why each waits comes from queue-store's picture of the queues, loaded in the background
-    # the first time the UI asks: the page fills the reasons in when it is ready.
+    # Why each waits is the scheduler leader's, asked for the page: a pod newer than the
+    # leader's last round gets its reason with the next round.
     doomed = page.locator(f'tr[data-pod="{ALIAS_A}/{NAMESPACE}/{DOOMED}-0"] [data-reason]')
 
     async def reasoned() -> str | None:
