@@ -20,7 +20,12 @@ from typing import Any
 from prometheus_client import Gauge, Histogram
 
 from lockgate.scheduler import PHASES
-from lockgate.scheduler.report import RoundReport, explanation_json, status_json
+from lockgate.scheduler.report import (
+    RoundReport,
+    explanation_json,
+    short_reason,
+    status_json,
+)
 from lockgate.wait_estimates import ReleaseRates
 
 MAX_EXPLAINED = 1000  # pods per explain request: a UI page is at most 500
@@ -69,6 +74,7 @@ class FairnessReport:
     # release benchmark, most of them to the value the gauge already had). The report owns its
     # queues' gauges: one report per process, as the leader keeps.
     _values: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    _queues_cache: tuple[RoundReport, list[dict[str, Any]]] | None = None
 
     def set_leader(self, leader: bool) -> None:
         self.leader = leader
@@ -126,8 +132,19 @@ class FairnessReport:
 
     def as_json(self) -> dict[str, Any]:
         """GET /api/v1/fairness: every queue's standing and its part in the last round."""
-        queues: list[dict[str, Any]] = []
         picture = self.picture if self.leader else None
+        return {"instance_id": self.instance_id, "leader": self.leader,
+                "last_round": self._round_json(), "queues": self._queues_json(picture)}
+
+    def _queues_json(self, picture: RoundReport | None) -> list[dict[str, Any]]:
+        """The queues of a picture as JSON, built once per round: every status, the UI's
+        overview and queue-store's samples ask for them (1,000 queues at fleet scale)."""
+        if picture is None:
+            return []
+        cached = self._queues_cache
+        if cached is not None and cached[0] is picture:
+            return cached[1]
+        queues: list[dict[str, Any]] = []
         if picture is not None:
             for status in picture.queues:
                 entry = status_json(status)
@@ -152,8 +169,8 @@ class FairnessReport:
                         "clusters_set_aside_last_round": list(part.set_aside),
                     })
                 queues.append(entry)
-        return {"instance_id": self.instance_id, "leader": self.leader,
-                "last_round": self._round_json(), "queues": queues}
+        self._queues_cache = (picture, queues)
+        return queues
 
     def explain_json(self, body: object, *, now: float) -> dict[str, Any]:
         """POST /api/v1/explain: why each asked pod waits, from the last round's picture."""
@@ -172,6 +189,7 @@ class FairnessReport:
                     "explanation": None, "held_out": held_out, "retry_due": retry_due}
                 continue
             entry: dict[str, Any] = {"explanation": explanation_json(explanation),
+                                     "summary": short_reason(explanation),
                                      "round_skip": None}
             skip = picture.skipped.get(job_id)
             if skip is not None:

@@ -175,7 +175,8 @@ async def explain_rows(leader: SchedulerLeader,
     now = time.time()
     found: list[dict[str, Any]] = []
     for row, place in rows:
-        entry: dict[str, Any] = {"explanation": None, "reason": None, "estimate": None,
+        entry: dict[str, Any] = {"explanation": None, "reason": None, "summary": None,
+                                 "estimate": None,
                                  "round_skip": None, "held_out": None, "leader": who,
                                  "reasons_unavailable": None}
         if row.state is not JobState.QUEUED:
@@ -184,18 +185,23 @@ async def explain_rows(leader: SchedulerLeader,
         elif answer is None:
             where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "
             entry["message"] = f"queued, {where}why it waits is unavailable: {leader.unavailable}"
+            entry["summary"] = "reason unavailable: no leader"
             entry["reasons_unavailable"] = leader.unavailable
         else:
             said = explained.get(job_id(row.cluster, row.uid))
             explanation = None if not isinstance(said, dict) else said.get("explanation")
             if said is not None and explanation is not None:
                 entry.update({"explanation": explanation, "reason": explanation.get("reason"),
+                              "summary": said.get("summary"),
                               "message": explanation.get("message"),
                               "estimate": said.get("estimate"),
                               "round_skip": said.get("round_skip")})
             else:
                 held_out = None if not isinstance(said, dict) else said.get("held_out")
                 entry["held_out"] = held_out
+                entry["summary"] = {"expired": "past its maximum time queued",
+                                    "backing_off": "release failed: retrying"}.get(
+                                        held_out or "", "new: next round")
                 entry["message"] = _held_out_message(
                     held_out, None if not isinstance(said, dict) else said.get("retry_due"),
                     now) or ("queued, and new to the scheduler: its next round looks at it "

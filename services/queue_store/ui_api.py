@@ -158,7 +158,9 @@ class UiApi:
         for (row, (position, _)), said in zip(places, explained, strict=True):
             entry = self.job_json(row)
             entry["position"] = position
+            entry["in_line_since"] = row.in_line_since.isoformat()  # a kept place's time
             entry["reason"] = said["reason"]
+            entry["summary"] = said["summary"]
             entry["message"] = said["message"]
             entry["round_skip"] = said["round_skip"]
             pods.append(entry)

@@ -292,6 +292,17 @@ async def test_overview_shows_every_queue_shares_over_time_and_the_clusters(
         return abs(shown - await model()) < 0.02
     await eventually(actual_matches, within=30, every=0.5,
                      what="A's actual share on the overview to match its bound pods' cpu")
+    # The headline is the fair target against what each queue holds; the fair and adjusted
+    # shares are in the detail, and the chart's legend names every queue in its row's colour.
+    headers = await page.locator("[data-table=queues] th").all_inner_texts()
+    assert headers[:4] == ["Queue", "Weight", "Fair target", "Holds"], headers
+    assert await page.locator("[data-table=shares] tr[data-queue-detail]").count() >= 3
+    for queue in (QA, QB, QC):
+        swatch = await page.locator(f'tr[data-queue="{queue}"] .swatch').evaluate(
+            "e => getComputedStyle(e).backgroundColor")
+        legend = await page.locator(f'[data-legend-queue="{queue}"] i').evaluate(
+            "e => getComputedStyle(e).backgroundColor")
+        assert swatch == legend, (queue, swatch, legend)
     # The chart draws each queue's lines once there are samples.
     await page.wait_for_selector(f'polyline[data-series="{QA}:actual"]', timeout=30_000)
     await page.wait_for_selector(f'polyline[data-series="{QB}:target"]', timeout=30_000)
@@ -346,6 +357,16 @@ async def test_queue_page_lists_waiting_pods_in_order_with_their_reason(
                             what=f"a reason for {DOOMED}-0 on the queue page") == "node_fit"
     assert NAMESPACE in await text_of(page, "[data-field=namespaces]")
     assert "pods" in await text_of(page, "[data-field=allowed_kinds]")
+    # One line per pod: a short reason; the whole sentence opens below it.
+    heights = await page.locator("[data-table=waiting] tr[data-pod]").evaluate_all(
+        "rows => rows.map(r => r.getBoundingClientRect().height)")
+    line = await page.locator("[data-table=waiting] tr[data-pod] td").first.evaluate(
+        "td => parseFloat(getComputedStyle(td).lineHeight)")
+    assert all(h < 2 * line + 12 for h in heights), (heights, line)
+    summary = doomed.locator("xpath=ancestor::details")
+    assert (await doomed.inner_text()).strip() == "fits no node"
+    await summary.locator("summary").click()
+    assert "fits no node of cluster" in await summary.inner_text()
     assert "cpu 1000" in await text_of(page, "[data-field=limits]")
     assert await page.locator(f'[data-table=jobsets] tr[data-jobset="{DOOMED}"]').count() == 1
     await screenshot(page, "queue")

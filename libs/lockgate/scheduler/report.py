@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lockgate.scheduler.explain import Explainer, Explanation, QueueStatus
+from lockgate.scheduler.explain import Explainer, Explanation, QueueStatus, WaitReason
 from lockgate.scheduler.round import RoundResult, SkipReason
 from lockgate.scheduler.state import SchedulerState
 
@@ -136,3 +136,31 @@ def explanation_json(explanation: Explanation) -> dict[str, Any]:
     body["reason"] = None if explanation.reason is None else explanation.reason.value
     body["competing_queues"] = list(explanation.competing_queues)
     return body
+
+
+def short_reason(explanation: Explanation) -> str:
+    """Why a pod waits in a few words, for a line of a list (the web UI's queue page): what a
+    team lead reads at a glance. The whole sentence is `Explanation.message`."""
+    reason, cluster = explanation.reason, explanation.cluster
+    if reason is None:
+        return "not waiting"
+    if explanation.held_on is not None:
+        return "room held for it"
+    if reason is WaitReason.FAIR_SHARE:
+        return f"over its share in {cluster}"
+    if reason is WaitReason.CLUSTER_ROOM:
+        return f"owed room in {cluster}" if explanation.below_target else (
+            f"no room in {cluster}")
+    return _SHORT[reason].format(cluster=cluster)
+
+
+_SHORT: dict[WaitReason, str] = {
+    WaitReason.NODE_FIT: "fits no node",
+    WaitReason.NO_NODES: "no nodes in {cluster}",
+    WaitReason.QUEUE_LIMIT: "at its queue's limit",
+    WaitReason.QUEUE_CORDONED: "queue cordoned",
+    WaitReason.QUEUE_UNKNOWN: "queue not defined",
+    WaitReason.BACKING_OFF: "its controller backs off",
+    WaitReason.GROUP_INCOMPLETE: "waiting for its group",
+    WaitReason.NEXT_ROUND: "next round",
+}

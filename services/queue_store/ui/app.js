@@ -60,14 +60,15 @@ function when(iso) {
   const d = new Date(iso);
   return d.toLocaleString(undefined, { hour12: false });
 }
-function ago(iso) {
+function since(iso) {
   if (!iso) return "";
   const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
-  if (s < 90) return `${Math.round(s)}s ago`;
-  if (s < 5400) return `${Math.round(s / 60)}m ago`;
-  if (s < 129600) return `${Math.round(s / 3600)}h ago`;
-  return `${Math.round(s / 86400)}d ago`;
+  if (s < 90) return `${Math.round(s)}s`;
+  if (s < 5400) return `${Math.round(s / 60)}m`;
+  if (s < 129600) return `${Math.round(s / 3600)}h`;
+  return `${Math.round(s / 86400)}d`;
 }
+const ago = (iso) => (iso ? `${since(iso)} ago` : "");
 function amount(resource, value) {
   if (resource === "cpu") return `${+(value / 1000).toPrecision(4)}`;
   if (resource === "memory" || resource === "ephemeral-storage") {
@@ -225,9 +226,11 @@ function table(headers, rows, attrs) {
 }
 const num = (value) => el("td", { class: "num" }, value === undefined || value === null ? "–" : String(value));
 const podHref = (p) => `#/pods/${enc(p.cluster)}/${enc(p.namespace)}/${enc(p.name)}`;
-const colorOf = (names) => {
-  const sorted = [...names].sort();
-  return (name) => COLORS[sorted.indexOf(name) % COLORS.length];
+// A queue keeps its colour whatever other queues come and go: it is a hash of its name.
+const colorOf = () => (name) => {
+  let h = 5381;
+  for (const c of name) h = ((h * 33) ^ c.codePointAt(0)) >>> 0;
+  return COLORS[h % COLORS.length];
 };
 
 // ---- overview -----------------------------------------------------------------------------
@@ -251,7 +254,8 @@ async function overviewPage(view) {
   // Per-cluster figures, when the scheduler gives them (fair targets per cluster).
   const perClusterOf = (r) => PER_CLUSTER_KEYS.map((k) => r[k]).find((v) => v && typeof v === "object") || null;
   const anyPerCluster = [...reported.values()].some((r) => perClusterOf(r));
-  const anyTarget = [...reported.values()].some((r) => typeof r.fair_target === "number");
+  // The headline is what matters: each queue's fair target against what it holds, overall and
+  // per cluster. The fair and adjusted shares are in the detail below, with what each means.
   const rows = [...names].sort().map((name) => {
     const r = reported.get(name) || {};
     const spec = defined.get(name);
@@ -261,28 +265,46 @@ async function overviewPage(view) {
         spec ? (spec.cordoned ? el("span", { class: "pill state-failed" }, " cordoned") : null)
           : el("span", { class: "pill state-failed" }, " undefined")),
       num(spec ? +spec.weight.toPrecision(4) : r.weight),
-      num(pct(r.fair_share)), num(pct(r.adjusted_fair_share)),
-      anyTarget ? el("td", { class: "num", "data-target": r.fair_target ?? "" }, pct(r.fair_target)) : null,
+      el("td", { class: "num", "data-target": r.fair_target ?? "" }, pct(r.fair_target)),
       el("td", { class: "num", "data-actual": r.actual_share ?? "" }, pct(r.actual_share)),
+      el("td", {}, targetBar(r.actual_share, r.fair_target)),
       el("td", { class: "num", "data-waiting": "" }, String(r.queued ?? waitingByQueue[name] ?? 0)), num(r.released), num(r.running),
-      anyPerCluster ? el("td", { class: "small muted", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
+      anyPerCluster ? el("td", { class: "small", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
+  });
+  const detailRows = [...names].sort().map((name) => {
+    const r = reported.get(name) || {};
+    return el("tr", { "data-queue-detail": name }, el("td", {}, name), num(pct(r.fair_share)),
+      num(pct(r.adjusted_fair_share)), num(pct(r.fair_target)), num(pct(r.actual_share)));
   });
   const source = fairness.error ? `no fairness report: ${fairness.error}`
     : fairness.source === "postgres" ? `no shares: ${fairness.reasons_unavailable} (the counts are Postgres's)`
       : `from the scheduler leader, round ${report.last_round ? ago(report.last_round.at) : "–"}`;
   const queuesCard = el("div", { class: "card" },
     el("h2", {}, "Queues"),
-    table(["Queue", "#Weight", "#Fair share", "#Adjusted fair share", ...(anyTarget ? ["#Fair target"] : []), "#Actual share",
-      "#Waiting", "#Released", "#Running", ...(anyPerCluster ? ["Per cluster"] : [])], rows, { "data-table": "queues" }),
-    el("p", { class: "small muted" }, source));
+    table(["Queue", "#Weight", "#Fair target", "#Holds", "Holds / target", "#Waiting", "#Released", "#Running",
+      ...(anyPerCluster ? ["Per cluster: holds / target"] : [])], rows, { "data-table": "queues" }),
+    el("p", { class: "small muted" }, source),
+    el("details", { "data-detail": "shares" }, el("summary", { class: "small" }, "Fair and adjusted shares, and what each means"),
+      el("dl", { class: "facts small" },
+        el("dt", {}, "Fair share"), el("dd", {}, "the queue's weight over the weights of the queues with work: what it gets if every queue could use anything."),
+        el("dt", {}, "Adjusted fair share"), el("dd", {}, "the fair share with what queues cannot use (they ask for less) given to the others; over the whole pool, not where pods may run."),
+        el("dt", {}, "Fair target"), el("dd", {}, "what the scheduler aims at: the adjusted share constrained by where each queue's pods can run (their cluster, node filters). This is the number to compare with what the queue holds."),
+        el("dt", {}, "Holds"), el("dd", {}, "the queue's dominant share of the pool now (released, bound and running pods).")),
+      table(["Queue", "#Fair share", "#Adjusted fair share", "#Fair target", "#Holds"], detailRows, { "data-table": "shares" })));
   for (const tr of queuesCard.querySelectorAll("tr[data-queue] .swatch")) {
     tr.style.cssText = `display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px;background:${color(tr.closest("tr").dataset.queue)}`;
   }
   region(view, "queues").replaceChildren(...kids(queuesCard));
   region(view, "chart").replaceChildren(...kids(el("div", { class: "card" },
     el("h2", {}, "Shares over time"),
+    el("div", { class: "legend", "data-legend": "" }, [...names].sort().map((name) => {
+      // Through the CSSOM: the page's Content-Security-Policy refuses inline style attributes.
+      const swatch = el("i");
+      swatch.style.background = color(name);
+      return el("span", { "data-legend-queue": name }, swatch, name);
+    })),
     shareChart(history.samples || [], color),
-    el("p", { class: "small muted" }, "solid: actual share · dashed: the fair target (the scheduler's, else the adjusted fair share) · sampled every ",
+    el("p", { class: "small muted" }, "solid: what the queue holds · dashed: its fair target · sampled every ",
       `${history.interval_seconds || "?"} s`))));
   region(view, "clusters").replaceChildren(...kids(el("div", { class: "card" },
     el("h2", {}, "Clusters"), clustersTable(clusters.clusters, color))));
@@ -292,6 +314,7 @@ function clusterTargets(perCluster) {
     : Object.entries(perCluster);
   return entries.map(([name, c]) => {
     if (typeof c !== "object" || c === null) return `${name}: ${c}`;
+    if ("target" in c || "actual" in c) return `${name} ${pct(c.actual)} / ${pct(c.target)}`;
     const parts = [];
     for (const [k, v] of Object.entries(c)) {
       if (k === "cluster" || k === "name") continue;
@@ -299,6 +322,21 @@ function clusterTargets(perCluster) {
     }
     return `${name}: ${parts.join(", ")}`;
   }).join(" · ");
+}
+// What a queue holds against its fair target: the fill is what it holds, the tick its target
+// (each scaled to the larger of the two, so a queue owed 0.7% reads as clearly as one owed 40%).
+function targetBar(actual, target) {
+  if (typeof actual !== "number" || typeof target !== "number") return el("span", { class: "muted" }, "–");
+  const scale = Math.max(actual, target, 1e-9) * 1.15;
+  const short = actual < target * 0.95;
+  const bar = el("div", { class: "bar target-bar", "data-holds": short ? "below" : "at-or-above",
+    title: `holds ${pct(actual)} of the pool; its fair target is ${pct(target)}` });
+  const fill = el("span", { class: short ? "below" : "met" });
+  fill.style.width = `${(100 * actual / scale).toFixed(1)}%`;
+  const tick = el("b", { class: "tick" });
+  tick.style.left = `${(100 * target / scale).toFixed(1)}%`;
+  bar.append(fill, tick);
+  return bar;
 }
 function shareChart(samples, color) {
   const W = 900, H = 240, L = 40, R = 10, T = 10, B = 24;
@@ -419,13 +457,19 @@ async function queuePage(view, name) {
       `${waiting.queued_in_queue} queued in the queue; ` + (waiting.leader
         ? `reasons from the scheduler leader's round ${waiting.leader.round ? ago(waiting.leader.round.at) : "–"}`
         : `no reasons: ${waiting.reasons_unavailable}`)),
-    table(["#Position", "Pod", "Cluster", "Job set", "Priority", "Requests", "Waiting", "Reason"],
+    // One line per pod, as a team lead scans it: the short reason, the whole sentence on expand
+    // (and on the pod's page).
+    table(["#Position", "Pod", "Cluster", "#Waiting", "Reason"],
       waiting.pods.map((p) => el("tr", { "data-pod": `${p.cluster}/${p.namespace}/${p.name}` },
-        num(p.position ?? "…"), el("td", {}, link(podHref(p), `${p.namespace}/${p.name}`)), el("td", {}, p.cluster),
-        el("td", {}, link(`#/jobsets/${enc(p.queue)}/${enc(p.jobset)}`, p.jobset)), num(p.priority),
-        el("td", { class: "small" }, requests(p.requests)), el("td", { class: "small" }, ago(p.created_at)),
-        el("td", { class: "small", title: p.message || "" }, el("b", { "data-reason": p.reason || "" }, p.reason || "–"),
-          p.message ? el("div", { class: "muted" }, p.message) : null))), { "data-table": "waiting" }),
+        num(p.position ?? "…"),
+        el("td", { class: "name", title: `${p.namespace}/${p.name} · job set ${p.jobset} · priority ${p.priority} · ${requests(p.requests)}` },
+          link(podHref(p), p.name)),
+        el("td", {}, p.cluster), el("td", { class: "num", title: "in line since " + when(p.in_line_since) }, since(p.in_line_since)),
+        el("td", { class: "reason" }, p.message
+          ? el("details", {}, el("summary", { "data-reason": p.reason || "" }, p.summary || p.reason || "–"),
+            el("div", { class: "muted small" }, p.message))
+          : el("span", { "data-reason": p.reason || "" }, p.summary || p.reason || "–")))),
+      { "data-table": "waiting", class: "oneline" }),
     pager(view, waiting.total, view.refresh)));
 }
 function queueFacts(spec) {
