@@ -56,6 +56,11 @@ class WaterfallRow:
     offset_us: int  # from the earliest span shown
     linked: bool  # from another trace, linked from the pod's
 
+    @property
+    def synthetic(self) -> bool:
+        """Not a recorded span: the wait in line, worked out from the others."""
+        return not self.span.span_id
+
 
 @dataclass(frozen=True)
 class Waterfall:
@@ -65,7 +70,12 @@ class Waterfall:
 
     @property
     def services(self) -> tuple[str, ...]:
-        return tuple(sorted({row.span.service for row in self.rows}))
+        return tuple(sorted({row.span.service for row in self.rows if not row.synthetic}))
+
+    @property
+    def recorded(self) -> int:
+        """The spans the services recorded (the wait in line is none of them)."""
+        return sum(1 for row in self.rows if not row.synthetic)
 
 
 def spans_from_jaeger(document: Mapping[str, Any]) -> list[TraceSpan]:
@@ -158,7 +168,37 @@ def waterfall(pod_spans: Sequence[TraceSpan], linked: Sequence[TraceSpan] = ()) 
 
     for root in sorted(children.get(None, []), key=_order):
         visit(root, 0)
+    _add_wait_in_line(rows, list(own.values()), start)
     return Waterfall(tuple(rows), start, total)
+
+
+RELEASE_DECIDED = "release decided"  # the leader's span (fair_scheduler.leading)
+WAIT_IN_LINE = "waiting in line"
+
+
+def _add_wait_in_line(rows: list[WaterfallRow], own: Sequence[TraceSpan], start: int) -> None:
+    """A row for the time the pod waited in its queue: from the end of its last span before
+    the release was decided (stored by queue-store) to that decision. No service records it,
+    as nothing runs then, but it is most of a queued pod's journey: without it the chart is
+    a gap, and every span a hairline beside it."""
+    decided = next((i for i, row in enumerate(rows)
+                    if row.span.name == RELEASE_DECIDED and not row.linked), None)
+    if decided is None:
+        return
+    release = rows[decided].span
+    before = [s.end_us for s in own if s is not release and s.end_us <= release.start_us]
+    if not before or release.start_us - max(before) <= 0:
+        return
+    begun = max(before)
+    wait = TraceSpan(trace_id=release.trace_id, span_id="", parent_id=release.parent_id,
+                     service="lockgate", name=WAIT_IN_LINE, start_us=begun,
+                     duration_us=release.start_us - begun,
+                     attributes={"lockgate.synthetic": "the pod waited in its queue"})
+    # In time order among the trees: before the first one that begins after the wait does
+    # (the round that released it, linked from another trace, overlaps its end).
+    at = next((i for i, row in enumerate(rows) if row.depth == 0 and row.span.start_us >= begun),
+              decided)
+    rows.insert(at, WaterfallRow(wait, 0, begun - start, False))
 
 
 def waterfall_json(chart: Waterfall) -> dict[str, Any]:
@@ -169,6 +209,7 @@ def waterfall_json(chart: Waterfall) -> dict[str, Any]:
                        "offset_us": r.offset_us, "duration_us": r.span.duration_us,
                        "trace_id": r.span.trace_id, "span_id": r.span.span_id,
                        "parent_id": r.span.parent_id, "linked": r.linked,
+                       "wait": r.synthetic,
                        "error": r.span.error, "attributes": dict(r.span.attributes)}
                       for r in chart.rows]}
 

@@ -110,7 +110,7 @@ def render_waterfall(chart: Waterfall, *, pod: str, trace_id: str, width: int = 
     """The chart as lines of at most `width` columns (the attributes may run past it)."""
     rows = chart.rows
     services = chart.services
-    lines = [f"Trace {trace_id} of pod {pod}: {len(rows)} spans from {len(services)} "
+    lines = [f"Trace {trace_id} of pod {pod}: {chart.recorded} spans from {len(services)} "
              f"service{'s' if len(services) != 1 else ''} over {format_micros(chart.total_us)}"]
     names = [("  " * r.depth) + ("~" if r.linked else "") + r.span.name
              + (" (error)" if r.span.error else "") for r in rows]

@@ -39,6 +39,7 @@ def test_the_pod_trace_is_a_tree_in_time_order_with_the_linked_spans_where_they_
         ("admission-webhook", "admission review", 0, True),
         ("cluster-watcher", "pod observed", 0, False),
         ("queue-store", "queue-store store lockgate.pod-events.v1", 1, False),
+        ("lockgate", "waiting in line", 0, False),  # no span: worked out from the others
         ("fair-scheduler", "schedule-round", 0, True),
         ("fair-scheduler", "release decided", 0, False),
         ("ungater", "ungate", 1, False),
@@ -49,7 +50,20 @@ def test_the_pod_trace_is_a_tree_in_time_order_with_the_linked_spans_where_they_
     assert chart.total_us == 1_210_280
     assert chart.rows[-1].span.error
     assert chart.services == ("admission-webhook", "cluster-watcher", "fair-scheduler",
-                              "queue-store", "ungater")
+                              "queue-store", "ungater")  # the wait is no service's span
+    assert chart.recorded == 7
+
+
+def test_the_wait_in_line_is_a_row_from_the_pod_stored_to_its_release_decided() -> None:
+    rows = {r.span.name: r for r in the_chart().rows}
+    stored = rows["queue-store store lockgate.pod-events.v1"].span
+    decided = rows["release decided"].span
+    wait = rows["waiting in line"]
+    assert (wait.span.start_us, wait.span.end_us) == (stored.end_us, decided.start_us)
+    assert wait.span.duration_us > 0 and not wait.span.span_id
+    # A trace with no release decided yet (the pod still waits) has no such row.
+    spans = [s for s in spans_from_jaeger(RECORDED["pod"]) if s.name != "release decided"]
+    assert "waiting in line" not in {r.span.name for r in waterfall(spans).rows}
 
 
 def test_links_name_the_other_traces_to_fetch_in_the_order_first_linked() -> None:
@@ -67,15 +81,17 @@ def test_the_waterfall_lines_put_each_span_where_it_falls_on_one_time_axis() -> 
     assert header[:4] == ["SERVICE", "SPAN", "START", "DURATION"]
     assert header[-2:] == ["0s", "1.21s"]
     assert all(len(line) <= 100 for line in lines[1:-1])
-    bars = [line[line.index("|"):] for line in lines[2:9]]
+    bars = [line[line.index("|"):] for line in lines[2:10]]
     first_marks = [bar.index("#") for bar in bars]
     assert first_marks == sorted(first_marks), "bars move right as time goes on"
     assert bars[0].startswith("|#") and bars[-1].rstrip().endswith("#|")
-    rows = {line.split("  ")[0].strip(): line for line in lines[2:9]}
+    rows = {line.split("  ")[0].strip(): line for line in lines[2:10]}
     assert "~admission review" in rows["admission-webhook"]
-    assert "  ungate" in lines[7] and "38ms" in lines[7]
     assert "  queue-store store lockgate.pod-events…" in lines[4], "shortened to fit"
-    assert "pod observed (error)" in lines[8]
+    # The wait in line has a bar of its own, from the pod stored to its release decided.
+    assert "waiting in line" in lines[5] and lines[5].count("#") >= 5
+    assert "  ungate" in lines[8] and "38ms" in lines[8]
+    assert "pod observed (error)" in lines[9]
     assert lines[-1].startswith("~ a span of another trace")
 
 
@@ -133,7 +149,8 @@ def test_lockgate_trace_reads_the_uid_from_the_api_and_the_spans_from_the_trace_
         ["jaeger.test"] * 4  # the pod's, then the three it links to (one is missing: 404)
     as_json = json.loads(recorded.run("trace", "cluster-a/team-a/sleeper-x", "--traces",
                                       "http://jaeger.test", "-o", "json").out)
-    assert as_json["trace_id"] == TRACE_ID and len(as_json["spans"]) == 7
+    assert as_json["trace_id"] == TRACE_ID and len(as_json["spans"]) == 8
+    assert [s["name"] for s in as_json["spans"] if s["wait"]] == ["waiting in line"]
 
 
 def test_lockgate_trace_says_what_is_missing() -> None:

@@ -597,23 +597,27 @@ function micros(us) {
 function traceCard(trace) {
   const spans = trace.spans || [];
   const total = Math.max(1, trace.total_us || 0);
+  const recorded = spans.filter((r) => !r.wait).length;
   const head = spans.length
-    ? `${spans.length} spans from ${(trace.services || []).length} services over ${micros(trace.total_us || 0)}`
+    ? `${recorded} spans from ${(trace.services || []).length} services over ${micros(trace.total_us || 0)}`
     : (trace.message || "no spans");
   return el("div", { class: "card", "data-waterfall": "" }, el("h2", {}, "Trace"),
     el("p", { class: "small muted" }, head),
     spans.length ? el("table", { class: "waterfall" },
       el("thead", {}, el("tr", {}, el("th", {}, "Service"), el("th", {}, "Span"),
         el("th", { class: "num" }, "Start"), el("th", { class: "num" }, "Duration"), el("th", {}, ""))),
-      el("tbody", {}, spans.map((r) => el("tr", { "data-span": r.name, class: r.linked ? "linked" : null },
-        el("td", {}, r.service),
+      el("tbody", {}, spans.map((r) => el("tr", { "data-span": r.name, "data-wait": r.wait ? "" : null,
+        class: r.wait ? "wait" : r.linked ? "linked" : null },
+        el("td", {}, r.wait ? "–" : r.service),
         el("td", { title: Object.entries(r.attributes || {}).map(([k, v]) => `${k}=${v}`).join("\n") },
           "\u00a0\u00a0".repeat(r.depth) + (r.linked ? "~" : "") + r.name + (r.error ? " (error)" : "")),
         el("td", { class: "num" }, r.offset_us ? micros(r.offset_us) : "0s"),
         el("td", { class: "num" }, micros(r.duration_us)),
         el("td", { class: "span-bar" }, svg("svg", { viewBox: "0 0 1000 10", preserveAspectRatio: "none" },
           svg("rect", { x: Math.min(999, 1000 * r.offset_us / total), y: 1, height: 8,
-            width: Math.max(2, 1000 * r.duration_us / total), class: r.error ? "error" : "" }))))))) : null,
+            width: Math.max(2, 1000 * r.duration_us / total), class: r.error ? "error" : r.wait ? "wait" : "" }))))))) : null,
+    spans.some((r) => r.wait) ? el("p", { class: "small muted" },
+      "waiting in line: no service's span, the time from the pod stored to its release decided") : null,
     spans.some((r) => r.linked) ? el("p", { class: "small muted" },
       "~ a span of another trace the pod's spans link to (its admission review, the round that released it); hover a span for its attributes") : null);
 }
