@@ -34,7 +34,8 @@ from typing import Any
 import asyncpg
 
 import devstack
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import prepare_database
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState

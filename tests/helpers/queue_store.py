@@ -23,7 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import service_dsn
 from helpers.services import FAST_RETRY
 from lockgate.events import Topic

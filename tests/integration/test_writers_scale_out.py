@@ -30,7 +30,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from helpers.kafka import wait_committed_past
 from helpers.postgres import fresh_database
 from helpers.queue_store import QueueStoreUnderTest, stored_events
