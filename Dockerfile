@@ -1,4 +1,8 @@
 # One image for every lockgate service; the command picks the service (python -m <service>).
+# It ships only what the services run: the core (libs/lockgate), the adapters
+# (libs/lockgate_adapters) and services/. devstack (the local stack, the simulator), the CLI,
+# tests and benchmarks stay out; the import contracts in pyproject.toml (no service imports
+# devstack, the CLI or the tests) are what make that safe.
 # BASE: any image with Python >= 3.11 and venv; the official python image by default. Without a
 # registry, devstack builds one from Debian (deploy/images/python, libs/devstack/images.py).
 # extra-ca.crt, if the build context has one, is trusted by pip: a CA that re-signs outbound TLS
@@ -17,9 +21,15 @@ RUN python -m venv /opt/lockgate \
  && pip install --disable-pip-version-check -r /tmp/requirements.txt "setuptools>=69" \
  && rm -f extra-ca.crt /tmp/requirements.txt \
  && useradd --uid 10001 lockgate
-COPY libs ./libs
+# These three COPY lines and devstack.images.IMAGE_SOURCES name the same folders (a unit test
+# checks): `make compose-test` builds the image from a context of only those.
+COPY libs/lockgate ./libs/lockgate
+COPY libs/lockgate_adapters ./libs/lockgate_adapters
 COPY services ./services
-# setuptools is in the venv already: no index is needed for this step.
-RUN pip install --disable-pip-version-check --no-deps --no-build-isolation .
+# setuptools is in the venv already: no index is needed for this step. It installs the packages
+# it finds (those above); the CLI's console scripts, whose package is not here, are removed.
+RUN pip install --disable-pip-version-check --no-deps --no-build-isolation . \
+ && rm -f /opt/lockgate/bin/lockgate /opt/lockgate/bin/kubectl-lockgate \
+          /opt/lockgate/bin/kubectl_complete-lockgate
 USER 10001
 CMD ["python", "-m", "queue_store"]

@@ -28,12 +28,14 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 import devstack
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import prepare_database
 from lockgate.events import POD_EVENTS, PodEvent
 from lockgate.jobs import JobState
@@ -41,7 +43,11 @@ from lockgate_adapters.kafka import make_producer, publish_many
 from lockgate_adapters.postgres import connect_pool, create_database, drop_database, migrate
 from lockgate_adapters.settings import RetryPolicy
 from queue_store.ingesting import store_events
-from queue_store.testing import QueueStoreUnderTest, stored_events
+
+# The isolated queue-store of the integration tests (tests/helpers/queue_store.py), imported as
+# pytest imports it: with tests/ on the path. It is a test helper, kept out of the service.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers.queue_store import QueueStoreUnderTest, stored_events
 
 MAX_EVENTS = 200_000
 

@@ -37,7 +37,8 @@ import asyncpg
 from aiohttp import web
 
 import devstack
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import service_dsn
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState

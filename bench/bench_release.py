@@ -31,8 +31,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
 from devstack.demo import fresh_database
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
 from devstack.pod_creation import create_pod_as_a_controller
+from devstack.ports import ServicePorts
 from lockgate.labels import (
     JOBSET_LABEL,
     MANAGED_NAMESPACE_LABEL,

@@ -40,7 +40,8 @@ from bench_release import (
 from devstack.config import Settings
 from devstack.demo import fresh_database
 from devstack.images import JAEGER, ensure_go_tool
-from devstack.launcher import Lockgate, ServicePorts, free_port
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts, free_port
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.pod_traces import TraceSpan, linked_traces, spans_from_jaeger, trace_id_of_uid
 from lockgate_adapters.kube import api_client

@@ -42,6 +42,7 @@ from devstack.images import Images
 from devstack.incluster import InClusterWebhook, kubeconfig_token_and_ca
 from devstack.launcher import RUN_LABEL
 from devstack.manifests import delete_queue_copies, ensure_queue_crd
+from devstack.ports import COMPOSE_PORTS, COMPOSE_WEBHOOK_PORTS
 from devstack.stack import Stack, StackInfo
 from lockgate.labels import MANAGED_NAMESPACE_LABEL
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
@@ -52,14 +53,6 @@ PROJECT = "lockgate-compose"
 RUN_ID = "compose"  # namespaces labelled lockgate.io/run=compose are this deployment's
 QUEUE_SOURCE = "compose"
 IDENTITIES = ("cluster-watcher", "ungater", "queue-sync")
-# docker-compose.local.yml's defaults (plus LOCKGATE_STACK_PORT_OFFSET), and the webhooks'.
-DEFAULT_PORTS = {
-    "POSTGRES": 55532, "KAFKA": 59192, "KAFKA_CONTROLLER": 59193, "OTLP": 54318,
-    "JAEGER_QUERY": 56686, "JAEGER_GRPC": 56685, "JAEGER_HEALTH": 53133, "ADMIN": 58180,
-    "QUEUE_STORE_HEALTH": 58201, "WATCHER_HEALTH": 58202, "SCHEDULER_HEALTH": 58203,
-    "UNGATER_HEALTH": 58205,
-}
-WEBHOOK_PORTS = {"cluster-a": (58243, 58206), "cluster-b": (58244, 58207)}
 
 
 def _say(text: str) -> None:
@@ -108,7 +101,7 @@ def state_dir(settings: Settings) -> Path:
 
 
 def ports_with_offset(offset: int) -> dict[str, int]:
-    return {name: port + offset for name, port in DEFAULT_PORTS.items()}
+    return {name: port + offset for name, port in COMPOSE_PORTS.items()}
 
 
 def kube_dir_for(info: StackInfo, directory: Path) -> Path:
@@ -228,7 +221,7 @@ async def up(settings: Settings, say: Callable[[str], None] = _say, *,
 
 
 def _webhook_ports(cluster: str, offset: int) -> tuple[int, int]:
-    webhook, health = WEBHOOK_PORTS.get(cluster, (58245, 58208))
+    webhook, health = COMPOSE_WEBHOOK_PORTS.get(cluster, (58245, 58208))
     return webhook + offset, health + offset
 
 

@@ -46,7 +46,8 @@ from devstack import (
     demo_unfinished,
     demo_weights,
 )
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts
 from lockgate.labels import JOBSET_LABEL, MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate_adapters.kube import api_client
 from lockgate_adapters.postgres import connect_pool, create_database

@@ -31,7 +31,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import devstack
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts
 from lockgate.labels import JOBSET_LABEL, QUEUE_LABEL
 from lockgate_adapters import namespace_store
 from lockgate_adapters.kube import api_client

@@ -28,7 +28,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.isolation import keep_only_clusters
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts
 from devstack.stack import StackInfo
 from lockgate.groups import GROUP_LABEL, GROUP_SIZE_KEY
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, PREEMPTIBLE_LABEL, QUEUE_LABEL

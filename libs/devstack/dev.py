@@ -36,7 +36,8 @@ import asyncpg
 
 from devstack.config import Settings
 from devstack.jaeger import JaegerPorts, JaegerProcess, ensure_binary
-from devstack.launcher import Lockgate, ServicePorts, free_port
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts, free_port
 from devstack.procs import cmdline, pid_alive
 from devstack.stack import Stack
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
@@ -56,9 +57,7 @@ def dev_dir(settings: Settings) -> Path:
 
 
 def ports(offset: int) -> ServicePorts:
-    defaults = ServicePorts()
-    return ServicePorts(**{f.name: getattr(defaults, f.name) + offset
-                           for f in fields(ServicePorts)})
+    return ServicePorts.shifted(offset)
 
 
 BUSY_PORT_PATIENCE_SECONDS = 20.0

@@ -126,15 +126,21 @@ def _recipe_files(name: str) -> list[tuple[str, Path]]:
     return [(str(p.relative_to(root)), p) for p in root.rglob("*") if p.is_file()]
 
 
+# The folders the repo's Dockerfile copies into the service image: what the services run, and
+# nothing else (not devstack, the CLI, tests or benchmarks). The same as its COPY lines.
+IMAGE_SOURCES = ("libs/lockgate", "libs/lockgate_adapters", "services")
+
+
 def lockgate_sources() -> list[tuple[str, Path]]:
-    """What the repo's Dockerfile copies: pyproject, README, libs/ and services/ (no caches),
-    without libs/devstack, which no service imports (so changing the stack rebuilds nothing)."""
+    """The build context of the repo's Dockerfile: itself, pyproject, README and the folders of
+    IMAGE_SOURCES (no caches). Nothing else is sent, so changing devstack, the CLI or the tests
+    rebuilds nothing."""
     files = [("Dockerfile", REPO / "Dockerfile"), ("pyproject.toml", REPO / "pyproject.toml"),
              ("README.md", REPO / "README.md")]
-    for top in ("libs", "services"):
-        for path in (REPO / top).rglob("*"):
+    for top in IMAGE_SOURCES:
+        for path in sorted((REPO / top).rglob("*")):
             rel = path.relative_to(REPO)
-            if path.is_file() and rel.parts[:2] != ("libs", "devstack") and not any(
+            if path.is_file() and not any(
                     part == "__pycache__" or part.endswith(".egg-info") for part in rel.parts):
                 files.append((str(rel), path))
     return files

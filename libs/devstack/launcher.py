@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -31,6 +29,7 @@ from devstack.manifests import (
     load,
     render_webhook_configuration,
 )
+from devstack.ports import ServicePorts
 from devstack.procs import terminate
 from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
@@ -65,41 +64,6 @@ DEFAULT_LOG_DIR = Path(
         if os.environ.get("LOCKGATE_STACK_DIR") else None)
     or Path.home() / ".local/state/lockgate/service-logs"
 )
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now, for a service about to start.
-
-    Taken below the kernel's ephemeral range: a port from `bind(0)` is ephemeral, and any
-    outgoing connection (to Kafka, Postgres, an apiserver) may take it before the service binds
-    it, which a busy machine once did. Never the same port twice in one process.
-    """
-    low, high = _below_ephemeral_ports()
-    for _ in range(500):
-        port = random.randint(low, high)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError(f"no free loopback port between {low} and {high}")
-
-
-def _below_ephemeral_ports() -> tuple[int, int]:
-    try:
-        first_ephemeral = int(
-            Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first_ephemeral = 32768  # Linux's default
-    high = max(first_ephemeral - 1, 2048)
-    return max(1024, high - 12000), high
 
 
 class ServiceProcess:
@@ -169,26 +133,6 @@ class ServiceProcess:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-@dataclass
-class ServicePorts:
-    """Loopback ports of the services' HTTP endpoints."""
-
-    webhook: int = 58443
-    admin_api: int = 58080
-    queue_store_health: int = 58101
-    watcher_health: int = 58102
-    scheduler_health: int = 58103
-    standby_scheduler_health: int = 58104
-    ungater_health: int = 58105
-    webhook_health: int = 58106
-    second_ungater_health: int = 58107  # only with Lockgate(ungater_replicas=2)
-
-    @classmethod
-    def free(cls) -> ServicePorts:
-        """Ports nothing listens on now, for a run beside others on the same machine."""
-        return cls(**{name: free_port() for name in cls.__dataclass_fields__})
 
 
 @dataclass

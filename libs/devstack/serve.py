@@ -20,12 +20,12 @@ import argparse
 import asyncio
 import os
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from devstack.config import Settings
 from devstack.dev import keep_database
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import TILT_PORT_SHIFT, ServicePorts
 from devstack.stack import stack_info
 from lockgate_adapters.admin_tokens import new_token
 from lockgate_adapters.postgres import with_database
@@ -33,7 +33,6 @@ from lockgate_adapters.tls import write_atomically
 
 RUN_ID = "tilt"
 DATABASE = "lockgate_tilt"
-PORT_SHIFT = 20  # beside a `make run`
 
 
 def tilt_dir(settings: Settings) -> Path:
@@ -41,10 +40,8 @@ def tilt_dir(settings: Settings) -> Path:
 
 
 def ports() -> ServicePorts:
-    offset = int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0) + PORT_SHIFT
-    defaults = ServicePorts()
-    return ServicePorts(**{f.name: getattr(defaults, f.name) + offset
-                           for f in fields(ServicePorts)})
+    offset = int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0) + TILT_PORT_SHIFT
+    return ServicePorts.shifted(offset)
 
 
 def _token(path: Path) -> str:

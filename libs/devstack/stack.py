@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from devstack import base, gobuild
 from devstack.config import CLUSTERS, Settings
 from devstack.errors import StackError
+from devstack.jaeger import JaegerPorts
 from devstack.kafka import Kafka, java_bin
 from devstack.kube import Cluster
+from devstack.ports import COMPOSE_PORTS, COMPOSE_WEBHOOK_PORTS, TILT_PORT_SHIFT, ServicePorts
 from devstack.postgres import Postgres
 from devstack.procs import (
     Component,
@@ -44,19 +46,12 @@ def launcher_ports(offset: int) -> list[int]:
     other tests once found its Jaeger's port so taken; a crash-looping compose container would
     look the same).
     """
-    # Imported here: these modules import this one.
-    from devstack.compose_up import DEFAULT_PORTS, WEBHOOK_PORTS
-    from devstack.jaeger import JaegerPorts
-    from devstack.launcher import ServicePorts
-    from devstack.serve import PORT_SHIFT
-
-    service_ports = [getattr(ServicePorts(), name) for name in ServicePorts.__dataclass_fields__]
     jaeger = JaegerPorts.with_offset(offset)
-    ports = [port + offset for port in service_ports]  # make run
-    ports += [port + offset + PORT_SHIFT for port in service_ports]  # Tilt
+    ports = ServicePorts.shifted(offset).all()  # make run
+    ports += ServicePorts.shifted(offset + TILT_PORT_SHIFT).all()  # Tilt
     ports += [jaeger.otlp_http, jaeger.query_http, jaeger.query_grpc]
-    ports += [port + offset for port in DEFAULT_PORTS.values()]
-    ports += [port + offset for pair in WEBHOOK_PORTS.values() for port in pair]
+    ports += [port + offset for port in COMPOSE_PORTS.values()]
+    ports += [port + offset for pair in COMPOSE_WEBHOOK_PORTS.values() for port in pair]
     return sorted(set(ports))
 
 

@@ -49,7 +49,7 @@ from pydantic import ValidationError
 from lockgate.dead_lettering import LetterLimits, dead_letter
 from lockgate.events import ALL_TOPICS, DEAD_LETTERS, Event, Topic
 from lockgate_adapters.quieting import KAFKA, quiet
-from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.retrying import Backoff, Stopped, retry
 from lockgate_adapters.settings import KafkaConfig, RetryPolicy, default_instance_id
 from lockgate_adapters.telemetry import KafkaHeaders, extract_context, inject_headers
 
@@ -206,25 +206,25 @@ async def start_producer(
     While Kafka is unreachable each failed attempt goes to `on_unreachable` (to report
     readiness) and is retried with backoff; any other error is raised.
     """
-    delays = BackoffIterator(policy)
-    while not stopping.is_set():
+    async def start() -> AIOKafkaProducer:
         producer = make_producer(bootstrap, client_id=client_id)
         try:
             await ensure_topics(bootstrap, topics=topics)
             await producer.start()
-        except Exception as error:
+        except Exception:
             with contextlib.suppress(Exception):
                 await producer.stop()
-            if not is_retryable_kafka_error(error):
-                raise
-            delay = next(delays, policy.max_seconds)
-            on_unreachable(error)
-            log.warning("kafka unreachable (%s); retrying in %.1fs", error, delay,
-                        extra=quiet(KAFKA))
-            await sleep_unless_stopped(stopping, delay)
-            continue
+            raise
         return producer
-    return None
+
+    if stopping.is_set():
+        return None
+    try:
+        return await retry(start, backoff=Backoff(policy, stopping=stopping),
+                           retryable=is_retryable_kafka_error, on_failure=on_unreachable,
+                           what=f"{client_id}: starting a producer", dependency=KAFKA)
+    except Stopped:
+        return None
 
 
 async def publish(producer: AIOKafkaProducer, topic: Topic[E], event: E) -> None:
@@ -320,21 +320,24 @@ class BatchConsumer(Generic[E]):
     async def run(self, stopping: asyncio.Event) -> None:
         """Consume until `stopping` is set; (re)connect with backoff while Kafka is down."""
         self._stopping = stopping
-        delays = BackoffIterator(self.retry_policy)
-        while not stopping.is_set():
+        backoff = Backoff(self.retry_policy, stopping=stopping)
+
+        async def session() -> None:
             try:
                 await self._start()
-                delays.reset()
+                backoff.reset()
                 self.on_ready(True, "consuming")
                 await self._consume(stopping)
-            except (KafkaError, OSError) as error:
-                delay = next(delays, self.retry_policy.max_seconds)
-                self.on_ready(False, f"kafka: {error}")
-                log.warning("consumer %s: %s; reconnecting in %.1fs", self.consumer_name,
-                            error, delay, extra=quiet(KAFKA))
-                await sleep_unless_stopped(stopping, delay)
             finally:
                 await self._stop()
+
+        if stopping.is_set():
+            return
+        with contextlib.suppress(Stopped):
+            await retry(session, backoff=backoff,
+                        retryable=lambda error: isinstance(error, KafkaError | OSError),
+                        on_failure=lambda error: self.on_ready(False, f"kafka: {error}"),
+                        what=f"consumer {self.consumer_name}", dependency=KAFKA)
 
     async def _start(self) -> None:
         self._producer = make_producer(self.bootstrap, client_id=f"{self.consumer_name}-dlq")
@@ -428,25 +431,21 @@ class BatchConsumer(Generic[E]):
                                  stopping: asyncio.Event) -> bool:
         """Whether the batch was handled; False only when stopping while it still fails (the
         service shuts down cleanly; the batch, never committed, is redelivered)."""
-        delays = BackoffIterator(self.retry_policy)
-        while True:
-            try:
-                await self.handle(received, self.reject)
-                self.on_ready(True, "consuming")
-                return True
-            except PermanentMessageError:
-                raise
-            except Exception as error:  # noqa: BLE001 - any failure of the batch is retried
-                # The side effect (a database write) failed as a whole: retry the same batch.
-                if stopping.is_set():
-                    log.warning("consumer %s: stopping with %d messages unhandled (%s); they "
-                                "are redelivered", self.consumer_name, len(received), error)
-                    return False
-                delay = next(delays, self.retry_policy.max_seconds)
-                self.on_ready(False, f"handler: {type(error).__name__}: {error}")
-                log.warning("consumer %s: handling %d messages failed: %s; retrying in %.1fs",
-                            self.consumer_name, len(received), error, delay, extra=quiet())
-                await sleep_unless_stopped(stopping, delay)
+        try:
+            # The side effect (a database write) fails as a whole: any failure but a permanent
+            # one is retried with the same batch.
+            await retry(lambda: self.handle(received, self.reject),
+                        backoff=Backoff(self.retry_policy, stopping=stopping),
+                        retryable=lambda error: not isinstance(error, PermanentMessageError),
+                        on_failure=lambda error: self.on_ready(
+                            False, f"handler: {type(error).__name__}: {error}"),
+                        what=f"consumer {self.consumer_name}: handling {len(received)} messages")
+        except Stopped as stopped:
+            log.warning("consumer %s: stopping with %d messages unhandled (%s); they are "
+                        "redelivered", self.consumer_name, len(received), stopped.__cause__)
+            return False
+        self.on_ready(True, "consuming")
+        return True
 
     async def _decode(self, record: ConsumerRecord[bytes, bytes]) -> Received[E] | None:
         try:
@@ -478,31 +477,31 @@ class BatchConsumer(Generic[E]):
             limits=self.letter_limits)
         log.warning("dead-lettering %s (%s): %s", letter.reference(), letter.writer(),
                     letter.reason[:500])
-        delays = BackoffIterator(self.retry_policy)
-        waited = False
-        while True:
-            try:
-                await publish(self._producer, DEAD_LETTERS, letter)
-            except (KafkaError, OSError) as error:
-                if not is_transient_publish_error(error):
-                    DEAD_LETTERED.labels(record.topic, "lost").inc()
-                    log.error("dead letter LOST, message skipped: %s; Kafka refused the letter "
-                              "(%s: %s); the message's reason: %s", letter.reference(),
-                              type(error).__name__, error, letter.reason[:500])
-                    return
-                if self._stopping.is_set():
-                    raise
-                delay = next(delays, self.retry_policy.max_seconds)
-                waited = True
-                self.on_ready(False, f"dead-letter topic: {type(error).__name__}: {error}")
-                log.warning("publishing the dead letter of %s failed (%s); retrying in %.1fs",
-                            letter.reference(), error, delay)
-                await sleep_unless_stopped(self._stopping, delay)
-                continue
-            DEAD_LETTERED.labels(record.topic, "published").inc()
-            if waited:
-                self.on_ready(True, "consuming")
+        producer = self._producer
+        failures: list[Exception] = []
+
+        def failed(error: Exception) -> None:
+            failures.append(error)
+            self.on_ready(False, f"dead-letter topic: {type(error).__name__}: {error}")
+
+        try:
+            await retry(lambda: publish(producer, DEAD_LETTERS, letter),
+                        backoff=Backoff(self.retry_policy, stopping=self._stopping),
+                        retryable=lambda error: (isinstance(error, KafkaError | OSError)
+                                                 and is_transient_publish_error(error)),
+                        on_failure=failed,
+                        what=f"publishing the dead letter of {letter.reference()}")
+        except (KafkaError, OSError) as error:
+            if is_transient_publish_error(error):
+                raise  # given up (the policy's max_attempts): the batch is not handled
+            DEAD_LETTERED.labels(record.topic, "lost").inc()
+            log.error("dead letter LOST, message skipped: %s; Kafka refused the letter "
+                      "(%s: %s); the message's reason: %s", letter.reference(),
+                      type(error).__name__, error, letter.reason[:500])
             return
+        DEAD_LETTERED.labels(record.topic, "published").inc()
+        if failures:
+            self.on_ready(True, "consuming")
 
 
 def attach_trace(item: Received[Any]) -> object:

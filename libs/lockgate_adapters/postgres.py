@@ -24,6 +24,7 @@ in a database it creates (`create_database`) and drops afterwards (`drop_databas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from importlib import resources
 from typing import Any
@@ -32,8 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from lockgate_adapters.quieting import quiet
-from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.retrying import Backoff, Stopped, retry
 from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -74,20 +74,14 @@ async def connect_pool(
     what: str = "postgres",
 ) -> asyncpg.Pool:
     """A pool, retried with backoff while Postgres is unreachable."""
-    delays = BackoffIterator(policy)
-    while True:
-        try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
-                                             init=_init_connection)
-            assert pool is not None
-            return pool
-        except Exception as error:
-            if not is_retryable_postgres_error(error):
-                raise
-            delay = next(delays, policy.max_seconds)
-            log.warning("%s unreachable (%s); retrying in %.1fs", what, error, delay,
-                        extra=quiet("postgres"))
-            await asyncio.sleep(delay)
+    async def create() -> asyncpg.Pool:
+        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
+                                         init=_init_connection)
+        assert pool is not None
+        return pool
+
+    return await retry(create, backoff=Backoff(policy), retryable=is_retryable_postgres_error,
+                       what=f"{what}: connecting", dependency="postgres")
 
 
 async def _init_connection(connection: asyncpg.Connection) -> None:
@@ -145,6 +139,10 @@ async def pending_migrations(connection: AnyConnection) -> list[str]:
     return [name for version, name, _ in _migrations() if version not in done]
 
 
+class NotMigratedError(Exception):
+    """The database lacks migrations this code knows (queue-store applies them)."""
+
+
 async def wait_for_schema(pool: asyncpg.Pool, *, policy: RetryPolicy,
                           what: str = "postgres") -> None:
     """Return once every migration is applied (by queue-store), retrying with backoff.
@@ -152,16 +150,15 @@ async def wait_for_schema(pool: asyncpg.Pool, *, policy: RetryPolicy,
     For services whose role may not change the schema: they start whenever they like and
     begin work once queue-store has migrated.
     """
-    delays = BackoffIterator(policy)
-    while True:
+    async def migrated() -> None:
         async with pool.acquire() as connection:
             pending = await pending_migrations(connection)
-        if not pending:
-            return
-        delay = next(delays, policy.max_seconds)
-        log.warning("%s: waiting for queue-store to apply migrations %s; checking again in %.1fs",
-                    what, ", ".join(pending), delay)
-        await asyncio.sleep(delay)
+        if pending:
+            raise NotMigratedError(f"queue-store has yet to apply {', '.join(pending)}")
+
+    await retry(migrated, backoff=Backoff(policy),
+                retryable=lambda error: isinstance(error, NotMigratedError),
+                what=f"{what}: waiting for the schema")
 
 
 async def grant_service_roles(connection: AnyConnection) -> bool:
@@ -183,12 +180,16 @@ async def watch_changes(dsn: str, tables: frozenset[str], changed: asyncio.Event
                         stopping: asyncio.Event, *, name: str, retry_seconds: float) -> None:
     """Set `changed` whenever a writer notifies a change to one of `tables` (an empty payload
     counts as any), and once on every (re)connection, so changes made while not listening are
-    caught up at once. Reconnects after `retry_seconds`; a reader's periodic pass covers gaps."""
+    caught up at once. Reconnects after about `retry_seconds` (whatever failed: periodic passes
+    go on meanwhile, and cover the gap); returns when stopping."""
     def on_notification(_: object, __: int, ___: str, payload: object) -> None:
         if not payload or tables & set(str(payload).split(",")):
             changed.set()
 
-    while not stopping.is_set():
+    backoff = Backoff(RetryPolicy(initial_seconds=retry_seconds, max_seconds=retry_seconds),
+                      stopping=stopping)
+
+    async def listen() -> None:
         connection: asyncpg.Connection | None = None
         try:
             connection = await asyncpg.connect(dsn, timeout=10)
@@ -196,13 +197,16 @@ async def watch_changes(dsn: str, tables: frozenset[str], changed: asyncio.Event
             connection.add_termination_listener(lambda _, lost=lost: lost.set())
             await connection.add_listener(CHANGES_CHANNEL, on_notification)
             changed.set()
+            backoff.reset()
             await lost.wait()
-        except Exception as error:  # noqa: BLE001 - periodic passes go on meanwhile
-            log.warning("%s: change feed: %r", name, error)
+            raise ConnectionError("the listening connection was closed")
         finally:
             if connection is not None:
                 await connection.close(timeout=1)
-        await sleep_unless_stopped(stopping, retry_seconds)
+
+    with contextlib.suppress(Stopped):
+        await retry(listen, backoff=backoff, retryable=lambda error: True,
+                    what=f"{name}: change feed", dependency="postgres")
 
 
 def record_to_dict(record: Any) -> dict[str, Any]:

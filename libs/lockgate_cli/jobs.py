@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from lockgate_cli.completing import complete_cluster
 from lockgate_cli.output import Output, Table, View, age, amounts, output_option
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
@@ -18,13 +19,6 @@ STATES = ("queued", "released", "ungated", "bound", "running", "succeeded", "fai
 @click.group("jobs")
 def group() -> None:
     """Look at jobs: one per pod lockgate gates."""
-
-
-def complete_cluster(ctx: click.Context, param: click.Parameter,
-                     incomplete: str) -> list[click.shell_completion.CompletionItem]:
-    from lockgate_cli.completion import complete_from_api
-
-    return complete_from_api(ctx, "/api/v1/clusters", "clusters", "name", incomplete)
 
 
 @group.command("list")

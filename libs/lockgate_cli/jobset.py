@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from lockgate_cli.client import CliError, JsonClient, quote
+from lockgate_cli.completing import complete_queue
 from lockgate_cli.output import (
     Output,
     Table,
@@ -25,7 +26,6 @@ from lockgate_cli.output import (
     print_table,
     render,
 )
-from lockgate_cli.queue import complete_queue
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 

@@ -18,7 +18,7 @@ import click
 import yaml
 
 from lockgate_cli.client import CliError, JsonClient, quote
-from lockgate_cli.jobs import complete_cluster
+from lockgate_cli.completing import complete_cluster, complete_queue
 from lockgate_cli.output import (
     Output,
     Table,
@@ -31,7 +31,6 @@ from lockgate_cli.output import (
     timestamp,
 )
 from lockgate_cli.params import NAMESPACE_REF, Duration
-from lockgate_cli.queue import complete_queue
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 

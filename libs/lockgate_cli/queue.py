@@ -16,6 +16,7 @@ import click
 
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS
 from lockgate_cli.client import CliError, quote
+from lockgate_cli.completing import complete_queue
 from lockgate_cli.output import Output, Table, View, duration, output_option, render, weight
 from lockgate_cli.params import Duration, Kind, Limit
 from lockgate_cli.session import Session, runs
@@ -26,14 +27,6 @@ DEFAULT_KINDS_HELP = ", ".join(DEFAULT_ALLOWED_KINDS)
 
 def path(name: str) -> str:
     return "/api/v1/queues/" + quote(name)
-
-
-def complete_queue(ctx: click.Context, param: click.Parameter,
-                   incomplete: str) -> list[click.shell_completion.CompletionItem]:
-    """Queue names from the API, for shell completion (nothing if it cannot be reached)."""
-    from lockgate_cli.completion import complete_from_api
-
-    return complete_from_api(ctx, "/api/v1/queues", "queues", "name", incomplete)
 
 
 @click.group("queue")

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 import click
-from click.shell_completion import shell_complete
+from click.shell_completion import get_completion_class, shell_complete
 
 if TYPE_CHECKING:
     import httpx
@@ -36,12 +36,15 @@ from lockgate_cli import (
     trace,
     webhook_tls,
 )
+from lockgate_cli.completing import COMPLETE_VAR
 from lockgate_cli.session import CommandError, Session
 
 # The options every command takes, by their spelling, and whether they take a value.
 GLOBAL_OPTIONS = {"--api": "api", "--token-file": "token_file", "--traces": "traces",
                   "--context": "context"}
 EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE
+# Cobra's ShellCompDirectiveNoFileComp: kubectl offers no file names after the candidates.
+NO_FILE_COMPLETION = ":4"
 
 
 @click.group("lockgate", context_settings={"help_option_names": ["-h", "--help"],
@@ -101,9 +104,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
          env: Mapping[str, str] | None = None, prog_name: str = "lockgate") -> int:
     """Run one command; returns its exit status (the console scripts exit with it)."""
     out, err = out or sys.stdout, err or sys.stderr
-    if argv is None and completion.COMPLETE_VAR in os.environ:
-        return shell_complete(cli, {"obj": Session()}, prog_name, completion.COMPLETE_VAR,
-                              os.environ[completion.COMPLETE_VAR])
+    if argv is None and COMPLETE_VAR in os.environ:
+        return shell_complete(cli, {"obj": Session()}, prog_name, COMPLETE_VAR,
+                              os.environ[COMPLETE_VAR])
     args = globals_first(sys.argv[1:] if argv is None else argv)
     session = Session(out=out, err=err, transport=transport,
                       env=dict(os.environ) if env is None else dict(env))
@@ -165,3 +168,20 @@ def run() -> None:
 def kubectl_plugin() -> None:
     """The `kubectl-lockgate` console script: `kubectl lockgate ...` runs it."""
     sys.exit(main(prog_name="kubectl lockgate"))
+
+
+def candidates(args: Sequence[str]) -> list[str]:
+    """What may come after `lockgate ARGS...` (the last one is the word being completed)."""
+    words = list(args) or [""]
+    completion = get_completion_class("bash")
+    assert completion is not None
+    helper = completion(cli, {"obj": Session()}, "lockgate", COMPLETE_VAR)
+    return [item.value for item in helper.get_completions(words[:-1], words[-1])]
+
+
+def kubectl_complete() -> None:
+    """The `kubectl_complete-lockgate` console script: kubectl's plugin completion (one
+    candidate per line, then the directive)."""
+    for value in candidates(sys.argv[1:]):
+        print(value)
+    print(NO_FILE_COMPLETION)

@@ -11,6 +11,7 @@ unverifiable and the webhook reports not ready.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,7 @@ from lockgate.admission import QueueLookup, QueueStatus, lookup_queue
 from lockgate.queues import QueueSpec
 from lockgate_adapters.fresh_reads import FreshRead
 from lockgate_adapters.health import Readiness
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import Backoff, Stopped, retry
 from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -61,22 +62,28 @@ class ClusterQueues:
         return None if self._by_object is None else self._queues
 
     async def run(self, stopping: asyncio.Event) -> None:
-        delays = BackoffIterator(self._retry)
-        while not stopping.is_set():
-            try:
-                version = await self._relist()
-                delays.reset()
-                while not stopping.is_set():
-                    version = await self._watch_from(version)
-            except _Expired:
-                continue
-            except Exception as error:  # noqa: BLE001 - keep the last copy; retry
-                delay = next(delays, self._retry.max_seconds)
-                # The last copy keeps answering: it is only as stale as the outage is long.
-                log.warning("%s: queues: %r; listing again in %.1fs", self.cluster, error, delay)
-                if self._by_object is None:
-                    self._readiness.set(readiness_check(self.cluster), False, repr(error))
-                await asyncio.sleep(delay)
+        backoff = Backoff(self._retry, stopping=stopping)
+
+        async def list_and_watch() -> None:
+            while not stopping.is_set():
+                try:
+                    version = await self._relist()
+                    backoff.reset()
+                    while not stopping.is_set():
+                        version = await self._watch_from(version)
+                except _Expired:
+                    continue
+
+        def failed(error: Exception) -> None:
+            # The last copy keeps answering: it is only as stale as the outage is long.
+            if self._by_object is None:
+                self._readiness.set(readiness_check(self.cluster), False, repr(error))
+
+        # Any failure: keep the last copy, list again.
+        with contextlib.suppress(Stopped):
+            await retry(list_and_watch, backoff=backoff, retryable=lambda error: True,
+                        on_failure=failed, what=f"{self.cluster}: queues",
+                        dependency=f"apiserver:{self.cluster}")
 
     async def _fresh_list(self) -> Mapping[str, QueueSpec]:
         """The queues as the apiserver has them now (a consistent list), by queue name. Why:

@@ -51,7 +51,7 @@ from lockgate_adapters.kafka import (
     publish_many,
 )
 from lockgate_adapters.quieting import KAFKA, quiet
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import Backoff, retry
 from lockgate_adapters.settings import RetryPolicy
 from lockgate_adapters.telemetry import inject_headers, link_to_traceparent, pod_trace_parent
 
@@ -225,18 +225,14 @@ class KafkaPublisher:
     _topics_ensured: bool = False
 
     async def run(self) -> None:
-        """Publish until the outbox is closed and empty."""
-        delays = BackoffIterator(self.retry_policy)
-        try:
+        """Publish until the outbox is closed and empty; a batch leaves the outbox only once
+        Kafka has it, so nothing is lost while Kafka is down (the outbox holds it)."""
+        backoff = Backoff(self.retry_policy)  # cancelled, not stopped: waits need no event
+
+        async def publish_all() -> None:
             while not (self.outbox.closed and not self.outbox):
                 if self._producer is None:
-                    try:
-                        await self._connect()
-                    except Exception as error:
-                        if not is_retryable_kafka_error(error):
-                            raise
-                        await self._back_off(delays, f"connecting to kafka: {error}")
-                        continue
+                    await self._connect()
                     self.set_ready(True, "connected")
                 batch = self.outbox.peek(self.batch_size)
                 if not batch:
@@ -244,15 +240,22 @@ class KafkaPublisher:
                     continue
                 try:
                     await asyncio.wait_for(self._send(batch), self.send_timeout_seconds)
-                except Exception as error:
-                    if not (is_retryable_kafka_error(error) or isinstance(error, TimeoutError)):
-                        raise
+                except Exception:
                     await self._disconnect()
-                    await self._back_off(delays, f"publishing {len(batch)} events: {error!r}")
-                    continue
+                    raise
                 self.outbox.acknowledge(batch)
-                delays.reset()
+                backoff.reset()
                 self.set_ready(True, "publishing")
+
+        def failed(error: Exception) -> None:
+            self.set_ready(False, f"kafka: {type(error).__name__}: {error} "
+                                  f"({len(self.outbox)} events waiting)")
+
+        try:
+            await retry(publish_all, backoff=backoff,
+                        retryable=lambda error: (is_retryable_kafka_error(error)
+                                                 or isinstance(error, TimeoutError)),
+                        on_failure=failed, what="publishing to kafka", dependency=KAFKA)
         finally:
             await self._disconnect()
 
@@ -284,10 +287,3 @@ class KafkaPublisher:
             await publish_many(self._producer, run[0].topic, [m.event for m in run],
                                headers_per_event=[m.headers for m in run])
             PUBLISHED.labels(run[0].topic.name).inc(len(run))
-
-    async def _back_off(self, delays: BackoffIterator, what: str) -> None:
-        delay = next(delays, self.retry_policy.max_seconds)
-        self.set_ready(False, what)
-        log.warning("%s; retrying in %.1fs (%d events waiting)", what, delay, len(self.outbox),
-                    extra=quiet(KAFKA))
-        await asyncio.sleep(delay)

@@ -40,7 +40,7 @@ from lockgate.events import PodEvent
 from lockgate.observing import KubeObject, ObservedCluster
 from lockgate_adapters.kube import is_retryable_kube_error, retry_after_seconds
 from lockgate_adapters.quieting import quiet
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import Backoff, retry
 from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -97,31 +97,30 @@ class ResourceWatcher:
         self._on_list, self._on_event = on_list, on_event
         self._set_ready = set_ready
         self._options = options
-        self._delays = BackoffIterator(options.retry)
+        self._backoff = Backoff(options.retry)  # cancelled, not stopped: waits need no event
 
     async def run(self) -> None:
         """List and watch forever (until cancelled), starting over after any failure."""
-        while True:
-            try:
+        async def forever() -> None:
+            while True:
                 await self.list_then_watch()
-            except Exception as error:
-                WATCH_FAILURES.labels(self.cluster, self.resource).inc()
-                delay = retry_after_seconds(error) or next(self._delays,
-                                                           self._options.retry.max_seconds)
-                self._set_ready(False, f"{type(error).__name__}: {error}")
-                if is_retryable_kube_error(error):
-                    log.warning("%s %s: %r; listing again in %.1fs", self.cluster,
-                                self.resource, error, delay,
-                                extra=quiet(f"apiserver:{self.cluster}"))
-                else:
-                    log.exception("%s %s: unexpected failure; listing again in %.1fs",
-                                  self.cluster, self.resource, delay)
-                await asyncio.sleep(delay)
+
+        await retry(forever, backoff=self._backoff, retryable=lambda error: True,
+                    on_failure=self._failed, retry_after=retry_after_seconds,
+                    what=f"{self.cluster} {self.resource}: listing and watching",
+                    dependency=f"apiserver:{self.cluster}")
+
+    def _failed(self, error: Exception) -> None:
+        WATCH_FAILURES.labels(self.cluster, self.resource).inc()
+        self._set_ready(False, f"{type(error).__name__}: {error}")
+        if not is_retryable_kube_error(error):
+            log.error("%s %s: unexpected failure; listing again", self.cluster, self.resource,
+                      exc_info=error)
 
     async def list_then_watch(self) -> None:
         """List, then watch from the list's resourceVersion until it expires (410 Gone)."""
         resource_version = await self.relist()
-        self._delays.reset()
+        self._backoff.reset()
         self._set_ready(True, "watching")
         while True:
             try:

@@ -10,6 +10,7 @@ healthy but not ready).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -24,8 +25,7 @@ from lockgate.scheduler.collection import collect_for_large_state
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.kafka import start_producer
 from lockgate_adapters.postgres import connect_pool, wait_for_schema
-from lockgate_adapters.quieting import quiet
-from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.retrying import Backoff, Stopped, retry, sleep_unless_stopped
 from lockgate_adapters.service import Loop, ServiceContext
 
 log = logging.getLogger(__name__)
@@ -73,24 +73,23 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
                              producer: AIOKafkaProducer, report: FairnessReport,
                              stopping: asyncio.Event) -> None:
-    delays = BackoffIterator(settings.retry)
-    while not stopping.is_set():
+    backoff = Backoff(settings.retry, stopping=stopping)
+
+    async def lead_once() -> None:
+        """Connect, wait for the lock, lead until stopping; raises on Postgres trouble."""
         connection: asyncpg.Connection | None = None
-        trouble: BaseException | None = None
         try:
             connection = await store.connect(settings.postgres_dsn,
                                              liveness=settings.liveness())
             ctx.readiness.set("postgres", True, "connected")
             if not await _wait_for_lock(settings, ctx, connection, stopping):
                 return
-            delays.reset()
+            backoff.reset()
             log.info("%s is the leader", settings.instance_id)
             report.set_leader(True)
             ctx.readiness.set("leader", True, "leading")
             await Leader(settings=settings, connection=connection, producer=producer,
                          report=report, readiness=ctx.readiness).run(stopping)
-        except _POSTGRES_TROUBLE as error:
-            trouble = error
         finally:
             if report.leader:
                 log.info("%s stepped down", settings.instance_id)
@@ -98,13 +97,15 @@ async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,
             ctx.readiness.set("leader", False, "not leading")
             if connection is not None:
                 await _close(connection)
-        if trouble is not None:
-            delay = next(delays, settings.retry.max_seconds)
-            ctx.readiness.set("postgres", False, f"{type(trouble).__name__}: {trouble}")
-            log.warning("%s: postgres trouble (%s: %s); retrying in %.1fs",
-                        settings.instance_id, type(trouble).__name__, trouble, delay,
-                        extra=quiet("postgres"))
-            await sleep_unless_stopped(stopping, delay)
+
+    if stopping.is_set():
+        return
+    with contextlib.suppress(Stopped):
+        await retry(lead_once, backoff=backoff,
+                    retryable=lambda error: isinstance(error, _POSTGRES_TROUBLE),
+                    on_failure=lambda error: ctx.readiness.set(
+                        "postgres", False, f"{type(error).__name__}: {error}"),
+                    what=f"{settings.instance_id}: postgres trouble", dependency="postgres")
 
 
 async def _wait_for_lock(settings: SchedulerSettings, ctx: ServiceContext,

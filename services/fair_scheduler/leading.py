@@ -67,7 +67,7 @@ from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL
 from lockgate_adapters.quieting import quiet
-from lockgate_adapters.retrying import BackoffIterator, sleep_unless_stopped
+from lockgate_adapters.retrying import Backoff, Stopped, retry
 from lockgate_adapters.targets_worker import TargetsWorker
 from lockgate_adapters.telemetry import inject_headers, pod_trace_parent
 
@@ -696,23 +696,20 @@ class Leader:
             for r in releases
         ]
         headers = [_release_span_headers(command) for command in commands]
-        delays = BackoffIterator(self._settings.retry)
-        while True:
+
+        async def publish() -> None:
             self._check_leadership()
-            try:
-                await publish_many(self._producer, RELEASE_COMMANDS, commands,
-                                   headers_per_event=headers)
-                break
-            except Exception as error:
-                if not is_retryable_kafka_error(error):
-                    raise
-                delay = next(delays, self._settings.retry.max_seconds)
-                self._readiness.set("kafka", False, f"publishing: {error}")
-                log.warning("publishing %d release commands failed (%s); retrying in %.1fs",
-                            len(commands), error, delay, extra=quiet("kafka"))
-                await sleep_unless_stopped(self._stopping, delay)
-                if self._stopping.is_set():
-                    return
+            await publish_many(self._producer, RELEASE_COMMANDS, commands,
+                               headers_per_event=headers)
+
+        try:
+            await retry(publish, backoff=Backoff(self._settings.retry, stopping=self._stopping),
+                        retryable=is_retryable_kafka_error,
+                        on_failure=lambda error: self._readiness.set(
+                            "kafka", False, f"publishing: {error}"),
+                        what=f"publishing {len(commands)} release commands", dependency="kafka")
+        except Stopped:
+            return
         self._readiness.set("kafka", True, "publishing")
         for release in releases:
             DECISIONS.labels(release.queue).inc()

@@ -34,7 +34,7 @@ from lockgate_adapters.kafka import (
 )
 from lockgate_adapters.kube import api_clients
 from lockgate_adapters.postgres import connect_pool, is_retryable_postgres_error, migrate
-from lockgate_adapters.retrying import retry
+from lockgate_adapters.retrying import Backoff, retry
 from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi, CopiesSettled, job_json, no_copies
 from queue_store.admin_collection import CollectionApi, Publish
@@ -71,7 +71,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
 
     pool = await connect_pool(settings.postgres_dsn, policy=settings.retry,
                               max_size=settings.postgres_pool_size, what="queue-store postgres")
-    applied = await retry(lambda: migrate(pool), policy=settings.retry,
+    applied = await retry(lambda: migrate(pool), backoff=Backoff(settings.retry),
                           retryable=is_retryable_postgres_error, what="migrating postgres",
                           dependency="postgres")
     if applied:
@@ -79,7 +79,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     readiness.set(POSTGRES_CHECK, True, "migrated")
     await retry(lambda: ensure_topics(settings.kafka(),
                                       topics=(*CONSUMED_TOPICS, *COMMAND_TOPICS, DEAD_LETTERS)),
-                policy=settings.retry, retryable=is_retryable_kafka_error,
+                backoff=Backoff(settings.retry), retryable=is_retryable_kafka_error,
                 what="ensuring kafka topics", dependency="kafka")
 
     def postgres_ready(ready: bool, detail: str) -> None:
@@ -217,7 +217,7 @@ async def _started_producer(settings: QueueStoreSettings) -> AIOKafkaProducer:
             raise
         return producer
 
-    return await retry(start, policy=settings.retry, retryable=is_retryable_kafka_error,
+    return await retry(start, backoff=Backoff(settings.retry), retryable=is_retryable_kafka_error,
                        what="starting the command producer", dependency="kafka")
 
 

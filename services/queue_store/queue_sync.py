@@ -30,7 +30,7 @@ from lockgate import queue_copies
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store, namespace_store
 from lockgate_adapters.postgres import watch_changes
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import Backoff
 from lockgate_adapters.settings import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,8 @@ class QueueSync:
         self._source, self._prefix = source, prefix
         self._resync = resync_seconds
         self._changed = asyncio.Event()
-        self._delays = BackoffIterator(retry)
-        self._retry = retry
+        # Not a retry of one call: after a failed pass the next comes sooner than the resync.
+        self._backoff = Backoff(retry)
         # Passes begun and finished, so a writer can wait for one that read its commit.
         self._begun = self._finished = 0
         self._pass_finished = asyncio.Condition()
@@ -73,9 +73,9 @@ class QueueSync:
                 wait = self._resync
                 if any(outcome != "ok" for outcome in outcomes.values()):
                     # A cluster or Postgres failed: try again soon, not at the next resync.
-                    wait = min(wait, next(self._delays, self._retry.max_seconds))
+                    wait = min(wait, self._backoff.next_delay() or self._backoff.policy.max_seconds)
                 else:
-                    self._delays.reset()
+                    self._backoff.reset()
                 waiter = asyncio.create_task(self._changed.wait())
                 stopper = asyncio.create_task(stopping.wait())
                 try:

@@ -31,7 +31,7 @@ from lockgate.releasing import (
     ungate_patch,
 )
 from lockgate_adapters.kafka import Received, publish
-from lockgate_adapters.retrying import BackoffIterator
+from lockgate_adapters.retrying import Backoff, retry
 from lockgate_adapters.settings import RetryPolicy
 from ungater.pods import KubeCallError, PodGateClient
 
@@ -90,47 +90,58 @@ class ClusterReleaser:
 
     async def settle(self, command: ReleaseCommand) -> Settled:
         """Remove lockgate's gate from the command's pod, or say why that is not possible."""
-        deadline = self._monotonic() + self._give_up_after
-        delays = BackoffIterator(self._policy)
         rereads = 0
         # Guessing index 0 saves the read in the common case; the patch's tests make a wrong
         # guess fail harmlessly (422), and then the pod is read.
         patch: JsonPatch | None = (
             ungate_patch(uid=command.uid, index=0) if self._optimistic else None
         )
-        while True:
-            try:
-                if patch is None:
-                    plan = plan_release(uid=command.uid, pod=await self._read(command))
-                    if isinstance(plan, Settled):
-                        return plan
-                    assert isinstance(plan, PatchNeeded)
-                    patch = plan.patch
-                await self._patch(command, patch)
-                return Settled(ReleaseOutcomeKind.UNGATED, "gate removed")
-            except KubeCallError as error:
-                kind = classify_failure(error.status, reading=error.reading)
-                APISERVER_FAILURES.labels(self.cluster, kind.value).inc()
-                if kind is FailureKind.POD_GONE:
-                    return Settled(ReleaseOutcomeKind.POD_GONE, "pod not found")
-                if kind is FailureKind.PERMANENT:
-                    return Settled(ReleaseOutcomeKind.FAILED, f"apiserver refused: {error}")
-                if kind is FailureKind.REREAD:
-                    rereads += 1
-                    if rereads > self._max_rereads:
-                        return Settled(ReleaseOutcomeKind.FAILED,
-                                       f"patch rejected {rereads} times; last: {error}")
-                    patch = None
-                    continue
-                # Retryable. Keep the same patch: if the lost attempt did apply, the retry fails
-                # its test and the re-read finds the gate gone.
-                self._mark_reachable(False, str(error))
-                delay = error.retry_after if error.retry_after is not None else next(
-                    delays, self._policy.max_seconds)
-                if self._monotonic() + delay > deadline:
-                    return Settled(ReleaseOutcomeKind.FAILED,
-                                   f"gave up after {self._give_up_after:.0f}s: {error}")
-                await self._sleep(delay)
+
+        async def attempt() -> Settled:
+            """Settled, or a retryable KubeCallError (the apiserver down or busy)."""
+            nonlocal patch, rereads
+            while True:
+                try:
+                    if patch is None:
+                        plan = plan_release(uid=command.uid, pod=await self._read(command))
+                        if isinstance(plan, Settled):
+                            return plan
+                        assert isinstance(plan, PatchNeeded)
+                        patch = plan.patch
+                    await self._patch(command, patch)
+                    return Settled(ReleaseOutcomeKind.UNGATED, "gate removed")
+                except KubeCallError as error:
+                    kind = classify_failure(error.status, reading=error.reading)
+                    APISERVER_FAILURES.labels(self.cluster, kind.value).inc()
+                    if kind is FailureKind.POD_GONE:
+                        return Settled(ReleaseOutcomeKind.POD_GONE, "pod not found")
+                    if kind is FailureKind.PERMANENT:
+                        return Settled(ReleaseOutcomeKind.FAILED, f"apiserver refused: {error}")
+                    if kind is FailureKind.REREAD:
+                        rereads += 1
+                        if rereads > self._max_rereads:
+                            return Settled(ReleaseOutcomeKind.FAILED,
+                                           f"patch rejected {rereads} times; last: {error}")
+                        patch = None
+                        continue
+                    # Retryable. Keep the same patch: if the lost attempt did apply, the retry
+                    # fails its test and the re-read finds the gate gone.
+                    raise
+
+        backoff = Backoff(self._policy, give_up_after=self._give_up_after,
+                          clock=self._monotonic, sleep=self._sleep)
+        try:
+            return await retry(
+                attempt, backoff=backoff,
+                retryable=lambda error: isinstance(error, KubeCallError),
+                on_failure=lambda error: self._mark_reachable(False, str(error)),
+                retry_after=lambda error: (error.retry_after
+                                           if isinstance(error, KubeCallError) else None),
+                what=f"{self.cluster}: releasing {command.namespace}/{command.name}",
+                dependency=f"apiserver:{self.cluster}")
+        except KubeCallError as error:
+            return Settled(ReleaseOutcomeKind.FAILED,
+                           f"gave up after {self._give_up_after:.0f}s: {error}")
 
     async def _read(self, command: ReleaseCommand) -> PodGates | None:
         async with self._slots:

@@ -40,7 +40,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from devstack.compose import LOCKGATE_SERVICES, ComposeProject, compose_project
-from devstack.compose_up import DEFAULT_PORTS, compose_env, kube_dir_for, webhook_for
+from devstack.compose_up import compose_env, kube_dir_for, webhook_for
 from devstack.config import Settings
 from devstack.docker import (
     BRIDGE,
@@ -53,8 +53,9 @@ from devstack.docker import (
 )
 from devstack.images import REPO, Images
 from devstack.incluster import InClusterWebhook
-from devstack.launcher import RUN_LABEL, free_port
+from devstack.launcher import RUN_LABEL
 from devstack.manifests import delete_queue_copies, ensure_queue_crd
+from devstack.ports import COMPOSE_PORTS, free_port
 from devstack.procs import pid_alive
 from helpers.kube import Namespaces, gates_of
 from helpers.pods import a_pod
@@ -111,7 +112,7 @@ SERVICES = ("postgres", "kafka", "jaeger", *LOCKGATE_SERVICES)
 def run_env(kube_dir: Path, images: dict[str, str], admin_token: str) -> dict[str, str]:
     """The compose variables of a person's `make compose-up`, on free ports and under this
     run's own queue source."""
-    ports = {name: free_port() for name in DEFAULT_PORTS}
+    ports = {name: free_port() for name in COMPOSE_PORTS}
     return compose_env(kube_dir=kube_dir, images=images, admin_token=admin_token, ports=ports,
                        project=PROJECT, queue_source=PROJECT)
 

@@ -39,7 +39,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.kuberay import CRDS, KUBERAY_VERSION, OPERATOR, kuberay_dir, kuberay_ready
-from devstack.launcher import free_port
+from devstack.ports import free_port
 from devstack.stack import StackInfo
 from helpers.network import answers_ok
 from helpers.pods import KWOK_NODE_ANNOTATION, a_pod

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devstack import StackInfo
-from devstack.launcher import free_port
+from devstack.ports import free_port
 from devstack.tilt import ensure_tilt, install_shim
 
 ROOT = Path(__file__).resolve().parents[2]

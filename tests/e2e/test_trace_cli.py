@@ -29,7 +29,7 @@ import pytest
 
 from devstack.config import Settings
 from devstack.images import JAEGER, ensure_go_tool
-from devstack.launcher import free_port
+from devstack.ports import free_port
 from devstack.stack import StackInfo
 from helpers.network import answers_ok
 from helpers.pods import a_pod

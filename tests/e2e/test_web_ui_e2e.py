@@ -40,7 +40,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.isolation import keep_only_clusters
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts
 from helpers.browser import ARTIFACTS, browser, screenshot
 from helpers.kube import Namespaces, until_nodes_hold_no_pods
 from helpers.pods import a_pod

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from devstack.config import Settings
 from devstack.kafka import Kafka, java_bin, new_cluster_id
-from devstack.launcher import free_port
+from devstack.ports import free_port
 
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 

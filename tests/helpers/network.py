@@ -16,7 +16,7 @@ import contextlib
 
 import aiohttp
 
-from devstack.launcher import free_port
+from devstack.ports import free_port
 
 
 class TcpRelay:

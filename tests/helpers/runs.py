@@ -44,7 +44,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from devstack.isolation import keep_only_clusters
-from devstack.launcher import STARTUP_SECONDS, Lockgate, ServicePorts
+from devstack.launcher import STARTUP_SECONDS, Lockgate
+from devstack.ports import ServicePorts
 from devstack.stack import StackInfo
 from helpers.kube import Namespaces, until_nodes_hold_no_pods
 from helpers.pods import KWOK_NODE_ANNOTATION

@@ -15,7 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from devstack.launcher import STARTUP_SECONDS, ServiceProcess, free_port
+from devstack.launcher import STARTUP_SECONDS, ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import service_dsn
 from fair_scheduler.app import FAIRNESS_PATH
 from helpers.waiting import until

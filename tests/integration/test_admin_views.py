@@ -23,9 +23,9 @@ import pytest
 
 from devstack.launcher import ServiceProcess
 from helpers.postgres import fresh_database
+from helpers.queue_store import QueueStoreUnderTest
 from helpers.services import scheduler_process, scheduler_urls
 from helpers.waiting import eventually
-from queue_store.testing import QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -23,7 +23,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.launcher import STARTUP_SECONDS, free_port
+from devstack.launcher import STARTUP_SECONDS
 from devstack.manifests import (
     WEBHOOK_CONFIGURATION,
     apply_webhook_configuration,
@@ -33,6 +33,7 @@ from devstack.manifests import (
     load,
     render_webhook_configuration,
 )
+from devstack.ports import free_port
 from devstack.stack import StackInfo
 from helpers.kube import gates_of, worker_group_crd
 from helpers.pods import PodBuilder, a_deployment, a_pod

@@ -34,7 +34,8 @@ import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts
 from devstack.stack import StackInfo
 from helpers.kube import gates_of, worker_group_crd
 from helpers.network import TcpRelay

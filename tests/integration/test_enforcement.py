@@ -25,7 +25,6 @@ import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.launcher import free_port
 from devstack.manifests import (
     WEBHOOK_CONFIGURATION,
     apply_webhook_configuration,
@@ -33,6 +32,7 @@ from devstack.manifests import (
     load,
     render_webhook_configuration,
 )
+from devstack.ports import free_port
 from devstack.stack import StackInfo
 from helpers.kube import gates_of
 from helpers.pods import a_pod

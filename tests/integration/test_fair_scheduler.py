@@ -24,7 +24,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import service_dsn
 from fair_scheduler.app import compose
 from fair_scheduler.settings import SchedulerSettings

@@ -24,13 +24,13 @@ import pytest
 
 from devstack.roles import service_dsn
 from helpers.postgres import fresh_database
+from helpers.services import FAST_RETRY
 from lockgate.events import PodEvent
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate_adapters import job_store
 from lockgate_adapters.postgres import connect_pool
 from queue_store.ingesting import _REFUSED_DATA, store_events
-from queue_store.testing import FAST_RETRY
 
 pytestmark = [pytest.mark.stack]
 

@@ -18,12 +18,12 @@ import asyncpg
 import pytest
 
 from helpers.postgres import fresh_database
+from helpers.services import FAST_RETRY
 from lockgate.events import PodEvent
 from lockgate.jobs import JobState
 from lockgate_adapters import scheduler_store
 from lockgate_adapters.postgres import connect_pool
 from queue_store.ingesting import store_events
-from queue_store.testing import FAST_RETRY
 
 pytestmark = [pytest.mark.stack]
 

@@ -25,6 +25,8 @@ import pytest
 
 from devstack.config import Settings
 from helpers.postgres import fresh_database
+from helpers.queue_store import QueueStoreUnderTest
+from helpers.services import FAST_RETRY
 from helpers.waiting import eventually
 from lockgate.events import (
     CLUSTER_CAPACITY,
@@ -37,7 +39,6 @@ from lockgate.jobs import JobState
 from lockgate.queues import DEFAULT_ALLOWED_KINDS
 from lockgate_adapters.kafka import make_producer, publish_many
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
-from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 # Generous: each CLI call is a process of its own, slow to start on a loaded machine.
 pytestmark = [pytest.mark.timeout(420)]

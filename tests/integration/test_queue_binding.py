@@ -25,7 +25,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from devstack.launcher import Lockgate, ServicePorts
+from devstack.launcher import Lockgate
+from devstack.ports import ServicePorts
 from devstack.stack import StackInfo
 from helpers.kube import gates_of
 from helpers.pods import a_pod

@@ -1,7 +1,7 @@
 """queue-store on the real stack: Kafka in, Postgres out, as a real process.
 
 Each test module gets a fresh database and a consumer group of its own that starts at the
-topics' end (see `queue_store.testing`), and each test its own cluster name, so rows never
+topics' end (see `helpers.queue_store`), and each test its own cluster name, so rows never
 collide with another test's. Events are published to the real topics with aiokafka; assertions
 read Postgres directly. "Processed" is known exactly: queue-store commits a message's offset only
 after its transaction, so once the group's committed offset passes a message, its effect is in
@@ -36,6 +36,8 @@ from helpers.kafka import (
 )
 from helpers.network import TcpRelay
 from helpers.postgres import fresh_database
+from helpers.queue_store import QueueStoreUnderTest
+from helpers.services import FAST_RETRY
 from helpers.waiting import eventually
 from lockgate.events import (
     CLUSTER_CAPACITY,
@@ -57,7 +59,6 @@ from lockgate.jobs import JobState
 from lockgate_adapters.kafka import make_producer
 from lockgate_adapters.postgres import CHANGES_CHANNEL, connect_pool
 from queue_store.app import CONSUMED_TOPICS
-from queue_store.testing import FAST_RETRY, QueueStoreUnderTest
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from devstack.launcher import free_port
+from devstack.ports import free_port
 from helpers.kafka import (
     BAD_INPUTS,
     BadInput,

@@ -30,9 +30,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from helpers.kafka import wait_committed_past
 from helpers.postgres import fresh_database
+from helpers.queue_store import QueueStoreUnderTest, stored_events
+from helpers.services import FAST_RETRY
 from lockgate.change_feed import START, FeedCursor
 from lockgate.events import (
     CLUSTER_CAPACITY,
@@ -52,7 +55,6 @@ from lockgate.jobs import JobState
 from lockgate_adapters import scheduler_store
 from lockgate_adapters.kafka import make_producer
 from lockgate_adapters.postgres import connect_pool
-from queue_store.testing import FAST_RETRY, QueueStoreUnderTest, stored_events
 
 pytestmark = [pytest.mark.timeout(300)]
 

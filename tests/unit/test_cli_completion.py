@@ -9,7 +9,7 @@ import pytest
 from recorded_api import RecordedApi
 
 from lockgate_cli import root
-from lockgate_cli.completion import candidates
+from lockgate_cli.root import candidates
 
 
 @pytest.mark.parametrize(("shell", "marker"), [

@@ -38,6 +38,7 @@ from lockgate_adapters.kafka import (
     BatchConsumer,
     is_transient_publish_error,
 )
+from lockgate_adapters.retrying import Stopped
 from lockgate_adapters.settings import RetryPolicy
 
 AT = datetime(2026, 11, 30, 18, 0, tzinfo=UTC)
@@ -275,8 +276,12 @@ async def test_a_stopping_consumer_gives_up_retrying_without_skipping() -> None:
     producer = RefusingProducer([KafkaConnectionError("down")] * 100)
     consumer = consumer_with(producer, [])
     consumer._stopping.set()
-    with pytest.raises(KafkaConnectionError):
+    lost_before = counted("lost")()
+    with pytest.raises(Stopped) as stopped:
         await asyncio.wait_for(consumer._dead_letter(record(b"x"), "bad"), 5)
+    assert isinstance(stopped.value.__cause__, KafkaConnectionError)
+    assert len(producer.errors) == 99  # one attempt, none after stopping
+    assert counted("lost")() == lost_before  # not skipped: its batch stays unhandled
 
 
 def test_a_consumer_refuses_letter_limits_over_a_request() -> None:

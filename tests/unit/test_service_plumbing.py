@@ -1,4 +1,5 @@
-"""Settings, backoff and the service runner: the behaviour every service inherits."""
+"""Settings and the service runner: the behaviour every service inherits (retrying:
+test_retrying.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from helpers.waiting import until
-from lockgate_adapters.retrying import BackoffIterator, retry
 from lockgate_adapters.service import Loop, ServiceContext, run_service
-from lockgate_adapters.settings import RetryPolicy, ServiceSettings
+from lockgate_adapters.settings import ServiceSettings
 
 
 class ExampleSettings(ServiceSettings):
@@ -37,36 +37,6 @@ def test_unknown_settings_are_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCKGATE_EXAMPLE_CLUSTER", "typo")
     with pytest.raises(ValidationError, match="LOCKGATE_EXAMPLE_CLUSTER"):
         ExampleSettings()
-
-
-def test_backoff_grows_to_its_ceiling_and_stops_after_max_attempts() -> None:
-    policy = RetryPolicy(initial_seconds=1, max_seconds=4, multiplier=2, max_attempts=5)
-    delays = list(BackoffIterator(policy))
-    assert len(delays) == 5
-    ceilings = [1, 2, 4, 4, 4]
-    assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
-
-
-async def test_retry_retries_only_retryable_errors() -> None:
-    calls: list[int] = []
-
-    async def flaky() -> str:
-        calls.append(1)
-        if len(calls) < 3:
-            raise ConnectionError("down")
-        return "up"
-
-    policy = RetryPolicy(initial_seconds=0.001, max_seconds=0.002)
-    assert await retry(flaky, policy=policy, retryable=lambda e: isinstance(e, OSError),
-                       what="flaky") == "up"
-    assert len(calls) == 3
-
-    async def broken() -> str:
-        raise ValueError("permanent")
-
-    with pytest.raises(ValueError, match="permanent"):
-        await retry(broken, policy=policy, retryable=lambda e: isinstance(e, OSError),
-                    what="broken")
 
 
 async def test_service_stops_gracefully_and_cancels_what_hangs() -> None:

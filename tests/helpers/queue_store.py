@@ -3,10 +3,13 @@
 Why: integration and end-to-end tests need the real service on the real Kafka and Postgres, but
 isolated from other tests sharing the stack. Isolation comes from a fresh database (made with
 `lockgate_adapters.postgres.create_database`, migrated by the service at start) and a consumer
-group of its own that starts at the topics' current end, so
-it neither steals partitions from another queue-store nor replays every message other tests ever
-published. The service runs as a process (`python -m queue_store` with `QueueStoreUnderTest.env`)
-so it can be killed like a crashed pod. (kopf's `kopf.testing` is the model.)
+group of its own that starts at the topics' current end, so it neither steals partitions from
+another queue-store nor replays every message other tests ever published. The service runs as a
+process (`python -m queue_store` with `QueueStoreUnderTest.env`) so it can be killed like a
+crashed pod. (kopf's `kopf.testing` is the model.)
+
+It is a test helper, so it lives here and not in the service's package, which the images ship;
+`make bench` (bench/bench_ingest.py) imports it too, with tests/ on its path as pytest has.
 """
 
 from __future__ import annotations
@@ -20,15 +23,14 @@ from typing import Any
 
 import aiohttp
 
-from devstack.launcher import ServiceProcess, free_port
+from devstack.launcher import ServiceProcess
+from devstack.ports import free_port
 from devstack.roles import service_dsn
+from helpers.services import FAST_RETRY
 from lockgate.events import Topic
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
-from lockgate_adapters.settings import RetryPolicy
 from queue_store.app import CONSUMED_TOPICS
-
-FAST_RETRY = RetryPolicy(initial_seconds=0.05, max_seconds=0.5)
 
 
 async def stored_events(process: ServiceProcess) -> float:
