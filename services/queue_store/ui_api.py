@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -42,7 +43,7 @@ from aiohttp import web
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate.pod_traces import waterfall_json
-from lockgate_adapters import job_views, ui_views
+from lockgate_adapters import job_views, namespace_store, ui_views
 from lockgate_adapters.postgres import AnyConnection
 from queue_store.admin_api import CALLER, ApiError
 from queue_store.admin_views import explain_job, explain_rows, leader_json, queue_standings
@@ -189,9 +190,14 @@ class UiApi:
                 connection, queue=queue, jobset=jobset,
                 cluster=request.query.get("cluster") or None, state=state, offset=offset,
                 limit=limit)
+            # Whether it was cancelled, with the page: asking the CLI's /cancellation, which
+            # answers 404 for a job set never cancelled, left an error in the browser's console.
+            cancelled = await namespace_store.cancellation(connection, queue, jobset)
         return web.json_response({"queue": queue, "jobset": jobset, "counts": counts,
                                   "total": page.total, "offset": offset, "limit": limit,
-                                  "pods": [self.job_json(row) for row in page.rows]})
+                                  "cancellation": cancelled,
+                                  "pods": [self.job_json(row) for row in page.rows]},
+                                 dumps=lambda v: json.dumps(v, default=str))
 
     @staticmethod
     async def _pod_row(connection: AnyConnection, request: web.Request) -> JobRow:

@@ -75,6 +75,8 @@ class Scene:
     pool: asyncpg.Pool
     capacity_cpu: dict[str, int]  # cluster alias -> millicores of its nodes, from the API
     requested_urls: list[str] = field(default_factory=list)
+    # What the browser's console said as an error (a failed request among them).
+    console_errors: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -247,6 +249,8 @@ async def signed_in(scene: Scene) -> AsyncIterator[Any]:
         context = await chromium.new_context(viewport={"width": 1400, "height": 900})
         page = await context.new_page()
         page.on("request", lambda request: scene.requested_urls.append(request.url))
+        page.on("console", lambda message: scene.console_errors.append(message.text)
+                if message.type == "error" else None)
         await sign_in(page, scene, scene.lockgate.admin_token)
         yield page
         assert await context.cookies() == [], "the UI sets no cookie"
@@ -450,6 +454,8 @@ async def test_an_admin_cancels_a_job_set_from_its_page(scene: Scene, signed_in:
     queued = page.locator(f'[data-table=counts] tr[data-cluster="{ALIAS_A}"] td').nth(
         headers.index("queued"))
     assert (await queued.inner_text()).strip() == "3"  # b-doomed-0..2, all waiting
+    # A job set never cancelled is no error: the page asks nothing that answers 404.
+    assert scene.console_errors == [], scene.console_errors
     await page.click("[data-action=cancel-jobset]")
     await page.wait_for_selector("#confirm[open]")
     await screenshot(page, "jobset-confirm")
