@@ -77,7 +77,8 @@ class HealthServer:
         self._json_queries: dict[str, Callable[[object], object]] = {}
 
     def add_json_view(self, path: str, view: Callable[[], object]) -> None:
-        """Serve `view()` as JSON at GET `path` (which starts with /api/), even once started."""
+        """Serve `view()` as JSON at GET `path` (which starts with /api/), even once started;
+        a view may return the JSON encoded, as bytes."""
         if not path.startswith("/api/"):
             raise ValueError(f"JSON views live under /api/, not at {path!r}")
         self._json_views[path] = view
@@ -121,7 +122,10 @@ class HealthServer:
         view = self._json_views.get(request.path)
         if view is None:
             raise web.HTTPNotFound(text=f"no view at {request.path}")
-        return web.json_response(view())
+        body = view()
+        if isinstance(body, bytes):  # encoded already (e.g. kept until what it says changes)
+            return web.Response(body=body, content_type="application/json")
+        return web.json_response(body)
 
     async def _json_query(self, request: web.Request) -> web.Response:
         query = self._json_queries.get(request.path)

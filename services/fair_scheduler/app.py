@@ -47,7 +47,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     ctx.dependencies.postgres(settings.postgres_dsn)
     ctx.dependencies.kafka(settings.kafka())
     report = FairnessReport(instance_id=settings.instance_id)
-    ctx.health.add_json_view(FAIRNESS_PATH, report.as_json)
+    ctx.health.add_json_view(FAIRNESS_PATH, report.encoded)
     ctx.health.add_json_query(EXPLAIN_PATH,
                               lambda body: report.explain_json(body, now=time.time()))
 

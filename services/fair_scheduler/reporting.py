@@ -12,6 +12,7 @@ jobs wait. It is the only picture: queue-store's `status`, `explain` and web UI 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -75,6 +76,7 @@ class FairnessReport:
     # queues' gauges: one report per process, as the leader keeps.
     _values: dict[str, tuple[float, ...]] = field(default_factory=dict)
     _queues_cache: tuple[RoundReport, list[dict[str, Any]]] | None = None
+    _encoded: tuple[RoundReport | None, bool, bytes] | None = None
 
     def set_leader(self, leader: bool) -> None:
         self.leader = leader
@@ -135,6 +137,16 @@ class FairnessReport:
         picture = self.picture if self.leader else None
         return {"instance_id": self.instance_id, "leader": self.leader,
                 "last_round": self._round_json(), "queues": self._queues_json(picture)}
+
+    def encoded(self) -> bytes:
+        """`as_json` encoded, once per round: queue-store asks it for every status, overview
+        and explain, and at fleet scale (1,000 queues) encoding it was most of answering."""
+        picture = self.picture if self.leader else None
+        cached = self._encoded
+        if cached is None or cached[0] is not picture or cached[1] != self.leader:
+            cached = self._encoded = (picture, self.leader,
+                                      json.dumps(self.as_json()).encode())
+        return cached[2]
 
     def _queues_json(self, picture: RoundReport | None) -> list[dict[str, Any]]:
         """The queues of a picture as JSON, built once per round: every status, the UI's

@@ -8,6 +8,7 @@ and a standby or a leader before its first round gives none."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 
 import pytest
@@ -132,3 +133,17 @@ def test_a_malformed_explain_request_is_refused_with_a_reason(body: object) -> N
     fairness.set_leader(True)
     with pytest.raises(ExplainRequestError):
         fairness.explain_json(body, now=NOW)
+
+
+def test_the_fairness_answer_is_encoded_once_per_round_and_never_outlives_the_lead() -> None:
+    state = _contested()
+    fairness = FairnessReport("leader")
+    fairness.set_leader(True)
+    fairness.record_round(_report(state), seconds=0.01, decisions=5)
+    first = fairness.encoded()
+    assert fairness.encoded() is first  # the same round: the same bytes
+    assert json.loads(first) == fairness.as_json()
+    fairness.record_round(_report(state), seconds=0.01, decisions=0)
+    assert fairness.encoded() is not first  # a new round
+    fairness.set_leader(False)
+    assert json.loads(fairness.encoded())["queues"] == []
