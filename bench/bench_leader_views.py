@@ -109,9 +109,11 @@ def running_rows(run: str) -> list[JobRow]:
 
 async def fill(pool: asyncpg.Pool, run: str, queued: int) -> None:
     async with pool.acquire() as connection:
+        # q-0000 is cordoned: its pods wait for good, so the calls about one of them ask about
+        # a waiting pod however many the rounds release meanwhile.
         await connection.execute(
-            "INSERT INTO queues (name, priority_factor, namespaces)"
-            " SELECT 'q-' || lpad(i::text, 4, '0'), 1 + (i % 3), '[]'::jsonb"
+            "INSERT INTO queues (name, priority_factor, namespaces, cordoned)"
+            " SELECT 'q-' || lpad(i::text, 4, '0'), 1 + (i % 3), '[]'::jsonb, i = 0"
             " FROM generate_series(0, $1 - 1) AS i", QUEUES)
         await connection.execute(
             "INSERT INTO cluster_nodes (cluster, node, allocatable, unmanaged_usage,"
@@ -175,8 +177,8 @@ def p99(times: list[float]) -> float:
 
 
 def calls(run: str, queued: int) -> dict[str, str]:
-    """The four calls, each about a pod in the middle of the line of a busy queue."""
-    i = queued // 2
+    """The four calls, each about a pod in the middle of the line of the cordoned queue."""
+    i = queued // 2 // QUEUES * QUEUES
     cluster, pod = cluster_name(run, i % CLUSTERS), f"pod-{i}"
     return {
         "status": "/api/v1/status",

@@ -167,7 +167,6 @@ async def scene(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
                 "LOCKGATE_SCHEDULER_PREEMPTION_ENABLED": "true",
                 "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1",
                 "LOCKGATE_QUEUE_STORE_UI__SAMPLE_SECONDS": "1",
-                "LOCKGATE_QUEUE_STORE_UI__STATE_MAX_AGE_SECONDS": "1",
                 "LOCKGATE_QUEUE_STORE_UI__TRACE_URL": TRACE_URL,
             })
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
@@ -489,3 +488,32 @@ def test_the_token_never_went_into_a_url(scene: Scene) -> None:
     saved = {p.name for p in ARTIFACTS.glob("*.png")}
     assert {f"{name}.png" for name in ("overview", "queue", "pod", "namespaces", "namespace",
                                        "evictions", "jobset", "jobset-read-only")} <= saved
+
+
+async def test_with_the_scheduler_stopped_the_pages_say_there_is_no_leader(
+        scene: Scene, signed_in: Any) -> None:
+    """The leader dies mid-run: the overview and the queue page say there are no shares and no
+    reasons, never the last leader's."""
+    scheduler = scene.lockgate.processes["fair-scheduler"]
+    await scheduler.kill()
+    try:
+        page = signed_in
+        await page.goto(f"{scene.url}#/")
+        source = page.locator("[data-source]")
+
+        async def says_no_leader() -> str | None:
+            text = await source.inner_text() if await source.count() else ""
+            return text if "no fair-scheduler leader" in text else None
+        said = await eventually(says_no_leader, within=30, every=0.5,
+                                what="the overview to say no leader answers")
+        assert said.startswith("no shares")
+        assert all(t.strip() == "\u2013" for t in await page.locator(  # the UI's dash: none
+            "[data-table=queues] [data-target]").all_inner_texts())
+        await screenshot(page, "overview-no-leader")
+        await page.goto(f"{scene.url}#/queues/{QA}")
+        await page.wait_for_selector("[data-reasons=unavailable]")
+        assert "no reasons" in await text_of(page, "[data-reasons]")
+        await screenshot(page, "queue-no-leader")
+    finally:
+        await scheduler.start()  # for the module's teardown: it stops every service gracefully
+        await scheduler.wait_ready()

@@ -14,8 +14,6 @@ const JOBSETS_PAGE = 20;
 // Where a queue's entry in the fairness report may carry per-cluster figures.
 const PER_CLUSTER_KEYS = ["clusters", "per_cluster", "by_cluster", "cluster_targets", "targets"];
 const TOKEN_KEY = "lockgate.token";
-const COLORS = ["#2360c4", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#0b7285", "#e67700",
-  "#5c940d", "#364fc7", "#a61e4d"];
 
 let me = null;          // {name, role, may_act} of the signed-in token
 let timer = null;       // the current page's refresh
@@ -226,11 +224,12 @@ function table(headers, rows, attrs) {
 }
 const num = (value) => el("td", { class: "num" }, value === undefined || value === null ? "–" : String(value));
 const podHref = (p) => `#/pods/${enc(p.cluster)}/${enc(p.namespace)}/${enc(p.name)}`;
-// A queue keeps its colour whatever other queues come and go: it is a hash of its name.
+// A queue keeps its colour whatever other queues come and go: its hue is a hash of its name
+// (a palette of ten gave two of four queues the same colour).
 const colorOf = () => (name) => {
   let h = 5381;
   for (const c of name) h = ((h * 33) ^ c.codePointAt(0)) >>> 0;
-  return COLORS[h % COLORS.length];
+  return `hsl(${(h * 137.508) % 360 | 0}, ${55 + (h >>> 9) % 25}%, ${38 + (h >>> 17) % 14}%)`;
 };
 
 // ---- overview -----------------------------------------------------------------------------
@@ -283,7 +282,7 @@ async function overviewPage(view) {
     el("h2", {}, "Queues"),
     table(["Queue", "#Weight", "#Fair target", "#Holds", "Holds / target", "#Waiting", "#Released", "#Running",
       ...(anyPerCluster ? ["Per cluster: holds / target"] : [])], rows, { "data-table": "queues" }),
-    el("p", { class: "small muted" }, source),
+    el("p", { class: fairness.source === "leader" ? "small muted" : "small error", "data-source": fairness.source || "error" }, source),
     el("details", { "data-detail": "shares" }, el("summary", { class: "small" }, "Fair and adjusted shares, and what each means"),
       el("dl", { class: "facts small" },
         el("dt", {}, "Fair share"), el("dd", {}, "the queue's weight over the weights of the queues with work: what it gets if every queue could use anything."),
