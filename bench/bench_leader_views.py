@@ -206,7 +206,11 @@ async def measure(stack: Any, queued: int) -> tuple[dict[str, list[float]], dict
                 "LOCKGATE_POSTGRES_DSN": service_dsn(dsn, "fair-scheduler"),
                 "LOCKGATE_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
                 "LOCKGATE_SCHEDULER_INSTANCE_ID": f"bench-{run}",
-                "LOCKGATE_SCHEDULER_HTTP_PORT": str(port)}, health_port=port)
+                "LOCKGATE_SCHEDULER_HTTP_PORT": str(port),
+                # No ungater answers here: uncapped, its releases in flight never pace it, and
+                # each pod ended makes room that the next round fills.
+                "LOCKGATE_SCHEDULER_MAX_RELEASES_IN_FLIGHT_PER_CLUSTER": "0"},
+                health_port=port)
             await scheduler.start()
             try:
                 started = time.perf_counter()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -252,8 +252,18 @@ _PLACEMENT_CACHE_SIZE = 4096
 _placements: dict[str, PodPlacement] = {}
 
 
-async def load_everything(connection: asyncpg.Connection) -> Changes:
-    """Live queues, present nodes and unfinished jobs, all from one snapshot."""
+# Rows turned into jobs between two calls of `load_everything`'s `keep_alive` (about a second
+# of work on a busy host).
+LOAD_CHUNK = 20_000
+
+
+async def load_everything(connection: asyncpg.Connection, *,
+                          keep_alive: Callable[[], Awaitable[None]] | None = None) -> Changes:
+    """Live queues, present nodes and unfinished jobs, all from one snapshot.
+
+    `keep_alive` is awaited between chunks of the rows turned into jobs, after the snapshot's
+    transaction: at a million jobs that takes longer than the leader's session may stay idle
+    (Postgres would end it, and with it the leader lock), so the leader checks in meanwhile."""
     async with connection.transaction(isolation="repeatable_read", readonly=True):
         cursor = FeedCursor.from_snapshot(await connection.fetchval(_SNAPSHOT))
         queues = await connection.fetch(
@@ -266,7 +276,13 @@ async def load_everything(connection: asyncpg.Connection) -> Changes:
         backoffs = await connection.fetch(
             "SELECT cluster, controller_uid, attempts, given_up_at, until"
             " FROM controller_backoffs")
-    changes = _changes(cursor, queues, nodes, jobs)
+    changes = _changes(cursor, queues, nodes, [])
+    ordered = sorted(jobs, key=_serial)
+    for start in range(0, len(ordered), LOAD_CHUNK):
+        changes.jobs += [_sched_job(r) for r in ordered[start:start + LOAD_CHUNK]]
+        if keep_alive is not None:
+            await keep_alive()
+    changes.returned = _returned(jobs)
     changes.backoffs = [
         ControllerBackoff(cluster=r["cluster"], controller_uid=r["controller_uid"],
                           attempts=r["attempts"], given_up_at=r["given_up_at"].timestamp(),
@@ -337,11 +353,13 @@ def _changes(cursor: FeedCursor, queues: Sequence[asyncpg.Record], nodes: Sequen
         queues=[_queue_change(r) for r in sorted(queues, key=_serial)],
         nodes=[_node_change(r) for r in sorted(nodes, key=_serial)],
         jobs=[_sched_job(r) for r in sorted(jobs, key=_serial)],
-        returned={
-            job_id(r["cluster"], r["uid"]): (int(r["release_attempts"]), r["state_changed_at"])
-            for r in jobs if r["state"] == JobState.QUEUED and r["release_attempts"]
-        },
+        returned=_returned(jobs),
     )
+
+
+def _returned(jobs: Sequence[asyncpg.Record]) -> dict[str, tuple[int, datetime]]:
+    return {job_id(r["cluster"], r["uid"]): (int(r["release_attempts"]), r["state_changed_at"])
+            for r in jobs if r["state"] == JobState.QUEUED and r["release_attempts"]}
 
 
 def _serial(record: asyncpg.Record) -> int:

@@ -156,6 +156,7 @@ class Leader:
         # Collects after each round what the round left (lockgate.scheduler.collection).
         self._collector = RoundCollector(settings.gc_full_collection_seconds)
         self._cursor = START
+        self._next_check_in = 0.0  # during the first load (`_check_in`)
         self._paced = False  # the last round left a cluster waiting for its ungaters
         # Fair targets solved beside the event loop at scale (docs/scheduling.md, "Fair targets
         # off the round's path"): the worker, started when first needed; the solve under way;
@@ -251,15 +252,37 @@ class Leader:
     # ---- state ----------------------------------------------------------------------------
 
     async def _load(self) -> None:
+        """Load every live row, checking in with Postgres meanwhile.
+
+        At a million jobs, turning rows into jobs and applying them takes longer than the
+        leader's session may stay idle (leader_idle_session_timeout_seconds): Postgres ended
+        the session, and with it the lock, right after every load, and no leader came up. So
+        the work goes in chunks, and between them the connection answers a check whenever one
+        is due (which also proves it alive)."""
         started = time.monotonic()
-        everything = await store.load_everything(self._connection)
+        self._next_check_in = time.monotonic() + self._settings.leader_check_interval_seconds
+        everything = await store.load_everything(self._connection, keep_alive=self._check_in)
         self._feed.load_backoffs(everything.backoffs, self._now().timestamp())
         if everything.backoffs:
             log.info("loaded %d controller back-offs", len(everything.backoffs))
-        self._apply(everything)
+        jobs, everything.jobs = everything.jobs, []
+        self._apply(everything)  # queues, nodes and the cursor first
+        now = self._now().timestamp()
+        returned = {job_id: (releases, at.timestamp())
+                    for job_id, (releases, at) in everything.returned.items()}
+        for start in range(0, len(jobs), store.LOAD_CHUNK):
+            self._feed.apply_jobs(jobs[start:start + store.LOAD_CHUNK], now=now,
+                                  returned=returned)
+            await self._check_in()
         log.info("loaded %d queues, %d nodes, %d unfinished jobs as of %s in %.2fs",
-                 len(everything.queues), len(everything.nodes), len(everything.jobs),
+                 len(everything.queues), len(everything.nodes), len(jobs),
                  everything.cursor, time.monotonic() - started)
+
+    async def _check_in(self) -> None:
+        """During a long load: prove the connection alive when a check is due."""
+        if time.monotonic() >= self._next_check_in:
+            await self._check_connection_answers()
+            self._next_check_in = time.monotonic() + self._settings.leader_check_interval_seconds
 
     def _apply(self, changes: store.Changes) -> bool:
         """Apply changed rows; returns whether any could let a round release something new."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -270,6 +271,31 @@ async def test_releases_within_capacity_recording_each_decision_before_publishin
     for command in commands.commands:
         assert (command.cluster, command.namespace, command.name, command.queue) == (
             cluster, "ns", f"pod-{command.uid}", "q1")
+
+
+async def test_a_leader_whose_load_outlasts_an_idle_session_keeps_the_lead(
+        store: Store, commands: CommandTail, kafka_bootstrap: str,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Turning a million rows into jobs took longer than the leader's session may stay idle:
+    Postgres ended the session, and with it the lock, after every load, and no leader ever
+    ran a round. Here 100,000 rows against an idle limit of 1 s: the leader must check in
+    while it loads, keep the lead and release."""
+    monkeypatch.setattr(scheduler_store, "LOAD_CHUNK", 2_000)
+    cluster = store.cluster("a")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=4 * CPU)
+    await store.jobs(cluster, "q1", 100_000)
+    settings = scheduler_settings(store, kafka_bootstrap, "big",
+                                  leader_check_interval_seconds=0.2,
+                                  leader_check_timeout_seconds=0.5,
+                                  leader_idle_session_timeout_seconds=1.0)
+    with caplog.at_level(logging.INFO, logger="fair_scheduler"):
+        async with running_scheduler(settings) as ctx:
+            await until(lambda: leading(ctx), within=30, what="leadership")
+            await round_finished(ctx, releasing=4)
+    # One term from the load to the stop, the session never ended under it.
+    assert caplog.text.count("big is the leader") == 1 and "postgres trouble" not in caplog.text
+    assert "100000 unfinished jobs" in caplog.text
 
 
 async def test_rounds_follow_changes_not_the_periodic_round(
