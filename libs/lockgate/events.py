@@ -80,6 +80,13 @@ class PodEvent(Event):
     # The job set's own maximum time queued (lockgate.max_queued), from the pod's annotations
     # as the webhook left them; None: only its queue's rule, if any.
     max_queued: JobSetMaxQueued | None = None
+    # Added in place (optional, defaulted): lockgate never gated the pod (no webhook served
+    # its namespace, or it failed open; lockgate.observing.skipped_the_gate), and its
+    # namespace's labels when it did, so queue-store can check that the queue binds the
+    # namespace before counting the pod as the queue's. Upgrade queue-store before
+    # cluster-watcher.
+    skipped_gate: bool = False
+    namespace_labels: dict[str, str] = Field(default_factory=dict)
 
 
 class ClusterSnapshot(Event):

@@ -32,7 +32,9 @@ from prometheus_client import Counter
 
 from cluster_watcher.publishing import (
     Outbox,
+    Outgoing,
     capacity_message,
+    notice_message,
     pod_event_message,
     snapshot_message,
 )
@@ -349,8 +351,13 @@ class ClusterWatcher:
 
     async def _publish_pod_events(self, events: list[PodEvent]) -> None:
         if events:
-            await self._outbox.put([pod_event_message(e) for e in events])
+            await self._outbox.put(self._pod_messages(events))
         self._note_capacity()
+
+    def _pod_messages(self, events: list[PodEvent]) -> list[Outgoing]:
+        """The events, then the notices due for pods among them that skipped the gate."""
+        return ([pod_event_message(e) for e in events]
+                + [notice_message(n) for n in self.observed.notices_for(events)])
 
     # Pods
 
@@ -362,7 +369,7 @@ class ClusterWatcher:
                  len(snapshot.pod_events))
         for problem in snapshot.unreadable:
             log.error("%s: cannot read pod %s", self.cluster, problem)
-        messages = [pod_event_message(e) for e in snapshot.pod_events]
+        messages = self._pod_messages(snapshot.pod_events)
         # The snapshot goes after its pods' events, but on another topic, which queue-store
         # consumes on its own: it may fold the snapshot first. So the snapshot says itself how
         # each listed pod that had ended ended (lockgate.ingest).
@@ -379,7 +386,7 @@ class ClusterWatcher:
                       metadata.get("namespace"), metadata.get("name"), error)
             return
         if event is not None:
-            await self._outbox.put([pod_event_message(event)])
+            await self._outbox.put(self._pod_messages([event]))
         self._note_capacity()
 
     async def _audit_pods(self) -> None:
@@ -411,7 +418,7 @@ class ClusterWatcher:
                     pod.watched_version)
             if missed:
                 PODS_MISSED.labels(self.cluster).inc(len(missed))
-                await self._outbox.put([pod_event_message(p.event) for p in missed])
+                await self._outbox.put(self._pod_messages([p.event for p in missed]))
 
     # Nodes
 
