@@ -98,6 +98,7 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "state_changed_at": row.state_changed_at.isoformat(),
         "decision_id": row.decision_id, "release_attempts": row.release_attempts,
         "last_reason": row.last_reason,
+        "skipped_gate": row.skipped_gate,  # lockgate never gated it (lockgate.observing)
     }
 
 

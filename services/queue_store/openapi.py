@@ -62,7 +62,9 @@ SCHEMAS: dict[str, Any] = {
         "created_at": {"type": "string", "format": "date-time"},
         "state_changed_at": {"type": "string", "format": "date-time"},
         "decision_id": {"type": ["string", "null"]}, "release_attempts": _INT,
-        "last_reason": _STR}},
+        "last_reason": _STR,
+        "skipped_gate": {"type": "boolean", "description": "lockgate never gated the pod: it "
+                         "ran without waiting its turn, and counts as its queue's usage"}}},
     "WaitingPod": {"allOf": [_ref("Job"), {"type": "object", "properties": {
         "position": _INT, "reason": {"type": ["string", "null"]},
         "message": {"type": ["string", "null"]}}}]},
