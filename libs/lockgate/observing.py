@@ -14,9 +14,10 @@ the watcher first sees it with its namespace known, and kept for the pod's life:
 namespace later neither orphans its running jobs nor turns its old pods into jobs. A pod whose
 namespace is not known yet (the two watches race) waits until the namespace is seen.
 
-Pods that skipped the gate (`skipped_the_gate`): a pod that carries a queue label but that no
-lockgate webhook ever gated (no gate, and no `lockgate.io/labels-from` annotation, which the
-webhook writes on every pod it gates). It runs outside its queue's turn, and nobody would know:
+Pods that skipped the gate (`skipped_the_gate`): a pod that names a queue (its own label, or
+its namespace's, which the webhook would have copied onto it) but that no lockgate webhook ever
+gated (no gate, and no `lockgate.io/labels-from` annotation, which the webhook writes on every
+pod it gates). It runs outside its queue's turn, and nobody would know:
 the webhook does not serve its namespace (under `make run`, a namespace without
 `lockgate.io/run=dev`), or it was down and failed open. Such a pod is reported as a job, marked
 `skipped_gate` (with its namespace's labels), when its namespace is managed
@@ -101,13 +102,24 @@ def is_gated_by_lockgate(pod: KubeObject) -> bool:
     return any(gate.get("name") == SCHEDULING_GATE for gate in gates)
 
 
-def skipped_the_gate(pod: KubeObject) -> bool:
-    """Whether a pod that carries a queue label was never gated by lockgate: it has no gate now
-    and no trace of the webhook's answer (the `lockgate.io/labels-from` annotation it writes on
-    every pod it gates, kept when the gate is removed)."""
+def never_admitted(pod: KubeObject) -> bool:
+    """Whether no lockgate webhook ever gated the pod: it has no gate now and no trace of the
+    webhook's answer (the `lockgate.io/labels-from` annotation it writes on every pod it gates,
+    kept when the gate is removed)."""
     annotations = _metadata(pod).get("annotations") or {}
-    return (is_managed(pod) and not is_gated_by_lockgate(pod)
-            and LABEL_SOURCE_ANNOTATION not in annotations)
+    return not is_gated_by_lockgate(pod) and LABEL_SOURCE_ANNOTATION not in annotations
+
+
+def queue_of(pod: KubeObject, namespace_labels: Mapping[str, str] | None = None) -> str:
+    """The queue the pod names: its own label, else its namespace's ("" none)."""
+    labels = _metadata(pod).get("labels") or {}
+    return str(labels.get(QUEUE_LABEL) or (namespace_labels or {}).get(QUEUE_LABEL) or "")
+
+
+def skipped_the_gate(pod: KubeObject, namespace_labels: Mapping[str, str] | None = None) -> bool:
+    """Whether a pod that names a queue (itself, or by its namespace's label) was never gated
+    by lockgate (`never_admitted`)."""
+    return bool(queue_of(pod, namespace_labels)) and never_admitted(pod)
 
 
 def is_being_deleted(pod: KubeObject) -> bool:
@@ -221,6 +233,10 @@ def pod_event(
     its namespace, for a pod that skipped the gate (see the module docstring)."""
     metadata = _metadata(pod)
     labels = metadata.get("labels") or {}
+    if skipped_gate_in is not None:  # the namespace's queue and job set, as the webhook does
+        labels = {QUEUE_LABEL: queue_of(pod, skipped_gate_in),
+                  JOBSET_LABEL: skipped_gate_in.get(JOBSET_LABEL) or metadata.get("namespace"),
+                  **labels}
     spec = _spec(pod)
     stuck = unschedulable(pod, observed_at)
     return PodEvent(
@@ -573,7 +589,7 @@ class ObservedCluster:
             uid = str(metadata.get("uid", ""))
             version = _version(pod)
             if (version is None or version > audit.watched_version or uid in audit.gone
-                    or uid in self._managed or not is_managed(pod)):
+                    or uid in self._managed or not (is_managed(pod) or never_admitted(pod))):
                 continue
             namespace = str(metadata.get("namespace", ""))
             labels = self._namespaces.get(namespace)
@@ -596,10 +612,11 @@ class ObservedCluster:
     def _is_lockgates(self, pod: KubeObject, *, deleted: bool) -> bool:
         """Whether the pod is one of lockgate's jobs (see the module docstring).
 
-        A labelled pod whose namespace is not known yet is parked in `_pending` (and counted as
-        unmanaged meanwhile); `observe_namespace` judges it once the namespace is seen.
+        A labelled (or never admitted) pod whose namespace is not known yet is parked in
+        `_pending` (and counted as unmanaged meanwhile); `observe_namespace` judges it once the
+        namespace is seen.
         """
-        if not is_managed(pod):
+        if not is_managed(pod) and not never_admitted(pod):
             return False
         metadata = _metadata(pod)
         uid = metadata.get("uid", "")
@@ -617,15 +634,17 @@ class ObservedCluster:
             return False
         verdict = self._judge(pod, namespace, labels or {})
         self._verdicts[uid] = verdict
-        if verdict and skipped_the_gate(pod):
+        if verdict and skipped_the_gate(pod, labels):
             self._skipped[uid] = dict(labels or {})
         return verdict
 
     def _judge(self, pod: KubeObject, namespace: str, labels: Mapping[str, str]) -> bool:
-        """Whether a pod with a queue label in `namespace` is reported as a job: its namespace
-        is this installation's, or it is managed and the pod skipped the gate."""
-        return (is_managed_namespace(namespace, labels, self._required_labels)
-                or (is_managed_namespace(namespace, labels) and skipped_the_gate(pod)))
+        """Whether a pod in `namespace` is reported as a job: it carries a queue label and its
+        namespace is this installation's, or its namespace is managed and it skipped the
+        gate."""
+        return ((is_managed(pod) and is_managed_namespace(namespace, labels,
+                                                          self._required_labels))
+                or (is_managed_namespace(namespace, labels) and skipped_the_gate(pod, labels)))
 
     # Namespaces
 

@@ -489,3 +489,29 @@ def test_no_notice_for_jobs_that_were_gated_or_pods_that_already_ended() -> None
     ])
     assert [e.name for e in snapshot.pod_events] == ["gated", "done"]
     assert cluster.notices_for(snapshot.pod_events) == []
+
+
+def test_a_pod_that_names_its_queue_only_through_its_namespace_label_is_reported_too() -> None:
+    """The JupyterHub recipe names the queue on the namespace; the webhook would have copied it
+    onto the pod, but no webhook served the namespace."""
+    cluster = ours_and_unserved()
+    cluster.relist_pods([])
+
+    event = cluster.observe_pod(pod_in("jhub", "jupyter-bob").requesting(cpu="1").obj())
+
+    assert event is not None and event.skipped_gate
+    assert (event.queue, event.jobset) == ("research", "jhub")
+
+
+def test_pods_that_name_no_queue_or_live_in_an_unmanaged_namespace_stay_unmanaged() -> None:
+    cluster = ours_and_unserved()
+    cluster.observe_namespace(a_namespace("labelled-only", managed=False,
+                                          **{"lockgate.io/queue": "research"}))
+    snapshot = cluster.relist_pods([
+        pod_in("mine", "no-queue").on_node("n1").in_phase("Running").requesting(cpu="1").obj(),
+        pod_in("labelled-only", "x").on_node("n1").in_phase("Running").requesting(cpu="2").obj(),
+        pod_in("kube-system", "dns").in_queue("research").on_node("n1").in_phase("Running")
+        .requesting(cpu="4").obj(),
+    ])
+    assert snapshot.pod_events == []
+    assert cluster.unmanaged_usage("n1") == {"cpu": 7000}
