@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
+
+from lockgate.labels import why_not_served
 from lockgate.noticing import skipped_gate_message
 from lockgate_cli.explain import explanation_fields
 from lockgate_cli.output import Output, render
@@ -51,3 +54,23 @@ def test_the_message_names_the_labels_a_namespace_lacks_when_they_are_known() ->
                                    served_labels={"lockgate.io/run": "dev"})
     assert "does not serve namespace jhub" in message
     assert "lockgate.io/managed=true, lockgate.io/run=dev" in message
+
+
+@pytest.mark.parametrize(("name", "labels", "says"), [
+    ("jhub", {"lockgate.io/managed": "true", "lockgate.io/queue": "research"},
+     "lacks lockgate.io/run=dev. Its pods will run without waiting their turn"),
+    ("jhub", {"lockgate.io/run": "dev"}, "lacks lockgate.io/managed=true"),
+    ("jhub", None, "namespace cluster-a/jhub does not exist yet: create it labelled "
+                   "lockgate.io/managed=true lockgate.io/run=dev"),
+    ("kube-system", {"lockgate.io/managed": "true", "lockgate.io/run": "dev"}, "never managed"),
+])
+def test_why_the_webhook_will_not_serve_a_bound_namespace(
+        name: str, labels: dict[str, str] | None, says: str) -> None:
+    why = why_not_served("cluster-a", name, labels, {"lockgate.io/run": "dev"})
+    assert why is not None and says in why
+
+
+def test_a_namespace_with_every_label_the_webhook_asks_for_is_served() -> None:
+    labels = {"lockgate.io/managed": "true", "lockgate.io/run": "dev", "team": "a"}
+    assert why_not_served("cluster-a", "jhub", labels, {"lockgate.io/run": "dev"}) is None
+    assert why_not_served("cluster-a", "jhub", {"lockgate.io/managed": "true"}) is None
