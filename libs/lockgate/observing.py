@@ -430,6 +430,8 @@ class ObservedCluster:
         # already sent a notice (`notices_for`).
         self._skipped: dict[str, Mapping[str, str]] = {}
         self._noticed: set[str] = set()
+        # The unfinished ones as last seen, for `resend_skipped`.
+        self._skipped_pods: dict[str, KubeObject] = {}
         # Pods seen before their namespace, by namespace: judged once it is seen.
         self._pending: dict[str, dict[str, tuple[KubeObject, bool]]] = {}
         # The audit in progress (`begin_pod_audit`), if any.
@@ -462,6 +464,7 @@ class ObservedCluster:
         self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in listed_uids}
         self._skipped = {uid: v for uid, v in self._skipped.items() if uid in listed_uids}
         self._noticed &= listed_uids
+        self._skipped_pods.clear()
         events: list[PodEvent] = []
         unfinished: list[str] = []
         ended: dict[JobState, list[str]] = {}
@@ -481,6 +484,7 @@ class ObservedCluster:
                     unfinished.append(_metadata(pod).get("uid", ""))
                 continue
             self._managed[event.uid] = _Observation.of(event)
+            self._keep_if_skipped(event, pod)
             events.append(event)
             if event.state.is_terminal:
                 ended.setdefault(event.state, []).append(event.uid)
@@ -526,6 +530,7 @@ class ObservedCluster:
             self._forget_verdict(uid)
         else:
             self._managed[uid] = observation
+        self._keep_if_skipped(event, pod)
         if previous == observation:
             return None
         return event
@@ -534,6 +539,25 @@ class ObservedCluster:
         self._verdicts.pop(uid, None)
         self._skipped.pop(uid, None)
         self._noticed.discard(uid)
+        self._skipped_pods.pop(uid, None)
+
+    def _keep_if_skipped(self, event: PodEvent, pod: KubeObject) -> None:
+        if event.skipped_gate and not event.state.is_terminal:
+            self._skipped_pods[event.uid] = pod
+        else:
+            self._skipped_pods.pop(event.uid, None)
+
+    def resend_skipped(self) -> list[PodEvent]:
+        """A fresh event for every unfinished pod that skipped the gate, to publish again.
+
+        Why: queue-store stores such a pod only once its queue binds its namespace
+        (lockgate.ingest), and a running pod may change nothing for hours; an operator who
+        binds the namespace after the pod started (or fixes the binding) must not wait for its
+        end to see it counted. Harmless when stored already: the same state changes nothing.
+        """
+        return [pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
+                          observed_at=self._now(), skipped_gate_in=self._skipped.get(uid))
+                for uid, pod in self._skipped_pods.items() if uid in self._skipped]
 
     @property
     def managed_pod_count(self) -> int:

@@ -78,6 +78,8 @@ class WatchOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Every this many seconds, list pods and report those the watch missed (0: never).
     pod_audit_seconds: float = 0.0
+    # Every this many seconds, publish again the pods that skipped the gate (0: never).
+    skipped_gate_resend_seconds: float = 0.0
 
 
 class ResourceWatcher:
@@ -290,6 +292,7 @@ class ClusterWatcher:
         self._capacity_revision_seen = -1
         self._namespaces_listed = asyncio.Event()
         self._pod_audit_seconds = options.pod_audit_seconds
+        self._skipped_resend_seconds = options.skipped_gate_resend_seconds
         core = client.CoreV1Api(api)
         self.namespaces = ResourceWatcher(
             cluster=cluster, resource="namespaces", list_call=core.list_namespace,
@@ -333,6 +336,9 @@ class ClusterWatcher:
             if self._pod_audit_seconds > 0:
                 tasks.append(group.create_task(self._audit_pods(),
                                                name=f"{self.cluster} pod audit"))
+            if self._skipped_resend_seconds > 0:
+                tasks.append(group.create_task(self._resend_skipped(),
+                                               name=f"{self.cluster} skipped-gate resend"))
             await stopping.wait()
             for task in tasks:
                 task.cancel()
@@ -388,6 +394,15 @@ class ClusterWatcher:
         if event is not None:
             await self._outbox.put(self._pod_messages([event]))
         self._note_capacity()
+
+    async def _resend_skipped(self) -> None:
+        """Every `skipped_gate_resend_seconds`, the pods that skipped the gate again
+        (`ObservedCluster.resend_skipped`)."""
+        while True:
+            await asyncio.sleep(self._skipped_resend_seconds)
+            events = self.observed.resend_skipped()
+            if events:
+                await self._outbox.put([pod_event_message(e) for e in events])
 
     async def _audit_pods(self) -> None:
         """Every `pod_audit_seconds`, list pods and report the pods of lockgate's that the

@@ -8,6 +8,7 @@ run's webhook does not serve it. A user who may edit that namespace (a ServiceAc
 runs at once. lockgate must then know: its job is recorded as having skipped the gate, it counts
 as the queue's usage in the scheduler leader's picture, it gets a Warning Event that says why,
 and `status` and `explain` say so. `queue create --namespace` warned about it beforehand.
+A pod already running when its namespace gets bound is counted from then on, not at its end.
 
 Every service runs as a process on the real stack; isolation as in every end-to-end test
 (helpers.runs).
@@ -32,6 +33,8 @@ from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 from lockgate.noticing import NoticeReason
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+
+RESEND = 2.0  # the watcher publishes pods that skipped the gate again this often
 
 
 async def admin_get(run: LockgateRun, path: str) -> dict[str, Any]:
@@ -61,7 +64,8 @@ async def user_in(run: LockgateRun, namespace: str, tmp_path: Path) -> client.Ap
 
 async def test_a_pod_in_a_bound_namespace_the_webhook_does_not_serve_is_found_and_shown(
         stack: StackInfo, tmp_path: Path) -> None:
-    async with lockgate_run(stack, tmp_path, name="skip") as run:
+    async with lockgate_run(stack, tmp_path, name="skip", env={
+            "LOCKGATE_WATCHER_SKIPPED_GATE_RESEND_SECONDS": str(RESEND)}) as run:
         queue = run.name("research")
         # Managed and naming its queue, as the recipe says; but not the run's namespace label.
         jhub = await run.create_namespace(name=run.name("jhub"), managed=False, labels={
@@ -123,3 +127,30 @@ async def test_a_pod_in_a_bound_namespace_the_webhook_does_not_serve_is_found_an
         assert "lockgate.io/run=dev" in explained["message"]
         jobs = await admin_get(run, f"/api/v1/jobs?queue={queue}")
         assert [(j["name"], j["skipped_gate"]) for j in jobs["jobs"]] == [("jupyter-ann", True)]
+
+        # A pod that was running before the queue bound its namespace: counted once it does.
+        later = await run.create_namespace(name=run.name("late"), managed=False, labels={
+            MANAGED_NAMESPACE_LABEL: "true", QUEUE_LABEL: queue})
+        early = await run.create_pod(a_pod("jupyter-bob").tolerating_kwok_nodes()
+                                     .requesting(cpu="1", memory="64Mi").manifest(),
+                                     namespace=later)
+
+        async def started() -> bool:
+            found = await run.pod("jupyter-bob", namespace=later)
+            return found is not None and found.status.phase == "Running"
+
+        await eventually(started, within=60, every=0.3, what="the early pod running")
+        assert await run.job(early.metadata.uid) is None  # its queue does not bind it yet
+        async with aiohttp.ClientSession(headers=run.lockgate.admin_headers) as session, \
+                session.patch(f"{run.lockgate.admin_url}/api/v1/queues/{queue}", json={
+                    "namespaces": [{"cluster": "*", "names": [jhub, later]}]}) as reply:
+            assert reply.status == 200, await reply.text()
+            assert any(later in warning for warning in (await reply.json())["warnings"])
+
+        async def counted() -> asyncpg.Record | None:
+            row = await run.job(early.metadata.uid)
+            return row if row is not None and row["state"] == "running" else None
+
+        late_row = await eventually(counted, within=10 * RESEND + 30, every=0.3,
+                                    what="the early pod counted once its namespace is bound")
+        assert (late_row["queue"], late_row["skipped_gate"]) == (queue, True)

@@ -515,3 +515,25 @@ def test_pods_that_name_no_queue_or_live_in_an_unmanaged_namespace_stay_unmanage
     ])
     assert snapshot.pod_events == []
     assert cluster.unmanaged_usage("n1") == {"cpu": 7000}
+
+
+def test_unfinished_pods_that_skipped_the_gate_are_sent_again_as_last_seen() -> None:
+    """Their queue may bind their namespace only after they started (lockgate.ingest stores
+    them only then): each resend is a chance to be counted before the pod ends."""
+    cluster = ours_and_unserved()
+    cluster.relist_pods([pod_in("jhub", "listed").in_queue("research").on_node("n1")
+                         .in_phase("Running").obj(),
+                         pod_in("mine", "gated").in_queue("q").gated().obj()])
+    pod = pod_in("jhub", "watched").in_queue("research")
+    cluster.observe_pod(pod.obj())
+    cluster.observe_pod(pod.on_node("n1").in_phase("Running").at_version("2").obj())
+    cluster.observe_pod(pod_in("jhub", "done").in_queue("research").in_phase("Succeeded").obj())
+
+    resent = cluster.resend_skipped()
+
+    assert sorted((e.name, e.state, e.skipped_gate) for e in resent) == [
+        ("listed", JobState.RUNNING, True), ("watched", JobState.RUNNING, True)]
+    cluster.observe_pod(pod.on_node("n1").in_phase("Succeeded").at_version("3").obj())
+    cluster.observe_pod(pod_in("jhub", "listed").in_queue("research").on_node("n1")
+                        .in_phase("Running").obj(), deleted=True)
+    assert cluster.resend_skipped() == []
