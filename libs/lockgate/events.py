@@ -166,9 +166,10 @@ class ReleaseOutcome(Event):
 class PodNotice(Event):
     """Something a pod's owner should read on the pod: why lockgate keeps it gated.
 
-    The fair-scheduler leader sends it; the ungater of the pod's cluster writes it as a Warning
-    Event on the pod. `reason` is a `lockgate.noticing.NoticeReason` value; a reason this
-    ungater does not know is still written (it is only text on the pod).
+    The fair-scheduler leader sends it (cluster-watcher too, for a pod that skipped the gate);
+    the ungater of the pod's cluster writes it as a Warning Event on the pod. `reason` is a
+    `lockgate.noticing.NoticeReason` value; a reason this ungater does not know is still
+    written (it is only text on the pod).
     """
 
     v: Literal[1] = 1
@@ -390,7 +391,8 @@ POD_NOTICES: Topic[PodNotice] = Topic(
     key=lambda e: e.uid,
     consumers=("ungater",),
     why="why a pod stays gated (its queue, its position, what it waits for), for an Event on "
-        "the pod; and pods to delete or fail after their maximum time queued",
+        "the pod; and pods to delete or fail after their maximum time queued. Sent by the "
+        "fair-scheduler leader, and by cluster-watcher for a pod that skipped the gate",
 )
 JOBSET_COMMANDS: Topic[JobSetCommand] = Topic(
     name="lockgate.jobset-commands.v1",

@@ -112,7 +112,9 @@ class AdminViews:
             if row is None:
                 return _error(404, f"lockgate knows no pod {cluster}/{namespace}/{pod}: check "
                                    "the names (`kubectl get pod -n NAMESPACE`), and that the "
-                                   "pod carries a lockgate.io/queue label in a managed namespace")
+                                   "pod carries a lockgate.io/queue label in a managed namespace "
+                                   "(one that ran without lockgate's gate is known once its "
+                                   "queue binds its namespace)")
             place = (await job_views.queued_place(connection, row)
                      if row.state is JobState.QUEUED else None)
         body: dict[str, Any] = {"pod": {"cluster": row.cluster, "namespace": row.namespace,
