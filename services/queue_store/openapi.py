@@ -51,7 +51,10 @@ SCHEMAS: dict[str, Any] = {
         "allowed_kinds": {"type": ["array", "null"], "items": _STR},
         "allowed_kinds_default": {"type": "boolean", "readOnly": True},
         "created_at": {"type": ["string", "null"], "format": "date-time", "readOnly": True},
-        "updated_at": {"type": ["string", "null"], "format": "date-time", "readOnly": True}}},
+        "updated_at": {"type": ["string", "null"], "format": "date-time", "readOnly": True},
+        "warnings": {"type": "array", "items": _STR, "readOnly": True,
+                     "description": "in answers to a create or update only: the namespaces it "
+                     "binds that lockgate's webhook will not serve, and why"}}},
     "Job": {"type": "object", "properties": {
         "cluster": _STR, "uid": _STR, "namespace": _STR, "name": _STR, "queue": _STR,
         "jobset": _STR, "priority": _INT, "requests": {"type": "object",
