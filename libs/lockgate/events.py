@@ -80,6 +80,13 @@ class PodEvent(Event):
     # The job set's own maximum time queued (lockgate.max_queued), from the pod's annotations
     # as the webhook left them; None: only its queue's rule, if any.
     max_queued: JobSetMaxQueued | None = None
+    # Added in place (optional, defaulted): lockgate never gated the pod (no webhook served
+    # its namespace, or it failed open; lockgate.observing.skipped_the_gate), and its
+    # namespace's labels when it did, so queue-store can check that the queue binds the
+    # namespace before counting the pod as the queue's. Upgrade queue-store before
+    # cluster-watcher.
+    skipped_gate: bool = False
+    namespace_labels: dict[str, str] = Field(default_factory=dict)
 
 
 class ClusterSnapshot(Event):
@@ -159,9 +166,10 @@ class ReleaseOutcome(Event):
 class PodNotice(Event):
     """Something a pod's owner should read on the pod: why lockgate keeps it gated.
 
-    The fair-scheduler leader sends it; the ungater of the pod's cluster writes it as a Warning
-    Event on the pod. `reason` is a `lockgate.noticing.NoticeReason` value; a reason this
-    ungater does not know is still written (it is only text on the pod).
+    The fair-scheduler leader sends it (cluster-watcher too, for a pod that skipped the gate);
+    the ungater of the pod's cluster writes it as a Warning Event on the pod. `reason` is a
+    `lockgate.noticing.NoticeReason` value; a reason this ungater does not know is still
+    written (it is only text on the pod).
     """
 
     v: Literal[1] = 1
@@ -383,7 +391,8 @@ POD_NOTICES: Topic[PodNotice] = Topic(
     key=lambda e: e.uid,
     consumers=("ungater",),
     why="why a pod stays gated (its queue, its position, what it waits for), for an Event on "
-        "the pod; and pods to delete or fail after their maximum time queued",
+        "the pod; and pods to delete or fail after their maximum time queued. Sent by the "
+        "fair-scheduler leader, and by cluster-watcher for a pod that skipped the gate",
 )
 JOBSET_COMMANDS: Topic[JobSetCommand] = Topic(
     name="lockgate.jobset-commands.v1",

@@ -14,6 +14,11 @@ Rules:
 - A pod event whose queue does not exist (or was deleted) is still stored: the webhook vetted it
   when the pod was created, and the queue may be created (again) later. The job simply waits, and
   the fair scheduler does not consider it while its queue is missing; `lockgate jobs list` shows it.
+- Except a pod that skipped the gate (`PodEvent.skipped_gate`, lockgate.observing): no webhook
+  vetted it, so its job is first stored only if its queue exists and binds its namespace
+  (`QueueSpec.allows`, with the namespace's labels the event carries); otherwise the event is
+  ignored, and a label alone never charges a queue. Once stored, it is a job like any other
+  (`skipped_gate` set once, with its row): it holds its queue's usage while it runs.
 - Release outcomes apply only to the decision in force (`decision_id` on the job); outcomes of
   stale decisions are recorded on their decision but do not touch the job. FAILED returns a
   RELEASED job to its queue, the one backward move.
@@ -67,7 +72,7 @@ from lockgate.places import (
     refusal,
     waited_its_maximum,
 )
-from lockgate.queues import MaxQueued
+from lockgate.queues import MaxQueued, QueueSpec
 
 IngestEvent = PodEvent | ClusterSnapshot | ClusterCapacity | ReleaseOutcome
 JobKey = tuple[str, str]  # (cluster, uid)
@@ -122,6 +127,9 @@ class JobRow:
     # from (""). Set once, when the row is first written.
     queued_since: datetime | None = None
     kept_place_of: str = ""
+    # Lockgate never gated the pod (migration 034, lockgate.observing.skipped_the_gate). Set
+    # once, when the row is first written.
+    skipped_gate: bool = False
 
     @property
     def key(self) -> JobKey:
@@ -229,6 +237,8 @@ class RowsToRead:
     # Of every pod event saying a pod is gone: (cluster, namespace, name, controller uid), so
     # the adapter loads the queued jobs that may replace it, stored before its deletion was.
     heirs_of: frozenset[tuple[str, str, str, str]] = frozenset()
+    # The queues named by pods that skipped the gate: load their definitions (bindings).
+    skipped_gate_queues: frozenset[str] = frozenset()
 
     @property
     def changed_clusters(self) -> frozenset[str]:
@@ -256,6 +266,8 @@ class CurrentRows:
     # maximum time queued (a pod that waited it leaves no place).
     places: dict[JobKey, LeftPlace] = field(default_factory=dict)
     queue_max_queued: dict[str, MaxQueued | None] = field(default_factory=dict)
+    # The live queues of `RowsToRead.skipped_gate_queues` (a deleted or unknown one is absent).
+    queue_specs: dict[str, QueueSpec] = field(default_factory=dict)
 
 
 Listing = Mapping[str, JobState | None]
@@ -423,10 +435,13 @@ def rows_to_read(events: Iterable[IngestEvent], *,
     pod_clusters: set[str] = set()
     place_namespaces: set[tuple[str, str]] = set()
     heirs_of: set[tuple[str, str, str, str]] = set()
+    skipped_gate_queues: set[str] = set()
     for event in events:
         match event:
             case PodEvent():
                 job_keys.add((event.cluster, event.uid))
+                if event.skipped_gate:
+                    skipped_gate_queues.add(event.queue)
                 pod_clusters.add(event.cluster)  # its latest snapshot may judge a late event
                 place_namespaces.add((event.cluster, event.namespace))
                 if event.state is JobState.DELETED:
@@ -448,6 +463,7 @@ def rows_to_read(events: Iterable[IngestEvent], *,
         else frozenset(),
         place_grace=place_grace,
         heirs_of=frozenset(heirs_of) if place_grace > timedelta(0) else frozenset(),
+        skipped_gate_queues=frozenset(skipped_gate_queues),
     )
 
 
@@ -489,6 +505,11 @@ class _Folding:
         self.ignored: list[tuple[IngestEvent, str]] = []
 
     def pod_event(self, event: PodEvent) -> None:
+        if (event.skipped_gate and (event.cluster, event.uid) not in self.jobs
+                and not self._binds(event)):
+            self.ignored.append((event, f"pod {event.namespace}/{event.name} skipped the gate "
+                                        f"but queue {event.queue} does not bind its namespace"))
+            return
         sighting_key = (event.cluster, event.queue, event.jobset)
         previous = self.jobsets.get(sighting_key)
         if previous is None or previous.seen_at < event.observed_at:
@@ -508,6 +529,7 @@ class _Folding:
                 preemptible=event.preemptible, priority_class=event.priority_class,
                 max_queued=None if event.max_queued is None
                 else event.max_queued.model_dump(mode="json"),
+                skipped_gate=event.skipped_gate,
             )
             row = _stamp_milestones(row, event.state, event.observed_at)
             if row.state is JobState.QUEUED:
@@ -528,6 +550,13 @@ class _Folding:
             if any(getattr(updated, name) != value for name, value in columns.items()):
                 updated = replace(updated, **columns)
         self._set_job(row.state, updated)
+
+    def _binds(self, event: PodEvent) -> bool:
+        """Whether the pod's queue exists and binds its namespace (for a pod no webhook
+        vetted)."""
+        spec = self._original.queue_specs.get(event.queue)
+        return spec is not None and spec.allows(cluster=event.cluster, namespace=event.namespace,
+                                                labels=event.namespace_labels)
 
     def _takes_a_place(self, row: JobRow, seen_at: datetime) -> JobRow:
         """`row` with the place it inherits, if any (lockgate.places)."""

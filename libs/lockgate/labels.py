@@ -64,6 +64,32 @@ def is_managed_namespace(name: str, namespace_labels: Mapping[str, str],
     return all(namespace_labels.get(key) == value for key, value in (required or {}).items())
 
 
+def why_not_served(cluster: str, name: str, namespace_labels: Mapping[str, str] | None,
+                   required: Mapping[str, str] | None = None) -> str | None:
+    """Why lockgate's webhook will not gate pods of a namespace bound to a queue (None: it
+    will), with what to do. `namespace_labels` None: the namespace does not exist (yet);
+    `required`: the labels the webhook registration's namespaceSelector asks for besides
+    lockgate.io/managed=true (lockgate.io/run=dev under `make run`)."""
+    wanted = {MANAGED_NAMESPACE_LABEL: "true", **(required or {})}
+    terms = " ".join(f"{key}={value}" for key, value in wanted.items())
+    if name in NEVER_MANAGED_NAMESPACES:
+        return (f"namespace {cluster}/{name} is never managed: lockgate's webhook never gates "
+                "pods there")
+    if namespace_labels is None:
+        return (f"namespace {cluster}/{name} does not exist yet: create it labelled {terms}, "
+                "or lockgate's webhook will not serve it and its pods will run without waiting "
+                "their turn")
+    missing = {key: value for key, value in wanted.items()
+               if namespace_labels.get(key) != value}
+    if not missing:
+        return None
+    fix = " ".join(f"{key}={value}" for key, value in missing.items())
+    return (f"lockgate's webhook does not serve namespace {cluster}/{name}: it serves only "
+            f"namespaces labelled {terms}, and this one lacks {fix}. Its pods will run without "
+            f"waiting their turn (lockgate reports them as having skipped the gate). Label it: "
+            f"kubectl label namespace {name} {fix}")
+
+
 def resolve_label(
     key: str, sources: Sequence[tuple[str, Mapping[str, str]]]
 ) -> tuple[str, str] | None:

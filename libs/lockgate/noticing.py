@@ -14,13 +14,14 @@ written for it, with its deterministic name (which makes writing it idempotent).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from lockgate.events import PodNotice
 from lockgate.jobs import JobState
+from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 
 if TYPE_CHECKING:  # (at run time lockgate.scheduler.feed imports this module)
     from lockgate.scheduler.state import SchedJob
@@ -44,18 +45,22 @@ class NoticeReason(StrEnum):
     # The pod is removed (PodNotice.action): evicted to fair share, or its group timed out.
     PREEMPTED = "LockgatePreempted"
     GROUP_TIMED_OUT = "LockgateGroupTimedOut"
+    # A pod of a queue that lockgate never gated (sent by cluster-watcher, which noticed it).
+    SKIPPED_GATE = "LockgateSkippedGate"
 
 
 # Notices about pods lockgate already released: written whether or not the pod is still gated.
 ABOUT_RELEASED_PODS = frozenset({NoticeReason.UNPLACEABLE.value, NoticeReason.PREEMPTED.value,
-                                 NoticeReason.GROUP_TIMED_OUT.value})
+                                 NoticeReason.GROUP_TIMED_OUT.value,
+                                 NoticeReason.SKIPPED_GATE.value})
 
 
 
 _SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown",
                           NoticeReason.UNPLACEABLE: "unplaceable",
                           NoticeReason.PREEMPTED: "preempted",
-                          NoticeReason.GROUP_TIMED_OUT: "group-timed-out"}
+                          NoticeReason.GROUP_TIMED_OUT: "group-timed-out",
+                          NoticeReason.SKIPPED_GATE: "skipped-gate"}
 
 
 def reason_slug(reason: str) -> str:
@@ -72,6 +77,30 @@ def queue_unknown_message(queue: str) -> str:
     return (f'lockgate queue "{queue}" does not exist (it was deleted, or never created): '
             "this pod stays gated until the queue exists again or the pod is deleted; "
             f"see `lockgate jobs list --queue {queue}`")
+
+
+def skipped_gate_message(*, queue: str, namespace: str,
+                         served_labels: Mapping[str, str] | None = None) -> str:
+    """What a pod that carries a queue's label but that lockgate never gated is told (and what
+    `lockgate explain` says of it), and why that happens.
+
+    `served_labels`: the labels this installation's webhook requires of a namespace besides
+    `lockgate.io/managed=true`, when the namespace lacks some of them (None: unknown, or the
+    namespace has them all, so the webhook was bypassed some other way).
+    """
+    head = (f'lockgate never gated this pod: it carries {QUEUE_LABEL}={queue} but ran without '
+            f"waiting its turn in queue {queue}; lockgate counts it as the queue's usage. ")
+    if served_labels:
+        wanted = ", ".join(f"{key}={value}" for key, value in sorted(served_labels.items()))
+        return head + (f"lockgate's webhook does not serve namespace {namespace}: it serves "
+                       f"only namespaces labelled {MANAGED_NAMESPACE_LABEL}=true, {wanted}. "
+                       f"Label the namespace ({wanted}) so its next pods wait their turn")
+    return head + (f"Why: lockgate's webhook did not serve namespace {namespace} when the pod "
+                   f"was created. It serves only namespaces labelled "
+                   f"{MANAGED_NAMESPACE_LABEL}=true and the installation's own labels (under "
+                   "`make run`: lockgate.io/run=dev; see the namespaceSelector of its "
+                   "MutatingWebhookConfiguration), or it was down and let the pod through "
+                   "(failurePolicy Ignore), or the pod was bound to a node when created")
 
 
 def event_name(*, pod_name: str, reason: str, uid: str, series: str = "") -> str:

@@ -14,6 +14,20 @@ the watcher first sees it with its namespace known, and kept for the pod's life:
 namespace later neither orphans its running jobs nor turns its old pods into jobs. A pod whose
 namespace is not known yet (the two watches race) waits until the namespace is seen.
 
+Pods that skipped the gate (`skipped_the_gate`): a pod that names a queue (its own label, or
+its namespace's, which the webhook would have copied onto it) but that no lockgate webhook ever
+gated (no gate, and no `lockgate.io/labels-from` annotation, which the webhook writes on every
+pod it gates). It runs outside its queue's turn, and nobody would know:
+the webhook does not serve its namespace (under `make run`, a namespace without
+`lockgate.io/run=dev`), or it was down and failed open. Such a pod is reported as a job, marked
+`skipped_gate` (with its namespace's labels), when its namespace is managed
+(`lockgate.io/managed=true`) even if it lacks this installation's own labels: queue-store counts
+it as its queue's usage only if the queue binds its namespace, and drops it otherwise (the pod
+is then counted nowhere: a known gap, for a pod no lockgate gated, that carries a queue label
+no queue binds). The watcher also sends it one notice (`notices_for`), which the ungater writes
+as a Warning Event on the pod. A pod bound to a node at creation is never gated either; it is
+reported the same way, since nothing on a running pod tells the two apart after a relist.
+
 Pods and nodes are read in the apiserver's JSON form (camelCase keys, as a watch event's raw
 object or a list response's items), not as client models.
 """
@@ -26,13 +40,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodEvent
+from lockgate.events import ClusterCapacity, ClusterSnapshot, NodeCapacity, PodEvent, PodNotice
 from lockgate.groups import InvalidPodGroupError, pod_group
 from lockgate.jobs import JobState
 from lockgate.labels import (
     ADMISSION_TRACE_ANNOTATION,
     DEFAULT_JOBSET,
     JOBSET_LABEL,
+    LABEL_SOURCE_ANNOTATION,
     NEVER_MANAGED_NAMESPACES,
     PREEMPTIBLE_LABEL,
     QUEUE_LABEL,
@@ -40,6 +55,7 @@ from lockgate.labels import (
     is_managed_namespace,
 )
 from lockgate.max_queued import read_from_pod
+from lockgate.noticing import NoticeReason, skipped_gate_message
 from lockgate.placement import (
     PodPlacement,
     Taint,
@@ -84,6 +100,26 @@ def is_managed(pod: KubeObject) -> bool:
 def is_gated_by_lockgate(pod: KubeObject) -> bool:
     gates = _spec(pod).get("schedulingGates") or ()
     return any(gate.get("name") == SCHEDULING_GATE for gate in gates)
+
+
+def never_admitted(pod: KubeObject) -> bool:
+    """Whether no lockgate webhook ever gated the pod: it has no gate now and no trace of the
+    webhook's answer (the `lockgate.io/labels-from` annotation it writes on every pod it gates,
+    kept when the gate is removed)."""
+    annotations = _metadata(pod).get("annotations") or {}
+    return not is_gated_by_lockgate(pod) and LABEL_SOURCE_ANNOTATION not in annotations
+
+
+def queue_of(pod: KubeObject, namespace_labels: Mapping[str, str] | None = None) -> str:
+    """The queue the pod names: its own label, else its namespace's ("" none)."""
+    labels = _metadata(pod).get("labels") or {}
+    return str(labels.get(QUEUE_LABEL) or (namespace_labels or {}).get(QUEUE_LABEL) or "")
+
+
+def skipped_the_gate(pod: KubeObject, namespace_labels: Mapping[str, str] | None = None) -> bool:
+    """Whether a pod that names a queue (itself, or by its namespace's label) was never gated
+    by lockgate (`never_admitted`)."""
+    return bool(queue_of(pod, namespace_labels)) and never_admitted(pod)
 
 
 def is_being_deleted(pod: KubeObject) -> bool:
@@ -191,10 +227,16 @@ def pod_event(
     observed_at: datetime,
     deleted: bool = False,
     snapshot_id: str | None = None,
+    skipped_gate_in: Mapping[str, str] | None = None,
 ) -> PodEvent:
-    """The event that reports a managed pod as it is seen now."""
+    """The event that reports a managed pod as it is seen now; `skipped_gate_in`: the labels of
+    its namespace, for a pod that skipped the gate (see the module docstring)."""
     metadata = _metadata(pod)
     labels = metadata.get("labels") or {}
+    if skipped_gate_in is not None:  # the namespace's queue and job set, as the webhook does
+        labels = {QUEUE_LABEL: queue_of(pod, skipped_gate_in),
+                  JOBSET_LABEL: skipped_gate_in.get(JOBSET_LABEL) or metadata.get("namespace"),
+                  **labels}
     spec = _spec(pod)
     stuck = unschedulable(pod, observed_at)
     return PodEvent(
@@ -221,6 +263,8 @@ def pod_event(
         controlled=has_controller(pod),
         controller_uid=controller_uid(pod),
         max_queued=read_from_pod(metadata.get("annotations") or {}),
+        skipped_gate=skipped_gate_in is not None,
+        namespace_labels=dict(skipped_gate_in or {}),
         **_group_and_preemption(metadata, spec),
     )
 
@@ -382,6 +426,12 @@ class ObservedCluster:
         # life, across relists): True = lockgate's job.
         self._namespaces: dict[str, Mapping[str, str]] = {}
         self._verdicts: dict[str, bool] = {}
+        # Jobs that skipped the gate: uid -> their namespace's labels when judged; and those
+        # already sent a notice (`notices_for`).
+        self._skipped: dict[str, Mapping[str, str]] = {}
+        self._noticed: set[str] = set()
+        # The unfinished ones as last seen, for `resend_skipped`.
+        self._skipped_pods: dict[str, KubeObject] = {}
         # Pods seen before their namespace, by namespace: judged once it is seen.
         self._pending: dict[str, dict[str, tuple[KubeObject, bool]]] = {}
         # The audit in progress (`begin_pod_audit`), if any.
@@ -412,6 +462,9 @@ class ObservedCluster:
         pods = list(pods)
         listed_uids = {_metadata(pod).get("uid", "") for pod in pods}
         self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in listed_uids}
+        self._skipped = {uid: v for uid, v in self._skipped.items() if uid in listed_uids}
+        self._noticed &= listed_uids
+        self._skipped_pods.clear()
         events: list[PodEvent] = []
         unfinished: list[str] = []
         ended: dict[JobState, list[str]] = {}
@@ -423,13 +476,15 @@ class ObservedCluster:
                     self._track_unmanaged(pod, deleted=False)
                     continue
                 event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
-                                  observed_at=listed_at, snapshot_id=snapshot_id)
+                                  observed_at=listed_at, snapshot_id=snapshot_id,
+                                  skipped_gate_in=self._skipped.get(_metadata(pod).get("uid", "")))
             except ValueError as error:
                 unreadable.append(f"{_qualified_name(pod)}: {error}")
                 if self._verdicts.get(_metadata(pod).get("uid", "")):
                     unfinished.append(_metadata(pod).get("uid", ""))
                 continue
             self._managed[event.uid] = _Observation.of(event)
+            self._keep_if_skipped(event, pod)
             events.append(event)
             if event.state.is_terminal:
                 ended.setdefault(event.state, []).append(event.uid)
@@ -462,25 +517,71 @@ class ObservedCluster:
             self._managed.pop(uid, None)
             self._track_unmanaged(pod, deleted=deleted)
             if deleted:
-                self._verdicts.pop(uid, None)
+                self._forget_verdict(uid)
             return None
         event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
-                          observed_at=self._now(), deleted=deleted)
+                          observed_at=self._now(), deleted=deleted,
+                          skipped_gate_in=self._skipped.get(uid))
         self._forget_unmanaged(uid)
         observation = _Observation.of(event)
         previous = self._managed.get(uid)
         if deleted:
             self._managed.pop(uid, None)
-            self._verdicts.pop(uid, None)
+            self._forget_verdict(uid)
         else:
             self._managed[uid] = observation
+        self._keep_if_skipped(event, pod)
         if previous == observation:
             return None
         return event
 
+    def _forget_verdict(self, uid: str) -> None:
+        self._verdicts.pop(uid, None)
+        self._skipped.pop(uid, None)
+        self._noticed.discard(uid)
+        self._skipped_pods.pop(uid, None)
+
+    def _keep_if_skipped(self, event: PodEvent, pod: KubeObject) -> None:
+        if event.skipped_gate and not event.state.is_terminal:
+            self._skipped_pods[event.uid] = pod
+        else:
+            self._skipped_pods.pop(event.uid, None)
+
+    def resend_skipped(self) -> list[PodEvent]:
+        """A fresh event for every unfinished pod that skipped the gate, to publish again.
+
+        Why: queue-store stores such a pod only once its queue binds its namespace
+        (lockgate.ingest), and a running pod may change nothing for hours; an operator who
+        binds the namespace after the pod started (or fixes the binding) must not wait for its
+        end to see it counted. Harmless when stored already: the same state changes nothing.
+        """
+        return [pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
+                          observed_at=self._now(), skipped_gate_in=self._skipped.get(uid))
+                for uid, pod in self._skipped_pods.items() if uid in self._skipped]
+
     @property
     def managed_pod_count(self) -> int:
         return len(self._managed)
+
+    def notices_for(self, events: Iterable[PodEvent]) -> list[PodNotice]:
+        """The notices due for `events` about to be published: one per unfinished pod that
+        skipped the gate, once while this watcher knows the pod (a relist may send it again:
+        the ungater's Event name makes that harmless)."""
+        notices = []
+        for event in events:
+            if (not event.skipped_gate or event.state.is_terminal
+                    or event.uid in self._noticed):
+                continue
+            self._noticed.add(event.uid)
+            missing = {key: value for key, value in self._required_labels.items()
+                       if event.namespace_labels.get(key) != value}
+            notices.append(PodNotice(
+                cluster=self.cluster, namespace=event.namespace, name=event.name, uid=event.uid,
+                queue=event.queue, reason=NoticeReason.SKIPPED_GATE.value,
+                message=skipped_gate_message(queue=event.queue, namespace=event.namespace,
+                                             served_labels=missing and self._required_labels),
+                at=event.observed_at))
+        return notices
 
     # Auditing the watch
 
@@ -512,13 +613,12 @@ class ObservedCluster:
             uid = str(metadata.get("uid", ""))
             version = _version(pod)
             if (version is None or version > audit.watched_version or uid in audit.gone
-                    or uid in self._managed or not is_managed(pod)):
+                    or uid in self._managed or not (is_managed(pod) or never_admitted(pod))):
                 continue
             namespace = str(metadata.get("namespace", ""))
             labels = self._namespaces.get(namespace)
             verdict = self._verdicts.get(uid)
-            if verdict is False or labels is None or not is_managed_namespace(
-                    namespace, labels, self._required_labels):
+            if verdict is False or labels is None or not self._judge(pod, namespace, labels):
                 continue
             try:
                 event = self.observe_pod(pod)
@@ -536,10 +636,11 @@ class ObservedCluster:
     def _is_lockgates(self, pod: KubeObject, *, deleted: bool) -> bool:
         """Whether the pod is one of lockgate's jobs (see the module docstring).
 
-        A labelled pod whose namespace is not known yet is parked in `_pending` (and counted as
-        unmanaged meanwhile); `observe_namespace` judges it once the namespace is seen.
+        A labelled (or never admitted) pod whose namespace is not known yet is parked in
+        `_pending` (and counted as unmanaged meanwhile); `observe_namespace` judges it once the
+        namespace is seen.
         """
-        if not is_managed(pod):
+        if not is_managed(pod) and not never_admitted(pod):
             return False
         metadata = _metadata(pod)
         uid = metadata.get("uid", "")
@@ -555,9 +656,19 @@ class ObservedCluster:
             else:
                 waiting[uid] = (pod, deleted)
             return False
-        verdict = is_managed_namespace(namespace, labels or {}, self._required_labels)
+        verdict = self._judge(pod, namespace, labels or {})
         self._verdicts[uid] = verdict
+        if verdict and skipped_the_gate(pod, labels):
+            self._skipped[uid] = dict(labels or {})
         return verdict
+
+    def _judge(self, pod: KubeObject, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether a pod in `namespace` is reported as a job: it carries a queue label and its
+        namespace is this installation's, or its namespace is managed and it skipped the
+        gate."""
+        return ((is_managed(pod) and is_managed_namespace(namespace, labels,
+                                                          self._required_labels))
+                or (is_managed_namespace(namespace, labels) and skipped_the_gate(pod, labels)))
 
     # Namespaces
 

@@ -79,7 +79,7 @@ _JOB_COLUMNS = (
     "created_at, state_changed_at, released_at, ungated_at, running_at, finished_at, "
     "decision_id, release_attempts, last_reason, placement, unschedulable_since, "
     "unschedulable_message, controlled, pod_group, pod_group_size, preemptible, priority_class, "
-    "max_queued, controller_uid, pod_group_max_size, queued_since, kept_place_of"
+    "max_queued, controller_uid, pod_group_max_size, queued_since, kept_place_of, skipped_gate"
 )
 _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _JOB_COLUMNS.split(","))
 
@@ -144,6 +144,12 @@ async def lock_current_rows(connection: AnyConnection, needed: RowsToRead) -> Cu
             for r in listed}
     if needed.place_namespaces:
         await _lock_places(connection, needed, current)
+    if needed.skipped_gate_queues:
+        # Read, not locked: a binding changed concurrently applies to the pod's next event.
+        records = await connection.fetch(
+            f"SELECT {_QUEUE_COLUMNS} FROM queues"  # noqa: S608
+            " WHERE name = ANY($1::text[]) AND NOT deleted", sorted(needed.skipped_gate_queues))
+        current.queue_specs = {spec.name: spec for spec in map(_queue_spec, records)}
     if needed.capacity_clusters:
         records = await connection.fetch(
             "SELECT cluster, node, allocatable, unmanaged_usage, schedulable, present,"
@@ -319,7 +325,8 @@ _PREPARE_STAGED_JOBS = (
     " unschedulable_since timestamptz, unschedulable_message text, controlled bool,"
     " pod_group text, pod_group_size int, preemptible bool, priority_class text,"
     " max_queued text, controller_uid text, pod_group_max_size int,"
-    f" queued_since timestamptz, kept_place_of text); TRUNCATE {_STAGED_JOBS}")
+    " queued_since timestamptz, kept_place_of text, skipped_gate bool);"
+    f" TRUNCATE {_STAGED_JOBS}")
 _JOB_COLUMN_NAMES = tuple(c.strip() for c in _JOB_COLUMNS.split(","))
 _JSONB_JOB_COLUMNS = ("requests", "placement", "max_queued")
 _job_values = operator.attrgetter(*_JOB_COLUMN_NAMES)

@@ -57,6 +57,16 @@ async def oldest_in_line(connection: AnyConnection, queues: Iterable[str]) -> di
     return {r["name"]: r["oldest"] for r in records if r["oldest"] is not None}
 
 
+async def skipped_gate_counts(connection: AnyConnection) -> dict[str, int]:
+    """Each queue's unfinished pods that lockgate never gated (lockgate.observing), which hold
+    its usage: one probe of a small partial index (jobs_skipped_gate_unfinished, migration
+    034)."""
+    records = await connection.fetch(
+        "SELECT queue, count(*) AS n FROM jobs WHERE skipped_gate"
+        " AND state NOT IN ('succeeded', 'failed', 'deleted', 'cancelled') GROUP BY queue")
+    return {r["queue"]: int(r["n"]) for r in records}
+
+
 @dataclass(frozen=True, slots=True)
 class QueueCounts:
     """A queue as Postgres alone sees it, when no scheduler leader answers."""

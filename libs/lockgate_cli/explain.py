@@ -45,6 +45,8 @@ def explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
     e = answer.get("explanation")
     fields = {"Pod": f"{pod['cluster']}/{pod['namespace']}/{pod['name']}",
               "Job set": pod["jobset"], "State": pod["state"]}
+    if pod.get("skipped_gate"):
+        fields["Warning"] = "lockgate never gated this pod: it ran without waiting its turn"
     if e is None:
         if answer.get("position"):  # Postgres's place in line, when the leader gave no reason
             fields["Position"] = f"{answer['position']} of {answer['queued_in_queue']}"

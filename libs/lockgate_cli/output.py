@@ -135,7 +135,7 @@ def render(out: TextIO, output: Output, view: View) -> None:
         elif table.rows or table.header:
             print_table(out, table.header, table.rows)
         for note in table.notes:
-            print(f"note: {note}", file=out)
+            print(note if note.startswith("warning: ") else f"note: {note}", file=out)
     else:
         print_fields(out, shown)
 

@@ -173,7 +173,15 @@ def create(session: Session, name: str, weight: float | None,
     if kinds is not None:
         body["allowed_kinds"] = kinds
     queue = session.api().request("POST", "/api/v1/queues", body)
+    warn_unserved(session, queue)
     render(session.out, output, queue_view([queue], single=True))
+
+
+def warn_unserved(session: Session, queue: dict[str, Any]) -> None:
+    """The server's warnings (bound namespaces lockgate's webhook will not serve), on stderr,
+    so they show whatever -o says."""
+    for warning in queue.pop("warnings", None) or ():
+        print(f"warning: {warning}", file=session.err)
 
 
 @group.command("update")
@@ -263,6 +271,7 @@ def update(session: Session, name: str, weight: float | None, priority_factor: f
             "--namespace-selector, --clear-namespaces, --max-queued-time, --allow-kind, "
             "--disallow-kind, --only-kind or --default-kinds")
     queue = api.request("PATCH", path(name), patch)
+    warn_unserved(session, queue)
     render(session.out, output, queue_view([queue], single=True))
 
 

@@ -67,8 +67,8 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
              "RUNNING", "OLDEST-WAIT", "NOTE", "BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"],
             rows, wide=3,
             empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`",
-            notes=[f"shares unavailable: {answer['reasons_unavailable']}"]
-            if answer.get("reasons_unavailable") else [])
+            notes=([f"shares unavailable: {answer['reasons_unavailable']}"]
+                   if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer))
 
     data = dict(answer)
     if report is not None:
@@ -86,8 +86,19 @@ def by_cluster(q: Mapping[str, Any]) -> str:
                     for cluster in sorted({*targets, *held})) or "-"
 
 
+def skipped_gate_warnings(answer: Mapping[str, Any]) -> list[str]:
+    """One warning per queue with pods that ran without lockgate's gate (lockgate.observing)."""
+    return [f"warning: {q['skipped_gate']} pod(s) of queue {q['queue']} ran without lockgate's "
+            "gate (the webhook did not serve their namespace); they count as the queue's "
+            f"usage. See `lockgate jobs list --queue {q['queue']} -o json` (skipped_gate) and "
+            "`lockgate explain` on one of them"
+            for q in answer["queues"] if q.get("skipped_gate")]
+
+
 def _queue_note(q: Mapping[str, Any]) -> str:
     notes = []
+    if q.get("skipped_gate"):
+        notes.append(f"{q['skipped_gate']} skipped the gate")
     if not q["defined"]:
         notes.append("undefined")
     if q["cordoned"]:

@@ -31,7 +31,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     )
     options = WatchOptions(timeout_seconds=settings.watch_timeout_seconds,
                            page_size=settings.list_page_size, retry=settings.retry,
-                           pod_audit_seconds=settings.pod_audit_seconds)
+                           pod_audit_seconds=settings.pod_audit_seconds,
+                           skipped_gate_resend_seconds=settings.skipped_gate_resend_seconds)
     apis = await api_clients(settings.clusters)
     ctx.dependencies.kafka(settings.kafka())
     for name, api in apis.items():

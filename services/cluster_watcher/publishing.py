@@ -37,10 +37,12 @@ from lockgate.events import (
     CLUSTER_CAPACITY,
     CLUSTER_SNAPSHOTS,
     POD_EVENTS,
+    POD_NOTICES,
     ClusterCapacity,
     ClusterSnapshot,
     Event,
     PodEvent,
+    PodNotice,
     Topic,
 )
 from lockgate_adapters.kafka import (
@@ -112,6 +114,18 @@ def pod_event_message(event: PodEvent) -> Outgoing:
         },
     )
     return _traced(POD_EVENTS, event, span)
+
+
+def notice_message(notice: PodNotice) -> Outgoing:
+    """A notice the watcher sends itself (a pod that skipped the gate), in the pod's trace."""
+    span = tracer.start_span("pod noticed", context=pod_trace_parent(notice.uid), attributes={
+        "lockgate.cluster": notice.cluster,
+        "lockgate.namespace": notice.namespace,
+        "lockgate.name": notice.name,
+        "lockgate.uid": notice.uid,
+        "lockgate.reason": notice.reason,
+    })
+    return _traced(POD_NOTICES, notice, span)
 
 
 def snapshot_message(snapshot: ClusterSnapshot) -> Outgoing:

@@ -31,6 +31,12 @@ class WatcherSettings(ClusterServiceSettings):
         "their version (a skipped watch event leaves a pod gated forever otherwise); 0: never. "
         "Each audit is a full list of the cluster's pods, in pages",
     )
+    skipped_gate_resend_seconds: float = Field(
+        default=60.0, ge=0,
+        description="every this many seconds, publish again the events of unfinished pods that "
+        "skipped lockgate's gate (lockgate.observing), so one whose queue binds its namespace "
+        "only after it started is counted then, not at its end; 0: never",
+    )
     namespace_labels: dict[str, str] = Field(
         default_factory=dict,
         description='labels a namespace must carry besides lockgate.io/managed=true for its '

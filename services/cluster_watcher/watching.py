@@ -32,7 +32,9 @@ from prometheus_client import Counter
 
 from cluster_watcher.publishing import (
     Outbox,
+    Outgoing,
     capacity_message,
+    notice_message,
     pod_event_message,
     snapshot_message,
 )
@@ -76,6 +78,8 @@ class WatchOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Every this many seconds, list pods and report those the watch missed (0: never).
     pod_audit_seconds: float = 0.0
+    # Every this many seconds, publish again the pods that skipped the gate (0: never).
+    skipped_gate_resend_seconds: float = 0.0
 
 
 class ResourceWatcher:
@@ -288,6 +292,7 @@ class ClusterWatcher:
         self._capacity_revision_seen = -1
         self._namespaces_listed = asyncio.Event()
         self._pod_audit_seconds = options.pod_audit_seconds
+        self._skipped_resend_seconds = options.skipped_gate_resend_seconds
         core = client.CoreV1Api(api)
         self.namespaces = ResourceWatcher(
             cluster=cluster, resource="namespaces", list_call=core.list_namespace,
@@ -331,6 +336,9 @@ class ClusterWatcher:
             if self._pod_audit_seconds > 0:
                 tasks.append(group.create_task(self._audit_pods(),
                                                name=f"{self.cluster} pod audit"))
+            if self._skipped_resend_seconds > 0:
+                tasks.append(group.create_task(self._resend_skipped(),
+                                               name=f"{self.cluster} skipped-gate resend"))
             await stopping.wait()
             for task in tasks:
                 task.cancel()
@@ -349,8 +357,13 @@ class ClusterWatcher:
 
     async def _publish_pod_events(self, events: list[PodEvent]) -> None:
         if events:
-            await self._outbox.put([pod_event_message(e) for e in events])
+            await self._outbox.put(self._pod_messages(events))
         self._note_capacity()
+
+    def _pod_messages(self, events: list[PodEvent]) -> list[Outgoing]:
+        """The events, then the notices due for pods among them that skipped the gate."""
+        return ([pod_event_message(e) for e in events]
+                + [notice_message(n) for n in self.observed.notices_for(events)])
 
     # Pods
 
@@ -362,7 +375,7 @@ class ClusterWatcher:
                  len(snapshot.pod_events))
         for problem in snapshot.unreadable:
             log.error("%s: cannot read pod %s", self.cluster, problem)
-        messages = [pod_event_message(e) for e in snapshot.pod_events]
+        messages = self._pod_messages(snapshot.pod_events)
         # The snapshot goes after its pods' events, but on another topic, which queue-store
         # consumes on its own: it may fold the snapshot first. So the snapshot says itself how
         # each listed pod that had ended ended (lockgate.ingest).
@@ -379,8 +392,17 @@ class ClusterWatcher:
                       metadata.get("namespace"), metadata.get("name"), error)
             return
         if event is not None:
-            await self._outbox.put([pod_event_message(event)])
+            await self._outbox.put(self._pod_messages([event]))
         self._note_capacity()
+
+    async def _resend_skipped(self) -> None:
+        """Every `skipped_gate_resend_seconds`, the pods that skipped the gate again
+        (`ObservedCluster.resend_skipped`)."""
+        while True:
+            await asyncio.sleep(self._skipped_resend_seconds)
+            events = self.observed.resend_skipped()
+            if events:
+                await self._outbox.put([pod_event_message(e) for e in events])
 
     async def _audit_pods(self) -> None:
         """Every `pod_audit_seconds`, list pods and report the pods of lockgate's that the
@@ -411,7 +433,7 @@ class ClusterWatcher:
                     pod.watched_version)
             if missed:
                 PODS_MISSED.labels(self.cluster).inc(len(missed))
-                await self._outbox.put([pod_event_message(p.event) for p in missed])
+                await self._outbox.put(self._pod_messages([p.event for p in missed]))
 
     # Nodes
 

@@ -51,7 +51,7 @@ from queue_store.leader import SchedulerLeader
 log = logging.getLogger(__name__)
 
 READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at",
-                                    "allowed_kinds_default"})
+                                    "allowed_kinds_default", "warnings"})
 EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces",
                          "max_queued", "group_timeout_seconds", "group_timeout_action",
                          "allowed_kinds")
@@ -98,6 +98,7 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "state_changed_at": row.state_changed_at.isoformat(),
         "decision_id": row.decision_id, "release_attempts": row.release_attempts,
         "last_reason": row.last_reason,
+        "skipped_gate": row.skipped_gate,  # lockgate never gated it (lockgate.observing)
     }
 
 
@@ -137,6 +138,16 @@ def _describe(error: Any) -> str:
     return f"{where}: {message}" if where else message
 
 
+# Warnings for a queue just written: the namespaces it binds that lockgate's webhook will not
+# serve (NamespaceKeeper.unserved_namespaces).
+UnservedNamespaces = Callable[[QueueSpec], Awaitable[list[str]]]
+
+
+async def no_check(_: QueueSpec) -> list[str]:
+    """No cluster clients to read namespaces with: nothing checked."""
+    return []
+
+
 # Waits until the Queue copies in the clusters hold a change just committed (QueueSync.settled),
 # so a pod created right after `lockgate queue create` is judged by the new queue.
 CopiesSettled = Callable[[], Awaitable[None]]
@@ -152,9 +163,11 @@ class AdminApi:
     def __init__(self, pool: asyncpg.Pool, tokens: TokenVerifier,
                  extensions: Sequence[Callable[[web.Application], None]] = (),
                  leader: SchedulerLeader | None = None,
-                 copies_settled: CopiesSettled = no_copies) -> None:
+                 copies_settled: CopiesSettled = no_copies,
+                 unserved: UnservedNamespaces = no_check) -> None:
         self.pool, self.tokens = pool, tokens
         self.copies_settled = copies_settled
+        self.unserved = unserved
         # Whom `status` and `explain` ask why pods wait (no instance: the reasons are
         # unavailable, and say so).
         self.leader = leader or SchedulerLeader(())
@@ -253,7 +266,12 @@ class AdminApi:
         await self.copies_settled()
         log.info("queue %s created (priority factor %s) by %s", created.name,
                  created.priority_factor, caller_of(request))
-        return web.json_response(queue_json(created), status=201)
+        return web.json_response(await self._with_warnings(created), status=201)
+
+    async def _with_warnings(self, spec: QueueSpec) -> dict[str, Any]:
+        """The queue as written, with "warnings": its bound namespaces the webhook will not
+        serve, whose pods would skip the queue."""
+        return {**queue_json(spec), "warnings": await self.unserved(spec)}
 
     async def replace_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -287,7 +305,7 @@ class AdminApi:
             updated = await job_store.update_queue(connection, name, edit)
         await self.copies_settled()
         log.info("queue %s updated by %s", name, caller_of(request))
-        return web.json_response(queue_json(updated))
+        return web.json_response(await self._with_warnings(updated))
 
     async def delete_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

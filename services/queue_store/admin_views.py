@@ -25,6 +25,7 @@ from aiohttp import web
 
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
+from lockgate.noticing import skipped_gate_message
 from lockgate.scheduler import format_duration
 from lockgate_adapters import job_store, job_views
 from lockgate_adapters.scheduler_store import job_id
@@ -78,8 +79,10 @@ async def queue_standings(pool: asyncpg.Pool, leader: SchedulerLeader
                 "max_queued_seconds": c.max_queued_seconds, "cluster_targets": {},
                 "cluster_shares": {}} for c in await job_views.queue_counts(connection)]
         oldest = await job_views.oldest_in_line(connection, [q["queue"] for q in queues])
+        skipped = await job_views.skipped_gate_counts(connection)
     now = time.time()
     for q in queues:
+        q["skipped_gate"] = skipped.get(q["queue"], 0)  # pods that ran without the gate
         at = oldest.get(q["queue"])
         q["oldest_queued_at"] = None if at is None else at.isoformat()
         q["oldest_wait_seconds"] = None if at is None else max(0.0, now - at.timestamp())
@@ -109,13 +112,16 @@ class AdminViews:
             if row is None:
                 return _error(404, f"lockgate knows no pod {cluster}/{namespace}/{pod}: check "
                                    "the names (`kubectl get pod -n NAMESPACE`), and that the "
-                                   "pod carries a lockgate.io/queue label in a managed namespace")
+                                   "pod carries a lockgate.io/queue label in a managed namespace "
+                                   "(one that ran without lockgate's gate is known once its "
+                                   "queue binds its namespace)")
             place = (await job_views.queued_place(connection, row)
                      if row.state is JobState.QUEUED else None)
         body: dict[str, Any] = {"pod": {"cluster": row.cluster, "namespace": row.namespace,
                                         "name": row.name, "uid": row.uid, "jobset": row.jobset,
                                         "state": row.state.value,
-                                        "last_reason": row.last_reason},
+                                        "last_reason": row.last_reason,
+                                        "skipped_gate": row.skipped_gate},
                                 "kept_place_of": row.kept_place_of,  # lockgate.places
                                 "position": None if place is None else place[0],
                                 "queued_in_queue": None if place is None else place[1]}
@@ -179,7 +185,10 @@ async def explain_rows(leader: SchedulerLeader,
                                  "estimate": None,
                                  "round_skip": None, "held_out": None, "leader": who,
                                  "reasons_unavailable": None}
-        if row.state is not JobState.QUEUED:
+        if row.skipped_gate:
+            entry["message"] = (skipped_gate_message(queue=row.queue, namespace=row.namespace)
+                                + f". The pod is {row.state.value}.")
+        elif row.state is not JobState.QUEUED:
             entry["message"] = f"not waiting: the pod is {row.state.value}" + (
                 f" ({row.last_reason})" if row.last_reason else "")
         elif answer is None:

@@ -202,7 +202,8 @@ def admin_api(pool: asyncpg.Pool, settings: QueueStoreSettings, *, publish: Publ
     admin = AdminApi(pool, TokenVerifier(settings.admin_token_entries()),
                      extensions=[collection_api.register, ui_api.register,
                                  lambda app: namespace_api.add_routes(app.router)],
-                     leader=leader, copies_settled=copies_settled)
+                     leader=leader, copies_settled=copies_settled,
+                     unserved=keeper.unserved_namespaces)
     return admin, sampler, leader
 
 

@@ -32,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
 
 from lockgate import namespace_access as access
+from lockgate.labels import why_not_served
 from lockgate.max_queued import JobSetMaxQueued, stamped_annotations
 from lockgate.namespaces import NamespaceRecord, NamespaceState
 from lockgate.queues import QueueSpec
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 RECONCILED = Counter("lockgate_namespace_reconciles", "Ephemeral namespace reconciliations, by "
                      "cluster and outcome", ["cluster", "outcome"])
 REQUEST_TIMEOUT_SECONDS = 10.0
+UNSERVED_CHECK_SECONDS = 3.0  # a queue's creation waits this long at most for the check
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -119,6 +121,44 @@ class NamespaceKeeper:
             raise NamespaceTakenError(
                 f"namespace {name} already exists in cluster {cluster} and was not made by "
                 f"lockgate for queue {queue}, job set {jobset}; delete it or use another job set")
+
+    async def unserved_namespaces(self, spec: QueueSpec) -> list[str]:
+        """Warnings for the namespaces `spec` binds by name that lockgate's webhook will not
+        serve (`lockgate.labels.why_not_served`), so pods there would skip the queue.
+
+        The check: the namespace's labels, read as namespace-keeper in each cluster it has a
+        client for (a binding to "*" means all of them; other clusters are not checked),
+        against lockgate.io/managed=true and `extra_labels`
+        (LOCKGATE_QUEUE_STORE_NAMESPACE_LABELS), which are what the webhook registration's
+        namespaceSelector asks for (ephemeral namespaces rely on that already). Selector
+        bindings are not checked. A cluster that does not answer in time gives a warning that
+        says so, never an error: the queue is made anyway.
+        """
+        checks = [(cluster, name) for binding in spec.namespaces for name in binding.names
+                  for cluster in (self.clusters if binding.cluster == "*"
+                                  else [binding.cluster] if binding.cluster in self.apis else [])]
+        found = await asyncio.gather(*(self._labels_of(cluster, name)
+                                       for cluster, name in checks), return_exceptions=True)
+        warnings = []
+        for (cluster, name), labels in zip(checks, found, strict=True):
+            if isinstance(labels, BaseException):
+                warnings.append(f"could not check whether lockgate's webhook serves namespace "
+                                f"{cluster}/{name} ({type(labels).__name__}: {labels})")
+                continue
+            why = why_not_served(cluster, name, labels, self._extra_labels)
+            if why is not None:
+                warnings.append(why)
+        return warnings
+
+    async def _labels_of(self, cluster: str, name: str) -> dict[str, str] | None:
+        core = client.CoreV1Api(self.apis[cluster])
+        try:
+            found = await core.read_namespace(name, _request_timeout=UNSERVED_CHECK_SECONDS)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(found.metadata.labels or {})
 
     async def ensure(self, record: NamespaceRecord, spec: QueueSpec) -> None:
         """Create what is missing and correct what differs; raises ClusterUnavailableError."""

@@ -51,7 +51,10 @@ SCHEMAS: dict[str, Any] = {
         "allowed_kinds": {"type": ["array", "null"], "items": _STR},
         "allowed_kinds_default": {"type": "boolean", "readOnly": True},
         "created_at": {"type": ["string", "null"], "format": "date-time", "readOnly": True},
-        "updated_at": {"type": ["string", "null"], "format": "date-time", "readOnly": True}}},
+        "updated_at": {"type": ["string", "null"], "format": "date-time", "readOnly": True},
+        "warnings": {"type": "array", "items": _STR, "readOnly": True,
+                     "description": "in answers to a create or update only: the namespaces it "
+                     "binds that lockgate's webhook will not serve, and why"}}},
     "Job": {"type": "object", "properties": {
         "cluster": _STR, "uid": _STR, "namespace": _STR, "name": _STR, "queue": _STR,
         "jobset": _STR, "priority": _INT, "requests": {"type": "object",
@@ -62,7 +65,9 @@ SCHEMAS: dict[str, Any] = {
         "created_at": {"type": "string", "format": "date-time"},
         "state_changed_at": {"type": "string", "format": "date-time"},
         "decision_id": {"type": ["string", "null"]}, "release_attempts": _INT,
-        "last_reason": _STR}},
+        "last_reason": _STR,
+        "skipped_gate": {"type": "boolean", "description": "lockgate never gated the pod: it "
+                         "ran without waiting its turn, and counts as its queue's usage"}}},
     "WaitingPod": {"allOf": [_ref("Job"), {"type": "object", "properties": {
         "position": _INT, "reason": {"type": ["string", "null"]},
         "message": {"type": ["string", "null"]}}}]},

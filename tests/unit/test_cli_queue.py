@@ -254,3 +254,20 @@ def test_help_says_allow_kind_adds_and_only_kind_replaces(
     text = " ".join((ran.out + capsys.readouterr().out).split())
     assert "besides the default ones (pods, services, configmaps," in text
     assert "--only-kind KIND allow only the kinds given this way, instead of the default" in text
+
+
+def test_create_and_update_say_on_stderr_which_bound_namespaces_the_webhook_will_not_serve(
+        ) -> None:
+    warning = ("lockgate's webhook does not serve namespace cluster-a/jhub: it serves only "
+               "namespaces labelled lockgate.io/managed=true lockgate.io/run=dev, and this one "
+               "lacks lockgate.io/run=dev")
+    recorded = (api().on("POST", "/api/v1/queues",
+                         lambda request: (201, {**created(json.loads(request.content)),
+                                                "warnings": [warning]}))
+                .on("PATCH", "/api/v1/queues/q", {**a_queue(), "warnings": [warning]}))
+    for argv in (["queue", "create", "q", "--namespace", "cluster-a/jhub", "-o", "json"],
+                 ["queue", "update", "q", "--weight", "2", "-o", "json"]):
+        ran = recorded.run(*argv)
+        assert ran.code == 0, ran.err
+        assert ran.err.splitlines() == [f"warning: {warning}"]
+        assert "warnings" not in json.loads(ran.out)  # the queue itself, as GET shows it

@@ -31,6 +31,7 @@ from lockgate.ingest import (
     snapshot_cutoff,
 )
 from lockgate.jobs import JobState, advance
+from lockgate.queues import QueueSpec
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 CLUSTER = "cluster-a"
@@ -148,6 +149,61 @@ def test_pods_of_unknown_queues_are_stored_like_any_other() -> None:
     # The fold knows nothing of queues on purpose: see the module docstring.
     row = only_job(rows(), pod_event("u1", queue="not-created-yet"))
     assert row.queue == "not-created-yet"
+
+
+def skipped(uid: str = "u1", state: JobState = JobState.UNGATED, **fields: object) -> PodEvent:
+    """An event of a pod that no webhook gated, in namespace team (managed, team=a)."""
+    return pod_event(uid, state, skipped_gate=True,
+                     namespace_labels={"lockgate.io/managed": "true", "team": "a"}, **fields)
+
+
+def binding(**values: object) -> QueueSpec:
+    return QueueSpec.model_validate({"name": "research", "namespaces": [values]})
+
+
+@pytest.mark.parametrize("bound", [
+    binding(cluster=CLUSTER, names=["team"]),
+    binding(names=["team"]),
+    binding(selector={"matchLabels": {"team": "a"}}),
+])
+def test_a_pod_that_skipped_the_gate_is_stored_when_its_queue_binds_its_namespace(
+        bound: QueueSpec) -> None:
+    current = rows()
+    current.queue_specs = {"research": bound}
+    row = only_job(current, skipped("u1"), skipped("u1", JobState.RUNNING, seen=1,
+                                                   node_name="n1"))
+    assert (row.state, row.skipped_gate, row.node_name) == (JobState.RUNNING, True, "n1")
+    assert rows_to_read([skipped("u1")]).skipped_gate_queues == {"research"}
+    assert rows_to_read([pod_event("u2")]).skipped_gate_queues == frozenset()
+
+
+@pytest.mark.parametrize("specs", [
+    {},  # no such queue
+    {"research": binding(cluster="cluster-b", names=["team"])},
+    {"research": binding(names=["other"])},
+    {"research": binding(selector={"matchLabels": {"team": "b"}})},
+])
+def test_a_pod_that_skipped_the_gate_is_not_stored_when_its_queue_does_not_bind_it(
+        specs: dict[str, QueueSpec]) -> None:
+    current = rows()
+    current.queue_specs = specs
+    result = fold_batch(current, [skipped("u1", JobState.RUNNING, node_name="n1")])
+    assert result.jobs == [] and result.jobsets == []
+    assert [reason for _, reason in result.ignored] == [
+        "pod team/pod-u1 skipped the gate but queue research does not bind its namespace"]
+
+
+def test_a_stored_job_that_skipped_the_gate_follows_its_pod_even_if_unbound_later() -> None:
+    current = rows(job("u1", JobState.RUNNING, skipped_gate=True))
+    row = only_job(current, skipped("u1", JobState.SUCCEEDED, seen=5))
+    assert (row.state, row.skipped_gate) == (JobState.SUCCEEDED, True)
+
+
+def test_the_skipped_gate_mark_is_set_once_with_the_row() -> None:
+    current = rows(job("u1", JobState.QUEUED))
+    current.queue_specs = {"research": binding(names=["team"])}
+    row = only_job(current, skipped("u1", JobState.RUNNING, seen=5))
+    assert row.skipped_gate is False and row.state is JobState.RUNNING
 
 
 def test_jobsets_are_reported_once_per_batch_with_the_latest_sighting() -> None:

@@ -11,7 +11,8 @@ import pytest
 from helpers import pods
 from helpers.pods import PodBuilder
 from lockgate.jobs import JobState
-from lockgate.labels import MANAGED_NAMESPACE_LABEL, SCHEDULING_GATE
+from lockgate.labels import LABEL_SOURCE_ANNOTATION, MANAGED_NAMESPACE_LABEL, SCHEDULING_GATE
+from lockgate.noticing import NoticeReason
 from lockgate.observing import (
     ObservedCluster,
     holds_node_room,
@@ -20,6 +21,7 @@ from lockgate.observing import (
     observed_state,
     pod_event,
     pod_requests,
+    skipped_the_gate,
 )
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -317,8 +319,9 @@ def test_with_required_labels_only_this_installations_namespaces_hold_jobs() -> 
     snapshot = cluster.relist_pods([
         pod_in("mine", "job").in_queue("q").gated().requesting(cpu="1").obj(),
         pod_in("theirs", "gated").in_queue("q").gated().requesting(cpu="1").obj(),
+        # Released by the other installation's webhook, whose answer it still carries.
         pod_in("theirs", "running").in_queue("q").on_node("n1").in_phase("Running")
-        .requesting(cpu="2").obj(),
+        .annotated(**{LABEL_SOURCE_ANNOTATION: '{"queue":"pod"}'}).requesting(cpu="2").obj(),
         pod_in("unlabelled", "gated").in_queue("q").gated().requesting(cpu="1").obj(),
     ])
     assert [event.name for event in snapshot.pod_events] == ["job"]
@@ -374,3 +377,163 @@ def test_a_namespace_gaining_the_label_does_not_turn_its_old_pods_into_jobs() ->
     assert cluster.unmanaged_usage("n1") == {"cpu": 1000}
     new = cluster.observe_pod(pod_in("free", "new").in_queue("q").gated().obj())
     assert new is not None and new.queue == "q"
+
+
+# Pods that skipped the gate --------------------------------------------------------------------
+
+ADMITTED = {LABEL_SOURCE_ANNOTATION: '{"queue":"pod","jobset":"default"}'}
+
+
+@pytest.mark.parametrize(("pod", "skipped"), [
+    (pod_in("ns", "never-gated").in_queue("q"), True),
+    (pod_in("ns", "never-gated-running").in_queue("q").on_node("n1").in_phase("Running"), True),
+    (pod_in("ns", "gated").in_queue("q").gated(), False),
+    # Released: the gate is gone, the webhook's annotation stays.
+    (pod_in("ns", "released").in_queue("q").on_node("n1").in_phase("Running")
+     .annotated(ADMITTED), False),
+    (pod_in("ns", "no-queue-label").on_node("n1").in_phase("Running"), False),
+])
+def test_a_pod_skipped_the_gate_when_it_carries_a_queue_label_and_no_trace_of_the_webhook(
+        pod: PodBuilder, skipped: bool) -> None:
+    assert skipped_the_gate(pod.obj()) is skipped
+
+
+def ours_and_unserved() -> ObservedCluster:
+    """Under `make run`: this installation's webhook serves namespaces labelled
+    lockgate.io/run=dev; jhub is managed but lacks it, as the JupyterHub recipe left it."""
+    ids = itertools.count()
+    cluster = ObservedCluster("cluster-a", managed_namespace_labels={"lockgate.io/run": "dev"},
+                              now=lambda: T0, new_id=lambda: f"id-{next(ids)}")
+    cluster.relist_namespaces([a_namespace("mine", **{"lockgate.io/run": "dev"}),
+                               a_namespace("jhub", **{"lockgate.io/queue": "research"}),
+                               a_namespace("free", managed=False)])
+    cluster.relist_nodes([a_node("n1")])
+    return cluster
+
+
+def test_a_never_gated_pod_in_a_managed_namespace_the_webhook_does_not_serve_is_reported() -> None:
+    cluster = ours_and_unserved()
+    cluster.relist_pods([])
+    pod = pod_in("jhub", "jupyter-ann").in_queue("research").requesting(cpu="2")
+
+    created = cluster.observe_pod(pod.obj())
+    running = cluster.observe_pod(pod.on_node("n1").in_phase("Running").at_version("2").obj())
+
+    assert created is not None and created.skipped_gate and created.state is JobState.UNGATED
+    assert created.namespace_labels == {MANAGED_NAMESPACE_LABEL: "true",
+                                        "lockgate.io/queue": "research"}
+    assert running is not None and running.skipped_gate and running.state is JobState.RUNNING
+    # A job, so its room is the queue's, not unmanaged usage.
+    assert cluster.managed_pod_count == 1 and cluster.unmanaged_usage("n1") == {}
+
+
+def test_a_gated_pod_of_another_installation_and_any_pod_of_an_unmanaged_namespace_are_not(
+        ) -> None:
+    cluster = ours_and_unserved()
+    snapshot = cluster.relist_pods([
+        pod_in("jhub", "theirs").in_queue("research").gated().obj(),
+        pod_in("jhub", "theirs-released").in_queue("research").annotated(ADMITTED)
+        .on_node("n1").in_phase("Running").requesting(cpu="1").obj(),
+        pod_in("free", "unmanaged").in_queue("research").on_node("n1").in_phase("Running")
+        .requesting(cpu="2").obj(),
+    ])
+    assert snapshot.pod_events == []
+    assert cluster.unmanaged_usage("n1") == {"cpu": 3000}
+
+
+def test_in_a_served_namespace_a_never_gated_pod_is_a_job_marked_as_skipped() -> None:
+    cluster = ours_and_unserved()
+    snapshot = cluster.relist_pods([
+        pod_in("mine", "gated").in_queue("q").gated().obj(),
+        pod_in("mine", "failed-open").in_queue("q").on_node("n1").in_phase("Running").obj(),
+    ])
+    assert {e.name: e.skipped_gate for e in snapshot.pod_events} == {
+        "gated": False, "failed-open": True}
+
+
+def test_the_verdict_survives_a_relist_so_the_job_is_not_taken_for_vanished() -> None:
+    cluster = ours_and_unserved()
+    cluster.relist_pods([])
+    pod = pod_in("jhub", "jupyter-ann").in_queue("research")
+    cluster.observe_pod(pod.obj())
+
+    snapshot = cluster.relist_pods([pod.on_node("n1").in_phase("Running").obj()])
+
+    assert [(e.name, e.skipped_gate) for e in snapshot.pod_events] == [("jupyter-ann", True)]
+    assert snapshot.cluster_snapshot.pod_uids == ["uid-jupyter-ann"]
+
+
+def test_a_pod_that_skipped_the_gate_gets_one_warning_notice_that_says_why() -> None:
+    cluster = ours_and_unserved()
+    cluster.relist_pods([])
+    pod = pod_in("jhub", "jupyter-ann").in_queue("research")
+    first = cluster.observe_pod(pod.obj())
+    later = cluster.observe_pod(pod.on_node("n1").in_phase("Running").at_version("2").obj())
+    assert first is not None and later is not None
+
+    notices = cluster.notices_for([first])
+
+    assert [(n.name, n.uid, n.queue, n.reason, n.event_type) for n in notices] == [
+        ("jupyter-ann", "uid-jupyter-ann", "research", NoticeReason.SKIPPED_GATE.value,
+         "Warning")]
+    assert "lockgate.io/run=dev" in notices[0].message
+    assert "does not serve namespace jhub" in notices[0].message
+    assert cluster.notices_for([later]) == []  # once
+
+
+def test_no_notice_for_jobs_that_were_gated_or_pods_that_already_ended() -> None:
+    cluster = ours_and_unserved()
+    snapshot = cluster.relist_pods([
+        pod_in("mine", "gated").in_queue("q").gated().obj(),
+        pod_in("jhub", "done").in_queue("research").on_node("n1").in_phase("Succeeded").obj(),
+    ])
+    assert [e.name for e in snapshot.pod_events] == ["gated", "done"]
+    assert cluster.notices_for(snapshot.pod_events) == []
+
+
+def test_a_pod_that_names_its_queue_only_through_its_namespace_label_is_reported_too() -> None:
+    """The JupyterHub recipe names the queue on the namespace; the webhook would have copied it
+    onto the pod, but no webhook served the namespace."""
+    cluster = ours_and_unserved()
+    cluster.relist_pods([])
+
+    event = cluster.observe_pod(pod_in("jhub", "jupyter-bob").requesting(cpu="1").obj())
+
+    assert event is not None and event.skipped_gate
+    assert (event.queue, event.jobset) == ("research", "jhub")
+
+
+def test_pods_that_name_no_queue_or_live_in_an_unmanaged_namespace_stay_unmanaged() -> None:
+    cluster = ours_and_unserved()
+    cluster.observe_namespace(a_namespace("labelled-only", managed=False,
+                                          **{"lockgate.io/queue": "research"}))
+    snapshot = cluster.relist_pods([
+        pod_in("mine", "no-queue").on_node("n1").in_phase("Running").requesting(cpu="1").obj(),
+        pod_in("labelled-only", "x").on_node("n1").in_phase("Running").requesting(cpu="2").obj(),
+        pod_in("kube-system", "dns").in_queue("research").on_node("n1").in_phase("Running")
+        .requesting(cpu="4").obj(),
+    ])
+    assert snapshot.pod_events == []
+    assert cluster.unmanaged_usage("n1") == {"cpu": 7000}
+
+
+def test_unfinished_pods_that_skipped_the_gate_are_sent_again_as_last_seen() -> None:
+    """Their queue may bind their namespace only after they started (lockgate.ingest stores
+    them only then): each resend is a chance to be counted before the pod ends."""
+    cluster = ours_and_unserved()
+    cluster.relist_pods([pod_in("jhub", "listed").in_queue("research").on_node("n1")
+                         .in_phase("Running").obj(),
+                         pod_in("mine", "gated").in_queue("q").gated().obj()])
+    pod = pod_in("jhub", "watched").in_queue("research")
+    cluster.observe_pod(pod.obj())
+    cluster.observe_pod(pod.on_node("n1").in_phase("Running").at_version("2").obj())
+    cluster.observe_pod(pod_in("jhub", "done").in_queue("research").in_phase("Succeeded").obj())
+
+    resent = cluster.resend_skipped()
+
+    assert sorted((e.name, e.state, e.skipped_gate) for e in resent) == [
+        ("listed", JobState.RUNNING, True), ("watched", JobState.RUNNING, True)]
+    cluster.observe_pod(pod.on_node("n1").in_phase("Succeeded").at_version("3").obj())
+    cluster.observe_pod(pod_in("jhub", "listed").in_queue("research").on_node("n1")
+                        .in_phase("Running").obj(), deleted=True)
+    assert cluster.resend_skipped() == []
