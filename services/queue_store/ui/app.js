@@ -262,7 +262,9 @@ async function overviewPage(view) {
     return el("tr", { "data-queue": name },
       el("td", {}, el("i", { class: "swatch" }), link(`#/queues/${enc(name)}`, name),
         spec ? (spec.cordoned ? el("span", { class: "pill state-failed" }, " cordoned") : null)
-          : el("span", { class: "pill state-failed" }, " undefined")),
+          : el("span", { class: "pill state-failed" }, " undefined"),
+        r.skipped_gate ? el("span", { class: "pill state-failed", "data-skipped-gate": r.skipped_gate,
+          title: "pods of this queue ran without lockgate's gate" }, ` ${r.skipped_gate} skipped the gate`) : null),
       num(spec ? +spec.weight.toPrecision(4) : r.weight),
       el("td", { class: "num", "data-target": r.fair_target ?? "" }, pct(r.fair_target)),
       el("td", { class: "num", "data-actual": r.actual_share ?? "" }, pct(r.actual_share)),
@@ -278,7 +280,14 @@ async function overviewPage(view) {
   const source = fairness.error ? `no fairness report: ${fairness.error}`
     : fairness.source === "postgres" ? `no shares: ${fairness.reasons_unavailable} (the counts are Postgres's)`
       : `from the scheduler leader, round ${report.last_round ? ago(report.last_round.at) : "–"}`;
+  // Pods that ran without lockgate's gate skipped the queue: say so first, by queue.
+  const skipped = [...reported.values()].filter((r) => r.skipped_gate > 0);
+  const skippedBanner = skipped.length ? el("div", { class: "banner", "data-warning": "skipped-gate" },
+    el("b", {}, "Pods skipped the queue: "),
+    skipped.map((r, i) => [i ? "; " : "", link(`#/queues/${enc(r.name)}`, r.name), ` ${r.skipped_gate} pod${r.skipped_gate === 1 ? "" : "s"}`]).flat(),
+    ". They run without lockgate's gate (the webhook did not serve their namespace); they count as the queue's use. `lockgate explain` on one says why.") : null;
   const queuesCard = el("div", { class: "card" },
+    skippedBanner,
     el("h2", {}, "Queues"),
     table(["Queue", "#Weight", "#Fair target", "#Holds", "Holds / target", "#Waiting", "#Released", "#Running",
       ...(anyPerCluster ? ["Per cluster: holds / target"] : [])], rows, { "data-table": "queues" }),
@@ -566,6 +575,8 @@ async function podPage(view, cluster, namespace, name) {
           "data-reached": s.reached ? "true" : "false" },
         el("b", {}, s.step), el("span", { class: "small" }, s.at ? when(s.at) : (s.reached ? "" : "not yet")),
         s.detail ? el("div", { class: "small muted" }, s.detail) : null))),
+      p.skipped_gate ? el("div", { class: "banner", "data-warning": "skipped-gate" },
+        el("b", {}, "This pod skipped the queue: "), "it runs without lockgate's gate, so no fair-share decision let it run. It counts as its queue's use.") : null,
       el("h2", {}, "Why"), el("div", { class: "explain", "data-explain": "", "data-reasons": body.reasons_unavailable ? "unavailable" : "leader" }, body.message || ""),
       body.eviction ? el("p", { class: "error", "data-eviction": "" },
         `Evicted (${body.eviction.kind}, ${body.eviction.action}) ${ago(body.eviction.decided_at)}: ${body.eviction.message}`) : null),
