@@ -26,6 +26,7 @@ from lockgate_cli.output import (
     print_table,
     render,
 )
+from lockgate_cli.params import Duration
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 
@@ -111,8 +112,8 @@ def describe(session: Session, queue: str, jobset: str, output: Output) -> None:
 @click.argument("queue", shell_complete=complete_queue)
 @click.argument("jobset")
 @click.option("--reason", help="why (kept on its jobs and namespace records)")
-@click.option("--wait", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS",
-              help="wait up to this long until its namespaces are deleted")
+@click.option("--wait", type=Duration(allow_zero=True), default=0.0, metavar="DURATION",
+              help="wait up to this long (e.g. 30s, 2m) until its namespaces are deleted")
 @output_option
 @runs
 def cancel(session: Session, queue: str, jobset: str, reason: str | None, wait: float,

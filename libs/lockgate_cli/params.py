@@ -11,54 +11,31 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
+from lockgate.durations import InvalidDurationError, parse_duration, whole_seconds
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, InvalidKindError, parse_kind
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from "90", "90s", "15m", "2h", "1d", "1h30m"; ValueError saying how to write one."""
-    total, number = 0.0, ""
-    spelled = text.strip()
-    try:
-        if spelled.replace(".", "", 1).isdigit():
-            total = float(spelled)
-        else:
-            for char in spelled:
-                if char.isdigit() or char == ".":
-                    number += char
-                elif char in _UNITS and number:
-                    total += float(number) * _UNITS[char]
-                    number = ""
-                else:
-                    raise ValueError(char)
-            if number or not spelled:
-                raise ValueError(number)
-    except ValueError as error:
-        raise ValueError(f"not a duration: {text!r} (write e.g. 90s, 15m, 2h, 1d or 1h30m)"
-                         ) from error
-    if total <= 0:
-        raise ValueError(f"a duration must be positive, not {text!r}")
-    return total
 
 
 class Duration(click.ParamType[float | int]):
-    """90s, 15m, 2h, 1d, 1h30m (or seconds); `whole` rounds to whole seconds."""
+    """Every duration flag: 20s, 5m, 2h, 1d, 1h30m or bare seconds (lockgate.durations, the
+    grammar settings and annotations read too); `whole` rounds to whole seconds, `allow_zero`
+    takes 0 (e.g. `--wait 0`: do not wait)."""
 
     name = "duration"
 
-    def __init__(self, *, whole: bool = False) -> None:
+    def __init__(self, *, whole: bool = False, allow_zero: bool = False) -> None:
         self.whole = whole
+        self.allow_zero = allow_zero
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> float | int:
         if isinstance(value, int | float):
             return value
         try:
-            seconds = parse_duration(str(value))
-        except ValueError as error:
+            if self.whole:
+                return whole_seconds(str(value))
+            return parse_duration(str(value), allow_zero=self.allow_zero)
+        except InvalidDurationError as error:
             self.fail(str(error), param, ctx)
-        return round(seconds) if self.whole else seconds
 
 
 class Limit(click.ParamType[tuple[str, str]]):

@@ -70,9 +70,9 @@ def _group_options(function: Any) -> Any:
     function = click.option("--group-timeout-action", type=click.Choice(["delete", "fail"]),
                             help="what becomes of a timed-out group's pods (default delete)"
                             )(function)
-    return click.option("--group-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-                        help="a pod group that has not filled up this long after its first "
-                             "member was created times out")(function)
+    return click.option("--group-timeout", type=Duration(), metavar="DURATION",
+                        help="a pod group that has not filled up this long (e.g. 20s, 5m) "
+                             "after its first member was created times out")(function)
 
 
 def _max_queued_options(function: Any) -> Any:
