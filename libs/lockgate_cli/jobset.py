@@ -23,6 +23,7 @@ from lockgate_cli.output import (
     amounts,
     dump_structured,
     output_option,
+    output_option_for,
     print_table,
     render,
 )
@@ -43,7 +44,7 @@ def group() -> None:
 @click.option("--all", "everything", is_flag=True,
               help="also job sets whose pods have all finished")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
-@output_option
+@output_option_for("{.jobsets[*].jobset}")
 @watch_option
 @runs
 def list_jobsets(session: Session, queue: str | None, everything: bool, limit: int,

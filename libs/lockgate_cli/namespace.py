@@ -26,6 +26,7 @@ from lockgate_cli.output import (
     dump_structured,
     duration,
     output_option,
+    output_option_for,
     print_table,
     render,
     timestamp,
@@ -136,7 +137,7 @@ def token(session: Session, namespace: tuple[str, str], kubeconfig_out: str | No
 @click.option("--jobset")
 @click.option("--cluster", shell_complete=complete_cluster)
 @click.option("--state", type=click.Choice(STATES))
-@output_option
+@output_option_for("{[*].name}")
 @watch_option
 @runs
 def list_namespaces(session: Session, queue: str | None, jobset: str | None,

@@ -79,7 +79,18 @@ def output_option(function: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "-o", "--output", type=OutputType(), default="table", show_default=False,
         help="table (default), wide, name, json, yaml or jsonpath=TEMPLATE "
-             "(kubectl's syntax, e.g. jsonpath='{.queues[*].queue}')")(function)
+             "(kubectl's syntax over the answer -o json shows)")(function)
+
+
+def output_option_for(example: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`output_option` whose help shows `example`, a template that prints something for this
+    command's answer (a list's answer is not status's: each command gives its own)."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        return click.option(
+            "-o", "--output", type=OutputType(), default="table", show_default=False,
+            help="table (default), wide, name, json, yaml or jsonpath=TEMPLATE "
+                 f"(kubectl's syntax, e.g. jsonpath='{example}')")(function)
+    return decorate
 
 
 @dataclass

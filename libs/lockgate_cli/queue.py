@@ -17,7 +17,16 @@ import click
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS
 from lockgate_cli.client import CliError, quote
 from lockgate_cli.completing import complete_queue
-from lockgate_cli.output import Output, Table, View, duration, output_option, render, weight
+from lockgate_cli.output import (
+    Output,
+    Table,
+    View,
+    duration,
+    output_option,
+    output_option_for,
+    render,
+    weight,
+)
 from lockgate_cli.params import Duration, Kind, Limit
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
@@ -324,7 +333,7 @@ def get(session: Session, name: str, output: Output) -> None:
 
 
 @group.command("list")
-@output_option
+@output_option_for("{[*].name}")
 @watch_option
 @runs
 def list_queues(session: Session, output: Output, watch: bool, interval: float) -> None:

@@ -15,13 +15,21 @@ from typing import Any
 import click
 
 from lockgate_cli.client import ApiError
-from lockgate_cli.output import Output, Table, View, duration, output_option, share, weight
+from lockgate_cli.output import (
+    Output,
+    Table,
+    View,
+    duration,
+    output_option_for,
+    share,
+    weight,
+)
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 
 
 @click.command("status")
-@output_option
+@output_option_for("{.queues[*].queue}")
 @watch_option
 @runs
 def command(session: Session, output: Output, watch: bool, interval: float) -> None:

@@ -320,6 +320,9 @@ async def test_jobs_can_be_listed_by_queue_and_state_with_hints(
     await call(admin, "POST", "/api/v1/queues", {"name": queue_name, "cordoned": True})
     everything = await call(admin, "GET", f"/api/v1/jobs?queue={queue_name}&limit=2")
     assert [j["name"] for j in everything.body["jobs"]] == ["pod-0", "pod-1"]
+    assert everything.body["total"] == 3  # the page is cut, and says so
+    # No fair-scheduler here: the queued jobs' reasons are unavailable, and the answer says so.
+    assert "why pods wait is unavailable" in everything.body["reasons_unavailable"]
     assert everything.body["hints"] == [
         f"queue '{queue_name}' is cordoned: none of its jobs are released"]
 
