@@ -21,6 +21,7 @@ from lockgate_cli.output import (
     View,
     age,
     amounts,
+    counted,
     dump_structured,
     output_option,
     output_option_for,
@@ -91,13 +92,14 @@ def describe(session: Session, queue: str, jobset: str, output: Output) -> None:
 
     def table() -> Table:
         header = (f"Job set {answer['jobset']} in queue {answer['queue']}: "
-                  f"{answer['pods']} pods ("
+                  f"{counted(answer['pods'], 'pod')} ("
                   + ", ".join(f"{n} {state}" for state, n in answer["by_state"].items())
                   + f"), clusters {','.join(answer['clusters'])}, namespaces "
                   f"{','.join(answer['namespaces'])}")
         notes = [header]
         if answer["jobs_shown"] < answer["pods"]:
-            notes.append(f"showing the oldest {answer['jobs_shown']} pods (-o json has them)")
+            notes.append(f"showing the oldest {counted(answer['jobs_shown'], 'pod')} "
+                         "(-o json has them)")
         return Table(["CLUSTER", "NAMESPACE", "NAME", "STATE", "REQUESTS", "AGE", "REASON",
                       "NODE"],
                      [[j["cluster"], j["namespace"], j["name"], j["state"],

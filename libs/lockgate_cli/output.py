@@ -74,6 +74,11 @@ class OutputType(click.ParamType["Output"]):
                 if c.startswith(incomplete)]
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 pod", "2 pods": a count and its noun, singular for one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def output_option(function: Callable[..., Any]) -> Callable[..., Any]:
     """`-o/--output` on a command; the command receives `output: Output`."""
     return click.option(

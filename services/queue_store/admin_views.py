@@ -180,7 +180,7 @@ async def explain_rows(leader: SchedulerLeader,
                                  "round_skip": None, "held_out": None, "leader": who,
                                  "reasons_unavailable": None}
         if row.state is not JobState.QUEUED:
-            entry["message"] = f"not waiting: the pod is {row.state.value}" + (
+            entry["message"] = f"not waiting: {row.state.of_the_pod}" + (
                 f" ({row.last_reason})" if row.last_reason else "")
         elif answer is None:
             where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "

@@ -193,6 +193,9 @@ async def test_jobs_list_unfinished_jobs_with_the_leaders_reason_and_a_total(
     assert everything.body["total"] == 3
     ended = await call(admin, "GET", f"/api/v1/jobs?queue={queue}&state=succeeded")
     assert [j["name"] for j in ended.body["jobs"]] == ["done-0"]
+    # Issue 38, item 7: "not waiting: the pod is succeeded".
+    done = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/done-0")
+    assert done.body["message"] == "not waiting: the pod succeeded", done.body
 
 
 async def test_with_the_leader_stopped_the_views_say_no_leader_never_an_old_reason(

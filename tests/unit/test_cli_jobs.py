@@ -78,3 +78,15 @@ def test_the_helps_jsonpath_example_prints_something(
     ran = recorded.run(*command, "-o", f"jsonpath={example}")
     assert ran.code == 0, ran.err
     assert ran.out.strip(), (example, json.dumps(answer))
+
+
+def test_a_job_set_of_one_pod_says_one_pod() -> None:
+    """Issue 38, item 7: "1 pods (1 queued)"."""
+    summary = {"queue": "a", "jobset": "solo", "clusters": ["c1"], "namespaces": ["n"],
+               "pods": 1, "unfinished": 1, "by_state": {"queued": 1}, "oldest_queued_at": None,
+               "first_created_at": "2026-01-01T00:00:00+00:00",
+               "last_changed_at": "2026-01-01T00:00:00+00:00"}
+    recorded = RecordedApi().on("GET", "/api/v1/jobsets/a/solo", {
+        **summary, "jobs_shown": 1, "jobs": [a_job("p")]})
+    described = recorded.run("jobset", "describe", "a", "solo")
+    assert "Job set solo in queue a: 1 pod (1 queued), clusters c1" in described.out
