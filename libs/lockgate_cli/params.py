@@ -6,6 +6,7 @@ Why here: a usage error should read the same in every command and name the optio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -13,6 +14,7 @@ from click.shell_completion import CompletionItem
 
 from lockgate.durations import InvalidDurationError, parse_duration, whole_seconds
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, InvalidKindError, parse_kind
+from lockgate_cli.completing import complete_pod
 
 
 class Duration(click.ParamType[float | int]):
@@ -54,13 +56,22 @@ class Limit(click.ParamType[tuple[str, str]]):
         return resource.strip(), quantity.strip()
 
 
-class Path3(click.ParamType[tuple[str, ...]]):
-    """CLUSTER/NAMESPACE/POD (or another slash-separated name of `parts` parts)."""
+Completer = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
 
-    def __init__(self, spelled: str, example: str) -> None:
+
+class Path3(click.ParamType[tuple[str, ...]]):
+    """CLUSTER/NAMESPACE/POD (or another slash-separated name of `parts` parts); `complete`
+    offers names to a shell."""
+
+    def __init__(self, spelled: str, example: str, complete: Completer | None = None) -> None:
         self.name = spelled
         self.parts = spelled.count("/") + 1
         self.example = example
+        self.complete = complete
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[CompletionItem]:
+        return [] if self.complete is None else self.complete(ctx, param, incomplete)
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> tuple[str, ...]:
@@ -72,7 +83,7 @@ class Path3(click.ParamType[tuple[str, ...]]):
         return parts
 
 
-POD = Path3("CLUSTER/NAMESPACE/POD", "cluster-a/team-a/worker-0")
+POD = Path3("CLUSTER/NAMESPACE/POD", "cluster-a/team-a/worker-0", complete=complete_pod)
 NAMESPACE_REF = Path3("CLUSTER/NAME", "cluster-a/analytics-dask-0142-3f0c9a1e")
 
 
