@@ -161,6 +161,8 @@ async def test_explain_and_status_are_the_leaders_picture(admin: QueueStoreUnder
     assert (mine["queued"], mine["running"], mine["weight"]) == (2, 0, 1.0)
     assert mine["fair_share"] is not None and "outcome_last_round" in mine  # the round's own
     assert mine["oldest_wait_seconds"] >= 3600 - 120
+    # ISO 8601, as every other time the API gives (issue 38: it was epoch seconds).
+    assert datetime.fromisoformat(mine["oldest_queued_at"]) < datetime.now(UTC)
 
     missing = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/nobody")
     assert missing.status == 404 and "lockgate.io/queue" in missing.body["error"]

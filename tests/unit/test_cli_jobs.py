@@ -90,3 +90,19 @@ def test_a_job_set_of_one_pod_says_one_pod() -> None:
         **summary, "jobs_shown": 1, "jobs": [a_job("p")]})
     described = recorded.run("jobset", "describe", "a", "solo")
     assert "Job set solo in queue a: 1 pod (1 queued), clusters c1" in described.out
+
+
+@pytest.mark.parametrize("sent", [1767225600, 1767225600.0, "2026-01-01T00:00:00+00:00"])
+def test_status_shows_the_oldest_queued_time_in_iso_as_every_other_time(
+        sent: object) -> None:
+    """Issue 38, item 7: `status -o yaml` gave oldest_queued_at in epoch seconds."""
+    status = {"at": "2026-01-01T00:05:00+00:00", "queues": [
+        {"queue": "q", "defined": True, "cordoned": False, "weight": 1.0, "fair_share": 1.0,
+         "adjusted_fair_share": 1.0, "actual_share": 0.0, "queued": 1, "released": 0,
+         "running": 0, "oldest_queued_at": sent, "oldest_wait_seconds": 300}]}
+    ran = RecordedApi().on("GET", "/api/v1/status", status).run("status", "-o", "json")
+    assert ran.code == 0, ran.err
+    (queue,) = json.loads(ran.out)["queues"]
+    assert queue["oldest_queued_at"] == "2026-01-01T00:00:00+00:00"
+    yaml = RecordedApi().on("GET", "/api/v1/status", status).run("status", "-o", "yaml").out
+    assert "oldest_queued_at: '2026-01-01T00:00:00+00:00'" in yaml, yaml

@@ -59,7 +59,8 @@ def test_a_mapping_without_a_table_reads_as_aligned_fields() -> None:
 STATUS = {"at": "2026-01-01T00:00:00+00:00", "queues": [
     {"queue": "team-a", "defined": True, "cordoned": False, "weight": 2.0, "fair_share": 2 / 3,
      "adjusted_fair_share": 0.75, "actual_share": 0.5, "queued": 12, "unschedulable": 1,
-     "released": 2, "running": 30, "oldest_queued_at": 0, "oldest_wait_seconds": 192,
+     "released": 2, "running": 30, "oldest_queued_at": "2025-12-31T23:56:48+00:00",
+     "oldest_wait_seconds": 192,
      "max_queued_seconds": 3600, "fair_target": 0.625,
      "cluster_targets": {"cluster-a": 0.625}, "cluster_shares": {"cluster-a": 0.5}},
     {"queue": "b", "defined": True, "cordoned": True, "weight": 1.0, "fair_share": 1 / 3,
