@@ -3,13 +3,18 @@ numbers keep working."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from admission_webhook.settings import WebhookSettings
+from cluster_watcher.settings import WatcherSettings
 from fair_scheduler.settings import SchedulerSettings
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
+from lockgate_adapters.settings import ServiceSettings, seconds_as_durations
 from queue_store.settings import QueueStoreSettings
+from ungater.settings import UngaterSettings
 
 
 def test_durations_and_bare_seconds_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,3 +58,29 @@ def test_bounds_still_hold_for_durations_and_bare_numbers(
     monkeypatch.setenv("LOCKGATE_WEBHOOK_ANSWER_WITHIN_SECONDS", "-1")
     with pytest.raises(ValidationError, match="greater than 0"):
         WebhookSettings()
+
+
+def _seconds_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """Every *_seconds field of `model` (nested groups as dicts) spelled "1m"."""
+    spelled: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            spelled[name] = _seconds_fields(info.annotation)
+        elif name.endswith("_seconds"):
+            spelled[name] = "1m"
+    return spelled
+
+
+def _values(data: dict[str, Any]) -> list[Any]:
+    return [v for value in data.values()
+            for v in (_values(value) if isinstance(value, dict) else [value])]
+
+
+@pytest.mark.parametrize("settings_class", [
+    WebhookSettings, WatcherSettings, SchedulerSettings, QueueStoreSettings, UngaterSettings])
+def test_every_seconds_setting_of_every_service_reads_a_duration(
+        settings_class: type[ServiceSettings]) -> None:
+    spelled = _seconds_fields(settings_class)
+    read = seconds_as_durations(settings_class, spelled, where="LOCKGATE_")
+    assert len(_values(spelled)) >= 3
+    assert set(map(str, _values(read))) == {"60.0"}, read
