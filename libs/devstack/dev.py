@@ -25,10 +25,12 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -162,14 +164,20 @@ async def follow(name: str, path: Path, say: Say, stopping: asyncio.Event) -> No
             await asyncio.wait_for(stopping.wait(), 0.2)
 
 
-def write_instructions(lockgate: Lockgate, settings: Settings, kubeconfigs: dict[str, str],
-                       token_file: Path, traces_url: str | None = None) -> tuple[Path, Path]:
+def write_instructions(lockgate: Lockgate, settings: Settings, stack_env: Mapping[str, str],
+                       kubeconfigs: dict[str, str], token_file: Path,
+                       traces_url: str | None = None) -> tuple[Path, Path]:
+    """The one env file `make run` prints: the stack's variables (`stack_env`, its database
+    this run's) and the CLI's and kubectl's; and an example pod."""
     directory = dev_dir(settings)
     env = directory / "env.sh"
     venv_bin = Path(sys.executable).parent
     env.write_text(
         "# Written by `make run` (python -m devstack.dev): source it in another terminal.\n"
-        f"export KUBECONFIG={kubeconfigs[CLUSTER]}\n"
+        + "".join(f"export {name}={shlex.quote(value)}\n"
+                  for name, value in stack_env.items() if not name.startswith(
+                      "LOCKGATE_KUBECONFIG_"))
+        + f"export KUBECONFIG={kubeconfigs[CLUSTER]}\n"
         + "".join(f"export LOCKGATE_KUBECONFIG_{c.upper().replace('-', '_')}={p}\n"
                   for c, p in kubeconfigs.items())
         + f"export LOCKGATE_API={lockgate.admin_url}\n"
@@ -230,7 +238,8 @@ async def run(args: argparse.Namespace) -> int:
     # aiokafka's retries unformatted into the stream; the services log their own.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     settings = Settings.from_env()
-    stack = Stack(settings, say=lambda text: say.line("devstack", text))
+    # The stack's summary names no env file of its own: the run's (below) has its variables.
+    stack = Stack(settings, say=lambda text: say.line("devstack", text), announce_env=False)
     directory = dev_dir(settings)
     directory.mkdir(parents=True, exist_ok=True)
     pid_file = directory / "pids.json"
@@ -307,8 +316,9 @@ async def run(args: argparse.Namespace) -> int:
                 recorded["jaeger"] = {"pid": jaeger.process.pid, "module": str(jaeger.binary)}
             pid_file.write_text(json.dumps(recorded))
             token_files = lockgate.write_token_files()
-            env, pod = write_instructions(lockgate, settings, info.kubeconfigs,
-                                          token_files["admin"], traces_url)
+            env, pod = write_instructions(
+                lockgate, settings, {**info.env(), "LOCKGATE_POSTGRES_DSN": dsn},
+                info.kubeconfigs, token_files["admin"], traces_url)
             for text in next_steps(env, pod, lockgate, token_files, traces_url):
                 say.line("dev", text)
             while not stopping.is_set():

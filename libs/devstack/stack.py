@@ -95,9 +95,13 @@ def _stderr(msg: str) -> None:
 
 
 class Stack:
-    def __init__(self, settings: Settings | None = None, say: Callable[[str], None] = _stderr):
+    def __init__(self, settings: Settings | None = None, say: Callable[[str], None] = _stderr,
+                 *, announce_env: bool = True):
+        """`announce_env`: whether the summary tells to source the stack's env file (`make run`
+        prints its own, which has the stack's variables too)."""
         self.s = settings or Settings.from_env()
         self.say = say
+        self.announce_env = announce_env
         self.procs = Processes(self.s.run_dir, self.s.logs_dir)
         self.postgres = Postgres(self.s)
         self.kafka = Kafka(self.s)
@@ -398,7 +402,8 @@ class Stack:
         for c in self.clusters:
             out.append(f"  {c.name:<10} {c.server}  kubeconfig {c.kubeconfig}")
         out.append(f"  logs       {self.s.logs_dir}")
-        out.append(f"  env        source {self.s.stack_dir / 'env.sh'}")
+        if self.announce_env:
+            out.append(f"  env        source {self.s.stack_dir / 'env.sh'}")
         print("\n".join(out), flush=True)
 
 

@@ -39,6 +39,11 @@ class JobState(StrEnum):
         """Whether a job in this state occupies (or is about to occupy) room in its cluster."""
         return self in CAPACITY_HOLDING_STATES
 
+    @property
+    def of_the_pod(self) -> str:
+        """What the state says of its pod, in words: "the pod succeeded", "the pod is running"."""
+        return f"the pod {_OF_THE_POD[self]}"
+
 
 _RANK: dict[JobState, int] = {
     JobState.QUEUED: 0,
@@ -50,6 +55,17 @@ _RANK: dict[JobState, int] = {
     JobState.FAILED: 5,
     JobState.DELETED: 5,
     JobState.CANCELLED: 5,
+}
+_OF_THE_POD: dict[JobState, str] = {
+    JobState.QUEUED: "is queued",
+    JobState.RELEASED: "was released and is being ungated",
+    JobState.UNGATED: "was ungated and waits for kube-scheduler",
+    JobState.BOUND: "is bound to a node",
+    JobState.RUNNING: "is running",
+    JobState.SUCCEEDED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.DELETED: "was deleted",
+    JobState.CANCELLED: "was cancelled",
 }
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.DELETED,
                              JobState.CANCELLED})

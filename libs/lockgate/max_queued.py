@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lockgate.durations import whole_seconds
 from lockgate.labels import DOMAIN
-from lockgate.namespace_access import parse_duration
 from lockgate.queues import MaxQueued
 
 MAX_QUEUED_TIME_ANNOTATION = f"{DOMAIN}/max-queued-time"
@@ -77,7 +77,7 @@ def parse_annotations(annotations: Mapping[str, str], *, source: str = "pod"
     text = annotations.get(MAX_QUEUED_TIME_ANNOTATION)
     if text is not None:
         try:
-            seconds = parse_duration(text)
+            seconds = whole_seconds(text)
         except ValueError as error:
             raise InvalidMaxQueuedError(
                 f"annotation {MAX_QUEUED_TIME_ANNOTATION}={text!r} {_where(source)} is not a "

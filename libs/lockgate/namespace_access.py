@@ -68,8 +68,6 @@ BUILT_IN_SCALABLE_KINDS = frozenset({
 })
 _RESOURCE = re.compile(r"^[a-z][a-z0-9]{0,62}$")
 _GROUP = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DURATION = re.compile(r"^(\d+)([smhd])$")
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 NAME_HASH_CHARS = 8
 
 
@@ -180,21 +178,6 @@ def namespace_name(*, queue: str, jobset: str, prefix: str = "") -> str:
     readable = re.sub(r"[^a-z0-9-]+", "-", f"{prefix}{queue}-{jobset}".lower()).strip("-")
     readable = re.sub(r"-+", "-", readable)[:63 - NAME_HASH_CHARS - 1].strip("-")
     return f"{readable}-{digest[:NAME_HASH_CHARS]}" if readable else digest[:NAME_HASH_CHARS]
-
-
-def parse_duration(text: str) -> int:
-    """`90s`, `30m`, `2h`, `7d` (or plain seconds) → seconds, at least one."""
-    spelled = text.strip().lower()
-    if spelled.isdigit():
-        seconds = int(spelled)
-    else:
-        match = _DURATION.match(spelled)
-        if match is None:
-            raise ValueError(f"duration {text!r} is not like 90s, 30m, 2h or 7d")
-        seconds = int(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if seconds <= 0:
-        raise ValueError(f"duration {text!r} must be positive")
-    return seconds
 
 
 def namespace_labels(*, queue: str, jobset: str,

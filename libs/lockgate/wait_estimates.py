@@ -2,11 +2,14 @@
 
 Why: a user watching a spawner's progress page (KubeSpawner shows the pod's Events) decides
 whether to wait or give up; "position 7 of 9" says little without a pace. The estimate is the
-pod's position divided by how fast its queue's pods were released in its cluster lately. It is
-an estimate and says so: the rate changes as other queues come and go, pods end sooner or later,
-and a position counts the queue's pods in every cluster. When the rate says nothing (too few
-releases lately, or the pod waits for something releases do not bring: a node it fits on, a
-cordon), no estimate is given, and the text says why.
+pod's position divided by how fast its queue's pods were released in its cluster lately, and
+only from a steady pace: the window is cut into slices, and the pace is the median slice's count,
+so a burst (a round that filled a freed node, then nothing behind pods that never end) is one
+slice and moves it little. It is an estimate and says so: the rate changes as other queues come
+and go, pods end sooner or later, and a position counts the queue's pods in every cluster. When
+the rate says nothing (too few releases lately, releases in too few slices to be a pace, or the
+pod waits for something releases do not bring: a node it fits on, a cordon), no estimate is
+given, and the text says why.
 
 Pure: the scheduler leader records the releases it decides (`ReleaseRates.released`) and asks
 for the text of each notice; a new leader starts with no history, so its first notices have no
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from lockgate.scheduler.explain import Explanation, WaitReason
 
 WINDOW_SECONDS = 15 * 60.0
+SLICES = 5  # of 3 minutes each: a pace needs releases in more than half of them
 MIN_RELEASES = 3
 
 
@@ -65,6 +69,7 @@ class ReleaseRates:
     """When each (queue, cluster) had pods released, over the last `window` seconds."""
 
     window: float = WINDOW_SECONDS
+    slices: int = SLICES
     min_releases: int = MIN_RELEASES
     _times: dict[tuple[str, str], deque[float]] = field(default_factory=dict)
 
@@ -103,7 +108,21 @@ class ReleaseRates:
             return WaitEstimate(None, f"this queue had {count} pod"
                                 f"{'s' if count != 1 else ''} released in this cluster in the "
                                 f"last {window}, too few to tell a pace")
-        # Over the whole window, not since its first release: a burst of releases (a round that
-        # filled a freed node) followed by none is no pace; this errs towards longer waits.
-        per_second = count / self.window
-        return WaitEstimate(math.ceil(position / per_second))
+        # The median slice's count, not the window's: a burst fills one slice, and a pace needs
+        # releases in more than half of them. This errs towards longer waits.
+        slice_seconds = self.window / self.slices
+        start = now - self.window
+        counts = [0] * self.slices
+        for at in times or ():
+            counts[min(self.slices - 1, int((at - start) // slice_seconds))] += 1
+        median = sorted(counts)[self.slices // 2]
+        if median == 0:
+            busy = sum(1 for n in counts if n)
+            return WaitEstimate(None, f"this queue's {count} pods released in this cluster in the "
+                                f"last {window} came in only {busy} of its {self.slices} "
+                                f"{_span(slice_seconds)} spans, not at a steady pace")
+        return WaitEstimate(math.ceil(position * slice_seconds / median))
+
+
+def _span(seconds: float) -> str:
+    return f"{round(seconds / 60)}-minute"

@@ -594,19 +594,33 @@ async def delete_queue(connection: AnyConnection, name: str) -> None:
 
 # Job views for operators ----------------------------------------------------------------------
 
+_JOBS_WHERE = (
+    " WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2)"
+    " AND ($3::text IS NULL OR cluster = $3) AND (NOT $4::bool OR state <> ALL($5::text[]))")
+
+
 async def list_jobs(
     connection: AnyConnection, *, queue: str | None = None, state: JobState | None = None,
-    cluster: str | None = None, limit: int = 100,
+    cluster: str | None = None, unfinished: bool = False, limit: int = 100,
 ) -> list[JobRow]:
-    """Jobs matching the filters, oldest first (the order a queue is served in, by default)."""
+    """Jobs matching the filters (`unfinished`: only jobs not yet ended), oldest first (the order
+    a queue is served in, by default)."""
     records = await connection.fetch(
-        f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
-        " WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2)"
-        " AND ($3::text IS NULL OR cluster = $3)"
-        " ORDER BY created_at, cluster, uid LIMIT $4",
-        queue, None if state is None else state.value, cluster, limit,
+        f"SELECT {_JOB_COLUMNS} FROM jobs{_JOBS_WHERE}"  # noqa: S608 - constant parts
+        " ORDER BY created_at, cluster, uid LIMIT $6",
+        queue, None if state is None else state.value, cluster, unfinished, _TERMINAL, limit,
     )
     return [_job_row(record) for record in records]
+
+
+async def count_jobs(
+    connection: AnyConnection, *, queue: str | None = None, state: JobState | None = None,
+    cluster: str | None = None, unfinished: bool = False,
+) -> int:
+    """How many jobs `list_jobs` with the same filters would list without a limit."""
+    return int(await connection.fetchval(
+        f"SELECT count(*) FROM jobs{_JOBS_WHERE}",  # noqa: S608 - constant parts
+        queue, None if state is None else state.value, cluster, unfinished, _TERMINAL))
 
 
 async def count_jobs_by_state(connection: AnyConnection,

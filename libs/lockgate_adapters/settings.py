@@ -23,6 +23,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from lockgate.durations import InvalidDurationError, parse_duration
+
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
@@ -75,6 +77,44 @@ def is_service_link(name: str, value: str | None) -> bool:
 def without_service_links(environ: Mapping[str, str | None]) -> dict[str, str | None]:
     return {name: value for name, value in environ.items()
             if not is_service_link(name, value)}
+
+
+def seconds_as_durations(model: type[BaseModel], data: dict[str, Any], *,
+                         where: str) -> dict[str, Any]:
+    """`data` with each *_seconds value spelled as a duration ("20s", "5m") turned into seconds,
+    in `model`'s nested settings too; a bare number is left for the field to read as before.
+    ValueError naming the variable (`where` is its prefix) and how to write a duration."""
+    converted = dict(data)
+    for name, field_info in model.model_fields.items():
+        keys = [name, *(choice for choice in getattr(field_info.validation_alias, "choices", ())
+                        if isinstance(choice, str))]
+        for key in keys:
+            if key not in converted:
+                continue
+            value = converted[key]
+            nested = field_info.annotation
+            if isinstance(nested, type) and issubclass(nested, BaseModel) \
+                    and isinstance(value, dict):
+                converted[key] = seconds_as_durations(nested, value,
+                                                      where=f"{where}{name.upper()}__")
+            elif name.endswith("_seconds"):
+                converted[key] = _seconds(value, f"{where}{name.upper()}")
+    return converted
+
+
+def _seconds(value: Any, variable: str) -> Any:
+    if isinstance(value, list):
+        return [_seconds(item, variable) for item in value]
+    if not isinstance(value, str) or not value.strip():
+        return value
+    try:
+        float(value)
+    except ValueError:
+        try:
+            return parse_duration(value, allow_zero=True)
+        except InvalidDurationError as error:
+            raise ValueError(f"{variable}: {error}") from None
+    return value  # a bare number: the field reads it, and says so if it is out of bounds
 
 
 class RetryPolicy(BaseModel):
@@ -214,6 +254,14 @@ class ServiceSettings(BaseSettings):
             # Kubelet-injected service links never reach a field (see is_service_link).
             env_settings.env_vars = without_service_links(env_settings.env_vars)
         return init_settings, env_settings, dotenv_settings, file_secret_settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _durations(cls, data: Any) -> Any:
+        """Every setting named *_seconds takes a duration as the CLI's flags do: 20s, 5m, 2h or
+        bare seconds (lockgate.durations); bounds are still the field's."""
+        prefix = str(cls.model_config.get("env_prefix") or "")
+        return seconds_as_durations(cls, data, where=prefix) if isinstance(data, dict) else data
 
     @model_validator(mode="before")
     @classmethod

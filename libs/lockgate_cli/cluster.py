@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from lockgate_cli.output import Output, Table, View, amounts, output_option
+from lockgate_cli.output import Output, Table, View, amounts, output_option_for
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 
@@ -22,7 +22,7 @@ def group() -> None:
 
 
 @group.command("list")
-@output_option
+@output_option_for("{.clusters[*].name}")
 @watch_option
 @runs
 def list_clusters(session: Session, output: Output, watch: bool, interval: float) -> None:

@@ -21,11 +21,14 @@ from lockgate_cli.output import (
     View,
     age,
     amounts,
+    counted,
     dump_structured,
     output_option,
+    output_option_for,
     print_table,
     render,
 )
+from lockgate_cli.params import Duration
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 
@@ -42,7 +45,7 @@ def group() -> None:
 @click.option("--all", "everything", is_flag=True,
               help="also job sets whose pods have all finished")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
-@output_option
+@output_option_for("{.jobsets[*].jobset}")
 @watch_option
 @runs
 def list_jobsets(session: Session, queue: str | None, everything: bool, limit: int,
@@ -89,13 +92,14 @@ def describe(session: Session, queue: str, jobset: str, output: Output) -> None:
 
     def table() -> Table:
         header = (f"Job set {answer['jobset']} in queue {answer['queue']}: "
-                  f"{answer['pods']} pods ("
+                  f"{counted(answer['pods'], 'pod')} ("
                   + ", ".join(f"{n} {state}" for state, n in answer["by_state"].items())
                   + f"), clusters {','.join(answer['clusters'])}, namespaces "
                   f"{','.join(answer['namespaces'])}")
         notes = [header]
         if answer["jobs_shown"] < answer["pods"]:
-            notes.append(f"showing the oldest {answer['jobs_shown']} pods (-o json has them)")
+            notes.append(f"showing the oldest {counted(answer['jobs_shown'], 'pod')} "
+                         "(-o json has them)")
         return Table(["CLUSTER", "NAMESPACE", "NAME", "STATE", "REQUESTS", "AGE", "REASON",
                       "NODE"],
                      [[j["cluster"], j["namespace"], j["name"], j["state"],
@@ -111,8 +115,8 @@ def describe(session: Session, queue: str, jobset: str, output: Output) -> None:
 @click.argument("queue", shell_complete=complete_queue)
 @click.argument("jobset")
 @click.option("--reason", help="why (kept on its jobs and namespace records)")
-@click.option("--wait", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS",
-              help="wait up to this long until its namespaces are deleted")
+@click.option("--wait", type=Duration(allow_zero=True), default=0.0, metavar="DURATION",
+              help="wait up to this long (e.g. 30s, 2m) until its namespaces are deleted")
 @output_option
 @runs
 def cancel(session: Session, queue: str, jobset: str, reason: str | None, wait: float,

@@ -26,6 +26,7 @@ from lockgate_cli.output import (
     dump_structured,
     duration,
     output_option,
+    output_option_for,
     print_table,
     render,
     timestamp,
@@ -136,7 +137,7 @@ def token(session: Session, namespace: tuple[str, str], kubeconfig_out: str | No
 @click.option("--jobset")
 @click.option("--cluster", shell_complete=complete_cluster)
 @click.option("--state", type=click.Choice(STATES))
-@output_option
+@output_option_for("{[*].name}")
 @watch_option
 @runs
 def list_namespaces(session: Session, queue: str | None, jobset: str | None,
@@ -194,8 +195,8 @@ def describe(session: Session, namespace: tuple[str, str], output: Output) -> No
 @group.command("delete")
 @click.argument("namespace", type=NAMESPACE_REF, metavar="CLUSTER/NAME")
 @click.option("--reason")
-@click.option("--wait", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS",
-              help="wait up to this long until its cluster says it is gone")
+@click.option("--wait", type=Duration(allow_zero=True), default=0.0, metavar="DURATION",
+              help="wait up to this long (e.g. 30s, 2m) until its cluster says it is gone")
 @output_option
 @runs
 def delete(session: Session, namespace: tuple[str, str], reason: str | None, wait: float,

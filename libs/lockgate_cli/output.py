@@ -74,12 +74,28 @@ class OutputType(click.ParamType["Output"]):
                 if c.startswith(incomplete)]
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 pod", "2 pods": a count and its noun, singular for one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def output_option(function: Callable[..., Any]) -> Callable[..., Any]:
     """`-o/--output` on a command; the command receives `output: Output`."""
     return click.option(
         "-o", "--output", type=OutputType(), default="table", show_default=False,
         help="table (default), wide, name, json, yaml or jsonpath=TEMPLATE "
-             "(kubectl's syntax, e.g. jsonpath='{.queues[*].queue}')")(function)
+             "(kubectl's syntax over the answer -o json shows)")(function)
+
+
+def output_option_for(example: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`output_option` whose help shows `example`, a template that prints something for this
+    command's answer (a list's answer is not status's: each command gives its own)."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        return click.option(
+            "-o", "--output", type=OutputType(), default="table", show_default=False,
+            help="table (default), wide, name, json, yaml or jsonpath=TEMPLATE "
+                 f"(kubectl's syntax, e.g. jsonpath='{example}')")(function)
+    return decorate
 
 
 @dataclass

@@ -6,59 +6,38 @@ Why here: a usage error should read the same in every command and name the optio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 from click.shell_completion import CompletionItem
 
+from lockgate.durations import InvalidDurationError, parse_duration, whole_seconds
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS, InvalidKindError, parse_kind
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from "90", "90s", "15m", "2h", "1d", "1h30m"; ValueError saying how to write one."""
-    total, number = 0.0, ""
-    spelled = text.strip()
-    try:
-        if spelled.replace(".", "", 1).isdigit():
-            total = float(spelled)
-        else:
-            for char in spelled:
-                if char.isdigit() or char == ".":
-                    number += char
-                elif char in _UNITS and number:
-                    total += float(number) * _UNITS[char]
-                    number = ""
-                else:
-                    raise ValueError(char)
-            if number or not spelled:
-                raise ValueError(number)
-    except ValueError as error:
-        raise ValueError(f"not a duration: {text!r} (write e.g. 90s, 15m, 2h, 1d or 1h30m)"
-                         ) from error
-    if total <= 0:
-        raise ValueError(f"a duration must be positive, not {text!r}")
-    return total
+from lockgate_cli.completing import complete_pod
 
 
 class Duration(click.ParamType[float | int]):
-    """90s, 15m, 2h, 1d, 1h30m (or seconds); `whole` rounds to whole seconds."""
+    """Every duration flag: 20s, 5m, 2h, 1d, 1h30m or bare seconds (lockgate.durations, the
+    grammar settings and annotations read too); `whole` rounds to whole seconds, `allow_zero`
+    takes 0 (e.g. `--wait 0`: do not wait)."""
 
     name = "duration"
 
-    def __init__(self, *, whole: bool = False) -> None:
+    def __init__(self, *, whole: bool = False, allow_zero: bool = False) -> None:
         self.whole = whole
+        self.allow_zero = allow_zero
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> float | int:
         if isinstance(value, int | float):
             return value
         try:
-            seconds = parse_duration(str(value))
-        except ValueError as error:
+            if self.whole:
+                return whole_seconds(str(value))
+            return parse_duration(str(value), allow_zero=self.allow_zero)
+        except InvalidDurationError as error:
             self.fail(str(error), param, ctx)
-        return round(seconds) if self.whole else seconds
 
 
 class Limit(click.ParamType[tuple[str, str]]):
@@ -77,13 +56,22 @@ class Limit(click.ParamType[tuple[str, str]]):
         return resource.strip(), quantity.strip()
 
 
-class Path3(click.ParamType[tuple[str, ...]]):
-    """CLUSTER/NAMESPACE/POD (or another slash-separated name of `parts` parts)."""
+Completer = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
 
-    def __init__(self, spelled: str, example: str) -> None:
+
+class Path3(click.ParamType[tuple[str, ...]]):
+    """CLUSTER/NAMESPACE/POD (or another slash-separated name of `parts` parts); `complete`
+    offers names to a shell."""
+
+    def __init__(self, spelled: str, example: str, complete: Completer | None = None) -> None:
         self.name = spelled
         self.parts = spelled.count("/") + 1
         self.example = example
+        self.complete = complete
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter,
+                       incomplete: str) -> list[CompletionItem]:
+        return [] if self.complete is None else self.complete(ctx, param, incomplete)
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> tuple[str, ...]:
@@ -95,7 +83,7 @@ class Path3(click.ParamType[tuple[str, ...]]):
         return parts
 
 
-POD = Path3("CLUSTER/NAMESPACE/POD", "cluster-a/team-a/worker-0")
+POD = Path3("CLUSTER/NAMESPACE/POD", "cluster-a/team-a/worker-0", complete=complete_pod)
 NAMESPACE_REF = Path3("CLUSTER/NAME", "cluster-a/analytics-dask-0142-3f0c9a1e")
 
 

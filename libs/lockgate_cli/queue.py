@@ -17,7 +17,16 @@ import click
 from lockgate.namespace_access import DEFAULT_ALLOWED_KINDS
 from lockgate_cli.client import CliError, quote
 from lockgate_cli.completing import complete_queue
-from lockgate_cli.output import Output, Table, View, duration, output_option, render, weight
+from lockgate_cli.output import (
+    Output,
+    Table,
+    View,
+    duration,
+    output_option,
+    output_option_for,
+    render,
+    weight,
+)
 from lockgate_cli.params import Duration, Kind, Limit
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
@@ -70,9 +79,9 @@ def _group_options(function: Any) -> Any:
     function = click.option("--group-timeout-action", type=click.Choice(["delete", "fail"]),
                             help="what becomes of a timed-out group's pods (default delete)"
                             )(function)
-    return click.option("--group-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
-                        help="a pod group that has not filled up this long after its first "
-                             "member was created times out")(function)
+    return click.option("--group-timeout", type=Duration(), metavar="DURATION",
+                        help="a pod group that has not filled up this long (e.g. 20s, 5m) "
+                             "after its first member was created times out")(function)
 
 
 def _max_queued_options(function: Any) -> Any:
@@ -333,7 +342,7 @@ def get(session: Session, name: str, output: Output) -> None:
 
 
 @group.command("list")
-@output_option
+@output_option_for("{[*].name}")
 @watch_option
 @runs
 def list_queues(session: Session, output: Output, watch: bool, interval: float) -> None:

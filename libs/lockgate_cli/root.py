@@ -170,12 +170,13 @@ def kubectl_plugin() -> None:
     sys.exit(main(prog_name="kubectl lockgate"))
 
 
-def candidates(args: Sequence[str]) -> list[str]:
-    """What may come after `lockgate ARGS...` (the last one is the word being completed)."""
+def candidates(args: Sequence[str], *, session: Session | None = None) -> list[str]:
+    """What may come after `lockgate ARGS...` (the last one is the word being completed);
+    `session`: the tests' recorded API."""
     words = list(args) or [""]
     completion = get_completion_class("bash")
     assert completion is not None
-    helper = completion(cli, {"obj": Session()}, "lockgate", COMPLETE_VAR)
+    helper = completion(cli, {"obj": session or Session()}, "lockgate", COMPLETE_VAR)
     return [item.value for item in helper.get_completions(words[:-1], words[-1])]
 
 

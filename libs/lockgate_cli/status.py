@@ -10,18 +10,27 @@ server without that report shows `-` there.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from lockgate_cli.client import ApiError
-from lockgate_cli.output import Output, Table, View, duration, output_option, share, weight
+from lockgate_cli.output import (
+    Output,
+    Table,
+    View,
+    duration,
+    output_option_for,
+    share,
+    weight,
+)
 from lockgate_cli.session import Session, runs
 from lockgate_cli.watching import show, watch_option
 
 
 @click.command("status")
-@output_option
+@output_option_for("{.queues[*].queue}")
 @watch_option
 @runs
 def command(session: Session, output: Output, watch: bool, interval: float) -> None:
@@ -70,7 +79,9 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
             notes=([f"shares unavailable: {answer['reasons_unavailable']}"]
                    if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer))
 
-    data = dict(answer)
+    # Every time the CLI prints is ISO 8601; a server before issue 38 sent this one as epoch
+    # seconds.
+    data = {**answer, "queues": [_iso_oldest(q) for q in answer["queues"]]}
     if report is not None:
         data["fairness"] = report
     return View(data, table=table, names=lambda: [f"queue/{q['queue']}"
@@ -110,3 +121,10 @@ def _queue_note(q: Mapping[str, Any]) -> str:
     if q.get("max_queued_seconds"):
         notes.append(f"max queued {duration(q['max_queued_seconds'])}")
     return ", ".join(notes) or "-"
+
+
+def _iso_oldest(q: Mapping[str, Any]) -> Mapping[str, Any]:
+    at = q.get("oldest_queued_at")
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return q
+    return {**q, "oldest_queued_at": datetime.fromtimestamp(at, UTC).isoformat()}

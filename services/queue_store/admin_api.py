@@ -9,7 +9,7 @@ owns these tables and their change-feed rules. The `lockgate` CLI is the usual c
     PUT    /api/v1/queues/{name}       whole spec (omitted fields take defaults) -> queue; 404
     PATCH  /api/v1/queues/{name}       JSON merge patch (RFC 7386; null removes) -> queue; 404
     DELETE /api/v1/queues/{name}       204; 404
-    GET    /api/v1/jobs?queue=&state=&cluster=&limit=   {"jobs": [...], "hints": [...]}
+    GET    /api/v1/jobs?queue=&state=&cluster=&all=&limit=   {"jobs", "total", "hints"}
     GET    /api/v1/status, /api/v1/explain/..., /api/v1/jobsets...   see queue_store.admin_views
 
 A queue is {"name", "priority_factor", "weight" (= 1 / priority_factor, read-only), "cordoned",
@@ -316,6 +316,9 @@ class AdminApi:
         return web.Response(status=204)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
+        """Unfinished jobs, oldest first (`all=true`: ended ones too; a `state` is listed
+        whatever it is); "total" counts every match, "reason" is why each waits as the leader
+        says (for a job that ended or is unplaceable, its `last_reason`)."""
         query = request.query
         queue, cluster = query.get("queue") or None, query.get("cluster") or None
         try:
@@ -329,11 +332,20 @@ class AdminApi:
             raise ApiError(400, "limit must be an integer") from error
         if not 1 <= limit <= MAX_JOBS_LISTED:
             raise ApiError(400, f"limit must be between 1 and {MAX_JOBS_LISTED}")
+        unfinished = state is None and query.get("all", "").lower() not in ("true", "1")
         async with self.pool.acquire() as connection:
             jobs = await job_store.list_jobs(connection, queue=queue, state=state,
-                                             cluster=cluster, limit=limit)
+                                             cluster=cluster, unfinished=unfinished, limit=limit)
+            total = len(jobs) if len(jobs) < limit else await job_store.count_jobs(
+                connection, queue=queue, state=state, cluster=cluster, unfinished=unfinished)
             hints = await self._hints(connection, queue, jobs)
-        return web.json_response({"jobs": [job_json(j) for j in jobs], "hints": hints})
+        explained = await admin_views.explain_rows(self.leader, [(j, None) for j in jobs])
+        return web.json_response({
+            "jobs": [{**job_json(j), "reason": e["reason"] or j.last_reason or None}
+                     for j, e in zip(jobs, explained, strict=True)],
+            "total": total, "unfinished_only": unfinished, "hints": hints,
+            "reasons_unavailable": next((e["reasons_unavailable"] for e in explained
+                                         if e["reasons_unavailable"]), None)})
 
     async def _hints(self, connection: AnyConnection, queue: str | None,
                      jobs: list[JobRow]) -> list[str]:

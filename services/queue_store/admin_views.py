@@ -189,7 +189,7 @@ async def explain_rows(leader: SchedulerLeader,
             entry["message"] = (skipped_gate_message(queue=row.queue, namespace=row.namespace)
                                 + f". The pod is {row.state.value}.")
         elif row.state is not JobState.QUEUED:
-            entry["message"] = f"not waiting: the pod is {row.state.value}" + (
+            entry["message"] = f"not waiting: {row.state.of_the_pod}" + (
                 f" ({row.last_reason})" if row.last_reason else "")
         elif answer is None:
             where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "

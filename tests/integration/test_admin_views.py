@@ -161,9 +161,43 @@ async def test_explain_and_status_are_the_leaders_picture(admin: QueueStoreUnder
     assert (mine["queued"], mine["running"], mine["weight"]) == (2, 0, 1.0)
     assert mine["fair_share"] is not None and "outcome_last_round" in mine  # the round's own
     assert mine["oldest_wait_seconds"] >= 3600 - 120
+    # ISO 8601, as every other time the API gives (issue 38: it was epoch seconds).
+    assert datetime.fromisoformat(mine["oldest_queued_at"]) < datetime.now(UTC)
 
     missing = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/nobody")
     assert missing.status == 404 and "lockgate.io/queue" in missing.body["error"]
+
+
+async def test_jobs_list_unfinished_jobs_with_the_leaders_reason_and_a_total(
+        admin: QueueStoreUnderTest) -> None:
+    """Issue 38, item 4: ended jobs only with all=true, a total beyond the limit, and REASON the
+    leader's for a queued job (not an empty last_reason)."""
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    assert (await call(admin, "POST", "/api/v1/queues", {"name": queue})).status == 201
+    cluster = f"c-{uuid.uuid4().hex[:6]}"  # no node ever seen there
+    await add_jobs(admin.postgres_dsn, (cluster, "done-0", queue, "js", "succeeded"),
+                   (cluster, "wait-0", queue, "js", "queued"),
+                   (cluster, "run-0", queue, "js", "running"))
+
+    async def listed() -> Reply | None:
+        answer = await call(admin, "GET", f"/api/v1/jobs?queue={queue}")
+        assert answer.status == 200, answer.body
+        return answer if answer.body["jobs"][0]["reason"] is not None else None
+    answer = await eventually(listed, within=30, every=0.2, what="the leader's reason")
+    assert [(j["name"], j["reason"]) for j in answer.body["jobs"]] == [
+        ("wait-0", "no_nodes"), ("run-0", None)]
+    assert answer.body["jobs"][0]["last_reason"] == ""
+    assert (answer.body["total"], answer.body["reasons_unavailable"]) == (2, None)
+    cut = await call(admin, "GET", f"/api/v1/jobs?queue={queue}&limit=1")
+    assert ([j["name"] for j in cut.body["jobs"]], cut.body["total"]) == (["wait-0"], 2)
+    everything = await call(admin, "GET", f"/api/v1/jobs?queue={queue}&all=true")
+    assert [j["name"] for j in everything.body["jobs"]] == ["done-0", "wait-0", "run-0"]
+    assert everything.body["total"] == 3
+    ended = await call(admin, "GET", f"/api/v1/jobs?queue={queue}&state=succeeded")
+    assert [j["name"] for j in ended.body["jobs"]] == ["done-0"]
+    # Issue 38, item 7: "not waiting: the pod is succeeded".
+    done = await call(admin, "GET", f"/api/v1/explain/{cluster}/ns/done-0")
+    assert done.body["message"] == "not waiting: the pod succeeded", done.body
 
 
 async def test_with_the_leader_stopped_the_views_say_no_leader_never_an_old_reason(

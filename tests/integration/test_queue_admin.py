@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -320,6 +321,9 @@ async def test_jobs_can_be_listed_by_queue_and_state_with_hints(
     await call(admin, "POST", "/api/v1/queues", {"name": queue_name, "cordoned": True})
     everything = await call(admin, "GET", f"/api/v1/jobs?queue={queue_name}&limit=2")
     assert [j["name"] for j in everything.body["jobs"]] == ["pod-0", "pod-1"]
+    assert everything.body["total"] == 3  # the page is cut, and says so
+    # No fair-scheduler here: the queued jobs' reasons are unavailable, and the answer says so.
+    assert "why pods wait is unavailable" in everything.body["reasons_unavailable"]
     assert everything.body["hints"] == [
         f"queue '{queue_name}' is cordoned: none of its jobs are released"]
 
@@ -341,7 +345,10 @@ async def lockgate(admin: QueueStoreUnderTest, *args: str,
     """The CLI with the admin token in $LOCKGATE_TOKEN, unless `env` says otherwise."""
     assert LOCKGATE_CLI.exists(), f"the lockgate command is not installed at {LOCKGATE_CLI}"
     environment = {"LOCKGATE_API": admin.admin_url, "PATH": "/usr/bin",
-                   "LOCKGATE_TOKEN": admin.admin_token}
+                   "LOCKGATE_TOKEN": admin.admin_token,
+                   # A checkout run with another's venv (PYTHONPATH=libs:services) tests its own
+                   # CLI through the installed command, as its services are its own.
+                   **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
     process = await asyncio.create_subprocess_exec(
         str(LOCKGATE_CLI), *args,
         env={**environment, **env} if env is not None else environment,
@@ -497,9 +504,14 @@ async def test_the_cli_lists_jobs_of_a_queue(
     assert [line.split()[2] for line in lines[1:3]] == ["pod-1", "pod-2"]
     assert lines[-1] == f"note: queue '{queue_name}' is cordoned: none of its jobs are released"
 
+    cut = await lockgate(admin, "jobs", "list", "--queue", queue_name, "--limit", "1")
+    assert cut.code == 0, cut.err
+    assert [line.split()[2] for line in cut.out.splitlines()[1:2]] == ["pod-0"]
+    assert "note: showing 1 of 3 (--limit for more)" in cut.out.splitlines()
+
     nothing = await lockgate(admin, "jobs", "list", "--queue", f"{queue_name}-x")
     assert nothing.out.splitlines() == [
-        f"no jobs with queue={queue_name}-x",
+        f"no unfinished jobs with queue={queue_name}-x (--all for those that ended)",
         f"note: queue '{queue_name}-x' does not exist: its jobs wait until it is created"]
 
 

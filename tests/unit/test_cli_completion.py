@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import io
 
+import httpx
 import pytest
 from recorded_api import RecordedApi
 
 from lockgate_cli import root
 from lockgate_cli.root import candidates
+from lockgate_cli.session import Session
 
 
 @pytest.mark.parametrize(("shell", "marker"), [
@@ -51,3 +53,26 @@ def test_the_plugins_name_is_in_its_usage() -> None:
     assert code == 2
     assert err.getvalue().startswith("kubectl lockgate queue create: Missing argument 'NAME'")
     assert "See 'kubectl lockgate queue create --help'." in err.getvalue()
+
+
+def test_pod_names_complete_from_the_api_for_explain_and_trace() -> None:
+    """Issue 38, item 7: `explain` did not complete pod names."""
+    def job(cluster: str, name: str) -> dict[str, str]:
+        return {"cluster": cluster, "namespace": "team-a", "name": name}
+
+    def jobs(request: httpx.Request) -> dict[str, object]:
+        cluster = request.url.params.get("cluster")
+        listed = [job("cluster-a", "train-0"), job("cluster-a", "train-1"),
+                  job("cluster-b", "eval-0")]
+        return {"jobs": [j for j in listed if cluster in (None, j["cluster"])], "total": 3}
+
+    recorded = RecordedApi().on("GET", "/api/v1/jobs", jobs)
+    session = Session(transport=httpx.MockTransport(recorded.handle), env={})
+    api = ["--api", "http://lockgate.test"]
+    assert candidates([*api, "explain", ""], session=session) == [
+        "cluster-a/team-a/train-0", "cluster-a/team-a/train-1", "cluster-b/team-a/eval-0"]
+    assert candidates([*api, "explain", "cluster-a/team-a/train-1"], session=session) == [
+        "cluster-a/team-a/train-1"]
+    assert recorded.sent[-1].query == {"limit": "1000", "cluster": "cluster-a"}
+    assert candidates([*api, "trace", "cluster-b/"], session=session) == [
+        "cluster-b/team-a/eval-0"]

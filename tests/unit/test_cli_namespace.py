@@ -36,7 +36,7 @@ def test_namespace_create_takes_human_durations_and_says_what_it_made() -> None:
 def test_bad_durations_and_lone_actions_are_usage_errors_that_say_what_to_write() -> None:
     bad = api().run("namespace", "create", "--queue", "q", "--jobset", "j", "--cluster",
                     "cluster-a", "--ttl", "two hours")
-    assert bad.code == 2 and "e.g. 90s, 15m, 2h, 1d or 1h30m" in bad.err
+    assert bad.code == 2 and "e.g. 20s, 5m, 2h, 1d, 1h30m, or bare seconds" in bad.err
     lone = api().run("namespace", "create", "--queue", "q", "--jobset", "j", "--cluster",
                      "cluster-a", "--on-max-queued", "fail")
     assert lone.code == 2 and "--on-max-queued needs --max-queued-time" in lone.err

@@ -6,12 +6,14 @@ from __future__ import annotations
 import io
 import json
 
+import click
 import httpx
 import pytest
 from recorded_api import CLUSTERS, RecordedApi, a_queue
 
 from lockgate.queues import NamespaceBinding
 from lockgate_cli import root
+from lockgate_cli.params import Duration
 
 
 def created(request_body: dict[str, object]) -> dict[str, object]:
@@ -271,3 +273,43 @@ def test_create_and_update_say_on_stderr_which_bound_namespaces_the_webhook_will
         assert ran.code == 0, ran.err
         assert ran.err.splitlines() == [f"warning: {warning}"]
         assert "warnings" not in json.loads(ran.out)  # the queue itself, as GET shows it
+
+
+@pytest.mark.parametrize(("spelled", "seconds"), [("20s", 20), ("5m", 300), ("2h", 7200),
+                                                  ("45", 45)])
+def test_group_timeout_takes_a_duration_like_every_duration_flag(spelled: str,
+                                                                 seconds: float) -> None:
+    """Issue 38: `--group-timeout 20s` answered "'20s' is not a valid float range"."""
+    recorded = RecordedApi().on("PATCH", "/api/v1/queues/big", lambda request: a_queue(
+        name="big", group_timeout_seconds=json.loads(request.content)["group_timeout_seconds"]))
+    ran = recorded.run("queue", "update", "big", "--group-timeout", spelled)
+    assert ran.code == 0, ran.err
+    assert recorded.bodies("PATCH") == [{"group_timeout_seconds": seconds}]
+
+
+def test_a_bad_duration_flag_says_how_to_write_one_and_sends_nothing() -> None:
+    ran = RecordedApi().run("queue", "update", "big", "--group-timeout", "20x")
+    assert ran.code == 2
+    assert ("Invalid value for '--group-timeout': not a duration: '20x' (write e.g. 20s, 5m, "
+            "2h, 1d, 1h30m, or bare seconds)") in ran.err, ran.err
+    assert not ran.sent
+
+
+def _options(command: click.Command, path: str = "lockgate") -> list[tuple[str, click.Option]]:
+    found = [(path, p) for p in command.params if isinstance(p, click.Option)]
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            found += _options(sub, f"{path} {name}")
+    return found
+
+
+def test_every_flag_that_takes_a_time_takes_the_one_duration_grammar() -> None:
+    timed = [(path, option) for path, option in _options(root.cli)
+             if any(word in option.name for word in ("wait", "ttl", "interval", "timeout",
+                                                     "time", "age", "seconds"))
+             and not option.is_flag and not isinstance(option.type, click.Choice)]
+    assert {option.name for _, option in timed} >= {
+        "wait", "ttl", "interval", "group_timeout", "max_queued_time"}
+    wrong = [f"{path} --{option.name}" for path, option in timed
+             if not isinstance(option.type, Duration)]
+    assert not wrong, wrong

@@ -158,18 +158,6 @@ def test_the_kubeconfig_defaults_to_the_namespace() -> None:
     assert config["clusters"][0]["cluster"]["certificate-authority-data"] == "Q0E="
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200),
-                                               ("7d", 604800), ("3600", 3600)])
-def test_durations(text: str, seconds: int) -> None:
-    assert access.parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "2 hours", "-1h", "0", "1w", "h"])
-def test_bad_durations_say_what_to_write(text: str) -> None:
-    with pytest.raises(ValueError, match=r"like 90s|positive"):
-        access.parse_duration(text)
-
-
 def test_a_queue_without_allowed_kinds_has_the_default() -> None:
     queue = QueueSpec(name="q")
     assert queue.allowed_kinds is None

@@ -15,19 +15,32 @@ def rates_with(*times: float, queue: str = "q", cluster: str = "c") -> ReleaseRa
 
 
 def test_position_over_the_release_rate() -> None:
-    # 6 releases in the 900 s window: one per 150 s; the 3rd in line waits about 450 s.
-    rates = rates_with(400, 500, 600, 700, 800, 900)
+    # Two releases in each 180 s span of the 900 s window: one per 90 s; the 3rd in line waits
+    # about 270 s.
+    rates = rates_with(150, 250, 350, 450, 500, 600, 700, 800, 900, 1000)
     estimate = rates.estimate("q", "c", position=3, now=1000)
-    assert estimate == WaitEstimate(450)
-    assert estimate.text() == ("estimated wait: about 8 minutes, from this queue's release rate "
+    assert estimate == WaitEstimate(270)
+    assert estimate.text() == ("estimated wait: about 4 minutes, from this queue's release rate "
                                "in this cluster (an estimate, not a promise)")
 
 
 def test_a_burst_of_releases_is_not_taken_for_a_pace() -> None:
-    """Four pods released together a minute ago: one per 225 s over the window, not one per
-    15 s."""
-    rates = rates_with(940, 940, 940, 940)
-    assert rates.estimate("q", "c", position=1, now=1000) == WaitEstimate(225)
+    """Issue 38: 64 pods released in one round a minute ago, then none (the pods ahead of the
+    8th in line belong to a Deployment whose pods never end). Over the window that is one per
+    14 s, "about 2 minutes" for the 8th; but it is a burst, not a pace."""
+    rates = rates_with(*[940.0] * 64)
+    estimate = rates.estimate("q", "c", position=8, now=1000)
+    assert estimate.seconds is None
+    assert estimate.text() == (
+        "no wait estimate: this queue's 64 pods released in this cluster in the last 15 minutes "
+        "came in only 1 of its 5 3-minute spans, not at a steady pace")
+
+
+def test_a_burst_on_top_of_a_slow_pace_does_not_speed_it_up() -> None:
+    """One release per 180 s span, and a burst of 60 in the last: the pace is the median span's,
+    one per 180 s, not 64 per 900 s."""
+    rates = rates_with(200, 400, 600, 800, *[990.0] * 60)
+    assert rates.estimate("q", "c", position=2, now=1000) == WaitEstimate(360)
 
 
 def test_too_few_releases_give_no_estimate_and_say_why() -> None:
