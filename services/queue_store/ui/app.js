@@ -52,6 +52,7 @@ const kids = (...children) => children.flat().filter((c) => c !== null && c !== 
 const enc = encodeURIComponent;
 const link = (href, text) => el("a", { href }, text);
 const pill = (state) => el("span", { class: `pill state-${state}`, "data-state": state }, state);
+const plural = (n, what) => `${n} ${what}${n === 1 ? "" : "s"}`;
 const pct = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
 function when(iso) {
   if (!iso) return "–";
@@ -516,7 +517,7 @@ async function jobsetPage(view, queue, jobset) {
     .filter(([s]) => ["queued", "released", "ungated", "bound", "running"].includes(s)).reduce((a, [, n]) => a + n, 0), 0);
   actions.replaceChildren(...kids(el("div", { class: "card" },
     cancellation ? el("p", { "data-cancelled": "" }, `Cancelled by ${cancellation.requested_by} at ${when(cancellation.applied_at || cancellation.requested_at)}: ${cancellation.reason} (${cancellation.jobs_cancelled} pods cancelled)`)
-      : el("p", { class: "muted" }, `${unfinished} unfinished pods.`),
+      : el("p", { class: "muted" }, `${plural(unfinished, "unfinished pod")}.`),
     me.may_act && !cancellation ? el("button", { class: "danger", "data-action": "cancel-jobset",
       onclick: () => confirmCancel(view, queue, jobset, unfinished) }, "Cancel job set…") : null)));
   const clusters = Object.keys(page.counts).sort();
@@ -542,7 +543,7 @@ function stateSelect(view) {
 function confirmCancel(view, queue, jobset, unfinished) {
   const dialog = $("confirm");
   $("confirm-title").textContent = `Cancel job set ${queue}/${jobset}?`;
-  $("confirm-text").textContent = `Its ${unfinished} unfinished pods are cancelled and deleted in every cluster, ` +
+  $("confirm-text").textContent = `Its ${plural(unfinished, "unfinished pod")} are cancelled and deleted in every cluster, ` +
     "and its ephemeral namespaces are collected. This cannot be undone.";
   $("confirm-reason").value = `cancelled from the web UI by ${me.name}`;
   dialog.returnValue = "";
