@@ -70,3 +70,22 @@ def advance(current: JobState | None, observed: JobState) -> JobState:
 def can_return_to_queue(current: JobState) -> bool:
     """A released job whose gate was never removed may go back to its queue."""
     return current is JobState.RELEASED
+
+
+# ---- identity -------------------------------------------------------------------------------
+# A job is a pod, named by the cluster it was created in and its uid (a pod's name may be reused
+# after it is deleted; its uid never is). The job id "<cluster>/<uid>" is the one string form,
+# made and read only here: cluster names never contain "/".
+
+
+def job_id(cluster: str, uid: str) -> str:
+    """The id of the job of pod `uid` in `cluster`."""
+    return f"{cluster}/{uid}"
+
+
+def split_job_id(value: str) -> tuple[str, str]:
+    """(cluster, uid) of a job id; ValueError if it is not one."""
+    cluster, sep, uid = value.partition("/")
+    if not sep or not cluster or not uid:
+        raise ValueError(f"not a job id (<cluster>/<uid>): {value!r}")
+    return cluster, uid

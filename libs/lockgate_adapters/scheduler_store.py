@@ -35,7 +35,7 @@ import asyncpg
 
 from lockgate.backoff import ControllerBackoff
 from lockgate.change_feed import FeedCursor
-from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.jobs import TERMINAL_STATES, JobState, job_id
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
@@ -99,16 +99,6 @@ class SessionLiveness:
             if hasattr(socket, name):  # Linux has them all; others some
                 options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
         return options
-
-
-def job_id(cluster: str, uid: str) -> str:
-    """The scheduler's id of a job; cluster names never contain '/'."""
-    return f"{cluster}/{uid}"
-
-
-def split_job_id(value: str) -> tuple[str, str]:
-    cluster, uid = value.split("/", 1)
-    return cluster, uid
 
 
 @dataclass(frozen=True, slots=True)
