@@ -510,9 +510,8 @@ class Leader:
                               limit=limit)
         if not due:
             return
-        names = await self._names([noticed for noticed, _ in due])
-        notices, gone = queue_unknown_notices(due, names=names, at=self._now())
-        for job_id in gone:  # the row is gone: nothing to tell
+        notices, gone = queue_unknown_notices(due, keys=self._feed.key_of, at=self._now())
+        for job_id in gone:  # the job is gone: nothing to tell
             notices_due.forget(job_id)
         if notices:
             if not await self._publish_notices(notices, "pod notices"):
@@ -534,8 +533,7 @@ class Leader:
             return False
         at = self._now()
         give_ups = unplaceable_give_ups(
-            due, names=await self._names([job.job_id for job in due]), now=now, at=at,
-            delete_controlled=settings.delete_unplaceable_controlled)
+            due, now=now, at=at, delete_controlled=settings.delete_unplaceable_controlled)
         notices = [give_up.notice for give_up in give_ups if give_up.notice is not None]
         if notices:
             # Told before recorded: once recorded, the job is not due again.
@@ -580,14 +578,13 @@ class Leader:
                if settings.wait_notices and settings.max_notices_per_round else [])
         if not expired and not due and not self._unsent_expiries:
             return
-        names = await self._names([told for told, _ in due] + [late for late, _ in expired])
         kept = await store.kept_places(
             self._connection, [jobs.split_job_id(told) for told, first in due if first])
         explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled,
                               group_reserve_after=settings.group_reserve_after_seconds,
                               holds=settings.room_hold_seconds > 0)
         decided = waiting_notices(
-            self._feed, due=due, expired=expired, names=names,
+            self._feed, due=due, expired=expired,
             kept={jobs.job_id(cluster, uid): pod for (cluster, uid), pod in kept.items()},
             rates=self._release_rates, explainer=explainer, at=at)
         expiries = self._unsent_expiries + decided.expiries
@@ -619,11 +616,6 @@ class Leader:
                         extra=quiet("kafka"))
             return False
         return True
-
-    async def _names(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
-        """(namespace, name) of each job's pod, by job id; jobs without a row are missing."""
-        found = await store.pod_names(self._connection, [jobs.split_job_id(j) for j in job_ids])
-        return {jobs.job_id(cluster, uid): names for (cluster, uid), names in found.items()}
 
     async def _publish(self, releases: list[store.RecordedRelease]) -> None:
         """Publish release commands, retrying while Kafka is down; then note them published.

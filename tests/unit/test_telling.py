@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from builders import a_job, a_node, a_queue, a_state
 
 from lockgate.groups import GroupTimeoutAction
+from lockgate.jobs import JobKey
 from lockgate.max_queued import Limit
 from lockgate.noticing import NoticeReason
 from lockgate.queues import MaxQueued, QueueSpec
@@ -36,15 +37,16 @@ def a_feed(spec: QueueSpec) -> Feed:
 
 
 def waiting(job_id: str, *, created: float) -> SchedJob:
-    return replace(a_job("a").named(job_id).build(), created_at=created)
+    return replace(a_job("a").named(job_id).of_pod("team", "pod-1").build(), created_at=created)
 
 
 # ---- queue unknown ----------------------------------------------------------------------------
 
-def test_a_pod_of_an_undefined_queue_is_told_so_and_one_without_a_row_is_forgotten() -> None:
+def test_a_pod_of_an_undefined_queue_is_told_so_and_one_not_known_is_forgotten() -> None:
+    known = {"cluster-a/u1": JobKey.of(cluster="cluster-a", namespace="team", name="pod-1",
+                                       uid="u1")}
     notices, gone = queue_unknown_notices(
-        [("cluster-a/u1", "ghost"), ("cluster-a/u2", "ghost")],
-        names={"cluster-a/u1": ("team", "pod-1")}, at=AT)
+        [("cluster-a/u1", "ghost"), ("cluster-a/u2", "ghost")], keys=known.get, at=AT)
     [notice] = notices
     assert (notice.cluster, notice.namespace, notice.name, notice.uid, notice.queue) == (
         "cluster-a", "team", "pod-1", "u1", "ghost")
@@ -56,29 +58,30 @@ def test_a_pod_of_an_undefined_queue_is_told_so_and_one_without_a_row_is_forgott
 # ---- unplaceable ------------------------------------------------------------------------------
 
 def test_an_unplaceable_pod_with_a_controller_is_deleted_and_a_bare_one_left_alone() -> None:
-    stuck = replace(a_job("a").named("cluster-a/u1").released().controlled_by("rs-1").build(),
+    stuck = replace(a_job("a").named("cluster-a/u1").of_pod("team", "web-1").released()
+                    .controlled_by("rs-1").build(),
                     unschedulable_since=T0 - 200, unschedulable_message="0/4 nodes fit")
-    bare = replace(stuck, job_id="cluster-a/u2", controlled=False, controller="")
-    gone = replace(stuck, job_id="cluster-a/u3")
-    names = {"cluster-a/u1": ("team", "web-1"), "cluster-a/u2": ("team", "bare")}
-    deleted, kept, no_row = unplaceable_give_ups([stuck, bare, gone], names=names, now=T0,
-                                                 at=AT, delete_controlled=True)
+    bare = replace(stuck, job_id="cluster-a/u2", name="bare", controlled=False, controller="")
+    unnamed = replace(stuck, job_id="cluster-a/u3", namespace="", name="")
+    deleted, kept, no_row = unplaceable_give_ups([stuck, bare, unnamed], now=T0, at=AT,
+                                                 delete_controlled=True)
     assert deleted.deleting and deleted.notice is not None and deleted.notice.delete_pod
+    assert (deleted.notice.namespace, deleted.notice.name, deleted.notice.uid) == (
+        "team", "web-1", "u1")
     assert deleted.notice.message.endswith(
         "lockgate deletes this pod so that its controller creates a replacement, which is "
         "queued again.")
     assert deleted.reason == ("unplaceable: released, but kube-scheduler reported it "
                               "Unschedulable for 200s: 0/4 nodes fit")
     assert not kept.deleting and kept.notice is not None and "left alone" in kept.notice.message
-    # Recorded as given up all the same, but told nothing: its row is gone.
+    # Recorded as given up all the same, but told nothing: its pod is not known.
     assert no_row.notice is None and no_row.reason == deleted.reason
 
 
 def test_controlled_pods_are_kept_when_deleting_them_is_off() -> None:
     stuck = replace(a_job("a").named("cluster-a/u1").released().controlled_by("rs-1").build(),
                     unschedulable_since=T0 - 200)
-    [give_up] = unplaceable_give_ups([stuck], names={"cluster-a/u1": ("team", "web-1")},
-                                     now=T0, at=AT, delete_controlled=False)
+    [give_up] = unplaceable_give_ups([stuck], now=T0, at=AT, delete_controlled=False)
     assert not give_up.deleting
 
 
@@ -87,11 +90,10 @@ def test_controlled_pods_are_kept_when_deleting_them_is_off() -> None:
 def test_a_waiting_pod_is_told_why_first_as_queued_then_as_still_waiting() -> None:
     feed = a_feed(a_queue("a").build())
     feed.apply_job(waiting("cluster-a/u1", created=T0 - 30), now=T0)
-    names = {"cluster-a/u1": ("team", "pod-1")}
 
     def tell(first: bool, at: datetime) -> str:
         told = waiting_notices(
-            feed, due=[("cluster-a/u1", first)], expired=[], names=names,
+            feed, due=[("cluster-a/u1", first)], expired=[],
             kept={"cluster-a/u1": "pod-0"}, rates=ReleaseRates(),
             explainer=Explainer(feed.state, now=at.timestamp()), at=at)
         assert told.told == ["cluster-a/u1"] and told.expiries == []
@@ -108,10 +110,11 @@ def test_a_waiting_pod_is_told_why_first_as_queued_then_as_still_waiting() -> No
     assert later.startswith("still waiting: ") and "pod-0" not in later
 
 
-def test_a_pod_that_cannot_be_explained_or_named_is_forgotten_not_told() -> None:
+def test_a_pod_whose_name_is_not_known_is_forgotten_not_told() -> None:
     feed = a_feed(a_queue("a").build())
-    feed.apply_job(waiting("cluster-a/u1", created=T0 - 30), now=T0)
-    told = waiting_notices(feed, due=[("cluster-a/u1", True)], expired=[], names={},
+    feed.apply_job(replace(waiting("cluster-a/u1", created=T0 - 30), namespace="", name=""),
+                   now=T0)
+    told = waiting_notices(feed, due=[("cluster-a/u1", True)], expired=[],
                            kept={}, rates=ReleaseRates(),
                            explainer=Explainer(feed.state, now=T0), at=AT)
     assert (told.told, told.waiting) == ([], [])
@@ -124,12 +127,12 @@ def test_a_pod_past_its_maximum_is_told_what_happens_and_leaves_the_state() -> N
     feed.apply_job(waiting("cluster-a/u1", created=T0 - 90), now=T0 - 90)
     expired = feed.expired_due(T0)
     assert [job_id for job_id, _ in expired] == ["cluster-a/u1"]
-    told = waiting_notices(feed, due=[], expired=expired,
-                           names={"cluster-a/u1": ("team", "pod-1")}, kept={},
+    told = waiting_notices(feed, due=[], expired=expired, kept={},
                            rates=ReleaseRates(), explainer=Explainer(feed.state, now=T0), at=AT)
     [notice] = told.expiries
     assert (notice.action, notice.reason, notice.event_type) == (
         "fail", "LockgateMaxQueuedTimeExceeded", "Warning")
+    assert (notice.namespace, notice.name, notice.uid) == ("team", "pod-1", "u1")
     assert notice.message.startswith(
         'lockgate failed this pod: it waited 1m30s queued, longer than queue "a" allows (1m); '
         "it was waiting: ")

@@ -13,20 +13,20 @@ return, and nothing else; they are tested here without Kafka or Postgres:
 - `timed_out_groups`: the queued members of pod groups that did not fill up in time;
 - `removal_notice`: the notice that has the ungater remove a pod (preempted or timed out).
 
-`names` maps a job id to its pod's (namespace, name); a job missing from it has no row any more
-and is told nothing.
+`keys` says who a job is (`Feed.key_of`: the feed keeps every job's pod name, read with its
+row); a job it does not know is told nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from lockgate.events import PodNotice
 from lockgate.groups import GroupTimeoutAction
-from lockgate.jobs import split_job_id
+from lockgate.jobs import JobKey
 from lockgate.max_queued import Limit
 from lockgate.noticing import NoticeReason, queue_unknown_message
 from lockgate.places import kept_place_note
@@ -46,27 +46,26 @@ from lockgate.unplaceable import event_message, last_reason
 if TYPE_CHECKING:  # (lockgate.wait_estimates imports lockgate.scheduler.explain)
     from lockgate.wait_estimates import ReleaseRates
 
-Names = Mapping[str, tuple[str, str]]  # job id -> (namespace, name) of its pod
+Keys = Callable[[str], JobKey | None]  # who a job is, by its id (None: not known)
 
 # What each kind of removal (eviction_store's `kind`) is told as.
 REMOVAL_REASONS: dict[str, NoticeReason] = {"preempted": NoticeReason.PREEMPTED,
                                             "group_timeout": NoticeReason.GROUP_TIMED_OUT}
 
 
-def queue_unknown_notices(due: Sequence[tuple[str, str]], *, names: Names, at: datetime
+def queue_unknown_notices(due: Sequence[tuple[str, str]], *, keys: Keys, at: datetime
                           ) -> tuple[list[PodNotice], list[str]]:
     """The notices for pods (job id, queue) whose queue nobody defined, and the job ids that
-    have no row any more (to forget)."""
+    are not known any more (to forget)."""
     notices: list[PodNotice] = []
     gone: list[str] = []
     for job_id, queue in due:
-        found = names.get(job_id)
-        if found is None:
+        key = keys(job_id)
+        if key is None:
             gone.append(job_id)
             continue
-        cluster, uid = split_job_id(job_id)
         notices.append(PodNotice(
-            cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=queue,
+            cluster=key.cluster, namespace=key.namespace, name=key.name, uid=key.uid, queue=queue,
             reason=NoticeReason.QUEUE_UNKNOWN.value, message=queue_unknown_message(queue),
             at=at))
     return notices, gone
@@ -75,7 +74,7 @@ def queue_unknown_notices(due: Sequence[tuple[str, str]], *, names: Names, at: d
 @dataclass(frozen=True, slots=True)
 class GiveUp:
     """A released pod the leader gives up on: what `jobs.last_reason` records, and what the
-    pod is told (None: it has no row any more), deleting it when a controller owns it."""
+    pod is told (None: its pod is not known), deleting it when a controller owns it."""
 
     job: SchedJob
     reason: str
@@ -86,18 +85,19 @@ class GiveUp:
         return self.notice is not None and self.notice.delete_pod
 
 
-def unplaceable_give_ups(due: Sequence[SchedJob], *, names: Names, now: float, at: datetime,
+def unplaceable_give_ups(due: Sequence[SchedJob], *, now: float, at: datetime,
                          delete_controlled: bool) -> list[GiveUp]:
-    """One `GiveUp` for each job due (`Feed.unplaceable_due`), in order."""
+    """One `GiveUp` for each job due (`Feed.unplaceable_due`, rows that name their pod), in
+    order."""
     give_ups = []
     for job in due:
-        found = names.get(job.job_id)
         notice = None
-        if found is not None:
-            cluster, uid = split_job_id(job.job_id)
+        if job.name:
+            key = job.key
             deleting = job.controlled and delete_controlled
             notice = PodNotice(
-                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
+                cluster=key.cluster, namespace=key.namespace, name=key.name, uid=key.uid,
+                queue=job.queue,
                 reason=NoticeReason.UNPLACEABLE.value,
                 message=event_message(job, now, deleting=deleting), at=at, delete_pod=deleting)
         give_ups.append(GiveUp(job=job, reason=last_reason(job, now), notice=notice))
@@ -115,7 +115,7 @@ class WaitingNotices:
 
 
 def waiting_notices(feed: Feed, *, due: Sequence[tuple[str, bool]],
-                    expired: Sequence[tuple[str, Limit]], names: Names, kept: Mapping[str, str],
+                    expired: Sequence[tuple[str, Limit]], kept: Mapping[str, str],
                     rates: ReleaseRates, explainer: Explainer, at: datetime) -> WaitingNotices:
     """Tell the pods `due` (job id, whether first: `WaitingPods.due`) why they wait, and the
     pods `expired` (`Feed.expired_due`) that lockgate fails or deletes them; each expired pod
@@ -128,15 +128,14 @@ def waiting_notices(feed: Feed, *, due: Sequence[tuple[str, bool]],
     told: list[str] = []
     waiting: list[PodNotice] = []
     for job_id, first in due:
-        found = names.get(job_id)
+        key = feed.key_of(job_id)
         explanation = explainer.explain(job_id, places.get(job_id))
-        if found is None or explanation is None or explanation.reason is None:
+        if key is None or explanation is None or explanation.reason is None:
             feed.waiting.forget(job_id)
             continue
-        cluster, uid = split_job_id(job_id)
         reason, warning = EVENT_REASONS[explanation.reason]
         waiting.append(PodNotice(
-            cluster=cluster, namespace=found[0], name=found[1], uid=uid,
+            cluster=key.cluster, namespace=key.namespace, name=key.name, uid=key.uid,
             queue=explanation.queue, reason=QUEUED_EVENT_REASON if first else reason,
             message=("queued: " if first else "still waiting: ")
             + (kept_place_note(deleted_pod=kept[job_id],
@@ -149,16 +148,16 @@ def waiting_notices(feed: Feed, *, due: Sequence[tuple[str, bool]],
         told.append(job_id)
     expiries: list[PodNotice] = []
     for job_id, limit in expired:
-        found = names.get(job_id)
-        if found is None:
+        key = feed.key_of(job_id)
+        if key is None:
             continue
         explanation = explainer.explain(job_id, places.get(job_id))
         job = feed.expire(job_id)
         if job is None:
             continue
-        cluster, uid = split_job_id(job_id)
         expiries.append(PodNotice(
-            cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
+            cluster=key.cluster, namespace=key.namespace, name=key.name, uid=key.uid,
+            queue=job.queue,
             reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
             message=expiry_message(job, limit, now=now,
                                    waiting=None if explanation is None
