@@ -2,8 +2,8 @@
 
 Why it exists: who times out, who is given up on and the words a pod's owner reads are the
 scheduler's decisions, not the leader's. The leader (services/fair_scheduler/leading.py) reads
-what it needs (pod names, kept places), calls these functions, records and publishes what they
-return, and nothing else; they are tested here without Kafka or Postgres:
+what it needs (the kept places), calls these functions, records and publishes what they return,
+and nothing else; tests/unit/test_telling.py tests them without Kafka or Postgres:
 
 - `queue_unknown_notices`: pods queued for a queue nobody defined (lockgate.noticing);
 - `unplaceable_give_ups`: released pods kube-scheduler kept reporting Unschedulable
