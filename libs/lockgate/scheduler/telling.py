@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from lockgate.events import PodNotice
 from lockgate.groups import GroupTimeoutAction
@@ -35,6 +35,7 @@ from lockgate.scheduler.explain import (
     MAX_QUEUED_EVENT_REASON,
     QUEUED_EVENT_REASON,
     Explainer,
+    Explanation,
     format_duration,
     positions,
 )
@@ -43,8 +44,16 @@ from lockgate.scheduler.groups import timed_out, timeout_message
 from lockgate.scheduler.state import SchedJob, SchedulerState
 from lockgate.unplaceable import event_message, last_reason
 
-if TYPE_CHECKING:  # (lockgate.wait_estimates imports lockgate.scheduler.explain)
-    from lockgate.wait_estimates import ReleaseRates
+
+class _Estimate(Protocol):
+    def text(self) -> str: ...
+
+
+class WaitEstimates(Protocol):
+    """How long a pod may still wait (`lockgate.wait_estimates.ReleaseRates`, which imports
+    the scheduler: named by its shape here, so the two packages do not import each other)."""
+
+    def estimate_for(self, explanation: Explanation, *, now: float) -> _Estimate: ...
 
 Keys = Callable[[str], JobKey | None]  # who a job is, by its id (None: not known)
 
@@ -116,7 +125,7 @@ class WaitingNotices:
 
 def waiting_notices(feed: Feed, *, due: Sequence[tuple[str, bool]],
                     expired: Sequence[tuple[str, Limit]], kept: Mapping[str, str],
-                    rates: ReleaseRates, explainer: Explainer, at: datetime) -> WaitingNotices:
+                    rates: WaitEstimates, explainer: Explainer, at: datetime) -> WaitingNotices:
     """Tell the pods `due` (job id, whether first: `WaitingPods.due`) why they wait, and the
     pods `expired` (`Feed.expired_due`) that lockgate fails or deletes them; each expired pod
     leaves the feed here (no round may release it while the ungater acts). `kept`: the deleted
