@@ -12,6 +12,8 @@ cancelled.
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -86,3 +88,57 @@ def advance(current: JobState | None, observed: JobState) -> JobState:
 def can_return_to_queue(current: JobState) -> bool:
     """A released job whose gate was never removed may go back to its queue."""
     return current is JobState.RELEASED
+
+
+# ---- identity -------------------------------------------------------------------------------
+# A job is a pod, named by the cluster it was created in and its uid (a pod's name may be reused
+# after it is deleted; its uid never is). The job id "<cluster>/<uid>" is the one string form,
+# made and read only here: cluster names never contain "/".
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    """Who a job is: the pod `name` in `namespace` of `cluster`, with its `uid`.
+
+    Made once, where a job's row is read, and carried (the scheduler's feed and state keep it,
+    so the leader never asks Postgres for a name again). Two keys of one job are equal: a
+    pod's namespace and name never change. Use `of` to make one: it interns the cluster and
+    namespace, which a million jobs share.
+    """
+
+    cluster: str
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, *, cluster: str, namespace: str, name: str, uid: str) -> JobKey:
+        return cls(sys.intern(cluster), sys.intern(namespace), name, uid)
+
+    @classmethod
+    def from_id(cls, value: str, *, namespace: str, name: str) -> JobKey:
+        """The key of the job `value` (a job id) whose pod is `namespace`/`name`."""
+        cluster, uid = split_job_id(value)
+        return cls.of(cluster=cluster, namespace=namespace, name=name, uid=uid)
+
+    @property
+    def job_id(self) -> str:
+        return job_id(self.cluster, self.uid)
+
+    @property
+    def pod(self) -> str:
+        """"<namespace>/<name>", as kubectl and the logs write a pod."""
+        return f"{self.namespace}/{self.name}"
+
+
+def job_id(cluster: str, uid: str) -> str:
+    """The id of the job of pod `uid` in `cluster`."""
+    return f"{cluster}/{uid}"
+
+
+def split_job_id(value: str) -> tuple[str, str]:
+    """(cluster, uid) of a job id; ValueError if it is not one."""
+    cluster, sep, uid = value.partition("/")
+    if not sep or not cluster or not uid:
+        raise ValueError(f"not a job id (<cluster>/<uid>): {value!r}")
+    return cluster, uid

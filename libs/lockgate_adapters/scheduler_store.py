@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,7 +36,11 @@ import asyncpg
 
 from lockgate.backoff import ControllerBackoff
 from lockgate.change_feed import FeedCursor
+
+# job_id is re-exported ("as job_id") for the callers that still import it from here
+# (queue-store's admin_views, an integration test): lockgate.jobs makes and reads job ids.
 from lockgate.jobs import TERMINAL_STATES, JobState
+from lockgate.jobs import job_id as job_id
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
@@ -99,16 +104,6 @@ class SessionLiveness:
             if hasattr(socket, name):  # Linux has them all; others some
                 options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
         return options
-
-
-def job_id(cluster: str, uid: str) -> str:
-    """The scheduler's id of a job; cluster names never contain '/'."""
-    return f"{cluster}/{uid}"
-
-
-def split_job_id(value: str) -> tuple[str, str]:
-    cluster, uid = value.split("/", 1)
-    return cluster, uid
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +239,7 @@ _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, crea
                 " release_attempts, state_changed_at, serial, placement::text AS placement,"
                 " unschedulable_since, unschedulable_message, controlled, unplaceable_at,"
                 " pod_group, pod_group_size, preemptible, priority_class, max_queued,"
-                " controller_uid, pod_group_max_size,"
+                " controller_uid, pod_group_max_size, namespace, name,"
                 " COALESCE(queued_since, created_at) AS in_line_since")
 # Placements by their JSON text: a million jobs share a handful, and one object per distinct
 # text lets the scheduler intern them by identity.
@@ -318,18 +313,6 @@ async def current_jobs(connection: asyncpg.Connection, keys: Sequence[tuple[str,
         " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
         clusters, uids)
     return [_sched_job(row) for row in rows]
-
-
-async def pod_names(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]
-                    ) -> dict[tuple[str, str], tuple[str, str]]:
-    """(namespace, name) of each job's pod by (cluster, uid); jobs without a row are missing."""
-    if not keys:
-        return {}
-    rows = await connection.fetch(
-        "SELECT cluster, uid, namespace, name FROM jobs"
-        " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
-        [cluster for cluster, _ in keys], [uid for _, uid in keys])
-    return {(r["cluster"], r["uid"]): (r["namespace"], r["name"]) for r in rows}
 
 
 async def kept_places(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]
@@ -437,6 +420,10 @@ def _sched_job(record: asyncpg.Record) -> SchedJob:
         priority_class=record["priority_class"],
         max_queued=_jobset_max_queued(record["max_queued"]),
         controller=record["controller_uid"],
+        # Carried with the job (the state keeps them): the leader tells a pod without asking
+        # Postgres for its name again. A million jobs share a few namespaces.
+        namespace=sys.intern(record["namespace"]),
+        name=record["name"],
     )
 
 

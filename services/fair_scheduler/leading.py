@@ -33,33 +33,30 @@ from prometheus_client import Counter as MetricCounter
 
 from fair_scheduler.reporting import FairnessReport
 from fair_scheduler.settings import SchedulerSettings
+from lockgate import jobs
 from lockgate.change_feed import START
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
-from lockgate.groups import GroupTimeoutAction
-from lockgate.noticing import NoticeReason, queue_unknown_message
-from lockgate.places import kept_place_note
+from lockgate.noticing import NoticeReason
 from lockgate.scheduler import (
-    EVENT_REASONS,
-    MAX_QUEUED_EVENT_REASON,
-    QUEUED_EVENT_REASON,
     Explainer,
     Feed,
     PreemptionPolicy,
     RoundResult,
-    SchedJob,
     SchedulerState,
     TargetProblem,
     TargetsKey,
-    format_duration,
     plan_evictions,
-    positions,
     schedule_round,
-    timed_out,
-    timeout_message,
 )
 from lockgate.scheduler.collection import RoundCollector
 from lockgate.scheduler.report import ExplainSettings, report_round
-from lockgate.unplaceable import event_message, last_reason
+from lockgate.scheduler.telling import (
+    queue_unknown_notices,
+    removal_notice,
+    timed_out_groups,
+    unplaceable_give_ups,
+    waiting_notices,
+)
 from lockgate.wait_estimates import ReleaseRates
 from lockgate_adapters import eviction_store
 from lockgate_adapters import scheduler_store as store
@@ -330,7 +327,7 @@ class Leader:
                                     release_budget=self._release_budget())
             planned: list[tuple[str, str, str]] = []
             for decision in result.decisions:
-                cluster, uid = store.split_job_id(decision.job_id)
+                cluster, uid = jobs.split_job_id(decision.job_id)
                 planned.append((self._new_decision_id(), cluster, uid))
                 self._feed.released(decision.queue)
             recorded = await store.record_releases(
@@ -424,7 +421,7 @@ class Leader:
                    await store.current_jobs(self._connection, dropped)}
         at = self._now().timestamp()
         for cluster, uid in dropped:
-            job_id = store.job_id(cluster, uid)
+            job_id = jobs.job_id(cluster, uid)
             self._feed.dropped(job_id, current.get(job_id), now=at)
         log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
 
@@ -437,16 +434,16 @@ class Leader:
         if self._settings.preemption_enabled:
             for eviction in plan_evictions(self._state, result, policy=self._preemption,
                                            evicting=self._feed.removing):
-                cluster, uid = store.split_job_id(eviction.job_id)
+                cluster, uid = jobs.split_job_id(eviction.job_id)
                 planned.append(eviction_store.PlannedRemoval(
                     eviction_id=self._new_decision_id(), cluster=cluster, uid=uid,
                     kind="preempted", action="delete", message=eviction.message,
                     for_queue=eviction.for_queue,
-                    for_uid=store.split_job_id(eviction.for_job)[1]))
+                    for_uid=jobs.split_job_id(eviction.for_job)[1]))
         planned += self._timed_out_groups(at)
         if not planned:
             return
-        self._feed.removing.update(store.job_id(p.cluster, p.uid) for p in planned)
+        self._feed.removing.update(jobs.job_id(p.cluster, p.uid) for p in planned)
         recorded = await eviction_store.record_removals(
             self._connection, planned, decided_at=at, decided_by=self._settings.instance_id)
         for removal in recorded:
@@ -457,28 +454,13 @@ class Leader:
         await self._publish_removals(recorded)
 
     def _timed_out_groups(self, at: datetime) -> list[eviction_store.PlannedRemoval]:
-        state = self._state
-        timeouts: dict[str, float | None] = {}
-        actions: dict[str, GroupTimeoutAction] = {}
-        for name in state.queue_names():
-            spec = state.queue_spec(name)
-            if spec is not None:
-                timeouts[name] = spec.group_timeout_seconds
-                actions[name] = spec.group_timeout_action
         planned = []
-        groups = state.groups()
-        for status in timed_out(groups, now=at.timestamp(), timeout_of=timeouts):
-            queue = status.key[1]
-            timeout = timeouts[queue]
-            assert timeout is not None
-            message = timeout_message(status, timeout=timeout, action=actions[queue])
-            for job_id in groups.queued_members(status.key):
-                if job_id in self._feed.removing:
-                    continue
-                cluster, uid = store.split_job_id(job_id)
-                planned.append(eviction_store.PlannedRemoval(
-                    eviction_id=self._new_decision_id(), cluster=cluster, uid=uid,
-                    kind="group_timeout", action=actions[queue].value, message=message))
+        for removal in timed_out_groups(self._state, now=at.timestamp(),
+                                        removing=self._feed.removing):
+            cluster, uid = jobs.split_job_id(removal.job_id)
+            planned.append(eviction_store.PlannedRemoval(
+                eviction_id=self._new_decision_id(), cluster=cluster, uid=uid,
+                kind="group_timeout", action=removal.action.value, message=removal.message))
         return planned
 
     async def _publish_removals(self, removals: list[eviction_store.RecordedRemoval]) -> None:
@@ -486,19 +468,12 @@ class Leader:
         logged: the removals stay unpublished in Postgres and go out again later."""
         if not removals:
             return
-        reasons = {"preempted": NoticeReason.PREEMPTED,
-                   "group_timeout": NoticeReason.GROUP_TIMED_OUT}
-        notices = [PodNotice(cluster=r.cluster, namespace=r.namespace, name=r.name, uid=r.uid,
-                             queue=r.queue, reason=reasons[r.kind].value, message=r.message,
-                             at=r.decided_at, action="delete" if r.action == "delete" else "fail")
+        notices = [removal_notice(cluster=r.cluster, namespace=r.namespace, name=r.name,
+                                  uid=r.uid, queue=r.queue, kind=r.kind, action=r.action,
+                                  message=r.message, at=r.decided_at)
                    for r in removals]
-        try:
-            await publish_many(self._producer, POD_NOTICES, notices)
-        except Exception as error:
-            if not is_retryable_kafka_error(error):
-                raise
-            log.warning("publishing %d pod removals failed (%s); they go out again later",
-                        len(notices), error, extra=quiet("kafka"))
+        if not await self._publish_notices(notices, "pod removals",
+                                           then="they go out again later"):
             return
         await eviction_store.mark_removals_published(
             self._connection, [r.eviction_id for r in removals], self._now())
@@ -509,7 +484,7 @@ class Leader:
         now = self._now()
         after = timedelta(seconds=self._settings.republish_after_seconds)
         in_flight = await eviction_store.removals_in_flight(self._connection)
-        self._feed.removing.update(store.job_id(r.cluster, r.uid) for r, _ in in_flight)
+        self._feed.removing.update(jobs.job_id(r.cluster, r.uid) for r, _ in in_flight)
         due = [r for r, published in in_flight
                if eviction_store.due_again(published, now=now, after=after)]
         if due:
@@ -535,27 +510,11 @@ class Leader:
                               limit=limit)
         if not due:
             return
-        keys = [store.split_job_id(job_id) for job_id, _ in due]
-        names = await store.pod_names(self._connection, keys)
-        at = self._now()
-        notices = []
-        for (job_id, queue), (cluster, uid) in zip(due, keys, strict=True):
-            found = names.get((cluster, uid))
-            if found is None:  # the row is gone: nothing to tell
-                notices_due.forget(job_id)
-                continue
-            notices.append(PodNotice(
-                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=queue,
-                reason=NoticeReason.QUEUE_UNKNOWN.value, message=queue_unknown_message(queue),
-                at=at))
+        notices, gone = queue_unknown_notices(due, keys=self._feed.key_of, at=self._now())
+        for job_id in gone:  # the job is gone: nothing to tell
+            notices_due.forget(job_id)
         if notices:
-            try:
-                await publish_many(self._producer, POD_NOTICES, notices)
-            except Exception as error:
-                if not is_retryable_kafka_error(error):
-                    raise
-                log.warning("publishing %d pod notices failed (%s); retrying after a later "
-                            "round", len(notices), error, extra=quiet("kafka"))
+            if not await self._publish_notices(notices, "pod notices"):
                 return
             NOTICES.labels(NoticeReason.QUEUE_UNKNOWN.value).inc(len(notices))
             log.info("noticed %d queued pods that their queue does not exist", len(notices))
@@ -572,46 +531,30 @@ class Leader:
         due = self._feed.unplaceable_due(now, limit=max(1, settings.max_notices_per_round))
         if not due:
             return False
-        keys = [store.split_job_id(job.job_id) for job in due]
-        names = await store.pod_names(self._connection, keys)
         at = self._now()
-        notices = []
-        deleted: list[tuple[SchedJob, str, str]] = []
-        for job, (cluster, uid) in zip(due, keys, strict=True):
-            found = names.get((cluster, uid))
-            if found is None:
-                continue
-            deleting = job.controlled and settings.delete_unplaceable_controlled
-            if deleting:
-                deleted.append((job, found[0], found[1]))
-            notices.append(PodNotice(
-                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
-                reason=NoticeReason.UNPLACEABLE.value,
-                message=event_message(job, now, deleting=deleting), at=at,
-                delete_pod=deleting))
+        give_ups = unplaceable_give_ups(
+            due, now=now, at=at, delete_controlled=settings.delete_unplaceable_controlled)
+        notices = [give_up.notice for give_up in give_ups if give_up.notice is not None]
         if notices:
             # Told before recorded: once recorded, the job is not due again.
-            try:
-                await publish_many(self._producer, POD_NOTICES, notices)
-            except Exception as error:
-                if not is_retryable_kafka_error(error):
-                    raise
-                log.warning("publishing %d unplaceable notices failed (%s); retrying after a "
-                            "later round", len(notices), error, extra=quiet("kafka"))
+            if not await self._publish_notices(notices, "unplaceable notices"):
                 return False
             NOTICES.labels(NoticeReason.UNPLACEABLE.value).inc(len(notices))
         # Their controllers back off (lockgate.backoff), recorded with the give-up.
         backoffs = []
-        for job, namespace, pod in deleted:
-            record = self._feed.give_up_controller(job, now)
+        for give_up in give_ups:
+            if give_up.notice is None or not give_up.deleting:
+                continue
+            record = self._feed.give_up_controller(give_up.job, now)
             if record is not None:
+                namespace, pod = give_up.notice.namespace, give_up.notice.name
                 log.warning("controller %s of pod %s/%s in %s backs off for %.0fs: %s",
                             record.controller_uid, namespace, pod, record.cluster,
                             record.until - now, record.message())
                 backoffs.append(store.BackoffRow(record, namespace, pod))
         await store.record_unplaceable(
-            self._connection, keys=keys, reasons=[last_reason(job, now) for job in due], at=at,
-            backoffs=backoffs)
+            self._connection, keys=[jobs.split_job_id(job.job_id) for job in due],
+            reasons=[give_up.reason for give_up in give_ups], at=at, backoffs=backoffs)
         self._feed.given_up(due)
         log.warning("gave up on %d released pods kube-scheduler kept reporting Unschedulable "
                     "(%d to be deleted for their controllers to replace)", len(due),
@@ -635,70 +578,23 @@ class Leader:
                if settings.wait_notices and settings.max_notices_per_round else [])
         if not expired and not due and not self._unsent_expiries:
             return
-        ids = [job_id for job_id, _ in due] + [job_id for job_id, _ in expired]
-        keys = [store.split_job_id(job_id) for job_id in ids]
-        names = await store.pod_names(self._connection, keys)
         kept = await store.kept_places(
-            self._connection, [store.split_job_id(job_id) for job_id, first in due if first])
-        places = positions(state, ids)
+            self._connection, [jobs.split_job_id(told) for told, first in due if first])
         explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled,
                               group_reserve_after=settings.group_reserve_after_seconds,
                               holds=settings.room_hold_seconds > 0)
-        told: list[str] = []
-        waiting_notices: list[PodNotice] = []
-        for job_id, first in due:
-            cluster, uid = store.split_job_id(job_id)
-            found = names.get((cluster, uid))
-            explanation = explainer.explain(job_id, places.get(job_id))
-            if found is None or explanation is None or explanation.reason is None:
-                waiting.forget(job_id)
-                continue
-            reason, warning = EVENT_REASONS[explanation.reason]
-            waiting_notices.append(PodNotice(
-                cluster=cluster, namespace=found[0], name=found[1], uid=uid,
-                queue=explanation.queue, reason=QUEUED_EVENT_REASON if first else reason,
-                message=("queued: " if first else "still waiting: ")
-                + (kept_place_note(deleted_pod=kept[(cluster, uid)],
-                                   waited=format_duration(explanation.waited_seconds))
-                   if first and (cluster, uid) in kept else "")
-                + explanation.message + "; "
-                + self._release_rates.estimate_for(explanation, now=now).text(),
-                at=at, event_type="Warning" if warning else "Normal",
-                series="" if first else str(int(now))))
-            told.append(job_id)
-        expiries = self._unsent_expiries
+        decided = waiting_notices(
+            self._feed, due=due, expired=expired,
+            kept={jobs.job_id(cluster, uid): pod for (cluster, uid), pod in kept.items()},
+            rates=self._release_rates, explainer=explainer, at=at)
+        expiries = self._unsent_expiries + decided.expiries
         self._unsent_expiries = []
-        for job_id, limit in expired:
-            cluster, uid = store.split_job_id(job_id)
-            found = names.get((cluster, uid))
-            if found is None:
-                continue
-            explanation = explainer.explain(job_id, places.get(job_id))
-            # Out of the state: no round may release it while the ungater acts.
-            job = self._feed.expire(job_id)
-            if job is None:
-                continue
-            waited = format_duration(now - job.created_at)
-            why = "" if explanation is None else f"; it was waiting: {explanation.message}"
-            done = "failed" if limit.action == "fail" else "deleted"
-            whose = f'queue "{job.queue}"' if limit.by == "queue" else "its job set"
-            expiries.append(PodNotice(
-                cluster=cluster, namespace=found[0], name=found[1], uid=uid, queue=job.queue,
-                reason=MAX_QUEUED_EVENT_REASON, event_type="Warning", action=limit.action, at=at,
-                message=(f"lockgate {done} this pod: it waited {waited} queued, longer than "
-                         f"{whose} allows ({format_duration(limit.seconds)}){why}")))
-        notices = waiting_notices + expiries
-        try:
-            await publish_many(self._producer, POD_NOTICES, notices)
-        except Exception as error:
-            if not is_retryable_kafka_error(error):
-                raise
-            log.warning("publishing %d pod notices failed (%s); retrying after a later round",
-                        len(notices), error, extra=quiet("kafka"))
-            waiting.untold(told, now)
+        notices = decided.waiting + expiries
+        if not await self._publish_notices(notices, "pod notices"):
+            waiting.untold(decided.told, now)
             self._unsent_expiries = expiries
             return
-        waiting.told(told, now)
+        waiting.told(decided.told, now)
         for notice in notices:
             NOTICES.labels(notice.reason).inc()
         if expiries:
@@ -706,6 +602,20 @@ class Leader:
                      "fail or delete them", len(expiries))
 
     # ---- publishing -----------------------------------------------------------------------
+
+    async def _publish_notices(self, notices: list[PodNotice], what: str, *,
+                               then: str = "retrying after a later round") -> bool:
+        """Publish pod notices once; whether Kafka took them. A retryable failure is only
+        logged (the caller keeps them due); any other is raised."""
+        try:
+            await publish_many(self._producer, POD_NOTICES, notices)
+        except Exception as error:
+            if not is_retryable_kafka_error(error):
+                raise
+            log.warning("publishing %d %s failed (%s); %s", len(notices), what, error, then,
+                        extra=quiet("kafka"))
+            return False
+        return True
 
     async def _publish(self, releases: list[store.RecordedRelease]) -> None:
         """Publish release commands, retrying while Kafka is down; then note them published.

@@ -40,6 +40,8 @@ class JobBuilder:
     is_preemptible: bool = False
     priority_class: str = ""
     controller: str = ""
+    namespace: str = "default"
+    name: str | None = None  # None: its uid (its job id's, after the cluster)
 
     def controlled_by(self, uid: str) -> JobBuilder:
         """Owned by the controller (ReplicaSet, Job...) with this uid."""
@@ -79,6 +81,10 @@ class JobBuilder:
     def named(self, job_id: str) -> JobBuilder:
         return replace(self, job_id=job_id)
 
+    def of_pod(self, namespace: str, name: str) -> JobBuilder:
+        """Its pod's namespace and name."""
+        return replace(self, namespace=namespace, name=name)
+
     def in_state(self, state: JobState) -> JobBuilder:
         return replace(self, state=state)
 
@@ -90,8 +96,9 @@ class JobBuilder:
 
     def build(self) -> SchedJob:
         number = next(_sequence)
+        job_id = self.job_id or f"{self.cluster}/job-{number}"
         return SchedJob(
-            job_id=self.job_id or f"{self.cluster}/job-{number}",
+            job_id=job_id,
             queue=self.queue,
             cluster=self.cluster,
             requests=Resources.from_kubernetes(self.requests),
@@ -106,6 +113,8 @@ class JobBuilder:
             priority_class=self.priority_class,
             controlled=bool(self.controller),
             controller=self.controller,
+            namespace=self.namespace,
+            name=self.name if self.name is not None else job_id.rpartition("/")[2],
         )
 
     def times(self, count: int) -> list[SchedJob]:

@@ -10,10 +10,12 @@ Progressive filling keeps giving the next job to the queue whose cost *after* ta
 lowest, so the queues furthest below their share go first.
 
 Everything that weighs a queue uses the functions here with that one inverse: the round
-(`share_after`, `cost`), preemption (its rules compare shares and costs), explain and status
-(`fair_shares`). Nothing else divides by the pool.
+(`share_after`, `cost_after`, `owed`), preemption (its rules compare shares and costs with
+`below_target` and `within_target`), explain and status (`fair_shares`, `owed`). Nothing else
+measures a queue against the pool, and nothing else compares shares: the tolerances live here
+alone (tests/unit/test_cost_model.py keeps it so). The fair-target solver (targets.py, below
+this module) keeps its own numerical tolerances; room.py measures nodes, not queues.
 """
-
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -22,8 +24,11 @@ from dataclasses import dataclass, field
 from lockgate.scheduler.state import SchedulerState, Shape
 from lockgate.scheduler.targets import FairTargets
 
-# Shares are floats: a queue exactly at its fair share must not look a hair above or below it.
-SHARE_EPSILON = 1e-9
+# Shares are floats: a queue exactly at its target must not look a hair above or below it. A
+# share within this fraction of a target (plus `_SHARE_FLOOR`, for targets near nothing) is at
+# it, on either side.
+SHARE_SLACK = 1e-9
+_SHARE_FLOOR = 1e-12
 # Adjusted fair share stops redistributing when less than this much of the pool is left over...
 _REDISTRIBUTION_THRESHOLD = 0.01
 # ...or after this many passes.
@@ -138,7 +143,7 @@ def dominant_sum(first: list[int], second: list[int], inverse: list[float]) -> f
 
 def dominant_of(shape: Shape, inverse: list[float]) -> float:
     """A request shape's own dominant share: how large it is, as the pool measures it."""
-    return max((amount * inverse[axis] for axis, amount in shape.pairs), default=0.0)
+    return dominant_of_pairs(shape.pairs, inverse)
 
 
 def share_after(share: float, allocation: list[int], pairs: tuple[tuple[int, int], ...],
@@ -167,11 +172,36 @@ def cost(share: float, priority_factor: float) -> float:
     return share * priority_factor
 
 
-def is_below(share: float, target: float) -> bool:
-    """Whether a share is below a target share (one a hair below it, from float sums, is at it)."""
-    return share < target - SHARE_EPSILON
+def dominant_of_pairs(pairs: tuple[tuple[int, int], ...], inverse: list[float]) -> float:
+    """`dominant_of` for a shape's (axis, amount) pairs."""
+    return max((amount * inverse[axis] for axis, amount in pairs), default=0.0)
 
 
-def is_above(share: float, target: float) -> bool:
-    """Whether a share is above a target share, by more than float rounding."""
-    return share > target + SHARE_EPSILON
+def fraction(share: float, target: float) -> float:
+    """A share as a fraction of a target: how far towards it (infinite without one)."""
+    return share / target if target > 0 else float("inf")
+
+
+def below_target(share: float, target: float) -> bool:
+    """Whether a share is short of its target (pods are whole: a queue below its target may
+    take its next pod even if that pod carries it past the target, by less than the pod).
+    Nothing is below no target; `not below_target` is "at or above it"."""
+    return target > 0 and share < target * (1 - SHARE_SLACK) - _SHARE_FLOOR
+
+
+def within_target(share: float, target: float) -> bool:
+    """Whether a share is at most its target; `not within_target` is "above it"."""
+    return share <= target * (1 + SHARE_SLACK) + _SHARE_FLOOR
+
+
+def cost_below(cost: float, other: float) -> bool:
+    """Whether one cost (or share) is below another by more than float rounding
+    (`below_target`, with `other` for the target)."""
+    return below_target(cost, other)
+
+
+def owed(*, before: float, target: float, overall_before: float) -> bool:
+    """Whether the round owes a queue room in a cluster: it holds less than its target there
+    (`before` < `target`) and its whole allocation is short of its whole target
+    (`overall_before`, their `fraction`, below 1)."""
+    return below_target(before, target) and overall_before < 1 - SHARE_SLACK

@@ -21,13 +21,22 @@ from enum import StrEnum
 from lockgate.backoff import backing_off_message
 from lockgate.jobs import JobState
 from lockgate.max_queued import stricter
-from lockgate.scheduler.costs import SHARE_EPSILON, FairShare, dominant, dominant_of, fair_shares
+from lockgate.scheduler.costs import (
+    FairShare,
+    cost,
+    dominant,
+    dominant_of,
+    dominant_of_pairs,
+    fair_shares,
+    fraction,
+    owed,
+    within_target,
+)
 from lockgate.scheduler.groups import GroupKey, GroupStatus
 from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.room import ClusterRoom, fits, take
 from lockgate.scheduler.round import (
     Rank,
-    owed,
     rank_in_cluster,
     room_gathers_for,
     uncontested,
@@ -208,7 +217,7 @@ class Explanation:
     cluster_target: float = 0.0
     cluster_share: float = 0.0
     # Its queue holds less than its target in the pod's cluster, and less than its whole
-    # target overall: the round owes it room there (round.owed).
+    # target overall: the round owes it room there (costs.owed).
     below_target: bool = False
     # Room held for this pod (lockgate.scheduler.holds): on which node, until when, and what
     # is free there for it now.
@@ -340,16 +349,12 @@ def _ranks_in(state: SchedulerState, cluster: str, inverse: list[float]) -> dict
         ranks[name] = rank_in_cluster(
             before=dominant(held, inverse), after=dominant(after, inverse),
             target=0.0 if target is None else target.in_cluster(cluster),
-            cost_after=dominant(total, inverse) * queue.priority_factor,
-            size=max((amount * inverse[axis] for axis, amount in pairs), default=0.0),
-            overall_before=_fraction(dominant(queue.allocation, inverse), whole),
-            overall_after=_fraction(dominant(total, inverse), whole),
+            cost_after=cost(dominant(total, inverse), queue.priority_factor),
+            size=dominant_of_pairs(pairs, inverse),
+            overall_before=fraction(dominant(queue.allocation, inverse), whole),
+            overall_after=fraction(dominant(total, inverse), whole),
             by_cost=by_cost, top_cost=targets.top_cost)
     return ranks
-
-
-def _fraction(share: float, target: float) -> float:
-    return share / target if target > 0 else float("inf")
 
 
 def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
@@ -424,11 +429,11 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
                      for name, limit in limits.items())
     cluster_target = 0.0 if share is None else share.cluster_targets.get(job.cluster, 0.0)
     cluster_share = 0.0 if share is None else share.cluster_shares.get(job.cluster, 0.0)
-    # Owed room there as the round ranks it (round.owed): below its target in the cluster,
+    # Owed room there as the round ranks it (costs.owed): below its target in the cluster,
     # and its whole allocation short of its whole target.
     below = share is not None and owed(
         before=cluster_share, target=cluster_target,
-        overall_before=_fraction(share.actual_share, share.fair_target))
+        overall_before=fraction(share.actual_share, share.fair_target))
     # The round's order in this cluster, one total order: (rank, name) before this queue's.
     mine = ranks.get(job.queue)
     competing = () if mine is None else tuple(sorted(
@@ -436,8 +441,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         if name != job.queue and (rank, name) < (mine, job.queue)))
     above = tuple(sorted(
         name for name, other in shares.items()
-        if name != job.queue and other.cluster_shares.get(job.cluster, 0.0)
-        > other.cluster_targets.get(job.cluster, 0.0) + SHARE_EPSILON))
+        if name != job.queue and not within_target(other.cluster_shares.get(job.cluster, 0.0),
+                                                   other.cluster_targets.get(job.cluster, 0.0))))
     hold = state.controller_hold(job_id)
     reason = choose_reason(WaitFacts(
         queue_defined=spec is not None,

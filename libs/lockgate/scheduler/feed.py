@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lockgate.backoff import BackoffPolicy, ControllerBackoff, ControllerBackoffs
-from lockgate.jobs import JobState
+from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import Limit
 from lockgate.noticing import UndefinedQueueNotices
 from lockgate.queues import MaxQueued, QueueSpec
@@ -188,6 +188,16 @@ class Feed:
             self.waiting.observe(current, now)
             self._count(current, +1)
             self.state.upsert_job(current)
+
+    def key_of(self, job_id: str) -> JobKey | None:
+        """Who a job the feed holds is: in the state, waiting to retry, or expired (None: it
+        holds no such job, or does not know its pod)."""
+        key = self.state.job_key(job_id)
+        if key is not None:
+            return key
+        retrying = self._retrying.get(job_id)
+        job = retrying[1] if retrying is not None else self._expired.get(job_id)
+        return None if job is None or not job.name else job.key
 
     # ---- time ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ as one: J is then the sum of its queued members. The rule (compare Kueue's
 filling equalises: pods V of queues A may be evicted for J only if
 
   1. B is below its fair target in J's cluster and short of its whole target (the round owes
-     it room there, `round.owed`); a group J keeps it at or below its target there;
+     it room there, `costs.owed`); a group J keeps it at or below its target there;
   2. no A drops below its adjusted fair share without its pods in V; except, for a single pod J
      that keeps B within its target in the cluster or within its whole target, A may end short
      of its target there by less than its smallest pod there if no queue then holds more than
@@ -57,7 +57,16 @@ from dataclasses import dataclass
 from lockgate.jobs import JobState
 from lockgate.labels import PREEMPTIBLE_LABEL
 from lockgate.placement import can_land
-from lockgate.scheduler.costs import SHARE_EPSILON, dominant, dominant_of
+from lockgate.scheduler.costs import (
+    below_target,
+    cost,
+    cost_below,
+    dominant,
+    dominant_of,
+    fraction,
+    owed,
+    within_target,
+)
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.room import fits, give, take
 from lockgate.scheduler.round import (
@@ -314,24 +323,17 @@ class _Planner:
     def within_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
         """Rule 1 for a group: with it (`vector_in`, what the queue would hold in the cluster)
         the queue is at or below its fair target there."""
-        target = self.fair_in.get((queue, cluster), 0.0)
-        return self.share(queue, vector_in) <= target + SHARE_EPSILON
-
-    def below_target(self, queue: str, cluster: str) -> bool:
-        """Rule 1 for a single pod: the queue holds less than its fair target in the pod's
-        cluster (pods are whole: the pod may carry it past by less than itself, as the round's
-        ranking lets it)."""
-        return (self.share(queue, self.in_cluster(queue, cluster))
-                < self.fair_in.get((queue, cluster), 0.0) - SHARE_EPSILON)
+        return within_target(self.share(queue, vector_in), self.fair_in.get((queue, cluster), 0.0))
 
     def owed(self, queue: str, cluster: str) -> bool:
-        """Rule 1 for a single pod, as the round ranks it (`round.owed`): the queue holds less
+        """Rule 1 for a single pod, as the round ranks it (`costs.owed`): the queue holds less
         than its target in the pod's cluster, and its whole allocation is short of its whole
         target. A pod the round ranks by cost (the room is nobody's due) is never preempted
         for: the round could give the room freed to another queue, and preemption would free
         it again."""
-        return (self.below_target(queue, cluster)
-                and self.share(queue) < self.fair.get(queue, 0.0) * (1 - 1e-9) - SHARE_EPSILON)
+        return owed(before=self.share(queue, self.in_cluster(queue, cluster)),
+                    target=self.fair_in.get((queue, cluster), 0.0),
+                    overall_before=fraction(self.share(queue), self.fair.get(queue, 0.0)))
 
     def smallest_pod(self, queue: str, cluster: str) -> float:
         """The dominant share of the queue's smallest pod in the cluster, running or waiting."""
@@ -349,8 +351,8 @@ class _Planner:
         is owed room only for pods that carry it past its target, and nobody then has room
         to spare for one of them, so it preempts nobody back."""
         smallest = self.smallest_pod(victim, cluster)
-        if self.share(victim, without_in) + smallest <= (
-                self.fair_in.get((victim, cluster), 0.0) + SHARE_EPSILON):
+        if within_target(self.share(victim, without_in) + smallest,
+                         self.fair_in.get((victim, cluster), 0.0)):
             return False
         names = self.queues_in.get(cluster)
         if names is None:
@@ -360,10 +362,9 @@ class _Planner:
             if name == victim:
                 continue
             vector = held_in.get(name)
-            excess = (self.share(name, self.in_cluster(name, cluster) if vector is None
-                                 else vector) - self.fair_in.get((name, cluster), 0.0))
-            if excess >= smallest - SHARE_EPSILON:
-                return False
+            held = self.share(name, self.in_cluster(name, cluster) if vector is None else vector)
+            if not below_target(held, self.fair_in.get((name, cluster), 0.0) + smallest):
+                return False  # it holds its target there and that pod, or more
         return True
 
     def _uncontested(self, cluster: str) -> bool:
@@ -381,10 +382,10 @@ class _Planner:
         return (rank_in_cluster(
             before=self.share(queue, held_in), after=self.share(queue, _plus(held_in, shape)),
             target=self.fair_in.get((queue, cluster), 0.0),
-            cost_after=self.share(queue, after) * self.factor.get(queue, 1.0),
+            cost_after=cost(self.share(queue, after), self.factor.get(queue, 1.0)),
             size=dominant_of(shape, self.inverse),
-            overall_before=_fraction(self.share(queue, held), whole),
-            overall_after=_fraction(self.share(queue, after), whole),
+            overall_before=fraction(self.share(queue, held), whole),
+            overall_after=fraction(self.share(queue, after), whole),
             by_cost=self._uncontested(cluster), top_cost=self.top_cost), queue)
 
     def ranks_first(self, queue: str, cluster: str, shape: Shape, held: list[int],
@@ -402,8 +403,8 @@ class _Planner:
 
     def at_or_above_target(self, queue: str, cluster: str, vector_in: list[int]) -> bool:
         """Rule 2: a victim's queue keeps at least its fair target in the cluster."""
-        target = self.fair_in.get((queue, cluster), 0.0)
-        return self.share(queue, vector_in) >= target - SHARE_EPSILON
+        return not below_target(self.share(queue, vector_in),
+                                self.fair_in.get((queue, cluster), 0.0))
 
     def plan(self, waiting: dict[str, list[_Unit]]) -> list[Eviction]:
         state = self.state
@@ -476,8 +477,8 @@ class _Planner:
         # may leave a victim short of its own (rule 2's exception, `may_fall_short`).
         within = self.within_target(queue, job.cluster,
                                     _plus(self.in_cluster(queue, job.cluster), shape)) or (
-            self.share(queue, _plus(self.alloc[queue], shape))
-            <= self.fair.get(queue, 0.0) + SHARE_EPSILON)
+            within_target(self.share(queue, _plus(self.alloc[queue], shape)),
+                          self.fair.get(queue, 0.0)))
         for spare_minimums in (True, False):  # break no group's minimum while room exists without
             for node in nodes:
                 room = rooms[node]
@@ -635,17 +636,16 @@ class _Planner:
             without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
             without_in = _minus(trial_in.get(victim.queue, held_in(victim.queue)), victim.shape)
             if self.at_or_above_target(victim.queue, cluster, without_in):
-                if (self.cost_in(victim.queue, cluster, without_in)
-                        < preemptor_cost - SHARE_EPSILON):
+                if cost_below(self.cost_in(victim.queue, cluster, without_in), preemptor_cost):
                     continue  # rule 3: the preemptor would end up further towards its target
             elif not short_by_a_pod or not self.may_fall_short(
                     victim.queue, cluster, without_in,
                     {**trial_in, victim.queue: without_in,
                      queue: _plus(self.in_cluster(queue, cluster), shape)}):
                 continue  # rule 2: never below its own fair target
-            elif self.cost(victim.queue, without) < self.cost(
-                    queue, _plus(alloc[queue], shape)) - SHARE_EPSILON:
-                continue  # rule 3, by the whole targets (the round's order, `round.owed`)
+            elif cost_below(self.cost(victim.queue, without),
+                            self.cost(queue, _plus(alloc[queue], shape))):
+                continue  # rule 3, by the whole targets (the round's order, `costs.owed`)
             elif not self.ranks_first(queue, cluster, shape, alloc[queue], victim,
                                       without_in, without):
                 continue  # the round would give the room back to the victim
@@ -711,7 +711,3 @@ def _minus(vector: list[int], shape: Shape) -> list[int]:
     result = vector[:]
     _subtract(result, shape)
     return result
-
-
-def _fraction(share: float, target: float) -> float:
-    return share / target if target > 0 else float("inf")

@@ -30,8 +30,12 @@ from lockgate.scheduler.costs import (
     FairShare,
     cost_after,
     dominant,
+    dominant_of_pairs,
     fair_shares_over,
+    fraction,
+    owed,
     share_after,
+    within_target,
 )
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHold
@@ -301,27 +305,9 @@ class _QueueRound:
 # cluster, and its whole allocation is short of its whole target. Its target is judged on its
 # total (the split across clusters need not be unique), so a queue that rounded up elsewhere,
 # or holds more than its split somewhere, is owed nothing more here.
+# Owed, below and within a target are the cost model's (`costs.owed`), shared with preemption
+# and explain.
 Rank = tuple[int, float, float]
-# A share this close above a target is at it (floating point).
-_TARGET_SLACK = 1e-9
-
-
-def below_target(share: float, target: float) -> bool:
-    """Whether a share is short of its target (pods are whole: a queue below its target may
-    take its next pod even if that pod carries it past the target, by less than the pod)."""
-    return target > 0 and share < target * (1 - _TARGET_SLACK) - 1e-12
-
-
-def within_target(share: float, target: float) -> bool:
-    """Whether a share is at most its target (floating point)."""
-    return share <= target * (1 + _TARGET_SLACK) + 1e-12
-
-
-def owed(*, before: float, target: float, overall_before: float) -> bool:
-    """Whether the round owes a queue room in a cluster: it holds less than its target there
-    (`before` < `target`) and its whole allocation is short of its whole target
-    (`overall_before`, their ratio, below 1)."""
-    return below_target(before, target) and overall_before < 1 - _TARGET_SLACK
 
 
 def waits_while_room_gathers(rank: Rank) -> bool:
@@ -730,7 +716,7 @@ class _Round:
                 total[axis] += amount
         for axis, amount in pairs:
             total[axis] += amount
-        return max((a * i for a, i in zip(total, inverse, strict=False)), default=0.0)
+        return dominant(total, inverse)
 
     def owes(self, queue: QueueRecord, cluster: str, held: list[int] | None) -> bool:
         """Whether the round owes the queue room in `cluster` (`owed`), counting room `held`
@@ -741,7 +727,7 @@ class _Round:
             a + h for a, h in zip(queue.allocation, held, strict=True)]
         return owed(before=self.share_in(queue, cluster, (), held),
                     target=self.target_in(queue.name, cluster),
-                    overall_before=_fraction(dominant(total, inverse),
+                    overall_before=fraction(dominant(total, inverse),
                                              0.0 if whole is None else whole.share))
 
     def rank(self, progress: _QueueRound, cluster: str,
@@ -755,7 +741,7 @@ class _Round:
         if contested is None:
             contested = self._contested = contested_clusters(self.state, self.targets)
         by_cost = cluster not in contested
-        size = max((amount * inverse[axis] for axis, amount in pairs), default=0.0)
+        size = dominant_of_pairs(pairs, inverse)
         # What it holds in the cluster, without and with the unit (`share_in`, inlined: this
         # runs for every cluster of a queue each time it releases).
         held = queue.alloc_in.get(cluster)
@@ -767,8 +753,8 @@ class _Round:
         return rank_in_cluster(before=before, after=in_cluster_after,
                                target=0.0 if whole is None else whole.in_cluster(cluster),
                                cost_after=self._cost_after(progress, pairs), size=size,
-                               overall_before=_fraction(progress.share, whole_share),
-                               overall_after=_fraction(after, whole_share), by_cost=by_cost,
+                               overall_before=fraction(progress.share, whole_share),
+                               overall_after=fraction(after, whole_share), by_cost=by_cost,
                                top_cost=self.targets.top_cost)
 
     def _prepare_holds(self) -> None:
@@ -1172,11 +1158,6 @@ class _Round:
                 if cluster.overcommitted
             },
         )
-
-
-def _fraction(share: float, target: float) -> float:
-    """A share as a fraction of a target (infinite without one)."""
-    return share / target if target > 0 else float("inf")
 
 
 def _add_pairs_to(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:

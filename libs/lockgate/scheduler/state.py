@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
-from lockgate.jobs import JobState
+from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.queues import QueueSpec
@@ -129,6 +129,15 @@ class SchedJob:
     # The uid of its controlling ownerReference ("": none, or not reported): while that
     # controller backs off (lockgate.backoff), the job waits out of its queue's line.
     controller: str = ""
+    # Its pod's namespace and name ("": not known, as in tests and the simulator), which the
+    # state keeps (`SchedulerState.job_key`): what the leader tells a pod needs no second read.
+    namespace: str = ""
+    name: str = ""
+
+    @property
+    def key(self) -> JobKey:
+        """Who the job is (`lockgate.jobs.JobKey`)."""
+        return JobKey.from_id(self.job_id, namespace=self.namespace, name=self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,16 +284,18 @@ class JobKind(NamedTuple):
 class JobRecord:
     """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`.
 
-    Two references only (a record is one of a million): its heap entry, which is its priority,
-    its time in line and its id, and its interned `JobKind`, which is everything else. The
-    attributes below read through them; only `SchedulerState` changes a record.
+    Three references only (a record is one of a million): its heap entry, which is its
+    priority, its time in line and its id; its interned `JobKind`, which is everything else
+    shared; and its pod, "<namespace>/<name>" in one string ("" if not known), which no other
+    job shares. The attributes below read through them; only `SchedulerState` changes a record.
     """
 
-    __slots__ = ("entry", "kind")
+    __slots__ = ("entry", "kind", "pod")
 
-    def __init__(self, entry: HeapEntry, kind: JobKind) -> None:
+    def __init__(self, entry: HeapEntry, kind: JobKind, pod: str = "") -> None:
         self.entry = entry
         self.kind = kind
+        self.pod = pod
 
     @property
     def priority(self) -> int:
@@ -1045,6 +1056,8 @@ class SchedulerState:
             self._room_holds.end(job.job_id)
         controller = _controller_key(job)
         if old is not None:
+            if job.name and not old.pod:  # a pod's name never changes; a row may bring it late
+                old.pod = f"{job.namespace}/{job.name}"
             kind = old.kind
             if (
                 kind.state is job.state
@@ -1067,7 +1080,8 @@ class SchedulerState:
         if old is None:
             record = self._jobs[job.job_id] = JobRecord(
                 (-job.priority, job.created_at, job.job_id),
-                self._kind_of(job, shape, controller, parked=False))
+                self._kind_of(job, shape, controller, parked=False),
+                f"{job.namespace}/{job.name}" if job.name else "")
             self._apply(job.job_id, record, None)
             if record.kind.state is _QUEUED:
                 self._push(record, job.job_id)
@@ -1115,6 +1129,7 @@ class SchedulerState:
         record = self._jobs.get(job_id)
         if record is None:
             return None
+        namespace, _, name = record.pod.partition("/")
         return SchedJob(
             job_id=job_id,
             queue=record.queue,
@@ -1132,7 +1147,17 @@ class SchedulerState:
             priority_class=record.priority_class,
             max_queued=record.max_queued,
             controller="" if record.controller is None else record.controller[1],
+            namespace=namespace,
+            name=name,
         )
+
+    def job_key(self, job_id: str) -> JobKey | None:
+        """Who a job the state holds is (None: it holds none, or does not know its pod)."""
+        record = self._jobs.get(job_id)
+        if record is None or not record.pod:
+            return None
+        namespace, _, name = record.pod.partition("/")
+        return JobKey.from_id(job_id, namespace=namespace, name=name)
 
     def __len__(self) -> int:
         return len(self._jobs)
