@@ -36,11 +36,7 @@ import asyncpg
 
 from lockgate.backoff import ControllerBackoff
 from lockgate.change_feed import FeedCursor
-
-# job_id is re-exported ("as job_id") for the callers that still import it from here
-# (queue-store's admin_views, an integration test): lockgate.jobs makes and reads job ids.
-from lockgate.jobs import TERMINAL_STATES, JobState
-from lockgate.jobs import job_id as job_id
+from lockgate.jobs import TERMINAL_STATES, JobState, job_id
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec

@@ -569,7 +569,6 @@ class Leader:
         waiting notices are due again, the expiries are sent again, after a later round.
         """
         settings = self._settings
-        state = self._state
         waiting = self._feed.waiting
         at = self._now()
         now = at.timestamp()
@@ -580,9 +579,12 @@ class Leader:
             return
         kept = await store.kept_places(
             self._connection, [jobs.split_job_id(told) for told, first in due if first])
-        explainer = Explainer(state, now=now, preemption=self._settings.preemption_enabled,
-                              group_reserve_after=settings.group_reserve_after_seconds,
-                              holds=settings.room_hold_seconds > 0)
+        # The last round's picture: what the Events say is what status and explain say.
+        picture = self._report.picture
+        explainer = (picture.explainer(now=now) if picture is not None else Explainer(
+            self._state, now=now, preemption=settings.preemption_enabled,
+            group_reserve_after=settings.group_reserve_after_seconds,
+            holds=settings.room_hold_seconds > 0))
         decided = waiting_notices(
             self._feed, due=due, expired=expired,
             kept={jobs.job_id(cluster, uid): pod for (cluster, uid), pod in kept.items()},

@@ -24,11 +24,10 @@ import asyncpg
 from aiohttp import web
 
 from lockgate.ingest import JobRow
-from lockgate.jobs import JobState
+from lockgate.jobs import JobState, job_id
 from lockgate.noticing import skipped_gate_message
 from lockgate.scheduler import format_duration
 from lockgate_adapters import job_store, job_views
-from lockgate_adapters.scheduler_store import job_id
 from queue_store.leader import SchedulerLeader
 
 MAX_JOBSETS_LISTED = 10_000

@@ -19,6 +19,7 @@ import pytest
 
 from helpers.postgres import fresh_database
 from helpers.services import FAST_RETRY
+from lockgate import jobs
 from lockgate.events import PodEvent
 from lockgate.jobs import JobState
 from lockgate_adapters import scheduler_store
@@ -74,8 +75,8 @@ async def test_a_replacement_takes_the_stored_place_once(pool: asyncpg.Pool) -> 
     async with pool.acquire() as connection:
         loaded = await scheduler_store.load_everything(connection)
     in_line = {job.job_id: job.created_at for job in loaded.jobs}
-    assert in_line[scheduler_store.job_id(CLUSTER, f"{namespace}-new")] == start.timestamp()
-    assert in_line[scheduler_store.job_id(CLUSTER, f"{namespace}-bigger")] == later.timestamp()
+    assert in_line[jobs.job_id(CLUSTER, f"{namespace}-new")] == start.timestamp()
+    assert in_line[jobs.job_id(CLUSTER, f"{namespace}-bigger")] == later.timestamp()
 
 
 async def test_places_older_than_the_grace_period_are_collected(pool: asyncpg.Pool) -> None:

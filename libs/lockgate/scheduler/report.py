@@ -68,6 +68,11 @@ class RoundReport:
         leader does not hold (finished, or not yet seen). Pass the place when it is known
         (queue-store reads it from Postgres's index): without it the explainer counts the
         queue's pods, a pass over every job."""
+        explainer = self.explainer(now=now)
+        return {job_id: explainer.explain(job_id, place) for job_id, place in jobs}
+
+    def explainer(self, *, now: float) -> Explainer:
+        """The round's one explainer (the leader's Events use it too), at the time `now`."""
         explainer = self._explainer
         if explainer is None:
             settings = self._settings
@@ -75,7 +80,7 @@ class RoundReport:
                 self._state, now=now, preemption=settings.preemption,
                 group_reserve_after=settings.group_reserve_after, holds=settings.holds)
         explainer.now = now
-        return {job_id: explainer.explain(job_id, place) for job_id, place in jobs}
+        return explainer
 
     def status_of(self, queue: str) -> QueueStatus | None:
         for status in self.queues:
