@@ -35,16 +35,10 @@ from lockgate.scheduler.costs import (
 )
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHold
+from lockgate.scheduler.pending import PendingJobs
+from lockgate.scheduler.records import HeapEntry, JobKind, JobRecord, Shape
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
-from lockgate.scheduler.state import (
-    HeapEntry,
-    JobKind,
-    JobRecord,
-    PendingJobs,
-    QueueRecord,
-    SchedulerState,
-    Shape,
-)
+from lockgate.scheduler.state import QueueRecord, SchedulerState
 from lockgate.scheduler.targets import FairTargets
 
 # A queue with more distinct request shapes than this waiting in one cluster is not checked
@@ -245,9 +239,9 @@ class _QueueRound:
 
     def __init__(self, queue: QueueRecord, share: float) -> None:
         self.queue = queue
-        # Its pending jobs per cluster still in play; each heap[0] is a validated job.
+        # Its pending jobs per cluster still in play; each one's top is a validated job.
         self.clusters: list[PendingJobs] = []
-        self.head: PendingJobs | None = None  # the one whose heap[0] goes next
+        self.head: PendingJobs | None = None  # the one whose top goes next
         self.share = share  # dominant share of the allocation, kept current as jobs are taken
         # Jobs looked past per cluster: a queue's lookback is spent cluster by cluster, so jobs
         # that find no room where its pods are pinned do not keep it out of its other clusters.
@@ -475,8 +469,8 @@ class _Round:
             queue = progress.queue
             pending = progress.head
             assert pending is not None  # a candidate always has a head
-            entry = pending.heap[0]
-            kind = pending.head_kind  # heap[0]'s, validated (`_validate_head`)
+            entry = pending.top()
+            kind = pending.head_kind  # the top's, validated (`_validate_head`)
             assert kind is not None
             cluster = self.clusters[pending.cluster]
             shape = kind.shape
@@ -495,7 +489,7 @@ class _Round:
                 # turn this round already (first thing, or when it reserved): nothing else
                 # goes there this round. One job says why; the queue sets the cluster aside,
                 # without using up its lookback, which is for jobs that could go.
-                heapq.heappop(pending.heap)
+                pending.pop()
                 progress.skipped.append((pending, entry))
                 why = SkipReason.RESERVED_FOR_GROUP
                 if kind.group is not None:  # its own group's reason, if it was judged
@@ -514,7 +508,7 @@ class _Round:
             elif kind.group is not None and not self.groups.started(
                     (pending.cluster, name, kind.group)):
                 job = jobs[entry[2]]
-                heapq.heappop(pending.heap)
+                pending.pop()
                 self._looked_at(pending.cluster, name, entry[2])
                 # Once judged, a member's unit is itself, not its gang: rank it again.
                 progress.ranks.pop(pending.cluster, None)
@@ -522,7 +516,7 @@ class _Round:
                 dropped = False
                 if reason is None and job.state is _QUEUED:
                     # Its gang (the oldest members) went without it: it joins alone, later.
-                    heapq.heappush(pending.heap, entry)
+                    pending.push(entry)
                 elif reason is not None:
                     progress.skipped.append((pending, entry))
                     self._skipped(entry[2], name, reason)
@@ -532,7 +526,7 @@ class _Round:
             else:
                 # A single pod, or a member of a started group: it joins alone (groups.py).
                 job = jobs[entry[2]]
-                heapq.heappop(pending.heap)
+                pending.pop()
                 self._looked_at(pending.cluster, name, entry[2])
                 node = -1
                 counted = True
@@ -589,7 +583,7 @@ class _Round:
 
         for progress in self.queue_rounds.values():
             for pending, entry in progress.skipped:
-                heapq.heappush(pending.heap, entry)
+                pending.push(entry)
             for pending, _ in progress.skipped:
                 self._keep_head(pending)
         return self._result(decisions)
@@ -597,7 +591,7 @@ class _Round:
     def _keep_head(self, pending: PendingJobs) -> None:
         """After the round pushed back the jobs it passed over: keep the one at the top as
         the head the next round starts from (`_validate_head`), as the state holds it."""
-        entry = pending.heap[0]
+        entry = pending.top()
         if entry is pending.head:
             return
         job = self.state.job_records.get(entry[2])
@@ -605,9 +599,9 @@ class _Round:
         if (job is not None and kind is not None and job.entry is entry
                 and entry[2] in self.skipped_jobs and kind.state is _QUEUED
                 and not kind.parked and not kind.held):
-            pending.head, pending.head_kind = entry, kind
+            pending.keep_head(entry, kind)
         else:
-            pending.head = pending.head_kind = None
+            pending.keep_head(None, None)
 
     def _skipped(self, job_id: str, queue: str, reason: SkipReason) -> None:
         """The round looked at a job of `queue` and passed it over, for `reason`."""
@@ -634,7 +628,7 @@ class _Round:
         closed: list[PendingJobs] | None = None
         allocated, share = progress.queue.allocated, progress.share
         for pending in clusters:
-            entry = pending.heap[0]
+            entry = pending.top()
             if self._closed_to(progress, pending, entry):
                 if closed is None:
                     closed = []
@@ -646,7 +640,7 @@ class _Round:
                 rank = known[3]
             else:
                 kind = pending.head_kind
-                assert kind is not None  # heap[0] is validated
+                assert kind is not None  # the top is validated
                 rank = self.rank(progress, pending.cluster, self._unit_pairs(pending, kind))
                 ranks[pending.cluster] = (entry, allocated, share, rank)
             if best is None or (rank, entry) < best:
@@ -690,7 +684,7 @@ class _Round:
                 and seen[2] == len(over_limit)):
             return False  # nothing turned down since it was found open
         kind = pending.head_kind
-        assert kind is not None  # heap[0] is validated
+        assert kind is not None  # the top is validated
         shape = kind.shape
         if (
             (shape in rejected or shape in over_limit or cluster.overcommitted)
@@ -1047,24 +1041,23 @@ class _Round:
 
     def _validate_head(self, progress: _QueueRound, pending: PendingJobs, *,
                        fresh: bool = False) -> bool:
-        """Make heap[0] a job the round may consider: drop stale entries and park jobs too big
-        for every node of their cluster. False when nothing is left. Sets `pending.head` (and
-        its kind) to heap[0].
+        """Make the heap's top a job the round may consider: drop stale entries and park jobs
+        too big for every node of their cluster. False when nothing is left. Keeps the top as
+        `pending.head` (and its kind).
 
         `fresh`: the round has not looked at this queue's jobs in the cluster yet. Then a head
         an earlier round validated whose job has not changed since (`PendingJobs.head`) is
         taken as it is: the state forgets it when its job changes."""
-        heap = pending.heap
         jobs = self.state.job_records
         name = progress.queue.name
         cluster_name = pending.cluster
         skipped_jobs = self.skipped_jobs
-        if fresh and heap and heap[0] is pending.head and pending.head_kind is not None:
+        entry = pending.first()
+        if fresh and entry is not None and entry is pending.head and pending.head_kind is not None:
             if self._fits_cluster(cluster_name, pending.head_kind.shape):
                 return True
-            pending.head = pending.head_kind = None
-        while heap:
-            entry = heap[0]
+            pending.keep_head(None, None)
+        while entry is not None:
             job = jobs.get(entry[2])
             kind = None if job is None else job.kind  # the fields, without the properties
             if (
@@ -1079,11 +1072,12 @@ class _Round:
                 or job.entry[1] != entry[1]
                 or entry[2] in skipped_jobs  # a second entry for a job already looked at
             ):
-                heapq.heappop(heap)
+                pending.pop()
+                entry = pending.first()
                 continue
             if not self._fits_cluster(cluster_name, kind.shape):
                 cluster = self.clusters[cluster_name]
-                heapq.heappop(heap)
+                pending.pop()
                 self.state.park(progress.queue, pending, job, entry)
                 self._skipped(
                     entry[2], name,
@@ -1091,9 +1085,10 @@ class _Round:
                     else SkipReason.NO_MATCHING_NODE if not cluster.nodes_for_shape(job.shape)
                     else SkipReason.TOO_BIG_FOR_ANY_NODE,
                 )
+                entry = pending.first()
                 continue
             # Kept only as the job's own entry: the state forgets it when the job changes.
-            pending.head, pending.head_kind = (entry, kind) if job.entry is entry else (None, kind)
+            pending.keep_head(entry if job.entry is entry else None, kind)
             return True
         return False
 

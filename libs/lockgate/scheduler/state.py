@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -38,6 +37,16 @@ from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHolds
+from lockgate.scheduler.pending import PendingJobs, unique
+from lockgate.scheduler.records import (
+    HeapEntry,
+    JobKind,
+    JobRecord,
+    Shape,
+    add_pairs,
+    placement_key,
+    subtract_pairs,
+)
 from lockgate.scheduler.room_index import RoomIndex
 from lockgate.scheduler.targets import (
     Demand,
@@ -53,8 +62,6 @@ _RELEASED = JobState.RELEASED
 # How many request objects `_intern` remembers by identity before starting over.
 _SHAPE_OBJECT_CACHE = 1024
 
-# A pending job's place in its queue's heap: higher priority first, then older, then by id.
-HeapEntry = tuple[int, float, str]
 # What fair shares are computed over by default, as Armada does: a resource nobody schedules by
 # (ephemeral-storage, hugepages, pods) must never become a queue's dominant one by accident.
 DEFAULT_FAIRNESS_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
@@ -143,36 +150,6 @@ class QueueUsage:
     backing_off_jobs: int = 0  # queued, held while their controller backs off
 
 
-class Shape:
-    """An interned request vector: shared by every job that asks for exactly the same."""
-
-    __slots__ = ("key", "pairs", "placement", "placement_id", "refs", "requests")
-
-    def __init__(
-        self,
-        key: tuple[frozenset[tuple[str, int]], PodPlacement | None],
-        requests: Resources,
-        pairs: tuple[tuple[int, int], ...],
-        placement: PodPlacement | None,
-        placement_id: int,
-    ) -> None:
-        self.key = key
-        self.requests = requests
-        self.pairs = pairs
-        self.placement = placement
-        # The state's number for its placement (equal placements, one number): the fair
-        # targets' bookkeeping keys by it, so a placement is hashed once per shape, not per job.
-        self.placement_id = placement_id
-        self.refs = 0
-
-
-@functools.lru_cache(maxsize=4096)
-def _placement_key(placement: PodPlacement | None) -> str:
-    """A placement's repr, made once: the fair targets sort and compare by it every round, and
-    a pydantic model's repr took a quarter of the leader's CPU on the release benchmark."""
-    return repr(placement)
-
-
 class TargetSlot:
     """What one queue holds and has queued in one cluster, for pods of one placement: one
     demand of the fair targets, kept change by change (`SchedulerState._target_inputs`).
@@ -243,142 +220,6 @@ class TargetsKey(NamedTuple):
 
     structure: object
     amounts: object
-
-
-class JobKind(NamedTuple):
-    """Everything about a job but its place in line, shared by every job alike: a million queued
-    jobs are typically a few thousand kinds (queue x cluster x request shape), so keeping these
-    fields once per kind instead of once per job is most of a record's memory (issue 19).
-    A tuple, so that it is its own key in the state's table of kinds.
-
-    Parked: queued, but too big for every node of its cluster; kept out of the heap until the
-    cluster gains a node of a new size. Held: queued while its controller backs off; out of the
-    heap and of its queue's demand (never parked meanwhile) until the back-off ends.
-    """
-
-    queue: str
-    cluster: str
-    shape: Shape
-    state: JobState
-    node_name: str | None
-    parked: bool
-    held: bool
-    group: str | None
-    group_size: int
-    group_max_size: int
-    preemptible: bool
-    priority_class: str
-    max_queued: JobSetMaxQueued | None
-    controller: ControllerKey | None
-
-
-class JobRecord:
-    """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`.
-
-    Two references only (a record is one of a million): its heap entry, which is its priority,
-    its time in line and its id, and its interned `JobKind`, which is everything else. The
-    attributes below read through them; only `SchedulerState` changes a record.
-    """
-
-    __slots__ = ("entry", "kind")
-
-    def __init__(self, entry: HeapEntry, kind: JobKind) -> None:
-        self.entry = entry
-        self.kind = kind
-
-    @property
-    def priority(self) -> int:
-        return -self.entry[0]
-
-    @property
-    def created_at(self) -> float:
-        return self.entry[1]
-
-    @property
-    def queue(self) -> str:
-        return self.kind.queue
-
-    @property
-    def cluster(self) -> str:
-        return self.kind.cluster
-
-    @property
-    def shape(self) -> Shape:
-        return self.kind.shape
-
-    @property
-    def state(self) -> JobState:
-        return self.kind.state
-
-    @property
-    def node_name(self) -> str | None:
-        return self.kind.node_name
-
-    @property
-    def parked(self) -> bool:
-        return self.kind.parked
-
-    @property
-    def held(self) -> bool:
-        return self.kind.held
-
-    @property
-    def group(self) -> str | None:
-        return self.kind.group
-
-    @property
-    def group_size(self) -> int:
-        return self.kind.group_size
-
-    @property
-    def group_max_size(self) -> int:
-        return self.kind.group_max_size
-
-    @property
-    def preemptible(self) -> bool:
-        return self.kind.preemptible
-
-    @property
-    def priority_class(self) -> str:
-        return self.kind.priority_class
-
-    @property
-    def max_queued(self) -> JobSetMaxQueued | None:
-        return self.kind.max_queued
-
-    @property
-    def controller(self) -> ControllerKey | None:
-        return self.kind.controller
-
-
-class PendingJobs:
-    """A queue's pending jobs in one cluster: a heap in release order, lazily deleted.
-
-    Split per cluster so that a round can set a whole cluster aside for a queue once that cluster
-    has no room for any kind of job the queue has waiting there.
-    """
-
-    __slots__ = ("cluster", "head", "head_kind", "heap", "live", "parked", "parked_entries",
-                 "shapes")
-
-    def __init__(self, cluster: str) -> None:
-        self.cluster = cluster
-        self.heap: list[HeapEntry] = []
-        # The heap entry a round last found valid at the top, and its job's kind, until that
-        # job changes (`SchedulerState._retract` forgets it): the next round starts from it
-        # without looking the job up among a million (issue 17, the round's memory traffic).
-        self.head: HeapEntry | None = None
-        self.head_kind: JobKind | None = None
-        self.live = 0  # queued jobs not parked; each has at least one valid heap entry
-        self.shapes: dict[Shape, int] = {}  # live jobs per request shape
-        self.parked = 0
-        self.parked_entries: list[HeapEntry] = []
-
-    def forget_head(self, entry: HeapEntry) -> None:
-        """A queued job whose entry this is changed: if it is the kept head, the next round
-        looks at the top again."""
-        if self.head is entry:
-            self.head = self.head_kind = None
 
 
 class QueueRecord:
@@ -977,15 +818,15 @@ class SchedulerState:
         amounts: list[object] = []
         for cluster_name in sorted(per_cluster):
             slots = per_cluster[cluster_name]
-            placements = sorted({placement for _, placement in slots}, key=_placement_key)
+            placements = sorted({placement for _, placement in slots}, key=placement_key)
             cluster_groups, usable = self._groups_for(cluster_name, placements)
             groups += cluster_groups
             structure.append((cluster_name, tuple((g.name, tuple(sorted(g.capacity.items())))
                                                   for g in cluster_groups)))
             for (queue_name, placement), slot in sorted(
-                    slots.items(), key=lambda item: (item[0][0], _placement_key(item[0][1]))):
+                    slots.items(), key=lambda item: (item[0][0], placement_key(item[0][1]))):
                 asked, held = slot
-                structure.append((cluster_name, queue_name, _placement_key(placement)))
+                structure.append((cluster_name, queue_name, placement_key(placement)))
                 amounts.append((tuple(asked), tuple(held)))
                 demands.append(Demand(
                     queue=queue_name, cluster=cluster_name,
@@ -1195,10 +1036,7 @@ class SchedulerState:
         subtract_pairs(queue.demand, record.shape.pairs)
         self._forget_shape(pending, record.shape)
         self._slot_remove(queue.name, pending.cluster, record.shape, False)
-        entries = pending.parked_entries
-        entries.append(entry)
-        if len(entries) > 2 * pending.parked + 64:
-            entries[:] = _unique([e for e in entries if self._is_parked_entry(queue, pending, e)])
+        pending.park(entry, functools.partial(self._is_parked_entry, queue, pending))
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -1215,7 +1053,7 @@ class SchedulerState:
             # its queue's demand.
             self.park(queue, pending, record, entry)
             return
-        heapq.heappush(pending.heap, entry)
+        pending.push(entry)
 
     def _kind_of(self, job: SchedJob, shape: Shape, controller: ControllerKey | None, *,
                  parked: bool) -> JobKind:
@@ -1446,12 +1284,10 @@ class SchedulerState:
             if pending.live == 0 and pending.parked == 0:
                 del queue.pending[cluster]
                 self._pending_went(queue_name, cluster)
-            elif len(pending.heap) > 2 * pending.live + 64:
+            else:
                 # Lazy deletion leaves stale entries behind; dropping them once they outnumber
                 # the live ones keeps the heap O(live) at O(1) amortised cost per change.
-                live = [e for e in pending.heap if self._is_heap_entry(queue, pending, e)]
-                pending.heap = _unique(live)
-                heapq.heapify(pending.heap)
+                pending.compact(functools.partial(self._is_heap_entry, queue, pending))
         if queue.spec is None and queue.is_empty():
             self._forget_queue(queue)
 
@@ -1466,7 +1302,7 @@ class SchedulerState:
             pending = queue.pending.get(cluster)
             if pending is None or not pending.parked_entries:
                 continue
-            entries = _unique([e for e in pending.parked_entries
+            entries = unique([e for e in pending.parked_entries
                                if self._is_parked_entry(queue, pending, e)])
             pending.parked_entries = [e for e in entries
                                       if not fits_node_class(self._jobs[e[2]].shape, size)]
@@ -1481,7 +1317,7 @@ class SchedulerState:
                 pending.live += 1
                 pending.shapes[record.shape] = pending.shapes.get(record.shape, 0) + 1
                 self._slot_add(queue.name, cluster, record.shape, False)
-                heapq.heappush(pending.heap, entry)
+                pending.push(entry)
 
     def _slot_add(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
         """A job of this shape starts counting as held (or queued) in its queue's slot of the
@@ -1592,7 +1428,7 @@ class SchedulerState:
             if placement_id is None:
                 placement_id = self._placement_ids[placement] = len(self._placements)
                 self._placements.append(placement)
-                self._placement_reprs.append(_placement_key(placement))
+                self._placement_reprs.append(placement_key(placement))
             shape = self._shapes[key] = Shape(key, requests, pairs, placement, placement_id)
         if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
             self._shape_of_object.clear()
@@ -1656,16 +1492,6 @@ def _group_key(record: JobRecord) -> GroupKey:
     return (record.cluster, record.queue, record.group)
 
 
-def add_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
-    for axis, amount in pairs:
-        vector[axis] += amount
-
-
-def subtract_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
-    for axis, amount in pairs:
-        vector[axis] -= amount
-
-
 def _add_into(vector: list[int], other: list[int]) -> None:
     for axis, amount in enumerate(other):
         vector[axis] += amount
@@ -1674,17 +1500,6 @@ def _add_into(vector: list[int], other: list[int]) -> None:
 def _subtract_into(vector: list[int], other: list[int]) -> None:
     for axis, amount in enumerate(other):
         vector[axis] -= amount
-
-
-def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
-    """Valid entries without repeats: a job that left its queue and came back may have two."""
-    seen: set[str] = set()
-    unique: list[HeapEntry] = []
-    for entry in entries:
-        if entry[2] not in seen:
-            seen.add(entry[2])
-            unique.append(entry)
-    return unique
 
 
 def fits_node_class(shape: Shape, node_class: NodeClass) -> bool:
