@@ -48,6 +48,7 @@ from lockgate.scheduler.preemption import (
     PreemptionPolicy,
     plan_evictions,
 )
+from lockgate.scheduler.room_caches import NodeInfo
 from lockgate.scheduler.round import (
     UNSCHEDULABLE_REASONS,
     Decision,
@@ -59,7 +60,6 @@ from lockgate.scheduler.round import (
 )
 from lockgate.scheduler.state import (
     DEFAULT_FAIRNESS_RESOURCES,
-    NodeInfo,
     QueueUsage,
     SchedJob,
     SchedulerState,

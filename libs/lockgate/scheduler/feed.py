@@ -33,7 +33,8 @@ from lockgate.jobs import JobState
 from lockgate.max_queued import Limit
 from lockgate.noticing import UndefinedQueueNotices
 from lockgate.queues import MaxQueued, QueueSpec
-from lockgate.scheduler.state import NodeInfo, SchedJob, SchedulerState
+from lockgate.scheduler.room_caches import NodeInfo
+from lockgate.scheduler.state import SchedJob, SchedulerState
 from lockgate.scheduler.waiting import NoticeLimits, WaitingPods
 from lockgate.unplaceable import UnplaceableWatch, is_given_up
 

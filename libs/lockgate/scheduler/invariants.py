@@ -21,13 +21,9 @@ from typing import cast
 from lockgate.jobs import JobState
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.records import HeapEntry, JobRecord, Shape, add_pairs
+from lockgate.scheduler.room_caches import ClusterRecord, NodeClass, fits_node_class
 from lockgate.scheduler.room_index import RoomIndex
-from lockgate.scheduler.state import (
-    ClusterRecord,
-    NodeClass,
-    SchedulerState,
-    fits_node_class,
-)
+from lockgate.scheduler.state import SchedulerState
 
 # One cluster's part of the fair targets' structure: its name, its groups, its slots.
 _StructurePart = tuple[str, object, tuple[tuple[str, str], ...]]
