@@ -6,6 +6,13 @@ jobs, so it cannot rebuild anything per round. `SchedulerState` is fed every cha
 change, exactly what a round needs: per queue and cluster a heap of its pending jobs in release
 order; per queue its allocation and demand; per cluster its nodes and what managed jobs hold.
 
+Its concerns live in their own modules, each with a public interface, and the state composes
+them: `records` (what a job is: interned shapes and kinds), `pending` (a queue's heap per
+cluster, changed only through its methods), `room_caches` (a cluster's nodes and the room
+rounds copy) and `target_inputs` (the fair targets' inputs, kept change by change, and the
+targets). What is left here is the bookkeeping that ties them: every change of a job applied to
+each, in step.
+
 It mirrors what it is told and judges nothing: callers fold events through
 `lockgate.jobs.advance` first. The rest of the package (`round`, `room`, `preemption`,
 `explain`) reads the records below (`JobRecord`, `QueueRecord`, `ClusterRecord`, ...) through
@@ -27,12 +34,11 @@ import bisect
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
 from lockgate.jobs import JobState
 from lockgate.max_queued import JobSetMaxQueued
-from lockgate.placement import NodeTraits, PodPlacement, can_land
+from lockgate.placement import NodeTraits, PodPlacement
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
@@ -54,12 +60,18 @@ from lockgate.scheduler.room_caches import (
     NodeRecord,
     fits_node_class,
 )
+from lockgate.scheduler.target_inputs import (
+    Inputs,
+    TargetCluster,
+    TargetInputs,
+    TargetsKey,
+    TargetSlot,
+)
 from lockgate.scheduler.targets import (
     Demand,
     FairTargets,
     NodeGroup,
     TargetProblem,
-    fair_targets,
 )
 
 _QUEUED = JobState.QUEUED
@@ -71,8 +83,6 @@ _SHAPE_OBJECT_CACHE = 1024
 # What fair shares are computed over by default, as Armada does: a resource nobody schedules by
 # (ephemeral-storage, hugepages, pods) must never become a queue's dominant one by accident.
 DEFAULT_FAIRNESS_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
-# Per placement, the node groups of a cluster it may land on (fair targets).
-_Usable = dict[PodPlacement | None, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,76 +147,9 @@ class QueueUsage:
     backing_off_jobs: int = 0  # queued, held while their controller backs off
 
 
-class TargetSlot:
-    """What one queue holds and has queued in one cluster, for pods of one placement: one
-    demand of the fair targets, kept change by change (`SchedulerState._target_inputs`).
-
-    `held` sums the requests of its jobs holding capacity there, `pending` those of its queued
-    jobs that are neither parked nor held (its queue's `PendingJobs.shapes`); `stamp` moves
-    with every change of either. It exists while it counts a job.
-    """
-
-    __slots__ = ("held", "held_jobs", "home", "pending", "pending_jobs", "placement_id", "queue",
-                 "stamp")
-
-    def __init__(self, queue: str, placement_id: int, axes: int, home: TargetCluster) -> None:
-        self.home = home  # its cluster's bookkeeping
-        self.queue = queue
-        self.placement_id = placement_id
-        self.held = [0] * axes
-        self.pending = [0] * axes
-        self.held_jobs = 0
-        self.pending_jobs = 0
-        self.stamp = 0
-
-
-class _ClusterPart:
-    """One cluster's share of the fair targets' inputs, as last built (see `_target_inputs`)."""
-
-    __slots__ = ("demands", "entries", "groups", "key", "layout", "ordered", "present",
-                 "structure", "usable", "values", "version")
-
-    def __init__(self) -> None:
-        self.key: tuple[int, int, int] = (-1, -1, -1)
-        self.layout = -1
-        self.version = -1
-        self.present = False
-        self.ordered: list[TargetSlot] = []
-        self.groups: list[NodeGroup] = []
-        self.usable: dict[int, tuple[str, ...]] = {}
-        self.structure: object = ()
-        # Per slot (by identity, in `ordered`): its stamp, its amounts entry and its demand.
-        self.entries: dict[int, tuple[int, tuple[tuple[int, ...], tuple[int, ...]], Demand]] = {}
-        self.values: tuple[object, ...] = ()  # the amounts, in `ordered`'s order
-        self.demands: list[Demand] = []
-
-
-class TargetCluster:
-    """The fair targets' bookkeeping for one cluster: its slots by (queue, placement id), and
-    the queues with a `PendingJobs` there (a queue's pending entry puts the cluster among the
-    targets' inputs even when it counts no live job, as the recount does)."""
-
-    __slots__ = ("layout", "part", "pending_queues", "slots", "version")
-
-    def __init__(self) -> None:
-        self.slots: dict[tuple[str, int], TargetSlot] = {}
-        self.pending_queues: set[str] = set()
-        self.version = 0  # any change of its slots or pending queues
-        self.layout = 0  # a slot or a pending queue came or went, or a slot's counts hit 0
-        self.part = _ClusterPart()
-
-
 # How many kinds a state remembers before starting over (a cache: equal kinds need not be one
 # object, sharing them only saves memory).
 _KIND_CACHE = 1 << 16
-
-
-class TargetsKey(NamedTuple):
-    """What fair targets were computed from, as `SchedulerState.target_problem` gave it: the
-    demands' structure (who asks where, weights, nodes) and their amounts."""
-
-    structure: object
-    amounts: object
 
 
 class QueueRecord:
@@ -286,33 +229,19 @@ class SchedulerState:
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
         # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
         self._room_holds = RoomHolds()
-        # The last fair targets, what they were computed from, when, and whether they were
-        # computed elsewhere and adopted (`fair_targets`, `adopt_targets`).
-        self._targets: tuple[object, object, float, FairTargets, bool] | None = None
-        self._node_groups: dict[str, tuple[object, list[NodeGroup], _Usable]] = {}
-        # The fair targets' inputs, kept change by change (`_target_inputs`): per cluster its
-        # slots; every placement seen, by number, with its repr (what they sort by); a counter
-        # of every change the inputs depend on, and one of the queues' weights and status.
-        self._target_clusters: dict[str, TargetCluster] = {}
-        self._slots: dict[tuple[str, str, int], TargetSlot] = {}  # the same, by (q, cluster, id)
-        self._placement_ids: dict[PodPlacement | None, int] = {None: 0}
-        self._placements: list[PodPlacement | None] = [None]
-        self._placement_reprs: list[str] = [repr(None)]
-        self._changes = 0
-        self._queues_version = 0
-        # (queues version seen, weights, per included queue whether it is schedulable, the
-        # weights' sorted items, a generation that moves only when any of them changed).
-        self._weights: tuple[int, dict[str, float], dict[str, bool], object, int] = (
-            -1, {}, {}, None, 0)
-        self._inputs: tuple[int, tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                       object, object]] | None = None
+        # The fair targets' inputs, kept change by change, and the targets last computed.
+        self._targets = TargetInputs(clusters=self._clusters, axis_names=self._axis_names,
+                                     weights_now=self._weights_now, pool=self._target_pool)
+        # Told of every job's change (`_apply`, `_retract`): bound once, as they are hot.
+        self._slot_add = self._targets.slot_add
+        self._slot_remove = self._targets.slot_remove
 
     # ---- queues ----------------------------------------------------------------------------
 
     def upsert_queue(self, spec: QueueSpec) -> None:
         queue = self._queue(spec.name)
         if queue.spec is not spec and queue.spec != spec:
-            self._queues_changed()
+            self._targets.queues_changed()
         queue.spec = spec
         queue.priority_factor = spec.priority_factor
         queue.limit_pairs = tuple(
@@ -325,7 +254,7 @@ class SchedulerState:
         if queue is None:
             return
         if queue.spec is not None:
-            self._queues_changed()
+            self._targets.queues_changed()
         queue.spec = None
         queue.priority_factor = 1.0
         queue.limit_pairs = ()
@@ -369,7 +298,7 @@ class SchedulerState:
         if old is not None and old.info == info:
             return
         state.version += 1
-        self._changes += 1
+        self._targets.note_change()
         old_class = None
         if old is not None and old.info.schedulable:
             old_class = (tuple(old.allocatable), old.traits)
@@ -475,201 +404,60 @@ class SchedulerState:
     def fair_targets(self, *, now: float | None = None, max_age: float = 0.0,
                      latest: bool = False, adopted_max_age: float | None = None,
                      ) -> FairTargets:
-        """Every queue's constrained fair target (lockgate.scheduler.targets), from the demand,
-        weights and capacity as they are now.
-
-        Recomputed only when what it depends on changed; with `now`, a result at most `max_age`
-        seconds old is kept while only amounts changed (the same queues asking in the same
-        clusters, the same weights and nodes), which bounds its cost at scale. `latest` keeps
-        the last result whenever only amounts changed, and an adopted one whatever changed:
-        for readers right after a round (its report, preemption, explain), which must judge by
-        the targets the round used.
-
-        `adopted_max_age`: the caller keeps the targets current from another process
-        (`target_problem`, `adopt_targets`): the last adopted result is kept whatever changed
-        since, while at most this many seconds old (with `now`); only without one that recent
-        are they computed here.
-        """
-        cached = self._targets
-        if cached is not None and cached[4] and (latest or (
-                adopted_max_age is not None and now is not None
-                and now - cached[2] <= adopted_max_age)):
-            return cached[3]
-        groups, weights, demands, structure, amounts = self._target_inputs()
-        if cached is not None:
-            old_structure, old_amounts, at, targets, _ = cached
-            if (old_structure is structure or old_structure == structure) and (
-                    latest or old_amounts is amounts or old_amounts == amounts
-                    or (now is not None and now - at < max_age)):
-                return targets
-        targets = fair_targets(groups=groups, weights=weights, demands=demands,
-                               pool=self._target_pool())
-        self._targets = (structure, amounts, -1e18 if now is None else now, targets, False)
-        return targets
+        """Every queue's constrained fair target (`TargetInputs.fair_targets`)."""
+        return self._targets.fair_targets(now=now, max_age=max_age, latest=latest,
+                                          adopted_max_age=adopted_max_age)
 
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
-        """The fair targets' inputs as one value to solve elsewhere (`TargetProblem.solve`),
-        and the key to adopt its answer under (`adopt_targets`)."""
-        groups, weights, demands, structure, amounts = self._target_inputs()
-        problem = TargetProblem(groups=tuple(groups), weights=dict(weights),
-                                demands=tuple(demands), pool=self._target_pool())
-        return problem, TargetsKey(structure, amounts)
+        """The fair targets' inputs as one value to solve elsewhere
+        (`TargetInputs.target_problem`)."""
+        return self._targets.target_problem()
 
     def hand_over_targets(self, *, at: float, min_demands: int = 0,
                           ) -> tuple[TargetProblem, TargetsKey] | None:
-        """What to solve elsewhere now (`target_problem`), or None: when it has fewer than
-        `min_demands` demands (small enough for a round to solve), or when the last targets
-        were computed from the inputs as they are (then they are as good as solved at `at`,
-        and count as adopted then, so rounds keep using them without solving them again)."""
-        problem, key = self.target_problem()
-        if len(problem.demands) < min_demands:
-            return None
-        cached = self._targets
-        if cached is not None and self.targets_current(key):
-            self._targets = (cached[0], cached[1], max(at, cached[2]), cached[3], True)
-            return None
-        return problem, key
+        """What to solve elsewhere now, or None (`TargetInputs.hand_over_targets`)."""
+        return self._targets.hand_over_targets(at=at, min_demands=min_demands)
 
     def adopt_targets(self, key: TargetsKey, targets: FairTargets, *, at: float) -> None:
-        """Keep `targets`, solved elsewhere from the problem `target_problem` gave with `key`
-        when the clock read `at`, as the fair targets (`fair_targets(adopted_max_age=...)`)."""
-        self._targets = (key.structure, key.amounts, at, targets, True)
+        """Keep targets solved elsewhere (`TargetInputs.adopt_targets`)."""
+        self._targets.adopt_targets(key, targets, at=at)
 
     def targets_current(self, key: TargetsKey) -> bool:
         """Whether the last targets were computed from the inputs `key` names."""
-        cached = self._targets
-        return cached is not None and (cached[0] is key.structure
-                                       or cached[0] == key.structure) and (
-            cached[1] is key.amounts or cached[1] == key.amounts)
+        return self._targets.targets_current(key)
+
+    def target_inputs(self) -> Inputs:
+        """The fair targets' inputs as kept (groups, weights, demands, structure, amounts)."""
+        return self._targets.inputs()
+
+    @property
+    def target_clusters(self) -> Mapping[str, TargetCluster]:
+        """The fair targets' bookkeeping per cluster (callers must not change it)."""
+        return self._targets.target_clusters
+
+    @property
+    def target_slots(self) -> Mapping[tuple[str, str, int], TargetSlot]:
+        """Every slot of `target_clusters`, by (queue, cluster, placement id)."""
+        return self._targets.target_slots
+
+    @property
+    def placement_ids(self) -> Mapping[PodPlacement | None, int]:
+        """Every placement seen, by its number (`Shape.placement_id`)."""
+        return self._targets.placement_ids
+
+    def _weights_now(self) -> tuple[dict[str, float], dict[str, bool]]:
+        """The defined, non-empty queues' weights, and whether each is schedulable."""
+        weights = {name: queue.weight for name, queue in self._queues.items()
+                   if queue.spec is not None and not queue.is_empty()}
+        return weights, {name: self._queues[name].schedulable for name in weights}
 
     def _target_pool(self) -> dict[str, float]:
         inverse = self.fairness_inverse()
         return {name: float(amount) for name, amount, inv
                 in zip(self._axis_names, self._pool_total, inverse, strict=False) if inv > 0}
 
-    def _target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                      object, object]:
-        """What the fair targets are computed from: node groups per cluster, the weights of
-        defined queues, and per (queue, cluster, node filters) what is held and queued.
-
-        Kept change by change in `TargetSlot`s, so that an unchanged state costs one comparison
-        and a changed one a pass over the changed clusters' slots (a new demand only for a
-        changed slot). Equal, demand for demand, to `recount_target_inputs`, and `structure`
-        and `amounts` compare equal exactly when the recount's would (they are grouped per
-        cluster, not flat); the invariants check it.
-        """
-        cached = self._inputs
-        if cached is not None and cached[0] == self._changes:
-            return cached[1]
-        if self._weights[0] != self._queues_version:
-            weights = {name: queue.weight for name, queue in self._queues.items()
-                       if queue.spec is not None and not queue.is_empty()}
-            included = {name: self._queues[name].schedulable for name in weights}
-            _, old_weights, old_included, old_key, generation = self._weights
-            if weights == old_weights and included == old_included and old_key is not None:
-                # (a queue emptied and filled again within one change, say): parts stay valid
-                self._weights = (self._queues_version, old_weights, old_included, old_key,
-                                 generation)
-            else:
-                self._weights = (self._queues_version, weights, included,
-                                 tuple(sorted(weights.items())), generation + 1)
-        _, weights, included, weights_key, generation = self._weights
-        groups: list[NodeGroup] = []
-        demands: list[Demand] = []
-        structure: list[object] = []
-        amounts: list[object] = []
-        for cluster_name in sorted(self._target_clusters):
-            part = self._cluster_part(cluster_name, self._target_clusters[cluster_name],
-                                      included, generation)
-            if part.present:
-                groups += part.groups
-                demands += part.demands
-                structure.append(part.structure)
-                amounts.append(part.values)
-        result = (groups, weights, demands, (weights_key, tuple(structure)), tuple(amounts))
-        self._inputs = (self._changes, result)
-        return result
-
-    def target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                     object, object]:
-        """The fair targets' inputs as kept (groups, weights, demands, structure, amounts)."""
-        return self._target_inputs()
-
-    @property
-    def target_clusters(self) -> Mapping[str, TargetCluster]:
-        """The fair targets' bookkeeping per cluster (callers must not change it)."""
-        return self._target_clusters
-
-    @property
-    def target_slots(self) -> Mapping[tuple[str, str, int], TargetSlot]:
-        """Every slot of `target_clusters`, by (queue, cluster, placement id)."""
-        return self._slots
-
-    @property
-    def placement_ids(self) -> Mapping[PodPlacement | None, int]:
-        """Every placement seen, by its number (`Shape.placement_id`)."""
-        return self._placement_ids
-
-    def _cluster_part(self, cluster_name: str, bookkeeping: TargetCluster,
-                      included: Mapping[str, bool], generation: int) -> _ClusterPart:
-        """One cluster's groups, demands, structure and amounts for the fair targets, built
-        again only as far as its slots changed since the last call."""
-        part = bookkeeping.part
-        cluster = self._clusters.get(cluster_name)
-        key = (generation, -1 if cluster is None else cluster.version, len(self._axis_names))
-        if part.version == bookkeeping.version and part.key == key:
-            return part
-        if part.key != key or part.layout != bookkeeping.layout:
-            reprs = self._placement_reprs
-            ordered = sorted(
-                (slot for slot in bookkeeping.slots.values()
-                 if slot.queue in included
-                 and (slot.held_jobs or (slot.pending_jobs and included[slot.queue]))),
-                key=lambda slot: (slot.queue, reprs[slot.placement_id]))
-            part.key = key
-            part.layout = bookkeeping.layout
-            part.entries = {}
-            part.ordered = ordered
-            part.present = bool(ordered) or any(
-                included.get(name, False) for name in bookkeeping.pending_queues)
-            if part.present:
-                ids = sorted({slot.placement_id for slot in ordered}, key=reprs.__getitem__)
-                cluster_groups, usable = self._groups_for(
-                    cluster_name, [self._placements[i] for i in ids])
-                part.groups = cluster_groups
-                part.usable = {i: usable[self._placements[i]] for i in ids}
-                part.structure = (
-                    cluster_name,
-                    tuple((g.name, tuple(sorted(g.capacity.items()))) for g in cluster_groups),
-                    tuple((slot.queue, reprs[slot.placement_id]) for slot in ordered))
-        part.version = bookkeeping.version
-        if not part.present:
-            part.values, part.demands = (), []
-            return part
-        names = self._axis_names
-        entries = part.entries
-        values: list[object] = []
-        demands: list[Demand] = []
-        for slot in part.ordered:
-            known = entries.get(id(slot))
-            if known is None or known[0] != slot.stamp:
-                held = slot.held
-                asked = ([h + p for h, p in zip(held, slot.pending, strict=True)]
-                         if included[slot.queue] else held)
-                known = entries[id(slot)] = (slot.stamp, (tuple(asked), tuple(held)), Demand(
-                    queue=slot.queue, cluster=cluster_name,
-                    amount={names[a]: float(v) for a, v in enumerate(asked) if v},
-                    held={names[a]: float(v) for a, v in enumerate(held) if v},
-                    groups=part.usable[slot.placement_id]))
-            values.append(known[1])
-            demands.append(known[2])
-        part.values = tuple(values)
-        part.demands = demands
-        return part
-
-    def recount_target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                             object, object]:
-        """`_target_inputs` recounted from the queues' records, O(their shapes): what the
+    def recount_target_inputs(self) -> Inputs:
+        """`target_inputs` recounted from the queues' records, O(their shapes): what the
         bookkeeping must equal (for `lockgate.scheduler.invariants`, not for the hot path)."""
         names = self._axis_names
         weights: dict[str, float] = {}
@@ -701,7 +489,7 @@ class SchedulerState:
         for cluster_name in sorted(per_cluster):
             slots = per_cluster[cluster_name]
             placements = sorted({placement for _, placement in slots}, key=placement_key)
-            cluster_groups, usable = self._groups_for(cluster_name, placements)
+            cluster_groups, usable = self._targets.groups_for(cluster_name, placements)
             groups += cluster_groups
             structure.append((cluster_name, tuple((g.name, tuple(sorted(g.capacity.items())))
                                                   for g in cluster_groups)))
@@ -716,40 +504,6 @@ class SchedulerState:
                     held={names[a]: float(v) for a, v in enumerate(held) if v},
                     groups=usable[placement]))
         return groups, weights, demands, tuple(structure), tuple(amounts)
-
-    def _groups_for(self, cluster_name: str, placements: list[PodPlacement | None]
-                    ) -> tuple[list[NodeGroup], dict[PodPlacement | None, tuple[str, ...]]]:
-        """The cluster's schedulable nodes grouped by which of these placements may land on
-        them, with each group's room (allocatable less unmanaged use); cached per node change."""
-        cluster = self._clusters.get(cluster_name)
-        if cluster is None:
-            return [], dict.fromkeys(placements, ())
-        key = (cluster.version, tuple(placements))
-        cached = self._node_groups.get(cluster_name)
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        names = self._axis_names
-        by_signature: dict[tuple[bool, ...], list[int]] = {}
-        for node_name in cluster.order:
-            node = cluster.nodes[node_name]
-            signature = tuple(can_land(placement, node.traits) for placement in placements)
-            if not any(signature):
-                continue
-            room = by_signature.setdefault(signature, [0] * len(names))
-            for axis, (a, u) in enumerate(zip(node.allocatable, node.unmanaged, strict=True)):
-                room[axis] += max(0, a - u)
-        groups: list[NodeGroup] = []
-        usable: dict[PodPlacement | None, list[str]] = {p: [] for p in placements}
-        for index, (signature, room) in enumerate(sorted(by_signature.items(), reverse=True)):
-            group = NodeGroup(cluster=cluster_name, name=f"g{index}",
-                              capacity={names[a]: float(v) for a, v in enumerate(room) if v})
-            groups.append(group)
-            for placement, lands in zip(placements, signature, strict=True):
-                if lands:
-                    usable[placement].append(group.name)
-        result = {p: tuple(names_) for p, names_ in usable.items()}
-        self._node_groups[cluster_name] = (key, groups, result)
-        return groups, result
 
     def pool_total(self) -> Resources:
         """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
@@ -992,7 +746,7 @@ class SchedulerState:
         if kind.state is _QUEUED:
             queue.queued -= 1
             if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
-                self._queues_changed()  # it leaves the fair targets' weights
+                self._targets.queues_changed()  # it leaves the fair targets' weights
             controller = kind.controller
             if controller is not None:
                 bucket = self._queued_by_controller[controller]
@@ -1015,7 +769,7 @@ class SchedulerState:
             cluster = self._clusters[kind.cluster]
             queue.allocated -= 1
             if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
-                self._queues_changed()
+                self._targets.queues_changed()
             self._slot_remove(kind.queue, kind.cluster, shape, True)
             subtract_pairs(queue.allocation, shape.pairs)
             subtract_pairs(queue.alloc_in[kind.cluster], shape.pairs)
@@ -1051,7 +805,7 @@ class SchedulerState:
         queue = self._queues.get(kind.queue) or self._queue(kind.queue)
         shape = kind.shape
         if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
-            self._queues_changed()  # it joins the fair targets' weights
+            self._targets.queues_changed()  # it joins the fair targets' weights
         if kind.group is not None:
             self._groups.add(_group_key(record), job_id, size=kind.group_size,
                              max_size=kind.group_max_size,
@@ -1075,7 +829,7 @@ class SchedulerState:
             pending = queue.pending.get(kind.cluster)
             if pending is None:
                 pending = queue.pending_in(kind.cluster)
-                self._pending_came(kind.queue, kind.cluster)
+                self._targets.pending_came(kind.queue, kind.cluster)
             if kind.parked:
                 queue.parked += 1
                 pending.parked += 1
@@ -1165,7 +919,7 @@ class SchedulerState:
         if pending is not None:
             if pending.live == 0 and pending.parked == 0:
                 del queue.pending[cluster]
-                self._pending_went(queue_name, cluster)
+                self._targets.pending_went(queue_name, cluster)
             else:
                 # Lazy deletion leaves stale entries behind; dropping them once they outnumber
                 # the live ones keeps the heap O(live) at O(1) amortised cost per change.
@@ -1201,84 +955,11 @@ class SchedulerState:
                 self._slot_add(queue.name, cluster, record.shape, False)
                 pending.push(entry)
 
-    def _slot_add(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
-        """A job of this shape starts counting as held (or queued) in its queue's slot of the
-        fair targets' inputs. (On every change of a job: kept lean on purpose.)"""
-        key = (queue, cluster, shape.placement_id)
-        slot = self._slots.get(key)
-        if slot is None:
-            home = self._target_clusters.get(cluster)
-            if home is None:
-                home = self._target_clusters[cluster] = TargetCluster()
-            slot = self._slots[key] = home.slots[(queue, shape.placement_id)] = TargetSlot(
-                queue, shape.placement_id, len(self._axis_names), home)
-        home = slot.home
-        if held:
-            vector = slot.held
-            slot.held_jobs += 1
-            if slot.held_jobs == 1:
-                home.layout += 1
-        else:
-            vector = slot.pending
-            slot.pending_jobs += 1
-            if slot.pending_jobs == 1:
-                home.layout += 1
-        for axis, amount in shape.pairs:
-            vector[axis] += amount
-        slot.stamp += 1
-        home.version += 1
-        self._changes += 1
-
-    def _slot_remove(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
-        """A job of this shape stops counting as held (or queued) in its queue's slot."""
-        key = (queue, cluster, shape.placement_id)
-        slot = self._slots[key]
-        home = slot.home
-        if held:
-            vector = slot.held
-            slot.held_jobs -= 1
-            edge = not slot.held_jobs
-        else:
-            vector = slot.pending
-            slot.pending_jobs -= 1
-            edge = not slot.pending_jobs
-        for axis, amount in shape.pairs:
-            vector[axis] -= amount
-        if edge:
-            home.layout += 1
-            if not slot.held_jobs and not slot.pending_jobs:
-                del self._slots[key]
-                del home.slots[(queue, shape.placement_id)]
-        slot.stamp += 1
-        home.version += 1
-        self._changes += 1
-
-    def _pending_came(self, queue: str, cluster: str) -> None:
-        bookkeeping = self._target_clusters.get(cluster)
-        if bookkeeping is None:
-            bookkeeping = self._target_clusters[cluster] = TargetCluster()
-        bookkeeping.pending_queues.add(queue)
-        bookkeeping.layout += 1
-        bookkeeping.version += 1
-        self._changes += 1
-
-    def _pending_went(self, queue: str, cluster: str) -> None:
-        bookkeeping = self._target_clusters[cluster]
-        bookkeeping.pending_queues.discard(queue)
-        bookkeeping.layout += 1
-        bookkeeping.version += 1
-        self._changes += 1
-
     def _forget_queue(self, queue: QueueRecord) -> None:
         """Drop an undefined, empty queue's record (and its leftover pending entries)."""
         for cluster in queue.pending:
-            self._pending_went(queue.name, cluster)
+            self._targets.pending_went(queue.name, cluster)
         del self._queues[queue.name]
-
-    def _queues_changed(self) -> None:
-        """A queue's weight or status, or whether it is empty, changed (fair targets)."""
-        self._queues_version += 1
-        self._changes += 1
 
     def _queue(self, name: str) -> QueueRecord:
         queue = self._queues.get(name)
@@ -1306,11 +987,7 @@ class SchedulerState:
             if any(amount < 0 for amount in amounts.values()):
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
-            placement_id = self._placement_ids.get(placement)
-            if placement_id is None:
-                placement_id = self._placement_ids[placement] = len(self._placements)
-                self._placements.append(placement)
-                self._placement_reprs.append(placement_key(placement))
+            placement_id = self._targets.placement_id(placement)
             shape = self._shapes[key] = Shape(key, requests, pairs, placement, placement_id)
         if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
             self._shape_of_object.clear()
@@ -1329,7 +1006,7 @@ class SchedulerState:
             axis = self._axes[name] = len(self._axis_names)
             self._axis_names.append(name)
             self._grow_vectors()
-            self._changes += 1
+            self._targets.note_change()
         return axis
 
     def _grow_vectors(self) -> None:
@@ -1338,9 +1015,7 @@ class SchedulerState:
         vectors: list[list[int]] = [self._pool_total]
         for queue in self._queues.values():
             vectors += (queue.demand, queue.allocation, *queue.alloc_in.values())
-        for bookkeeping in self._target_clusters.values():
-            for slot in bookkeeping.slots.values():
-                vectors += (slot.held, slot.pending)
+        vectors += self._targets.slot_vectors()
         for cluster in self._clusters.values():
             cluster.cached_version = -1  # its room index gains the axis too
             vectors.append(cluster.total)
