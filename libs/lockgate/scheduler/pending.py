@@ -73,11 +73,14 @@ class PendingJobs:
         """The first `count` entries in release order (stale ones included)."""
         return heapq.nsmallest(count, self._heap)
 
+    def mostly_stale(self) -> bool:
+        """Whether stale entries outnumber the live ones (then `compact`)."""
+        return len(self._heap) > 2 * self.live + _STALE_SLACK
+
     def compact(self, valid: Callable[[HeapEntry], bool]) -> None:
-        """Drop stale entries once they outnumber the live ones (`valid` says which are live)."""
-        if len(self._heap) > 2 * self.live + _STALE_SLACK:
-            self._heap = unique([e for e in self._heap if valid(e)])
-            heapq.heapify(self._heap)
+        """Drop stale entries (`valid` says which are live)."""
+        self._heap = unique([e for e in self._heap if valid(e)])
+        heapq.heapify(self._heap)
 
     # ---- the head a round kept ---------------------------------------------------------------
 
@@ -94,13 +97,15 @@ class PendingJobs:
 
     # ---- parked jobs -------------------------------------------------------------------------
 
-    def park(self, entry: HeapEntry, valid: Callable[[HeapEntry], bool]) -> None:
-        """Set a job's entry aside among the parked (already off the heap); `valid` says which
-        parked entries are still current, for compacting them."""
-        entries = self.parked_entries
-        entries.append(entry)
-        if len(entries) > 2 * self.parked + _STALE_SLACK:
-            entries[:] = unique([e for e in entries if valid(e)])
+    def park(self, entry: HeapEntry) -> bool:
+        """Set a job's entry aside among the parked (already off the heap); returns whether
+        stale ones now outnumber the current (then `compact_parked`)."""
+        self.parked_entries.append(entry)
+        return len(self.parked_entries) > 2 * self.parked + _STALE_SLACK
+
+    def compact_parked(self, valid: Callable[[HeapEntry], bool]) -> None:
+        """Drop parked entries no longer current (`valid` says which are)."""
+        self.parked_entries = unique([e for e in self.parked_entries if valid(e)])
 
 
 def unique(entries: list[HeapEntry]) -> list[HeapEntry]:

@@ -672,7 +672,8 @@ class SchedulerState:
         subtract_pairs(queue.demand, record.shape.pairs)
         self._forget_shape(pending, record.shape)
         self._slot_remove(queue.name, pending.cluster, record.shape, False)
-        pending.park(entry, functools.partial(self._is_parked_entry, queue, pending))
+        if pending.park(entry):
+            pending.compact_parked(functools.partial(self._is_parked_entry, queue, pending))
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -920,7 +921,7 @@ class SchedulerState:
             if pending.live == 0 and pending.parked == 0:
                 del queue.pending[cluster]
                 self._targets.pending_went(queue_name, cluster)
-            else:
+            elif pending.mostly_stale():
                 # Lazy deletion leaves stale entries behind; dropping them once they outnumber
                 # the live ones keeps the heap O(live) at O(1) amortised cost per change.
                 pending.compact(functools.partial(self._is_heap_entry, queue, pending))
