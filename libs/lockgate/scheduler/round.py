@@ -14,8 +14,10 @@ Cordoned queues release nothing; queue limits cap a queue's allocation over all 
 group is released whole or not at all (`lockgate.scheduler.groups`).
 
 The round is pure computation on `SchedulerState` (no I/O, no clock) and *applies its own
-decisions*: every released job is RELEASED in the state when the round returns, so the next round
-accounts for it. A caller that fails to carry out a decision upserts the job as QUEUED again.
+decisions*, through the state's transaction (`SchedulerState.begin_round`): every released job
+is RELEASED in the state when the round returns, so the rest of the round and the next one
+account for it. Its caller commits the transaction once it has recorded the decisions, keeping
+those it recorded; each other release is taken back, its job queued again as before the round.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.pending import PendingJobs
 from lockgate.scheduler.records import HeapEntry, JobKind, JobRecord, Shape
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
-from lockgate.scheduler.state import QueueRecord, SchedulerState
+from lockgate.scheduler.state import QueueRecord, RoundTransaction, SchedulerState
 from lockgate.scheduler.targets import FairTargets
 
 # A queue with more distinct request shapes than this waiting in one cluster is not checked
@@ -150,7 +152,8 @@ class QueueReport:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """What a round decided (already applied to the state) and how every queue fared.
+    """What a round decided (applied to the state through its transaction) and how every queue
+    fared.
 
     `skipped_jobs` names each job the round looked at and passed over, with the reason; jobs
     parked as unschedulable in earlier rounds are only counted, in `QueueReport.unschedulable`.
@@ -176,8 +179,13 @@ def schedule_round(
     targets_max_age: float = 0.0,
     adopted_targets_max_age: float | None = None,
     release_budget: Mapping[str, int] | None = None,
+    transaction: RoundTransaction | None = None,
 ) -> RoundResult:
     """Decide which queued jobs to release now, and apply those decisions to `state`.
+
+    The releases go through `transaction` (`SchedulerState.begin_round`), which the caller
+    commits once it has recorded them, keeping those it recorded; without one, the round opens
+    its own and commits it, keeping every release.
 
     `max_decisions` caps releases in this round (a pod group is released whole, so a round may
     pass it by the group's size less one); each queue looks past at most
@@ -210,11 +218,23 @@ def schedule_round(
                          "room_holds_per_queue must be 1 or more")
     reserve_before = (None if now is None or group_reserve_after_seconds is None
                       else now - group_reserve_after_seconds)
-    return _Round(state, max_lookback_per_queue, reserve_before, now=now,
-                  hold_seconds=room_hold_seconds, holds_per_queue=room_holds_per_queue,
-                  targets_max_age=targets_max_age,
-                  adopted_targets_max_age=adopted_targets_max_age,
-                  release_budget=release_budget).run(max_decisions)
+    own = transaction is None
+    releasing = state.begin_round() if transaction is None else transaction
+    if releasing.state is not state:
+        raise ValueError("the transaction is another state's")
+    try:
+        result = _Round(state, releasing, max_lookback_per_queue, reserve_before, now=now,
+                        hold_seconds=room_hold_seconds, holds_per_queue=room_holds_per_queue,
+                        targets_max_age=targets_max_age,
+                        adopted_targets_max_age=adopted_targets_max_age,
+                        release_budget=release_budget).run(max_decisions)
+    except BaseException:
+        if own:
+            releasing.rollback()
+        raise
+    if own:
+        releasing.commit()
+    return result
 
 
 class _QueueRound:
@@ -378,12 +398,13 @@ def rank_in_cluster(*, before: float, after: float, target: float, cost_after: f
 
 
 class _Round:
-    def __init__(self, state: SchedulerState, max_lookback: int,
+    def __init__(self, state: SchedulerState, transaction: RoundTransaction, max_lookback: int,
                  reserve_before: float | None = None, *, now: float | None = None,
                  hold_seconds: float | None = None, holds_per_queue: int = 1,
                  targets_max_age: float = 0.0, adopted_targets_max_age: float | None = None,
                  release_budget: Mapping[str, int] | None = None) -> None:
         self.state = state
+        self.transaction = transaction  # every release goes through it
         # The clusters where some queue waiting is not given all it asks (not `uncontested`),
         # as the round began ranking.
         self._contested: set[str] | None = None
@@ -560,7 +581,7 @@ class _Round:
                     state.room_holds().end(entry[2])
                     progress.share = share_after(progress.share, queue.allocation, shape.pairs,
                                                  inverse)
-                    state.mark_released(entry[2], job, hint)
+                    self.transaction.release(entry[2], job, hint)
                     decisions.append(Decision(entry[2], name, pending.cluster, hint))
                     self._spend(pending.cluster, 1)
                     progress.released += 1
@@ -972,7 +993,7 @@ class _Round:
                     hint = cluster.names[node]
                     progress.share = share_after(progress.share, queue.allocation,
                                                  member.shape.pairs, inverse)
-                    self.state.mark_released(member_id, member, hint)
+                    self.transaction.release(member_id, member, hint)
                     decisions.append(Decision(member_id, queue.name, pending.cluster, hint))
                     progress.released += 1
                 self._spend(pending.cluster, len(member_ids))

@@ -17,8 +17,8 @@ It mirrors what it is told and judges nothing: callers fold events through
 `lockgate.jobs.advance` first. The rest of the package (`round`, `room`, `preemption`,
 `explain`) reads the records below (`JobRecord`, `QueueRecord`, `ClusterRecord`, ...) through
 the state's read-only views (`job_records`, `queue_records`, `cluster_records`); only the round
-changes them, through `mark_released` and `park`. `lockgate.scheduler.invariants` checks that
-every aggregate agrees with the records.
+changes them, through its transaction (`begin_round`, `RoundTransaction`) and `park`.
+`lockgate.scheduler.invariants` checks that every aggregate agrees with the records.
 
 Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
 resource name on first sight (the axes only ever grow), and a job's requests are interned into a
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
@@ -207,7 +207,7 @@ class SchedulerState:
     """Queues, cluster capacity and jobs, each change applied incrementally in O(log n).
 
     `lockgate.scheduler.round.schedule_round` reads it and applies its own decisions to it (as
-    RELEASED).
+    RELEASED), through a transaction (`begin_round`).
     """
 
     def __init__(self, fairness_resources: Iterable[str] = DEFAULT_FAIRNESS_RESOURCES) -> None:
@@ -229,6 +229,8 @@ class SchedulerState:
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
         # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
         self._room_holds = RoomHolds()
+        # The round's transaction while one is open (`begin_round`).
+        self._transaction: RoundTransaction | None = None
         # The fair targets' inputs, kept change by change, and the targets last computed.
         self._targets = TargetInputs(clusters=self._clusters, axis_names=self._axis_names,
                                      weights_now=self._weights_now, pool=self._target_pool)
@@ -656,11 +658,35 @@ class SchedulerState:
 
     # ---- for the round (lockgate.scheduler.round) --------------------------------------------
 
-    def mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
-        """The round decided to release this queued job: it now holds capacity."""
+    def begin_round(self) -> RoundTransaction:
+        """Open the transaction a round works through (`RoundTransaction`); one at a time."""
+        if self._transaction is not None:
+            raise RuntimeError("a round's transaction is open already: commit it first")
+        self._transaction = RoundTransaction(self)
+        return self._transaction
+
+    def _mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> JobKind:
+        """The round decided to release this queued job: it now holds capacity. Returns the
+        kind it had (queued), for the transaction to take the release back."""
+        before = record.kind
         self._retract(job_id, record)
-        record.kind = self._vary(record.kind, released=True)
+        record.kind = self._vary(before, released=True)
         self._apply(job_id, record, node_hint)
+        return before
+
+    def _take_back(self, job_id: str, record: JobRecord, before: JobKind) -> None:
+        """A release the round decided and the caller did not record: the job queues again
+        exactly as it was (the same kind, the same place in line)."""
+        self._retract(job_id, record)
+        record.kind = before
+        self._apply(job_id, record, None)
+        if record.kind.state is _QUEUED:
+            self._push(record, job_id)
+        self._tidy(before.queue, before.cluster)
+
+    def _closed(self, transaction: RoundTransaction) -> None:
+        if self._transaction is transaction:
+            self._transaction = None
 
     def park(self, queue: QueueRecord, pending: PendingJobs, record: JobRecord,
              entry: HeapEntry) -> None:
@@ -1039,6 +1065,69 @@ class SchedulerState:
 
     def _resources(self, vector: list[int]) -> Resources:
         return Resources(dict(zip(self._axis_names, vector, strict=False)))
+
+
+class RoundTransaction:
+    """A round's releases, applied to the state at once and kept only when committed.
+
+    Why: a round's decisions count as soon as it makes them (the next job it looks at must see
+    the room and the share they took), but a decision stands only once its caller has recorded
+    it (the leader writes it to Postgres, which drops those whose job is no longer queued
+    there). So the round releases through a transaction (`release`), and its caller commits it
+    after recording: the releases it names stay, every other one is taken back, its job queued
+    again exactly as before the round (its kind, its place in line), as if the round had not
+    decided it. A job that changed since the round (upserted or removed meanwhile) is the
+    change's, and is not taken back.
+
+    Only releases are transactional. What else a round changes is true whatever the caller
+    records: jobs parked as too big for every node, holds ended or placed, the order its heaps
+    were left in, the last fair targets.
+    """
+
+    __slots__ = ("_open", "_released", "state")
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+        # Per release: the job, its record, its kind before and after the release.
+        self._released: list[tuple[str, JobRecord, JobKind, JobKind]] = []
+        self._open = True
+
+    def release(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
+        """Release a queued job (RELEASED, holding capacity on `node_hint`'s node) until the
+        transaction is committed without it."""
+        if not self._open:
+            raise RuntimeError("the round's transaction is closed")
+        before = self.state._mark_released(job_id, record, node_hint)
+        self._released.append((job_id, record, before, record.kind))
+
+    @property
+    def released(self) -> list[str]:
+        """The jobs released through it, in order."""
+        return [job_id for job_id, *_ in self._released]
+
+    def commit(self, *, kept: Collection[str] | None = None) -> list[str]:
+        """Keep the releases of `kept` (None: every one) and take the others back; returns the
+        jobs taken back, in the order they were released."""
+        if not self._open:
+            raise RuntimeError("the round's transaction is closed")
+        self._open = False
+        self.state._closed(self)
+        if kept is None:
+            return []
+        taken_back: list[str] = []
+        jobs = self.state.job_records
+        for job_id, record, before, after in reversed(self._released):
+            if job_id in kept:
+                continue
+            taken_back.append(job_id)
+            if jobs.get(job_id) is record and record.kind is after:
+                self.state._take_back(job_id, record, before)
+        taken_back.reverse()
+        return taken_back
+
+    def rollback(self) -> list[str]:
+        """Take every release back (the caller recorded none)."""
+        return self.commit(kept=())
 
 
 def _controller_key(job: SchedJob) -> ControllerKey | None:
