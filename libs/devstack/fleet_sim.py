@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import hashlib
 import heapq
 import itertools
 import math
@@ -51,9 +52,11 @@ from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler import (
+    Eviction,
     FairTargets,
     NodeInfo,
     PreemptionPolicy,
+    RoundResult,
     SchedJob,
     SchedulerState,
     TargetsKey,
@@ -249,6 +252,25 @@ class Report:
     created: int = 0  # pods: every arrival's, and each evicted pod's replacement
     released: int = 0
     wall_seconds: float = 0.0
+    # Every decision the run made, in order: each round's releases (job and node) and
+    # evictions. Deterministic for a seed, so a change to the scheduler that must not change
+    # what it decides is checked digest for digest (`decisions_digest`); why each job waited
+    # is digested apart (`skipped_digest`), as reasons may be reworded without a decision
+    # changing.
+    decisions: Any = field(default_factory=hashlib.sha256)
+    skipped: Any = field(default_factory=hashlib.sha256)
+
+    def record_round(self, number: int, result: RoundResult) -> None:
+        self.decisions.update(f"round {number}\n".encode())
+        self.decisions.update("".join(f"release {d.job_id} {d.node_hint}\n"
+                                      for d in result.decisions).encode())
+        self.skipped.update(f"round {number}\n".encode())
+        self.skipped.update("".join(f"{job} {reason.value}\n" for job, reason
+                                    in sorted(result.skipped_jobs.items())).encode())
+
+    def record_evictions(self, evictions: list[Eviction]) -> None:
+        self.decisions.update("".join(f"evict {e.job_id} {e.node} for {e.for_job}\n"
+                                      for e in evictions).encode())
 
     def _contested_utilisation(self) -> list[float]:
         return [sample.utilisation[c] for sample in self.samples for c in sample.contested]
@@ -319,6 +341,8 @@ class Report:
             "deviation_pods_max_saturated": round(max(at_saturation), 2)
             if at_saturation else None,
             "wall_seconds": round(self.wall_seconds, 1),
+            "decisions_digest": self.decisions.hexdigest(),
+            "skipped_digest": self.skipped.hexdigest(),
         }
         summary["verdicts"] = self.verdicts(summary)
         return summary
@@ -488,6 +512,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             adopted_targets_max_age=scenario.round_seconds + 1.0)
         collector.after_round()  # as the leader does; counted in the round's time
         report.round_ms.append((time.perf_counter() - tick) * 1000)
+        report.record_round(len(report.round_ms), result)
         for decision in result.decisions:
             job = state.job(decision.job_id)
             if job is None:
@@ -497,7 +522,9 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             report.released += 1
             heapq.heappush(ends, (now + runtime.pop(decision.job_id), decision.job_id))
         if scenario.preemption:
-            for eviction in plan_evictions(state, result, policy=policy, evicting=()):
+            evictions = plan_evictions(state, result, policy=policy, evicting=())
+            report.record_evictions(evictions)
+            for eviction in evictions:
                 victim = state.job(eviction.job_id)
                 if victim is None:
                     continue

@@ -298,17 +298,6 @@ async def changes_since(connection: asyncpg.Connection, cursor: FeedCursor) -> C
     return _changes(newest, queues, nodes, jobs)
 
 
-async def current_jobs(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]
-                       ) -> list[SchedJob]:
-    """The jobs with these (cluster, uid) keys as they are now; missing ones are left out."""
-    if not keys:
-        return []
-    clusters, uids = (list(column) for column in zip(*keys, strict=True))
-    rows = await connection.fetch(
-        f"SELECT {_JOB_COLUMNS} FROM jobs"  # noqa: S608
-        " WHERE (cluster, uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
-        clusters, uids)
-    return [_sched_job(row) for row in rows]
 
 
 async def kept_places(connection: asyncpg.Connection, keys: Sequence[tuple[str, str]]

@@ -294,7 +294,11 @@ class Leader:
         changed = feed.apply_jobs(changes.jobs, now=self._now().timestamp(),
                                   returned=returned) or changed
         self._cursor = changes.cursor  # each read's snapshot is later than the last
-        return changed
+        vanished = self._feed.after_read()
+        if vanished:
+            log.info("%d jobs whose release was dropped have no row any more: forgotten",
+                     len(vanished))
+        return changed or bool(vanished)
 
     async def _forget_backoffs(self) -> None:
         """Delete the controller back-offs that are over, or were reset by a bind."""
@@ -313,31 +317,45 @@ class Leader:
         ROUNDS.labels(trigger).inc()
         with tracer.start_as_current_span("schedule-round") as span:
             decided_at = self._now()
-            result = schedule_round(self._state,
-                                    max_decisions=settings.max_decisions_per_round,
-                                    max_lookback_per_queue=settings.max_lookback_per_queue,
-                                    now=decided_at.timestamp(),
-                                    group_reserve_after_seconds=(
-                                        settings.group_reserve_after_seconds),
-                                    room_hold_seconds=settings.room_hold_seconds or None,
-                                    room_holds_per_queue=settings.room_holds_per_queue,
-                                    targets_max_age=settings.targets_max_age_seconds,
-                                    adopted_targets_max_age=(
-                                        settings.targets_worker_max_age_seconds),
-                                    release_budget=self._release_budget())
-            planned: list[tuple[str, str, str]] = []
+            # The round's releases stand once recorded: it works through a transaction,
+            # committed below with the releases Postgres took.
+            transaction = self._state.begin_round()
+            try:
+                result = schedule_round(
+                    self._state, max_decisions=settings.max_decisions_per_round,
+                    max_lookback_per_queue=settings.max_lookback_per_queue,
+                    now=decided_at.timestamp(),
+                    group_reserve_after_seconds=settings.group_reserve_after_seconds,
+                    room_hold_seconds=settings.room_hold_seconds or None,
+                    room_holds_per_queue=settings.room_holds_per_queue,
+                    targets_max_age=settings.targets_max_age_seconds,
+                    adopted_targets_max_age=settings.targets_worker_max_age_seconds,
+                    release_budget=self._release_budget(), transaction=transaction)
+                planned: list[tuple[str, str, str]] = []
+                for decision in result.decisions:
+                    cluster, uid = jobs.split_job_id(decision.job_id)
+                    planned.append((self._new_decision_id(), cluster, uid))
+                recorded = await store.record_releases(
+                    self._connection, decisions=planned, decided_at=decided_at,
+                    decided_by=settings.instance_id)
+            except BaseException:
+                transaction.rollback()
+                raise
+            kept = {jobs.job_id(release.cluster, release.uid) for release in recorded}
+            taken_back = transaction.commit(kept=kept)
             for decision in result.decisions:
-                cluster, uid = jobs.split_job_id(decision.job_id)
-                planned.append((self._new_decision_id(), cluster, uid))
-                self._feed.released(decision.queue)
-            recorded = await store.record_releases(
-                self._connection, decisions=planned, decided_at=decided_at,
-                decided_by=settings.instance_id)
+                if decision.job_id in kept:
+                    self._feed.released(decision.queue)
             self._paced = any(report.paced for report in result.queues.values())
             span.set_attribute("lockgate.decisions", len(recorded))
             span.set_attribute("lockgate.trigger", trigger)
-            if len(recorded) < len(planned):
-                await self._undo_dropped(planned, recorded)
+            if taken_back:
+                # Each job queues again as before; the next read brings its row as it is now,
+                # and the feed removes those it does not bring (their row is gone).
+                self._feed.taken_back(taken_back)
+                DROPPED_DECISIONS.inc(len(taken_back))
+                log.info("%d decisions dropped: their jobs were no longer queued",
+                         len(taken_back))
             if recorded:
                 for release in recorded:
                     self._release_rates.released(release.queue, release.cluster,
@@ -408,22 +426,6 @@ class Leader:
             return None
         return {name: max(0, window - cluster.releasing)
                 for name, cluster in self._state.cluster_records.items()}
-
-    async def _undo_dropped(self, planned: list[tuple[str, str, str]],
-                            recorded: list[store.RecordedRelease]) -> None:
-        """Jobs the round released that were no longer queued in Postgres: take them as they
-        are there now (the change feed would bring most of them anyway, but not a vanished
-        row)."""
-        kept = {(r.cluster, r.uid) for r in recorded}
-        dropped = [(cluster, uid) for _, cluster, uid in planned if (cluster, uid) not in kept]
-        DROPPED_DECISIONS.inc(len(dropped))
-        current = {job.job_id: job for job in
-                   await store.current_jobs(self._connection, dropped)}
-        at = self._now().timestamp()
-        for cluster, uid in dropped:
-            job_id = jobs.job_id(cluster, uid)
-            self._feed.dropped(job_id, current.get(job_id), now=at)
-        log.info("%d decisions dropped: their jobs were no longer queued", len(dropped))
 
     # ---- removals: preemption and timed-out groups ----------------------------------------
 

@@ -1,4 +1,5 @@
-"""Every unit test checks the scheduler state's invariants after every change and every round.
+"""Every unit test checks the scheduler state's invariants after every change, every round and
+every commit of a round's transaction.
 
 `lockgate.scheduler.invariants.check_invariants` recounts every aggregate `SchedulerState`
 keeps from its records (Armada's jobdb `Assert`). This autouse fixture wraps the state's public
@@ -20,6 +21,7 @@ from lockgate.scheduler import SchedulerState, plan_evictions, schedule_round
 from lockgate.scheduler import preemption as preemption_module
 from lockgate.scheduler import round as round_module
 from lockgate.scheduler.invariants import check_invariants
+from lockgate.scheduler.state import RoundTransaction
 
 # The operations that change a state; each is checked when it returns (the outermost only:
 # upsert_jobs and set_cluster call the others).
@@ -57,6 +59,10 @@ def _state_invariants(request: pytest.FixtureRequest,
     for name in _MUTATORS:
         monkeypatch.setattr(SchedulerState, name,
                             checked(getattr(SchedulerState, name), lambda state, *_, **__: state))
+    # A round's transaction, when its caller commits it (what is kept, what is taken back).
+    for name in ("commit", "rollback"):
+        monkeypatch.setattr(RoundTransaction, name, checked(
+            getattr(RoundTransaction, name), lambda transaction, *_, **__: transaction.state))
     wrapped = {
         schedule_round: checked(schedule_round, lambda state, *_, **__: state),
         plan_evictions: checked(plan_evictions, lambda state, *_, **__: state),

@@ -718,7 +718,7 @@ def test_removing_jobs_updates_the_books_and_the_heap() -> None:
 
     assert state.queue_usage("a").queued_jobs == 2
     # Removed jobs' heap entries are deleted lazily, and compacted once they outnumber the rest.
-    assert len(state.queue_records["a"].pending["cluster-a"].heap) <= 2 * 2 + 64
+    assert len(state.queue_records["a"].pending["cluster-a"].entries) <= 2 * 2 + 64
     assert sorted(released_ids(run_round(state))) == sorted(j.job_id for j in jobs[98:])
 
 

@@ -180,16 +180,45 @@ def test_stored_back_offs_hold_queued_pods_and_a_bound_pod_resets_them() -> None
 
 # ---- what the leader does after a round -------------------------------------------------------
 
-def test_a_dropped_decision_takes_the_job_as_postgres_has_it() -> None:
+def test_a_dropped_decision_queues_again_and_the_next_read_brings_its_row_or_it_vanished(
+        ) -> None:
+    """The leader's round: released through a transaction, committed with what Postgres
+    recorded. Here it recorded neither release: one job's row is gone (deleted outright), the
+    other's is running now. Both queue again as before; the next read brings the running row,
+    and the job it did not bring (no row any more) leaves the state."""
     feed = a_feed()
     feed.apply_jobs([queued("cluster-a/gone"), queued("cluster-a/bound")], now=T0)
-    assert sorted(run_round(feed)) == ["cluster-a/bound", "cluster-a/gone"]
-    feed.dropped("cluster-a/gone", None, now=T0 + 1)
+    transaction = feed.state.begin_round()
+    result = schedule_round(feed.state, max_decisions=100, max_lookback_per_queue=100,
+                            transaction=transaction)
+    assert sorted(d.job_id for d in result.decisions) == ["cluster-a/bound", "cluster-a/gone"]
+    taken_back = transaction.commit(kept=set())
+    feed.taken_back(taken_back)
+    assert sorted(taken_back) == ["cluster-a/bound", "cluster-a/gone"]
+    assert feed.state.job("cluster-a/gone") == queued("cluster-a/gone")  # as before the round
+    assert feed.phases["a"] == {"queued": 2}
+    # The next read of changed rows (taken after the write) brings only the running one.
     now_bound = replace(queued("cluster-a/bound"), state=JobState.RUNNING, node_name="node-1")
-    feed.dropped("cluster-a/bound", now_bound, now=T0 + 1)
+    feed.apply_jobs([now_bound], now=T0 + 1)
+    assert feed.after_read() == ["cluster-a/gone"]
     assert feed.state.job("cluster-a/gone") is None
     assert feed.state.job("cluster-a/bound") == now_bound
-    assert feed.phases["a"] == {"queued": 0, "released": 0, "running": 1}
+    assert feed.phases["a"] == {"queued": 0, "running": 1}  # never counted as released
+    assert feed.after_read() == []  # once: later reads remove nothing
+
+
+def test_a_job_taken_back_whose_row_is_queued_again_stays() -> None:
+    """Between the write and the read, the job's row may have changed more than once (here:
+    queued again, as a pod returned for retry is): the read brings it, so it is not gone."""
+    feed = a_feed()
+    feed.apply_jobs([queued("cluster-a/p1")], now=T0)
+    transaction = feed.state.begin_round()
+    schedule_round(feed.state, max_decisions=100, max_lookback_per_queue=100,
+                   transaction=transaction)
+    feed.taken_back(transaction.commit(kept=()))
+    feed.apply_jobs([queued("cluster-a/p1", created=T0 + 0.5)], now=T0 + 1)
+    assert feed.after_read() == []
+    assert feed.state.job("cluster-a/p1") == queued("cluster-a/p1", created=T0 + 0.5)
 
 
 def test_phases_count_every_job_the_feed_holds_or_holds_out() -> None:

@@ -53,8 +53,8 @@ def test_an_allocation_that_is_not_the_sum_of_its_jobs_is_named() -> None:
 def test_a_waiting_job_missing_from_its_heap_is_named() -> None:
     state = _busy_state()
     pending = state.queue_records["b"].pending["cluster-a"]
-    job_id = pending.heap[0][2]
-    pending.heap[:] = [entry for entry in pending.heap if entry[2] != job_id]
+    job_id = pending.pop()[2]  # the heap loses its top job, and keeps the rest
+    assert all(entry[2] != job_id for entry in pending.entries)
     with pytest.raises(AssertionError, match=f"heap lacks waiting jobs \\['{job_id}'\\]"):
         check_invariants(state)
 

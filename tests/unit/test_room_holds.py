@@ -9,9 +9,10 @@ from collections.abc import Callable
 import pytest
 from builders import a_job, a_node, a_state
 
+from lockgate.scheduler.records import Shape
 from lockgate.scheduler.room import BEST_FIT_WINDOW, ClusterRoom, fits, give
 from lockgate.scheduler.room_index import RoomIndex
-from lockgate.scheduler.state import SchedulerState, Shape
+from lockgate.scheduler.state import SchedulerState
 
 Yields = Callable[[str, Shape], bool]
 

@@ -19,8 +19,8 @@ from lockgate.scheduler import (
     SkipReason,
     schedule_round,
 )
+from lockgate.scheduler.records import Shape
 from lockgate.scheduler.room import ClusterRoom
-from lockgate.scheduler.state import Shape
 
 T0 = 1_700_000_000.0
 

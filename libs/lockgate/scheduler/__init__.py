@@ -2,8 +2,9 @@
 
 Why a package: the round, its room, preemption, explain and status must judge by one state and
 one cost model. Its modules talk only through public names, in layers (pyproject.toml's
-import-linter contract keeps them so): `state` (with `groups`) at the bottom; `costs` (the one
-cost model); `room`; `round`; then `preemption`, `explain`, `waiting` and `invariants` (the
+import-linter contract keeps them so): `state` at the bottom, built on `target_inputs`,
+`pending`, `room_caches`, `records` and `groups`; `costs` (the one cost model); `room`;
+`round`; then `preemption`, `explain`, `waiting` and `invariants` (the
 state's consistency check, which the unit tests run after every operation); and on top `feed`
 (the hold-out policy between the job rows and the state). docs/scheduling.md describes the
 policy, docs/ARCHITECTURE.md where each part lives. Services, adapters, tests and the benchmarks
@@ -48,6 +49,7 @@ from lockgate.scheduler.preemption import (
     PreemptionPolicy,
     plan_evictions,
 )
+from lockgate.scheduler.room_caches import NodeInfo
 from lockgate.scheduler.round import (
     UNSCHEDULABLE_REASONS,
     Decision,
@@ -59,12 +61,11 @@ from lockgate.scheduler.round import (
 )
 from lockgate.scheduler.state import (
     DEFAULT_FAIRNESS_RESOURCES,
-    NodeInfo,
     QueueUsage,
     SchedJob,
     SchedulerState,
-    TargetsKey,
 )
+from lockgate.scheduler.target_inputs import TargetsKey
 from lockgate.scheduler.targets import FairTargets, TargetProblem, solve_problem
 from lockgate.scheduler.waiting import NoticeLimits, TokenBucket, WaitingPods
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lockgate.scheduler.state import SchedulerState, Shape
+from lockgate.scheduler.records import Shape
+from lockgate.scheduler.state import SchedulerState
 from lockgate.scheduler.targets import FairTargets
 
 # Shares are floats: a queue exactly at its target must not look a hair above or below it. A

@@ -34,7 +34,10 @@ from lockgate.scheduler.costs import (
 )
 from lockgate.scheduler.groups import GroupKey, GroupStatus
 from lockgate.scheduler.holds import RoomHold
+from lockgate.scheduler.pending import PendingJobs
+from lockgate.scheduler.records import Shape
 from lockgate.scheduler.room import ClusterRoom, fits, take
+from lockgate.scheduler.room_caches import ClusterRecord
 from lockgate.scheduler.round import (
     Rank,
     rank_in_cluster,
@@ -42,14 +45,7 @@ from lockgate.scheduler.round import (
     uncontested,
     waits_while_room_gathers,
 )
-from lockgate.scheduler.state import (
-    ClusterRecord,
-    PendingJobs,
-    QueueRecord,
-    SchedJob,
-    SchedulerState,
-    Shape,
-)
+from lockgate.scheduler.state import QueueRecord, SchedJob, SchedulerState
 
 
 class WaitReason(StrEnum):
@@ -319,9 +315,10 @@ def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> st
                 and not job.held and job.queue == queue.name and job.cluster == pending.cluster
                 and job.priority == -entry[0] and job.created_at == entry[1])
 
-    if pending.heap and valid(pending.heap[0]):
-        return pending.heap[0][2]
-    live = [entry for entry in pending.heap if valid(entry)]
+    first = pending.first()
+    if first is not None and valid(first):
+        return first[2]
+    live = [entry for entry in pending.entries if valid(entry)]
     return min(live)[2] if live else None
 
 

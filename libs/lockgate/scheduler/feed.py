@@ -33,7 +33,8 @@ from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import Limit
 from lockgate.noticing import UndefinedQueueNotices
 from lockgate.queues import MaxQueued, QueueSpec
-from lockgate.scheduler.state import NodeInfo, SchedJob, SchedulerState
+from lockgate.scheduler.room_caches import NodeInfo
+from lockgate.scheduler.state import SchedJob, SchedulerState
 from lockgate.scheduler.waiting import NoticeLimits, WaitingPods
 from lockgate.unplaceable import UnplaceableWatch, is_given_up
 
@@ -89,6 +90,9 @@ class Feed:
         self._retrying: dict[str, tuple[float, SchedJob]] = {}  # job id -> (due, job)
         self._controllers = ControllerBackoffs(policy.controller_backoff)
         self._to_forget: list[ControllerBackoff] = []  # reset by a bind, not deleted yet
+        # Jobs whose release a round decided and the leader could not record, taken back, until
+        # the next read of rows (`taken_back`, `after_read`).
+        self._unrecorded: set[str] = set()
 
     # ---- rows in ---------------------------------------------------------------------------
 
@@ -115,6 +119,7 @@ class Feed:
         `returned`: (releases so far, when it came back) for a queued job whose release failed.
         """
         state = self.state
+        self._unrecorded.discard(job.job_id)  # its row is still there
         self.notices.observe(job)
         self.unplaceable.observe(job)
         self.waiting.observe(job, now)
@@ -175,19 +180,27 @@ class Feed:
         phases["queued"] -= 1
         phases["released"] += 1
 
-    def dropped(self, job_id: str, current: SchedJob | None, *, now: float) -> None:
-        """A release the round decided was not recorded (the job was no longer queued in
-        Postgres): take the job as it is there now (`current`; None: its row is gone)."""
-        self._count(self.state.job(job_id), -1)
-        if current is None:
+    def taken_back(self, job_ids: Iterable[str]) -> None:
+        """Releases a round decided that the leader could not record, which the round's
+        transaction took back (each job queued again as it was before the round).
+
+        Postgres had each of these jobs other than queued, or not at all, when the leader wrote:
+        the job's row changed after what the state was built from, or it is gone. So the next
+        read of changed rows, taken after that write, brings the row of each one still there
+        (`apply_job`), and `after_read` removes the rest."""
+        self._unrecorded.update(job_ids)
+
+    def after_read(self) -> list[str]:
+        """After a read of changed rows is applied: the jobs taken back (`taken_back`) before
+        it that it did not bring have no row any more, and leave the state; returns them."""
+        vanished = sorted(self._unrecorded)
+        self._unrecorded.clear()
+        for job_id in vanished:
+            self._count(self.state.job(job_id), -1)
             self.state.remove_job(job_id)
             self.notices.forget(job_id)
             self.waiting.forget(job_id)
-        else:
-            self.notices.observe(current)
-            self.waiting.observe(current, now)
-            self._count(current, +1)
-            self.state.upsert_job(current)
+        return vanished
 
     def key_of(self, job_id: str) -> JobKey | None:
         """Who a job the feed holds is: in the state, waiting to retry, or expired (None: it

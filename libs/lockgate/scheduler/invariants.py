@@ -15,21 +15,15 @@ pushed back yet) they need not.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import cast
 
 from lockgate.jobs import JobState
 from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.records import HeapEntry, JobRecord, Shape, add_pairs
+from lockgate.scheduler.room_caches import ClusterRecord, NodeClass, fits_node_class
 from lockgate.scheduler.room_index import RoomIndex
-from lockgate.scheduler.state import (
-    ClusterRecord,
-    HeapEntry,
-    JobRecord,
-    NodeClass,
-    SchedulerState,
-    Shape,
-    add_pairs,
-    fits_node_class,
-)
+from lockgate.scheduler.state import SchedulerState
 
 # One cluster's part of the fair targets' structure: its name, its groups, its slots.
 _StructurePart = tuple[str, object, tuple[tuple[str, str], ...]]
@@ -130,8 +124,9 @@ def _check_queues(state: SchedulerState, problems: _Problems, axes: int) -> None
             problems.check(dict(shapes) == pending.shapes,
                            f"{here} counts shapes {_shape_counts(pending.shapes)}, holds "
                            f"{_shape_counts(dict(shapes))}")
-            problems.check(_is_heap(pending.heap), f"{here}'s heap is out of heap order")
-            in_heap = {entry[2] for entry in pending.heap if _matches(entry, state, name, cluster)}
+            problems.check(_is_heap(pending.entries), f"{here}'s heap is out of heap order")
+            in_heap = {entry[2] for entry in pending.entries
+                       if _matches(entry, state, name, cluster)}
             missing = [i for i, _ in mine_live if i not in in_heap]
             problems.check(not missing, f"{here}'s heap lacks waiting jobs {missing[:5]}")
             parked_in = {entry[2] for entry in pending.parked_entries
@@ -432,7 +427,7 @@ def _matches(entry: HeapEntry, state: SchedulerState, queue: str, cluster: str) 
             and record.created_at == entry[1])
 
 
-def _is_heap(heap: list[HeapEntry]) -> bool:
+def _is_heap(heap: Sequence[HeapEntry]) -> bool:
     return all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap)))
 
 

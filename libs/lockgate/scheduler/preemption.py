@@ -50,7 +50,6 @@ on the state is those reservations.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -68,6 +67,7 @@ from lockgate.scheduler.costs import (
     within_target,
 )
 from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.records import JobRecord, Shape, add_pairs, subtract_pairs
 from lockgate.scheduler.room import fits, give, take
 from lockgate.scheduler.round import (
     Rank,
@@ -76,7 +76,7 @@ from lockgate.scheduler.round import (
     rank_in_cluster,
     uncontested,
 )
-from lockgate.scheduler.state import JobRecord, SchedulerState, Shape, add_pairs, subtract_pairs
+from lockgate.scheduler.state import SchedulerState
 
 __all__ = ["PREEMPTIBLE_LABEL", "Eviction", "PreemptionPolicy", "plan_evictions"]
 
@@ -185,7 +185,7 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
         entries = []
         for pending in queue.pending.values():
             # Stale entries are filtered below; twice the limit leaves room for them.
-            entries += heapq.nsmallest(2 * limit + 16, pending.heap)
+            entries += pending.smallest(2 * limit + 16)
         units = _units(state, result, name, sorted(entries), where, limit)
         if any(unit.candidate for unit in units):
             waiting[name] = units

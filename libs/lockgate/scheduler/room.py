@@ -16,8 +16,9 @@ from collections.abc import Callable
 from lockgate.placement import PodPlacement, can_land
 from lockgate.scheduler.costs import dominant_of
 from lockgate.scheduler.groups import GroupKey
+from lockgate.scheduler.records import Shape
+from lockgate.scheduler.room_caches import ClusterRecord
 from lockgate.scheduler.room_index import RoomIndex
-from lockgate.scheduler.state import ClusterRecord, Shape
 
 
 class ClusterRoom:

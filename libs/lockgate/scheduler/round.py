@@ -14,8 +14,10 @@ Cordoned queues release nothing; queue limits cap a queue's allocation over all 
 group is released whole or not at all (`lockgate.scheduler.groups`).
 
 The round is pure computation on `SchedulerState` (no I/O, no clock) and *applies its own
-decisions*: every released job is RELEASED in the state when the round returns, so the next round
-accounts for it. A caller that fails to carry out a decision upserts the job as QUEUED again.
+decisions*, through the state's transaction (`SchedulerState.begin_round`): every released job
+is RELEASED in the state when the round returns, so the rest of the round and the next one
+account for it. Its caller commits the transaction once it has recorded the decisions, keeping
+those it recorded; each other release is taken back, its job queued again as before the round.
 """
 
 from __future__ import annotations
@@ -39,16 +41,10 @@ from lockgate.scheduler.costs import (
 )
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHold
+from lockgate.scheduler.pending import PendingJobs
+from lockgate.scheduler.records import HeapEntry, JobKind, JobRecord, Shape
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
-from lockgate.scheduler.state import (
-    HeapEntry,
-    JobKind,
-    JobRecord,
-    PendingJobs,
-    QueueRecord,
-    SchedulerState,
-    Shape,
-)
+from lockgate.scheduler.state import QueueRecord, RoundTransaction, SchedulerState
 from lockgate.scheduler.targets import FairTargets
 
 # A queue with more distinct request shapes than this waiting in one cluster is not checked
@@ -160,7 +156,8 @@ class QueueReport:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """What a round decided (already applied to the state) and how every queue fared.
+    """What a round decided (applied to the state through its transaction) and how every queue
+    fared.
 
     `skipped_jobs` names each job the round looked at and passed over, with the reason; jobs
     parked as unschedulable in earlier rounds are only counted, in `QueueReport.unschedulable`.
@@ -186,8 +183,13 @@ def schedule_round(
     targets_max_age: float = 0.0,
     adopted_targets_max_age: float | None = None,
     release_budget: Mapping[str, int] | None = None,
+    transaction: RoundTransaction | None = None,
 ) -> RoundResult:
     """Decide which queued jobs to release now, and apply those decisions to `state`.
+
+    The releases go through `transaction` (`SchedulerState.begin_round`), which the caller
+    commits once it has recorded them, keeping those it recorded; without one, the round opens
+    its own and commits it, keeping every release.
 
     `max_decisions` caps releases in this round (a pod group is released whole, so a round may
     pass it by the group's size less one); each queue looks past at most
@@ -220,11 +222,23 @@ def schedule_round(
                          "room_holds_per_queue must be 1 or more")
     reserve_before = (None if now is None or group_reserve_after_seconds is None
                       else now - group_reserve_after_seconds)
-    return _Round(state, max_lookback_per_queue, reserve_before, now=now,
-                  hold_seconds=room_hold_seconds, holds_per_queue=room_holds_per_queue,
-                  targets_max_age=targets_max_age,
-                  adopted_targets_max_age=adopted_targets_max_age,
-                  release_budget=release_budget).run(max_decisions)
+    own = transaction is None
+    releasing = state.begin_round() if transaction is None else transaction
+    if releasing.state is not state:
+        raise ValueError("the transaction is another state's")
+    try:
+        result = _Round(state, releasing, max_lookback_per_queue, reserve_before, now=now,
+                        hold_seconds=room_hold_seconds, holds_per_queue=room_holds_per_queue,
+                        targets_max_age=targets_max_age,
+                        adopted_targets_max_age=adopted_targets_max_age,
+                        release_budget=release_budget).run(max_decisions)
+    except BaseException:
+        if own:
+            releasing.rollback()
+        raise
+    if own:
+        releasing.commit()
+    return result
 
 
 class _QueueRound:
@@ -249,9 +263,9 @@ class _QueueRound:
 
     def __init__(self, queue: QueueRecord, share: float) -> None:
         self.queue = queue
-        # Its pending jobs per cluster still in play; each heap[0] is a validated job.
+        # Its pending jobs per cluster still in play; each one's top is a validated job.
         self.clusters: list[PendingJobs] = []
-        self.head: PendingJobs | None = None  # the one whose heap[0] goes next
+        self.head: PendingJobs | None = None  # the one whose top goes next
         self.share = share  # dominant share of the allocation, kept current as jobs are taken
         # Jobs looked past per cluster: a queue's lookback is spent cluster by cluster, so jobs
         # that find no room where its pods are pinned do not keep it out of its other clusters.
@@ -370,12 +384,13 @@ def rank_in_cluster(*, before: float, after: float, target: float, cost_after: f
 
 
 class _Round:
-    def __init__(self, state: SchedulerState, max_lookback: int,
+    def __init__(self, state: SchedulerState, transaction: RoundTransaction, max_lookback: int,
                  reserve_before: float | None = None, *, now: float | None = None,
                  hold_seconds: float | None = None, holds_per_queue: int = 1,
                  targets_max_age: float = 0.0, adopted_targets_max_age: float | None = None,
                  release_budget: Mapping[str, int] | None = None) -> None:
         self.state = state
+        self.transaction = transaction  # every release goes through it
         # The clusters where some queue waiting is not given all it asks (not `uncontested`),
         # as the round began ranking.
         self._contested: set[str] | None = None
@@ -461,8 +476,8 @@ class _Round:
             queue = progress.queue
             pending = progress.head
             assert pending is not None  # a candidate always has a head
-            entry = pending.heap[0]
-            kind = pending.head_kind  # heap[0]'s, validated (`_validate_head`)
+            entry = pending.top()
+            kind = pending.head_kind  # the top's, validated (`_validate_head`)
             assert kind is not None
             cluster = self.clusters[pending.cluster]
             shape = kind.shape
@@ -481,7 +496,7 @@ class _Round:
                 # turn this round already (first thing, or when it reserved): nothing else
                 # goes there this round. One job says why; the queue sets the cluster aside,
                 # without using up its lookback, which is for jobs that could go.
-                heapq.heappop(pending.heap)
+                pending.pop()
                 progress.skipped.append((pending, entry))
                 why = SkipReason.RESERVED_FOR_GROUP
                 if kind.group is not None:  # its own group's reason, if it was judged
@@ -500,7 +515,7 @@ class _Round:
             elif kind.group is not None and not self.groups.started(
                     (pending.cluster, name, kind.group)):
                 job = jobs[entry[2]]
-                heapq.heappop(pending.heap)
+                pending.pop()
                 self._looked_at(pending.cluster, name, entry[2])
                 # Once judged, a member's unit is itself, not its gang: rank it again.
                 progress.ranks.pop(pending.cluster, None)
@@ -508,7 +523,7 @@ class _Round:
                 dropped = False
                 if reason is None and job.state is _QUEUED:
                     # Its gang (the oldest members) went without it: it joins alone, later.
-                    heapq.heappush(pending.heap, entry)
+                    pending.push(entry)
                 elif reason is not None:
                     progress.skipped.append((pending, entry))
                     self._skipped(entry[2], name, reason)
@@ -518,7 +533,7 @@ class _Round:
             else:
                 # A single pod, or a member of a started group: it joins alone (groups.py).
                 job = jobs[entry[2]]
-                heapq.heappop(pending.heap)
+                pending.pop()
                 self._looked_at(pending.cluster, name, entry[2])
                 node = -1
                 counted = True
@@ -552,7 +567,7 @@ class _Round:
                     state.room_holds().end(entry[2])
                     progress.share = share_after(progress.share, queue.allocation, shape.pairs,
                                                  inverse)
-                    state.mark_released(entry[2], job, hint)
+                    self.transaction.release(entry[2], job, hint)
                     decisions.append(Decision(entry[2], name, pending.cluster, hint))
                     self._spend(pending.cluster, 1)
                     progress.released += 1
@@ -575,7 +590,7 @@ class _Round:
 
         for progress in self.queue_rounds.values():
             for pending, entry in progress.skipped:
-                heapq.heappush(pending.heap, entry)
+                pending.push(entry)
             for pending, _ in progress.skipped:
                 self._keep_head(pending)
         return self._result(decisions)
@@ -583,7 +598,7 @@ class _Round:
     def _keep_head(self, pending: PendingJobs) -> None:
         """After the round pushed back the jobs it passed over: keep the one at the top as
         the head the next round starts from (`_validate_head`), as the state holds it."""
-        entry = pending.heap[0]
+        entry = pending.top()
         if entry is pending.head:
             return
         job = self.state.job_records.get(entry[2])
@@ -591,9 +606,9 @@ class _Round:
         if (job is not None and kind is not None and job.entry is entry
                 and entry[2] in self.skipped_jobs and kind.state is _QUEUED
                 and not kind.parked and not kind.held):
-            pending.head, pending.head_kind = entry, kind
+            pending.keep_head(entry, kind)
         else:
-            pending.head = pending.head_kind = None
+            pending.keep_head(None, None)
 
     def _skipped(self, job_id: str, queue: str, reason: SkipReason) -> None:
         """The round looked at a job of `queue` and passed it over, for `reason`."""
@@ -620,7 +635,7 @@ class _Round:
         closed: list[PendingJobs] | None = None
         allocated, share = progress.queue.allocated, progress.share
         for pending in clusters:
-            entry = pending.heap[0]
+            entry = pending.top()
             if self._closed_to(progress, pending, entry):
                 if closed is None:
                     closed = []
@@ -632,7 +647,7 @@ class _Round:
                 rank = known[3]
             else:
                 kind = pending.head_kind
-                assert kind is not None  # heap[0] is validated
+                assert kind is not None  # the top is validated
                 rank = self.rank(progress, pending.cluster, self._unit_pairs(pending, kind))
                 ranks[pending.cluster] = (entry, allocated, share, rank)
             if best is None or (rank, entry) < best:
@@ -676,7 +691,7 @@ class _Round:
                 and seen[2] == len(over_limit)):
             return False  # nothing turned down since it was found open
         kind = pending.head_kind
-        assert kind is not None  # heap[0] is validated
+        assert kind is not None  # the top is validated
         shape = kind.shape
         if (
             (shape in rejected or shape in over_limit or cluster.overcommitted)
@@ -964,7 +979,7 @@ class _Round:
                     hint = cluster.names[node]
                     progress.share = share_after(progress.share, queue.allocation,
                                                  member.shape.pairs, inverse)
-                    self.state.mark_released(member_id, member, hint)
+                    self.transaction.release(member_id, member, hint)
                     decisions.append(Decision(member_id, queue.name, pending.cluster, hint))
                     progress.released += 1
                 self._spend(pending.cluster, len(member_ids))
@@ -1033,24 +1048,23 @@ class _Round:
 
     def _validate_head(self, progress: _QueueRound, pending: PendingJobs, *,
                        fresh: bool = False) -> bool:
-        """Make heap[0] a job the round may consider: drop stale entries and park jobs too big
-        for every node of their cluster. False when nothing is left. Sets `pending.head` (and
-        its kind) to heap[0].
+        """Make the heap's top a job the round may consider: drop stale entries and park jobs
+        too big for every node of their cluster. False when nothing is left. Keeps the top as
+        `pending.head` (and its kind).
 
         `fresh`: the round has not looked at this queue's jobs in the cluster yet. Then a head
         an earlier round validated whose job has not changed since (`PendingJobs.head`) is
         taken as it is: the state forgets it when its job changes."""
-        heap = pending.heap
         jobs = self.state.job_records
         name = progress.queue.name
         cluster_name = pending.cluster
         skipped_jobs = self.skipped_jobs
-        if fresh and heap and heap[0] is pending.head and pending.head_kind is not None:
+        entry = pending.first()
+        if fresh and entry is not None and entry is pending.head and pending.head_kind is not None:
             if self._fits_cluster(cluster_name, pending.head_kind.shape):
                 return True
-            pending.head = pending.head_kind = None
-        while heap:
-            entry = heap[0]
+            pending.keep_head(None, None)
+        while entry is not None:
             job = jobs.get(entry[2])
             kind = None if job is None else job.kind  # the fields, without the properties
             if (
@@ -1065,11 +1079,12 @@ class _Round:
                 or job.entry[1] != entry[1]
                 or entry[2] in skipped_jobs  # a second entry for a job already looked at
             ):
-                heapq.heappop(heap)
+                pending.pop()
+                entry = pending.first()
                 continue
             if not self._fits_cluster(cluster_name, kind.shape):
                 cluster = self.clusters[cluster_name]
-                heapq.heappop(heap)
+                pending.pop()
                 self.state.park(progress.queue, pending, job, entry)
                 self._skipped(
                     entry[2], name,
@@ -1077,9 +1092,10 @@ class _Round:
                     else SkipReason.NO_MATCHING_NODE if not cluster.nodes_for_shape(job.shape)
                     else SkipReason.TOO_BIG_FOR_ANY_NODE,
                 )
+                entry = pending.first()
                 continue
             # Kept only as the job's own entry: the state forgets it when the job changes.
-            pending.head, pending.head_kind = (entry, kind) if job.entry is entry else (None, kind)
+            pending.keep_head(entry if job.entry is entry else None, kind)
             return True
         return False
 

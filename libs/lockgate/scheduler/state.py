@@ -6,12 +6,19 @@ jobs, so it cannot rebuild anything per round. `SchedulerState` is fed every cha
 change, exactly what a round needs: per queue and cluster a heap of its pending jobs in release
 order; per queue its allocation and demand; per cluster its nodes and what managed jobs hold.
 
+Its concerns live in their own modules, each with a public interface, and the state composes
+them: `records` (what a job is: interned shapes and kinds), `pending` (a queue's heap per
+cluster, changed only through its methods), `room_caches` (a cluster's nodes and the room
+rounds copy) and `target_inputs` (the fair targets' inputs, kept change by change, and the
+targets). What is left here is the bookkeeping that ties them: every change of a job applied to
+each, in step.
+
 It mirrors what it is told and judges nothing: callers fold events through
 `lockgate.jobs.advance` first. The rest of the package (`round`, `room`, `preemption`,
 `explain`) reads the records below (`JobRecord`, `QueueRecord`, `ClusterRecord`, ...) through
 the state's read-only views (`job_records`, `queue_records`, `cluster_records`); only the round
-changes them, through `mark_released` and `park`. `lockgate.scheduler.invariants` checks that
-every aggregate agrees with the records.
+changes them, through its transaction (`begin_round`, `RoundTransaction`) and `park`.
+`lockgate.scheduler.invariants` checks that every aggregate agrees with the records.
 
 Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
 resource name on first sight (the axes only ever grow), and a job's requests are interned into a
@@ -25,26 +32,46 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
 from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
-from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
+from lockgate.placement import NodeTraits, PodPlacement
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
 from lockgate.scheduler.holds import RoomHolds
-from lockgate.scheduler.room_index import RoomIndex
+from lockgate.scheduler.pending import PendingJobs, unique
+from lockgate.scheduler.records import (
+    HeapEntry,
+    JobKind,
+    JobRecord,
+    Shape,
+    add_pairs,
+    placement_key,
+    subtract_pairs,
+)
+from lockgate.scheduler.room_caches import (
+    ClusterRecord,
+    NodeClass,
+    NodeInfo,
+    NodeRecord,
+    fits_node_class,
+)
+from lockgate.scheduler.target_inputs import (
+    Inputs,
+    TargetCluster,
+    TargetInputs,
+    TargetsKey,
+    TargetSlot,
+)
 from lockgate.scheduler.targets import (
     Demand,
     FairTargets,
     NodeGroup,
     TargetProblem,
-    fair_targets,
 )
 
 _QUEUED = JobState.QUEUED
@@ -53,32 +80,9 @@ _RELEASED = JobState.RELEASED
 # How many request objects `_intern` remembers by identity before starting over.
 _SHAPE_OBJECT_CACHE = 1024
 
-# A pending job's place in its queue's heap: higher priority first, then older, then by id.
-HeapEntry = tuple[int, float, str]
 # What fair shares are computed over by default, as Armada does: a resource nobody schedules by
 # (ephemeral-storage, hugepages, pods) must never become a queue's dominant one by accident.
 DEFAULT_FAIRNESS_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
-# Per placement, the node groups of a cluster it may land on (fair targets).
-_Usable = dict[PodPlacement | None, tuple[str, ...]]
-# A node as the parking logic compares them: its allocatable vector and its traits.
-NodeClass = tuple[tuple[int, ...], NodeTraits]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """What one node offers: allocatable capacity, minus what pods lockgate does not manage use."""
-
-    allocatable: Resources
-    unmanaged_usage: Resources = field(default_factory=Resources)
-    schedulable: bool = True
-    labels: Mapping[str, str] = field(default_factory=dict)
-    taints: tuple[Taint, ...] = ()
-
-    @property
-    def in_pool(self) -> bool:
-        """Whether the node counts towards the pool fair shares are shares of: schedulable,
-        and not a tainted control plane (room there is only for pods that tolerate it)."""
-        return self.schedulable and not is_control_plane(self.taints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,244 +156,9 @@ class QueueUsage:
     backing_off_jobs: int = 0  # queued, held while their controller backs off
 
 
-class Shape:
-    """An interned request vector: shared by every job that asks for exactly the same."""
-
-    __slots__ = ("key", "pairs", "placement", "placement_id", "refs", "requests")
-
-    def __init__(
-        self,
-        key: tuple[frozenset[tuple[str, int]], PodPlacement | None],
-        requests: Resources,
-        pairs: tuple[tuple[int, int], ...],
-        placement: PodPlacement | None,
-        placement_id: int,
-    ) -> None:
-        self.key = key
-        self.requests = requests
-        self.pairs = pairs
-        self.placement = placement
-        # The state's number for its placement (equal placements, one number): the fair
-        # targets' bookkeeping keys by it, so a placement is hashed once per shape, not per job.
-        self.placement_id = placement_id
-        self.refs = 0
-
-
-@functools.lru_cache(maxsize=4096)
-def _placement_key(placement: PodPlacement | None) -> str:
-    """A placement's repr, made once: the fair targets sort and compare by it every round, and
-    a pydantic model's repr took a quarter of the leader's CPU on the release benchmark."""
-    return repr(placement)
-
-
-class TargetSlot:
-    """What one queue holds and has queued in one cluster, for pods of one placement: one
-    demand of the fair targets, kept change by change (`SchedulerState._target_inputs`).
-
-    `held` sums the requests of its jobs holding capacity there, `pending` those of its queued
-    jobs that are neither parked nor held (its queue's `PendingJobs.shapes`); `stamp` moves
-    with every change of either. It exists while it counts a job.
-    """
-
-    __slots__ = ("held", "held_jobs", "home", "pending", "pending_jobs", "placement_id", "queue",
-                 "stamp")
-
-    def __init__(self, queue: str, placement_id: int, axes: int, home: TargetCluster) -> None:
-        self.home = home  # its cluster's bookkeeping
-        self.queue = queue
-        self.placement_id = placement_id
-        self.held = [0] * axes
-        self.pending = [0] * axes
-        self.held_jobs = 0
-        self.pending_jobs = 0
-        self.stamp = 0
-
-
-class _ClusterPart:
-    """One cluster's share of the fair targets' inputs, as last built (see `_target_inputs`)."""
-
-    __slots__ = ("demands", "entries", "groups", "key", "layout", "ordered", "present",
-                 "structure", "usable", "values", "version")
-
-    def __init__(self) -> None:
-        self.key: tuple[int, int, int] = (-1, -1, -1)
-        self.layout = -1
-        self.version = -1
-        self.present = False
-        self.ordered: list[TargetSlot] = []
-        self.groups: list[NodeGroup] = []
-        self.usable: dict[int, tuple[str, ...]] = {}
-        self.structure: object = ()
-        # Per slot (by identity, in `ordered`): its stamp, its amounts entry and its demand.
-        self.entries: dict[int, tuple[int, tuple[tuple[int, ...], tuple[int, ...]], Demand]] = {}
-        self.values: tuple[object, ...] = ()  # the amounts, in `ordered`'s order
-        self.demands: list[Demand] = []
-
-
-class TargetCluster:
-    """The fair targets' bookkeeping for one cluster: its slots by (queue, placement id), and
-    the queues with a `PendingJobs` there (a queue's pending entry puts the cluster among the
-    targets' inputs even when it counts no live job, as the recount does)."""
-
-    __slots__ = ("layout", "part", "pending_queues", "slots", "version")
-
-    def __init__(self) -> None:
-        self.slots: dict[tuple[str, int], TargetSlot] = {}
-        self.pending_queues: set[str] = set()
-        self.version = 0  # any change of its slots or pending queues
-        self.layout = 0  # a slot or a pending queue came or went, or a slot's counts hit 0
-        self.part = _ClusterPart()
-
-
 # How many kinds a state remembers before starting over (a cache: equal kinds need not be one
 # object, sharing them only saves memory).
 _KIND_CACHE = 1 << 16
-
-
-class TargetsKey(NamedTuple):
-    """What fair targets were computed from, as `SchedulerState.target_problem` gave it: the
-    demands' structure (who asks where, weights, nodes) and their amounts."""
-
-    structure: object
-    amounts: object
-
-
-class JobKind(NamedTuple):
-    """Everything about a job but its place in line, shared by every job alike: a million queued
-    jobs are typically a few thousand kinds (queue x cluster x request shape), so keeping these
-    fields once per kind instead of once per job is most of a record's memory (issue 19).
-    A tuple, so that it is its own key in the state's table of kinds.
-
-    Parked: queued, but too big for every node of its cluster; kept out of the heap until the
-    cluster gains a node of a new size. Held: queued while its controller backs off; out of the
-    heap and of its queue's demand (never parked meanwhile) until the back-off ends.
-    """
-
-    queue: str
-    cluster: str
-    shape: Shape
-    state: JobState
-    node_name: str | None
-    parked: bool
-    held: bool
-    group: str | None
-    group_size: int
-    group_max_size: int
-    preemptible: bool
-    priority_class: str
-    max_queued: JobSetMaxQueued | None
-    controller: ControllerKey | None
-
-
-class JobRecord:
-    """The state's record of one job; `job_id` is its key in `SchedulerState._jobs`.
-
-    Three references only (a record is one of a million): its heap entry, which is its
-    priority, its time in line and its id; its interned `JobKind`, which is everything else
-    shared; and its pod, "<namespace>/<name>" in one string ("" if not known), which no other
-    job shares. The attributes below read through them; only `SchedulerState` changes a record.
-    """
-
-    __slots__ = ("entry", "kind", "pod")
-
-    def __init__(self, entry: HeapEntry, kind: JobKind, pod: str = "") -> None:
-        self.entry = entry
-        self.kind = kind
-        self.pod = pod
-
-    @property
-    def priority(self) -> int:
-        return -self.entry[0]
-
-    @property
-    def created_at(self) -> float:
-        return self.entry[1]
-
-    @property
-    def queue(self) -> str:
-        return self.kind.queue
-
-    @property
-    def cluster(self) -> str:
-        return self.kind.cluster
-
-    @property
-    def shape(self) -> Shape:
-        return self.kind.shape
-
-    @property
-    def state(self) -> JobState:
-        return self.kind.state
-
-    @property
-    def node_name(self) -> str | None:
-        return self.kind.node_name
-
-    @property
-    def parked(self) -> bool:
-        return self.kind.parked
-
-    @property
-    def held(self) -> bool:
-        return self.kind.held
-
-    @property
-    def group(self) -> str | None:
-        return self.kind.group
-
-    @property
-    def group_size(self) -> int:
-        return self.kind.group_size
-
-    @property
-    def group_max_size(self) -> int:
-        return self.kind.group_max_size
-
-    @property
-    def preemptible(self) -> bool:
-        return self.kind.preemptible
-
-    @property
-    def priority_class(self) -> str:
-        return self.kind.priority_class
-
-    @property
-    def max_queued(self) -> JobSetMaxQueued | None:
-        return self.kind.max_queued
-
-    @property
-    def controller(self) -> ControllerKey | None:
-        return self.kind.controller
-
-
-class PendingJobs:
-    """A queue's pending jobs in one cluster: a heap in release order, lazily deleted.
-
-    Split per cluster so that a round can set a whole cluster aside for a queue once that cluster
-    has no room for any kind of job the queue has waiting there.
-    """
-
-    __slots__ = ("cluster", "head", "head_kind", "heap", "live", "parked", "parked_entries",
-                 "shapes")
-
-    def __init__(self, cluster: str) -> None:
-        self.cluster = cluster
-        self.heap: list[HeapEntry] = []
-        # The heap entry a round last found valid at the top, and its job's kind, until that
-        # job changes (`SchedulerState._retract` forgets it): the next round starts from it
-        # without looking the job up among a million (issue 17, the round's memory traffic).
-        self.head: HeapEntry | None = None
-        self.head_kind: JobKind | None = None
-        self.live = 0  # queued jobs not parked; each has at least one valid heap entry
-        self.shapes: dict[Shape, int] = {}  # live jobs per request shape
-        self.parked = 0
-        self.parked_entries: list[HeapEntry] = []
-
-    def forget_head(self, entry: HeapEntry) -> None:
-        """A queued job whose entry this is changed: if it is the kept head, the next round
-        looks at the top again."""
-        if self.head is entry:
-            self.head = self.head_kind = None
 
 
 class QueueRecord:
@@ -443,116 +212,11 @@ class QueueRecord:
         return pending
 
 
-class NodeRecord:
-    __slots__ = ("allocatable", "free", "info", "room", "traits", "unmanaged")
-
-    def __init__(self, info: NodeInfo, allocatable: list[int], unmanaged: list[int],
-                 traits: NodeTraits, used: list[int] | None = None) -> None:
-        self.info = info
-        self.allocatable = allocatable
-        self.unmanaged = unmanaged
-        self.traits = traits
-        # What managed pods may use (allocatable less unmanaged usage), and what of that the
-        # managed pods bound here leave free: kept as jobs come and go, so that a round copies
-        # each node's room instead of working it out (20,000 nodes a round at fleet scale).
-        self.room = [a - u for a, u in zip(allocatable, unmanaged, strict=True)]
-        self.free = self.room[:] if used is None else [
-            r - m for r, m in zip(self.room, used, strict=True)]
-
-
-class ClusterRecord:
-    __slots__ = (
-        "cached_version",
-        "eligible_nodes",
-        "fits_no_node",
-        "free_index",
-        "held_unbound",
-        "hold_node_sets",
-        "hold_nodes",
-        "jobs_on_node",
-        "name",
-        "node_free",
-        "node_list",
-        "node_rooms",
-        "node_sizes",
-        "node_traits",
-        "nodes",
-        "order",
-        "positions",
-        "releasing",
-        "total",
-        "used_by_node",
-        "version",
-    )
-
-    def __init__(self, name: str, axes: int) -> None:
-        self.name = name
-        self.version = 0  # bumped on every change of its nodes (fair targets' node groups)
-        self.nodes: dict[str, NodeRecord] = {}
-        self.order: list[str] = []  # schedulable node names, sorted: the first-fit order
-        self.total = [0] * axes  # allocatable of schedulable nodes
-        # How many schedulable nodes have each distinct (allocatable vector, traits). A job that
-        # fits none of them (too big, or kept out by taints and selectors) is parked; a class
-        # never seen before may let it fit, so it unparks.
-        self.node_sizes: dict[NodeClass, int] = {}
-        # Per request shape: fits none of node_sizes (cleared whenever they change).
-        self.fits_no_node: dict[Shape, bool] = {}
-        # Requests of managed jobs holding capacity on a named node (the node may be unknown).
-        self.used_by_node: dict[str, list[int]] = {}
-        self.jobs_on_node: dict[str, int] = {}
-        # Jobs holding capacity without a node yet (released, ungated): job_id -> (shape, the
-        # node the round that released it had in mind, if any).
-        self.held_unbound: dict[str, tuple[Shape, str | None]] = {}
-        # Of those, how many are released and not yet ungated: the ungaters' backlog here,
-        # which the round keeps short so a newcomer's release does not queue behind it.
-        self.releasing = 0
-        # What rounds work out from the nodes alone, kept while `version` is `cached_version`
-        # (`current_caches`): the schedulable nodes' records in first-fit order; per
-        # placement, the indexes of those it may land on; per request shape, those it may
-        # land on and fit when empty. Worked out per round, they cost O(nodes) per cluster
-        # touched (20,000 nodes at fleet scale).
-        self.cached_version = -1
-        self.node_list: list[NodeRecord] = []
-        self.node_rooms: list[list[int]] = []
-        # Each node's `free` (the lists themselves, which jobs change in place): a round
-        # copies this rather than read it from each node's record, 20,000 scattered objects.
-        self.node_free: list[list[int]] = []
-        # The same in a `RoomIndex`, changed with them (`note_free`): each round copies it.
-        self.free_index = RoomIndex(0, axes)
-        self.node_traits: list[NodeTraits] = []
-        self.eligible_nodes: dict[PodPlacement | None, list[int]] = {}
-        self.hold_nodes: dict[Shape, list[int]] = {}
-        self.hold_node_sets: dict[Shape, frozenset[int]] = {}  # the same, as sets
-        self.positions: dict[str, int] = {}  # node name -> its index in first-fit order
-
-    def note_free(self, node: str, free: list[int]) -> None:
-        """A node's free room changed (in place): keep the index of it current, if it is."""
-        if self.cached_version == self.version:
-            position = self.positions.get(node)
-            if position is not None:
-                self.free_index.set(position, free)
-
-    def current_caches(self) -> None:
-        """Drop what was worked out from the nodes if they changed since."""
-        if self.cached_version != self.version:
-            self.cached_version = self.version
-            self.node_list = [self.nodes[name] for name in self.order]
-            self.node_rooms = [node.room for node in self.node_list]
-            self.node_free = [node.free for node in self.node_list]
-            self.free_index = RoomIndex(len(self.node_free), len(self.total),
-                                        rows=self.node_free)
-            self.node_traits = [node.traits for node in self.node_list]
-            self.eligible_nodes = {}
-            self.hold_nodes = {}
-            self.hold_node_sets = {}
-            self.positions = {name: i for i, name in enumerate(self.order)}
-
-
 class SchedulerState:
     """Queues, cluster capacity and jobs, each change applied incrementally in O(log n).
 
     `lockgate.scheduler.round.schedule_round` reads it and applies its own decisions to it (as
-    RELEASED).
+    RELEASED), through a transaction (`begin_round`).
     """
 
     def __init__(self, fairness_resources: Iterable[str] = DEFAULT_FAIRNESS_RESOURCES) -> None:
@@ -574,33 +238,21 @@ class SchedulerState:
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
         # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
         self._room_holds = RoomHolds()
-        # The last fair targets, what they were computed from, when, and whether they were
-        # computed elsewhere and adopted (`fair_targets`, `adopt_targets`).
-        self._targets: tuple[object, object, float, FairTargets, bool] | None = None
-        self._node_groups: dict[str, tuple[object, list[NodeGroup], _Usable]] = {}
-        # The fair targets' inputs, kept change by change (`_target_inputs`): per cluster its
-        # slots; every placement seen, by number, with its repr (what they sort by); a counter
-        # of every change the inputs depend on, and one of the queues' weights and status.
-        self._target_clusters: dict[str, TargetCluster] = {}
-        self._slots: dict[tuple[str, str, int], TargetSlot] = {}  # the same, by (q, cluster, id)
-        self._placement_ids: dict[PodPlacement | None, int] = {None: 0}
-        self._placements: list[PodPlacement | None] = [None]
-        self._placement_reprs: list[str] = [repr(None)]
-        self._changes = 0
-        self._queues_version = 0
-        # (queues version seen, weights, per included queue whether it is schedulable, the
-        # weights' sorted items, a generation that moves only when any of them changed).
-        self._weights: tuple[int, dict[str, float], dict[str, bool], object, int] = (
-            -1, {}, {}, None, 0)
-        self._inputs: tuple[int, tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                       object, object]] | None = None
+        # The round's transaction while one is open (`begin_round`).
+        self._transaction: RoundTransaction | None = None
+        # The fair targets' inputs, kept change by change, and the targets last computed.
+        self._targets = TargetInputs(clusters=self._clusters, axis_names=self._axis_names,
+                                     weights_now=self._weights_now, pool=self._target_pool)
+        # Told of every job's change (`_apply`, `_retract`): bound once, as they are hot.
+        self._slot_add = self._targets.slot_add
+        self._slot_remove = self._targets.slot_remove
 
     # ---- queues ----------------------------------------------------------------------------
 
     def upsert_queue(self, spec: QueueSpec) -> None:
         queue = self._queue(spec.name)
         if queue.spec is not spec and queue.spec != spec:
-            self._queues_changed()
+            self._targets.queues_changed()
         queue.spec = spec
         queue.priority_factor = spec.priority_factor
         queue.limit_pairs = tuple(
@@ -613,7 +265,7 @@ class SchedulerState:
         if queue is None:
             return
         if queue.spec is not None:
-            self._queues_changed()
+            self._targets.queues_changed()
         queue.spec = None
         queue.priority_factor = 1.0
         queue.limit_pairs = ()
@@ -657,7 +309,7 @@ class SchedulerState:
         if old is not None and old.info == info:
             return
         state.version += 1
-        self._changes += 1
+        self._targets.note_change()
         old_class = None
         if old is not None and old.info.schedulable:
             old_class = (tuple(old.allocatable), old.traits)
@@ -763,201 +415,60 @@ class SchedulerState:
     def fair_targets(self, *, now: float | None = None, max_age: float = 0.0,
                      latest: bool = False, adopted_max_age: float | None = None,
                      ) -> FairTargets:
-        """Every queue's constrained fair target (lockgate.scheduler.targets), from the demand,
-        weights and capacity as they are now.
-
-        Recomputed only when what it depends on changed; with `now`, a result at most `max_age`
-        seconds old is kept while only amounts changed (the same queues asking in the same
-        clusters, the same weights and nodes), which bounds its cost at scale. `latest` keeps
-        the last result whenever only amounts changed, and an adopted one whatever changed:
-        for readers right after a round (its report, preemption, explain), which must judge by
-        the targets the round used.
-
-        `adopted_max_age`: the caller keeps the targets current from another process
-        (`target_problem`, `adopt_targets`): the last adopted result is kept whatever changed
-        since, while at most this many seconds old (with `now`); only without one that recent
-        are they computed here.
-        """
-        cached = self._targets
-        if cached is not None and cached[4] and (latest or (
-                adopted_max_age is not None and now is not None
-                and now - cached[2] <= adopted_max_age)):
-            return cached[3]
-        groups, weights, demands, structure, amounts = self._target_inputs()
-        if cached is not None:
-            old_structure, old_amounts, at, targets, _ = cached
-            if (old_structure is structure or old_structure == structure) and (
-                    latest or old_amounts is amounts or old_amounts == amounts
-                    or (now is not None and now - at < max_age)):
-                return targets
-        targets = fair_targets(groups=groups, weights=weights, demands=demands,
-                               pool=self._target_pool())
-        self._targets = (structure, amounts, -1e18 if now is None else now, targets, False)
-        return targets
+        """Every queue's constrained fair target (`TargetInputs.fair_targets`)."""
+        return self._targets.fair_targets(now=now, max_age=max_age, latest=latest,
+                                          adopted_max_age=adopted_max_age)
 
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
-        """The fair targets' inputs as one value to solve elsewhere (`TargetProblem.solve`),
-        and the key to adopt its answer under (`adopt_targets`)."""
-        groups, weights, demands, structure, amounts = self._target_inputs()
-        problem = TargetProblem(groups=tuple(groups), weights=dict(weights),
-                                demands=tuple(demands), pool=self._target_pool())
-        return problem, TargetsKey(structure, amounts)
+        """The fair targets' inputs as one value to solve elsewhere
+        (`TargetInputs.target_problem`)."""
+        return self._targets.target_problem()
 
     def hand_over_targets(self, *, at: float, min_demands: int = 0,
                           ) -> tuple[TargetProblem, TargetsKey] | None:
-        """What to solve elsewhere now (`target_problem`), or None: when it has fewer than
-        `min_demands` demands (small enough for a round to solve), or when the last targets
-        were computed from the inputs as they are (then they are as good as solved at `at`,
-        and count as adopted then, so rounds keep using them without solving them again)."""
-        problem, key = self.target_problem()
-        if len(problem.demands) < min_demands:
-            return None
-        cached = self._targets
-        if cached is not None and self.targets_current(key):
-            self._targets = (cached[0], cached[1], max(at, cached[2]), cached[3], True)
-            return None
-        return problem, key
+        """What to solve elsewhere now, or None (`TargetInputs.hand_over_targets`)."""
+        return self._targets.hand_over_targets(at=at, min_demands=min_demands)
 
     def adopt_targets(self, key: TargetsKey, targets: FairTargets, *, at: float) -> None:
-        """Keep `targets`, solved elsewhere from the problem `target_problem` gave with `key`
-        when the clock read `at`, as the fair targets (`fair_targets(adopted_max_age=...)`)."""
-        self._targets = (key.structure, key.amounts, at, targets, True)
+        """Keep targets solved elsewhere (`TargetInputs.adopt_targets`)."""
+        self._targets.adopt_targets(key, targets, at=at)
 
     def targets_current(self, key: TargetsKey) -> bool:
         """Whether the last targets were computed from the inputs `key` names."""
-        cached = self._targets
-        return cached is not None and (cached[0] is key.structure
-                                       or cached[0] == key.structure) and (
-            cached[1] is key.amounts or cached[1] == key.amounts)
+        return self._targets.targets_current(key)
+
+    def target_inputs(self) -> Inputs:
+        """The fair targets' inputs as kept (groups, weights, demands, structure, amounts)."""
+        return self._targets.inputs()
+
+    @property
+    def target_clusters(self) -> Mapping[str, TargetCluster]:
+        """The fair targets' bookkeeping per cluster (callers must not change it)."""
+        return self._targets.target_clusters
+
+    @property
+    def target_slots(self) -> Mapping[tuple[str, str, int], TargetSlot]:
+        """Every slot of `target_clusters`, by (queue, cluster, placement id)."""
+        return self._targets.target_slots
+
+    @property
+    def placement_ids(self) -> Mapping[PodPlacement | None, int]:
+        """Every placement seen, by its number (`Shape.placement_id`)."""
+        return self._targets.placement_ids
+
+    def _weights_now(self) -> tuple[dict[str, float], dict[str, bool]]:
+        """The defined, non-empty queues' weights, and whether each is schedulable."""
+        weights = {name: queue.weight for name, queue in self._queues.items()
+                   if queue.spec is not None and not queue.is_empty()}
+        return weights, {name: self._queues[name].schedulable for name in weights}
 
     def _target_pool(self) -> dict[str, float]:
         inverse = self.fairness_inverse()
         return {name: float(amount) for name, amount, inv
                 in zip(self._axis_names, self._pool_total, inverse, strict=False) if inv > 0}
 
-    def _target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                      object, object]:
-        """What the fair targets are computed from: node groups per cluster, the weights of
-        defined queues, and per (queue, cluster, node filters) what is held and queued.
-
-        Kept change by change in `TargetSlot`s, so that an unchanged state costs one comparison
-        and a changed one a pass over the changed clusters' slots (a new demand only for a
-        changed slot). Equal, demand for demand, to `recount_target_inputs`, and `structure`
-        and `amounts` compare equal exactly when the recount's would (they are grouped per
-        cluster, not flat); the invariants check it.
-        """
-        cached = self._inputs
-        if cached is not None and cached[0] == self._changes:
-            return cached[1]
-        if self._weights[0] != self._queues_version:
-            weights = {name: queue.weight for name, queue in self._queues.items()
-                       if queue.spec is not None and not queue.is_empty()}
-            included = {name: self._queues[name].schedulable for name in weights}
-            _, old_weights, old_included, old_key, generation = self._weights
-            if weights == old_weights and included == old_included and old_key is not None:
-                # (a queue emptied and filled again within one change, say): parts stay valid
-                self._weights = (self._queues_version, old_weights, old_included, old_key,
-                                 generation)
-            else:
-                self._weights = (self._queues_version, weights, included,
-                                 tuple(sorted(weights.items())), generation + 1)
-        _, weights, included, weights_key, generation = self._weights
-        groups: list[NodeGroup] = []
-        demands: list[Demand] = []
-        structure: list[object] = []
-        amounts: list[object] = []
-        for cluster_name in sorted(self._target_clusters):
-            part = self._cluster_part(cluster_name, self._target_clusters[cluster_name],
-                                      included, generation)
-            if part.present:
-                groups += part.groups
-                demands += part.demands
-                structure.append(part.structure)
-                amounts.append(part.values)
-        result = (groups, weights, demands, (weights_key, tuple(structure)), tuple(amounts))
-        self._inputs = (self._changes, result)
-        return result
-
-    def target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                     object, object]:
-        """The fair targets' inputs as kept (groups, weights, demands, structure, amounts)."""
-        return self._target_inputs()
-
-    @property
-    def target_clusters(self) -> Mapping[str, TargetCluster]:
-        """The fair targets' bookkeeping per cluster (callers must not change it)."""
-        return self._target_clusters
-
-    @property
-    def target_slots(self) -> Mapping[tuple[str, str, int], TargetSlot]:
-        """Every slot of `target_clusters`, by (queue, cluster, placement id)."""
-        return self._slots
-
-    @property
-    def placement_ids(self) -> Mapping[PodPlacement | None, int]:
-        """Every placement seen, by its number (`Shape.placement_id`)."""
-        return self._placement_ids
-
-    def _cluster_part(self, cluster_name: str, bookkeeping: TargetCluster,
-                      included: Mapping[str, bool], generation: int) -> _ClusterPart:
-        """One cluster's groups, demands, structure and amounts for the fair targets, built
-        again only as far as its slots changed since the last call."""
-        part = bookkeeping.part
-        cluster = self._clusters.get(cluster_name)
-        key = (generation, -1 if cluster is None else cluster.version, len(self._axis_names))
-        if part.version == bookkeeping.version and part.key == key:
-            return part
-        if part.key != key or part.layout != bookkeeping.layout:
-            reprs = self._placement_reprs
-            ordered = sorted(
-                (slot for slot in bookkeeping.slots.values()
-                 if slot.queue in included
-                 and (slot.held_jobs or (slot.pending_jobs and included[slot.queue]))),
-                key=lambda slot: (slot.queue, reprs[slot.placement_id]))
-            part.key = key
-            part.layout = bookkeeping.layout
-            part.entries = {}
-            part.ordered = ordered
-            part.present = bool(ordered) or any(
-                included.get(name, False) for name in bookkeeping.pending_queues)
-            if part.present:
-                ids = sorted({slot.placement_id for slot in ordered}, key=reprs.__getitem__)
-                cluster_groups, usable = self._groups_for(
-                    cluster_name, [self._placements[i] for i in ids])
-                part.groups = cluster_groups
-                part.usable = {i: usable[self._placements[i]] for i in ids}
-                part.structure = (
-                    cluster_name,
-                    tuple((g.name, tuple(sorted(g.capacity.items()))) for g in cluster_groups),
-                    tuple((slot.queue, reprs[slot.placement_id]) for slot in ordered))
-        part.version = bookkeeping.version
-        if not part.present:
-            part.values, part.demands = (), []
-            return part
-        names = self._axis_names
-        entries = part.entries
-        values: list[object] = []
-        demands: list[Demand] = []
-        for slot in part.ordered:
-            known = entries.get(id(slot))
-            if known is None or known[0] != slot.stamp:
-                held = slot.held
-                asked = ([h + p for h, p in zip(held, slot.pending, strict=True)]
-                         if included[slot.queue] else held)
-                known = entries[id(slot)] = (slot.stamp, (tuple(asked), tuple(held)), Demand(
-                    queue=slot.queue, cluster=cluster_name,
-                    amount={names[a]: float(v) for a, v in enumerate(asked) if v},
-                    held={names[a]: float(v) for a, v in enumerate(held) if v},
-                    groups=part.usable[slot.placement_id]))
-            values.append(known[1])
-            demands.append(known[2])
-        part.values = tuple(values)
-        part.demands = demands
-        return part
-
-    def recount_target_inputs(self) -> tuple[list[NodeGroup], dict[str, float], list[Demand],
-                                             object, object]:
-        """`_target_inputs` recounted from the queues' records, O(their shapes): what the
+    def recount_target_inputs(self) -> Inputs:
+        """`target_inputs` recounted from the queues' records, O(their shapes): what the
         bookkeeping must equal (for `lockgate.scheduler.invariants`, not for the hot path)."""
         names = self._axis_names
         weights: dict[str, float] = {}
@@ -988,15 +499,15 @@ class SchedulerState:
         amounts: list[object] = []
         for cluster_name in sorted(per_cluster):
             slots = per_cluster[cluster_name]
-            placements = sorted({placement for _, placement in slots}, key=_placement_key)
-            cluster_groups, usable = self._groups_for(cluster_name, placements)
+            placements = sorted({placement for _, placement in slots}, key=placement_key)
+            cluster_groups, usable = self._targets.groups_for(cluster_name, placements)
             groups += cluster_groups
             structure.append((cluster_name, tuple((g.name, tuple(sorted(g.capacity.items())))
                                                   for g in cluster_groups)))
             for (queue_name, placement), slot in sorted(
-                    slots.items(), key=lambda item: (item[0][0], _placement_key(item[0][1]))):
+                    slots.items(), key=lambda item: (item[0][0], placement_key(item[0][1]))):
                 asked, held = slot
-                structure.append((cluster_name, queue_name, _placement_key(placement)))
+                structure.append((cluster_name, queue_name, placement_key(placement)))
                 amounts.append((tuple(asked), tuple(held)))
                 demands.append(Demand(
                     queue=queue_name, cluster=cluster_name,
@@ -1004,40 +515,6 @@ class SchedulerState:
                     held={names[a]: float(v) for a, v in enumerate(held) if v},
                     groups=usable[placement]))
         return groups, weights, demands, tuple(structure), tuple(amounts)
-
-    def _groups_for(self, cluster_name: str, placements: list[PodPlacement | None]
-                    ) -> tuple[list[NodeGroup], dict[PodPlacement | None, tuple[str, ...]]]:
-        """The cluster's schedulable nodes grouped by which of these placements may land on
-        them, with each group's room (allocatable less unmanaged use); cached per node change."""
-        cluster = self._clusters.get(cluster_name)
-        if cluster is None:
-            return [], dict.fromkeys(placements, ())
-        key = (cluster.version, tuple(placements))
-        cached = self._node_groups.get(cluster_name)
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        names = self._axis_names
-        by_signature: dict[tuple[bool, ...], list[int]] = {}
-        for node_name in cluster.order:
-            node = cluster.nodes[node_name]
-            signature = tuple(can_land(placement, node.traits) for placement in placements)
-            if not any(signature):
-                continue
-            room = by_signature.setdefault(signature, [0] * len(names))
-            for axis, (a, u) in enumerate(zip(node.allocatable, node.unmanaged, strict=True)):
-                room[axis] += max(0, a - u)
-        groups: list[NodeGroup] = []
-        usable: dict[PodPlacement | None, list[str]] = {p: [] for p in placements}
-        for index, (signature, room) in enumerate(sorted(by_signature.items(), reverse=True)):
-            group = NodeGroup(cluster=cluster_name, name=f"g{index}",
-                              capacity={names[a]: float(v) for a, v in enumerate(room) if v})
-            groups.append(group)
-            for placement, lands in zip(placements, signature, strict=True):
-                if lands:
-                    usable[placement].append(group.name)
-        result = {p: tuple(names_) for p, names_ in usable.items()}
-        self._node_groups[cluster_name] = (key, groups, result)
-        return groups, result
 
     def pool_total(self) -> Resources:
         """Allocatable over the schedulable nodes of every cluster: what shares are shares of."""
@@ -1204,11 +681,35 @@ class SchedulerState:
 
     # ---- for the round (lockgate.scheduler.round) --------------------------------------------
 
-    def mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
-        """The round decided to release this queued job: it now holds capacity."""
+    def begin_round(self) -> RoundTransaction:
+        """Open the transaction a round works through (`RoundTransaction`); one at a time."""
+        if self._transaction is not None:
+            raise RuntimeError("a round's transaction is open already: commit it first")
+        self._transaction = RoundTransaction(self)
+        return self._transaction
+
+    def _mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> JobKind:
+        """The round decided to release this queued job: it now holds capacity. Returns the
+        kind it had (queued), for the transaction to take the release back."""
+        before = record.kind
         self._retract(job_id, record)
-        record.kind = self._vary(record.kind, released=True)
+        record.kind = self._vary(before, released=True)
         self._apply(job_id, record, node_hint)
+        return before
+
+    def _take_back(self, job_id: str, record: JobRecord, before: JobKind) -> None:
+        """A release the round decided and the caller did not record: the job queues again
+        exactly as it was (the same kind, the same place in line)."""
+        self._retract(job_id, record)
+        record.kind = before
+        self._apply(job_id, record, None)
+        if record.kind.state is _QUEUED:
+            self._push(record, job_id)
+        self._tidy(before.queue, before.cluster)
+
+    def _closed(self, transaction: RoundTransaction) -> None:
+        if self._transaction is transaction:
+            self._transaction = None
 
     def park(self, queue: QueueRecord, pending: PendingJobs, record: JobRecord,
              entry: HeapEntry) -> None:
@@ -1220,10 +721,8 @@ class SchedulerState:
         subtract_pairs(queue.demand, record.shape.pairs)
         self._forget_shape(pending, record.shape)
         self._slot_remove(queue.name, pending.cluster, record.shape, False)
-        entries = pending.parked_entries
-        entries.append(entry)
-        if len(entries) > 2 * pending.parked + 64:
-            entries[:] = _unique([e for e in entries if self._is_parked_entry(queue, pending, e)])
+        if pending.park(entry):
+            pending.compact_parked(functools.partial(self._is_parked_entry, queue, pending))
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -1240,7 +739,7 @@ class SchedulerState:
             # its queue's demand.
             self.park(queue, pending, record, entry)
             return
-        heapq.heappush(pending.heap, entry)
+        pending.push(entry)
 
     def _kind_of(self, job: SchedJob, shape: Shape, controller: ControllerKey | None, *,
                  parked: bool) -> JobKind:
@@ -1297,7 +796,7 @@ class SchedulerState:
         if kind.state is _QUEUED:
             queue.queued -= 1
             if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
-                self._queues_changed()  # it leaves the fair targets' weights
+                self._targets.queues_changed()  # it leaves the fair targets' weights
             controller = kind.controller
             if controller is not None:
                 bucket = self._queued_by_controller[controller]
@@ -1320,7 +819,7 @@ class SchedulerState:
             cluster = self._clusters[kind.cluster]
             queue.allocated -= 1
             if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
-                self._queues_changed()
+                self._targets.queues_changed()
             self._slot_remove(kind.queue, kind.cluster, shape, True)
             subtract_pairs(queue.allocation, shape.pairs)
             subtract_pairs(queue.alloc_in[kind.cluster], shape.pairs)
@@ -1356,7 +855,7 @@ class SchedulerState:
         queue = self._queues.get(kind.queue) or self._queue(kind.queue)
         shape = kind.shape
         if queue.queued == 0 and queue.allocated == 0 and queue.spec is not None:
-            self._queues_changed()  # it joins the fair targets' weights
+            self._targets.queues_changed()  # it joins the fair targets' weights
         if kind.group is not None:
             self._groups.add(_group_key(record), job_id, size=kind.group_size,
                              max_size=kind.group_max_size,
@@ -1380,7 +879,7 @@ class SchedulerState:
             pending = queue.pending.get(kind.cluster)
             if pending is None:
                 pending = queue.pending_in(kind.cluster)
-                self._pending_came(kind.queue, kind.cluster)
+                self._targets.pending_came(kind.queue, kind.cluster)
             if kind.parked:
                 queue.parked += 1
                 pending.parked += 1
@@ -1470,13 +969,11 @@ class SchedulerState:
         if pending is not None:
             if pending.live == 0 and pending.parked == 0:
                 del queue.pending[cluster]
-                self._pending_went(queue_name, cluster)
-            elif len(pending.heap) > 2 * pending.live + 64:
+                self._targets.pending_went(queue_name, cluster)
+            elif pending.mostly_stale():
                 # Lazy deletion leaves stale entries behind; dropping them once they outnumber
                 # the live ones keeps the heap O(live) at O(1) amortised cost per change.
-                live = [e for e in pending.heap if self._is_heap_entry(queue, pending, e)]
-                pending.heap = _unique(live)
-                heapq.heapify(pending.heap)
+                pending.compact(functools.partial(self._is_heap_entry, queue, pending))
         if queue.spec is None and queue.is_empty():
             self._forget_queue(queue)
 
@@ -1491,7 +988,7 @@ class SchedulerState:
             pending = queue.pending.get(cluster)
             if pending is None or not pending.parked_entries:
                 continue
-            entries = _unique([e for e in pending.parked_entries
+            entries = unique([e for e in pending.parked_entries
                                if self._is_parked_entry(queue, pending, e)])
             pending.parked_entries = [e for e in entries
                                       if not fits_node_class(self._jobs[e[2]].shape, size)]
@@ -1506,86 +1003,13 @@ class SchedulerState:
                 pending.live += 1
                 pending.shapes[record.shape] = pending.shapes.get(record.shape, 0) + 1
                 self._slot_add(queue.name, cluster, record.shape, False)
-                heapq.heappush(pending.heap, entry)
-
-    def _slot_add(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
-        """A job of this shape starts counting as held (or queued) in its queue's slot of the
-        fair targets' inputs. (On every change of a job: kept lean on purpose.)"""
-        key = (queue, cluster, shape.placement_id)
-        slot = self._slots.get(key)
-        if slot is None:
-            home = self._target_clusters.get(cluster)
-            if home is None:
-                home = self._target_clusters[cluster] = TargetCluster()
-            slot = self._slots[key] = home.slots[(queue, shape.placement_id)] = TargetSlot(
-                queue, shape.placement_id, len(self._axis_names), home)
-        home = slot.home
-        if held:
-            vector = slot.held
-            slot.held_jobs += 1
-            if slot.held_jobs == 1:
-                home.layout += 1
-        else:
-            vector = slot.pending
-            slot.pending_jobs += 1
-            if slot.pending_jobs == 1:
-                home.layout += 1
-        for axis, amount in shape.pairs:
-            vector[axis] += amount
-        slot.stamp += 1
-        home.version += 1
-        self._changes += 1
-
-    def _slot_remove(self, queue: str, cluster: str, shape: Shape, held: bool) -> None:
-        """A job of this shape stops counting as held (or queued) in its queue's slot."""
-        key = (queue, cluster, shape.placement_id)
-        slot = self._slots[key]
-        home = slot.home
-        if held:
-            vector = slot.held
-            slot.held_jobs -= 1
-            edge = not slot.held_jobs
-        else:
-            vector = slot.pending
-            slot.pending_jobs -= 1
-            edge = not slot.pending_jobs
-        for axis, amount in shape.pairs:
-            vector[axis] -= amount
-        if edge:
-            home.layout += 1
-            if not slot.held_jobs and not slot.pending_jobs:
-                del self._slots[key]
-                del home.slots[(queue, shape.placement_id)]
-        slot.stamp += 1
-        home.version += 1
-        self._changes += 1
-
-    def _pending_came(self, queue: str, cluster: str) -> None:
-        bookkeeping = self._target_clusters.get(cluster)
-        if bookkeeping is None:
-            bookkeeping = self._target_clusters[cluster] = TargetCluster()
-        bookkeeping.pending_queues.add(queue)
-        bookkeeping.layout += 1
-        bookkeeping.version += 1
-        self._changes += 1
-
-    def _pending_went(self, queue: str, cluster: str) -> None:
-        bookkeeping = self._target_clusters[cluster]
-        bookkeeping.pending_queues.discard(queue)
-        bookkeeping.layout += 1
-        bookkeeping.version += 1
-        self._changes += 1
+                pending.push(entry)
 
     def _forget_queue(self, queue: QueueRecord) -> None:
         """Drop an undefined, empty queue's record (and its leftover pending entries)."""
         for cluster in queue.pending:
-            self._pending_went(queue.name, cluster)
+            self._targets.pending_went(queue.name, cluster)
         del self._queues[queue.name]
-
-    def _queues_changed(self) -> None:
-        """A queue's weight or status, or whether it is empty, changed (fair targets)."""
-        self._queues_version += 1
-        self._changes += 1
 
     def _queue(self, name: str) -> QueueRecord:
         queue = self._queues.get(name)
@@ -1613,11 +1037,7 @@ class SchedulerState:
             if any(amount < 0 for amount in amounts.values()):
                 raise ValueError(f"negative resource request: {requests!r}")
             pairs = tuple(sorted((self._axis(name), amount) for name, amount in amounts.items()))
-            placement_id = self._placement_ids.get(placement)
-            if placement_id is None:
-                placement_id = self._placement_ids[placement] = len(self._placements)
-                self._placements.append(placement)
-                self._placement_reprs.append(_placement_key(placement))
+            placement_id = self._targets.placement_id(placement)
             shape = self._shapes[key] = Shape(key, requests, pairs, placement, placement_id)
         if len(self._shape_of_object) >= _SHAPE_OBJECT_CACHE:
             self._shape_of_object.clear()
@@ -1636,7 +1056,7 @@ class SchedulerState:
             axis = self._axes[name] = len(self._axis_names)
             self._axis_names.append(name)
             self._grow_vectors()
-            self._changes += 1
+            self._targets.note_change()
         return axis
 
     def _grow_vectors(self) -> None:
@@ -1645,9 +1065,7 @@ class SchedulerState:
         vectors: list[list[int]] = [self._pool_total]
         for queue in self._queues.values():
             vectors += (queue.demand, queue.allocation, *queue.alloc_in.values())
-        for bookkeeping in self._target_clusters.values():
-            for slot in bookkeeping.slots.values():
-                vectors += (slot.held, slot.pending)
+        vectors += self._targets.slot_vectors()
         for cluster in self._clusters.values():
             cluster.cached_version = -1  # its room index gains the axis too
             vectors.append(cluster.total)
@@ -1672,6 +1090,69 @@ class SchedulerState:
         return Resources(dict(zip(self._axis_names, vector, strict=False)))
 
 
+class RoundTransaction:
+    """A round's releases, applied to the state at once and kept only when committed.
+
+    Why: a round's decisions count as soon as it makes them (the next job it looks at must see
+    the room and the share they took), but a decision stands only once its caller has recorded
+    it (the leader writes it to Postgres, which drops those whose job is no longer queued
+    there). So the round releases through a transaction (`release`), and its caller commits it
+    after recording: the releases it names stay, every other one is taken back, its job queued
+    again exactly as before the round (its kind, its place in line), as if the round had not
+    decided it. A job that changed since the round (upserted or removed meanwhile) is the
+    change's, and is not taken back.
+
+    Only releases are transactional. What else a round changes is true whatever the caller
+    records: jobs parked as too big for every node, holds ended or placed, the order its heaps
+    were left in, the last fair targets.
+    """
+
+    __slots__ = ("_open", "_released", "state")
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+        # Per release: the job, its record, its kind before and after the release.
+        self._released: list[tuple[str, JobRecord, JobKind, JobKind]] = []
+        self._open = True
+
+    def release(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
+        """Release a queued job (RELEASED, holding capacity on `node_hint`'s node) until the
+        transaction is committed without it."""
+        if not self._open:
+            raise RuntimeError("the round's transaction is closed")
+        before = self.state._mark_released(job_id, record, node_hint)
+        self._released.append((job_id, record, before, record.kind))
+
+    @property
+    def released(self) -> list[str]:
+        """The jobs released through it, in order."""
+        return [job_id for job_id, *_ in self._released]
+
+    def commit(self, *, kept: Collection[str] | None = None) -> list[str]:
+        """Keep the releases of `kept` (None: every one) and take the others back; returns the
+        jobs taken back, in the order they were released."""
+        if not self._open:
+            raise RuntimeError("the round's transaction is closed")
+        self._open = False
+        self.state._closed(self)
+        if kept is None:
+            return []
+        taken_back: list[str] = []
+        jobs = self.state.job_records
+        for job_id, record, before, after in reversed(self._released):
+            if job_id in kept:
+                continue
+            taken_back.append(job_id)
+            if jobs.get(job_id) is record and record.kind is after:
+                self.state._take_back(job_id, record, before)
+        taken_back.reverse()
+        return taken_back
+
+    def rollback(self) -> list[str]:
+        """Take every release back (the caller recorded none)."""
+        return self.commit(kept=())
+
+
 def _controller_key(job: SchedJob) -> ControllerKey | None:
     return (job.cluster, job.controller) if job.controller else None
 
@@ -1679,16 +1160,6 @@ def _controller_key(job: SchedJob) -> ControllerKey | None:
 def _group_key(record: JobRecord) -> GroupKey:
     assert record.group is not None
     return (record.cluster, record.queue, record.group)
-
-
-def add_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
-    for axis, amount in pairs:
-        vector[axis] += amount
-
-
-def subtract_pairs(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:
-    for axis, amount in pairs:
-        vector[axis] -= amount
 
 
 def _add_into(vector: list[int], other: list[int]) -> None:
@@ -1699,21 +1170,3 @@ def _add_into(vector: list[int], other: list[int]) -> None:
 def _subtract_into(vector: list[int], other: list[int]) -> None:
     for axis, amount in enumerate(other):
         vector[axis] -= amount
-
-
-def _unique(entries: list[HeapEntry]) -> list[HeapEntry]:
-    """Valid entries without repeats: a job that left its queue and came back may have two."""
-    seen: set[str] = set()
-    unique: list[HeapEntry] = []
-    for entry in entries:
-        if entry[2] not in seen:
-            seen.add(entry[2])
-            unique.append(entry)
-    return unique
-
-
-def fits_node_class(shape: Shape, node_class: NodeClass) -> bool:
-    """Whether a job of this shape fits an empty node of this class: room and filters."""
-    size, traits = node_class
-    return all(axis < len(size) and amount <= size[axis] for axis, amount in shape.pairs) and (
-        can_land(shape.placement, traits))
