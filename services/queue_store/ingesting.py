@@ -110,10 +110,11 @@ class BatchStore(Generic[E]):
                                           links=links) as span:
             span.set_attribute("messaging.batch.message_count", len(batch))
             valid: list[Received[E]] = []
+            others: list[str] = []  # clusters of events skipped, counted once the batch is done
             for item in batch:
                 assert isinstance(item.event, IngestEvent)
                 if not self.scope.serves(item.event.cluster):
-                    self._skip_other_cluster(item.event.cluster)
+                    others.append(item.event.cluster)
                     continue
                 reason = invalid_reason(item.event)
                 if reason is None:
@@ -128,6 +129,8 @@ class BatchStore(Generic[E]):
                 raise
             self.on_postgres(True, "writing")
             self._rejected.clear()
+            for cluster in others:
+                self._skip_other_cluster(cluster)
             span.set_attribute("lockgate.rows.jobs", len(result.jobs))
         self._trace_each(valid, started_ns, span.get_span_context())
         for table, rows in (("jobs", result.jobs), ("cluster_nodes", result.nodes),
