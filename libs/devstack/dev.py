@@ -275,9 +275,12 @@ async def run(args: argparse.Namespace) -> int:
     extra_env: dict[str, str] = {}
     jaeger_ports = JaegerPorts.with_offset(int(os.environ.get("LOCKGATE_STACK_PORT_OFFSET") or 0))
     traces_url = None if args.no_traces else jaeger_ports.ui_url
+    # A second installation beside this one (other ports, database and topic prefix) reads
+    # nothing of this one's (docs/local-stack.md, "A second installation").
     lockgate = Lockgate.for_stack(info, postgres_dsn=dsn, run_id=RUN_ID, ports=chosen,
                                   log_dir=directory / "logs", standby_scheduler=False,
-                                  extra_env=extra_env)
+                                  extra_env=extra_env,
+                                  topic_prefix=os.environ.get("LOCKGATE_TOPIC_PREFIX", ""))
     stopping, followers_done = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for stop_signal in STOP_SIGNALS:

@@ -46,6 +46,7 @@ from lockgate.events import (
 from lockgate_adapters.admin_tokens import Role, entry_for, new_token
 from lockgate_adapters.kafka import commit_group_at_end
 from lockgate_adapters.kube import api_client
+from lockgate_adapters.settings import KafkaConfig
 from lockgate_adapters.tls import write_atomically
 
 if TYPE_CHECKING:
@@ -161,6 +162,9 @@ class Lockgate:
     # after the run), and a webhook registration of its own that serves only namespaces
     # labelled `lockgate.io/run=<run_id>`.
     run_id: str | None = None
+    # This installation's topic prefix (LOCKGATE_TOPIC_PREFIX; lockgate.installation): "" the
+    # plain topic names. Runs that must not read each other's topics at all give each their own.
+    topic_prefix: str = ""
     cert_dir: Path = DEFAULT_CERT_DIR
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
     registered_in: list[str] = field(default_factory=list)
@@ -244,6 +248,8 @@ class Lockgate:
             "LOCKGATE_KAFKA_REPLICATION_FACTOR": "1",
             "LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS": "1",
         }
+        if self.topic_prefix:
+            env["LOCKGATE_TOPIC_PREFIX"] = self.topic_prefix
         if self.run_id:
             env.update({
                 "LOCKGATE_QUEUE_STORE_GROUP_ID": f"queue-store-{self.run_id}",
@@ -270,7 +276,12 @@ class Lockgate:
 
     async def _isolate_consumer_groups(self) -> None:
         for group, topics in self.consumer_groups().items():
-            await commit_group_at_end(self.kafka_bootstrap, group, topics)
+            await commit_group_at_end(self.kafka, group, topics)
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """The stack's Kafka as this run's services use it: one broker, the run's topics."""
+        return KafkaConfig(self.kafka_bootstrap, topic_prefix=self.topic_prefix)
 
     def _namespace_env(self) -> dict[str, str]:
         """Ephemeral namespaces, made as namespace-keeper, carrying this run's label (so its
@@ -293,6 +304,8 @@ class Lockgate:
         defs = [
             ("queue-store", "queue_store", {
                 **self._postgres("queue-store"),
+                # The watcher's clusters: events of any other are another installation's.
+                "LOCKGATE_QUEUE_STORE_CLUSTERS": json.dumps(sorted(self.kubeconfigs)),
                 "LOCKGATE_QUEUE_STORE_HTTP_PORT": str(p.queue_store_health),
                 "LOCKGATE_QUEUE_STORE_ADMIN_PORT": str(p.admin_api),
                 "LOCKGATE_QUEUE_STORE_ADMIN_TOKENS": json.dumps(self.admin_token_lines()),

@@ -10,7 +10,11 @@ Why one module: every service talks through these two helpers, so the rules hold
   retries, and if Kafka refuses it for good the message is logged with its reference, counted as
   lost, and skipped: a bad message never holds its partition.
 - every client (producer, consumer, admin) is built with `client_kwargs`, so TLS and SASL
-  settings reach all of them, and topics are created with the configured replication.
+  settings reach all of them, and topics are created with the configured replication;
+- every topic's and consumer group's name is the installation's (`KafkaConfig.topic_name`,
+  `KafkaConfig.group_id`: the topic prefix, lockgate.installation), so installations that share
+  a Kafka cluster never read each other's topics. A producer made here knows its installation;
+  `publish` refuses any other.
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ def client_kwargs(kafka: KafkaTarget) -> dict[str, Any]:
 def new_topics(kafka: KafkaTarget, topics: Sequence[Topic[Any]], *,
                partitions: int) -> list[NewTopic]:
     config = kafka_config(kafka)
-    return [NewTopic(name=t.name, num_partitions=partitions,
+    return [NewTopic(name=config.topic_name(t), num_partitions=partitions,
                      replication_factor=config.replication_factor,
                      topic_configs={"min.insync.replicas": str(config.min_insync_replicas)})
             for t in topics]
@@ -128,11 +132,13 @@ async def ensure_topics(
     Topics that exist are left as they are: changing their replication is an operator's
     reassignment, not something a service does at start.
     """
+    config = kafka_config(bootstrap)
     admin = AIOKafkaAdminClient(**client_kwargs(bootstrap))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = new_topics(bootstrap, [t for t in topics if t.name not in existing],
+        missing = new_topics(bootstrap, [t for t in topics
+                                         if config.topic_name(t) not in existing],
                              partitions=partitions)
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):
@@ -165,15 +171,16 @@ async def commit_group_at_end(
     history: for a deployment that must skip a backlog, and for runs sharing one Kafka.
     """
     await ensure_topics(bootstrap, topics=topics)
+    config = kafka_config(bootstrap)
     admin = AIOKafkaAdminClient(**client_kwargs(bootstrap))
     await admin.start()
     try:
-        described = await admin.describe_topics([topic.name for topic in topics])
+        described = await admin.describe_topics([config.topic_name(topic) for topic in topics])
     finally:
         await admin.close()
     partitions = [TopicPartition(entry["topic"], p["partition"])
                   for entry in described for p in entry["partitions"]]
-    consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), group_id=group_id,
+    consumer = AIOKafkaConsumer(**client_kwargs(bootstrap), group_id=config.group_id(group_id),
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -183,8 +190,18 @@ async def commit_group_at_end(
         await consumer.stop()
 
 
+class InstallationProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka is untyped
+    """A producer that knows its installation, so `publish` sends to the installation's
+    topics."""
+
+    def __init__(self, *, kafka: KafkaConfig, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kafka = kafka
+
+
 def make_producer(bootstrap: KafkaTarget, *, client_id: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
+    return InstallationProducer(
+        kafka=kafka_config(bootstrap),
         **client_kwargs(bootstrap),
         client_id=client_id,
         enable_idempotence=True,
@@ -227,10 +244,21 @@ async def start_producer(
         return None
 
 
+def destination(producer: AIOKafkaProducer, topic: Topic[Any]) -> str:
+    """`topic`'s name in the installation of `producer` (made by `make_producer`, which gives
+    it the installation's `kafka`): never the bare name, which may be another installation's."""
+    config = getattr(producer, "kafka", None)
+    if not isinstance(config, KafkaConfig):
+        raise TypeError("publish with a producer from make_producer: it knows the "
+                        "installation's topic names")
+    return config.topic_name(topic)
+
+
 async def publish(producer: AIOKafkaProducer, topic: Topic[E], event: E) -> None:
     """Send one event and wait until the broker has it."""
     await producer.send_and_wait(
-        topic.name, topic.encode(event), key=topic.key_bytes(event), headers=inject_headers()
+        destination(producer, topic), topic.encode(event), key=topic.key_bytes(event),
+        headers=inject_headers(),
     )
 
 
@@ -247,9 +275,10 @@ async def publish_many(
     (one entry per event, e.g. the context of a span about that event).
     """
     shared = inject_headers()
+    name = destination(producer, topic)
     futures = [
         await producer.send(
-            topic.name, topic.encode(e), key=topic.key_bytes(e),
+            name, topic.encode(e), key=topic.key_bytes(e),
             headers=list(headers_per_event[i]) if headers_per_event is not None else shared,
         )
         for i, e in enumerate(events)
@@ -317,6 +346,11 @@ class BatchConsumer(Generic[E]):
             raise ValueError(f"dead letters of up to {self.letter_limits.max_letter_bytes} "
                              f"bytes would not fit in a request of {MAX_REQUEST_BYTES}")
 
+    @property
+    def _group(self) -> str:
+        """The consumer group's id in this installation."""
+        return kafka_config(self.bootstrap).group_id(self.group_id)
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Consume until `stopping` is set; (re)connect with backoff while Kafka is down."""
         self._stopping = stopping
@@ -343,14 +377,15 @@ class BatchConsumer(Generic[E]):
         self._producer = make_producer(self.bootstrap, client_id=f"{self.consumer_name}-dlq")
         self._consumer = AIOKafkaConsumer(
             **client_kwargs(self.bootstrap),
-            group_id=self.group_id,
+            group_id=self._group,
             client_id=self.consumer_name,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=self.max_records,
             isolation_level="read_committed",
         )
-        self._consumer.subscribe([self.topic.name], listener=_CommitBeforeRevoking(self))
+        self._consumer.subscribe([kafka_config(self.bootstrap).topic_name(self.topic)],
+                                 listener=_CommitBeforeRevoking(self))
         self._uncommitted = {}
         await self._producer.start()
         await self._consumer.start()
@@ -473,7 +508,7 @@ class BatchConsumer(Generic[E]):
         letter = dead_letter(
             source_topic=record.topic, partition=record.partition, offset=record.offset,
             key=record.key, value=record.value, reason=reason, consumer=self.consumer_name,
-            group=self.group_id, instance=self.instance, at=datetime.now(UTC),
+            group=self._group, instance=self.instance, at=datetime.now(UTC),
             limits=self.letter_limits)
         log.warning("dead-lettering %s (%s): %s", letter.reference(), letter.writer(),
                     letter.reason[:500])
@@ -522,6 +557,7 @@ __all__ = [
     "TopicPartition",
     "client_kwargs",
     "commit_group_at_end",
+    "destination",
     "ensure_topics",
     "is_retryable_kafka_error",
     "is_transient_publish_error",

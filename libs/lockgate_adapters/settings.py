@@ -24,6 +24,8 @@ from pydantic_settings import (
 )
 
 from lockgate.durations import InvalidDurationError, parse_duration
+from lockgate.events import Topic
+from lockgate.installation import TOPIC_PREFIX_PATTERN, installation_name
 
 KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -52,6 +54,16 @@ class KafkaConfig:
     sasl_password: str | None = field(default=None, repr=False)
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    # This installation's topic prefix (lockgate.installation): "" keeps the plain names.
+    topic_prefix: str = ""
+
+    def topic_name(self, topic: Topic[Any]) -> str:
+        """The name of `topic` in this installation: the one place a topic's name is made."""
+        return installation_name(self.topic_prefix, topic.name)
+
+    def group_id(self, group: str) -> str:
+        """A consumer group's id in this installation, prefixed as its topics are."""
+        return installation_name(self.topic_prefix, group)
 
 
 # What a kubelet injects for every Service in the pod's namespace (unless the pod sets
@@ -192,6 +204,12 @@ class ServiceSettings(BaseSettings):
                                      "write is acknowledged once this many replicas have it",
         validation_alias=AliasChoices("LOCKGATE_KAFKA_MIN_INSYNC_REPLICAS",
                                       "kafka_min_insync_replicas"))
+    topic_prefix: str = Field(
+        default="", pattern=TOPIC_PREFIX_PATTERN,
+        description="prefix of every Kafka topic and consumer group of this installation, so "
+        "that several (staging, production) share one Kafka cluster, e.g. \"staging.\"; the "
+        "same in every service of the installation; \"\" keeps the plain names",
+        validation_alias=AliasChoices("LOCKGATE_TOPIC_PREFIX", "topic_prefix"))
     postgres_dsn: str = Field(
         default="postgresql://lockgate:lockgate@127.0.0.1:55432/lockgate",
         description="Postgres DSN",
@@ -326,6 +344,7 @@ class ServiceSettings(BaseSettings):
             sasl_username=self.kafka_sasl_username, sasl_password=password,
             replication_factor=self.kafka_replication_factor,
             min_insync_replicas=self.kafka_min_insync_replicas,
+            topic_prefix=self.topic_prefix,
         )
 
     @model_validator(mode="after")

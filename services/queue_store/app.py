@@ -24,6 +24,7 @@ from lockgate.events import (
     Event,
     Topic,
 )
+from lockgate.installation import ClusterScope
 from lockgate_adapters.admin_tokens import TokenVerifier
 from lockgate_adapters.kafka import (
     BatchConsumer,
@@ -93,7 +94,8 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             consumer_name=f"{settings.service_name}:{topic.name}",
             handle=BatchStore[Any](
                 pool=pool, topic_name=topic.name, on_postgres=postgres_ready,
-                place_grace=timedelta(seconds=settings.place_grace_seconds)).handle,
+                place_grace=timedelta(seconds=settings.place_grace_seconds),
+                scope=ClusterScope.of(settings.clusters)).handle,
             retry_policy=settings.retry,
             max_records=settings.max_batch,
             poll_timeout_ms=settings.poll_timeout_ms,

@@ -8,6 +8,12 @@ Kafka redeliver; the fold is idempotent, so redelivery changes nothing twice.
 A message Postgres refuses outright (a value no check anticipated) would block every message
 behind it if the batch were retried as a whole forever; instead the batch is retried one message
 at a time and only the refused ones are dead-lettered.
+
+Events of a cluster this installation was not configured for (`ClusterScope`, from
+LOCKGATE_QUEUE_STORE_CLUSTERS) are not folded: they are another installation's, reaching this one
+through shared topics or a watcher pointed at the wrong topics. They are not bad messages, so
+not dead-lettered (a shared topic would flood the dead-letter topic); each is counted, as outcome
+`other_cluster`, and a warning names the cluster, once per cluster every few minutes.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from prometheus_client import Counter, Histogram
 
 from lockgate.events import Event
 from lockgate.ingest import IngestEvent, IngestResult, fold_batch, invalid_reason, rows_to_read
+from lockgate.installation import ClusterScope
 from lockgate.places import DEFAULT_GRACE_SECONDS
 from lockgate_adapters import job_store
 from lockgate_adapters.kafka import Received
@@ -46,6 +53,7 @@ BATCH_SECONDS = Histogram("lockgate_queue_store_batch_seconds",
 _REFUSED_DATA = (asyncpg.exceptions.DataError,
                  asyncpg.exceptions.IntegrityConstraintViolationError)
 _MAX_TRACE_LINKS = 64  # a batch span links to the traces of its first messages
+_OTHER_CLUSTER_LOG_SECONDS = 300.0  # a warning per cluster not served, at most this often
 
 E = TypeVar("E", bound=Event)
 
@@ -87,6 +95,9 @@ class BatchStore(Generic[E]):
     topic_name: str
     on_postgres: Callable[[bool, str], None] = lambda ready, detail: None
     place_grace: timedelta = timedelta(seconds=DEFAULT_GRACE_SECONDS)
+    scope: ClusterScope = field(default_factory=ClusterScope)
+    # Clusters not served: events skipped since the last warning, and when it was (monotonic).
+    _skipped: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     # Messages already dead-lettered in the batch being (re)tried, so a retry does not repeat it.
     _rejected: set[tuple[int, int]] = field(default_factory=set)
 
@@ -99,8 +110,12 @@ class BatchStore(Generic[E]):
                                           links=links) as span:
             span.set_attribute("messaging.batch.message_count", len(batch))
             valid: list[Received[E]] = []
+            others: list[str] = []  # clusters of events skipped, counted once the batch is done
             for item in batch:
                 assert isinstance(item.event, IngestEvent)
+                if not self.scope.serves(item.event.cluster):
+                    others.append(item.event.cluster)
+                    continue
                 reason = invalid_reason(item.event)
                 if reason is None:
                     valid.append(item)
@@ -114,6 +129,8 @@ class BatchStore(Generic[E]):
                 raise
             self.on_postgres(True, "writing")
             self._rejected.clear()
+            for cluster in others:
+                self._skip_other_cluster(cluster)
             span.set_attribute("lockgate.rows.jobs", len(result.jobs))
         self._trace_each(valid, started_ns, span.get_span_context())
         for table, rows in (("jobs", result.jobs), ("cluster_nodes", result.nodes),
@@ -168,6 +185,20 @@ class BatchStore(Generic[E]):
             merged.clusters += single.clusters
             merged.ignored += single.ignored
         return merged
+
+    def _skip_other_cluster(self, cluster: str) -> None:
+        EVENTS.labels(self.topic_name, "other_cluster").inc()
+        skipped, warned_at = self._skipped.get(cluster, (0, None))
+        now = time.monotonic()
+        if warned_at is not None and now - warned_at < _OTHER_CLUSTER_LOG_SECONDS:
+            self._skipped[cluster] = (skipped + 1, warned_at)
+            return
+        log.warning("skipped %d %s event(s) of cluster %r: not one of this installation's "
+                    "clusters (LOCKGATE_QUEUE_STORE_CLUSTERS: %s). If it is one, add it there; "
+                    "if another installation's watcher publishes to these topics, give each "
+                    "installation its own LOCKGATE_TOPIC_PREFIX", skipped + 1, self.topic_name,
+                    cluster, self.scope.describe())
+        self._skipped[cluster] = (0, now)
 
     async def _reject_once(self, item: Received[E], reason: str,
                            reject: Callable[[Received[E], str], Awaitable[None]]) -> None:

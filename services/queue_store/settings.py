@@ -63,6 +63,11 @@ class QueueStoreSettings(ServiceSettings):
 
     # Consuming
     group_id: str = Field(default="queue-store", description="Kafka consumer group")
+    clusters: list[str] = Field(
+        default_factory=list,
+        description='the clusters of this installation (its watcher\'s), e.g. ["cluster-a", '
+        '"cluster-b"]: events of any other cluster are counted and skipped, never stored '
+        "(lockgate.installation); empty: every cluster's events are stored")
     max_batch: int = Field(default=2000, gt=0, le=50_000,
                            description="most messages folded into one transaction")
     poll_timeout_ms: int = Field(default=100, gt=0, description="wait for a batch to fill")

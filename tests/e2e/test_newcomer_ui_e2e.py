@@ -101,6 +101,7 @@ async def test_a_newcomer_reads_the_overview_a_queue_of_3000_a_pods_trace_and_a_
                 texts = await page.locator("[data-table=waiting] [data-reason]").all_inner_texts()
                 return bool(texts) and all(t.strip() == "fits no node" for t in texts)
             await eventually(reasons_in, within=60, every=1, what="a short reason on every row")
+            await screenshot(page, "newcomer-queue")
             heights = await rows.evaluate_all(
                 "rows => rows.map(r => r.getBoundingClientRect().height)")
             line = await rows.first.locator("td").first.evaluate(
@@ -108,7 +109,6 @@ async def test_a_newcomer_reads_the_overview_a_queue_of_3000_a_pods_trace_and_a_
             assert all(h < 2 * line + 12 for h in heights), (heights, line)
             height = await page.evaluate("document.documentElement.scrollHeight")
             assert height < 2000, height
-            await screenshot(page, "newcomer-queue")
 
             # The released pod's trace, with its wait in line as a bar of its own.
             await page.goto(f"{run.lockgate.admin_url}/ui/#/pods/{run.alias()}/"

@@ -54,6 +54,7 @@ from helpers.waiting import eventually
 from lockgate.labels import MANAGED_NAMESPACE_LABEL
 from lockgate_adapters.kafka import ensure_topics
 from lockgate_adapters.kube import api_client
+from lockgate_adapters.settings import KafkaConfig
 
 
 def new_run_id(name: str) -> str:
@@ -283,6 +284,7 @@ async def lockgate_run(
     migrate: bool = True,
     only_own_clusters: bool = True,
     needs_empty_nodes: bool = False,
+    own_topics: bool = False,
 ) -> AsyncIterator[LockgateRun]:
     """lockgate running for the block, as processes, isolated from every other run.
 
@@ -298,6 +300,8 @@ async def lockgate_run(
     - `migrate`: migrate the database before queue-store starts (it migrates too);
     - `only_own_clusters`: keep other runs' jobs and nodes out of the database (the trigger of
       devstack.isolation; it needs `migrate`);
+    - `own_topics`: Kafka topics and consumer groups of the run's own (the topic prefix
+      `<run id>.`, LOCKGATE_TOPIC_PREFIX), as another installation on the same Kafka has;
     - `needs_empty_nodes`: before anything starts, wait until no other test's pod is bound to a
       node of the run's clusters (helpers.kube.until_nodes_hold_no_pods), for a test that
       sizes its load from the nodes' allocatable.
@@ -314,12 +318,13 @@ async def lockgate_run(
                 await keep_only_clusters(dsn, aliases)
         elif only_own_clusters:
             raise ValueError("only_own_clusters needs a migrated database (migrate=True)")
-        await ensure_topics(stack.kafka_bootstrap)
+        topic_prefix = f"{run_id}." if own_topics else ""
+        await ensure_topics(KafkaConfig(stack.kafka_bootstrap, topic_prefix=topic_prefix))
         lockgate = Lockgate.for_stack(
             stack, clusters=aliases, postgres_dsn=dsn, ports=ServicePorts.free(),
             log_dir=workdir / "service-logs", cert_dir=workdir / "webhook-certs",
             extra_env=dict(env or {}), run_id=run_id, standby_scheduler=standby_scheduler,
-            ungater_replicas=ungater_replicas)
+            ungater_replicas=ungater_replicas, topic_prefix=topic_prefix)
         apis: dict[str, client.ApiClient] = {}
         # min_size=0: nothing to reconnect in the background after a test restarts Postgres.
         pool = await asyncpg.create_pool(dsn, min_size=0, max_size=4)

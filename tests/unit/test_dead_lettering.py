@@ -39,7 +39,7 @@ from lockgate_adapters.kafka import (
     is_transient_publish_error,
 )
 from lockgate_adapters.retrying import Stopped
-from lockgate_adapters.settings import RetryPolicy
+from lockgate_adapters.settings import KafkaConfig, RetryPolicy
 
 AT = datetime(2026, 11, 30, 18, 0, tzinfo=UTC)
 MB = 1024 * 1024
@@ -215,11 +215,14 @@ class RefusingProducer:
 
     errors: list[Exception]
     sent: list[bytes] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)  # where each of `sent` went
+    kafka: KafkaConfig = field(default_factory=lambda: KafkaConfig("127.0.0.1:1"))
 
     async def send_and_wait(self, topic: str, value: bytes, **_: Any) -> None:
         if self.errors:
             raise self.errors.pop(0)
         self.sent.append(value)
+        self.topics.append(topic)
 
 
 def consumer_with(producer: RefusingProducer,
@@ -228,7 +231,7 @@ def consumer_with(producer: RefusingProducer,
         return None
 
     consumer: BatchConsumer[Any] = BatchConsumer(
-        bootstrap="127.0.0.1:1", topic=POD_EVENTS, group_id="queue-store-eu", consumer_name="unit",
+        bootstrap=producer.kafka, topic=POD_EVENTS, group_id="queue-store-eu", consumer_name="unit",
         handle=handle, retry_policy=RetryPolicy(initial_seconds=0.001, max_seconds=0.002),
         on_ready=lambda ready, detail: readiness.append((ready, detail)),
         instance="queue-store-5c4b9-abcde")
@@ -324,6 +327,16 @@ async def test_a_letter_names_the_group_and_instance_that_wrote_it(
         "unit", "queue-store-eu", "queue-store-5c4b9-abcde")
     (logged,) = [r.getMessage() for r in caplog.records if "dead-lettering" in r.getMessage()]
     assert "queue-store-eu" in logged and "queue-store-5c4b9-abcde" in logged
+
+
+async def test_an_installations_letter_goes_to_its_own_dead_letter_topic() -> None:
+    """With a topic prefix, the letter names the group as Kafka knows it and goes to the
+    installation's dead-letter topic, not to another installation's."""
+    producer = RefusingProducer([], kafka=KafkaConfig("127.0.0.1:1", topic_prefix="staging."))
+    await consumer_with(producer, [])._dead_letter(record(b"{"), "invalid PodEvent")
+    (sent,) = producer.sent
+    assert producer.topics == ["staging." + DEAD_LETTERS.name]
+    assert DEAD_LETTERS.decode(sent).group == "staging.queue-store-eu"
 
 
 def test_a_consumer_is_named_by_its_host_and_pid_unless_told_otherwise() -> None:
