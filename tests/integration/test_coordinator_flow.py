@@ -78,7 +78,8 @@ class Run:
         return code, out.getvalue(), err.getvalue()
 
     async def counts(self, queue: str) -> dict[str, int]:
-        status, answer = await self.call("GET", f"/jobs?queue={queue}&cluster={ALIAS}&limit=1000")
+        status, answer = await self.call(
+            "GET", f"/jobs?queue={queue}&cluster={ALIAS}&limit=1000&all=true")
         assert status == 200, answer
         counts = {"queued": 0, "out": 0}
         for job in answer["jobs"]:

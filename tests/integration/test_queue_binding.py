@@ -71,7 +71,7 @@ class Run:
     async def jobs(self, queue: str, cluster: str) -> dict[str, Any]:
         """This run's jobs of `queue` in `cluster` (a real name), with the admin API's hints."""
         status, answer = await self.call(
-            "GET", f"/jobs?queue={queue}&cluster={alias(cluster)}&limit=1000")
+            "GET", f"/jobs?queue={queue}&cluster={alias(cluster)}&limit=1000&all=true")
         assert status == 200, answer
         return answer  # type: ignore[no-any-return]
 

@@ -20,7 +20,9 @@ from devstack.fleet_sim import Scenario, simulate
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler import NodeInfo, SchedJob, SchedulerState
-from lockgate.scheduler import state as state_module
+
+# The state's fair-target inputs solve the targets where the state would (scheduler.target_inputs).
+from lockgate.scheduler import target_inputs as state_module
 from lockgate_adapters.targets_worker import TargetsWorker
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
