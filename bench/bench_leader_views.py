@@ -34,16 +34,16 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-from aiohttp import web
 
 import devstack
+from bench_ui_pages import read_only_admin  # the admin API in this process, read-only
 from devstack.launcher import ServiceProcess
 from devstack.ports import free_port
 from devstack.roles import service_dsn
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate_adapters import job_store
-from lockgate_adapters.admin_tokens import Role, entry_for, new_token
+from lockgate_adapters.admin_tokens import new_token
 from lockgate_adapters.postgres import (
     CHANGES_CHANNEL,
     connect_pool,
@@ -52,9 +52,6 @@ from lockgate_adapters.postgres import (
     migrate,
 )
 from lockgate_adapters.settings import RetryPolicy
-from queue_store.app import admin_api
-from queue_store.namespaces import NamespaceKeeper
-from queue_store.settings import QueueStoreSettings
 
 CLUSTERS = 50
 NODES_PER_CLUSTER = 400
@@ -233,27 +230,15 @@ async def measure(stack: Any, queued: int) -> tuple[dict[str, list[float]], dict
 
 async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, token: str,
                        port: int, facts: dict[str, Any]) -> dict[str, list[float]]:
-    settings = QueueStoreSettings(
-        admin_tokens=[entry_for("bench", Role.READ_ONLY, token).line()], postgres_dsn=dsn,
-        kafka_bootstrap="127.0.0.1:1", scheduler_urls=[f"http://127.0.0.1:{port}"])
-    keeper = NamespaceKeeper(apis={}, extra_labels={}, token_seconds=3600, create_any=True)
-
-    async def no_publish(_: Any, __: Any) -> None:
-        raise RuntimeError("the bench reads only")
-
-    admin, _, leader = admin_api(pool, settings, publish=no_publish, keeper=keeper)
-    runner = web.AppRunner(admin.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     stopping = asyncio.Event()
     writer = asyncio.create_task(keep_rounds_going(pool, run, stopping))
     first = await leader_round(port)
     found: dict[str, list[float]] = {}
     try:
-        async with aiohttp.ClientSession(
-                f"http://127.0.0.1:{runner.addresses[0][1]}",
-                headers={"Authorization": f"Bearer {token}"}) as session:
+        async with read_only_admin(pool, dsn, token,
+                                   scheduler_urls=[f"http://127.0.0.1:{port}"]) as admin_port, \
+                aiohttp.ClientSession(f"http://127.0.0.1:{admin_port}",
+                                      headers={"Authorization": f"Bearer {token}"}) as session:
             for name, path in calls(run, queued).items():
                 async def get(path: str = path, name: str = name) -> None:
                     async with session.get(path) as response:
@@ -268,8 +253,6 @@ async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, toke
         last = await leader_round(port)
         facts["rounds_meanwhile"] = (0 if first is None or last is None
                                      else last["number"] - first["number"])
-        await leader.close()
-        await runner.cleanup()
     return found
 
 

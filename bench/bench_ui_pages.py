@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -117,6 +118,30 @@ PAGES: dict[str, Callable[[int], str]] = {
 }
 
 
+@contextlib.asynccontextmanager
+async def read_only_admin(pool: asyncpg.Pool, dsn: str, token: str,
+                          **settings: Any) -> AsyncIterator[int]:
+    """queue-store's admin API in this process over `pool`, for a read-only `token` (and
+    `settings` of queue-store's beside), on a free loopback port: the port."""
+    config = QueueStoreSettings(
+        admin_tokens=[entry_for("bench", Role.READ_ONLY, token).line()], postgres_dsn=dsn,
+        kafka_bootstrap="127.0.0.1:1", **settings)
+    keeper = NamespaceKeeper(apis={}, extra_labels={}, token_seconds=3600, create_any=True)
+
+    async def no_publish(_: Any, __: Any) -> None:
+        raise RuntimeError("the bench reads only")
+
+    admin, _, leader = admin_api(pool, config, publish=no_publish, keeper=keeper)
+    runner = web.AppRunner(admin.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await leader.close()
+        await runner.cleanup()
+
+
 async def measure(server_dsn: str, queued: int) -> dict[str, float]:
     database = f"bench_ui_{uuid.uuid4().hex[:12]}"
     dsn = await create_database(server_dsn, database)
@@ -126,38 +151,19 @@ async def measure(server_dsn: str, queued: int) -> dict[str, float]:
         try:
             await migrate(pool)
             await fill(pool, queued)
-            settings = QueueStoreSettings(
-                admin_tokens=[entry_for("bench", Role.READ_ONLY, token).line()],
-                postgres_dsn=dsn, kafka_bootstrap="127.0.0.1:1")
-            keeper = NamespaceKeeper(apis={}, extra_labels={}, token_seconds=3600,
-                                     create_any=True)
+            async with read_only_admin(pool, dsn, token) as port, aiohttp.ClientSession(
+                    f"http://127.0.0.1:{port}",
+                    headers={"Authorization": f"Bearer {token}"}) as session:
+                async def get(path: str) -> None:
+                    async with session.get(path) as response:
+                        assert response.status == 200, (path, await response.text())
+                        await response.read()
 
-            async def no_publish(_: Any, __: Any) -> None:
-                raise RuntimeError("the bench reads only")
-
-            admin, _, leader = admin_api(pool, settings, publish=no_publish, keeper=keeper)
-            runner = web.AppRunner(admin.app(), access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = runner.addresses[0][1]
-            try:
-                async with aiohttp.ClientSession(
-                        f"http://127.0.0.1:{port}",
-                        headers={"Authorization": f"Bearer {token}"}) as session:
-                    async def get(path: str) -> None:
-                        async with session.get(path) as response:
-                            assert response.status == 200, (path, await response.text())
-                            await response.read()
-
-                    found = {}
-                    for name, page in PAGES.items():
-                        path = page(queued)
-                        found[name] = await median_ms(functools.partial(get, path))
-                    return found
-            finally:
-                await leader.close()
-                await runner.cleanup()
+                found = {}
+                for name, page in PAGES.items():
+                    path = page(queued)
+                    found[name] = await median_ms(functools.partial(get, path))
+                return found
         finally:
             await pool.close()
     finally:
