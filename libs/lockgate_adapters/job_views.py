@@ -116,19 +116,6 @@ async def find_job(connection: AnyConnection, *, cluster: str, namespace: str,
     return None if record is None else job_store._job_row(record)
 
 
-async def release_times(connection: AnyConnection, *, queue: str, cluster: str,
-                        window_seconds: float) -> list[float]:
-    """When (epoch seconds) the queue's pods in the cluster were released within the last
-    `window_seconds`, oldest first: the pace a wait estimate is made from
-    (lockgate.wait_estimates)."""
-    records = await connection.fetch(
-        "SELECT extract(epoch FROM released_at)::float8 AS at FROM jobs"
-        " WHERE queue = $1 AND cluster = $2"
-        " AND released_at > now() - make_interval(secs => $3) ORDER BY released_at",
-        queue, cluster, window_seconds)
-    return [float(record["at"]) for record in records]
-
-
 @dataclass(frozen=True, slots=True)
 class JobSetSummary:
     queue: str

@@ -5,7 +5,9 @@ pending?", and the answer is in the scheduler's state: its queue, its place in t
 what it waits for (its queue's fair share, room in its cluster, a node it fits on, a cordoned or
 unknown queue). `explain` computes that answer from a `SchedulerState`; the fair-scheduler leader
 uses it for the Events it sends (through `lockgate.pod-notices.v1`, written by the ungater), and
-the admin API for `lockgate explain`, so both say the same. `queue_statuses` is `lockgate status`.
+`lockgate explain` and the web UI (through the leader's round report), so all say the same.
+`queue_statuses` is every queue's standing by a pass over the jobs: the reference the tests hold
+the round report's running tallies to (`lockgate status` reads the report).
 When a pod is told is `lockgate.scheduler.waiting`.
 
 Pure: the clock is passed in, as epoch seconds (pods' creation times are epoch seconds too).
