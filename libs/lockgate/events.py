@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lockgate.jobs import JobState
 from lockgate.max_queued import JobSetMaxQueued
-from lockgate.placement import PodPlacement, Taint
+from lockgate.placement import PodPlacement, Requirement, Taint
 
 
 class Event(BaseModel):
@@ -132,6 +132,62 @@ class ClusterCapacity(Event):
     cluster: str
     observed_at: datetime
     nodes: list[NodeCapacity]
+
+
+class NodePoolStatus(Event):
+    """One autoscaler NodePool (Karpenter's `karpenter.sh/v1` NodePool), as the watcher saw it.
+
+    Amounts in canonical units (lockgate.resources). `limits` lists only the resources the pool
+    caps (`spec.limits`; a resource not named is unbounded); `in_use` is `status.resources`,
+    which counts the NodeClaims in flight as well as the nodes that exist.
+    """
+
+    name: str
+    limits: dict[str, int] = Field(default_factory=dict)
+    in_use: dict[str, int] = Field(default_factory=dict)
+    # spec.template.spec.requirements, and the labels and taints every node it makes carries
+    # (spec.template.metadata.labels, spec.template.spec.taints; startupTaints are not kept:
+    # they go before pods land).
+    requirements: tuple[Requirement, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    ready: bool = True
+    # Why it is not Ready (the Ready condition's reason and message), when it is not.
+    not_ready_reason: str = ""
+    weight: int = 0  # spec.weight: Karpenter tries pools of higher weight first
+
+
+class NodeClaimStatus(Event):
+    """One NodeClaim: a node an autoscaler is making (or made) for a NodePool."""
+
+    name: str
+    node_pool: str
+    created_at: datetime
+    # status.capacity / status.allocatable once launched (empty before).
+    allocatable: dict[str, int] = Field(default_factory=dict)
+    node_name: str = ""  # status.nodeName once registered
+    launched: bool = False
+    registered: bool = False
+    initialized: bool = False
+    # Set when the claim failed or cannot launch: its condition's reason and message, for
+    # example "InsufficientCapacity: ..." or a NodePool limit reached.
+    failure: str = ""
+    deleting: bool = False
+
+
+class ClusterGrowth(Event):
+    """What a cluster's autoscaler may still add: its NodePools and the NodeClaims in flight.
+
+    One message is the whole picture of one cluster; the newest `observed_at` wins. A cluster
+    with no autoscaler (no NodePool kind served) publishes `autoscaled=False` and empty lists.
+    """
+
+    v: Literal[1] = 1
+    cluster: str
+    observed_at: datetime
+    autoscaled: bool = False
+    node_pools: list[NodePoolStatus] = Field(default_factory=list)
+    node_claims: list[NodeClaimStatus] = Field(default_factory=list)
 
 
 class ReleaseCommand(Event):
@@ -371,6 +427,13 @@ CLUSTER_CAPACITY: Topic[ClusterCapacity] = Topic(
     consumers=("queue-store",),
     why="allocatable per node and usage by pods lockgate does not manage",
 )
+CLUSTER_GROWTH: Topic[ClusterGrowth] = Topic(
+    name="lockgate.cluster-growth.v1",
+    model=ClusterGrowth,
+    key=lambda e: e.cluster,
+    consumers=("queue-store",),
+    why="what each cluster's autoscaler may still add (NodePools, NodeClaims in flight)",
+)
 RELEASE_COMMANDS: Topic[ReleaseCommand] = Topic(
     name="lockgate.release-commands.v1",
     model=ReleaseCommand,
@@ -418,12 +481,14 @@ DEAD_LETTERS: Topic[DeadLetter] = Topic(
 )
 
 ALL_TOPICS: tuple[Topic[PodEvent] | Topic[ClusterSnapshot] | Topic[ClusterCapacity]
+                  | Topic[ClusterGrowth]
                   | Topic[ReleaseCommand] | Topic[ReleaseOutcome] | Topic[PodNotice]
                   | Topic[JobSetCommand] | Topic[NamespaceCommand]
                   | Topic[DeadLetter], ...] = (
     POD_EVENTS,
     CLUSTER_SNAPSHOTS,
     CLUSTER_CAPACITY,
+    CLUSTER_GROWTH,
     RELEASE_COMMANDS,
     RELEASE_OUTCOMES,
     POD_NOTICES,
