@@ -11,6 +11,7 @@ commit.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from builders import a_job, a_node, a_queue, a_state
@@ -19,7 +20,7 @@ from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
 from lockgate.growth import GrowthPolicy
 from lockgate.jobs import JobState
 from lockgate.placement import Requirement
-from lockgate.scheduler import RoundResult, SchedJob, SchedulerState, schedule_round
+from lockgate.scheduler import RoundResult, SchedulerState, schedule_round
 from lockgate.scheduler.round import SkipReason, growth_gate
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -127,8 +128,7 @@ def test_a_released_pod_not_yet_bound_keeps_its_room_on_the_node_that_may_exist(
                                                          "growth:default/claim/default-x1"]
     assert run(state, now=NOW + 2).decisions == ()
     # One binds to the claim's node, registered now: that room is the node's; none is free.
-    state.upsert_job(SchedJob(**{**_fields(first[0]), "state": JobState.RUNNING,
-                                 "node_name": "kwok-1"}))
+    state.upsert_job(replace(first[0], state=JobState.RUNNING, node_name="kwok-1"))
     assert first[0].job_id not in state.growth_releases
     assert set(state.growth_releases) == {first[1].job_id}
 
@@ -202,7 +202,3 @@ def test_a_round_taken_back_forgets_its_releases_for_growth() -> None:
     transaction.commit(kept=[result.decisions[0].job_id])
     assert set(state.growth_releases) == {result.decisions[0].job_id}
     assert state.job_records[result.decisions[1].job_id].state is JobState.QUEUED
-
-
-def _fields(job: SchedJob) -> dict[str, object]:
-    return {name: getattr(job, name) for name in SchedJob.__slots__}
