@@ -21,6 +21,8 @@ from lockgate.growth import GrowthPolicy
 from lockgate.jobs import JobState
 from lockgate.placement import Requirement
 from lockgate.scheduler import RoundResult, SchedulerState, schedule_round
+from lockgate.scheduler.explain import OVER_SHARE_FOR_GROWTH, GrowthStanding
+from lockgate.scheduler.report import ExplainSettings, growth_json, report_round, short_reason
 from lockgate.scheduler.round import SkipReason, growth_gate
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -202,3 +204,61 @@ def test_a_round_taken_back_forgets_its_releases_for_growth() -> None:
     transaction.commit(kept=[result.decisions[0].job_id])
     assert set(state.growth_releases) == {result.decisions[0].job_id}
     assert state.job_records[result.decisions[1].job_id].state is JobState.QUEUED
+
+
+def test_explain_and_the_round_report_say_how_the_cluster_grows() -> None:
+    held = a_job("x").in_cluster("a").requesting(cpu="4").running_on("a-1").times(5)
+    held_in_b = a_job("x").in_cluster("b").requesting(cpu="4").running_on("real").build()
+    x_waiting = a_job("x").in_cluster("b").requesting(cpu="4").times(2)
+    y_waiting = a_job("y").in_cluster("b").requesting(cpu="4").times(4)
+    state = (a_state().with_queues(a_queue("x"), a_queue("y").limited_to(cpu="8"))
+             .with_cluster("a", {"a-1": a_node(cpu="20").build()})
+             .with_cluster("b", {"real": a_node(cpu="4").build()})
+             .with_jobs(held, held_in_b, x_waiting, y_waiting).build())
+    # 16 cores of limit, 4 in use by a claim in flight: the claim's node and 3 nodes more.
+    state.set_growth("b", a_picture(cpu_limit=16_000, cpu_in_use=4000,
+                                    claims=(a_claim("default-c1"),)))
+    result = run(state)
+    released = grown(result)
+    assert len(released) == 2
+    report = report_round(state, result, number=1, at=NOW, phases={},
+                          settings=ExplainSettings(preemption=False, group_reserve_after=None,
+                                                   holds=True))
+    said = report.explain([(j, None) for j in (released[0], released[1],
+                                               x_waiting[0].job_id)], now=NOW)
+    on_claim, on_headroom, over = (said[released[0]], said[released[1]],
+                                   said[x_waiting[0].job_id])
+    assert on_claim is not None and on_headroom is not None and over is not None
+    assert on_claim.growth_standing == GrowthStanding.RELEASED
+    assert on_claim.message.endswith(
+        "released so that b grows (NodePool default: headroom cpu=12); waiting for a node "
+        "(NodeClaim default-c1)")
+    assert on_headroom.growth.endswith("waiting for a node (NodeClaims in flight: default-c1)")
+    assert short_reason(on_claim) == "released so that b grows"
+    assert over.growth == OVER_SHARE_FOR_GROWTH
+    assert OVER_SHARE_FOR_GROWTH in over.message
+    assert short_reason(over) == "over its share: b will not grow for it"
+    status = report.growth["b"]
+    assert (status.nodes, dict(status.capacity)) == (1, {"cpu": 4000})
+    assert status.claims_in_flight == ("default-c1",)
+    assert [(p.pool, p.nodes, dict(p.remaining)) for p in status.pools] == [
+        ("default", 3, {"cpu": 12_000})]
+    assert status.released_unbound == 2 and status.stalled == ""
+    assert growth_json(status)["node_pools"][0]["headroom"] == {"cpu": 12_000}
+    assert "a" not in report.growth  # not autoscaled: nothing to say
+    # A claim fails: the cluster's growth stalls, and every pod waiting for it says why.
+    state.set_growth("b", a_picture(cpu_limit=16_000, cpu_in_use=4000,
+                                    at=T0 + timedelta(seconds=1), claims=(
+        a_claim("default-c1", failure="InsufficientCapacity: no offering"),)))
+    newcomer = a_job("z").in_cluster("b").requesting(cpu="4").build()
+    state.upsert_queue(a_queue("z").build())
+    state.upsert_job(newcomer)
+    stalled = report_round(state, run(state, now=NOW + 1), number=2, at=NOW + 1, phases={},
+                           settings=ExplainSettings(preemption=False, group_reserve_after=None,
+                                                    holds=True))
+    reason = "growth stalled: NodeClaim default-c1: InsufficientCapacity: no offering"
+    assert stalled.growth["b"].stalled == reason
+    said = stalled.explain([(newcomer.job_id, None), (released[0], None)], now=NOW + 1)
+    assert said[newcomer.job_id] is not None and said[newcomer.job_id].growth == reason
+    assert short_reason(said[newcomer.job_id]) == "growth stalled in b"
+    assert said[released[0]] is not None and said[released[0]].growth.endswith(reason)
