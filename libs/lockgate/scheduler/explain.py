@@ -438,13 +438,16 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     largest_free: list[int] = []
     largest_node: list[int] = []
     fits_some = fits_free = False
-    node_count = 0
+    node_count = real_nodes = 0
     held_on: RoomHold | None = None
     held_room: list[int] | None = None
     gaps: list[str] = []
     gathers = False
     if cluster is not None and rounds is not None:
+        # Nodes that may exist (lockgate.growth) count as nodes it may go to, not among the
+        # cluster's nodes the explanation shows.
         node_count = len(cluster.order)
+        real_nodes = cluster.real_nodes
         shape = state.job_records[job_id].shape
         fits_some = rounds.fits_some_node(shape)
         stats = None if cluster_stats is None else cluster_stats.get(job.cluster)
@@ -534,7 +537,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         adjusted_fair_share=0.0 if share is None else share.adjusted_fair_share,
         actual_share=0.0 if share is None else share.actual_share,
         cordoned=spec is not None and spec.cordoned, queue_defined=spec is not None,
-        queue_limits=limits, queue_allocation=allocation, cluster_nodes=node_count,
+        queue_limits=limits, queue_allocation=allocation, cluster_nodes=real_nodes,
         cluster_free=named(free_total), largest_free_node=named(largest_free),
         largest_node=named(largest_node),
         max_queued_seconds=None if max_queued is None else max_queued.seconds,
