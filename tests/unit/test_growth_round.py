@@ -71,7 +71,8 @@ def test_the_real_nodes_room_goes_first_then_nodes_that_may_exist() -> None:
     assert note is not None and note.pool == "default" and note.claim == ""
     assert note.words("b") == "released so that b grows (NodePool default: headroom cpu=8)"
     assert jobs[3].job_id not in by_job
-    assert result.skipped_jobs[jobs[3].job_id] is SkipReason.NO_NODE_WITH_ROOM
+    # Its kind found no room on either: the cluster is set aside for the queue this round.
+    assert result.queues["a"].set_aside == ("b",)
 
 
 def test_a_cluster_without_an_autoscaler_releases_as_before() -> None:
@@ -93,7 +94,7 @@ def test_a_queue_at_its_share_is_never_released_for_growth() -> None:
     # grow for x, which is at its share.
     held = a_job("x").in_cluster("a").requesting(cpu="4").running_on("a-1").times(5)
     held_in_b = a_job("x").in_cluster("b").requesting(cpu="4").running_on("real").build()
-    x_waiting = a_job("x").in_cluster("b").requesting(cpu="4").times(6)
+    x_waiting = a_job("x").in_cluster("b").requesting(cpu="2").times(6)
     y_waiting = a_job("y").in_cluster("b").requesting(cpu="4").times(6)
     state = (a_state().with_queues(a_queue("x"), a_queue("y").limited_to(cpu="8"))
              .with_cluster("a", {"a-1": a_node(cpu="20").build()})
@@ -104,12 +105,13 @@ def test_a_queue_at_its_share_is_never_released_for_growth() -> None:
     result = run(state)
     assert [d.queue for d in result.decisions] == ["y", "y"]
     assert len(grown(result)) == 2
-    looked_at = [result.skipped_jobs[j.job_id] for j in x_waiting
-                 if j.job_id in result.skipped_jobs]
-    assert looked_at and set(looked_at) == {SkipReason.OVER_SHARE_FOR_GROWTH}
+    # Its first pod is looked at and told why; the rest of its kind are set aside with it.
+    assert result.skipped_jobs[x_waiting[0].job_id] is SkipReason.OVER_SHARE_FOR_GROWTH
+    assert result.queues["x"].set_aside == ("b",)
     # Room on a real node is another matter: x may take what nobody is owed there.
     state.set_node("b", "real-2", a_node(cpu="4").build())
-    assert [d.queue for d in run(state, now=NOW + 1).decisions] == ["x"]
+    on_real = run(state, now=NOW + 1).decisions
+    assert [(d.queue, d.node_hint, d.growth) for d in on_real] == [("x", "real-2", None)] * 2
 
 
 def test_a_released_pod_not_yet_bound_keeps_its_room_on_the_node_that_may_exist() -> None:
@@ -157,7 +159,7 @@ def test_a_next_wave_waits_for_the_last_waves_node_claims_at_most_the_bound() ->
     state.upsert_jobs(later)
     waiting = run(state, now=NOW + 10)
     assert waiting.decisions == ()
-    assert {waiting.skipped_jobs[j.job_id] for j in later} == {SkipReason.WAITING_FOR_GROWTH}
+    assert waiting.skipped_jobs[later[0].job_id] is SkipReason.WAITING_FOR_GROWTH
     assert growth_gate(state, "b", now=NOW + 10).waiting.startswith(
         "waiting for the NodeClaims of the last wave")
     # The claims appear: the next wave goes.
