@@ -84,6 +84,7 @@ def test_a_cluster_without_an_autoscaler_releases_as_before() -> None:
     assert [d.job_id for d in result.decisions] == [jobs[0].job_id]
     assert grown(result) == []
     assert state.cluster_records["b"].order == ["real"]
+    assert state.growth_plan("b") is None
 
 
 def test_a_queue_at_its_share_is_never_released_for_growth() -> None:
