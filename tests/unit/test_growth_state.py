@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from lockgate.events import ClusterGrowth, NodePoolStatus
+from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
 from lockgate.placement import Requirement
 from lockgate.resources import Resources
 from lockgate.scheduler import NodeInfo, SchedulerState
@@ -72,3 +72,38 @@ def test_a_newer_picture_replaces_the_old_one_and_none_forgets_it() -> None:
 def test_a_picture_of_another_cluster_is_refused() -> None:
     with pytest.raises(ValueError, match="growth of cluster 'a' given as that of 'b'"):
         a_state().set_growth("b", a_picture("a"))
+
+
+def test_virtual_nodes_follow_the_picture_and_the_real_nodes() -> None:
+    state = a_state()
+    claim = NodeClaimStatus(name="default-c1", node_pool="default", created_at=T0,
+                            node_name="kwok-1", launched=True)
+    state.set_growth("b", a_picture(cpu_limit=8000).model_copy(update={"node_claims": [claim]}))
+    assert sorted(state.cluster_records["b"].order) == [
+        "growth:default/0", "growth:default/1", "growth:default/claim/default-c1", "n1"]
+    # The claim's Node registers: it is a node now, no longer one that may exist.
+    state.set_node("b", "kwok-1", NodeInfo(allocatable=Resources({"cpu": 4000})))
+    assert sorted(state.cluster_records["b"].order) == [
+        "growth:default/0", "growth:default/1", "kwok-1", "n1"]
+    # set_cluster replaces the real nodes and leaves the virtual ones to the plan.
+    state.set_cluster("b", {"n2": NodeInfo(allocatable=Resources({"cpu": 2000}))})
+    assert sorted(state.cluster_records["b"].order) == [
+        "growth:default/0", "growth:default/1", "growth:default/claim/default-c1", "n2"]
+    assert state.pool_total().as_dict()["cpu"] == 2000 + 3 * 4000
+    with pytest.raises(ValueError, match="reserved for nodes that may exist"):
+        state.set_node("b", "growth:default/9", NodeInfo(allocatable=Resources({"cpu": 1})))
+
+
+def test_a_pools_size_is_read_from_its_largest_node_when_nothing_else_says() -> None:
+    state = a_state()
+    bare = ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True, node_pools=[
+        NodePoolStatus(name="default", limits={"cpu": 16_000}, in_use={"cpu": 8000})])
+    state.set_growth("b", bare)
+    plan = state.growth_plan("b")
+    assert plan is not None and plan.pools[0].nodes == 0
+    state.set_node("b", "kwok-1", NodeInfo(allocatable=Resources({"cpu": 8000}),
+                                           labels={"karpenter.sh/nodepool": "default"}))
+    plan = state.growth_plan("b")
+    assert plan is not None
+    assert (plan.pools[0].nodes, plan.pools[0].shape_source) == (1, "its largest node, kwok-1")
+    assert "growth:default/0" in state.cluster_records["b"].order
