@@ -11,7 +11,11 @@ its cluster is reported unschedulable and parked off its queue until the cluster
 a new size, so it never blocks the jobs behind it. The queued jobs of a controller that backs
 off (`lockgate.backoff`) are held out of their queue's line the same way, and only counted.
 Cordoned queues release nothing; queue limits cap a queue's allocation over all clusters. A pod
-group is released whole or not at all (`lockgate.scheduler.groups`).
+group is released whole or not at all (`lockgate.scheduler.groups`). In a cluster whose
+autoscaler may add nodes (lockgate.growth), a pod that finds no room on the nodes that exist may
+be released *for growth*, onto a node that may exist, only while its queue is owed room there
+and the cluster's growth is neither stalled nor waiting for the last wave's NodeClaims
+(`growth_gate`; docs/autoscaling.md).
 
 The round is pure computation on `SchedulerState` (no I/O, no clock) and *applies its own
 decisions*, through the state's transaction (`SchedulerState.begin_round`): every released job
@@ -162,7 +166,8 @@ def growth_gate(state: SchedulerState, cluster: str, *, now: float | None,
     a NodeClaim of the cluster failed, or a pod released for growth is still unbound
     `stall_after_seconds` after its release (growth stalled); not while the last wave's
     NodeClaims have not appeared (a new claim, or a pool's in_use grew), for at most
-    `wave_wait_seconds` (pacing). Releases of round `round_number` itself are one wave."""
+    `wave_wait_seconds` (pacing; without a clock, until they appear). Releases of round
+    `round_number` itself are one wave."""
     plan = state.growth_plan(cluster)
     if plan is None or not plan.nodes:
         return GrowthGate(plan)

@@ -4,7 +4,9 @@ Why it exists: a scheduling round must decide within a fraction of a second over
 jobs, so it cannot rebuild anything per round. `SchedulerState` is fed every change as it happens
 (a queue defined, a node's capacity observed, a job's state moved) and keeps, in O(log n) per
 change, exactly what a round needs: per queue and cluster a heap of its pending jobs in release
-order; per queue its allocation and demand; per cluster its nodes and what managed jobs hold.
+order; per queue its allocation and demand; per cluster its nodes and what managed jobs hold,
+and, where an autoscaler may add nodes, those nodes that may exist (`set_growth`,
+`lockgate.growth`: virtual nodes, one node model with the real ones).
 
 Its concerns live in their own modules, each with a public interface, and the state composes
 them: `records` (what a job is: interned shapes and kinds), `pending` (a queue's heap per
