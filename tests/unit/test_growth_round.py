@@ -241,6 +241,8 @@ def test_explain_and_the_round_report_say_how_the_cluster_grows() -> None:
     assert over.growth == OVER_SHARE_FOR_GROWTH
     assert OVER_SHARE_FOR_GROWTH in over.message
     assert short_reason(over) == "over its share: b will not grow for it"
+    # The room it is shown is that of the nodes that exist: one, full.
+    assert (over.cluster_nodes, dict(over.cluster_free)) == (1, {"cpu": 0})
     status = report.growth["b"]
     assert (status.nodes, dict(status.capacity)) == (1, {"cpu": 4000})
     assert status.claims_in_flight == ("default-c1",)

@@ -745,7 +745,10 @@ def _room_stats(cluster: ClusterRecord, rounds: ClusterRoom, inverse: list[float
     free_total = [0] * axes
     largest_free: list[int] = []
     best = -1.0
-    for free in rounds.free:
+    virtual = set(cluster.virtual_order)  # room there is growth's, said apart (`growth`)
+    for node, free in enumerate(rounds.free):
+        if node in virtual:
+            continue
         for axis, amount in enumerate(free):
             free_total[axis] += max(0, amount)
         room = [max(0, a) for a in free]
