@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
+from lockgate.node_groups import NodeGroup, check_node_groups
 from lockgate.placement import Taint
 from lockgate.resources import InvalidQuantityError, parse_quantity
 
@@ -74,8 +75,12 @@ class GrowthPolicy:
     # A next wave of releases for growth into a cluster waits until the last wave's NodeClaims
     # appear (a new NodeClaim, or a pool's `in_use` grew), but no longer than this.
     wave_wait_seconds: float = 60.0
+    # The cluster-autoscaler's node groups (lockgate.node_groups), stated by the operator: a
+    # cluster with groups and no published picture grows within them, by the same rule.
+    node_groups: tuple[NodeGroup, ...] = ()
 
     def __post_init__(self) -> None:
+        check_node_groups(self.node_groups)
         if self.max_nodes_per_pool < 0:
             raise ValueError("max_nodes_per_pool must not be negative")
         if self.stall_after_seconds <= 0 or self.wave_wait_seconds < 0:
@@ -91,7 +96,13 @@ class GrowthPolicy:
                 raise ValueError(f"{where}: negative amounts of {', '.join(sorted(negative))}")
 
     def shape_for(self, cluster: str, pool: str) -> Mapping[str, int] | None:
-        return self.instance_shapes.get(f"{cluster}/{pool}", self.instance_shapes.get(pool))
+        stated = self.instance_shapes.get(f"{cluster}/{pool}", self.instance_shapes.get(pool))
+        if stated is not None:
+            return stated
+        for group in self.node_groups:  # a node group states its nodes' size
+            if group.cluster == cluster and group.name == pool:
+                return group.allocatable.as_dict()
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ here: the cluster-autoscaler's module cannot be built on this project's machines
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -26,9 +26,11 @@ from lockgate.events import ClusterGrowth, NodePoolStatus
 from lockgate.placement import Requirement, Taint
 from lockgate.resources import InvalidQuantityError, Resources
 
-# The label Karpenter puts on its nodes; a node group's nodes carry it too in lockgate's picture,
-# so explain and the UI name the group the way they name a NodePool.
+# The label Karpenter puts on its nodes; a node group's virtual nodes carry it too, so explain
+# and the UI name the group the way they name a NodePool.
 NODE_POOL_LABEL = "karpenter.sh/nodepool"
+# A picture made from settings is never older than one an autoscaler published.
+_STATED = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class NodeGroup(BaseModel):
@@ -39,8 +41,9 @@ class NodeGroup(BaseModel):
     cluster: str = Field(min_length=1)
     name: str = Field(min_length=1)
     max_size: int = Field(ge=0, description="the group's maximum number of nodes")
-    # One node's allocatable, as Kubernetes quantities (e.g. {"cpu": "7910m", "memory": "29Gi"}):
-    # what a pod may use of a new node, the per-node overhead already taken off.
+    # One node's allocatable, as Kubernetes quantities (e.g. {"cpu": "7910m", "memory": "29Gi"}),
+    # as its Node object reports it; what DaemonSets take of it is the policy's `node_overhead`,
+    # subtracted as for every NodePool.
     node_allocatable: dict[str, str] = Field(min_length=1)
     # Labels every node of the group carries (e.g. {"eks.amazonaws.com/nodegroup": "batch"}):
     # they say which existing nodes are the group's, and which pods its new nodes can take.
@@ -101,11 +104,15 @@ def node_group_pool(group: NodeGroup, node_labels: Iterable[Mapping[str, str]]) 
 
 
 def node_groups_growth(cluster: str, groups: Sequence[NodeGroup],
-                       node_labels: Sequence[Mapping[str, str]],
-                       observed_at: datetime) -> ClusterGrowth | None:
+                       node_labels: Sequence[Mapping[str, str]]) -> ClusterGrowth | None:
     """The cluster's growth picture from its configured node groups; None if it has none."""
     mine = [group for group in groups if group.cluster == cluster]
     if not mine:
         return None
-    return ClusterGrowth(cluster=cluster, observed_at=observed_at, autoscaled=True,
+    return ClusterGrowth(cluster=cluster, observed_at=_STATED, autoscaled=True,
                          node_pools=[node_group_pool(group, node_labels) for group in mine])
+
+
+def in_a_group(cluster: str, groups: Sequence[NodeGroup], labels: Mapping[str, str]) -> bool:
+    """Whether a node with these labels counts towards one of the cluster's node groups."""
+    return any(group.cluster == cluster and group.holds(labels) for group in groups)

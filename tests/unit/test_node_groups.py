@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 from pydantic import ValidationError
 
@@ -16,7 +14,6 @@ from lockgate.node_groups import (
 )
 from lockgate.placement import Taint
 
-NOW = datetime(2026, 12, 7, tzinfo=UTC)
 BATCH = {"eks.amazonaws.com/nodegroup": "batch"}
 
 
@@ -47,10 +44,10 @@ def test_taints_of_the_groups_nodes_travel_with_it() -> None:
 
 def test_only_the_clusters_own_groups_make_its_growth() -> None:
     groups = [group(), group(cluster="cluster-y", name="spot")]
-    growth = node_groups_growth("cluster-y", groups, [], NOW)
+    growth = node_groups_growth("cluster-y", groups, [])
     assert growth is not None and growth.autoscaled
     assert [pool.name for pool in growth.node_pools] == ["spot"]
-    assert node_groups_growth("cluster-z", groups, [], NOW) is None
+    assert node_groups_growth("cluster-z", groups, []) is None
 
 
 @pytest.mark.parametrize(("overrides", "words"), [
@@ -72,3 +69,44 @@ def test_one_group_given_twice_is_refused() -> None:
     check_node_groups([group(), group(cluster="cluster-y")])
     with pytest.raises(ValueError, match="given twice"):
         check_node_groups([group(), group(max_size=3)])
+
+
+# ---- in the scheduler's state: a cluster with groups and no Karpenter grows within them ----
+
+
+def test_a_cluster_with_node_groups_grows_within_them_by_the_nodepool_rule() -> None:
+    from builders import a_job, a_state
+
+    from lockgate.growth import GrowthPolicy, is_virtual
+    from lockgate.resources import Resources
+    from lockgate.scheduler import NodeInfo, schedule_round
+
+    batch = group(cluster="b", max_size=3, node_allocatable={"cpu": "4", "memory": "16Gi"})
+    jobs = a_job("a").in_cluster("b").requesting(cpu="4", memory="1Gi").times(4)
+    first = NodeInfo(allocatable=Resources({"cpu": 4000, "memory": 16 << 30}), labels=BATCH)
+    state = (a_state().with_queues("a").with_cluster("b", {"n1": first})
+             .with_jobs(jobs).build())
+    state.set_growth_policy(GrowthPolicy(node_groups=(batch,), wave_wait_seconds=0))
+
+    def virtual() -> list[str]:
+        return sorted(n for n in state.cluster_records["b"].nodes if is_virtual(n))
+
+    # One of three nodes exists: two more may.
+    assert len(virtual()) == 2
+    result = schedule_round(state, max_decisions=10, max_lookback_per_queue=10,
+                            now=1_800_000_000.0)
+    # One pod on the real node, two for growth; the fourth has nowhere to go, even to grow.
+    assert len(result.decisions) == 3
+    assert sorted(d.growth.pool for d in result.decisions if d.growth is not None) == [
+        "batch", "batch"]
+    # The group's second node appears: the group may add one more, not two.
+    state.set_node("b", "n2", NodeInfo(allocatable=Resources({"cpu": 4000, "memory": 16 << 30}),
+                                       labels=BATCH))
+    assert len(virtual()) == 1
+    # A node of another group changes nothing.
+    state.set_node("b", "other", NodeInfo(allocatable=Resources({"cpu": 4000}),
+                                          labels={"eks.amazonaws.com/nodegroup": "x"}))
+    assert len(virtual()) == 1
+    # Without the groups the cluster grows by nothing, as before issue 35.
+    state.set_growth_policy(GrowthPolicy())
+    assert virtual() == []

@@ -48,6 +48,7 @@ from lockgate.growth import (
 )
 from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
+from lockgate.node_groups import in_a_group, node_groups_growth
 from lockgate.placement import NodeTraits, PodPlacement
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
@@ -335,8 +336,11 @@ class SchedulerState:
             self._set_node(cluster, name, None)
         for name, info in nodes.items():
             self._set_node(cluster, name, self._real(name, info))
-        if cluster in self._growth:
+        if cluster in self._growth or self._has_node_groups(cluster):
             self._plan_growth(cluster)
+
+    def _has_node_groups(self, cluster: str) -> bool:
+        return any(group.cluster == cluster for group in self._growth_policy.node_groups)
 
     def set_node(self, cluster: str, name: str, info: NodeInfo | None) -> None:
         """Add, update or (with None) remove one node."""
@@ -350,6 +354,12 @@ class SchedulerState:
                 or (old_node is not None and NODE_POOL_LABEL in old_node.info.labels)):
             # A claim's node arrived (it is no longer a virtual node), or a node of a pool
             # whose size may be read from its nodes changed.
+            self._plan_growth(cluster)
+        elif (picture is None or not picture.autoscaled) and self._has_node_groups(cluster) and any(
+                in_a_group(cluster, self._growth_policy.node_groups, node.labels)
+                for node in (info, None if old_node is None else old_node.info)
+                if node is not None):
+            # A node group's size is its nodes: one came, went or changed.
             self._plan_growth(cluster)
 
     @staticmethod
@@ -429,7 +439,8 @@ class SchedulerState:
         if policy == self._growth_policy:
             return
         self._growth_policy = policy
-        for cluster in sorted(self._growth):
+        stated = {group.cluster for group in policy.node_groups}
+        for cluster in sorted(set(self._growth) | stated | set(self._growth_plans)):
             self._plan_growth(cluster)
 
     @property
@@ -457,6 +468,12 @@ class SchedulerState:
         a schedulable node of the cluster, changed only when it changes (`set_node`)."""
         picture = self._growth.get(cluster)
         record = self._cluster(cluster)
+        if picture is None or not picture.autoscaled:
+            # No Karpenter there: the cluster-autoscaler's groups, if the operator stated any.
+            picture = node_groups_growth(
+                cluster, self._growth_policy.node_groups,
+                [node.info.labels for name, node in record.nodes.items()
+                 if not is_virtual(name)]) or picture
         # A cluster with no autoscaler has no plan: it grows by nothing, as before issue 35.
         plan = None if picture is None or not picture.autoscaled else plan_growth(
             picture, policy=self._growth_policy,
