@@ -136,6 +136,7 @@ class Leader:
         # The state and every row applied to it through the hold-out policy (expired, backing
         # off, given up, controller holds): all the leader decides that needs no I/O.
         self._feed = Feed(SchedulerState(settings.fairness_resources), settings.feed_policy())
+        self._feed.state.set_growth_policy(settings.growth_policy())
         self._release_rates = ReleaseRates()  # for the wait estimates of notices
         report.release_rates = self._release_rates  # and of explain, from the same pace
         feed = self._feed

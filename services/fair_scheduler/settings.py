@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lockgate.backoff import BackoffPolicy
+from lockgate.growth import GrowthPolicy
+from lockgate.node_groups import NodeGroup
+from lockgate.resources import InvalidQuantityError, Resources
 from lockgate.scheduler import FeedPolicy, NoticeLimits
 from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.settings import ServiceSettings
@@ -240,3 +243,54 @@ class SchedulerSettings(ServiceSettings):
         default=60.0, gt=0,
         description="re-publish a release command whose job is still only released this long "
         "after publishing (the ungater is idempotent)")
+    # Clusters that grow (docs/autoscaling.md). Amounts are Kubernetes quantities.
+    growth_cluster_caps: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="per cluster, the most its NodePools together may still add, for "
+                    "resources a pool does not limit (JSON, e.g. "
+                    '{"cluster-b": {"cpu": "256", "memory": "1Ti"}})')
+    growth_instance_shapes: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='one node\'s allocatable, by "<cluster>/<pool>" or "<pool>", for pools '
+                    "whose requirements name no instance size (JSON)")
+    growth_node_overhead: dict[str, str] = Field(
+        default_factory=dict,
+        description="what DaemonSets and system pods take of every new node (JSON)")
+    growth_max_nodes_per_pool: int = Field(
+        default=32, ge=0, description="at most this many nodes that may exist per NodePool")
+    growth_stall_after_seconds: float = Field(
+        default=600.0, gt=0,
+        description="a pod released for growth still unbound this long stalls its cluster's "
+                    "growth")
+    growth_wave_wait_seconds: float = Field(
+        default=60.0, ge=0,
+        description="the longest a next wave for growth waits for the last wave's NodeClaims")
+    growth_node_groups: list[NodeGroup] = Field(
+        default_factory=list,
+        description="the cluster-autoscaler's node groups (JSON list of {cluster, name, "
+                    "max_size, node_allocatable, node_labels, node_taints})")
+
+    def growth_policy(self) -> GrowthPolicy:
+        """How clusters grow (lockgate.growth), in canonical units."""
+
+        def amounts(where: str, quantities: dict[str, str]) -> dict[str, int]:
+            try:
+                return Resources.from_kubernetes(quantities).as_dict()
+            except InvalidQuantityError as error:
+                raise ValueError(f"{where}: {error}") from error
+
+        return GrowthPolicy(
+            cluster_caps={cluster: amounts(f"growth_cluster_caps[{cluster!r}]", caps)
+                          for cluster, caps in self.growth_cluster_caps.items()},
+            instance_shapes={pool: amounts(f"growth_instance_shapes[{pool!r}]", shape)
+                             for pool, shape in self.growth_instance_shapes.items()},
+            node_overhead=amounts("growth_node_overhead", self.growth_node_overhead),
+            max_nodes_per_pool=self.growth_max_nodes_per_pool,
+            stall_after_seconds=self.growth_stall_after_seconds,
+            wave_wait_seconds=self.growth_wave_wait_seconds,
+            node_groups=tuple(self.growth_node_groups))
+
+    @model_validator(mode="after")
+    def _growth_policy_valid(self) -> SchedulerSettings:
+        self.growth_policy()  # a wrong quantity or a group given twice: refused at start
+        return self
