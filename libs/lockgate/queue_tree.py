@@ -122,7 +122,7 @@ class QueueTree:
             at: str | None = name
             while at is not None and at not in depth:
                 if at in chain:
-                    cycle = chain[chain.index(at):] + [at]
+                    cycle = [*chain[chain.index(at):], at]
                     raise QueueTreeError("queues form a cycle: " + " -> ".join(cycle))
                 chain.append(at)
                 at = by_name[at].parent
