@@ -134,29 +134,37 @@ class QueueTree:
         return tree
 
     def _check_guarantees(self, fleet: Mapping[str, float] | None) -> None:
-        for parent, kids in self._children.items():
+        """Children's guarantees fit in their parent's guarantee and limit; all of them fit in
+        the fleet. A node without a guarantee of its own stands for its children's together
+        (so guarantees deep under unguaranteed nodes still have to fit in the fleet)."""
+        standing: dict[str, dict[str, float]] = {}  # what each node's guarantees add up to
+        for parent in [*reversed(self.names), None]:
+            kids = self._children.get(parent, []) if parent is not None else self._children[None]
             summed: dict[str, float] = {}
             for kid in kids:
-                for resource, amount in self._nodes[kid].guarantee.items():
+                for resource, amount in standing.get(kid, {}).items():
                     summed[resource] = summed.get(resource, 0.0) + amount
+            bounds: list[tuple[str, Mapping[str, float], bool]] = []
             if parent is None:
-                if fleet is None:
-                    continue
-                bounds = [("the fleet", fleet)]
+                if fleet is not None:
+                    bounds.append(("the fleet", fleet, True))
                 what = "the root's children"
             else:
                 node = self._nodes[parent]
-                bounds = [(f"{parent!r}'s guarantee", node.guarantee)] if node.guarantee else []
+                if any(node.guarantee.values()):
+                    bounds.append((f"{parent!r}'s guarantee", node.guarantee, True))
                 if node.limit is not None:
-                    bounds.append((f"{parent!r}'s limit", node.limit))
+                    bounds.append((f"{parent!r}'s limit", node.limit, False))
                 what = f"the children of {parent!r}"
-            for label, bound in bounds:
+                own = {r: a for r, a in node.guarantee.items() if a > 0}
+                standing[parent] = own if own else summed
+            for label, bound, every_resource in bounds:
                 for resource, amount in sorted(summed.items()):
                     if amount <= 0:
                         continue
                     room = bound.get(resource)
                     if room is None:
-                        if label.endswith("limit"):
+                        if not every_resource:
                             continue  # the limit does not bound this resource
                         room = 0.0
                     if amount > room * (1 + _FIT_SLACK) + _FIT_SLACK:
