@@ -608,6 +608,8 @@ def hierarchical_allocation(*, clusters: Sequence[Cluster], tree: Sequence[TreeQ
                for g in by_cluster[demand.cluster].groups
                if demand.groups is None or g.name in demand.groups]
     n = len(columns)
+    if n == 0:
+        return HierarchicalAllocation(pool_total=pool, shares={}, steps=0, programs=0)
     dominant = [_dominant(d.shape, pool) for d in demands]
     positive = sorted(x for x in dominant if x > 0)
     scale = 1.0 / positive[len(positive) // 2] if positive else 1.0
