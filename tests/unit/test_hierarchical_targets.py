@@ -33,8 +33,9 @@ from lockgate.scheduler.targets import (
 )
 
 CASES = int(os.environ.get("LOCKGATE_TREE_CASES", "300"))
-# Shares are fractions of the pool; the model's and the solver's agree to well below a pod.
-SHARE_TOLERANCE = 1e-6
+# The model's and the solver's allocations agree to well below a pod (pods are 1-40 cpu): the
+# model's linear programs keep frozen levels within a millionth of a pod, and rounding adds up.
+CPU_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def test_a_flat_tree_gives_exactly_todays_targets() -> None:
         through_tree = fleet.solve(unreachable)
         for name, target in today.queues.items():
             assert through_tree.queues[name].share == pytest.approx(
-                target.share, abs=SHARE_TOLERANCE), fleet.describe()
+                target.share, abs=1e-9), fleet.describe()
 
 
 def test_the_targets_match_the_independent_model_node_by_node() -> None:
@@ -173,8 +174,10 @@ def test_the_targets_match_the_independent_model_node_by_node() -> None:
         tree = fleet.tree()
         ours = node_shares(fleet.solve(tree), tree)
         model = fleet.model().shares
+        pool = sum(cpu for _, _, cpu in fleet.groups)
         for name in tree.names:
-            assert ours[name] == pytest.approx(model.get(name, 0.0), abs=SHARE_TOLERANCE), (
+            assert ours[name] * pool == pytest.approx(model.get(name, 0.0) * pool,
+                                                      abs=CPU_TOLERANCE), (
                 f"{name}: ours {ours[name]}, model {model.get(name, 0.0)}; {fleet.describe()}")
 
 
