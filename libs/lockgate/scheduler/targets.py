@@ -208,8 +208,14 @@ class TargetProblem:
     weights: Mapping[str, float]
     demands: tuple[Demand, ...]
     pool: Mapping[str, float]
+    # A queue tree (None: today's flat queues): its weights, guarantees and limits count, and
+    # `weights` only says which queues are in.
+    tree: QueueTree | None = None
 
     def solve(self) -> FairTargets:
+        if self.tree is not None:
+            return hierarchical_fair_targets(tree=self.tree, groups=self.groups,
+                                             demands=self.demands, pool=self.pool)
         return fair_targets(groups=self.groups, weights=self.weights, demands=self.demands,
                             pool=self.pool)
 
