@@ -852,6 +852,9 @@ class _TreeFilling:
                           for node in self.under}
         self.net, self.source_edges, _ = problem._network(self.level)
         self.position = {name: i for i, name in enumerate(self.leaves)}
+        # Nodes not retired yet (`_FlowNetwork.retire`): as in `_Problem.fill`, what cannot
+        # reach the sink after a step never will while levels only rise, in every phase.
+        self.live: set[int] = set(range(1, self.net.size))
 
     def _units(self, node: str, amounts: Mapping[str, float] | None) -> float:
         """A node's bound in share units: the most of its demand mix that fits in `amounts`
@@ -992,6 +995,9 @@ class _TreeFilling:
             for node in bounded:
                 if total_of(node) >= bounds[node] - _EPSILON * max(1.0, bounds[node]):
                     frozen.extend(name for name in self.under[node] if name in rising)
+            gone = self.live.difference(reaches_sink)
+            net.retire(gone)
+            self.live -= gone
             if steps >= most or (not frozen and not (
                     0 < reach < float("inf") and delta >= reach * (1 - 1e-9))):
                 frozen = order  # numerically stuck: freeze everyone where they stand
