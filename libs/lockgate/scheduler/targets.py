@@ -807,23 +807,28 @@ class _TreeFilling:
     problem's queues).
 
     Every leaf still asking rises at a *rate*: the root rises at rate 1, and each rising node
-    passes its rate to its rising children in proportion to their weights (a child rises while
-    some leaf under it does). So at every node the rising children's totals keep the ratio of
-    their weights (weighted max-min among siblings), and what a frozen child no longer takes
-    goes to its siblings, then, when the whole subtree is frozen, to the parent's siblings
-    (H-DRF's rule: raise every node that is not blocked). Shares are counted in share units,
-    the sum of the leaves' dominant shares, so a node's share is its leaves' added: a child's
-    rise on one resource never shows as its parent's rise on another (what makes recursive
-    DRF starve; Bhattacharya et al., SoCC 2013).
+    passes its rate to those of its rising children at the water (the lowest share / weight),
+    in proportion to their weights; a child above the water (a guarantee gave it more) waits
+    until the water reaches it (`_rates`). So at every node the rising children's costs stay
+    equal (weighted max-min among siblings, a guarantee being a floor), and what a frozen
+    child no longer takes goes to its siblings, then, when the whole subtree is frozen, to the
+    parent's siblings (H-DRF's rule: raise every node that is not blocked). Guarantees first,
+    deepest first, each phase a filling of its own (`fill`), then weights.
+
+    Shares are counted in share units, the sum of the leaves' dominant shares, so a node's
+    share is its leaves' added: a child's rise on one resource never shows as its parent's rise
+    on another (what makes recursive DRF starve; Bhattacharya et al., SoCC 2013).
 
     A step raises every rising leaf by rate x delta, where delta is the largest rise at which
     (a) no leaf passes what it asks, (b) no node passes its bound (a limit, or the guarantee
-    being served), and (c) a max flow still routes every leaf's level: Dinkelbach's method on
+    being served), (c) the water reaches no waiting sibling, and (d) a max flow still routes
+    every leaf's level: Dinkelbach's method on
     the min cut, as `_Problem.fill` (within a step every level is linear in delta, so each
     failed max flow's cut gives the exact delta at which it stops binding). Then it freezes
     every leaf with all it asks, every leaf under a node at its bound, and every leaf that
     cannot reach the sink in the residual network (no rearrangement gives it more). Rates
-    change only when some leaf freezes, so each step freezes at least one leaf.
+    change only when some leaf freezes or a waiting node joins the water, so each step does
+    one of the two: at most 2 x (leaves + nodes) steps per phase.
     """
 
     def __init__(self, problem: _Problem, tree: QueueTree) -> None:
@@ -946,8 +951,8 @@ class _TreeFilling:
             rate, reach = self._rates(rising)
             delta = reach
             # (a) and (b): the first leaf to have all it asks, the first node at its bound.
-            delta = min(delta, *((asked[name] - level[name]) / rate[name]
-                                 for name in rising if rate[name] > 0))
+            delta = min([delta, *((asked[name] - level[name]) / rate[name]
+                                  for name in rising if rate[name] > 0)])
             for node in bounded:
                 node_rate = sum(rate.get(name, 0.0) for name in self.under[node])
                 if node_rate > 0:
