@@ -301,3 +301,36 @@ def test_the_issues_organisation() -> None:
 
 def shares_of(fleet: Fleet) -> dict[str, float]:
     return node_shares(fleet.solve(), fleet.tree())
+
+
+def test_an_idle_share_is_lent_to_siblings_first_then_further_up() -> None:
+    nodes = [TreeNode("a"), TreeNode("b"), TreeNode("a1", parent="a"),
+             TreeNode("a2", parent="a"), TreeNode("b1", parent="b")]
+    groups = [("c", "g", 120.0)]
+    busy = [("a1", "c", 120.0, None), ("a2", "c", 120.0, None), ("b1", "c", 120.0, None)]
+    shares = shares_of(Fleet(0, groups, nodes, busy))
+    assert (shares["a1"], shares["a2"], shares["b1"]) == pytest.approx((0.25, 0.25, 0.5))
+    # a2 idle: its quarter goes to its sibling a1, not to b.
+    shares = shares_of(Fleet(0, groups, nodes, [busy[0], busy[2]]))
+    assert (shares["a1"], shares["b1"]) == pytest.approx((0.5, 0.5))
+    # a2 asks for only 6 cpu: a1 takes the rest of a's half.
+    shares = shares_of(Fleet(0, groups, nodes, [busy[0], ("a2", "c", 6.0, None), busy[2]]))
+    assert (shares["a1"], shares["a2"], shares["b1"]) == pytest.approx((0.45, 0.05, 0.5))
+    # All of a idle: then b borrows it.
+    shares = shares_of(Fleet(0, groups, nodes, [busy[2]]))
+    assert shares["b1"] == pytest.approx(1.0)
+
+
+def test_leaves_of_different_dominant_resources_do_not_starve() -> None:
+    """H-DRF's trap for recursive DRF: under `a`, a cpu-only leaf and a memory-only leaf; `b`
+    asks for both. A node's share is its leaves' dominant shares added, so `a` and `b` split
+    evenly and neither of a's leaves waits for the resource the other uses."""
+    tree = QueueTree.build([TreeNode("a"), TreeNode("b"), TreeNode("a1", parent="a"),
+                            TreeNode("a2", parent="a")])
+    targets = hierarchical_fair_targets(
+        tree=tree, groups=[NodeGroup("c", "g", {"cpu": 100.0, "memory": 100.0})],
+        demands=[Demand("a1", "c", {"cpu": 100.0}), Demand("a2", "c", {"memory": 100.0}),
+                 Demand("b", "c", {"cpu": 100.0, "memory": 100.0})])
+    assert targets.node_shares["a"] == pytest.approx(targets.node_shares["b"])
+    assert targets.queues["a1"].share == pytest.approx(targets.queues["a2"].share)
+    assert targets.queues["a1"].share > 0.2
