@@ -31,6 +31,10 @@ whose shapes share their dominant resource.
 
 The split of a queue's allocation across clusters need not be unique; the shares are. Judge on
 each queue's total (`FairAllocation.shares`, `pods`).
+
+`hierarchical_allocation` is the same for a queue tree (issue 36; docs/scheduling.md,
+"Hierarchical fair targets"): weights among siblings, guarantees and limits per node, by linear
+programs as well.
 """
 
 from __future__ import annotations

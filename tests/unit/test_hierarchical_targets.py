@@ -334,3 +334,22 @@ def test_leaves_of_different_dominant_resources_do_not_starve() -> None:
     assert targets.node_shares["a"] == pytest.approx(targets.node_shares["b"])
     assert targets.queues["a1"].share == pytest.approx(targets.queues["a2"].share)
     assert targets.queues["a1"].share > 0.2
+
+
+def test_the_model_itself_on_the_issues_organisation() -> None:
+    """The independent model, worked out by hand (so that the model and the solver cannot be
+    wrong together): production (weight 2, guarantee 32 cpu) against research (weight 3)."""
+    nodes = [TreeNode("research", weight=3), TreeNode("production", weight=2,
+                                                         guarantee={"cpu": 32}),
+             TreeNode("vision", parent="research"), TreeNode("nlp", parent="research"),
+             TreeNode("alice", parent="vision"), TreeNode("bob", parent="vision"),
+             TreeNode("carol", parent="nlp")]
+    demands = [(leaf, "c", 100.0, None) for leaf in ("alice", "bob", "carol", "production")]
+    model = Fleet(0, [("c", "g", 100.0)], nodes, demands).model().shares
+    assert model["production"] == pytest.approx(0.4, abs=1e-6)
+    assert model["vision"] == pytest.approx(0.3, abs=1e-6)
+    assert model["alice"] == pytest.approx(0.15, abs=1e-6)
+    weak = [nodes[0], TreeNode("production", weight=1, guarantee={"cpu": 32}), *nodes[2:]]
+    model = Fleet(0, [("c", "g", 100.0)], weak, demands).model().shares
+    assert model["production"] == pytest.approx(0.32, abs=1e-6)
+    assert model["carol"] == pytest.approx(0.34, abs=1e-6)
