@@ -31,6 +31,10 @@ whose shapes share their dominant resource.
 
 The split of a queue's allocation across clusters need not be unique; the shares are. Judge on
 each queue's total (`FairAllocation.shares`, `pods`).
+
+`hierarchical_allocation` is the same for a queue tree (issue 36; docs/scheduling.md,
+"Hierarchical fair targets"): weights among siblings, guarantees and limits per node, by linear
+programs as well.
 """
 
 from __future__ import annotations
@@ -517,3 +521,249 @@ def nearest_split(allocation: FairAllocation, *, clusters: Sequence[Cluster],
         gap = abs(float(held.get((queue, cluster), 0.0)) - part)
         worst[queue] = max(worst.get(queue, 0.0), gap)
     return NearestSplit(largest=largest, parts=parts, by_queue=worst)
+
+
+# ---- the hierarchical definition (issue 36; docs/scheduling.md, "Hierarchical fair targets") --
+
+
+@dataclass(frozen=True)
+class TreeQueue:
+    """A node of a queue tree, as the model takes it (its own type: the model shares no code
+    with lockgate). `parent` None: a child of the root. Only leaves have demand. `guarantee`
+    and `limit` are per resource (a limit of None: none)."""
+
+    name: str
+    parent: str | None = None
+    weight: float = 1.0
+    guarantee: Mapping[str, float] = field(default_factory=dict)
+    limit: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class HierarchicalAllocation:
+    """Every leaf's and every inner node's fair share (dominant share of the pool, fluid)."""
+
+    pool_total: dict[str, float]
+    shares: dict[str, float]  # every node with demand under it -> its share
+    steps: int
+    programs: int
+
+
+def hierarchical_allocation(*, clusters: Sequence[Cluster], tree: Sequence[TreeQueue],
+                            demands: Iterable[Demand],
+                            resources: Sequence[str] = FAIRNESS_RESOURCES,
+                            pool_total: Mapping[str, float] | None = None,
+                            ) -> HierarchicalAllocation:
+    """The hierarchical weighted constrained max-min fair allocation, by linear programs.
+
+    The definition: every leaf's share rises, continuously, at a rate handed down the tree:
+    the root at 1; at each node, of the children with a leaf still rising, those with the
+    lowest share / weight (the water) split the node's rate by weight, and the others wait
+    until the water reaches them. A leaf stops rising when it cannot rise with every other
+    leaf keeping its share (all it asks, its pods have nowhere else to go, or a node above it
+    is at its limit). Guarantees come first, deepest first: the leaves under the guaranteed
+    nodes of one depth rise as above, each such node's total bounded by its guarantee, while
+    every other leaf keeps its share; then every leaf rises, bounded by the limits alone.
+
+    Computed differently from the scheduler (lockgate.scheduler.targets): each step is a
+    linear program over the pods per (demand, node group) with every resource's capacity and
+    every node's limit as rows of its own (no share units, no max flow); it finds the largest
+    rise, and one more program per rising leaf finds which cannot rise further (maximise that
+    leaf's share with the others kept at theirs).
+    """
+    nodes = {node.name: node for node in tree}
+    if len(nodes) != len(tree):
+        raise FairModelError("tree node names must be unique")
+    children: dict[str | None, list[str]] = defaultdict(list)
+    for node in tree:
+        if node.parent is not None and node.parent not in nodes:
+            raise FairModelError(f"{node.name!r}: unknown parent {node.parent!r}")
+        if not node.weight > 0:
+            raise FairModelError(f"{node.name!r}: weight must be positive")
+        children[node.parent].append(node.name)
+
+    def chain(name: str) -> list[str]:
+        found = [name]
+        while nodes[found[-1]].parent is not None:
+            found.append(nodes[found[-1]].parent)  # type: ignore[arg-type]
+            if len(found) > len(nodes):
+                raise FairModelError("the tree has a cycle")
+        return found
+
+    by_cluster = {c.name: c for c in clusters}
+    demands = [d for d in demands if d.count > 0]
+    for demand in demands:
+        if demand.queue not in nodes or children.get(demand.queue):
+            raise FairModelError(f"demand for {demand.queue!r}, which is not a leaf")
+        if demand.cluster not in by_cluster:
+            raise FairModelError(f"unknown cluster {demand.cluster!r}")
+    if pool_total is None:
+        total: dict[str, float] = defaultdict(float)
+        for cluster in clusters:
+            for resource, amount in cluster.capacity.items():
+                if resource in resources:
+                    total[resource] += amount
+        pool = dict(total)
+    else:
+        pool = {r: float(a) for r, a in pool_total.items() if r in resources}
+    leaves = sorted({d.queue for d in demands})
+    leaf_index = {name: i for i, name in enumerate(leaves)}
+    columns = [(d, g.name) for d, demand in enumerate(demands)
+               for g in by_cluster[demand.cluster].groups
+               if demand.groups is None or g.name in demand.groups]
+    n = len(columns)
+    if n == 0:
+        return HierarchicalAllocation(pool_total=pool, shares={}, steps=0, programs=0)
+    dominant = [_dominant(d.shape, pool) for d in demands]
+    positive = sorted(x for x in dominant if x > 0)
+    scale = 1.0 / positive[len(positive) // 2] if positive else 1.0
+    # Each leaf's share (scaled) as a row over the columns.
+    share_rows = np.zeros((len(leaves), n))
+    for col, (d, _) in enumerate(columns):
+        share_rows[leaf_index[demands[d].queue], col] = dominant[d] * scale
+    # Fixed rows: every group's capacity per resource, every demand's count.
+    fixed: list[np.ndarray] = []
+    fixed_rhs: list[float] = []
+    for cluster in clusters:
+        for group in cluster.groups:
+            resources_used = {r for d, g in columns if demands[d].cluster == cluster.name
+                              and g == group.name for r, a in demands[d].shape.items() if a}
+            for resource in sorted(resources_used):
+                row = np.zeros(n)
+                for col, (d, g) in enumerate(columns):
+                    if demands[d].cluster == cluster.name and g == group.name:
+                        row[col] = demands[d].shape.get(resource, 0.0)
+                top = max(row.max(), 1e-300)
+                fixed.append(row / top)
+                fixed_rhs.append(float(group.capacity.get(resource, 0.0)) / top)
+    for d, demand in enumerate(demands):
+        row = np.zeros(n)
+        for col, (dd, _) in enumerate(columns):
+            if dd == d:
+                row[col] = 1.0
+        fixed.append(row)
+        fixed_rhs.append(float(demand.count))
+    under = {name: [leaf for leaf in leaves if name in chain(leaf)] for name in nodes}
+
+    def bound_rows(bounds: Mapping[str, Mapping[str, float]]) -> tuple[list[np.ndarray],
+                                                                      list[float]]:
+        rows: list[np.ndarray] = []
+        rhs: list[float] = []
+        for name, amounts in bounds.items():
+            for resource, amount in amounts.items():
+                row = np.zeros(n)
+                for col, (d, _) in enumerate(columns):
+                    if demands[d].queue in under[name]:
+                        row[col] = demands[d].shape.get(resource, 0.0)
+                top = row.max()
+                if top > 0:
+                    rows.append(row / top)
+                    rhs.append(float(amount) / top)
+        return rows, rhs
+
+    level = np.zeros(len(leaves))
+    programs = 0
+    steps = 0
+
+    def solve(objective: np.ndarray, rows: list[np.ndarray], rhs: list[float]) -> Any:
+        nonlocal programs
+        programs += 1
+        width = len(objective)
+        matrix = np.vstack([np.hstack([r, np.zeros(width - n)]) if len(r) == n else r
+                            for r in rows]) if rows else np.zeros((0, width))
+        return linprog(objective, A_ub=matrix, b_ub=np.array(rhs), bounds=[(0, None)] * width,
+                       method="highs")
+
+    def rates(rising: set[str]) -> tuple[dict[str, float], float]:
+        active = {node for leaf in rising for node in chain(leaf)}
+        out: dict[str, float] = {}
+        wait = float("inf")
+        todo: list[tuple[str | None, float]] = [(None, 1.0)]
+        while todo:
+            name, rate = todo.pop()
+            kids = [k for k in children.get(name, []) if k in active]
+            if not kids:
+                out[name] = rate  # type: ignore[index]
+                continue
+            cost = {k: sum(level[leaf_index[x]] for x in under[k]) / nodes[k].weight
+                    for k in kids}
+            water = min(cost.values())
+            low = [k for k in kids if cost[k] <= water * (1 + 1e-7) + 1e-9]
+            weight = sum(nodes[k].weight for k in low)
+            for k in kids:
+                if k not in low:
+                    wait = min(wait, (cost[k] - water) * weight / rate)
+            todo += [(k, rate * nodes[k].weight / weight) for k in low]
+        return out, wait
+
+    def rise(candidates: set[str], bounds: Mapping[str, Mapping[str, float]]) -> None:
+        nonlocal steps
+        extra, extra_rhs = bound_rows(bounds)
+        rows = fixed + extra
+        rhs = fixed_rhs + extra_rhs
+        rising = set(candidates)
+        while rising:
+            steps += 1
+            if steps > 20 * (len(nodes) + 2):
+                raise FairModelError("hierarchical filling made no progress")
+            rate, wait = rates(rising)
+            # max delta: share_l >= level_l + rate_l delta (rising), >= level_l (others).
+            keep_rows = []
+            keep_rhs = []
+            for leaf in leaves:
+                r = rate.get(leaf, 0.0) if leaf in rising else 0.0
+                keep_rows.append(np.hstack([-share_rows[leaf_index[leaf]], [r]]))
+                keep_rhs.append(-(level[leaf_index[leaf]] - _LEVEL_SLACK))
+            objective = np.zeros(n + 1)
+            objective[n] = -1.0
+            ceiling = np.zeros(n + 1)
+            ceiling[n] = 1.0
+            cap_rows = [*keep_rows, *([ceiling] if wait < float("inf") else [])]
+            cap_rhs = [*keep_rhs, *([wait] if wait < float("inf") else [])]
+            result = solve(objective, rows + cap_rows, rhs + cap_rhs)
+            if result.status != 0:
+                raise FairModelError(f"linear program failed: {result.message}")
+            delta = float(result.x[n])
+            for leaf in rising:
+                level[leaf_index[leaf]] += rate.get(leaf, 0.0) * delta
+            if wait < float("inf") and delta >= wait * (1 - 1e-7):
+                continue  # the water reached a waiting sibling: rates change, nobody stops
+            stuck = set()
+            for leaf in sorted(rising):
+                mine = np.zeros(n)
+                mine -= share_rows[leaf_index[leaf]]
+                floors = [(-share_rows[leaf_index[other]], -(level[leaf_index[other]]
+                                                              - _LEVEL_SLACK))
+                          for other in leaves if other != leaf]
+                best = solve(mine, rows + [r for r, _ in floors], rhs + [b for _, b in floors])
+                if best.status != 0:
+                    raise FairModelError(f"linear program failed: {best.message}")
+                if -best.fun <= level[leaf_index[leaf]] + _RISE_TOLERANCE:
+                    stuck.add(leaf)
+            if not stuck:
+                raise FairModelError("a step stopped with no leaf stuck (numerical trouble)")
+            rising -= stuck
+
+    depth = {name: len(chain(name)) - 1 for name in nodes}
+    limits = {name: dict(node.limit) for name, node in nodes.items() if node.limit is not None}
+    guaranteed = sorted({depth[name] for name, node in nodes.items()
+                         if any(node.guarantee.values()) and under[name]}, reverse=True)
+    for at in guaranteed:
+        bounds = {name: dict(amounts) for name, amounts in limits.items()}
+        rising: set[str] = set()
+        for name, node in nodes.items():
+            if depth[name] == at and any(node.guarantee.values()) and under[name]:
+                mixed = dict(bounds.get(name, {}))
+                for resource, amount in node.guarantee.items():
+                    mixed[resource] = min(amount, mixed.get(resource, amount))
+                bounds[name] = mixed
+                rising.update(under[name])
+        rise(rising, bounds)
+    rise(set(leaves), limits)
+    shares = {leaf: float(level[leaf_index[leaf]]) / scale for leaf in leaves}
+    node_shares: dict[str, float] = {}
+    for leaf, share in shares.items():
+        for name in chain(leaf):
+            node_shares[name] = node_shares.get(name, 0.0) + share
+    return HierarchicalAllocation(pool_total=pool, shares=dict(sorted(node_shares.items())),
+                                  steps=steps, programs=programs)

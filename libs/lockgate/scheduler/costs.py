@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lockgate.queue_tree import QueueTree
 from lockgate.scheduler.records import Shape
 from lockgate.scheduler.state import SchedulerState
 from lockgate.scheduler.targets import FairTargets
@@ -208,3 +209,45 @@ def owed(*, before: float, target: float, overall_before: float) -> bool:
     (`before` < `target`) and its whole allocation is short of its whole target
     (`overall_before`, their `fraction`, below 1)."""
     return below_target(before, target) and overall_before < 1 - SHARE_SLACK
+
+
+# ---- history: decayed usage (lockgate.decayed_usage; docs/scheduling.md, "Usage that decays") --
+
+# The history factor never falls below this: a sibling that used everything keeps a weight (it
+# still gets what the others leave), and weights stay far from float underflow.
+HISTORY_FACTOR_FLOOR = 2.0 ** -20
+
+
+def effective_weight(*, weight: float, usage_fraction: float, share_fraction: float) -> float:
+    """The one rule for how history weighs: Slurm's classic fair-share factor applied to a
+    node's weight among its siblings, weight x 2^(-usage / share), where `usage_fraction` is
+    the node's part of its siblings' decayed usage (all together 1; 0 when none used any) and
+    `share_fraction` its part of their weights. A node that used exactly its share keeps
+    2^-1 of its weight, as do siblings that all did so: their split is unchanged; one that used
+    more than its share falls, one that used nothing keeps all. (Floored at
+    `HISTORY_FACTOR_FLOOR`.)"""
+    if not share_fraction > 0:
+        raise ValueError(f"a node's share among its siblings must be positive, "
+                         f"got {share_fraction}")
+    factor: float = 2.0 ** -(max(0.0, usage_fraction) / share_fraction)
+    return weight * max(HISTORY_FACTOR_FLOOR, factor)
+
+
+def history_weights(tree: QueueTree, usage: Mapping[str, float]) -> dict[str, float]:
+    """Every node's effective weight (`effective_weight`) from every node's decayed usage
+    (`DecayedUsage.of_tree`), sibling set by sibling set: what the fair targets divide by
+    when history is on (`tree.with_weights(...)`)."""
+    weights: dict[str, float] = {}
+    for parent in (None, *tree.names):
+        kids = tree.children(parent)
+        if not kids:
+            continue
+        used = sum(usage.get(kid, 0.0) for kid in kids)
+        total = sum(tree.node(kid).weight for kid in kids)
+        for kid in kids:
+            weight = tree.node(kid).weight
+            weights[kid] = effective_weight(
+                weight=weight,
+                usage_fraction=usage.get(kid, 0.0) / used if used > 0 else 0.0,
+                share_fraction=weight / total)
+    return weights

@@ -50,6 +50,7 @@ from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.node_groups import in_a_group, node_groups_growth
 from lockgate.placement import NodeTraits, PodPlacement
+from lockgate.queue_tree import QueueTree
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
@@ -586,6 +587,10 @@ class SchedulerState:
         """Every queue's constrained fair target (`TargetInputs.fair_targets`)."""
         return self._targets.fair_targets(now=now, max_age=max_age, latest=latest,
                                           adopted_max_age=adopted_max_age)
+
+    def use_queue_tree(self, tree: QueueTree | None) -> None:
+        """Divide the fair targets by a queue tree (`TargetInputs.use_queue_tree`)."""
+        self._targets.use_queue_tree(tree)
 
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
         """The fair targets' inputs as one value to solve elsewhere

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from lockgate.placement import PodPlacement, can_land
+from lockgate.queue_tree import QueueTree
 from lockgate.scheduler.records import Shape, placement_key
 from lockgate.scheduler.room_caches import ClusterRecord
 from lockgate.scheduler.targets import (
@@ -28,6 +29,7 @@ from lockgate.scheduler.targets import (
     NodeGroup,
     TargetProblem,
     fair_targets,
+    hierarchical_fair_targets,
 )
 
 # Per placement, the node groups of a cluster it may land on.
@@ -138,6 +140,8 @@ class TargetInputs:
         self._weights: tuple[int, dict[str, float], dict[str, bool], object, int] = (
             -1, {}, {}, None, 0)
         self._inputs: tuple[int, Inputs] | None = None
+        # The queue tree the targets divide by (None: today's flat queues; `use_queue_tree`).
+        self._tree: QueueTree | None = None
 
     # ---- the targets -------------------------------------------------------------------------
 
@@ -171,17 +175,27 @@ class TargetInputs:
                     latest or old_amounts is amounts or old_amounts == amounts
                     or (now is not None and now - at < max_age)):
                 return targets
-        targets = fair_targets(groups=groups, weights=weights, demands=demands,
-                               pool=self._pool())
+        targets = (fair_targets(groups=groups, weights=weights, demands=demands,
+                                pool=self._pool()) if self._tree is None else
+                   hierarchical_fair_targets(tree=self._tree, groups=groups, demands=demands,
+                                             pool=self._pool()))
         self._targets = (structure, amounts, -1e18 if now is None else now, targets, False)
         return targets
+
+    def use_queue_tree(self, tree: QueueTree | None) -> None:
+        """Divide by `tree` from now on (None: today's flat queues, by each queue's weight).
+        The last targets are dropped: the tree is not part of `inputs`' structure (kept equal
+        to the state's recount), so an unchanged key must not keep targets of another tree."""
+        self._tree = tree
+        self._targets = None
+        self.queues_changed()
 
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
         """The fair targets' inputs as one value to solve elsewhere (`TargetProblem.solve`),
         and the key to adopt its answer under (`adopt_targets`)."""
         groups, weights, demands, structure, amounts = self.inputs()
         problem = TargetProblem(groups=tuple(groups), weights=dict(weights),
-                                demands=tuple(demands), pool=self._pool())
+                                demands=tuple(demands), pool=self._pool(), tree=self._tree)
         return problem, TargetsKey(structure, amounts)
 
     def hand_over_targets(self, *, at: float, min_demands: int = 0,

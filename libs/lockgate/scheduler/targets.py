@@ -61,6 +61,8 @@ from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lockgate.queue_tree import QueueTree
+
 # Shares are fractions of the pool: anything below this is rounding, not room.
 _EPSILON = 1e-12
 # A retired node's depth in `_FlowNetwork.max_flow`: never one more than any node's.
@@ -137,6 +139,9 @@ class FairTargets:
     # The highest cost (share / weight) any queue's target gives: the water's level where it
     # is highest, which the round measures a capped queue's rise against.
     top_cost: float = 0.0
+    # Per node of a queue tree (`hierarchical_fair_targets`): the sum of its leaves' shares.
+    # Empty for a flat tree, whose nodes are the queues.
+    node_shares: Mapping[str, float] = field(default_factory=dict)
 
     def of(self, queue: str) -> QueueTarget | None:
         return self.queues.get(queue)
@@ -203,8 +208,14 @@ class TargetProblem:
     weights: Mapping[str, float]
     demands: tuple[Demand, ...]
     pool: Mapping[str, float]
+    # A queue tree (None: today's flat queues): its weights, guarantees and limits count, and
+    # `weights` only says which queues are in.
+    tree: QueueTree | None = None
 
     def solve(self) -> FairTargets:
+        if self.tree is not None:
+            return hierarchical_fair_targets(tree=self.tree, groups=self.groups,
+                                             demands=self.demands, pool=self.pool)
         return fair_targets(groups=self.groups, weights=self.weights, demands=self.demands,
                             pool=self.pool)
 
@@ -732,3 +743,273 @@ class _FlowNetwork:
                     seen.add(u)
                     queue.append(u)
         return seen
+
+
+# ---- hierarchical fair targets (issue 36; docs/scheduling.md, "Hierarchical fair targets") ----
+
+
+def hierarchical_fair_targets(
+    *,
+    tree: QueueTree,
+    groups: Iterable[NodeGroup],
+    demands: Iterable[Demand],
+    resources: Collection[str] | None = None,
+    pool: Mapping[str, float] | None = None,
+) -> FairTargets:
+    """The hierarchical constrained max-min fair allocation of `groups` to the leaves' demands.
+
+    A flat tree (every queue a child of the root, no guarantee, no limit) is today's problem,
+    solved by today's code (`fair_targets`): its answer is exactly today's, bit for bit.
+
+    Otherwise, at every node its children split what it gets by weighted max-min, constrained
+    by where each leaf's pods may run: progressive filling where the level raised is per tree
+    node. Guarantees first (deepest first: a child's guarantee is served inside its parent's,
+    then the rest of the parent's by weight), then weights, with limits capping a subtree's
+    total throughout. Demands naming a queue that is not a leaf of `tree` get nothing.
+    """
+    group_list = sorted(groups, key=lambda g: (g.cluster, g.name))
+    if tree.is_flat:
+        return fair_targets(groups=group_list,
+                            weights={name: tree.node(name).weight for name in tree.names},
+                            demands=demands, resources=resources, pool=pool)
+    if pool is None:
+        totals: dict[str, float] = {}
+        for group in group_list:
+            for name, amount in group.capacity.items():
+                totals[name] = totals.get(name, 0.0) + amount
+        pool = totals
+    axes = sorted(name for name, amount in pool.items()
+                  if amount > 0 and (resources is None or name in resources))
+    inverse = [1.0 / pool[name] for name in axes]
+    leaves = set(tree.leaves)
+    problem = _Problem(axes, inverse, group_list, dict.fromkeys(leaves, 1.0),
+                       [d for d in demands if d.queue in leaves])
+    filling = _TreeFilling(problem, tree)
+    steps = filling.fill()
+    problem.level = filling.level
+    problem._split()
+    solved = problem.targets()
+    queues = {name: QueueTarget(
+        queue=name, weight=tree.node(name).weight, share=target.share,
+        demand_share=target.demand_share, clusters=target.clusters,
+        cluster_shares=target.cluster_shares) for name, target in sorted(solved.items())}
+    node_shares: dict[str, float] = {}
+    for name, target in queues.items():
+        for node in (name, *tree.ancestors(name)):
+            node_shares[node] = node_shares.get(node, 0.0) + target.share
+    top_cost = max((t.share / t.weight for t in queues.values() if t.weight > 0), default=0.0)
+    return FairTargets(queues=queues, pool=dict(pool), levels=steps, top_cost=top_cost,
+                       node_shares=dict(sorted(node_shares.items())))
+
+
+class _TreeFilling:
+    """Progressive filling over a queue tree, on a `_Problem`'s network (its leaves are the
+    problem's queues).
+
+    Every leaf still asking rises at a *rate*: the root rises at rate 1, and each rising node
+    passes its rate to those of its rising children at the water (the lowest share / weight),
+    in proportion to their weights; a child above the water (a guarantee gave it more) waits
+    until the water reaches it (`_rates`). So at every node the rising children's costs stay
+    equal (weighted max-min among siblings, a guarantee being a floor), and what a frozen
+    child no longer takes goes to its siblings, then, when the whole subtree is frozen, to the
+    parent's siblings (H-DRF's rule: raise every node that is not blocked). Guarantees first,
+    deepest first, each phase a filling of its own (`fill`), then weights.
+
+    Shares are counted in share units, the sum of the leaves' dominant shares, so a node's
+    share is its leaves' added: a child's rise on one resource never shows as its parent's rise
+    on another (what makes recursive DRF starve; Bhattacharya et al., SoCC 2013).
+
+    A step raises every rising leaf by rate x delta, where delta is the largest rise at which
+    (a) no leaf passes what it asks, (b) no node passes its bound (a limit, or the guarantee
+    being served), (c) the water reaches no waiting sibling, and (d) a max flow still routes
+    every leaf's level: Dinkelbach's method on
+    the min cut, as `_Problem.fill` (within a step every level is linear in delta, so each
+    failed max flow's cut gives the exact delta at which it stops binding). Then it freezes
+    every leaf with all it asks, every leaf under a node at its bound, and every leaf that
+    cannot reach the sink in the residual network (no rearrangement gives it more). Rates
+    change only when some leaf freezes or a waiting node joins the water, so each step does
+    one of the two: at most 2 x (leaves + nodes) steps per phase.
+    """
+
+    def __init__(self, problem: _Problem, tree: QueueTree) -> None:
+        self.problem = problem
+        self.tree = tree
+        self.leaves = list(problem.queue_names)
+        self.level: dict[str, float] = dict.fromkeys(self.leaves, 0.0)
+        # Each leaf's demand mix per axis (share units), to measure a node's bounds in the
+        # share units of what its subtree asks for (as a node group's capacity is measured).
+        mix: dict[str, list[float]] = {name: [0.0] * len(problem.axes) for name in self.leaves}
+        for queue, _, dominant, _, profile, _ in problem.demands:
+            row = mix[queue]
+            for axis, p in enumerate(profile):
+                row[axis] += dominant * p
+        self.under: dict[str, list[str]] = {}  # node -> its leaves with demand
+        node_mix: dict[str, list[float]] = {}
+        for name in self.leaves:
+            for node in (name, *tree.ancestors(name)):
+                self.under.setdefault(node, []).append(name)
+                row = node_mix.setdefault(node, [0.0] * len(problem.axes))
+                for axis, amount in enumerate(mix[name]):
+                    row[axis] += amount
+        self.node_mix = node_mix
+        self.limit = {node: self._units(node, tree.node(node).limit) for node in self.under}
+        self.guarantee = {node: self._units(node, tree.node(node).guarantee or None)
+                          for node in self.under}
+        self.net, self.source_edges, _ = problem._network(self.level)
+        self.position = {name: i for i, name in enumerate(self.leaves)}
+        # Nodes not retired yet (`_FlowNetwork.retire`): as in `_Problem.fill`, what cannot
+        # reach the sink after a step never will while levels only rise, in every phase.
+        self.live: set[int] = set(range(1, self.net.size))
+
+    def _units(self, node: str, amounts: Mapping[str, float] | None) -> float:
+        """A node's bound in share units: the most of its demand mix that fits in `amounts`
+        (infinite without a bound; resources other than the fairness axes do not bound)."""
+        if amounts is None:
+            return float("inf")
+        row = self.node_mix[node]
+        top = max(row, default=0.0)
+        bound = float("inf")
+        if top <= _EPSILON:
+            return bound
+        for axis, name in enumerate(self.problem.axes):
+            if name in amounts and row[axis] > _EPSILON:
+                bound = min(bound, amounts[name] * self.problem.inverse[axis]
+                            / (row[axis] / top))
+        return bound
+
+    def fill(self) -> int:
+        steps = 0
+        # Guarantees, deepest first: the leaves under a guaranteed node rise within it up to
+        # its guarantee (and every bound above), the others keep what they have.
+        guaranteed = sorted({self.tree.depth(node) for node, units in self.guarantee.items()
+                             if units < float("inf")}, reverse=True)
+        for depth in guaranteed:
+            bounds = dict(self.limit)
+            rising: set[str] = set()
+            for node, units in self.guarantee.items():
+                if units < float("inf") and self.tree.depth(node) == depth:
+                    bounds[node] = min(bounds[node], units)
+                    rising.update(self.under[node])
+            steps += self._rise(rising, bounds)
+        # Then weights, bounded by the limits alone.
+        steps += self._rise(set(self.leaves), self.limit)
+        return steps
+
+    def _rates(self, rising: set[str]) -> tuple[dict[str, float], float]:
+        """Each rising leaf's rate, and how far the step may go before the water reaches a
+        sibling that waits above it.
+
+        The root rises at rate 1. At each node, of its children with a leaf still rising, those
+        at the water (the lowest cost, total / weight) share the node's rate by weight; those
+        above it (a guarantee served them more) wait until the water reaches them: a guarantee
+        is a floor, not a bonus on top of the weighted share."""
+        tree, level = self.tree, self.level
+        active: set[str] = set()
+        for name in rising:
+            active.add(name)
+            active.update(tree.ancestors(name))
+        rates: dict[str, float] = {}
+        reach = float("inf")
+        stack: list[tuple[str | None, float]] = [(None, 1.0)]
+        while stack:
+            node, rate = stack.pop()
+            kids = [kid for kid in tree.children(node) if kid in active]
+            if not kids:
+                if node is not None:
+                    rates[node] = rate
+                continue
+            cost = {kid: sum(level[name] for name in self.under[kid]) / tree.node(kid).weight
+                    for kid in kids}
+            water = min(cost.values())
+            tolerance = _EPSILON + water * 1e-9
+            at = [kid for kid in kids if cost[kid] <= water + tolerance]
+            total = sum(tree.node(kid).weight for kid in at)
+            for kid in kids:
+                if kid not in at:
+                    reach = min(reach, (cost[kid] - water) * total / rate)
+            stack.extend((kid, rate * tree.node(kid).weight / total) for kid in at)
+        return {name: rates.get(name, 0.0) for name in rising}, reach
+
+    def _rise(self, candidates: set[str], bounds: Mapping[str, float]) -> int:
+        problem, net, level = self.problem, self.net, self.level
+        asked = problem.asked
+
+        def total_of(node: str) -> float:
+            return sum(level[name] for name in self.under[node])
+
+        bounded = [node for node, bound in bounds.items() if bound < float("inf")]
+        full = {node for node in bounded
+                if total_of(node) >= bounds[node] - _EPSILON * max(1.0, bounds[node])}
+        rising = {name for name in candidates if level[name] < asked[name] - _EPSILON
+                  and not any(node in full for node in (name, *self.tree.ancestors(name)))}
+        steps = 0
+        # Each step freezes a leaf or brings a waiting node to the water: a bound on steps
+        # that only floating-point trouble could reach.
+        most = 2 * (len(self.leaves) + len(self.tree)) + 8
+        while rising:
+            steps += 1
+            rate, reach = self._rates(rising)
+            delta = reach
+            # (a) and (b): the first leaf to have all it asks, the first node at its bound.
+            delta = min([delta, *((asked[name] - level[name]) / rate[name]
+                                  for name in rising if rate[name] > 0)])
+            for node in bounded:
+                node_rate = sum(rate.get(name, 0.0) for name in self.under[node])
+                if node_rate > 0:
+                    delta = min(delta, max(0.0, bounds[node] - total_of(node)) / node_rate)
+            order = sorted(rising)
+            # (c): Dinkelbach from above on the min cut.
+            for _ in range(_MAX_DINKELBACH):
+                for name in order:
+                    cap = min(asked[name], level[name] + rate[name] * delta)
+                    edge = self.source_edges[self.position[name]]
+                    if cap != net.original[edge]:
+                        net.set_capacity(edge, cap)
+                total = sum(net.original[e] for e in self.source_edges)
+                flow = net.max_flow(0, net.size - 1)
+                if flow >= total - _EPSILON * max(1.0, total):
+                    break
+                side = net.reachable_from(0)
+                leaving = 0.0
+                for u in side:
+                    if u == 0:
+                        continue
+                    for e in net.edges_of[u]:
+                        if e % 2 == 0 and net.to[e] not in side:
+                            leaving += net.original[e]
+                inside = [name for name in self.leaves if 1 + self.position[name] in side]
+                slope = sum(rate.get(name, 0.0) for name in inside)
+                if slope <= 0:
+                    break  # only frozen leaves: cannot bind; rounding
+                lower = max(0.0, (leaving - sum(level[name] for name in inside)) / slope)
+                if lower >= delta - _EPSILON:
+                    break  # floating point: the cut no longer moves; take what flows
+                delta = lower
+            reaches_sink = net.reaching(net.size - 1)
+            frozen: list[str] = []
+            for name in order:
+                edge = self.source_edges[self.position[name]]
+                level[name] = min(asked[name], level[name] + rate[name] * delta,
+                                  net.flow_of(edge) + _EPSILON)
+                if level[name] >= asked[name] - _EPSILON:
+                    level[name] = asked[name]
+                    frozen.append(name)
+                elif (1 + self.position[name]) not in reaches_sink:
+                    level[name] = min(level[name], net.flow_of(edge))
+                    frozen.append(name)
+            for node in bounded:
+                if total_of(node) >= bounds[node] - _EPSILON * max(1.0, bounds[node]):
+                    frozen.extend(name for name in self.under[node] if name in rising)
+            gone = self.live.difference(reaches_sink)
+            net.retire(gone)
+            self.live -= gone
+            if steps >= most or (not frozen and not (
+                    0 < reach < float("inf") and delta >= reach * (1 - 1e-9))):
+                frozen = order  # numerically stuck: freeze everyone where they stand
+            rising.difference_update(frozen)
+        # The network keeps every leaf's final level as its cap (the next phase's start).
+        for name in self.leaves:
+            edge = self.source_edges[self.position[name]]
+            if net.original[edge] != level[name]:
+                net.set_capacity(edge, level[name])
+        return steps
