@@ -1,5 +1,10 @@
 """One Kubernetes control plane per cluster: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok, all on loopback ports, plus kubeconfigs and fake nodes."""
+kube-scheduler and kwok, all on loopback ports, plus kubeconfigs and fake nodes.
+
+An autoscaled cluster (config.AUTOSCALED_CLUSTERS) starts with no node and runs Karpenter too
+(devstack.karpenter): Karpenter's kwok provider creates Node objects annotated
+kwok.x-k8s.io/node=fake, the annotation this kwok manages, so the same kwok and its Stages
+(kwok-stages.yaml) mark them Ready; Karpenter then removes its karpenter.sh/unregistered taint."""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from devstack.config import HOST, Settings
+from devstack.config import AUTOSCALED_CLUSTERS, HOST, Settings
 from devstack.errors import StackError
+from devstack.karpenter import karpenter_component, karpenter_dir
 from devstack.pki import ClusterPKI
 from devstack.procs import Component
 
@@ -32,6 +38,7 @@ class Cluster:
         self.dir = settings.cluster_dir(name)
         self.pki = ClusterPKI(self.dir / "pki", name)
         self.kubeconfig = settings.kubeconfig(name)
+        self.autoscaled = name in AUTOSCALED_CLUSTERS
 
     @property
     def server(self) -> str:
@@ -47,7 +54,8 @@ class Cluster:
         (self.dir / "etcd").mkdir(exist_ok=True, mode=0o700)
         self.pki.ensure()
         write_if_changed(self.kubeconfig, self._kubeconfig_text("admin", f"{self.name}-admin"))
-        for who in ("kube-controller-manager", "kube-scheduler", "kwok"):
+        for who in ("kube-controller-manager", "kube-scheduler", "kwok",
+                    *(("karpenter",) if self.autoscaled else ())):
             write_if_changed(self.component_kubeconfig(who), self._kubeconfig_text(who, who))
         sched = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -234,7 +242,13 @@ class Cluster:
             endpoint=f"http://{HOST}:{p.kwok}",
             health=lambda: _http_ok(p.kwok, "/healthz"),
         )
-        return [etcd, apiserver, kcm, scheduler, kwok]
+        if not self.autoscaled:
+            return [etcd, apiserver, kcm, scheduler, kwok]
+        karpenter = karpenter_component(
+            cluster=self.name, home=karpenter_dir(self.s),
+            kubeconfig=self.component_kubeconfig("karpenter"), workdir=self.dir,
+            metrics_port=p.karpenter_metrics, health_port=p.karpenter_health)
+        return [etcd, apiserver, kcm, scheduler, kwok, karpenter]
 
     # -- API access (admin identity, verified TLS) --
     def _ssl(self) -> ssl.SSLContext:
@@ -273,7 +287,16 @@ class Cluster:
         return None if status == 200 else f"{path} -> {status} {str(data)[:200]}"
 
     def node_names(self) -> list[str]:
+        """The fixed fake nodes (none in an autoscaled cluster: Karpenter makes its nodes)."""
+        if self.autoscaled:
+            return []
         return [f"{self.name}-node-{i}" for i in range(self.s.nodes_per_cluster)]
+
+    @property
+    def _kwok_nodes_query(self) -> str:
+        """The nodes this cluster's kwok acts for: the fixed ones (label type=kwok), or in an
+        autoscaled cluster every node (Karpenter's carry no label of the stack's)."""
+        return "/api/v1/nodes" if self.autoscaled else "/api/v1/nodes?labelSelector=type%3Dkwok"
 
     def ensure_nodes(self) -> int:
         """Creates the missing fake nodes; returns how many were created."""
@@ -322,7 +345,7 @@ class Cluster:
         kwok only acts for nodes whose lease it holds, and each kwok process has a new identity:
         without this a restarted kwok would wait for the old leases (40 s) to expire.
         """
-        status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+        status, data = self.request("GET", self._kwok_nodes_query)
         if status != 200:
             raise StackError(f"{self.name}: listing nodes failed: {status} {data}")
         for item in data.get("items", []):
@@ -347,7 +370,7 @@ class Cluster:
                     t.startswith("node.kubernetes.io/") for t in taints
                 ):
                     ready += 1
-            want = self.s.nodes_per_cluster
+            want = len(self.node_names())
             if ready < want:
                 return f"{ready}/{want} nodes Ready and untainted"
             status, _ = self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
@@ -359,7 +382,7 @@ class Cluster:
 
     def nodes_summary(self) -> str:
         try:
-            status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+            status, data = self.request("GET", self._kwok_nodes_query)
         except (OSError, http.client.HTTPException) as exc:
             return f"apiserver unreachable ({type(exc).__name__})"
         if status != 200:
@@ -371,7 +394,8 @@ class Cluster:
             for c in it.get("status", {}).get("conditions", [])
             if c["type"] == "Ready" and c["status"] == "True"
         )
-        return f"{ready}/{len(items)} kwok nodes Ready"
+        made_by = " (Karpenter's)" if self.autoscaled else ""
+        return f"{ready}/{len(items)} kwok nodes{made_by} Ready"
 
 
 def _b64(path: Path) -> str:
