@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from devstack.config import HOST, Settings
+from devstack.errors import StackError
 from devstack.gobuild import GoTool, SourceEdit, ensure_go_tool
 from devstack.procs import Component
 
@@ -131,6 +132,15 @@ def _ready(port: int) -> str | None:
     return None if resp.status == 200 else f"/readyz -> {resp.status} {body[:200]!r}"
 
 
-if __name__ == "__main__":
-    where, _ = ensure_karpenter(say=lambda text: print(text, file=sys.stderr, flush=True))
+def main() -> int:
+    try:
+        where, _ = ensure_karpenter(say=lambda text: print(text, file=sys.stderr, flush=True))
+    except StackError as exc:
+        print(f"devstack.karpenter: error: {exc}", file=sys.stderr)
+        return 1
     print(where)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
