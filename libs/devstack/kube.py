@@ -69,6 +69,8 @@ class Cluster:
         }
         write_if_changed(self.dir / "kube-scheduler.yaml", json.dumps(sched, indent=2) + "\n")
         stages = Path(__file__).with_name("kwok-stages.yaml").read_text()
+        if self.autoscaled:
+            stages = instance_sized_stages(stages)
         kwok_conf = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
             "kind: KwokConfiguration\n"
@@ -396,6 +398,48 @@ class Cluster:
         )
         made_by = " (Karpenter's)" if self.autoscaled else ""
         return f"{ready}/{len(items)} kwok nodes{made_by} Ready"
+
+
+# The node Stage's capacity in kwok-stages.yaml, and what it becomes in an autoscaled cluster.
+_NODE_CAPACITY = """      capacity:
+      {{ with .status.capacity }}
+      {{ YAML . 1 }}
+      {{ else }}
+        cpu: "16"
+        memory: 64Gi
+        pods: "110"
+      {{ end }}
+"""
+# Karpenter's kwok provider (v1.13) gives a node the capacity of its NodeClaim's pod requests
+# (allocatable is the instance type's): a NodePool's status.resources and limits then count 5
+# cpu for an 8-cpu node holding a 5-cpu pod, and a pool of small pods grows far beyond its cpu
+# limit. A real node's capacity is its machine's, so here cpu and memory come from the instance
+# type's labels (karpenter.kwok.sh/instance-cpu and -memory), everything else from allocatable.
+_INSTANCE_CAPACITY = """      capacity:
+      {{ $cpu := "" }}{{ $memory := "" }}
+      {{ with .metadata.labels }}
+      {{ $cpu = index . "karpenter.kwok.sh/instance-cpu" }}
+      {{ $memory = index . "karpenter.kwok.sh/instance-memory" }}
+      {{ end }}
+      {{ if and $cpu $memory .status.allocatable }}
+        cpu: {{ $cpu | Quote }}
+        memory: {{ $memory | Quote }}
+      {{ range $name, $quantity := .status.allocatable }}
+      {{ if and (ne $name "cpu") (ne $name "memory") }}
+        {{ $name }}: {{ $quantity | Quote }}
+      {{ end }}
+      {{ end }}
+      {{ else }}
+""" + _NODE_CAPACITY.split("\n", 1)[1] + "      {{ end }}\n"
+
+
+def instance_sized_stages(stages: str) -> str:
+    """kwok's Stages for an autoscaled cluster: a Karpenter node's capacity is its instance
+    type's (see _INSTANCE_CAPACITY); other nodes' as in every cluster."""
+    if stages.count(_NODE_CAPACITY) != 1:
+        raise StackError("kwok-stages.yaml's node capacity block changed; update "
+                         "devstack.kube._NODE_CAPACITY (autoscaled clusters rewrite it)")
+    return stages.replace(_NODE_CAPACITY, _INSTANCE_CAPACITY)
 
 
 def _b64(path: Path) -> str:

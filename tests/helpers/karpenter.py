@@ -190,17 +190,21 @@ def nodes_cpu(nodes: Sequence[client.V1Node]) -> float:
 
 
 def node_claims_cpu(claims: Sequence[Mapping[str, Any]]) -> float:
-    """The NodeClaims' cpu capacity in all, as far as Karpenter has resolved it (a NodeClaim
-    launched has status.capacity; one still being launched counts by its instance type's label,
-    which kwok types carry as karpenter.kwok.sh/instance-cpu)."""
+    """The NodeClaims' cpu in all, by their instance types (the label kwok's types carry,
+    karpenter.kwok.sh/instance-cpu), else by status.capacity.
+
+    Why the label first: Karpenter's kwok provider (v1.13) gives a NodeClaim the capacity of
+    the pod requests it was made for (a 5-cpu pod: 5), not its instance type's (8); the stack's
+    kwok gives the node its instance type's (devstack.kube.instance_sized_stages), and that is
+    what the NodePool's limits count."""
     total = 0.0
     for claim in claims:
-        capacity = (claim.get("status") or {}).get("capacity") or {}
-        if "cpu" in capacity:
-            total += cpu_of(str(capacity["cpu"]))
-            continue
         labels = (claim.get("metadata") or {}).get("labels") or {}
-        total += float(labels.get(f"{KWOK_GROUP}/instance-cpu", 0))
+        if f"{KWOK_GROUP}/instance-cpu" in labels:
+            total += float(labels[f"{KWOK_GROUP}/instance-cpu"])
+            continue
+        capacity = (claim.get("status") or {}).get("capacity") or {}
+        total += cpu_of(str(capacity.get("cpu", "0")))
     return total
 
 

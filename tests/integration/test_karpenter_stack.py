@@ -22,6 +22,7 @@ from helpers.karpenter import (
     apply_node_class,
     apply_node_pool,
     autoscaled_cluster,
+    cpu_of,
     list_node_claims,
     list_nodes,
     node_claims_cpu,
@@ -29,6 +30,7 @@ from helpers.karpenter import (
     node_pool_ready,
     node_ready,
     nodes_cpu,
+    read_node_pool,
 )
 from helpers.kube import Namespaces
 from helpers.pods import PodBuilder
@@ -85,8 +87,8 @@ async def watching(api: client.ApiClient, pool: str) -> AsyncIterator[Peaks]:
     assert peaks.samples > 0, "the cluster was never sampled"
 
 
-def plain_pod(name: str, namespace: str) -> dict[str, object]:
-    return (PodBuilder(name).in_namespace(namespace).requesting(cpu=POD_CPU, memory="1Gi")
+def plain_pod(name: str, namespace: str, cpu: str = POD_CPU) -> dict[str, object]:
+    return (PodBuilder(name).in_namespace(namespace).requesting(cpu=cpu, memory="1Gi")
             .manifest())
 
 
@@ -139,6 +141,17 @@ async def test_karpenter_grows_the_cluster_within_its_limits_and_consolidates_it
                     f"pods bound to nodes not of NodePool {pool}: {placed} vs {sorted(nodes)}")
                 assert all(node_ready(nodes[name]) for name in placed.values()), (
                     "a node holding a pod is not Ready and registered")
+                # The node's capacity is its instance type's (what the limits count), not its
+                # pod's request (Karpenter's kwok provider's; devstack's kwok Stage fixes it).
+                assert {str(node.status.capacity["cpu"]) for node in nodes.values()} == {"8"}
+
+                async def pool_counts_the_limit() -> bool:
+                    status = (await read_node_pool(api, pool)).get("status") or {}
+                    return cpu_of(str((status.get("resources") or {}).get("cpu", "0"))) == (
+                        CPU_LIMIT)
+
+                await eventually(pool_counts_the_limit, within=30, every=0.5,
+                                 what=f"NodePool {pool}'s status.resources to count 16 cpu")
                 claims = [c["metadata"]["name"] for c in await list_node_claims(api, pool)]
                 assert len(claims) == PODS_WITHIN_LIMIT, (
                     f"one NodeClaim per pod was expected: {claims}")
@@ -191,5 +204,49 @@ async def test_karpenter_grows_the_cluster_within_its_limits_and_consolidates_it
             assert peaks.seen and len(peaks.seen) == PODS_WITHIN_LIMIT, (
                 f"NodeClaims seen over the test: {peaks.seen}")
             assert await list_nodes(api) == [], "the autoscaled cluster kept a node"
+        finally:
+            await namespaces.delete_all()
+
+
+async def test_small_pods_in_separate_batches_never_take_the_pool_beyond_its_limit(
+        autoscaled_stack: StackInfo) -> None:
+    """Pods of 3 cpu, each in a batch of its own: two fit an 8-cpu node, so 16 cpu hold four
+    and the fifth and sixth stay pending. Were a node counted by its pods' requests (as
+    Karpenter's kwok provider counts a NodeClaim), each batch would find room under the limit
+    and the pool would grow to three nodes, 24 cpu."""
+    tag = uuid.uuid4().hex[:6]
+    node_class, pool, namespace = f"kwok-{tag}", f"pool-{tag}", f"karpenter-{tag}"
+    async with autoscaled_cluster(autoscaled_stack) as api:
+        core = client.CoreV1Api(api)
+        namespaces = Namespaces({"autoscaled": api})
+        try:
+            await namespaces.create("autoscaled", namespace)
+            await apply_node_class(api, node_class)
+            await apply_node_pool(api, node_pool(
+                pool, node_class=node_class, cpu_limit=f"{CPU_LIMIT:.0f}",
+                instance_types=EIGHT_CPU_TYPES, consolidation_policy="WhenEmpty",
+                consolidate_after="5s"))
+            await eventually(lambda: node_pool_ready(api, pool), within=60, every=0.5,
+                             what=f"NodePool {pool} Ready")
+            async with watching(api, pool) as peaks:
+                names = [f"small-{i}" for i in range(6)]
+                for name in names:
+                    await core.create_namespaced_pod(namespace, plain_pod(name, namespace, "3"))
+
+                    async def settled(name: str = name) -> bool:
+                        # Bound, or held: Karpenter has decided about it before the next one.
+                        return (await bound_node(core, namespace, name) is not None
+                                or await held_by_the_limit(core, namespace, name))
+
+                    await eventually(settled, within=GROW_SECONDS, every=0.5,
+                                     what=f"pod {name} bound, or held by the pool's limit")
+                await asyncio.sleep(NO_NEW_CLAIM_SECONDS)
+                placed = {name: await bound_node(core, namespace, name) for name in names}
+                assert [name for name, node in placed.items() if node] == names[:4], placed
+                assert len(set(filter(None, placed.values()))) == 2, placed
+            assert peaks.nodes_cpu == CPU_LIMIT and peaks.claims_cpu <= CPU_LIMIT, (
+                f"nodes peaked at {peaks.nodes_cpu} cpu, NodeClaims at {peaks.claims_cpu} "
+                f"(limit {CPU_LIMIT}); NodeClaims seen: {peaks.seen}")
+            assert len(peaks.seen) == 2, f"NodeClaims seen: {peaks.seen}"
         finally:
             await namespaces.delete_all()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack import kube
 from devstack.config import AUTOSCALED_CLUSTERS, CLUSTERS, Settings
 from devstack.errors import StackError
 from devstack.gobuild import GoTool, SourceEdit, _apply_edit
@@ -117,3 +118,18 @@ def test_a_source_edit_that_no_longer_matches_fails_the_build(tmp_path: Path) ->
     assert (tmp_path / "main.go").read_text() == 'addr := fmt.Sprintf("127.0.0.1:%d", port)\n'
     with pytest.raises(StackError, match=r"holds 0 \(not 1\) occurrences"):
         _apply_edit(tmp_path, SourceEdit("main.go", '":%d"', '"127.0.0.1:%d"'), tool)
+
+
+def test_only_an_autoscaled_clusters_kwok_sizes_nodes_by_their_instance_type(
+        settings: Settings) -> None:
+    stack = Stack(settings, autoscaled=["cluster-c"])
+    for cluster in stack.all_clusters:
+        cluster.prepare()
+    written = {c.name: (c.dir / "kwok.yaml").read_text() for c in stack.all_clusters}
+    generic = (Path(kube.__file__).with_name("kwok-stages.yaml")).read_text()
+    for name in CLUSTERS:
+        assert written[name].endswith(generic), f"{name}'s kwok Stages changed"
+    assert written["cluster-c"].endswith(kube.instance_sized_stages(generic))
+    assert "karpenter.kwok.sh/instance-cpu" in written["cluster-c"]
+    with pytest.raises(StackError, match="node capacity block changed"):
+        kube.instance_sized_stages(generic.replace('cpu: "16"', 'cpu: "32"'))
