@@ -36,6 +36,9 @@ WhenEmpty or WhenEmptyOrUnderutilized, consolidateAfter e.g. "5s"), set by whoev
 NodePool (tests/helpers/karpenter.py). A KWOKNodeClass is Ready only once its status says so
 (Karpenter's kwok provider has no controller for it), and a NodePool whose NodeClass is not
 Ready provisions nothing: whoever applies one also sets its status condition Ready=True.
+The kwok provider sizes a node by its NodeClaim's pod requests; the autoscaled cluster's kwok
+gives it its instance type's capacity instead (devstack.kube.instance_sized_stages), so the
+NodePool's limits count what a real node would.
 """
 
 from __future__ import annotations
