@@ -14,9 +14,13 @@ nodes and NodeClaims; whatever a test leaves is counted by the next one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -44,18 +48,48 @@ AUTOSCALED_CLUSTER = "cluster-c"
 
 
 @contextlib.asynccontextmanager
-async def autoscaled_cluster(info: StackInfo) -> AsyncIterator[client.ApiClient]:
+async def autoscaled_cluster(info: StackInfo, *,
+                             wait_for_others: float = 1800.0) -> AsyncIterator[client.ApiClient]:
     """An admin client of the autoscaled cluster, emptied (`remove_all`) before and after the
-    block: the block starts with no node, and leaves none."""
-    api = await api_client(info.kubeconfigs[AUTOSCALED_CLUSTER])
-    try:
-        await remove_all(api)
-        yield api
-    finally:
+    block: the block starts with no node, and leaves none.
+
+    One block at a time on a stack, across test sessions (a file lock in the cluster's stack
+    dir): the cluster's nodes, NodePools and NodeClaims are counted whole and removed whole,
+    and the engineers sharing a stack run their sessions at once. Waits up to
+    `wait_for_others` seconds for another session's block to end.
+    """
+    async with _only_user(Path(info.stack_dir) / AUTOSCALED_CLUSTER / "tests.lock",
+                          wait_for_others):
+        api = await api_client(info.kubeconfigs[AUTOSCALED_CLUSTER])
         try:
             await remove_all(api)
+            yield api
         finally:
-            await api.close()
+            try:
+                await remove_all(api)
+            finally:
+                await api.close()
+
+
+@contextlib.asynccontextmanager
+async def _only_user(lock_path: Path, within: float) -> AsyncIterator[None]:
+    """An exclusive flock on `lock_path` for the block, polled (never blocking the loop)."""
+    lock = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"another test session has used {AUTOSCALED_CLUSTER} for over "
+                        f"{within:.0f}s (lock {lock_path})") from None
+                await asyncio.sleep(0.5)
+        yield
+    finally:
+        os.close(lock)  # releases the lock
 
 
 async def apply_node_class(api: client.ApiClient, name: str, *,

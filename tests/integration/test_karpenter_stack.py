@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -250,3 +252,15 @@ async def test_small_pods_in_separate_batches_never_take_the_pool_beyond_its_lim
             assert len(peaks.seen) == 2, f"NodeClaims seen: {peaks.seen}"
         finally:
             await namespaces.delete_all()
+
+
+def test_devstack_status_shows_the_autoscaled_cluster(autoscaled_stack: StackInfo) -> None:
+    status = subprocess.run([sys.executable, "-m", "devstack", "status"], capture_output=True,
+                            text=True, check=False)
+    assert status.returncode == 0, status.stdout + status.stderr
+    lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()}
+    for kind in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+                 "karpenter"):
+        assert " running " in lines[f"cluster-c/{kind}"], status.stdout
+    assert "(Karpenter's) Ready" in lines["cluster-c/nodes"], status.stdout
+    assert "127.0.0.1" in lines["cluster-c/karpenter"], status.stdout
