@@ -4,7 +4,9 @@ kube-scheduler and kwok, all on loopback ports, plus kubeconfigs and fake nodes.
 An autoscaled cluster (config.AUTOSCALED_CLUSTERS) starts with no node and runs Karpenter too
 (devstack.karpenter): Karpenter's kwok provider creates Node objects annotated
 kwok.x-k8s.io/node=fake, the annotation this kwok manages, so the same kwok and its Stages
-(kwok-stages.yaml) mark them Ready; Karpenter then removes its karpenter.sh/unregistered taint."""
+(kwok-stages.yaml) mark them Ready; Karpenter then removes its karpenter.sh/unregistered taint.
+There the node Stage gives Karpenter's nodes their instance type's capacity
+(`instance_sized_stages`), as a real machine has."""
 
 from __future__ import annotations
 

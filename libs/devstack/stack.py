@@ -141,9 +141,8 @@ class Stack:
         self.postgres = Postgres(self.s)
         self.kafka = Kafka(self.s)
         self.clusters = [Cluster(self.s, name) for name in CLUSTERS]
-        self.asked_autoscaled = set(autoscaled_names(autoscaled, "--autoscaled"))
-        self.asked_autoscaled |= set(self.s.autoscaled_requested)
-        wanted = self.asked_autoscaled | set(self._recorded_autoscaled())
+        wanted = {*autoscaled_names(autoscaled, "--autoscaled"), *self.s.autoscaled_requested,
+                  *self._recorded_autoscaled()}
         self.autoscaled_clusters = [Cluster(self.s, name) for name in AUTOSCALED_CLUSTERS
                                     if name in wanted]
 
