@@ -20,7 +20,6 @@ from typing import Any
 
 from devstack.config import AUTOSCALED_CLUSTERS, HOST, Settings
 from devstack.errors import StackError
-from devstack.karpenter import karpenter_component, karpenter_dir
 from devstack.pki import ClusterPKI
 from devstack.procs import Component
 
@@ -248,6 +247,10 @@ class Cluster:
         )
         if not self.autoscaled:
             return [etcd, apiserver, kcm, scheduler, kwok]
+        # Imported here: `python -m devstack.karpenter` runs that module as __main__, which the
+        # package (devstack/__init__ imports this module) must not have imported already.
+        from devstack.karpenter import karpenter_component, karpenter_dir
+
         karpenter = karpenter_component(
             cluster=self.name, home=karpenter_dir(self.s),
             kubeconfig=self.component_kubeconfig("karpenter"), workdir=self.dir,

@@ -27,8 +27,6 @@ from devstack.config import AUTOSCALED_CLUSTERS, CLUSTERS, Settings, autoscaled_
 from devstack.errors import StackError
 from devstack.jaeger import JaegerPorts
 from devstack.kafka import Kafka, java_bin
-from devstack.karpenter import CRDS as KARPENTER_CRDS
-from devstack.karpenter import ensure_karpenter, karpenter_dir
 from devstack.kube import Cluster
 from devstack.ports import COMPOSE_PORTS, COMPOSE_WEBHOOK_PORTS, TILT_PORT_SHIFT, ServicePorts
 from devstack.postgres import Postgres
@@ -234,6 +232,9 @@ class Stack:
         self.kafka.ensure_installed(self.say)
         self.postgres.ensure_installed(self.say)
         if self.autoscaled_clusters:
+            # Imported here, as in karpenter_crds.
+            from devstack.karpenter import ensure_karpenter
+
             ensure_karpenter(self.s, self.say)
 
     def up(self) -> StackInfo:
@@ -496,9 +497,13 @@ def stack_info(settings: Settings | None = None) -> StackInfo:
 def karpenter_crds(settings: Settings) -> list[dict[str, object]]:
     """The CRDs Karpenter's kwok provider needs (NodePool, NodeClaim, KWOKNodeClass), from the
     directory it was built into."""
+    # Imported here: `python -m devstack.karpenter` runs that module as __main__, which the
+    # package (devstack/__init__ imports this module) must not have imported already.
+    from devstack.karpenter import CRDS, karpenter_dir
+
     home = karpenter_dir(settings)
     crds = []
-    for name in KARPENTER_CRDS:
+    for name in CRDS:
         try:
             crds.append(yaml.safe_load((home / name).read_text()))
         except OSError as exc:
