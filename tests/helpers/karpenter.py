@@ -198,6 +198,34 @@ async def list_nodes(api: client.ApiClient,
     return nodes
 
 
+async def wait_for_ready_nodes(api: client.ApiClient, node_pool_name: str, count: int, *,
+                               within: float = 90.0) -> list[client.V1Node]:
+    """Once the pool has exactly `count` nodes, each Ready and registered: those nodes."""
+    last = "nothing yet"
+
+    async def probe() -> list[client.V1Node] | None:
+        nonlocal last
+        nodes = await list_nodes(api, node_pool_name)
+        last = ", ".join(f"{n.metadata.name} ready={node_ready(n)}" for n in nodes) or "no node"
+        return nodes if len(nodes) == count and all(map(node_ready, nodes)) else None
+
+    return await eventually(probe, within=within, every=0.5,
+                            what=lambda: f"{count} Ready nodes of NodePool {node_pool_name} "
+                                         f"(last seen: {last})")
+
+
+async def wait_for_no_nodes(api: client.ApiClient, node_pool_name: str | None = None, *,
+                            within: float = 120.0) -> None:
+    """Until the pool (or the cluster) has neither a node nor a NodeClaim left: consolidation
+    or a clean-up has removed them."""
+    async def gone() -> bool:
+        return not await list_nodes(api, node_pool_name) and not await list_node_claims(
+            api, node_pool_name)
+
+    await eventually(gone, within=within, every=1.0,
+                     what=f"no node nor NodeClaim left of {node_pool_name or 'the cluster'}")
+
+
 def condition_is(obj: Mapping[str, Any], kind: str, status: str) -> bool:
     """Whether a custom object's status condition `kind` has `status` ("True", "False")."""
     return any(c.get("type") == kind and c.get("status") == status

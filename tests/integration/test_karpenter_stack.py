@@ -33,6 +33,8 @@ from helpers.karpenter import (
     node_ready,
     nodes_cpu,
     read_node_pool,
+    wait_for_no_nodes,
+    wait_for_ready_nodes,
 )
 from helpers.kube import Namespaces
 from helpers.pods import PodBuilder
@@ -138,7 +140,8 @@ async def test_karpenter_grows_the_cluster_within_its_limits_and_consolidates_it
 
                 placed = await eventually(all_bound, within=GROW_SECONDS, every=0.5,
                                           what="the pods within the limit to bind")
-                nodes = {node.metadata.name: node for node in await list_nodes(api, pool)}
+                nodes = {node.metadata.name: node for node in await wait_for_ready_nodes(
+                    api, pool, PODS_WITHIN_LIMIT, within=GROW_SECONDS)}
                 assert set(placed.values()) <= set(nodes), (
                     f"pods bound to nodes not of NodePool {pool}: {placed} vs {sorted(nodes)}")
                 assert all(node_ready(nodes[name]) for name in placed.values()), (
@@ -192,12 +195,7 @@ async def test_karpenter_grows_the_cluster_within_its_limits_and_consolidates_it
                 # All pods gone: consolidation (WhenEmpty, 5 s) removes the empty nodes.
                 await core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
 
-                async def shrunk() -> bool:
-                    return not await list_nodes(api, pool) and not await list_node_claims(
-                        api, pool)
-
-                await eventually(shrunk, within=SHRINK_SECONDS, every=1.0,
-                                 what=f"consolidation to remove NodePool {pool}'s empty nodes")
+                await wait_for_no_nodes(api, pool, within=SHRINK_SECONDS)
 
             assert 0 < peaks.nodes_cpu <= CPU_LIMIT, (
                 f"the nodes' cpu peaked at {peaks.nodes_cpu} (limit {CPU_LIMIT})")
