@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+# The stack tests' autoscaled cluster (no node until Karpenter makes one; docs/autoscaling.md).
+AUTOSCALED_CLUSTER := cluster-c
 
 .PHONY: help venv browser stack-up stack-down stack-status stack-env lint unit integration test compose-test images demo run bench simulate fresh-check clean tilt compose-up compose-down
 
@@ -59,13 +61,17 @@ unit: venv
 	$(BIN)/pytest -q tests/unit
 
 integration: venv browser stack-up
+	$(BIN)/python -m devstack.karpenter >/dev/null
+	$(BIN)/python -m devstack up --autoscaled $(AUTOSCALED_CLUSTER)
 	$(BIN)/python -m devstack.kuberay >/dev/null
 	$(BIN)/python -m devstack.clients >/dev/null
 	$(BIN)/pytest -q tests/integration tests/e2e
 
 test: venv lint browser
 	$(BIN)/pytest -q tests/unit
-	$(BIN)/python -m devstack up
+	# Karpenter (cached by version) first: the stack's autoscaled cluster runs it.
+	$(BIN)/python -m devstack.karpenter >/dev/null
+	$(BIN)/python -m devstack up --autoscaled $(AUTOSCALED_CLUSTER)
 	# Cached by version; built or fetched here so no test's time limit covers a cold build.
 	$(BIN)/python -m devstack.tilt >/dev/null
 	$(BIN)/python -m devstack.jaeger --build >/dev/null

@@ -65,6 +65,27 @@ def stack() -> StackInfo:
 
 
 @pytest.fixture(scope="session")
+def autoscaled_stack(stack: StackInfo) -> StackInfo:
+    """The stack with its autoscaled cluster "cluster-c" (no node until Karpenter makes one;
+    devstack.karpenter), started if it does not run yet (nothing else is restarted).
+
+    Its kubeconfig is `autoscaled_stack.kubeconfigs["cluster-c"]`; a lockgate run names it
+    like the others (`lockgate_run(autoscaled_stack, ..., clusters=("cluster-c",))`, under the
+    run's alias `run.alias("cluster-c")`). If it cannot start, the test FAILS with devstack's
+    message (never skips).
+    """
+    import devstack
+    from helpers.karpenter import AUTOSCALED_CLUSTER
+
+    try:
+        return devstack.ensure_up(autoscaled=[AUTOSCALED_CLUSTER]).including_autoscaled()
+    except devstack.StackError as exc:
+        problem = str(exc)
+    pytest.fail(f"the stack's autoscaled cluster {AUTOSCALED_CLUSTER} is not available:\n"
+                f"{problem}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def kafka_bootstrap(stack: StackInfo) -> str:
     return stack.kafka_bootstrap
 

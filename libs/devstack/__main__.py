@@ -1,5 +1,5 @@
-"""`python -m devstack up | down [--purge] | status | env | build | images | kill <c> |
-start <c>`."""
+"""`python -m devstack up [--autoscaled cluster-c] | down [--purge] | status | env | build |
+images | kill <c> | start <c>`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ def main(argv: list[str] | None = None) -> int:
         description="lockgate's local stack: PostgreSQL, Kafka, two Kubernetes control planes.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="install/build what is missing, start everything, wait until healthy")
+    up = sub.add_parser("up", help="install/build what is missing, start everything, wait until "
+                        "healthy")
+    up.add_argument("--autoscaled", action="append", default=[], metavar="CLUSTER",
+                    help="also an autoscaled cluster (cluster-c or cluster-d): no node at first, "
+                    "Karpenter makes them; on a running stack only it is started (repeat or "
+                    "comma-separate for more; LOCKGATE_AUTOSCALED_CLUSTERS does the same)")
     down = sub.add_parser("down", help="stop what the stack started (keeps data)")
     down.add_argument("--purge", action="store_true", help="also delete the stack's data")
     sub.add_parser("status", help="one line per component; exit 1 if anything is not healthy")
@@ -31,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                    "a dockerd of its own for the build if none runs)")
     args = parser.parse_args(argv)
     try:
-        stack = Stack()
+        asked = [name for value in getattr(args, "autoscaled", []) for name in value.split(",")]
+        stack = Stack(autoscaled=asked)
         if args.command == "up":
             stack.up()
         elif args.command == "down":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,13 @@ LOG4J_VERSION = "2.25.3"
 SLF4J_VERSION = "2.0.17"
 
 CLUSTERS = ("cluster-a", "cluster-b")
+# Clusters that start with no node and grow with Karpenter (devstack.karpenter), only when asked:
+# `python -m devstack up --autoscaled cluster-c` or LOCKGATE_AUTOSCALED_CLUSTERS=cluster-c. The
+# fixed-size clusters above never change with them.
+AUTOSCALED_CLUSTERS = ("cluster-c", "cluster-d")
+# Each autoscaled cluster's ports: a block of its own (the fixed clusters' ports interleave).
+_AUTOSCALED_PORTS_BASE = 56470
+_AUTOSCALED_PORTS_STEP = 10
 
 PG_DATABASE = "lockgate"
 PG_USER = "lockgate"
@@ -33,6 +41,9 @@ class ClusterPorts:
     controller_manager: int
     scheduler: int
     kwok: int
+    # Karpenter's metrics and health-probe servers (autoscaled clusters only; 0 otherwise).
+    karpenter_metrics: int = 0
+    karpenter_health: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class Settings:
     pg_os_user: str
     kafka_heap: str
     timeout: float
+    # Autoscaled clusters asked for by LOCKGATE_AUTOSCALED_CLUSTERS (comma-separated).
+    autoscaled_requested: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -75,6 +88,12 @@ class Settings:
             )
             for i, name in enumerate(CLUSTERS)
         }
+        for j, name in enumerate(AUTOSCALED_CLUSTERS):
+            first = _AUTOSCALED_PORTS_BASE + _AUTOSCALED_PORTS_STEP * j + offset
+            ports[name] = ClusterPorts(
+                apiserver=first, etcd_client=first + 1, etcd_peer=first + 2,
+                controller_manager=first + 3, scheduler=first + 4, kwok=first + 5,
+                karpenter_metrics=first + 6, karpenter_health=first + 7)
         nodes = _int_env("LOCKGATE_STACK_NODES", 4)
         if not 1 <= nodes <= 1000:
             raise StackError("LOCKGATE_STACK_NODES must be between 1 and 1000")
@@ -102,6 +121,9 @@ class Settings:
             pg_os_user=env.get("LOCKGATE_STACK_PG_OS_USER", "lockgate"),
             kafka_heap=env.get("LOCKGATE_STACK_KAFKA_HEAP", "768m"),
             timeout=float(_int_env("LOCKGATE_STACK_TIMEOUT", 180)),
+            autoscaled_requested=autoscaled_names(
+                env.get("LOCKGATE_AUTOSCALED_CLUSTERS", "").split(","),
+                "LOCKGATE_AUTOSCALED_CLUSTERS"),
         )
 
     # -- cache (shared by every stack, keyed by version) --
@@ -140,6 +162,18 @@ class Settings:
     @property
     def kafka_bootstrap(self) -> str:
         return f"{HOST}:{self.kafka_port}"
+
+
+def autoscaled_names(names: Iterable[str], source: str) -> tuple[str, ...]:
+    """The autoscaled clusters named (blanks ignored), each checked; StackError names `source`
+    for a name that is not one."""
+    wanted = [name.strip() for name in names if name.strip()]
+    unknown = sorted(set(wanted) - set(AUTOSCALED_CLUSTERS))
+    if unknown:
+        raise StackError(f"{source}: {', '.join(unknown)} cannot be autoscaled; the autoscaled "
+                         f"clusters are {', '.join(AUTOSCALED_CLUSTERS)} (the fixed-size "
+                         f"{', '.join(CLUSTERS)} keep their nodes)")
+    return tuple(sorted(set(wanted)))
 
 
 def _int_env(name: str, default: int) -> int:

@@ -1,5 +1,12 @@
 """One Kubernetes control plane per cluster: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok, all on loopback ports, plus kubeconfigs and fake nodes."""
+kube-scheduler and kwok, all on loopback ports, plus kubeconfigs and fake nodes.
+
+An autoscaled cluster (config.AUTOSCALED_CLUSTERS) starts with no node and runs Karpenter too
+(devstack.karpenter): Karpenter's kwok provider creates Node objects annotated
+kwok.x-k8s.io/node=fake, the annotation this kwok manages, so the same kwok and its Stages
+(kwok-stages.yaml) mark them Ready; Karpenter then removes its karpenter.sh/unregistered taint.
+There the node Stage gives Karpenter's nodes their instance type's capacity
+(`instance_sized_stages`), as a real machine has."""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from devstack.config import HOST, Settings
+from devstack.config import AUTOSCALED_CLUSTERS, HOST, Settings
 from devstack.errors import StackError
 from devstack.pki import ClusterPKI
 from devstack.procs import Component
@@ -32,6 +39,7 @@ class Cluster:
         self.dir = settings.cluster_dir(name)
         self.pki = ClusterPKI(self.dir / "pki", name)
         self.kubeconfig = settings.kubeconfig(name)
+        self.autoscaled = name in AUTOSCALED_CLUSTERS
 
     @property
     def server(self) -> str:
@@ -47,7 +55,8 @@ class Cluster:
         (self.dir / "etcd").mkdir(exist_ok=True, mode=0o700)
         self.pki.ensure()
         write_if_changed(self.kubeconfig, self._kubeconfig_text("admin", f"{self.name}-admin"))
-        for who in ("kube-controller-manager", "kube-scheduler", "kwok"):
+        for who in ("kube-controller-manager", "kube-scheduler", "kwok",
+                    *(("karpenter",) if self.autoscaled else ())):
             write_if_changed(self.component_kubeconfig(who), self._kubeconfig_text(who, who))
         sched = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -61,6 +70,8 @@ class Cluster:
         }
         write_if_changed(self.dir / "kube-scheduler.yaml", json.dumps(sched, indent=2) + "\n")
         stages = Path(__file__).with_name("kwok-stages.yaml").read_text()
+        if self.autoscaled:
+            stages = instance_sized_stages(stages)
         kwok_conf = (
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
             "kind: KwokConfiguration\n"
@@ -234,7 +245,17 @@ class Cluster:
             endpoint=f"http://{HOST}:{p.kwok}",
             health=lambda: _http_ok(p.kwok, "/healthz"),
         )
-        return [etcd, apiserver, kcm, scheduler, kwok]
+        if not self.autoscaled:
+            return [etcd, apiserver, kcm, scheduler, kwok]
+        # Imported here: `python -m devstack.karpenter` runs that module as __main__, which the
+        # package (devstack/__init__ imports this module) must not have imported already.
+        from devstack.karpenter import karpenter_component, karpenter_dir
+
+        karpenter = karpenter_component(
+            cluster=self.name, home=karpenter_dir(self.s),
+            kubeconfig=self.component_kubeconfig("karpenter"), workdir=self.dir,
+            metrics_port=p.karpenter_metrics, health_port=p.karpenter_health)
+        return [etcd, apiserver, kcm, scheduler, kwok, karpenter]
 
     # -- API access (admin identity, verified TLS) --
     def _ssl(self) -> ssl.SSLContext:
@@ -273,7 +294,16 @@ class Cluster:
         return None if status == 200 else f"{path} -> {status} {str(data)[:200]}"
 
     def node_names(self) -> list[str]:
+        """The fixed fake nodes (none in an autoscaled cluster: Karpenter makes its nodes)."""
+        if self.autoscaled:
+            return []
         return [f"{self.name}-node-{i}" for i in range(self.s.nodes_per_cluster)]
+
+    @property
+    def _kwok_nodes_query(self) -> str:
+        """The nodes this cluster's kwok acts for: the fixed ones (label type=kwok), or in an
+        autoscaled cluster every node (Karpenter's carry no label of the stack's)."""
+        return "/api/v1/nodes" if self.autoscaled else "/api/v1/nodes?labelSelector=type%3Dkwok"
 
     def ensure_nodes(self) -> int:
         """Creates the missing fake nodes; returns how many were created."""
@@ -322,7 +352,7 @@ class Cluster:
         kwok only acts for nodes whose lease it holds, and each kwok process has a new identity:
         without this a restarted kwok would wait for the old leases (40 s) to expire.
         """
-        status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+        status, data = self.request("GET", self._kwok_nodes_query)
         if status != 200:
             raise StackError(f"{self.name}: listing nodes failed: {status} {data}")
         for item in data.get("items", []):
@@ -347,7 +377,7 @@ class Cluster:
                     t.startswith("node.kubernetes.io/") for t in taints
                 ):
                     ready += 1
-            want = self.s.nodes_per_cluster
+            want = len(self.node_names())
             if ready < want:
                 return f"{ready}/{want} nodes Ready and untainted"
             status, _ = self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
@@ -359,7 +389,7 @@ class Cluster:
 
     def nodes_summary(self) -> str:
         try:
-            status, data = self.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok")
+            status, data = self.request("GET", self._kwok_nodes_query)
         except (OSError, http.client.HTTPException) as exc:
             return f"apiserver unreachable ({type(exc).__name__})"
         if status != 200:
@@ -371,7 +401,50 @@ class Cluster:
             for c in it.get("status", {}).get("conditions", [])
             if c["type"] == "Ready" and c["status"] == "True"
         )
-        return f"{ready}/{len(items)} kwok nodes Ready"
+        made_by = " (Karpenter's)" if self.autoscaled else ""
+        return f"{ready}/{len(items)} kwok nodes{made_by} Ready"
+
+
+# The node Stage's capacity in kwok-stages.yaml, and what it becomes in an autoscaled cluster.
+_NODE_CAPACITY = """      capacity:
+      {{ with .status.capacity }}
+      {{ YAML . 1 }}
+      {{ else }}
+        cpu: "16"
+        memory: 64Gi
+        pods: "110"
+      {{ end }}
+"""
+# Karpenter's kwok provider (v1.13) gives a node the capacity of its NodeClaim's pod requests
+# (allocatable is the instance type's): a NodePool's status.resources and limits then count 5
+# cpu for an 8-cpu node holding a 5-cpu pod, and a pool of small pods grows far beyond its cpu
+# limit. A real node's capacity is its machine's, so here cpu and memory come from the instance
+# type's labels (karpenter.kwok.sh/instance-cpu and -memory), everything else from allocatable.
+_INSTANCE_CAPACITY = """      capacity:
+      {{ $cpu := "" }}{{ $memory := "" }}
+      {{ with .metadata.labels }}
+      {{ $cpu = index . "karpenter.kwok.sh/instance-cpu" }}
+      {{ $memory = index . "karpenter.kwok.sh/instance-memory" }}
+      {{ end }}
+      {{ if and $cpu $memory .status.allocatable }}
+        cpu: {{ $cpu | Quote }}
+        memory: {{ $memory | Quote }}
+      {{ range $name, $quantity := .status.allocatable }}
+      {{ if and (ne $name "cpu") (ne $name "memory") }}
+        {{ $name }}: {{ $quantity | Quote }}
+      {{ end }}
+      {{ end }}
+      {{ else }}
+""" + _NODE_CAPACITY.split("\n", 1)[1] + "      {{ end }}\n"
+
+
+def instance_sized_stages(stages: str) -> str:
+    """kwok's Stages for an autoscaled cluster: a Karpenter node's capacity is its instance
+    type's (see _INSTANCE_CAPACITY); other nodes' as in every cluster."""
+    if stages.count(_NODE_CAPACITY) != 1:
+        raise StackError("kwok-stages.yaml's node capacity block changed; update "
+                         "devstack.kube._NODE_CAPACITY (autoscaled clusters rewrite it)")
+    return stages.replace(_NODE_CAPACITY, _INSTANCE_CAPACITY)
 
 
 def _b64(path: Path) -> str:

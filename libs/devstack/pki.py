@@ -104,6 +104,9 @@ class ClusterPKI:
             ("kube-controller-manager", "system:kube-controller-manager", [], [], False),
             ("kube-scheduler", "system:kube-scheduler", [], [], False),
             ("kwok", "system:kwok-controller", ["system:masters"], [], False),
+            # Karpenter of an autoscaled cluster (devstack.karpenter): it creates and deletes
+            # nodes, NodeClaims and evictions cluster-wide.
+            ("karpenter", "system:karpenter", ["system:masters"], [], False),
         ]
         for name, cn, orgs, hosts, server in leaves:
             if self.crt(name).exists() and self.key(name).exists() and (

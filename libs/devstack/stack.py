@@ -1,4 +1,11 @@
-"""The whole local stack: bring it up, report on it, take it down."""
+"""The whole local stack: bring it up, report on it, take it down.
+
+Autoscaled clusters (config.AUTOSCALED_CLUSTERS, e.g. cluster-c): a control plane with no node
+and Karpenter against it, only when asked (`up --autoscaled cluster-c`, or
+LOCKGATE_AUTOSCALED_CLUSTERS). The stack records them (file `autoscaled-clusters` in the stack
+dir) from the `up` that asked until `down`, so `status`, `down` and later `up`s include them.
+Asking on a running stack starts only what is missing; nothing else restarts.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,13 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import yaml
+
 from devstack import base, gobuild
-from devstack.config import CLUSTERS, Settings
+from devstack.config import AUTOSCALED_CLUSTERS, CLUSTERS, Settings, autoscaled_names
 from devstack.errors import StackError
 from devstack.jaeger import JaegerPorts
 from devstack.kafka import Kafka, java_bin
@@ -33,6 +42,7 @@ from devstack.procs import (
 )
 
 _MARKER = ".lockgate-stack"
+_AUTOSCALED_RECORD = "autoscaled-clusters"
 # A stack started right after another stopped may find one of its ports taken by a client
 # connection that is closing (before the ports were reserved): wait out that connection.
 PORT_HELD_BY_CONNECTIONS_WAIT_SECONDS = 90.0
@@ -66,6 +76,24 @@ class StackInfo:
     # identity ("cluster-watcher", "ungater", "webhook", "queue-sync") → cluster → kubeconfig
     # with that identity's ServiceAccount token (k8s/base); `kubeconfigs` are admin's.
     identity_kubeconfigs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The autoscaled clusters (devstack.karpenter) that run, apart: a run that names no clusters
+    # gets the fixed-size ones only. `including_autoscaled()` adds them to the fields above.
+    autoscaled_kubeconfigs: dict[str, str] = field(default_factory=dict)
+    autoscaled_identity_kubeconfigs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def including_autoscaled(self) -> StackInfo:
+        """This stack with its autoscaled clusters among `kubeconfigs` and the identities', for
+        a run that names them (`Lockgate.for_stack(info, clusters={...: "cluster-c"})`)."""
+        identities = {
+            identity: {**own, **self.autoscaled_identity_kubeconfigs.get(identity, {})}
+            for identity, own in self.identity_kubeconfigs.items()
+        }
+        return StackInfo(
+            kubeconfigs={**self.kubeconfigs, **self.autoscaled_kubeconfigs},
+            kafka_bootstrap=self.kafka_bootstrap, postgres_dsn=self.postgres_dsn,
+            stack_dir=self.stack_dir, identity_kubeconfigs=identities,
+            autoscaled_kubeconfigs=dict(self.autoscaled_kubeconfigs),
+            autoscaled_identity_kubeconfigs=self.autoscaled_identity_kubeconfigs)
 
     def kubeconfigs_of(self, identity: str,
                        clusters: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -84,6 +112,10 @@ class StackInfo:
             f"LOCKGATE_KUBECONFIG_{name.upper().replace('-', '_')}": path
             for name, path in sorted(self.kubeconfigs.items())
         }
+        out.update({
+            f"LOCKGATE_AUTOSCALED_KUBECONFIG_{name.upper().replace('-', '_')}": path
+            for name, path in sorted(self.autoscaled_kubeconfigs.items())
+        })
         out["LOCKGATE_KAFKA_BOOTSTRAP"] = self.kafka_bootstrap
         out["LOCKGATE_POSTGRES_DSN"] = self.postgres_dsn
         out["LOCKGATE_STACK_DIR"] = self.stack_dir
@@ -96,9 +128,10 @@ def _stderr(msg: str) -> None:
 
 class Stack:
     def __init__(self, settings: Settings | None = None, say: Callable[[str], None] = _stderr,
-                 *, announce_env: bool = True):
+                 *, announce_env: bool = True, autoscaled: Iterable[str] = ()):
         """`announce_env`: whether the summary tells to source the stack's env file (`make run`
-        prints its own, which has the stack's variables too)."""
+        prints its own, which has the stack's variables too). `autoscaled`: autoscaled clusters
+        to add (besides those LOCKGATE_AUTOSCALED_CLUSTERS names and those already recorded)."""
         self.s = settings or Settings.from_env()
         self.say = say
         self.announce_env = announce_env
@@ -106,24 +139,51 @@ class Stack:
         self.postgres = Postgres(self.s)
         self.kafka = Kafka(self.s)
         self.clusters = [Cluster(self.s, name) for name in CLUSTERS]
+        wanted = {*autoscaled_names(autoscaled, "--autoscaled"), *self.s.autoscaled_requested,
+                  *self._recorded_autoscaled()}
+        self.autoscaled_clusters = [Cluster(self.s, name) for name in AUTOSCALED_CLUSTERS
+                                    if name in wanted]
+
+    @property
+    def all_clusters(self) -> list[Cluster]:
+        return self.clusters + self.autoscaled_clusters
+
+    def _recorded_autoscaled(self) -> tuple[str, ...]:
+        try:
+            text = (self.s.stack_dir / _AUTOSCALED_RECORD).read_text()
+        except FileNotFoundError:
+            return ()
+        return autoscaled_names(text.split(), str(self.s.stack_dir / _AUTOSCALED_RECORD))
+
+    def _record_autoscaled(self) -> None:
+        path = self.s.stack_dir / _AUTOSCALED_RECORD
+        names = sorted(c.name for c in self.autoscaled_clusters)
+        if names:
+            path.write_text("".join(f"{name}\n" for name in names))
+        else:
+            path.unlink(missing_ok=True)
 
     # -- description --
     def info(self) -> StackInfo:
+        def identities(clusters: list[Cluster]) -> dict[str, dict[str, str]]:
+            return {identity: {c.name: str(base.identity_kubeconfig(c, identity))
+                               for c in clusters}
+                    for identity in base.IDENTITIES}
+
         return StackInfo(
             kubeconfigs={c.name: str(c.kubeconfig) for c in self.clusters},
             kafka_bootstrap=self.s.kafka_bootstrap,
             postgres_dsn=self.s.postgres_dsn,
             stack_dir=str(self.s.stack_dir),
-            identity_kubeconfigs={
-                identity: {c.name: str(base.identity_kubeconfig(c, identity))
-                           for c in self.clusters}
-                for identity in base.IDENTITIES
-            },
+            identity_kubeconfigs=identities(self.clusters),
+            autoscaled_kubeconfigs={c.name: str(c.kubeconfig) for c in self.autoscaled_clusters},
+            autoscaled_identity_kubeconfigs=(identities(self.autoscaled_clusters)
+                                             if self.autoscaled_clusters else {}),
         )
 
     def components(self) -> list[Component]:
         comps = [self.postgres.component(), self.kafka.component()]
-        for c in self.clusters:
+        for c in self.all_clusters:
             comps += c.components()
         return comps
 
@@ -158,7 +218,7 @@ class Stack:
         reason = self.postgres.query_ok("lockgate")
         if reason is not None:
             out.append(f"postgres: database lockgate: {reason}")
-        for c in self.clusters:
+        for c in self.all_clusters:
             reason = c.readiness()
             if reason is not None:
                 out.append(f"{c.name}: {reason}")
@@ -171,6 +231,11 @@ class Stack:
         gobuild.ensure_binaries(self.s, self.say)
         self.kafka.ensure_installed(self.say)
         self.postgres.ensure_installed(self.say)
+        if self.autoscaled_clusters:
+            # Imported here, as in karpenter_crds.
+            from devstack.karpenter import ensure_karpenter
+
+            ensure_karpenter(self.s, self.say)
 
     def up(self) -> StackInfo:
         started = time.monotonic()
@@ -183,6 +248,8 @@ class Stack:
                     "bind beside it) in net.ipv4.ip_local_reserved_ports so outgoing "
                     "connections never take them (until reboot)"
                 )
+            if self.autoscaled_clusters:
+                self._record_autoscaled()
             if not self.problems():
                 self.install_cluster_objects()
                 self._summary(f"already up (checked in {time.monotonic() - started:.1f}s)")
@@ -193,7 +260,7 @@ class Stack:
             self.build()
             self.postgres.prepare(self.say)
             self.kafka.prepare(self.say)
-            for c in self.clusters:
+            for c in self.all_clusters:
                 c.prepare()
             comps = self.components()
             to_start = [c for c in comps if c.name in names_to_start]
@@ -226,11 +293,12 @@ class Stack:
             start(apiservers)
             wait_healthy(apiservers, self.procs, timeout)
             phase("apiservers")
-            for cluster, kwok in zip(self.clusters, self._by_kind(comps, "kwok"), strict=True):
+            for cluster, kwok in zip(self.all_clusters, self._by_kind(comps, "kwok"),
+                                     strict=True):
                 if kwok in to_start:
                     cluster.release_node_leases()
             start(rest)
-            for c in self.clusters:
+            for c in self.all_clusters:
                 c.ensure_nodes()
             wait_healthy(services + rest, self.procs, timeout)
             self.postgres.bootstrap()
@@ -239,11 +307,20 @@ class Stack:
                 [],
                 self.procs,
                 timeout,
-                extra={f"{c.name} nodes and service accounts": c.readiness for c in self.clusters},
+                extra={f"{c.name} nodes and service accounts": c.readiness
+                       for c in self.all_clusters},
             )
             phase("nodes")
             self.install_cluster_objects()
             phase("k8s/base")
+            karpenters = self._by_kind(comps, "karpenter")
+            if karpenters:
+                # Karpenter's readiness waits for the NodePool and NodeClaim CRDs: apply first.
+                for cluster in self.autoscaled_clusters:
+                    base.apply_objects(cluster, karpenter_crds(self.s))
+                start(karpenters)
+                wait_healthy(karpenters, self.procs, timeout)
+                phase("karpenter")
             self._write_env_file()
             total = time.monotonic() - started
             self._summary(f"up in {total:.1f}s ({', '.join(phases)})")
@@ -254,9 +331,9 @@ class Stack:
         kubeconfig per lockgate identity with its ServiceAccount's token."""
         # Certificates and kubeconfigs of an older format (devstack.pki) are rewritten, also on
         # a running stack: the same CA reissues them, and the running components trust the CA.
-        for cluster in self.clusters:
+        for cluster in self.all_clusters:
             cluster.prepare()
-        for line in base.install(self.clusters):
+        for line in base.install(self.all_clusters):
             self.say(line)
         return self.info()
 
@@ -288,6 +365,7 @@ class Stack:
         with self._locked():
             comps = self.components()
             tiers = [
+                self._by_kind(comps, "karpenter"),
                 self._by_kind(comps, "kwok", "kube-scheduler", "kube-controller-manager"),
                 self._by_kind(comps, "kube-apiserver"),
                 self._by_kind(comps, "etcd", "kafka", "postgres"),
@@ -304,13 +382,16 @@ class Stack:
                 for comp, pid in stopping:
                     self.procs.wait_stopped(comp, deadline, self.say)
                     self.say(f"stopped {comp.name} (pid {pid})")
+            # Autoscaled clusters last until `down`: a later plain `up` is the fixed-size stack.
+            (self.s.stack_dir / _AUTOSCALED_RECORD).unlink(missing_ok=True)
             if purge:
                 self._purge()
 
     def _purge(self) -> None:
         self.postgres.purge()
         d = self.s.stack_dir
-        names = ["logs", "run", "postgres", "kafka", "env.sh", ".lock", _MARKER, *CLUSTERS]
+        names = ["logs", "run", "postgres", "kafka", "env.sh", ".lock", _MARKER, *CLUSTERS,
+                 *AUTOSCALED_CLUSTERS]
         for name in names:
             p = d / name
             if p.is_symlink() or p.is_file():
@@ -338,7 +419,7 @@ class Stack:
                 f"{comp.name:<34} {state:<9} pid {pid:<7} {comp.endpoint:<26} "
                 f"log {self.procs.log_path(comp)}{note}"
             )
-        for c in self.clusters:
+        for c in self.all_clusters:
             apiserver = self._by_kind(c.components(), "kube-apiserver")[0]
             if self.procs.inspect(apiserver).state == "running":
                 reason = c.readiness()
@@ -399,8 +480,9 @@ class Stack:
         out = [f"lockgate stack {headline}"]
         out.append(f"  postgres   {info.postgres_dsn}")
         out.append(f"  kafka      {info.kafka_bootstrap}")
-        for c in self.clusters:
-            out.append(f"  {c.name:<10} {c.server}  kubeconfig {c.kubeconfig}")
+        for c in self.all_clusters:
+            grows = "  (autoscaled: no node until Karpenter makes one)" if c.autoscaled else ""
+            out.append(f"  {c.name:<10} {c.server}  kubeconfig {c.kubeconfig}{grows}")
         out.append(f"  logs       {self.s.logs_dir}")
         if self.announce_env:
             out.append(f"  env        source {self.s.stack_dir / 'env.sh'}")
@@ -412,9 +494,30 @@ def stack_info(settings: Settings | None = None) -> StackInfo:
     return Stack(settings).info()
 
 
-def ensure_up(settings: Settings | None = None) -> StackInfo:
-    """Returns the running stack if it is healthy; otherwise brings it up (raises StackError)."""
-    stack = Stack(settings)
+def karpenter_crds(settings: Settings) -> list[dict[str, object]]:
+    """The CRDs Karpenter's kwok provider needs (NodePool, NodeClaim, KWOKNodeClass), from the
+    directory it was built into."""
+    # Imported here: `python -m devstack.karpenter` runs that module as __main__, which the
+    # package (devstack/__init__ imports this module) must not have imported already.
+    from devstack.karpenter import CRDS, karpenter_dir
+
+    home = karpenter_dir(settings)
+    crds = []
+    for name in CRDS:
+        try:
+            crds.append(yaml.safe_load((home / name).read_text()))
+        except OSError as exc:
+            raise StackError(f"Karpenter's CRD {name} is missing from {home} ({exc}); "
+                             "`python -m devstack.karpenter` builds it") from exc
+    return crds
+
+
+def ensure_up(settings: Settings | None = None, *,
+              autoscaled: Iterable[str] = ()) -> StackInfo:
+    """Returns the running stack if it is healthy; otherwise brings it up (raises StackError).
+    `autoscaled`: autoscaled clusters it must have too (started if missing, nothing else
+    restarted)."""
+    stack = Stack(settings, autoscaled=autoscaled)
     if not stack.problems():
         # Cheap and idempotent; the files may have changed since the stack came up.
         return stack.install_cluster_objects()
