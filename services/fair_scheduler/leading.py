@@ -271,9 +271,9 @@ class Leader:
             self._feed.apply_jobs(jobs[start:start + store.LOAD_CHUNK], now=now,
                                   returned=returned)
             await self._check_in()
-        log.info("loaded %d queues, %d nodes, %d unfinished jobs as of %s in %.2fs",
-                 len(everything.queues), len(everything.nodes), len(jobs),
-                 everything.cursor, time.monotonic() - started)
+        log.info("loaded %d queues, %d nodes, %d unfinished jobs, the growth of %d clusters as "
+                 "of %s in %.2fs", len(everything.queues), len(everything.nodes), len(jobs),
+                 len(everything.growth), everything.cursor, time.monotonic() - started)
 
     async def _check_in(self) -> None:
         """During a long load: prove the connection alive when a check is due."""
@@ -284,11 +284,14 @@ class Leader:
     def _apply(self, changes: store.Changes) -> bool:
         """Apply changed rows; returns whether any could let a round release something new."""
         feed = self._feed
-        changed = bool(changes.queues or changes.nodes)
+        changed = bool(changes.queues or changes.nodes or changes.growth)
         for queue in changes.queues:
             feed.apply_queue(queue.name, queue.spec)
         for node in changes.nodes:
             feed.apply_node(node.cluster, node.node, node.info)
+        # What each cluster's autoscaler may still add: capacity the fair targets count.
+        for cluster, growth in changes.growth.items():
+            self._state.set_growth(cluster, growth)
         returned = {job_id: (releases, at.timestamp())
                     for job_id, (releases, at) in changes.returned.items()}
         changed = feed.apply_jobs(changes.jobs, now=self._now().timestamp(),
