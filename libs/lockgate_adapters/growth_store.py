@@ -70,10 +70,3 @@ def growth_of(record: asyncpg.Record) -> ClusterGrowth:
     if isinstance(body, str):  # a connection without the pool's jsonb codec
         return ClusterGrowth.model_validate_json(body)
     return ClusterGrowth.model_validate(body)
-
-
-async def load_growth(connection: AnyConnection) -> dict[str, ClusterGrowth]:
-    """Every cluster's stored picture, by cluster."""
-    rows = await connection.fetch(
-        f"SELECT {GROWTH_COLUMNS} FROM cluster_growth ORDER BY cluster")  # noqa: S608
-    return {r["cluster"]: growth_of(r) for r in rows}
