@@ -292,8 +292,9 @@ class ObservedGrowth:
         return self.served is False or (self.pools_listed and self.claims_listed)
 
     def not_served(self) -> bool:
-        """The cluster serves no NodePool or NodeClaim kind (its CRDs are absent): forget what
-        was seen. True if that is news."""
+        """The cluster serves no NodePool or NodeClaim kind (its CRDs are absent), or the
+        watcher may not see them: forget what was seen, the cluster counts as not autoscaled.
+        True if that is news."""
         news = self.served is not False
         self.served = False
         self._pools.clear()

@@ -11,9 +11,12 @@ A cluster without Karpenter serves no NodePool kind: the list answers 404. That 
 failure: the cluster is not autoscaled, said once (`autoscaled=False`; no picture stored means
 the same, so it is not refreshed), and both kinds are listed again every `recheck` seconds, so a
 Karpenter installed later is noticed. A 403 means the watcher's ClusterRole lacks the kinds
-(k8s/base/cluster-watcher-rbac.yaml): said loudly, the `<cluster>/growth` readiness check goes
-false, nothing is published (what the cluster may add is unknown, not nothing), and it is tried
-again as often.
+(k8s/base/cluster-watcher-rbac.yaml, an upgrade that did not apply it): said loudly at every
+recheck, and the cluster is published as not autoscaled too, so lockgate falls back to what it
+did before it watched autoscalers (room on existing nodes only) rather than keep a picture it
+can no longer see change. The watcher stays ready meanwhile (its pods and nodes are watched;
+the `<cluster>/growth` check's detail says what is wrong): a missing rule must not stop the
+pods of every cluster from being reported.
 """
 
 from __future__ import annotations
@@ -121,19 +124,24 @@ class GrowthWatcher:
             await asyncio.sleep(self._recheck)
 
     def _not_watching(self, error: ApiException) -> None:
+        """The cluster is counted as not autoscaled until the next look (module docstring)."""
+        news = self.observed.not_served()
         if error.status == NOT_FOUND:
-            if self.observed.not_served():
+            if news:
                 log.info("%s: serves no %s.%s/%s kind (no Karpenter): not autoscaled; looking "
                          "again every %.0fs", self.cluster, NODE_POOLS, KARPENTER_GROUP,
                          KARPENTER_VERSION, self._recheck)
             self._set_ready(self.growth_check, True, "no NodePool kind served: not autoscaled")
-            self._note()
-            return
-        detail = (f"may not list {NODE_POOLS}/{NODE_CLAIMS}.{KARPENTER_GROUP} ({error.status} "
-                  f"{error.reason}): give cluster-watcher's ClusterRole get, list and watch on "
-                  "them (k8s/base/cluster-watcher-rbac.yaml)")
-        log.error("%s: %s; trying again in %.0fs", self.cluster, detail, self._recheck)
-        self._set_ready(self.growth_check, False, detail)
+        else:
+            detail = (f"may not list {NODE_POOLS}/{NODE_CLAIMS}.{KARPENTER_GROUP} "
+                      f"({error.status} {str(error.reason)[:300]}): give cluster-watcher's "
+                      "ClusterRole get, list and watch on them "
+                      "(k8s/base/cluster-watcher-rbac.yaml)")
+            log.error("%s: %s; counted as not autoscaled, trying again in %.0fs", self.cluster,
+                      detail, self._recheck)
+            self._set_ready(self.growth_check, True,
+                            f"NOT WATCHED, counted as not autoscaled: {detail}")
+        self._note()
 
     def _watching_ready(self, ok: bool, detail: str) -> None:
         self._set_ready(self.growth_check, ok, detail)
