@@ -289,9 +289,13 @@ class Leader:
             feed.apply_queue(queue.name, queue.spec)
         for node in changes.nodes:
             feed.apply_node(node.cluster, node.node, node.info)
-        # What each cluster's autoscaler may still add: capacity the fair targets count.
+        # What each cluster's autoscaler may still add: capacity the fair targets count. Rare
+        # (a picture reaches the feed only when it changed), so each is said.
         for cluster, growth in changes.growth.items():
             self._state.set_growth(cluster, growth)
+            log.info("%s: growth picture as of %s: %s", cluster, growth.observed_at.isoformat(),
+                     f"{len(growth.node_pools)} NodePools, {len(growth.node_claims)} NodeClaims "
+                     "in flight" if growth.autoscaled else "not autoscaled")
         returned = {job_id: (releases, at.timestamp())
                     for job_id, (releases, at) in changes.returned.items()}
         changed = feed.apply_jobs(changes.jobs, now=self._now().timestamp(),

@@ -303,6 +303,7 @@ async def test_the_leader_loads_what_each_cluster_may_grow_by(
                                           and not any(p.autoscaled for p in g.values())),
                         within=60, every=0.2, what="both clusters stored as not autoscaled")
             cursor = (await scheduler_store.load_everything(leader)).cursor
+            still_said_at = await _observed_at(leader, STILL)
 
             # Karpenter's CRDs arrive later, with a pool and two claims: noticed on the recheck.
             await install_crds(api, crds)
@@ -362,6 +363,8 @@ async def test_the_leader_loads_what_each_cluster_may_grow_by(
             await eventually(lambda: _observed_after(leader, GROWING, stored_at), within=30,
                              every=0.2, what=f"a refresh of {GROWING}'s picture")
             assert GROWING not in (await scheduler_store.changes_since(leader, cursor)).growth
+            # A cluster that is not autoscaled was said so once, not at every refresh.
+            assert await _observed_at(leader, STILL) == still_said_at
 
             # Karpenter uninstalled: the cluster is no longer autoscaled.
             for name in (f"{POOL}-up", f"{POOL}-bad"):
