@@ -20,8 +20,10 @@ provisioner):
   and Karpenter ignores them when provisioning), and `spec.weight`.
 - Whether Karpenter provisions from a pool: its provisioner skips a pool whose Ready condition
   is not True, a pool being deleted and a static pool (`spec.replicas` set, a fixed node count
-  that pods do not move). Each is reported as `ready=False` with why; a pool that has no Ready
-  condition yet has not been reconciled by Karpenter (is it running?).
+  that pods do not move). Each is reported as `ready=False` with why (for Ready, the reason and
+  message of the dependent condition that is False, ValidationSucceeded or NodeClassReady, else
+  Ready's own); a pool that has no Ready condition yet has not been reconciled by Karpenter (is
+  it running?).
 - NodeClaim: its pool (label `karpenter.sh/nodepool`), `status.allocatable` (else
   `status.capacity`), `status.nodeName`, and the conditions Launched, Registered and
   Initialized. A claim has failed when Launched is False, or Unknown with a reason other than
@@ -64,6 +66,8 @@ NODE_POOL_LABEL = "karpenter.sh/nodepool"
 
 # operatorpkg's `SetUnknown`: the reason of a condition nobody has worked on yet.
 _AWAITING = "AwaitingReconciliation"
+# What a NodePool's Ready condition is made of (Karpenter's NodePool ready set).
+_POOL_READY_SET = ("ValidationSucceeded", "NodeClassReady")
 # Claim conditions whose False means the claim failed (Karpenter's NodeClaim ready set).
 _LIFECYCLE = ("Launched", "Registered", "Initialized")
 
@@ -192,9 +196,15 @@ def _provisions(metadata: Mapping[str, Any], spec: Mapping[str, Any],
     ready = conditions.get("Ready")
     if ready is None:
         return False, "no Ready condition yet: Karpenter has not reconciled it (is it running?)"
-    if ready.get("status") != "True":
-        return False, _because(ready) or f"Ready is {ready.get('status')}"
-    return True, ""
+    if ready.get("status") == "True":
+        return True, ""
+    # Ready's own message only lists its dependents ("NodeClassReady=False"): say the first
+    # unhealthy dependent's reason instead, which names the cause.
+    for kind in _POOL_READY_SET:
+        dependent = conditions.get(kind)
+        if dependent is not None and dependent.get("status") == "False":
+            return False, f"{kind}: {_because(dependent)}"
+    return False, _because(ready) or f"Ready is {ready.get('status')}"
 
 
 def node_claim_status(claim: KubeObject) -> NodeClaimStatus:

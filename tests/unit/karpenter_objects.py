@@ -72,6 +72,15 @@ class NodePoolBuilder:
                                  _condition("Ready", "False", "UnhealthyDependents",
                                             "NodeClassReady=False")])
 
+    def reconciling(self) -> NodePoolBuilder:
+        """Ready Unknown while a dependent is: a pool Karpenter is still looking at."""
+        return self._conditions([_condition("ValidationSucceeded", "True"),
+                                 _condition("NodeClassReady", "Unknown",
+                                            "AwaitingReconciliation",
+                                            "object is awaiting reconciliation"),
+                                 _condition("Ready", "Unknown", "ReconcilingDependents",
+                                            "NodeClassReady=Unknown")])
+
     def static(self, replicas: int) -> NodePoolBuilder:
         return self._with(lambda b: b["spec"].__setitem__("replicas", replicas))
 

@@ -64,7 +64,8 @@ def test_a_pool_without_limits_or_status_is_unbounded_and_not_reconciled_yet() -
 
 @pytest.mark.parametrize(("pool", "says"), [
     (a_node_pool("p").not_ready("NodeClassNotFound", "NodeClass not found on cluster"),
-     "UnhealthyDependents: NodeClassReady=False"),
+     "NodeClassReady: NodeClassNotFound: NodeClass not found on cluster"),
+    (a_node_pool("p").reconciling(), "ReconcilingDependents: NodeClassReady=Unknown"),
     (a_node_pool("p").ready().being_deleted(), "being deleted"),
     (a_node_pool("p").ready().static(3), "static (spec.replicas)"),
 ])
