@@ -28,6 +28,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import REGISTRY
 
 import devstack
 from cluster_watcher.app import compose
@@ -55,6 +56,9 @@ AUTOSCALED, PLAIN = "cluster-b", "cluster-a"
 ALIASES = {f"growth-b-{SUFFIX}": AUTOSCALED, f"growth-a-{SUFFIX}": PLAIN}
 GROWING, STILL = f"growth-b-{SUFFIX}", f"growth-a-{SUFFIX}"
 POOL = f"lockgate-test-{SUFFIX}"
+# A pool the apiserver stores (the CRD's quantity pattern takes a fractional exponent) that
+# lockgate cannot read: it must be left out and said, the watcher going on.
+UNREADABLE_POOL = f"lockgate-unreadable-{SUFFIX}"
 KARPENTER_MODULE = "sigs.k8s.io/karpenter@v1.13.0"
 CRD_FILES = ("karpenter.sh_nodepools.yaml", "karpenter.sh_nodeclaims.yaml")
 RECHECK_SECONDS = 2.0
@@ -142,11 +146,11 @@ def _condition(kind: str, status: str, reason: str, message: str = "") -> dict[s
             "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def node_pool() -> dict[str, Any]:
+def node_pool(name: str = POOL, cpu_limit: str = "64") -> dict[str, Any]:
     return {
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": POOL},
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
         "spec": {
-            "limits": {"cpu": "64", "memory": "256Gi"},
+            "limits": {"cpu": cpu_limit, "memory": "256Gi"},
             "weight": 10,
             "template": {
                 "metadata": {"labels": {"team": "ml"}},
@@ -309,6 +313,8 @@ async def test_the_leader_loads_what_each_cluster_may_grow_by(
             await install_crds(api, crds)
             installed = True
             await create_with_status(custom, NODE_POOLS, node_pool(), node_pool_status())
+            await create_with_status(custom, NODE_POOLS, node_pool(UNREADABLE_POOL, "1e1.5"),
+                                     node_pool_status())
             await create_with_status(custom, NODE_CLAIMS, node_claim(f"{POOL}-up"),
                                      launching_status())
             await create_with_status(custom, NODE_CLAIMS, node_claim(f"{POOL}-bad"),
@@ -318,7 +324,10 @@ async def test_the_leader_loads_what_each_cluster_may_grow_by(
                         within=60, every=0.2, what=f"{GROWING}'s pool and claims stored")
             growth = (await growth_loaded(leader))[GROWING]
             assert not (await growth_loaded(leader))[STILL].autoscaled
-            [pool] = growth.node_pools
+            assert REGISTRY.get_sample_value(
+                "lockgate_watcher_unreadable_autoscaler_objects_total",
+                {"cluster": GROWING, "kind": "NodePool"}), "the unreadable pool was not said"
+            [pool] = growth.node_pools  # the unreadable one left out
             assert (pool.name, pool.ready, pool.weight) == (POOL, True, 10)
             assert pool.limits == {"cpu": 64_000, "memory": 256 * GIB}
             assert pool.in_use == {"cpu": 8_000, "memory": 32 * GIB, "pods": 220, "nodes": 2}
@@ -350,6 +359,7 @@ async def test_the_leader_loads_what_each_cluster_may_grow_by(
             # The pool goes: the picture follows, through the feed from the last read.
             cursor = changes.cursor
             await delete_object(custom, NODE_POOLS, POOL)
+            await delete_object(custom, NODE_POOLS, UNREADABLE_POOL)
             await eventually(lambda: _pictures(leader, lambda g: not g[GROWING].node_pools),
                         within=60, every=0.2, what=f"{GROWING}'s pool gone from the stored picture")
             changes = await scheduler_store.changes_since(leader, cursor)
@@ -377,6 +387,7 @@ async def test_the_leader_loads_what_each_cluster_may_grow_by(
         await listener.close()
         if installed:
             await delete_object(custom, NODE_POOLS, POOL)
+            await delete_object(custom, NODE_POOLS, UNREADABLE_POOL)
             for name in (f"{POOL}-up", f"{POOL}-bad"):
                 await delete_object(custom, NODE_CLAIMS, name)
             await remove_crds(api, crds)
