@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import shutil
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -35,6 +31,7 @@ from cluster_watcher.app import compose
 from cluster_watcher.settings import WatcherSettings
 from devstack import StackInfo
 from devstack.isolation import keep_only_clusters
+from devstack.karpenter import ensure_karpenter
 from devstack.roles import service_dsn
 from helpers.kafka import TopicTail
 from helpers.postgres import fresh_database
@@ -59,7 +56,6 @@ POOL = f"lockgate-test-{SUFFIX}"
 # A pool the apiserver stores (the CRD's quantity pattern takes a fractional exponent) that
 # lockgate cannot read: it must be left out and said, the watcher going on.
 UNREADABLE_POOL = f"lockgate-unreadable-{SUFFIX}"
-KARPENTER_MODULE = "sigs.k8s.io/karpenter@v1.13.0"
 CRD_FILES = ("karpenter.sh_nodepools.yaml", "karpenter.sh_nodeclaims.yaml")
 RECHECK_SECONDS = 2.0
 GIB = 2**30
@@ -71,20 +67,10 @@ GIB = 2**30
 
 
 def karpenter_crds() -> list[dict[str, Any]]:
-    """The NodePool and NodeClaim CRDs of Karpenter v1.13.0, downloaded into the Go module cache
-    if they are not there yet."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.fail("Go is not on PATH: Karpenter's CRDs come from its Go module "
-                    f"({KARPENTER_MODULE}); install Go 1.25+", pytrace=False)
-    result = subprocess.run(
-        ["nice", go, "mod", "download", "-json", KARPENTER_MODULE], capture_output=True,
-        text=True, timeout=600, check=False)
-    if result.returncode != 0:
-        pytest.fail(f"go mod download {KARPENTER_MODULE} failed: {result.stdout[-500:]}"
-                    f"{result.stderr[-500:]}", pytrace=False)
-    directory = Path(json.loads(result.stdout)["Dir"]) / "pkg" / "apis" / "crds"
-    return [yaml.safe_load((directory / name).read_text()) for name in CRD_FILES]
+    """The NodePool and NodeClaim CRDs of the Karpenter the stack builds (devstack.karpenter,
+    cached by version; built first if missing)."""
+    home, _ = ensure_karpenter(say=lambda _text: None)
+    return [yaml.safe_load((home / name).read_text()) for name in CRD_FILES]
 
 
 async def serves_node_pools(api: client.ApiClient) -> bool:
