@@ -36,8 +36,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lockgate.labels import InvalidLabelError, validate_queue_name
+
+if TYPE_CHECKING:
+    from lockgate.queues import QueueSpec
 
 # A guarantee may exceed what it must fit in by float rounding, never by more.
 _FIT_SLACK = 1e-9
@@ -259,3 +263,62 @@ class QueueTree:
             if name in nodes and not weight > 0:
                 raise QueueTreeError(f"queue {name!r}: weight must be positive, got {weight}")
         return QueueTree(nodes, self._children, self._depth)
+
+
+# ---- the tree of queue definitions (QueueSpec's parent, guarantee and resource_limits) ------
+
+
+def tree_node_of(spec: QueueSpec) -> TreeNode:
+    """A queue definition as a tree node: its weight, its guarantee, and `resource_limits` as
+    its limit (the same word for a leaf and an inner node: what it, or its subtree, never
+    holds more of), all in canonical units."""
+    limits = spec.limits
+    return TreeNode(name=spec.name, parent=spec.parent, weight=spec.weight,
+                    guarantee={name: float(amount) for name, amount in spec.guaranteed.items()},
+                    limit={name: float(amount) for name, amount in limits.items()} or None)
+
+
+def tree_of_queues(specs: Iterable[QueueSpec], *,
+                   fleet: Mapping[str, float] | None = None) -> QueueTree:
+    """The queue definitions as a validated tree (`QueueTree.build`'s rules), and one rule of
+    their own: a queue with child queues binds no namespace (only leaves hold pods).
+    `fleet`: what the pool holds, in canonical units (None: not checked)."""
+    specs = list(specs)
+    tree = QueueTree.build([tree_node_of(spec) for spec in specs], fleet=fleet)
+    for spec in specs:
+        kids = tree.children(spec.name)
+        if kids and spec.namespaces:
+            raise QueueTreeError(
+                f"queue {spec.name!r} has child queues ({', '.join(kids)}) and binds "
+                f"namespaces: only a leaf holds pods; bind the namespaces to one of its leaves")
+    return tree
+
+
+def scheduling_tree(specs: Iterable[QueueSpec]) -> QueueTree | None:
+    """The tree the fair targets divide by, or None for today's flat path: when every queue
+    is a child of the root with no guarantee and no limit that the tree would add (a flat
+    queue's `resource_limits` is enforced by the round, as ever, and does not make the tree
+    hierarchical). Raises QueueTreeError for definitions that are not a tree."""
+    specs = list(specs)
+    tree = tree_of_queues(specs)
+    if all(spec.parent is None and not any(spec.guaranteed.values())
+           and not tree.children(spec.name) for spec in specs):
+        return None
+    return tree
+
+
+def check_queue_definitions(specs: Iterable[QueueSpec], *, queues_with_pods: Iterable[str] = (),
+                            fleet: Mapping[str, float] | None = None) -> QueueTree:
+    """What the admin API checks before writing a queue: `specs` (every queue as it would be
+    after the write) form a tree (`tree_of_queues`), and no queue that has child queues still
+    has unfinished pods (`queues_with_pods`): only leaves hold pods, so a queue with pods
+    cannot become a parent until they end (or move to a leaf)."""
+    tree = tree_of_queues(specs, fleet=fleet)
+    for name in sorted(set(queues_with_pods)):
+        kids = tree.children(name) if name in tree else []
+        if kids:
+            raise QueueTreeError(
+                f"queue {name!r} has unfinished pods, so it cannot be the parent of "
+                f"{', '.join(kids)}: only a leaf holds pods; let its pods end, or make the new "
+                f"queues children of another queue")
+    return tree
