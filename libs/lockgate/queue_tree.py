@@ -34,7 +34,7 @@ Amounts (guarantees, limits, the fleet) are in canonical units per resource, as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +45,17 @@ if TYPE_CHECKING:
 
 # A guarantee may exceed what it must fit in by float rounding, never by more.
 _FIT_SLACK = 1e-9
+
+
+def in_operator_units(resource: str, amount: float) -> str:
+    """A canonical amount as an operator writes it: cpu in cores (from millicores),
+    memory-like resources in Gi (from bytes), others as they are. For `QueueTree.build`'s
+    messages about queue definitions (whose amounts are canonical)."""
+    if resource == "cpu":
+        return f"{amount / 1000:g}"
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        return f"{amount / 2**30:g}Gi"
+    return f"{amount:g}"
 
 
 class QueueTreeError(ValueError):
@@ -87,9 +98,12 @@ class QueueTree:
 
     @classmethod
     def build(cls, nodes: Iterable[TreeNode], *,
-              fleet: Mapping[str, float] | None = None) -> QueueTree:
+              fleet: Mapping[str, float] | None = None,
+              shown: Callable[[str, float], str] = lambda _, amount: f"{amount:g}",
+              ) -> QueueTree:
         """Validate `nodes` as a tree (the module docstring's rules). `fleet`: what the pool
-        holds per resource; with it, the root's children's guarantees must fit in it."""
+        holds per resource; with it, the root's children's guarantees must fit in it.
+        `shown`: how a message writes an amount of a resource (`in_operator_units`)."""
         by_name: dict[str, TreeNode] = {}
         for node in nodes:
             try:
@@ -112,7 +126,8 @@ class QueueTree:
                     if resource in node.limit and node.limit[resource] < amount:
                         raise QueueTreeError(
                             f"queue {node.name!r}: its limit of {resource} "
-                            f"({node.limit[resource]:g}) is below its guarantee ({amount:g})")
+                            f"({shown(resource, node.limit[resource])}) is below its guarantee "
+                            f"({shown(resource, amount)})")
             by_name[node.name] = node
         children: dict[str | None, list[str]] = {None: []}
         for name in sorted(by_name):
@@ -134,10 +149,11 @@ class QueueTree:
             for offset, member in enumerate(reversed(chain)):
                 depth[member] = base + offset
         tree = cls(by_name, children, depth)
-        tree._check_guarantees(fleet)
+        tree._check_guarantees(fleet, shown)
         return tree
 
-    def _check_guarantees(self, fleet: Mapping[str, float] | None) -> None:
+    def _check_guarantees(self, fleet: Mapping[str, float] | None,
+                          shown: Callable[[str, float], str]) -> None:
         """Children's guarantees fit in their parent's guarantee and limit; all of them fit in
         the fleet. A node without a guarantee of its own stands for its children's together
         (so guarantees deep under unguaranteed nodes still have to fit in the fleet)."""
@@ -173,8 +189,8 @@ class QueueTree:
                         room = 0.0
                     if amount > room * (1 + _FIT_SLACK) + _FIT_SLACK:
                         raise QueueTreeError(
-                            f"the guarantees of {what} ask for {amount:g} {resource}, "
-                            f"more than {label} ({room:g})")
+                            f"the guarantees of {what} ask for {shown(resource, amount)} "
+                            f"{resource}, more than {label} ({shown(resource, room)})")
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -284,7 +300,8 @@ def tree_of_queues(specs: Iterable[QueueSpec], *,
     their own: a queue with child queues binds no namespace (only leaves hold pods).
     `fleet`: what the pool holds, in canonical units (None: not checked)."""
     specs = list(specs)
-    tree = QueueTree.build([tree_node_of(spec) for spec in specs], fleet=fleet)
+    tree = QueueTree.build([tree_node_of(spec) for spec in specs], fleet=fleet,
+                           shown=in_operator_units)
     for spec in specs:
         kids = tree.children(spec.name)
         if kids and spec.namespaces:

@@ -411,12 +411,11 @@ def queue_view(queues: list[dict[str, Any]], *, single: bool = False) -> View:
         paths = queue_paths(queues)
         ordered = sorted(queues, key=lambda q: paths[q["name"]])
         return Table(
-            ["NAME", "PATH", "WEIGHT", "GUARANTEE", "PRIORITY-FACTOR", "CORDONED", "LIMITS",
+            ["NAME", "PATH", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS", "GUARANTEE",
              "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS", "GROUP-TIMEOUT", "CREATED"],
-            [[q["name"], paths[q["name"]], weight(q["weight"]), _resources(q.get("guarantee")),
-              f"{q['priority_factor']:g}",
+            [[q["name"], paths[q["name"]], weight(q["weight"]), f"{q['priority_factor']:g}",
               "yes" if q["cordoned"] else "no",
-              _resources(q["resource_limits"]),
+              _resources(q["resource_limits"]), _resources(q.get("guarantee")),
               _describe_max_queued(q.get("max_queued")),
               _describe_bindings(q.get("namespaces") or []),
               # the default list is long and documented: `-o json` spells it out

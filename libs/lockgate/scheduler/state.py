@@ -50,7 +50,12 @@ from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.node_groups import in_a_group, node_groups_growth
 from lockgate.placement import NodeTraits, PodPlacement
-from lockgate.queue_tree import QueueTree, QueueTreeError, scheduling_tree
+from lockgate.queue_tree import (
+    QueueTree,
+    QueueTreeError,
+    in_operator_units,
+    scheduling_tree,
+)
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
@@ -642,7 +647,8 @@ class SchedulerState:
         fleet = {name: float(amount) for name, amount
                  in zip(self._axis_names, self._pool_total, strict=False)}
         try:
-            QueueTree.build([tree.node(name) for name in tree.names], fleet=fleet)
+            QueueTree.build([tree.node(name) for name in tree.names], fleet=fleet,
+                            shown=in_operator_units)
         except QueueTreeError as error:
             return (f"{error}: the guarantees are served as far as the fleet allows, "
                     f"deepest first")
