@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
-from lockgate.queue_tree import check_queue_definitions
+from lockgate.queue_tree import QueueTreeError, check_queue_definitions
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store
 from lockgate_adapters.admin_tokens import TokenEntry, TokenVerifier
@@ -104,6 +104,16 @@ def check_tree(queues: list[QueueSpec], queues_with_pods: set[str]) -> None:
     here (nodes come and go, and autoscalers add them): the leader says in status when the
     root's guarantees do not fit in the fleet of the moment."""
     check_queue_definitions(queues, queues_with_pods=queues_with_pods)
+
+
+def check_delete(name: str, queues: list[QueueSpec], queues_with_pods: set[str]) -> None:
+    """`check_tree` for deleting `name` (`queues`: every queue but it): a queue with child
+    queues cannot go, as its children would have no parent."""
+    children = sorted(queue.name for queue in queues if queue.parent == name)
+    if children:
+        raise QueueTreeError(f"queue {name!r} has child queues ({', '.join(children)}): "
+                             f"delete them, or move them to another parent, first")
+    check_tree(queues, queues_with_pods)
 
 
 def job_json(row: JobRow) -> dict[str, Any]:
@@ -329,7 +339,8 @@ class AdminApi:
     async def delete_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with self.pool.acquire() as connection:
-            await job_store.delete_queue(connection, name, check=check_tree)
+            await job_store.delete_queue(connection, name,
+                                         check=lambda q, b: check_delete(name, q, b))
         await self.copies_settled()
         log.info("queue %s deleted by %s", name, caller_of(request))
         return web.Response(status=204)
