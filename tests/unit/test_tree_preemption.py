@@ -10,7 +10,7 @@ from builders import a_job, a_node, a_state
 from test_preemption import POLICY, carry_out, run_round
 
 from lockgate.queues import QueueSpec
-from lockgate.scheduler import SchedulerState, plan_evictions
+from lockgate.scheduler import SchedulerState, SkipReason, plan_evictions
 
 
 def spec(name: str, **fields: object) -> QueueSpec:
@@ -89,3 +89,23 @@ def test_production_reaches_its_target_and_the_evictions_stop() -> None:
 def test_pods_that_are_not_preemptible_are_never_taken() -> None:
     state = tree_state(RUNNING, QUEUED, preemptible=False)
     assert plan_evictions(state, run_round(state), policy=POLICY, evicting=()) == []
+
+
+def test_an_inner_nodes_limit_holds_its_subtree_in_the_round() -> None:
+    # research (limit 30 cpu) over vision's and nlp's leaves, production idle: the round gives
+    # research's leaves no more than 30 cpu together, though 70 more are free and nobody else
+    # asks (a limit holds borrowing included).
+    limited = [spec("research", priority_factor=1 / 3, resource_limits={"cpu": "30"}),
+               *(queue for queue in TREE if queue.name != "research")]
+    state = (a_state().with_cluster("A", a_node(cpu="100", memory="400Gi").times(1))
+             .with_jobs(*(job for leaf in ("alice", "bob", "carol") for job in
+                          a_job(leaf).in_cluster("A").requesting(cpu="1").times(20)))
+             .build())
+    for queue in limited:
+        state.upsert_queue(queue)
+    state.refresh_queue_tree()
+    first = run_round(state)
+    assert len(first.decisions) == 30
+    assert not run_round(state).decisions  # the next round: still held at the limit
+    assert any(first.queues[leaf].skipped.get(SkipReason.QUEUE_LIMIT)
+               for leaf in ("alice", "bob", "carol"))  # passed over for the limit
