@@ -83,7 +83,9 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
             rows, wide=3,
             empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`",
             notes=([f"shares unavailable: {answer['reasons_unavailable']}"]
-                   if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer))
+                   if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer)
+            + ([f"warning: queue tree: {answer['tree_problem']}"]
+               if answer.get("tree_problem") else []))
 
     # Every time the CLI prints is ISO 8601; a server before issue 38 sent this one as epoch
     # seconds.

@@ -51,3 +51,13 @@ def test_without_a_leader_it_says_the_tree_is_the_leaders() -> None:
         "reasons_unavailable": "no scheduler leader answered"})
     ran = recorded.run("status", "--tree")
     assert "the tree is the scheduler leader's: no scheduler leader answered" in ran.out + ran.err
+
+
+def test_plain_status_warns_when_the_tree_cannot_be_honoured() -> None:
+    problem = ("the guarantees of the root's children ask for 150 cpu, more than the fleet "
+               "(100): the guarantees are served as far as the fleet allows, deepest first")
+    recorded = RecordedApi().on("GET", "/api/v1/status", {**STATUS, "tree_problem": problem})
+    ran = recorded.run("status")
+    assert f"warning: queue tree: {problem}" in ran.out + ran.err
+    tree = recorded.run("status", "--tree")
+    assert f"warning: {problem}" in tree.out + tree.err
