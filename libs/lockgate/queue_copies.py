@@ -51,6 +51,11 @@ def desired_spec(spec: QueueSpec, *,
         "resourceLimits": dict(spec.resource_limits),
         "namespaces": spec.namespaces_json(),
         "ephemeralNamespaces": sorted(ephemeral_namespaces),
+        # The queue tree, only when set: a flat queue's copy stays as it was (no rewrite).
+        # The webhook reads `parent` so that a copy says what the queue is; an inner node binds
+        # no namespace (the admin API refuses it), so the webhook admits no pod to it.
+        **({"parent": spec.parent} if spec.parent is not None else {}),
+        **({"guarantee": dict(spec.guarantee)} if spec.guarantee else {}),
         # Only when set: absent means the default list (which may change with lockgate).
         **({"allowedKinds": list(spec.allowed_kinds)} if spec.allowed_kinds is not None else {}),
     }
@@ -114,6 +119,8 @@ def spec_from_object(obj: Mapping[str, Any]) -> QueueSpec:
             "priority_factor": spec.get("priorityFactor", 1.0),
             "cordoned": bool(spec.get("cordoned", False)),
             "resource_limits": spec.get("resourceLimits") or {},
+            "parent": spec.get("parent") or None,
+            "guarantee": spec.get("guarantee") or {},
             "namespaces": bindings,
             "allowed_kinds": spec.get("allowedKinds") or None,
         })

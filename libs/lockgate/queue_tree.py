@@ -34,13 +34,28 @@ Amounts (guarantees, limits, the fleet) are in canonical units per resource, as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lockgate.labels import InvalidLabelError, validate_queue_name
 
+if TYPE_CHECKING:
+    from lockgate.queues import QueueSpec
+
 # A guarantee may exceed what it must fit in by float rounding, never by more.
 _FIT_SLACK = 1e-9
+
+
+def in_operator_units(resource: str, amount: float) -> str:
+    """A canonical amount as an operator writes it: cpu in cores (from millicores),
+    memory-like resources in Gi (from bytes), others as they are. For `QueueTree.build`'s
+    messages about queue definitions (whose amounts are canonical)."""
+    if resource == "cpu":
+        return f"{amount / 1000:g}"
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        return f"{amount / 2**30:g}Gi"
+    return f"{amount:g}"
 
 
 class QueueTreeError(ValueError):
@@ -83,9 +98,12 @@ class QueueTree:
 
     @classmethod
     def build(cls, nodes: Iterable[TreeNode], *,
-              fleet: Mapping[str, float] | None = None) -> QueueTree:
+              fleet: Mapping[str, float] | None = None,
+              shown: Callable[[str, float], str] = lambda _, amount: f"{amount:g}",
+              ) -> QueueTree:
         """Validate `nodes` as a tree (the module docstring's rules). `fleet`: what the pool
-        holds per resource; with it, the root's children's guarantees must fit in it."""
+        holds per resource; with it, the root's children's guarantees must fit in it.
+        `shown`: how a message writes an amount of a resource (`in_operator_units`)."""
         by_name: dict[str, TreeNode] = {}
         for node in nodes:
             try:
@@ -108,7 +126,8 @@ class QueueTree:
                     if resource in node.limit and node.limit[resource] < amount:
                         raise QueueTreeError(
                             f"queue {node.name!r}: its limit of {resource} "
-                            f"({node.limit[resource]:g}) is below its guarantee ({amount:g})")
+                            f"({shown(resource, node.limit[resource])}) is below its guarantee "
+                            f"({shown(resource, amount)})")
             by_name[node.name] = node
         children: dict[str | None, list[str]] = {None: []}
         for name in sorted(by_name):
@@ -130,10 +149,11 @@ class QueueTree:
             for offset, member in enumerate(reversed(chain)):
                 depth[member] = base + offset
         tree = cls(by_name, children, depth)
-        tree._check_guarantees(fleet)
+        tree._check_guarantees(fleet, shown)
         return tree
 
-    def _check_guarantees(self, fleet: Mapping[str, float] | None) -> None:
+    def _check_guarantees(self, fleet: Mapping[str, float] | None,
+                          shown: Callable[[str, float], str]) -> None:
         """Children's guarantees fit in their parent's guarantee and limit; all of them fit in
         the fleet. A node without a guarantee of its own stands for its children's together
         (so guarantees deep under unguaranteed nodes still have to fit in the fleet)."""
@@ -169,8 +189,8 @@ class QueueTree:
                         room = 0.0
                     if amount > room * (1 + _FIT_SLACK) + _FIT_SLACK:
                         raise QueueTreeError(
-                            f"the guarantees of {what} ask for {amount:g} {resource}, "
-                            f"more than {label} ({room:g})")
+                            f"the guarantees of {what} ask for {shown(resource, amount)} "
+                            f"{resource}, more than {label} ({shown(resource, room)})")
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -259,3 +279,63 @@ class QueueTree:
             if name in nodes and not weight > 0:
                 raise QueueTreeError(f"queue {name!r}: weight must be positive, got {weight}")
         return QueueTree(nodes, self._children, self._depth)
+
+
+# ---- the tree of queue definitions (QueueSpec's parent, guarantee and resource_limits) ------
+
+
+def tree_node_of(spec: QueueSpec) -> TreeNode:
+    """A queue definition as a tree node: its weight, its guarantee, and `resource_limits` as
+    its limit (the same word for a leaf and an inner node: what it, or its subtree, never
+    holds more of), all in canonical units."""
+    limits = spec.limits
+    return TreeNode(name=spec.name, parent=spec.parent, weight=spec.weight,
+                    guarantee={name: float(amount) for name, amount in spec.guaranteed.items()},
+                    limit={name: float(amount) for name, amount in limits.items()} or None)
+
+
+def tree_of_queues(specs: Iterable[QueueSpec], *,
+                   fleet: Mapping[str, float] | None = None) -> QueueTree:
+    """The queue definitions as a validated tree (`QueueTree.build`'s rules), and one rule of
+    their own: a queue with child queues binds no namespace (only leaves hold pods).
+    `fleet`: what the pool holds, in canonical units (None: not checked)."""
+    specs = list(specs)
+    tree = QueueTree.build([tree_node_of(spec) for spec in specs], fleet=fleet,
+                           shown=in_operator_units)
+    for spec in specs:
+        kids = tree.children(spec.name)
+        if kids and spec.namespaces:
+            raise QueueTreeError(
+                f"queue {spec.name!r} has child queues ({', '.join(kids)}) and binds "
+                f"namespaces: only a leaf holds pods; bind the namespaces to one of its leaves")
+    return tree
+
+
+def scheduling_tree(specs: Iterable[QueueSpec]) -> QueueTree | None:
+    """The tree the fair targets divide by, or None for today's flat path: when every queue
+    is a child of the root with no guarantee and no limit that the tree would add (a flat
+    queue's `resource_limits` is enforced by the round, as ever, and does not make the tree
+    hierarchical). Raises QueueTreeError for definitions that are not a tree."""
+    specs = list(specs)
+    tree = tree_of_queues(specs)
+    if all(spec.parent is None and not any(spec.guaranteed.values())
+           and not tree.children(spec.name) for spec in specs):
+        return None
+    return tree
+
+
+def check_queue_definitions(specs: Iterable[QueueSpec], *, queues_with_pods: Iterable[str] = (),
+                            fleet: Mapping[str, float] | None = None) -> QueueTree:
+    """What the admin API checks before writing a queue: `specs` (every queue as it would be
+    after the write) form a tree (`tree_of_queues`), and no queue that has child queues still
+    has unfinished pods (`queues_with_pods`): only leaves hold pods, so a queue with pods
+    cannot become a parent until they end (or move to a leaf)."""
+    tree = tree_of_queues(specs, fleet=fleet)
+    for name in sorted(set(queues_with_pods)):
+        kids = tree.children(name) if name in tree else []
+        if kids:
+            raise QueueTreeError(
+                f"queue {name!r} has unfinished pods, so it cannot be the parent of "
+                f"{', '.join(kids)}: only a leaf holds pods; let its pods end, or make the new "
+                f"queues children of another queue")
+    return tree

@@ -133,6 +133,14 @@ class QueueSpec(BaseModel):
     `priority_factor` follows Armada: a queue's weight is 1 / priority_factor, so a queue with
     factor 0.5 gets twice the share of a queue with factor 1. `resource_limits` caps what the
     queue may hold across all clusters at once, as Kubernetes quantities.
+
+    The queue tree (lockgate.queue_tree, docs/scheduling.md "Hierarchical fair targets"):
+    `parent` names the queue it hangs from (None: a child of the root, as every queue was
+    before trees); its weight divides the parent's share among its siblings. `guarantee` is
+    what the queue (and its subtree) gets when it asks for it, as Kubernetes quantities. A
+    tree node's *limit* is `resource_limits`: one word, one meaning, whether the queue is a
+    leaf (what its pods hold) or an inner node (what its subtree's pods hold together,
+    borrowing included). Only a leaf holds pods and binds namespaces.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -141,6 +149,9 @@ class QueueSpec(BaseModel):
     priority_factor: float = Field(default=1.0, gt=0, le=1_000_000)
     cordoned: bool = False
     resource_limits: dict[str, str] = Field(default_factory=dict)
+    # The queue tree: the parent queue (None: a child of the root) and the guarantee.
+    parent: str | None = None
+    guarantee: dict[str, str] = Field(default_factory=dict)
     # Empty: no namespace may use the queue (secure default; see docs/admission.md).
     namespaces: tuple[NamespaceBinding, ...] = ()
     # None: pods wait as long as it takes.
@@ -159,6 +170,27 @@ class QueueSpec(BaseModel):
     @classmethod
     def _valid_name(cls, name: str) -> str:
         return validate_queue_name(name)
+
+    @field_validator("parent")
+    @classmethod
+    def _valid_parent(cls, parent: str | None) -> str | None:
+        return None if parent is None else validate_queue_name(parent)
+
+    @field_validator("guarantee")
+    @classmethod
+    def _valid_guarantee(cls, guarantee: dict[str, str]) -> dict[str, str]:
+        for resource, quantity in guarantee.items():
+            try:
+                canonical_amount(resource, quantity)
+            except InvalidQuantityError as error:
+                raise ValueError(f"guarantee {resource}: {error}") from error
+        return guarantee
+
+    @model_validator(mode="after")
+    def _not_its_own_parent(self) -> QueueSpec:
+        if self.parent == self.name:
+            raise ValueError(f"queue {self.name!r} cannot be its own parent")
+        return self
 
     @field_validator("allowed_kinds")
     @classmethod
@@ -201,3 +233,8 @@ class QueueSpec(BaseModel):
     @property
     def limits(self) -> Resources:
         return Resources.from_kubernetes(self.resource_limits)
+
+    @property
+    def guaranteed(self) -> Resources:
+        """The guarantee in canonical units (cpu in millicores)."""
+        return Resources.from_kubernetes(self.guarantee)

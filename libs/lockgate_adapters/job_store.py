@@ -478,12 +478,41 @@ class QueueExistsError(ValueError):
 
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, namespaces, allowed_kinds,"
                   " created_at, updated_at, max_queued, group_timeout_seconds,"
-                  " group_timeout_action")
+                  " group_timeout_action, parent, guarantee")
+# Every write of a queue takes this transaction-scoped advisory lock, then checks the whole tree
+# of queues as it would be after the write (`check_tree`): two writes that are each fine alone
+# (a child under a queue, and a namespace bound to that queue) cannot both pass unseen.
+QUEUE_TREE_LOCK = 0x6C67_7174  # "lgqt"
+# Checks the queues as they would be after a write, and the unfinished jobs' queues; raises
+# (lockgate.queue_tree.QueueTreeError) to refuse it.
+TreeCheck = Callable[[list[QueueSpec], set[str]], None]
+
+
+class QueueTreeRefused(ValueError):
+    """A write that would make the queues something other than a valid tree (400-worthy)."""
+
+
+async def _check_tree(connection: AnyConnection, check: TreeCheck | None,
+                      after: Callable[[list[QueueSpec]], list[QueueSpec]]) -> None:
+    if check is None:
+        return
+    await connection.execute("SELECT pg_advisory_xact_lock($1)", QUEUE_TREE_LOCK)
+    current = await list_queues(connection)
+    queues = after(current)
+    parents = sorted({spec.parent for spec in queues if spec.parent is not None})
+    busy = {record["queue"] for record in await connection.fetch(
+        "SELECT parent AS queue FROM unnest($1::text[]) AS parent WHERE EXISTS"
+        " (SELECT 1 FROM jobs WHERE queue = parent AND NOT (state = ANY($2::text[])))",
+        parents, sorted(state.value for state in TERMINAL_STATES))} if parents else set()
+    try:
+        check(queues, busy)
+    except ValueError as error:
+        raise QueueTreeRefused(str(error)) from error
 
 
 def _queue_spec(record: asyncpg.Record) -> QueueSpec:
     values = dict(record.items())
-    for column in ("resource_limits", "namespaces", "max_queued", "allowed_kinds"):
+    for column in ("resource_limits", "namespaces", "max_queued", "allowed_kinds", "guarantee"):
         if isinstance(values[column], str):
             values[column] = json.loads(values[column])
     return QueueSpec.model_validate(values)
@@ -505,30 +534,37 @@ async def get_queue(connection: AnyConnection, name: str) -> QueueSpec | None:
     return None if record is None else _queue_spec(record)
 
 
-async def create_queue(connection: AnyConnection, spec: QueueSpec) -> QueueSpec:
-    """Create a queue, or revive a deleted one under the same name; 409-worthy if it exists."""
+async def create_queue(connection: AnyConnection, spec: QueueSpec, *,
+                       check: TreeCheck | None = None) -> QueueSpec:
+    """Create a queue, or revive a deleted one under the same name; 409-worthy if it exists.
+    `check`: the queue tree's rules, run under QUEUE_TREE_LOCK on the queues as they would be
+    (QueueTreeRefused)."""
     async with connection.transaction():
+        await _check_tree(connection, check, lambda queues: [*queues, spec])
         existing = await connection.fetchrow(
             "SELECT deleted FROM queues WHERE name = $1 FOR UPDATE", spec.name)
         if existing is not None and not existing["deleted"]:
             raise QueueExistsError(spec.name)
         record = await connection.fetchrow(
             "INSERT INTO queues (name, priority_factor, cordoned, resource_limits, namespaces,"  # noqa: S608
-            " max_queued, group_timeout_seconds, group_timeout_action, allowed_kinds)"
+            " max_queued, group_timeout_seconds, group_timeout_action, allowed_kinds, parent,"
+            " guarantee)"
             " VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6::text::jsonb, $7, $8,"
-            " $9::text::jsonb)"
+            " $9::text::jsonb, $10, $11::text::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET priority_factor = EXCLUDED.priority_factor,"
             " cordoned = EXCLUDED.cordoned, resource_limits = EXCLUDED.resource_limits,"
             " namespaces = EXCLUDED.namespaces, max_queued = EXCLUDED.max_queued,"
             " group_timeout_seconds = EXCLUDED.group_timeout_seconds,"
             " group_timeout_action = EXCLUDED.group_timeout_action,"
             " allowed_kinds = EXCLUDED.allowed_kinds,"
+            " parent = EXCLUDED.parent, guarantee = EXCLUDED.guarantee,"
             " deleted = false, created_at = now(), updated_at = now(),"
             " serial = nextval('change_serial'), writer_xid = EXCLUDED.writer_xid"
             f" RETURNING {_QUEUE_COLUMNS}",
             spec.name, spec.priority_factor, spec.cordoned, json.dumps(spec.resource_limits),
             json.dumps(spec.namespaces_json()), _max_queued_json(spec),
             spec.group_timeout_seconds, spec.group_timeout_action.value, _kinds_json(spec),
+            spec.parent, json.dumps(spec.guarantee),
         )
         await notify_changes(connection, "queues")
     assert record is not None
@@ -540,7 +576,8 @@ def _kinds_json(spec: QueueSpec) -> str | None:
 
 
 async def update_queue(connection: AnyConnection, name: str,
-                       edit: Callable[[QueueSpec], QueueSpec]) -> QueueSpec:
+                       edit: Callable[[QueueSpec], QueueSpec], *,
+                       check: TreeCheck | None = None) -> QueueSpec:
     """Replace an existing queue's settings with `edit(current)`.
 
     Read, edit and write happen in one transaction under the row lock, so concurrent updates do
@@ -557,16 +594,21 @@ async def update_queue(connection: AnyConnection, name: str,
         updated = edit(current)
         if (updated.priority_factor, updated.cordoned, updated.resource_limits,
                 updated.namespaces, updated.max_queued, updated.group_timeout_seconds,
-                updated.group_timeout_action, updated.allowed_kinds) == (
+                updated.group_timeout_action, updated.allowed_kinds, updated.parent,
+                updated.guarantee) == (
                     current.priority_factor, current.cordoned, current.resource_limits,
                     current.namespaces, current.max_queued, current.group_timeout_seconds,
-                    current.group_timeout_action, current.allowed_kinds):
+                    current.group_timeout_action, current.allowed_kinds, current.parent,
+                    current.guarantee):
             return current
+        await _check_tree(connection, check, lambda queues: [
+            updated if queue.name == name else queue for queue in queues])
         record = await connection.fetchrow(
             "UPDATE queues SET priority_factor = $2, cordoned = $3,"  # noqa: S608
             " resource_limits = $4::text::jsonb, namespaces = $5::text::jsonb,"
             " max_queued = $6::text::jsonb, group_timeout_seconds = $7,"
             " group_timeout_action = $8, allowed_kinds = $9::text::jsonb,"
+            " parent = $10, guarantee = $11::text::jsonb,"
             " updated_at = now(), serial = nextval('change_serial'),"
             " writer_xid = pg_current_xact_id()::text::bigint"
             f" WHERE name = $1 RETURNING {_QUEUE_COLUMNS}",
@@ -574,15 +616,20 @@ async def update_queue(connection: AnyConnection, name: str,
             json.dumps(updated.resource_limits), json.dumps(updated.namespaces_json()),
             _max_queued_json(updated), updated.group_timeout_seconds,
             updated.group_timeout_action.value, _kinds_json(updated),
+            updated.parent, json.dumps(updated.guarantee),
         )
         await notify_changes(connection, "queues")
     assert record is not None
     return _queue_spec(record)
 
 
-async def delete_queue(connection: AnyConnection, name: str) -> None:
-    """Tombstone a queue (readers of the change feed must see it go); its jobs stay stored."""
+async def delete_queue(connection: AnyConnection, name: str, *,
+                       check: TreeCheck | None = None) -> None:
+    """Tombstone a queue (readers of the change feed must see it go); its jobs stay stored.
+    `check`: as `create_queue`'s (a queue with child queues cannot go)."""
     async with connection.transaction():
+        await _check_tree(connection, check, lambda queues: [
+            queue for queue in queues if queue.name != name])
         status = await connection.execute(
             "UPDATE queues SET deleted = true, updated_at = now(),"
             " serial = nextval('change_serial'), writer_xid = pg_current_xact_id()::text::bigint"

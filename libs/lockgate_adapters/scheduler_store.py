@@ -234,7 +234,8 @@ _SNAPSHOT = "SELECT pg_current_snapshot()::text"
 # writer_xid index (migration 032).
 _UNSEEN = "writer_xid >= $1 OR writer_xid = ANY($2::bigint[])"
 _QUEUE_COLUMNS = ("name, priority_factor, cordoned, resource_limits, created_at, updated_at,"
-                  " deleted, serial, max_queued, group_timeout_seconds, group_timeout_action")
+                  " deleted, serial, max_queued, group_timeout_seconds, group_timeout_action,"
+                  " parent, guarantee")
 _NODE_COLUMNS = ("cluster, node, allocatable, unmanaged_usage, schedulable, present, serial,"
                  " labels, taints")
 _JOB_COLUMNS = ("cluster, uid, queue, priority, requests, state, node_name, created_at,"
@@ -360,6 +361,8 @@ def _queue_change(record: asyncpg.Record) -> QueueChange:
         priority_factor=record["priority_factor"],
         cordoned=record["cordoned"],
         resource_limits=_json(record["resource_limits"]) or {},
+        parent=record["parent"],
+        guarantee=_json(record["guarantee"]) or {},
         max_queued=_json(record["max_queued"]),
         created_at=record["created_at"],
         updated_at=record["updated_at"],

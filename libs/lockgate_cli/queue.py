@@ -5,6 +5,12 @@ A queue may be used only by the namespaces bound to it (`--namespace team-a` in 
 no binding may be used by none. Its weight sets its fair share: `--weight 2` gets twice the share
 of a queue of weight 1. `--priority-factor` is the same setting as Armada spells it (weight =
 1 / priority factor); give one or the other.
+
+Queues form a tree (`--parent research`: the queue is a child of research; none: a child of the
+root). The weight divides the parent's share among siblings; `--guarantee cpu=32` is what the
+queue (and its subtree) gets when it asks, preempting borrowers if preemption is on; `--limit`
+is what it (its subtree) never holds more of. Only a leaf holds pods and binds namespaces.
+`queue list` shows each queue's path (research/vision/alice).
 """
 
 from __future__ import annotations
@@ -139,7 +145,12 @@ def bindings(session: Session, *, names: tuple[str, ...], selectors: tuple[str, 
 @_weighting
 @click.option("--cordon", is_flag=True, help="create it cordoned")
 @click.option("--limit", "limits", multiple=True, type=Limit(),
-              help="cap on what the queue holds at once, e.g. cpu=100, memory=1Ti (repeat)")
+              help="cap on what the queue (a parent: its subtree) holds at once, borrowing "
+                   "included, e.g. cpu=100, memory=1Ti (repeat)")
+@click.option("--parent", metavar="QUEUE", shell_complete=complete_queue,
+              help="the queue it is a child of in the queue tree (default: the root)")
+@click.option("--guarantee", "guarantees", multiple=True, type=Limit(),
+              help="what it (its subtree) gets when it asks, e.g. cpu=32 (repeat)")
 @_bindings_options
 @_group_options
 @click.option("--allow-kind", "allow_kinds", multiple=True, type=Kind(), metavar="KIND",
@@ -153,6 +164,7 @@ def bindings(session: Session, *, names: tuple[str, ...], selectors: tuple[str, 
 @runs
 def create(session: Session, name: str, weight: float | None,
            priority_factor: float | None, cordon: bool, limits: tuple[tuple[str, str], ...],
+           parent: str | None, guarantees: tuple[tuple[str, str], ...],
            namespace: tuple[str, ...], namespace_selector: tuple[str, ...],
            namespaces_json: str | None, group_timeout: float | None,
            group_timeout_action: str | None, allow_kinds: tuple[str, ...],
@@ -168,6 +180,10 @@ def create(session: Session, name: str, weight: float | None,
                             "namespaces": bindings(session, names=namespace,
                                                    selectors=namespace_selector,
                                                    raw_json=namespaces_json)}
+    if parent is not None:
+        body["parent"] = parent
+    if guarantees:
+        body["guarantee"] = dict(guarantees)
     if factor is not None:
         body["priority_factor"] = factor
     if max_queued_time is not None:
@@ -201,6 +217,12 @@ def warn_unserved(session: Session, queue: dict[str, Any]) -> None:
 @click.option("--limit", "limits", multiple=True, type=Limit(),
               help="set a limit, e.g. cpu=200 (others are kept; repeat)")
 @click.option("--remove-limit", "remove_limits", multiple=True, metavar="RESOURCE")
+@click.option("--parent", metavar="QUEUE", shell_complete=complete_queue,
+              help="move it under this queue in the queue tree")
+@click.option("--root", "to_root", is_flag=True, help="make it a child of the root")
+@click.option("--guarantee", "guarantees", multiple=True, type=Limit(),
+              help="set a guarantee, e.g. cpu=32 (others are kept; repeat)")
+@click.option("--remove-guarantee", "remove_guarantees", multiple=True, metavar="RESOURCE")
 @_group_options
 @_bindings_options
 @click.option("--clear-namespaces", is_flag=True,
@@ -221,7 +243,9 @@ def warn_unserved(session: Session, queue: dict[str, Any]) -> None:
 @runs
 def update(session: Session, name: str, weight: float | None, priority_factor: float | None,
            cordon: bool | None, limits: tuple[tuple[str, str], ...],
-           remove_limits: tuple[str, ...], group_timeout: float | None,
+           remove_limits: tuple[str, ...], parent: str | None, to_root: bool,
+           guarantees: tuple[tuple[str, str], ...], remove_guarantees: tuple[str, ...],
+           group_timeout: float | None,
            group_timeout_action: str | None, namespace: tuple[str, ...],
            namespace_selector: tuple[str, ...], namespaces_json: str | None,
            clear_namespaces: bool, allow_kinds: tuple[str, ...],
@@ -241,6 +265,15 @@ def update(session: Session, name: str, weight: float | None, priority_factor: f
         changed_limits[resource] = None  # merge patch: null removes
     if changed_limits:
         patch["resource_limits"] = changed_limits
+    if parent is not None and to_root:
+        raise click.UsageError("give --parent QUEUE or --root, not both")
+    if parent is not None or to_root:
+        patch["parent"] = parent  # merge patch: null makes it a child of the root
+    changed_guarantees: dict[str, str | None] = dict(guarantees)
+    for resource in remove_guarantees:
+        changed_guarantees[resource] = None
+    if changed_guarantees:
+        patch["guarantee"] = changed_guarantees
     if no_max_queued_time:
         if max_queued_time is not None or on_max_queued is not None:
             raise click.UsageError("--no-max-queued-time cannot go with --max-queued-time or "
@@ -276,7 +309,8 @@ def update(session: Session, name: str, weight: float | None, priority_factor: f
     if not patch:
         raise click.UsageError(
             "nothing to update: give --weight (or --priority-factor), --cordon/--uncordon, "
-            "--limit, --remove-limit, --group-timeout, --group-timeout-action, --namespace, "
+            "--limit, --remove-limit, --parent, --root, --guarantee, --remove-guarantee, "
+            "--group-timeout, --group-timeout-action, --namespace, "
             "--namespace-selector, --clear-namespaces, --max-queued-time, --allow-kind, "
             "--disallow-kind, --only-kind or --default-kinds")
     queue = api.request("PATCH", path(name), patch)
@@ -346,28 +380,49 @@ def get(session: Session, name: str, output: Output) -> None:
 @watch_option
 @runs
 def list_queues(session: Session, output: Output, watch: bool, interval: float) -> None:
-    """List queues with their weight, limits and bindings."""
+    """List queues with their path in the queue tree, weight, guarantee, limits and
+    bindings (parents before their children)."""
     api = session.api()
     show(session.out, output,
          lambda: queue_view(api.request("GET", "/api/v1/queues")["queues"]),
          watch=watch, interval=interval)
 
 
+def queue_paths(queues: list[dict[str, Any]]) -> dict[str, str]:
+    """Each queue's path from the root (research/vision/alice), from the parent fields. A
+    parent not listed, or a cycle (the API refuses both), ends the path with '?'."""
+    parents = {q["name"]: q.get("parent") for q in queues}
+    paths: dict[str, str] = {}
+    for name in parents:
+        chain, at = [name], parents[name]
+        while at is not None and len(chain) <= len(parents):
+            chain.append(at if at in parents else f"{at}?")
+            at = parents.get(at)
+        paths[name] = "/".join(reversed(chain))
+    return paths
+
+
+def _resources(amounts: dict[str, Any] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((amounts or {}).items())) or "-"
+
+
 def queue_view(queues: list[dict[str, Any]], *, single: bool = False) -> View:
     def table() -> Table:
+        paths = queue_paths(queues)
+        ordered = sorted(queues, key=lambda q: paths[q["name"]])
         return Table(
-            ["NAME", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS", "MAX-QUEUED",
-             "NAMESPACES", "ALLOWED-KINDS", "GROUP-TIMEOUT", "CREATED"],
-            [[q["name"], weight(q["weight"]), f"{q['priority_factor']:g}",
+            ["NAME", "PATH", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS", "GUARANTEE",
+             "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS", "GROUP-TIMEOUT", "CREATED"],
+            [[q["name"], paths[q["name"]], weight(q["weight"]), f"{q['priority_factor']:g}",
               "yes" if q["cordoned"] else "no",
-              ",".join(f"{k}={v}" for k, v in sorted(q["resource_limits"].items())) or "-",
+              _resources(q["resource_limits"]), _resources(q.get("guarantee")),
               _describe_max_queued(q.get("max_queued")),
               _describe_bindings(q.get("namespaces") or []),
               # the default list is long and documented: `-o json` spells it out
               "(default)" if q.get("allowed_kinds_default")
               else ",".join(q.get("allowed_kinds") or []),
               _describe_group_timeout(q), (q.get("created_at") or "-")[:19]]
-             for q in queues],
+             for q in ordered],
             wide=2,
             empty="no queues: create one with `lockgate queue create NAME --namespace NS`")
 

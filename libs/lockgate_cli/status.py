@@ -31,14 +31,20 @@ from lockgate_cli.watching import show, watch_option
 
 @click.command("status")
 @output_option_for("{.queues[*].queue}")
+@click.option("--tree", "as_tree", is_flag=True,
+              help="the queue tree: every level's weight, guarantee, limit, fair target and "
+                   "actual share")
 @watch_option
 @runs
-def command(session: Session, output: Output, watch: bool, interval: float) -> None:
+def command(session: Session, output: Output, as_tree: bool, watch: bool,
+            interval: float) -> None:
     """Every queue: weight, shares, pods by phase, oldest wait (-o wide: per cluster too)."""
     api = session.api()
 
     def fetch() -> View:
         answer = api.request("GET", "/api/v1/status")
+        if as_tree:
+            return tree_view(answer)
         report = _fairness(session) if output.kind == "wide" else None
         return status_view(answer, report)
 
@@ -77,7 +83,9 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
             rows, wide=3,
             empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`",
             notes=([f"shares unavailable: {answer['reasons_unavailable']}"]
-                   if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer))
+                   if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer)
+            + ([f"warning: queue tree: {answer['tree_problem']}"]
+               if answer.get("tree_problem") else []))
 
     # Every time the CLI prints is ISO 8601; a server before issue 38 sent this one as epoch
     # seconds.
@@ -86,6 +94,56 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
         data["fairness"] = report
     return View(data, table=table, names=lambda: [f"queue/{q['queue']}"
                                                   for q in answer["queues"]])
+
+
+def tree_view(answer: Mapping[str, Any]) -> View:
+    """The queue tree (`status --tree`), parents before children, each indented under its
+    parent. -o json: {"tree": [...], "tree_problem", "at", "leader"} as the server sent it."""
+    nodes = answer.get("tree")
+    unavailable = nodes is None
+    nodes = list(nodes or [])
+
+    def table() -> Table:
+        rows = [[("  " * int(n.get("depth") or 0)) + str(n["name"]), weight(n["weight"]),
+                 share(n.get("weight_among_siblings")), _amounts(n.get("guarantee")),
+                 _amounts(n.get("limit")), share(n.get("fair_target")),
+                 share(n.get("actual_share")), share(n.get("demand_share")),
+                 str(n.get("standing") or "-"),
+                 "-" if n.get("decayed_usage") is None else f"{n['decayed_usage']:.4g}",
+                 str(n.get("path") or n["name"])]
+                for n in _depth_first(nodes)]
+        notes = []
+        if unavailable:
+            notes.append("the tree is the scheduler leader's: "
+                         f"{answer.get('reasons_unavailable') or 'no leader answered'}")
+        if answer.get("tree_problem"):
+            notes.append(f"warning: {answer['tree_problem']}")
+        return Table(["QUEUE", "WEIGHT", "OF-SIBLINGS", "GUARANTEE", "LIMIT", "TARGET",
+                      "ACTUAL", "DEMAND", "STANDING", "DECAYED-USAGE", "PATH"],
+                     rows, wide=1, empty="no queues yet", notes=notes)
+
+    data = {"at": answer.get("at"), "leader": answer.get("leader"), "tree": nodes,
+            "tree_problem": answer.get("tree_problem")}
+    return View(data, table=table, names=lambda: [f"queue/{n['name']}" for n in nodes])
+
+
+def _depth_first(nodes: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Each node followed by its subtree (the server sends parents before children)."""
+    children: dict[Any, list[Mapping[str, Any]]] = {}
+    for node in nodes:
+        children.setdefault(node.get("parent"), []).append(node)
+    ordered: list[Mapping[str, Any]] = []
+    stack = list(reversed(sorted(children.get(None, []), key=lambda n: str(n["name"]))))
+    while stack:
+        node = stack.pop()
+        ordered.append(node)
+        stack.extend(reversed(sorted(children.get(node["name"], []),
+                                     key=lambda n: str(n["name"]))))
+    return ordered
+
+
+def _amounts(amounts: Mapping[str, Any] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((amounts or {}).items())) or "-"
 
 
 def by_cluster(q: Mapping[str, Any]) -> str:

@@ -288,6 +288,12 @@ class Leader:
         changed = bool(changes.queues or changes.nodes or changes.growth)
         for queue in changes.queues:
             feed.apply_queue(queue.name, queue.spec)
+        if changes.queues and feed.state.refresh_queue_tree():
+            tree = feed.state.queue_tree
+            log.info("fair targets divide by %s", "each queue's weight (no queue tree)"
+                     if tree is None else f"a queue tree of {len(tree)} queues")
+        if changes.queues and (problem := feed.state.queue_tree_problem()) is not None:
+            log.warning("queue tree: %s", problem)
         for node in changes.nodes:
             feed.apply_node(node.cluster, node.node, node.info)
         # What each cluster's autoscaler may still add: capacity the fair targets count. Rare

@@ -27,6 +27,7 @@ from lockgate.scheduler.report import (
     short_reason,
     status_json,
 )
+from lockgate.scheduler.tree_status import tree_node_json
 from lockgate.wait_estimates import ReleaseRates
 
 MAX_EXPLAINED = 1000  # pods per explain request: a UI page is at most 500
@@ -136,7 +137,11 @@ class FairnessReport:
         """GET /api/v1/fairness: every queue's standing and its part in the last round."""
         picture = self.picture if self.leader else None
         return {"instance_id": self.instance_id, "leader": self.leader,
-                "last_round": self._round_json(), "queues": self._queues_json(picture)}
+                "last_round": self._round_json(), "queues": self._queues_json(picture),
+                # The queue tree (lockgate.scheduler.tree_status), parents before children.
+                "tree": [] if picture is None else [tree_node_json(node)
+                                                    for node in picture.tree()],
+                "tree_problem": None if picture is None else picture.tree_problem}
 
     def encoded(self) -> bytes:
         """`as_json` encoded, once per round: queue-store asks it for every status, overview

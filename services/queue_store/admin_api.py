@@ -19,7 +19,13 @@ empty: nobody), "max_queued" ({"seconds": N, "action": "fail" | "delete"} or nul
 its pods may wait gated), "group_timeout_seconds" and "group_timeout_action" (pod groups),
 "allowed_kinds" (what its ephemeral namespaces may create, e.g. ["pods", "deployments.apps"];
 omitted or null: the default list, and "allowed_kinds_default" says so), "created_at",
-"updated_at" (read-only)}. A merge patch replaces "namespaces" and "allowed_kinds" whole.
+"updated_at" (read-only), "parent" (the queue tree: the queue it hangs from; null: a child
+of the root), "guarantee" (Kubernetes quantities: what it, or its subtree, gets when it asks;
+its limit is "resource_limits")}. Every write is checked against the queue tree's rules
+(lockgate.queue_tree.check_queue_definitions): an unknown parent, a cycle, guarantees that do not
+fit in the parent's, namespaces bound to a queue with child queues, a child under a queue that
+still has pods, or deleting a queue with child queues is a 400 naming the queue and the reason.
+A merge patch replaces "namespaces" and "allowed_kinds" whole.
 Ephemeral namespaces: see `queue_store.namespace_api`. Errors are
 {"error": message, "details": [...]}, with 400 for invalid input.
 
@@ -41,6 +47,7 @@ from pydantic import ValidationError
 
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
+from lockgate.queue_tree import QueueTreeError, check_queue_definitions
 from lockgate.queues import QueueSpec
 from lockgate_adapters import job_store
 from lockgate_adapters.admin_tokens import TokenEntry, TokenVerifier
@@ -54,7 +61,7 @@ READ_ONLY_QUEUE_FIELDS = frozenset({"weight", "created_at", "updated_at",
                                     "allowed_kinds_default", "warnings"})
 EDITABLE_QUEUE_FIELDS = ("priority_factor", "cordoned", "resource_limits", "namespaces",
                          "max_queued", "group_timeout_seconds", "group_timeout_action",
-                         "allowed_kinds")
+                         "allowed_kinds", "parent", "guarantee")
 MAX_JOBS_LISTED = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -78,6 +85,8 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "weight": spec.weight,
         "cordoned": spec.cordoned,
         "resource_limits": dict(spec.resource_limits),
+        "parent": spec.parent,
+        "guarantee": dict(spec.guarantee),
         "namespaces": spec.namespaces_json(),
         "max_queued": None if spec.max_queued is None else spec.max_queued.model_dump(),
         "group_timeout_seconds": spec.group_timeout_seconds,
@@ -87,6 +96,24 @@ def queue_json(spec: QueueSpec) -> dict[str, Any]:
         "created_at": spec.created_at.isoformat() if spec.created_at else None,
         "updated_at": spec.updated_at.isoformat() if spec.updated_at else None,
     }
+
+
+def check_tree(queues: list[QueueSpec], queues_with_pods: set[str]) -> None:
+    """The queue tree's rules on every queue as a write would leave them (raises
+    QueueTreeError, which job_store turns into QueueTreeRefused: a 400). The fleet is not known
+    here (nodes come and go, and autoscalers add them): the leader says in status when the
+    root's guarantees do not fit in the fleet of the moment."""
+    check_queue_definitions(queues, queues_with_pods=queues_with_pods)
+
+
+def check_delete(name: str, queues: list[QueueSpec], queues_with_pods: set[str]) -> None:
+    """`check_tree` for deleting `name` (`queues`: every queue but it): a queue with child
+    queues cannot go, as its children would have no parent."""
+    children = sorted(queue.name for queue in queues if queue.parent == name)
+    if children:
+        raise QueueTreeError(f"queue {name!r} has child queues ({', '.join(children)}): "
+                             f"delete them, or move them to another parent, first")
+    check_tree(queues, queues_with_pods)
 
 
 def job_json(row: JobRow) -> dict[str, Any]:
@@ -234,6 +261,8 @@ class AdminApi:
             return _error(404, str(error))
         except job_store.QueueExistsError as error:
             return _error(409, str(error))
+        except job_store.QueueTreeRefused as error:
+            return _error(400, f"invalid queue tree: {error}")
         except web.HTTPException:
             raise
         except Exception as error:
@@ -262,7 +291,7 @@ class AdminApi:
             raise ApiError(400, "invalid queue: name: a queue name is required")
         spec = spec_from_body(body["name"], body)
         async with self.pool.acquire() as connection:
-            created = await job_store.create_queue(connection, spec)
+            created = await job_store.create_queue(connection, spec, check=check_tree)
         await self.copies_settled()
         log.info("queue %s created (priority factor %s) by %s", created.name,
                  created.priority_factor, caller_of(request))
@@ -302,7 +331,7 @@ class AdminApi:
     async def _update(self, request: web.Request, name: str,
                       edit: Callable[[QueueSpec], QueueSpec]) -> web.Response:
         async with self.pool.acquire() as connection:
-            updated = await job_store.update_queue(connection, name, edit)
+            updated = await job_store.update_queue(connection, name, edit, check=check_tree)
         await self.copies_settled()
         log.info("queue %s updated by %s", name, caller_of(request))
         return web.json_response(await self._with_warnings(updated))
@@ -310,7 +339,8 @@ class AdminApi:
     async def delete_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with self.pool.acquire() as connection:
-            await job_store.delete_queue(connection, name)
+            await job_store.delete_queue(connection, name,
+                                         check=lambda q, b: check_delete(name, q, b))
         await self.copies_settled()
         log.info("queue %s deleted by %s", name, caller_of(request))
         return web.Response(status=204)

@@ -7,7 +7,8 @@ picture of its last round (`lockgate.scheduler.report`), asked of the leader
 queue's oldest pod has waited, a pod's place in line). When no leader answers, the views say so
 and give what Postgres alone can say: counts, states and places, with the reasons unavailable.
 
-    GET /api/v1/status                               {"queues": [...], "at": ..., "leader": ...}
+    GET /api/v1/status                               {"queues": [...], "at": ..., "leader": ...,
+                                                      "tree": [node, ...], "tree_problem"}
     GET /api/v1/explain/{cluster}/{namespace}/{pod}  the pod's explanation; 404
     GET /api/v1/jobsets?queue=&all=true&limit=&offset=   {"jobsets": [...]}
     GET /api/v1/jobsets/{queue}/{jobset}             summary + "jobs"; 404
@@ -99,7 +100,11 @@ class AdminViews:
         return web.json_response({
             "at": datetime.now(UTC).isoformat(), "leader": leader_json(report),
             "reasons_unavailable": None if report is not None else self.leader.unavailable,
-            "queues": queues})
+            "queues": queues,
+            # The queue tree from the leader's picture (`lockgate status --tree`); null when
+            # no leader answered: the tree's shares are the leader's alone.
+            "tree": None if report is None else report.get("tree") or [],
+            "tree_problem": None if report is None else report.get("tree_problem")})
 
     async def explain(self, request: web.Request) -> web.Response:
         cluster = request.match_info["cluster"]

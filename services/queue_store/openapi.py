@@ -41,7 +41,13 @@ SCHEMAS: dict[str, Any] = {
     "Queue": {"type": "object", "required": ["name"], "properties": {
         "name": _STR, "priority_factor": {"type": "number", "exclusiveMinimum": 0},
         "weight": {"type": "number", "readOnly": True}, "cordoned": {"type": "boolean"},
-        "resource_limits": {"type": "object", "additionalProperties": _STR},
+        "resource_limits": {"type": "object", "additionalProperties": _STR,
+                            "description": "what it (an inner node: its subtree) never holds "
+                            "more of, borrowing included"},
+        "parent": {"type": ["string", "null"], "description": "the queue tree's parent queue "
+                   "(null: a child of the root)"},
+        "guarantee": {"type": "object", "additionalProperties": _STR,
+                      "description": "what it (its subtree) gets when it asks for it"},
         "namespaces": _array({"type": "object", "properties": {
             "cluster": _STR, "names": _array(_STR), "selector": _ANY_OBJECT}}),
         "max_queued": {"oneOf": [{"type": "null"}, {"type": "object", "properties": {

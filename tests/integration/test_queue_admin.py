@@ -724,3 +724,49 @@ def test_the_cli_is_a_kubectl_plugin_with_completion_version_and_contexts(
     assert listed.stdout == f"queue/{queue_name}\n", listed
     refused = run(str(LOCKGATE_CLI), "queue", "delete", queue_name, **bare)
     assert refused.returncode == 1 and "is read-only" in refused.stderr, refused
+
+
+# The queue tree -------------------------------------------------------------------------------
+
+async def test_the_queue_tree_is_checked_on_every_write(
+        admin: QueueStoreUnderTest, db: asyncpg.Pool, queue_name: str) -> None:
+    research, vision, alice = (f"{queue_name}-{part}" for part in ("research", "vision", "alice"))
+
+    async def create(name: str, **fields: Any) -> Reply:
+        return await call(admin, "POST", "/api/v1/queues", {"name": name, **fields})
+
+    assert (await create(research, priority_factor=1 / 3, guarantee={"cpu": "40"})).status == 201
+    made = await create(vision, parent=research, guarantee={"cpu": "24"})
+    assert made.status == 201, made.body
+    assert (made.body["parent"], made.body["guarantee"]) == (research, {"cpu": "24"})
+    assert (await create(alice, parent=vision,
+                         namespaces=[{"cluster": "*", "names": ["alice"]}])).status == 201
+    stored = await db.fetchrow("SELECT parent, guarantee FROM queues WHERE name = $1", alice)
+    assert stored["parent"] == vision
+
+    async def refused(reply: Reply, words: str) -> None:
+        assert reply.status == 400, reply.body
+        assert reply.body["error"].startswith("invalid queue tree: "), reply.body
+        assert words in reply.body["error"], reply.body
+
+    await refused(await create(f"{queue_name}-x", parent=f"{queue_name}-nobody"),
+                  f"its parent '{queue_name}-nobody' is not defined")
+    await refused(await create(f"{queue_name}-big", parent=research, guarantee={"cpu": "20"}),
+                  f"ask for 44 cpu, more than '{research}''s guarantee (40)")
+    await refused(await call(admin, "PATCH", f"/api/v1/queues/{research}", {"parent": alice}),
+                  "cycle")
+    await refused(await call(admin, "PATCH", f"/api/v1/queues/{vision}", {
+        "namespaces": [{"cluster": "*", "names": ["vision"]}]}), "only a leaf holds pods")
+    await refused(await call(admin, "DELETE", f"/api/v1/queues/{vision}"),
+                  f"queue '{vision}' has child queues ({alice})")
+    # A queue with unfinished pods cannot become a parent, even once it binds no namespace.
+    await three_jobs_of(admin, db, alice)
+    await refused(await create(f"{queue_name}-sub", parent=alice), "binds namespaces")
+    unbound = await call(admin, "PATCH", f"/api/v1/queues/{alice}", {"namespaces": []})
+    assert unbound.status == 200, unbound.body
+    await refused(await create(f"{queue_name}-sub", parent=alice), "has unfinished pods")
+    # Moving a leaf to the root is fine; the tree is unchanged otherwise.
+    moved = await call(admin, "PATCH", f"/api/v1/queues/{alice}", {"parent": None})
+    assert (moved.status, moved.body["parent"]) == (200, None)
+    listed = {q["name"]: q for q in (await call(admin, "GET", "/api/v1/queues")).body["queues"]}
+    assert listed[vision]["parent"] == research and listed[alice]["parent"] is None

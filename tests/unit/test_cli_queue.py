@@ -37,9 +37,9 @@ def test_weight_is_sent_as_its_inverse_the_priority_factor(
     (body,) = [s.body for s in ran.sent if s.method == "POST"]
     assert body.get("priority_factor") == factor
     header, row = ran.out.splitlines()
-    assert header.split()[:3] == ["NAME", "WEIGHT", "PRIORITY-FACTOR"]
+    assert header.split()[:4] == ["NAME", "PATH", "WEIGHT", "PRIORITY-FACTOR"]
     expected_weight = "1" if factor is None else f"{1 / factor:.3g}"
-    assert row.split()[:2] == ["q", expected_weight]
+    assert row.split()[:3] == ["q", "q", expected_weight]
 
 
 def test_weight_and_priority_factor_are_exclusive_and_positive() -> None:
@@ -102,10 +102,11 @@ def test_list_shows_weight_and_factor_wide_adds_columns_and_name_and_jsonpath_wo
     recorded = RecordedApi().on("GET", "/api/v1/queues", queues)
     table = recorded.run("queue", "list")
     header, a, b = table.out.splitlines()
-    assert header.split() == ["NAME", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS",
-                              "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS"]
-    assert a.split()[:4] == ["a", "2", "0.5", "no"]
-    assert b.split() == ["b", "1", "1", "yes", "cpu=10", "-", "*/team-b", "(default)"]
+    assert header.split() == ["NAME", "PATH", "WEIGHT", "PRIORITY-FACTOR", "CORDONED",
+                              "LIMITS", "GUARANTEE", "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS"]
+    assert a.split()[:5] == ["a", "a", "2", "0.5", "no"]
+    assert b.split() == ["b", "b", "1", "1", "yes", "cpu=10", "-", "-", "*/team-b",
+                         "(default)"]
     wide = recorded.run("queue", "list", "-o", "wide").out.splitlines()
     assert wide[0].split()[-2:] == ["GROUP-TIMEOUT", "CREATED"]
     assert wide[1].split()[-2:] == ["5m,delete", "2026-12-01T10:00:00"]
@@ -313,3 +314,37 @@ def test_every_flag_that_takes_a_time_takes_the_one_duration_grammar() -> None:
     wrong = [f"{path} --{option.name}" for path, option in timed
              if not isinstance(option.type, Duration)]
     assert not wrong, wrong
+
+
+def test_the_tree_options_send_parent_and_guarantee_and_list_shows_paths() -> None:
+    recorded = api()
+    ran = recorded.run("queue", "create", "production", "--weight", "2", "--guarantee",
+                       "cpu=32", "--limit", "cpu=64")
+    assert ran.code == 0, ran.err
+    ran = recorded.run("queue", "create", "alice", "--parent", "vision")
+    assert ran.code == 0, ran.err
+    first, second = recorded.bodies("POST")
+    assert first["guarantee"] == {"cpu": "32"} and first["resource_limits"] == {"cpu": "64"}
+    assert "parent" not in first
+    assert second["parent"] == "vision" and "guarantee" not in second
+    listed = RecordedApi().on("GET", "/api/v1/queues", {"queues": [
+        a_queue("alice", parent="vision"), a_queue("research"),
+        a_queue("vision", parent="research"),
+        a_queue("production", guarantee={"cpu": "32"})]})
+    lines = listed.run("queue", "list").out.splitlines()
+    assert [line.split()[:2] for line in lines[1:]] == [
+        ["production", "production"], ["research", "research"],
+        ["vision", "research/vision"], ["alice", "research/vision/alice"]]
+    assert lines[1].split()[6] == "cpu=32"
+
+
+def test_update_moves_a_queue_and_changes_guarantees() -> None:
+    recorded = RecordedApi().on("PATCH", "/api/v1/queues/alice",
+                                lambda request: (200, a_queue("alice")))
+    assert recorded.run("queue", "update", "alice", "--root", "--guarantee", "cpu=8",
+                        "--remove-guarantee", "memory").code == 0
+    assert recorded.run("queue", "update", "alice", "--parent", "nlp").code == 0
+    assert recorded.bodies("PATCH") == [
+        {"parent": None, "guarantee": {"cpu": "8", "memory": None}}, {"parent": "nlp"}]
+    both = recorded.run("queue", "update", "alice", "--root", "--parent", "nlp")
+    assert both.code == 2 and "--parent QUEUE or --root, not both" in both.err

@@ -138,3 +138,19 @@ def test_a_status_is_written_again_only_when_it_changed_or_grew_old() -> None:
     assert not queue_copies.status_is_current(None, stored, now=synced, max_age_seconds=15)
     assert not queue_copies.status_is_current({**stored, "lastSyncTime": "yesterday"}, stored,
                                               now=synced, max_age_seconds=15)
+
+
+def test_a_tree_queues_copy_carries_parent_and_guarantee_and_a_flat_ones_is_unchanged() -> None:
+    from lockgate.queue_copies import desired_spec, spec_from_object
+    from lockgate.queues import QueueSpec
+
+    flat = QueueSpec(name="flat")
+    assert "parent" not in desired_spec(flat) and "guarantee" not in desired_spec(flat)
+    child = QueueSpec(name="alice", parent="vision", guarantee={"cpu": "4"})
+    copied = desired_spec(child)
+    assert copied["parent"] == "vision" and copied["guarantee"] == {"cpu": "4"}
+    back = spec_from_object({"metadata": {"name": "alice"}, "spec": copied})
+    assert (back.parent, back.guarantee) == ("vision", {"cpu": "4"})
+    crd = load(QUEUE_CRD)
+    served = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert {"parent", "guarantee"} <= set(served["properties"])  # not pruned by the apiserver

@@ -51,6 +51,7 @@ from lockgate.scheduler.round import (
     waits_while_room_gathers,
 )
 from lockgate.scheduler.state import QueueRecord, SchedJob, SchedulerState
+from lockgate.scheduler.tree_status import TreeNodeStatus, holding_level, tree_statuses
 
 
 class WaitReason(StrEnum):
@@ -244,6 +245,9 @@ class Explanation:
     # and the words.
     growth_standing: str = ""
     growth: str = ""
+    # With a queue tree: each level of the pod's branch against its share of its parent, and
+    # who is owed the room where the branch is held back (`tree_status.holding_level`).
+    tree: str = ""
 
 
 class GrowthStanding(StrEnum):
@@ -294,6 +298,7 @@ class Explainer:
         self._heads_fit: dict[str, dict[str, bool]] = {}
         self._room_stats: dict[str, _RoomStats] = {}
         self._growth_gates: dict[str, GrowthGate] = {}  # per autoscaled cluster asked about
+        self._tree_nodes: dict[str, TreeNodeStatus] | None = None  # the queue tree, once asked
 
     def explain(self, job_id: str, position: tuple[int, int] | None = None
                 ) -> Explanation | None:
@@ -326,6 +331,14 @@ class Explainer:
                                self._gangs, holds=self.holds,
                                heads_fit=self._heads_fit.setdefault(job.cluster, {}),
                                cluster_stats=self._room_stats)
+        if (state.queue_tree is not None and explanation.reason in (
+                WaitReason.FAIR_SHARE, WaitReason.CLUSTER_ROOM)):
+            # Which level of the queue tree holds it back (lockgate.scheduler.tree_status).
+            if self._tree_nodes is None:
+                self._tree_nodes = {node.name: node for node in tree_statuses(state)}
+            words = holding_level(self._tree_nodes, job.queue)
+            if words:
+                explanation = _with_message(replace(explanation, tree=words))
         if state.growth_plan(job.cluster) is None:
             return explanation  # its cluster does not grow: nothing to add
         gate = self._growth_gates.get(job.cluster)
@@ -880,6 +893,8 @@ def wait_message(e: Explanation) -> str:
         return f"{where}; {e.growth}" + (f"; {e.group}" if e.group else "")
     else:
         return f"{where}; not waiting ({e.state})" + (f"; {e.group}" if e.group else "")
+    if e.tree:
+        why += f"; in the queue tree, {e.tree}"
     if e.growth:
         why += f"; {e.growth}"
     return _finish(e, f"{where}; {why}")

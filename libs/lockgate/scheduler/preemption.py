@@ -36,6 +36,17 @@ members) are taken last: the planner first looks for room on every node without 
 then lets a unit break a group's minimum, so above-minimum members and single pods of queues over
 their targets go first.
 
+With a queue tree (lockgate.queue_tree) the targets are the hierarchical ones, so a node below
+its guarantee or its fair target has leaves below theirs, and the rules above reclaim the room
+they borrowed out, unchanged: they judge leaves against their targets, and the targets already
+say what each level is due. What the tree changes is whom to take from first: victims are
+ordered by their branch from the root down, the subtree furthest over its own share first
+(at the highest level where two victims' branches differ, the one whose subtree's actual share
+over its fair target is higher), then within it the same way, down to the leaf
+(`_Planner.branch_costs`). So room production is owed comes from nlp, far over its share of
+research, before vision, at its share, even when one of vision's leaves is further over its own
+share than any of nlp's.
+
 Rule 3 is the no-thrash invariant; docs/scheduling.md ("Preemption") proves that it rules out
 evicting back and forth, and that in a closed system every run of evictions ends. Room freed for
 a group must reach the group, not the small pods of other queues in the next rounds: the planner
@@ -291,6 +302,43 @@ class _Planner:
                 _subtract(self.alloc[job.queue], job.shape)  # as good as gone
                 _subtract(self.in_cluster(job.queue, job.cluster), job.shape)
         self.reserved = state.groups().reserved
+        # With a queue tree: each node's fair target (share units, its leaves' added), and the
+        # victims' branches' costs, recounted from `alloc` when it changed (`branch_costs`).
+        self.tree = state.queue_tree
+        self.node_targets = dict(targets.node_shares)
+        self._branch_costs: dict[str, tuple[float, ...]] | None = None
+
+    def branch_costs(self, queue: str) -> tuple[float, ...]:
+        """With a queue tree, the costs (actual share / fair target) of the queue's branch from
+        the root's child down to the queue itself: victims are taken from the subtree furthest
+        over its own share first (the module docstring). () without a tree."""
+        tree = self.tree
+        if tree is None or queue not in tree:
+            return ()
+        costs = self._branch_costs
+        if costs is None:
+            actual: dict[str, float] = {}
+            for leaf in tree.leaves:
+                vector = self.alloc.get(leaf)
+                if vector is None:
+                    continue
+                held = self.share(leaf, vector)
+                for node in (leaf, *tree.ancestors(leaf)):
+                    actual[node] = actual.get(node, 0.0) + held
+            node_cost: dict[str, float] = {}
+            for node, held in actual.items():
+                target = self.node_targets.get(node, 0.0)
+                node_cost[node] = (held / target if target > 0
+                                   else float("inf") if held > 0 else 0.0)
+            costs = self._branch_costs = {
+                leaf: tuple(node_cost.get(node, 0.0)
+                            for node in (*reversed(tree.ancestors(leaf)), leaf))
+                for leaf in tree.leaves}
+        return costs.get(queue, ())
+
+    def allocations_changed(self) -> None:
+        """The branches' costs are recounted when next asked."""
+        self._branch_costs = None
 
     def share(self, queue: str, vector: list[int] | None = None) -> float:
         vector = self.alloc[queue] if vector is None else vector
@@ -452,6 +500,7 @@ class _Planner:
                     continue
                 _add(self.alloc[name], job.shape)
                 _add(self.in_cluster(name, cluster), job.shape)
+                self.allocations_changed()
                 evictions.extend(found)
         return evictions
 
@@ -563,6 +612,7 @@ class _Planner:
             rooms[node][:] = room
         self.alloc[queue] = with_group
         self.alloc_in[(queue, cluster)] = with_group_in
+        self.allocations_changed()
         self.reserved[cluster] = key
         return evictions
 
@@ -576,6 +626,7 @@ class _Planner:
             before = self.share(victim.queue, self.in_cluster(victim.queue, cluster))
             _subtract(self.alloc[victim.queue], victim.shape)
             _subtract(self.in_cluster(victim.queue, cluster), victim.shape)
+            self.allocations_changed()
             self.evicting.add(victim_id)
             evictions.append(Eviction(
                 job_id=victim_id, queue=victim.queue, cluster=cluster, node=node,
@@ -616,11 +667,14 @@ class _Planner:
                       and not (spare_minimums and victim_id in within_min)]
         if not candidates:
             return None
-        # Take from the most over-served queue first, its lowest priority and newest pods first.
+        # Take from the most over-served queue first (with a tree: from the subtree furthest
+        # over its own share, level by level, `branch_costs`), its lowest priority and newest
+        # pods first.
         def held_in(name: str) -> list[int]:
             return alloc_in[name] if alloc_in is not None else self.in_cluster(name, cluster)
 
         candidates.sort(key=lambda item: (item[0] in within_min,
+                                          tuple(-c for c in self.branch_costs(item[1].queue)),
                                           -self.cost_in(item[1].queue, cluster,
                                                         held_in(item[1].queue)),
                                           item[1].priority, -item[1].created_at, item[0]))

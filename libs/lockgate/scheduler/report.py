@@ -33,6 +33,7 @@ from lockgate.scheduler.explain import (
 )
 from lockgate.scheduler.round import RoundResult, SkipReason, growth_gate
 from lockgate.scheduler.state import SchedulerState
+from lockgate.scheduler.tree_status import TreeNodeStatus, tree_statuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,10 @@ class RoundReport:
     _explainer: Explainer | None = field(default=None)
     # Per autoscaled cluster, its growth after the round (by cluster name).
     growth: Mapping[str, ClusterGrowthStatus] = field(default_factory=dict)
+    # The queue tree after the round (`tree`, built when first asked, as the explainer is),
+    # and why the definitions cannot be honoured as they are (None: they can).
+    _tree: tuple[TreeNodeStatus, ...] | None = None
+    tree_problem: str | None = None
 
     def explain(self, jobs: Iterable[tuple[str, tuple[int, int] | None]], *,
                 now: float) -> dict[str, Explanation | None]:
@@ -104,6 +109,13 @@ class RoundReport:
                 group_reserve_after=settings.group_reserve_after, holds=settings.holds)
         explainer.now = now
         return explainer
+
+    def tree(self) -> tuple[TreeNodeStatus, ...]:
+        """The queue tree after the round, parents before children (`status --tree`): built
+        when first asked (a pass over the queues), never older than the round."""
+        if self._tree is None:
+            self._tree = tree_statuses(self._state)
+        return self._tree
 
     def status_of(self, queue: str) -> QueueStatus | None:
         for status in self.queues:
@@ -148,7 +160,8 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             set_aside=tuple(report.set_aside))
     return RoundReport(number=number, at=at, queues=tuple(queues), rounds=rounds,
                        skipped=result.skipped_jobs, _state=state, _settings=settings,
-                       growth=growth_statuses(state, now=at))
+                       growth=growth_statuses(state, now=at),
+                       tree_problem=state.queue_tree_problem())
 
 
 def growth_statuses(state: SchedulerState, *, now: float) -> dict[str, ClusterGrowthStatus]:

@@ -518,6 +518,10 @@ class _Round:
         # Per autoscaled cluster, whether it may grow this round (`growth_gate`), when first
         # asked.
         self.growth_gates: dict[str, GrowthGate] = {}
+        # With a queue tree whose inner nodes have limits (`resource_limits`): per leaf, its
+        # limited ancestors and their limit pairs, and what each such subtree holds, kept as
+        # the round releases. A leaf's own limit is `queue.limit_pairs`, as before trees.
+        self.subtree_limits, self.subtree_held = subtree_limits(state)
 
     def run(self, max_decisions: int) -> RoundResult:
         state = self.state
@@ -631,7 +635,8 @@ class _Round:
                     # Waits until a member ends; not a job that could go, so no lookback spent.
                     reason = SkipReason.GROUP_AT_MAX
                     counted = False
-                elif queue.limit_pairs and exceeds(queue.allocation, shape, queue.limit_pairs):
+                elif (queue.limit_pairs and exceeds(queue.allocation, shape, queue.limit_pairs)
+                      ) or (name in self.subtree_limits and self._over_subtree(name, [shape])):
                     reason = SkipReason.QUEUE_LIMIT
                     progress.over_limit.add(shape)
                 elif cluster.overcommitted:
@@ -670,6 +675,8 @@ class _Round:
                                                  inverse)
                     note, growth = self._growth_release(pending.cluster, cluster, node)
                     self.transaction.release(entry[2], job, hint, growth=growth)
+                    if name in self.subtree_limits:
+                        self._charge_subtree(name, shape.pairs)
                     decisions.append(Decision(entry[2], name, pending.cluster, hint, note))
                     self._spend(pending.cluster, 1)
                     progress.released += 1
@@ -1060,7 +1067,8 @@ class _Round:
             reason = SkipReason.BACKING_OFF
         elif any(member.parked for member in members):
             reason = SkipReason.TOO_BIG_FOR_ANY_NODE
-        elif queue.limit_pairs and exceeds_all(queue.allocation, shapes, queue.limit_pairs):
+        elif (queue.limit_pairs and exceeds_all(queue.allocation, shapes, queue.limit_pairs)
+              ) or (queue.name in self.subtree_limits and self._over_subtree(queue.name, shapes)):
             reason = SkipReason.QUEUE_LIMIT
         elif cluster.overcommitted:
             reason = SkipReason.CLUSTER_OVERCOMMITTED
@@ -1090,6 +1098,8 @@ class _Round:
                                                  member.shape.pairs, inverse)
                     note, growth = self._growth_release(pending.cluster, cluster, node)
                     self.transaction.release(member_id, member, hint, growth=growth)
+                    if queue.name in self.subtree_limits:
+                        self._charge_subtree(queue.name, member.shape.pairs)
                     decisions.append(Decision(member_id, queue.name, pending.cluster, hint,
                                               note))
                     progress.released += 1
@@ -1105,6 +1115,15 @@ class _Round:
             self.groups.reserved.pop(pending.cluster, None)
         self.groups_done[key] = reason
         return reason, True
+
+    def _over_subtree(self, leaf: str, shapes: list[Shape]) -> bool:
+        """Whether releasing `shapes` of `leaf` takes a subtree above it past its limit."""
+        return any(exceeds_all(self.subtree_held[node], shapes, pairs)
+                   for node, pairs in self.subtree_limits[leaf])
+
+    def _charge_subtree(self, leaf: str, pairs: tuple[tuple[int, int], ...]) -> None:
+        for node, _ in self.subtree_limits[leaf]:
+            _add_pairs_to(self.subtree_held[node], pairs)
 
     def _unit_pairs(self, pending: PendingJobs, job: JobKind) -> tuple[tuple[int, int], ...]:
         """What taking the queue's next unit costs: the job, or its group's gang (the members
@@ -1339,6 +1358,34 @@ class _Round:
                 if cluster.overcommitted
             },
         )
+
+
+def subtree_limits(state: SchedulerState) -> tuple[
+        dict[str, list[tuple[str, tuple[tuple[int, int], ...]]]], dict[str, list[int]]]:
+    """The round's view of inner nodes' limits (a queue tree's `resource_limits` on a node
+    with children: what its subtree's pods never hold more of, borrowing included): per leaf,
+    its limited ancestors with their limit pairs, and per such node what its leaves hold now.
+    Empty without a tree or without such limits (today's path costs nothing)."""
+    tree = state.queue_tree
+    if tree is None:
+        return {}, {}
+    records = state.queue_records
+    limited = {name: records[name].limit_pairs for name in tree.names
+               if not tree.is_leaf(name) and name in records and records[name].limit_pairs}
+    if not limited:
+        return {}, {}
+    held: dict[str, list[int]] = {}
+    limits: dict[str, list[tuple[str, tuple[tuple[int, int], ...]]]] = {}
+    for node in limited:
+        total = [0] * len(state.pool_vector)
+        for leaf in tree.leaves_under(node):
+            record = records.get(leaf)
+            if record is not None:
+                for axis, amount in enumerate(record.allocation):
+                    total[axis] += amount
+            limits.setdefault(leaf, []).append((node, limited[node]))
+        held[node] = total
+    return limits, held
 
 
 def _add_pairs_to(vector: list[int], pairs: tuple[tuple[int, int], ...]) -> None:

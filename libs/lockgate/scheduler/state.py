@@ -50,7 +50,12 @@ from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.node_groups import in_a_group, node_groups_growth
 from lockgate.placement import NodeTraits, PodPlacement
-from lockgate.queue_tree import QueueTree
+from lockgate.queue_tree import (
+    QueueTree,
+    QueueTreeError,
+    in_operator_units,
+    scheduling_tree,
+)
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler.groups import GroupIndex, GroupKey
@@ -276,6 +281,11 @@ class SchedulerState:
         self._rounds_begun = 0
         # The round's transaction while one is open (`begin_round`).
         self._transaction: RoundTransaction | None = None
+        # The queue tree (`refresh_queue_tree`): whether a definition changed since it was
+        # built, the tree (None: today's flat path), and why the definitions are not a tree.
+        self._queue_tree_stale = False
+        self._queue_tree: QueueTree | None = None
+        self._queue_tree_error: str | None = None
         # The fair targets' inputs, kept change by change, and the targets last computed.
         self._targets = TargetInputs(clusters=self._clusters, axis_names=self._axis_names,
                                      weights_now=self._weights_now, pool=self._target_pool)
@@ -289,6 +299,10 @@ class SchedulerState:
         queue = self._queue(spec.name)
         if queue.spec is not spec and queue.spec != spec:
             self._targets.queues_changed()
+            old = queue.spec
+            if old is None or (old.parent, old.guarantee, old.resource_limits, old.weight) != (
+                    spec.parent, spec.guarantee, spec.resource_limits, spec.weight):
+                self._queue_tree_stale = True
         queue.spec = spec
         queue.priority_factor = spec.priority_factor
         queue.limit_pairs = tuple(
@@ -302,6 +316,7 @@ class SchedulerState:
             return
         if queue.spec is not None:
             self._targets.queues_changed()
+            self._queue_tree_stale = True
         queue.spec = None
         queue.priority_factor = 1.0
         queue.limit_pairs = ()
@@ -591,6 +606,53 @@ class SchedulerState:
     def use_queue_tree(self, tree: QueueTree | None) -> None:
         """Divide the fair targets by a queue tree (`TargetInputs.use_queue_tree`)."""
         self._targets.use_queue_tree(tree)
+        self._queue_tree = tree
+
+    @property
+    def queue_tree(self) -> QueueTree | None:
+        """The tree the fair targets divide by (None: today's flat queues)."""
+        return self._queue_tree
+
+    def refresh_queue_tree(self) -> bool:
+        """Rebuild the queue tree from the queue definitions if any changed since the last
+        time (`lockgate.queue_tree.scheduling_tree`: None, today's path exactly, while every
+        queue is a child of the root with no guarantee), and divide by it. Definitions that
+        are not a tree (only possible by writing Postgres past the admin API, which refuses
+        them) leave today's flat path in place and `queue_tree_problem` says why. Returns
+        whether the tree changed."""
+        if not self._queue_tree_stale:
+            return False
+        self._queue_tree_stale = False
+        specs = [queue.spec for queue in self._queues.values() if queue.spec is not None]
+        try:
+            tree = scheduling_tree(specs)
+            self._queue_tree_error = None
+        except QueueTreeError as error:
+            tree = None
+            self._queue_tree_error = (f"the queue definitions are not a tree ({error}): the "
+                                      f"fair targets divide by each queue's weight alone")
+        previous = self._queue_tree
+        self.use_queue_tree(tree)
+        return tree is not previous
+
+    def queue_tree_problem(self) -> str | None:
+        """Why the queue tree cannot be honoured as defined, or None: the definitions are not
+        a tree, or the guarantees of the root's children do not fit in the fleet as it is now
+        (nodes come and go, so this is judged against the fleet of the moment)."""
+        if self._queue_tree_error is not None:
+            return self._queue_tree_error
+        tree = self._queue_tree
+        if tree is None:
+            return None
+        fleet = {name: float(amount) for name, amount
+                 in zip(self._axis_names, self._pool_total, strict=False)}
+        try:
+            QueueTree.build([tree.node(name) for name in tree.names], fleet=fleet,
+                            shown=in_operator_units)
+        except QueueTreeError as error:
+            return (f"{error}: the guarantees are served as far as the fleet allows, "
+                    f"deepest first")
+        return None
 
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
         """The fair targets' inputs as one value to solve elsewhere
