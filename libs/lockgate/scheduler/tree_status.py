@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockgate.queue_tree import QueueTree, QueueTreeError, TreeNode, tree_node_of
-from lockgate.scheduler.costs import dominant
+from lockgate.scheduler.costs import below_target, dominant, within_target
 from lockgate.scheduler.state import SchedulerState
 from lockgate.scheduler.targets import FairTargets
 
-# A node within this much (share units) of its target is "at" it: pods are whole, and the
-# round rounds someone's last pod up.
-_AT_SLACK = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +54,11 @@ class TreeNodeStatus:
 
 
 def standing(actual: float, target: float) -> str:
-    if actual < target - _AT_SLACK:
+    """Below, at or above a target, by the cost model's one rule (costs.below_target and
+    within_target)."""
+    if below_target(actual, target):
         return "below"
-    if actual > target + _AT_SLACK:
+    if not within_target(actual, target):
         return "above"
     return "at"
 
@@ -167,7 +166,7 @@ def holding_level(nodes: Mapping[str, TreeNodeStatus], leaf: str) -> str:
     owed = sorted(sibling.name for sibling in nodes.values()
                   if sibling.parent == holding.parent and sibling.name != holding.name
                   and sibling.standing == "below"
-                  and sibling.demand_share > sibling.actual_share + _AT_SLACK)
+                  and below_target(sibling.actual_share, sibling.demand_share))
     if owed:
         verb = "is" if len(owed) == 1 else "are"
         return f"{text}, and {', '.join(owed)} {verb} owed this room"
