@@ -31,6 +31,7 @@ from lockgate.scheduler.explain import (
     QueueStatus,
     WaitReason,
 )
+from lockgate.scheduler.history import HistoryReport
 from lockgate.scheduler.round import RoundResult, SkipReason, growth_gate
 from lockgate.scheduler.state import SchedulerState
 
@@ -84,6 +85,8 @@ class RoundReport:
     _explainer: Explainer | None = field(default=None)
     # Per autoscaled cluster, its growth after the round (by cluster name).
     growth: Mapping[str, ClusterGrowthStatus] = field(default_factory=dict)
+    # Usage history after the round (lockgate.scheduler.history); None when it is off.
+    history: HistoryReport | None = None
 
     def explain(self, jobs: Iterable[tuple[str, tuple[int, int] | None]], *,
                 now: float) -> dict[str, Explanation | None]:
@@ -102,6 +105,8 @@ class RoundReport:
             explainer = self._explainer = Explainer(
                 self._state, now=now, preemption=settings.preemption,
                 group_reserve_after=settings.group_reserve_after, holds=settings.holds)
+            if self.history is not None:
+                explainer.history_words = self.history.words
         explainer.now = now
         return explainer
 
@@ -113,7 +118,8 @@ class RoundReport:
 
 
 def report_round(state: SchedulerState, result: RoundResult, *, number: int, at: float,
-                 phases: Mapping[str, Counter[str]], settings: ExplainSettings) -> RoundReport:
+                 phases: Mapping[str, Counter[str]], settings: ExplainSettings,
+                 history: HistoryReport | None = None) -> RoundReport:
     """The report of a round just run on `state` (after its decisions were recorded).
 
     O(queues): the counts come from the leader's running tallies (`Feed.phases` and the state's
@@ -139,7 +145,8 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             else spec.max_queued.seconds,
             backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
             cluster_targets=dict(share.cluster_targets),
-            cluster_shares=dict(share.cluster_shares)))
+            cluster_shares=dict(share.cluster_shares),
+            **_history_fields(history, name)))
         rounds[name] = QueueRound(
             demand_share=share.demand_share, allocated=report.allocated,
             released=report.released, outcome=report.outcome.value,
@@ -148,7 +155,17 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             set_aside=tuple(report.set_aside))
     return RoundReport(number=number, at=at, queues=tuple(queues), rounds=rounds,
                        skipped=result.skipped_jobs, _state=state, _settings=settings,
-                       growth=growth_statuses(state, now=at))
+                       growth=growth_statuses(state, now=at), history=history)
+
+
+def _history_fields(history: HistoryReport | None, queue: str) -> dict[str, Any]:
+    """A queue's `QueueStatus` fields of usage history (none when it is off)."""
+    if history is None:
+        return {}
+    node = history.nodes.get(queue)
+    return {"decayed_usage": 0.0 if node is None else node.usage,
+            "effective_weight": None if node is None else node.effective_weight,
+            "history": history.words.get(queue, "")}
 
 
 def growth_statuses(state: SchedulerState, *, now: float) -> dict[str, ClusterGrowthStatus]:
