@@ -615,6 +615,14 @@ class SchedulerState:
                     shares[name] = share
         return shares
 
+    def dominant_share_of(self, requests: Mapping[str, int]) -> float:
+        """The dominant share of the pool as it is now of `requests` (canonical units, by
+        resource name; resources the pool lacks or fairness is not over count for nothing)."""
+        inverse = self.fairness_inverse()
+        axes = self._axes
+        return max((amount * inverse[axes[name]] for name, amount in requests.items()
+                    if name in axes and axes[name] < len(inverse)), default=0.0)
+
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
         """The fair targets' inputs as one value to solve elsewhere
         (`TargetInputs.target_problem`)."""
