@@ -171,6 +171,7 @@ class Leader:
         # restored or rebuilt at load, advanced every round, stored on a period and at the end.
         self._history: UsageHistory | None = None
         self._history_report: HistoryReport | None = None
+        self._flat_tree: tuple[dict[str, float], QueueTree] | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Lead until `stopping` is set; raises LeadershipLostError or a Postgres error."""
@@ -437,9 +438,12 @@ class Leader:
         tree = self._state.queue_tree
         if tree is not None:
             return tree
-        return QueueTree.flat({name: spec.weight for name, record
-                               in self._state.queue_records.items()
-                               if (spec := record.spec) is not None})
+        weights = {name: spec.weight for name, record in self._state.queue_records.items()
+                   if (spec := record.spec) is not None}
+        cached = self._flat_tree
+        if cached is None or cached[0] != weights:  # built (and validated) once per change
+            cached = self._flat_tree = (weights, QueueTree.flat(weights))
+        return cached[1]
 
     def _keep_history(self, now: float) -> None:
         """Before a round: add what each queue held since the last, and on the period

@@ -185,3 +185,74 @@ def test_dominant_shares_are_what_each_queue_holds_of_the_pool() -> None:
                         .running_on("a0").times(1))
              .build())
     assert state.dominant_shares() == pytest.approx({"alice": 0.25})  # 5 of 20 cpu
+
+
+def test_preemption_moves_pods_only_when_the_weights_in_force_change() -> None:
+    """A closed system through the real round and planner, as the leader drives them: hog held
+    the cluster for 5 minutes, then idle asks as much. History is advanced every (simulated)
+    second, the weights recomputed every 10 s and kept within a 5% tolerance. Evictions happen
+    only right after the weights in force changed, all from one queue each time (no pod moves
+    back and forth while the weights stand still), and the split moves toward even."""
+    from dataclasses import replace
+
+    from lockgate.jobs import JobState
+    from lockgate.scheduler import PreemptionPolicy, plan_evictions, schedule_round
+
+    policy = PreemptionPolicy(preemptible_priority_classes=frozenset())
+    hog_pods = [a_job("hog").preemptible().in_cluster("A").running_on(f"node-{1 + i // 4}")
+                .build() for i in range(16)]
+    state = (a_state().with_queues("hog", "idle")
+             .with_cluster("A", a_node(cpu="4").times(4))
+             .with_jobs(hog_pods, a_job("hog").preemptible().in_cluster("A").times(16))
+             .build())
+    tree = QueueTree.flat({"hog": 1.0, "idle": 1.0})
+    kept = history(recompute_seconds=10.0, tolerance=0.05)
+    replacements = iter(range(10**9))
+
+    def step(now: float) -> tuple[bool, list[str]]:
+        kept.observe(now=now, shares=state.dominant_shares())
+        changed = kept.recompute(tree, now=now)
+        if changed:
+            state.use_history_weights(kept.weights_in_force)
+        result = schedule_round(state, max_decisions=1000, max_lookback_per_queue=100, now=now)
+        for decision in result.decisions:
+            job = state.job(decision.job_id)
+            assert job is not None
+            state.upsert_job(replace(job, state=JobState.RUNNING, node_name=decision.node_hint))
+        evictions = plan_evictions(state, result, policy=policy, evicting=())
+        for eviction in evictions:
+            victim = state.job(eviction.job_id)
+            assert victim is not None
+            state.upsert_job(replace(victim, state=JobState.DELETED))
+            state.upsert_job(replace(victim, job_id=f"A/again-{next(replacements)}",
+                                     state=JobState.QUEUED, node_name=None,
+                                     created_at=victim.created_at + 10_000))
+        return changed, [eviction.queue for eviction in evictions]
+
+    # The cluster is hog's for 5 minutes (idle asks nothing yet).
+    for second in range(1, 301):
+        changed, evicted = step(float(second))
+        assert evicted == []
+    assert state.queue_usage("hog").allocated_jobs == 16
+    state.upsert_job(a_job("idle").preemptible().in_cluster("A").build())
+    for job in a_job("idle").preemptible().in_cluster("A").times(15):
+        state.upsert_job(job)
+    since_change = 0  # idle's demand moved the targets: the first move is due to it
+    moves: list[tuple[float, set[str]]] = []
+    held: list[int] = []
+    for second in range(301, 901):
+        changed, evicted = step(float(second))
+        since_change = 0 if changed else since_change + 1
+        if evicted:
+            # Only in the round the weights changed (or the next, as pods come back queued).
+            assert since_change <= 1, (second, evicted)
+            moves.append((second, set(evicted)))
+        held.append(state.queue_usage("hog").allocated_jobs)
+    assert all(len(queues) == 1 for _, queues in moves), moves
+    # Right after idle asked: hog at a fifth (1/4 : 1) of 16, rounded by whole pods.
+    assert held[5] in (3, 4), held[:10]
+    # Then the split moves toward even as hog's usage decays and idle's grows.
+    assert held[-1] > held[5] and held[-1] <= 8, held[-20:]
+    # A few moves, each at a recomputation that changed the weights in force (10 s apart, most
+    # recomputations changing nothing): the targets drifted in steps, not every round.
+    assert 3 <= len(moves) <= 10, moves
