@@ -9,13 +9,15 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from builders import a_job, a_node, a_state
 
 from lockgate.decayed_usage import DecayedUsage, HistoryPolicyError
 from lockgate.queue_tree import QueueTree, TreeNode
-from lockgate.scheduler import SchedulerState
+from lockgate.jobs import JobState
+from lockgate.scheduler import PreemptionPolicy, SchedulerState, plan_evictions, schedule_round
 from lockgate.scheduler.history import (
     RunInterval,
     UsageHistory,
@@ -193,11 +195,6 @@ def test_preemption_moves_pods_only_when_the_weights_in_force_change() -> None:
     second, the weights recomputed every 10 s and kept within a 5% tolerance. Evictions happen
     only right after the weights in force changed, all from one queue each time (no pod moves
     back and forth while the weights stand still), and the split moves toward even."""
-    from dataclasses import replace
-
-    from lockgate.jobs import JobState
-    from lockgate.scheduler import PreemptionPolicy, plan_evictions, schedule_round
-
     policy = PreemptionPolicy(preemptible_priority_classes=frozenset())
     hog_pods = [a_job("hog").preemptible().in_cluster("A").running_on(f"node-{1 + i // 4}")
                 .build() for i in range(16)]
