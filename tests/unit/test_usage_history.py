@@ -15,8 +15,8 @@ import pytest
 from builders import a_job, a_node, a_state
 
 from lockgate.decayed_usage import DecayedUsage, HistoryPolicyError
-from lockgate.queue_tree import QueueTree, TreeNode
 from lockgate.jobs import JobState
+from lockgate.queue_tree import QueueTree, TreeNode
 from lockgate.scheduler import PreemptionPolicy, SchedulerState, plan_evictions, schedule_round
 from lockgate.scheduler.history import (
     RunInterval,
