@@ -452,6 +452,8 @@ class Leader:
         history = self._history
         if history is None:
             return
+        # A wall clock stepped back (NTP) must not stop the leader: count no time instead.
+        now = max(now, history.usage.at)
         history.observe(now=now, shares=self._state.dominant_shares())
         tree = self._history_tree()
         if history.recompute(tree, now=now):

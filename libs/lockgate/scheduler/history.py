@@ -186,34 +186,50 @@ class UsageHistory:
 
     def report(self, tree: QueueTree) -> HistoryReport:
         nodes = self.standings(tree)
+        leaders = sibling_leaders(tree, nodes)
         return HistoryReport(
             half_life_seconds=self.half_life_seconds, recompute_seconds=self._recompute,
             usage_at=self._usage.at, recomputed_at=self._recomputed_at, nodes=nodes,
-            words={leaf: held_back_words(tree, nodes, leaf) for leaf in tree.leaves})
+            words={leaf: held_back_words(tree, nodes, leaf, leaders=leaders)
+                   for leaf in tree.leaves})
 
 
-def held_back_words(tree: QueueTree, standings: Mapping[str, NodeHistory], leaf: str) -> str:
+def held_back_words(tree: QueueTree, standings: Mapping[str, NodeHistory], leaf: str, *,
+                    leaders: Mapping[str | None, list[NodeHistory]] | None = None) -> str:
     """Why history holds `leaf` back, in the words explain uses, at the lowest level where its
-    factor is below a sibling's that asks at all: "ranked below its sibling bob: used 2.3x its
-    share over the last half-life". "" when history holds it back nowhere."""
+    factor is below a sibling's: "ranked below its sibling bob: alice used 2.3x its share over
+    the last half-life (...)". "" when history ranks it below no sibling at any level.
+    `leaders`: `sibling_leaders(tree, standings)`, computed once for many leaves."""
     if leaf not in tree:
         return ""
+    if leaders is None:
+        leaders = sibling_leaders(tree, standings)
     for node in (leaf, *tree.ancestors(leaf)):
         mine = standings.get(node)
         if mine is None:
             continue
-        siblings = [standings[kid] for kid in tree.children(tree.parent(node))
-                    if kid != node and kid in standings]
-        ahead = [s for s in siblings if s.factor > mine.factor * (1 + 1e-9)]
-        if not ahead:
+        best = next((s for s in leaders.get(tree.parent(node), []) if s.name != node), None)
+        if best is None or not best.factor > mine.factor * (1 + 1e-9):
             continue
-        best = max(ahead, key=lambda s: (s.factor, s.name))
         who = "its sibling" if node == leaf else f"{node}'s sibling"
         return (f"ranked below {who} {best.name}: {node} used "
                 f"{mine.times_its_share:.1f}x its share over the last half-life "
                 f"(weight {mine.weight:g} counts as {mine.effective_weight:.3g}, "
                 f"{best.name}'s {best.weight:g} as {best.effective_weight:.3g})")
     return ""
+
+
+def sibling_leaders(tree: QueueTree, standings: Mapping[str, NodeHistory],
+                    ) -> dict[str | None, list[NodeHistory]]:
+    """Per parent (None: the root), its two children history favours most (highest factor,
+    then name): the one a node is ranked below is the first that is not itself. O(nodes), so
+    the words for every leaf cost O(nodes x depth), not O(siblings^2)."""
+    leaders: dict[str | None, list[NodeHistory]] = {}
+    for parent in (None, *tree.names):
+        kids = [standings[kid] for kid in tree.children(parent) if kid in standings]
+        if kids:
+            leaders[parent] = sorted(kids, key=lambda s: (-s.factor, s.name))[:2]
+    return leaders
 
 
 def rebuild_usage(runs: Iterable[RunInterval], *, half_life_seconds: float,
