@@ -94,6 +94,10 @@ REMOVALS = MetricCounter("lockgate_scheduler_pod_removals",
                          ["kind", "queue"])
 
 
+# How stale the decayed usage in status may be (the weights in force are always current).
+HISTORY_REPORT_EVERY_SECONDS = 2.0
+
+
 class LeadershipLostError(Exception):
     """The leader's connection (and with it the leader lock) is gone."""
 
@@ -456,12 +460,18 @@ class Leader:
         now = max(now, history.usage.at)
         history.observe(now=now, shares=self._state.dominant_shares())
         tree = self._history_tree()
-        if history.recompute(tree, now=now):
+        changed = history.recompute(tree, now=now)
+        if changed:
             self._state.use_history_weights(history.weights_in_force)
             log.info("history weights now %s", ", ".join(
                 f"{name} {weight:.3g}" for name, weight in sorted(
                     history.weights_in_force.items())))
-        self._history_report = history.report(tree)
+        # The report costs O(nodes) (milliseconds at 1,000 queues): not every round, but when
+        # the weights or the tree changed, and otherwise every few seconds for the usage.
+        last = self._history_report
+        if (changed or last is None or last.tree is not tree
+                or now - last.usage_at >= HISTORY_REPORT_EVERY_SECONDS):
+            self._history_report = history.report(tree)
 
     async def _save_history(self) -> None:
         """Store every leaf's decayed usage, brought up to now."""

@@ -63,6 +63,7 @@ class HistoryReport:
     recomputed_at: float | None  # when the weights in force were computed (None: never yet)
     nodes: Mapping[str, NodeHistory]  # every node of the tree, by name
     words: Mapping[str, str]  # per leaf, how history holds it back ("": it does not)
+    tree: QueueTree | None = None  # the tree it was made for
 
 
 def history_json(report: HistoryReport) -> dict[str, object]:
@@ -191,7 +192,7 @@ class UsageHistory:
             half_life_seconds=self.half_life_seconds, recompute_seconds=self._recompute,
             usage_at=self._usage.at, recomputed_at=self._recomputed_at, nodes=nodes,
             words={leaf: held_back_words(tree, nodes, leaf, leaders=leaders)
-                   for leaf in tree.leaves})
+                   for leaf in tree.leaves}, tree=tree)
 
 
 def held_back_words(tree: QueueTree, standings: Mapping[str, NodeHistory], leaf: str, *,
