@@ -13,7 +13,9 @@ CREATE TABLE IF NOT EXISTS decayed_usage (
     saved_by          text NOT NULL
 );
 
--- 032's function, plus: the scheduler keeps decayed_usage; queue-store may read it.
+-- 035's function (issue 35), plus: the scheduler keeps decayed_usage; queue-store may read it.
+-- 035's grants on cluster_growth are kept, guarded by whether the table exists, since this
+-- migration was written on a branch without 035 (after both are merged the guard always holds).
 CREATE OR REPLACE FUNCTION lockgate_grant_service_roles() RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -41,6 +43,15 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE, DELETE ON controller_backoffs TO lockgate_scheduler;
         GRANT USAGE ON SEQUENCE change_serial TO lockgate_scheduler;
         GRANT SELECT, INSERT, UPDATE, DELETE ON decayed_usage TO lockgate_scheduler;
+    END IF;
+    -- 035's grants (issue 35, written beside this one): cluster_growth once it exists.
+    IF to_regclass('cluster_growth') IS NOT NULL THEN
+        IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'lockgate_queue_store') THEN
+            GRANT SELECT, INSERT, UPDATE, DELETE ON cluster_growth TO lockgate_queue_store;
+        END IF;
+        IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'lockgate_scheduler') THEN
+            GRANT SELECT ON cluster_growth TO lockgate_scheduler;
+        END IF;
     END IF;
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'lockgate_webhook') THEN
         GRANT SELECT ON queues, schema_migrations TO lockgate_webhook;
