@@ -5,6 +5,12 @@ target (docs/scheduling.md, "Fair targets") and pods by phase.
 scheduler leader's own report (`/api/v1/fairness`, served by the admin API where it can reach
 the leader) what only the round knows: the demand share and what was released last round. A
 server without that report shows `-` there.
+
+With usage history on (docs/scheduling.md, "Usage that decays"), `-o wide` also shows each
+queue's decayed usage, as the time it amounts to holding the whole pool (share x seconds:
+"4m" is four minutes of the whole pool, or eight of half of it, lately), and the weight the
+fair targets divide by (EFF-WEIGHT: its weight x 2^(-usage / share) among its siblings); and
+every table says, below it, which queues history ranks below a sibling and why.
 """
 
 from __future__ import annotations
@@ -76,16 +82,19 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
                  share(q.get("fair_target")), str(q["queued"]), str(q["released"]),
                  str(q["running"]), duration(q.get("oldest_wait_seconds")), _queue_note(q),
                  by_cluster(q), share(fair.get("demand_share")),
-                 str(fair.get("released_last_round", "-"))])
+                 str(fair.get("released_last_round", "-")),
+                 duration(q.get("decayed_usage")), weight(q.get("effective_weight"))])
         return Table(
             ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET", "QUEUED", "RELEASED",
-             "RUNNING", "OLDEST-WAIT", "NOTE", "BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"],
-            rows, wide=3,
+             "RUNNING", "OLDEST-WAIT", "NOTE", "BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND",
+             "DECAYED-USAGE", "EFF-WEIGHT"],
+            rows, wide=5,
             empty="no queues yet: create one with `lockgate queue create NAME --namespace NS`",
             notes=([f"shares unavailable: {answer['reasons_unavailable']}"]
                    if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer)
             + ([f"warning: queue tree: {answer['tree_problem']}"]
-               if answer.get("tree_problem") else []))
+               if answer.get("tree_problem") else [])
+            + history_notes(answer))
 
     # Every time the CLI prints is ISO 8601; a server before issue 38 sent this one as epoch
     # seconds.
@@ -153,6 +162,13 @@ def by_cluster(q: Mapping[str, Any]) -> str:
     return ",".join(f"{cluster}:{share(held.get(cluster, 0.0))}/"
                     f"{share(targets.get(cluster, 0.0))}"
                     for cluster in sorted({*targets, *held})) or "-"
+
+
+def history_notes(answer: Mapping[str, Any]) -> list[str]:
+    """One line per queue usage history ranks below a sibling: "history: queue hog is ranked
+    below its sibling idle: hog used 2.0x its share over the last half-life (...)"."""
+    return [f"history: queue {q['queue']} is {q['history']}"
+            for q in answer["queues"] if q.get("history")]
 
 
 def skipped_gate_warnings(answer: Mapping[str, Any]) -> list[str]:

@@ -37,6 +37,7 @@ from lockgate import jobs
 from lockgate.change_feed import START
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.noticing import NoticeReason
+from lockgate.queue_tree import QueueTree
 from lockgate.scheduler import (
     Explainer,
     Feed,
@@ -49,6 +50,7 @@ from lockgate.scheduler import (
     schedule_round,
 )
 from lockgate.scheduler.collection import RoundCollector
+from lockgate.scheduler.history import HistoryReport, RunInterval, UsageHistory, rebuild_usage
 from lockgate.scheduler.report import ExplainSettings, report_round
 from lockgate.scheduler.telling import (
     queue_unknown_notices,
@@ -58,7 +60,7 @@ from lockgate.scheduler.telling import (
     waiting_notices,
 )
 from lockgate.wait_estimates import ReleaseRates
-from lockgate_adapters import eviction_store
+from lockgate_adapters import eviction_store, usage_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
@@ -90,6 +92,10 @@ TARGETS_SOLVE_SECONDS = MetricCounter(
 REMOVALS = MetricCounter("lockgate_scheduler_pod_removals",
                          "Pods recorded for removal, by kind (preempted, group_timeout) and queue",
                          ["kind", "queue"])
+
+
+# How stale the decayed usage in status may be (the weights in force are always current).
+HISTORY_REPORT_EVERY_SECONDS = 2.0
 
 
 class LeadershipLostError(Exception):
@@ -165,6 +171,11 @@ class Leader:
         self._wake = asyncio.Event()
         self._lost = asyncio.Event()
         self._stopping = asyncio.Event()
+        # Usage that decays (docs/scheduling.md, "Usage that decays"), when history is on:
+        # restored or rebuilt at load, advanced every round, stored on a period and at the end.
+        self._history: UsageHistory | None = None
+        self._history_report: HistoryReport | None = None
+        self._flat_tree: tuple[dict[str, float], QueueTree] | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Lead until `stopping` is set; raises LeadershipLostError or a Postgres error."""
@@ -183,6 +194,7 @@ class Leader:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            await self._save_history_at_step_down()
             await self._stop_targets_worker()
             self._connection.remove_termination_listener(self._on_leader_connection_lost)
             if listener is not None:
@@ -197,13 +209,14 @@ class Leader:
         next_republish = time.monotonic() + republish_every
         next_check = time.monotonic() + settings.leader_check_interval_seconds
         next_waiting_check = time.monotonic()  # after the first round
+        next_history_save = time.monotonic() + settings.history_save_seconds
         last_round_ended = -math.inf
         while not stopping.is_set():
             if not more_to_do:
                 wall = self._now().timestamp()
                 feed_due = time.monotonic() + (self._feed.next_due() - wall)
                 timeout = max(0.0, min(next_safety_round, next_republish, next_check,
-                                       next_waiting_check, feed_due)
+                                       next_waiting_check, feed_due, next_history_save)
                               - time.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -246,6 +259,9 @@ class Leader:
             if time.monotonic() >= next_waiting_check:
                 next_waiting_check = time.monotonic() + settings.wait_notice_check_seconds
                 await self._tell_waiting()
+            if time.monotonic() >= next_history_save:
+                next_history_save = time.monotonic() + settings.history_save_seconds
+                await self._save_history()
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -275,6 +291,8 @@ class Leader:
         log.info("loaded %d queues, %d nodes, %d unfinished jobs, the growth of %d clusters as "
                  "of %s in %.2fs", len(everything.queues), len(everything.nodes), len(jobs),
                  len(everything.growth), everything.cursor, time.monotonic() - started)
+        if self._settings.history_enabled:
+            await self._load_history()
 
     async def _check_in(self) -> None:
         """During a long load: prove the connection alive when a check is due."""
@@ -331,6 +349,7 @@ class Leader:
         ROUNDS.labels(trigger).inc()
         with tracer.start_as_current_span("schedule-round") as span:
             decided_at = self._now()
+            self._keep_history(decided_at.timestamp())
             # The round's releases stand once recorded: it works through a transaction,
             # committed below with the releases Postgres took.
             transaction = self._state.begin_round()
@@ -387,11 +406,111 @@ class Leader:
         self._report.record_round(
             report_round(self._state, result, number=self._rounds,
                          at=decided_at.timestamp(), phases=self._feed.phases,
-                         settings=self._explain_settings),
+                         settings=self._explain_settings, history=self._history_report),
             seconds=seconds, decisions=len(recorded))
         self._collector.after_round()
         self._hand_over_targets()
         return len(result.decisions) >= settings.max_decisions_per_round
+
+    # ---- usage that decays ----------------------------------------------------------------
+
+    async def _load_history(self) -> None:
+        """Restore the decayed usage the last leader stored; rebuild it from the jobs' records
+        when none is stored or it was kept with another half-life (it cannot be converted)."""
+        settings = self._settings
+        half_life = settings.history_half_life_seconds
+        assert half_life is not None  # the settings refuse history on without one
+        now = self._now().timestamp()
+        stored = await usage_store.load_usage(self._connection)
+        if stored is not None and stored.half_life_seconds == half_life:
+            # What happened since it was stored is covered by the first round's observation
+            # (what queues hold now, over the gap).
+            at = min(stored.as_of.timestamp(), now)
+            restored = dict(stored.leaves)
+            log.info("restored the decayed usage of %d queues stored by %s as of %s",
+                     len(restored), stored.saved_by, stored.as_of.isoformat())
+        else:
+            since = datetime.fromtimestamp(now - usage_store.REBUILD_HALF_LIVES * half_life, UTC)
+            runs = await usage_store.runs_since(self._connection, since)
+            state = self._state
+            intervals = [RunInterval(leaf=run.queue, share=state.dominant_share_of(run.requests),
+                                     since=run.since.timestamp(),
+                                     until=None if run.until is None else run.until.timestamp())
+                         for run in runs]
+            # The runs still going are what queues hold now: the first round counts them on.
+            restored = rebuild_usage(intervals, half_life_seconds=half_life, now=now)
+            at = now
+            log.warning("rebuilt the decayed usage of %d queues from %d runs in the jobs' records "
+                        "(%s)", len(restored), len(runs),
+                        "none was stored" if stored is None else
+                        f"it was stored with a half-life of {stored.half_life_seconds:g}s, "
+                        f"now {half_life:g}s")
+        self._history = UsageHistory(
+            half_life_seconds=half_life, recompute_seconds=settings.history_recompute_seconds,
+            tolerance=settings.history_weight_tolerance, at=at, restored=restored)
+
+    def _history_tree(self) -> QueueTree:
+        """The tree history is kept over: the queue tree when one divides the targets, else
+        every defined queue a child of the root."""
+        tree = self._state.queue_tree
+        if tree is not None:
+            return tree
+        weights = {name: spec.weight for name, record in self._state.queue_records.items()
+                   if (spec := record.spec) is not None}
+        cached = self._flat_tree
+        if cached is None or cached[0] != weights:  # built (and validated) once per change
+            cached = self._flat_tree = (weights, QueueTree.flat(weights))
+        return cached[1]
+
+    def _keep_history(self, now: float) -> None:
+        """Before a round: add what each queue held since the last, and on the period
+        recompute the history weights the targets divide by (they change only past the
+        tolerance, so preemption's targets stand still in between)."""
+        history = self._history
+        if history is None:
+            return
+        # A wall clock stepped back (NTP) must not stop the leader: count no time instead.
+        now = max(now, history.usage.at)
+        history.observe(now=now, shares=self._state.dominant_shares())
+        tree = self._history_tree()
+        changed = history.recompute(tree, now=now)
+        if changed:
+            self._state.use_history_weights(history.weights_in_force)
+            log.info("history weights now %s", ", ".join(
+                f"{name} {weight:.3g}" for name, weight in sorted(
+                    history.weights_in_force.items())))
+        # The report costs O(nodes) (milliseconds at 1,000 queues): not every round, but when
+        # the weights or the tree changed, and otherwise every few seconds for the usage.
+        last = self._history_report
+        if (changed or last is None or last.tree is not tree
+                or now - last.usage_at >= HISTORY_REPORT_EVERY_SECONDS):
+            self._history_report = history.report(tree)
+
+    async def _save_history(self) -> None:
+        """Store every leaf's decayed usage, brought up to now."""
+        history = self._history
+        if history is None:
+            return
+        at = self._now()
+        history.observe(now=max(at.timestamp(), history.usage.at),
+                        shares=self._state.dominant_shares())
+        await usage_store.save_usage(
+            self._connection, leaves=history.leaves(),
+            half_life_seconds=history.half_life_seconds,
+            as_of=datetime.fromtimestamp(history.usage.at, UTC),
+            saved_by=self._settings.instance_id)
+
+    async def _save_history_at_step_down(self) -> None:
+        """The last save of this term; a leader whose connection is gone cannot write (the
+        next leader then restores the last periodic save and covers the gap)."""
+        if self._history is None or self._connection.is_closed():
+            return
+        try:
+            await self._save_history()
+            log.info("stored the decayed usage at step-down")
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            log.warning("could not store the decayed usage at step-down (%s); the next leader "
+                        "restores the last periodic save", error)
 
     # ---- fair targets in the worker -------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import Gauge, Histogram
 
 from lockgate.scheduler import PHASES
+from lockgate.scheduler.history import history_json
 from lockgate.scheduler.report import (
     RoundReport,
     explanation_json,
@@ -136,12 +137,17 @@ class FairnessReport:
     def as_json(self) -> dict[str, Any]:
         """GET /api/v1/fairness: every queue's standing and its part in the last round."""
         picture = self.picture if self.leader else None
-        return {"instance_id": self.instance_id, "leader": self.leader,
+        body = {"instance_id": self.instance_id, "leader": self.leader,
                 "last_round": self._round_json(), "queues": self._queues_json(picture),
                 # The queue tree (lockgate.scheduler.tree_status), parents before children.
                 "tree": [] if picture is None else [tree_node_json(node)
                                                     for node in picture.tree()],
                 "tree_problem": None if picture is None else picture.tree_problem}
+        if picture is not None and picture.history is not None:
+            # Every node's decayed usage and what the rule made of its weight (`status --tree`
+            # reads inner nodes here; each queue's entry carries its own too).
+            body["history"] = history_json(picture.history)
+        return body
 
     def encoded(self) -> bytes:
         """`as_json` encoded, once per round: queue-store asks it for every status, overview

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lockgate.backoff import BackoffPolicy
+from lockgate.decayed_usage import HistoryPolicy
 from lockgate.growth import GrowthPolicy
 from lockgate.node_groups import NodeGroup
 from lockgate.resources import InvalidQuantityError, Resources
@@ -293,4 +294,43 @@ class SchedulerSettings(ServiceSettings):
     @model_validator(mode="after")
     def _growth_policy_valid(self) -> SchedulerSettings:
         self.growth_policy()  # a wrong quantity or a group given twice: refused at start
+        return self
+
+    # Usage that decays (docs/scheduling.md, "Usage that decays"): off by default, as fairness
+    # was (instantaneous). On without a half-life the scheduler refuses to start: never a silent
+    # no-op (Kueue's half-life defaulting to 0 turned its feature off without a word).
+    history_enabled: bool = Field(
+        default=False,
+        description="whether each queue's decayed usage lowers its weight among its siblings "
+                    "(weight x 2^(-usage / share))")
+    history_half_life_seconds: float | None = Field(
+        default=None, gt=0,
+        description="how fast usage is forgotten: it halves every this long (e.g. 7d); "
+                    "required when history is on")
+    history_recompute_seconds: float = Field(
+        default=60.0, gt=0,
+        description="how often the history weights are recomputed; between two changes the "
+                    "fair targets (and what preemption converges to) stand still")
+    history_weight_tolerance: float = Field(
+        default=0.05, ge=0, lt=1,
+        description="a recomputation changes the weights in force only if some weight moved "
+                    "by more than this fraction (no preemption chasing a drifting target)")
+    history_save_seconds: float = Field(
+        default=30.0, gt=0,
+        description="how often the leader stores the decayed usage in Postgres (and when it "
+                    "steps down), for the next leader to restore")
+
+    def history_policy(self) -> HistoryPolicy:
+        """Whether usage history counts, and its half-life (lockgate.decayed_usage)."""
+        return HistoryPolicy(enabled=self.history_enabled,
+                             half_life_seconds=self.history_half_life_seconds)
+
+    @model_validator(mode="after")
+    def _history_policy_valid(self) -> SchedulerSettings:
+        try:
+            self.history_policy()  # on without a half-life: refused at start, with its reason
+        except ValueError as error:
+            raise ValueError(
+                f"{error} (LOCKGATE_SCHEDULER_HISTORY_HALF_LIFE_SECONDS, e.g. 7d; or "
+                f"LOCKGATE_SCHEDULER_HISTORY_ENABLED=false)") from error
         return self

@@ -97,14 +97,18 @@ class AdminViews:
 
     async def status(self, _: web.Request) -> web.Response:
         queues, report = await queue_standings(self.pool, self.leader)
-        return web.json_response({
+        body: dict[str, Any] = {
             "at": datetime.now(UTC).isoformat(), "leader": leader_json(report),
             "reasons_unavailable": None if report is not None else self.leader.unavailable,
             "queues": queues,
             # The queue tree from the leader's picture (`lockgate status --tree`); null when
             # no leader answered: the tree's shares are the leader's alone.
             "tree": None if report is None else report.get("tree") or [],
-            "tree_problem": None if report is None else report.get("tree_problem")})
+            "tree_problem": None if report is None else report.get("tree_problem")}
+        if report is not None and report.get("history") is not None:
+            # Usage history's every node (lockgate.scheduler.history.history_json).
+            body["history"] = report["history"]
+        return web.json_response(body)
 
     async def explain(self, request: web.Request) -> web.Response:
         cluster = request.match_info["cluster"]

@@ -93,13 +93,15 @@ def test_status_wide_adds_each_clusters_share_of_the_target_and_the_schedulers_f
     recorded = (RecordedApi().on("GET", "/api/v1/status", STATUS)
                 .on("GET", "/api/v1/fairness", report))
     header, team_a, b = recorded.run("status", "-o", "wide").out.splitlines()
-    assert header.split()[-3:] == ["BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND"]
-    assert team_a.split()[-3:] == ["cluster-a:50.0%/62.5%", "90.0%", "3"]
-    assert b.split()[-3:] == ["-", "10.0%", "0"]
+    assert header.split()[-5:] == ["BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND",
+                                   "DECAYED-USAGE", "EFF-WEIGHT"]
+    # Usage history off: its two columns say "-".
+    assert team_a.split()[-5:] == ["cluster-a:50.0%/62.5%", "90.0%", "3", "-", "-"]
+    assert b.split()[-5:] == ["-", "10.0%", "0", "-", "-"]
     # An API without the scheduler's report (older, or no leader): those columns say "-".
     older = RecordedApi().on("GET", "/api/v1/status", STATUS).run("status", "-o", "wide")
     assert older.code == 0, older.err
-    assert older.out.splitlines()[1].split()[-2:] == ["-", "-"]
+    assert older.out.splitlines()[1].split()[-4:] == ["-", "-", "-", "-"]
 
 
 EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid": "u",

@@ -248,6 +248,10 @@ class Explanation:
     # With a queue tree: each level of the pod's branch against its share of its parent, and
     # who is owed the room where the branch is held back (`tree_status.holding_level`).
     tree: str = ""
+    # How usage history holds its queue back (lockgate.scheduler.history.held_back_words):
+    # "ranked below its sibling bob: alice used 2.3x its share over the last half-life";
+    # "" when history is off or holds it back nowhere.
+    history: str = ""
 
 
 class GrowthStanding(StrEnum):
@@ -299,10 +303,20 @@ class Explainer:
         self._room_stats: dict[str, _RoomStats] = {}
         self._growth_gates: dict[str, GrowthGate] = {}  # per autoscaled cluster asked about
         self._tree_nodes: dict[str, TreeNodeStatus] | None = None  # the queue tree, once asked
+        # Per queue, how usage history holds it back (the leader sets it; empty: history off).
+        self.history_words: Mapping[str, str] = {}
 
     def explain(self, job_id: str, position: tuple[int, int] | None = None
                 ) -> Explanation | None:
         """`position` (place, of how many) if known, else computed (O(jobs))."""
+        explanation = self._explain_now(job_id, position)
+        if explanation is None or explanation.reason not in _HISTORY_SAYS:
+            return explanation
+        words = self.history_words.get(explanation.queue, "")
+        return _with_message(replace(explanation, history=words)) if words else explanation
+
+    def _explain_now(self, job_id: str, position: tuple[int, int] | None
+                     ) -> Explanation | None:
         state = self.state
         job = state.job(job_id)
         if job is None:
@@ -895,9 +909,16 @@ def wait_message(e: Explanation) -> str:
         return f"{where}; not waiting ({e.state})" + (f"; {e.group}" if e.group else "")
     if e.tree:
         why += f"; in the queue tree, {e.tree}"
+    if e.history:
+        why += f"; {e.history}"
     if e.growth:
         why += f"; {e.growth}"
     return _finish(e, f"{where}; {why}")
+
+
+# The reasons a lower history weight can be behind: the queue's share, or room owed first to
+# queues ranked before it.
+_HISTORY_SAYS = frozenset({WaitReason.FAIR_SHARE, WaitReason.CLUSTER_ROOM})
 
 
 def _finish(e: Explanation, text: str) -> str:
@@ -1046,6 +1067,11 @@ class QueueStatus:
     fair_target: float = 0.0
     cluster_targets: Mapping[str, float] = field(default_factory=dict)
     cluster_shares: Mapping[str, float] = field(default_factory=dict)
+    # Usage history (lockgate.scheduler.history), None when it is off: its decayed usage
+    # (share x seconds), the weight the targets divide by, and how history holds it back.
+    decayed_usage: float | None = None
+    effective_weight: float | None = None
+    history: str = ""
 
 
 def queue_statuses(state: SchedulerState) -> list[QueueStatus]:

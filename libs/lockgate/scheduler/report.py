@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from lockgate.growth import PoolHeadroom
@@ -31,6 +31,7 @@ from lockgate.scheduler.explain import (
     QueueStatus,
     WaitReason,
 )
+from lockgate.scheduler.history import HistoryReport
 from lockgate.scheduler.round import RoundResult, SkipReason, growth_gate
 from lockgate.scheduler.state import SchedulerState
 from lockgate.scheduler.tree_status import TreeNodeStatus, tree_statuses
@@ -89,6 +90,8 @@ class RoundReport:
     # and why the definitions cannot be honoured as they are (None: they can).
     _tree: tuple[TreeNodeStatus, ...] | None = None
     tree_problem: str | None = None
+    # Usage history after the round (lockgate.scheduler.history); None when it is off.
+    history: HistoryReport | None = None
 
     def explain(self, jobs: Iterable[tuple[str, tuple[int, int] | None]], *,
                 now: float) -> dict[str, Explanation | None]:
@@ -107,6 +110,8 @@ class RoundReport:
             explainer = self._explainer = Explainer(
                 self._state, now=now, preemption=settings.preemption,
                 group_reserve_after=settings.group_reserve_after, holds=settings.holds)
+            if self.history is not None:
+                explainer.history_words = self.history.words
         explainer.now = now
         return explainer
 
@@ -114,7 +119,13 @@ class RoundReport:
         """The queue tree after the round, parents before children (`status --tree`): built
         when first asked (a pass over the queues), never older than the round."""
         if self._tree is None:
-            self._tree = tree_statuses(self._state)
+            tree = tree_statuses(self._state)
+            if self.history is not None:
+                # Each node's decayed usage, from the round's own history report.
+                nodes = self.history.nodes
+                tree = tuple(replace(node, decayed_usage=nodes[node.name].usage)
+                             if node.name in nodes else node for node in tree)
+            self._tree = tree
         return self._tree
 
     def status_of(self, queue: str) -> QueueStatus | None:
@@ -125,7 +136,8 @@ class RoundReport:
 
 
 def report_round(state: SchedulerState, result: RoundResult, *, number: int, at: float,
-                 phases: Mapping[str, Counter[str]], settings: ExplainSettings) -> RoundReport:
+                 phases: Mapping[str, Counter[str]], settings: ExplainSettings,
+                 history: HistoryReport | None = None) -> RoundReport:
     """The report of a round just run on `state` (after its decisions were recorded).
 
     O(queues): the counts come from the leader's running tallies (`Feed.phases` and the state's
@@ -151,7 +163,8 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             else spec.max_queued.seconds,
             backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
             cluster_targets=dict(share.cluster_targets),
-            cluster_shares=dict(share.cluster_shares)))
+            cluster_shares=dict(share.cluster_shares),
+            **_history_fields(history, name)))
         rounds[name] = QueueRound(
             demand_share=share.demand_share, allocated=report.allocated,
             released=report.released, outcome=report.outcome.value,
@@ -160,8 +173,18 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             set_aside=tuple(report.set_aside))
     return RoundReport(number=number, at=at, queues=tuple(queues), rounds=rounds,
                        skipped=result.skipped_jobs, _state=state, _settings=settings,
-                       growth=growth_statuses(state, now=at),
+                       growth=growth_statuses(state, now=at), history=history,
                        tree_problem=state.queue_tree_problem())
+
+
+def _history_fields(history: HistoryReport | None, queue: str) -> dict[str, Any]:
+    """A queue's `QueueStatus` fields of usage history (none when it is off)."""
+    if history is None:
+        return {}
+    node = history.nodes.get(queue)
+    return {"decayed_usage": 0.0 if node is None else node.usage,
+            "effective_weight": None if node is None else node.effective_weight,
+            "history": history.words.get(queue, "")}
 
 
 def growth_statuses(state: SchedulerState, *, now: float) -> dict[str, ClusterGrowthStatus]:

@@ -654,6 +654,32 @@ class SchedulerState:
                     f"deepest first")
         return None
 
+    def use_history_weights(self, weights: Mapping[str, float]) -> None:
+        """Divide the fair targets by these effective weights from usage history
+        (`TargetInputs.use_history_weights`; empty: the configured weights)."""
+        self._targets.use_history_weights(weights)
+
+    def dominant_shares(self) -> dict[str, float]:
+        """Each queue's dominant share of the pool over what it holds now (for usage history:
+        lockgate.scheduler.history), for the queues holding anything."""
+        inverse = self.fairness_inverse()
+        shares: dict[str, float] = {}
+        for name, queue in self._queues.items():
+            if queue.allocated:
+                share = max((amount * inv for amount, inv
+                             in zip(queue.allocation, inverse, strict=False)), default=0.0)
+                if share > 0:
+                    shares[name] = share
+        return shares
+
+    def dominant_share_of(self, requests: Mapping[str, int]) -> float:
+        """The dominant share of the pool as it is now of `requests` (canonical units, by
+        resource name; resources the pool lacks or fairness is not over count for nothing)."""
+        inverse = self.fairness_inverse()
+        axes = self._axes
+        return max((amount * inverse[axes[name]] for name, amount in requests.items()
+                    if name in axes and axes[name] < len(inverse)), default=0.0)
+
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
         """The fair targets' inputs as one value to solve elsewhere
         (`TargetInputs.target_problem`)."""
@@ -693,7 +719,8 @@ class SchedulerState:
 
     def _weights_now(self) -> tuple[dict[str, float], dict[str, bool]]:
         """The defined, non-empty queues' weights, and whether each is schedulable."""
-        weights = {name: queue.weight for name, queue in self._queues.items()
+        weight_of = self._targets.weight_of
+        weights = {name: weight_of(name, queue.weight) for name, queue in self._queues.items()
                    if queue.spec is not None and not queue.is_empty()}
         return weights, {name: self._queues[name].schedulable for name in weights}
 
@@ -712,7 +739,7 @@ class SchedulerState:
         for name, queue in self._queues.items():
             if queue.spec is None or queue.is_empty():
                 continue
-            weights[name] = queue.weight
+            weights[name] = self._targets.weight_of(name, queue.weight)
             for cluster, counts in queue.alloc_shapes.items():
                 slots = per_cluster.setdefault(cluster, {})
                 for shape, count in counts.items():

@@ -16,6 +16,7 @@ changed; `lockgate.scheduler.invariants` compares what it keeps with the state's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -142,6 +143,8 @@ class TargetInputs:
         self._inputs: tuple[int, Inputs] | None = None
         # The queue tree the targets divide by (None: today's flat queues; `use_queue_tree`).
         self._tree: QueueTree | None = None
+        # Effective weights by node from usage history (`use_history_weights`; empty: none).
+        self._history: dict[str, float] = {}
 
     # ---- the targets -------------------------------------------------------------------------
 
@@ -175,9 +178,10 @@ class TargetInputs:
                     latest or old_amounts is amounts or old_amounts == amounts
                     or (now is not None and now - at < max_age)):
                 return targets
+        tree = self.weighted_tree()
         targets = (fair_targets(groups=groups, weights=weights, demands=demands,
-                                pool=self._pool()) if self._tree is None else
-                   hierarchical_fair_targets(tree=self._tree, groups=groups, demands=demands,
+                                pool=self._pool()) if tree is None else
+                   hierarchical_fair_targets(tree=tree, groups=groups, demands=demands,
                                              pool=self._pool()))
         self._targets = (structure, amounts, -1e18 if now is None else now, targets, False)
         return targets
@@ -190,12 +194,42 @@ class TargetInputs:
         self._targets = None
         self.queues_changed()
 
+    @property
+    def queue_tree(self) -> QueueTree | None:
+        """The tree the targets divide by, with its configured weights (None: flat queues)."""
+        return self._tree
+
+    def weighted_tree(self) -> QueueTree | None:
+        """The tree with the history weights in force on its nodes (None: flat queues)."""
+        tree = self._tree
+        if tree is None or not self._history:
+            return tree
+        return tree.with_weights({name: weight for name, weight in self._history.items()
+                                  if name in tree})
+
+    def use_history_weights(self, weights: Mapping[str, float]) -> None:
+        """Divide by these effective weights (lockgate.scheduler.history; by node name, leaves
+        being queues) in place of the configured ones from now on; empty: the configured ones.
+        The last targets are dropped, as for a new tree (a tree's weights are not part of
+        `inputs`' structure)."""
+        for name, weight in weights.items():
+            if not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"history weight of {name!r} must be positive, got {weight}")
+        self._history = dict(weights)
+        self._targets = None
+        self.queues_changed()
+
+    def weight_of(self, name: str, configured: float) -> float:
+        """A queue's weight as the flat targets divide by it: its history weight if any."""
+        return self._history.get(name, configured)
+
     def target_problem(self) -> tuple[TargetProblem, TargetsKey]:
         """The fair targets' inputs as one value to solve elsewhere (`TargetProblem.solve`),
         and the key to adopt its answer under (`adopt_targets`)."""
         groups, weights, demands, structure, amounts = self.inputs()
         problem = TargetProblem(groups=tuple(groups), weights=dict(weights),
-                                demands=tuple(demands), pool=self._pool(), tree=self._tree)
+                                demands=tuple(demands), pool=self._pool(),
+                                tree=self.weighted_tree())
         return problem, TargetsKey(structure, amounts)
 
     def hand_over_targets(self, *, at: float, min_demands: int = 0,

@@ -26,7 +26,6 @@ from lockgate.scheduler.state import SchedulerState
 from lockgate.scheduler.targets import FairTargets
 
 
-
 @dataclass(frozen=True, slots=True)
 class TreeNodeStatus:
     """One node of the queue tree after a round."""
