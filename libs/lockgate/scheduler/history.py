@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from lockgate.decayed_usage import DecayedUsage, HistoryPolicyError
 from lockgate.queue_tree import QueueTree
-from lockgate.scheduler.costs import history_weights
+from lockgate.scheduler.costs import cost_below, history_weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +210,7 @@ def held_back_words(tree: QueueTree, standings: Mapping[str, NodeHistory], leaf:
         if mine is None:
             continue
         best = next((s for s in leaders.get(tree.parent(node), []) if s.name != node), None)
-        if best is None or not best.factor > mine.factor * (1 + 1e-9):
+        if best is None or not cost_below(mine.factor, best.factor):
             continue
         who = "its sibling" if node == leaf else f"{node}'s sibling"
         return (f"ranked below {who} {best.name}: {node} used "
