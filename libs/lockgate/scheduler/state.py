@@ -36,6 +36,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
+from lockgate.events import ClusterGrowth
 from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import NodeTraits, PodPlacement
@@ -238,6 +239,8 @@ class SchedulerState:
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
         # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
         self._room_holds = RoomHolds()
+        # Per autoscaled cluster, its autoscaler's last picture (`set_growth`).
+        self._growth: dict[str, ClusterGrowth] = {}
         # The round's transaction while one is open (`begin_round`).
         self._transaction: RoundTransaction | None = None
         # The fair targets' inputs, kept change by change, and the targets last computed.
@@ -345,6 +348,38 @@ class SchedulerState:
             # changed (every node is a class of its own, its name being a trait) may not.
             if state.node_sizes[size] == 1 and size != old_class:
                 self._unpark(cluster, size)
+
+    def set_growth(self, cluster: str, growth: ClusterGrowth | None) -> None:
+        """Replace what the cluster's autoscaler may still add (None: forget it).
+
+        A picture older than the one kept is ignored (the newest `observed_at` wins, as on the
+        topic); an equal one costs one comparison. A change counts as a change of the cluster's
+        nodes (its `version`, the fair targets' inputs): what a cluster may grow by is capacity
+        its fair targets are over.
+        """
+        if growth is not None and growth.cluster != cluster:
+            raise ValueError(
+                f"growth of cluster {growth.cluster!r} given as that of {cluster!r}")
+        old = self._growth.get(cluster)
+        if growth is None:
+            if old is None:
+                return
+            del self._growth[cluster]
+        else:
+            if old is not None and (old == growth or growth.observed_at < old.observed_at):
+                return
+            self._growth[cluster] = growth
+        self._cluster(cluster).version += 1
+        self._targets.note_change()
+
+    def growth(self, cluster: str) -> ClusterGrowth | None:
+        """The cluster's autoscaler picture last set (`set_growth`), or None."""
+        return self._growth.get(cluster)
+
+    @property
+    def growth_pictures(self) -> Mapping[str, ClusterGrowth]:
+        """Every cluster's autoscaler picture, by cluster (callers must not change it)."""
+        return self._growth
 
     def cluster_names(self) -> list[str]:
         return sorted(self._clusters)

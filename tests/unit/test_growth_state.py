@@ -1,0 +1,68 @@
+"""The state keeps each autoscaled cluster's growth picture (`SchedulerState.set_growth`).
+
+A picture is capacity the fair targets are over, so a change of it must count as a change of
+the cluster (its version, which the fair targets' node groups are keyed by); the same picture
+again, or an older one, must not.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from lockgate.events import ClusterGrowth, NodePoolStatus
+from lockgate.resources import Resources
+from lockgate.scheduler import NodeInfo, SchedulerState
+
+T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+
+
+def a_picture(cluster: str = "b", *, at: datetime = T0, cpu_limit: int = 64_000) -> ClusterGrowth:
+    return ClusterGrowth(cluster=cluster, observed_at=at, autoscaled=True, node_pools=[
+        NodePoolStatus(name="default", limits={"cpu": cpu_limit}, in_use={"cpu": 0})])
+
+
+def a_state() -> SchedulerState:
+    state = SchedulerState()
+    state.set_cluster("b", {"n1": NodeInfo(allocatable=Resources({"cpu": 4000}))})
+    return state
+
+
+def test_a_picture_is_kept_and_counts_as_a_change_of_the_cluster() -> None:
+    state = a_state()
+    version = state.cluster_records["b"].version
+    picture = a_picture()
+    state.set_growth("b", picture)
+    assert state.growth("b") == picture
+    assert state.growth_pictures == {"b": picture}
+    assert state.cluster_records["b"].version > version
+
+
+def test_the_same_picture_again_or_an_older_one_changes_nothing() -> None:
+    state = a_state()
+    state.set_growth("b", a_picture(cpu_limit=64_000))
+    version = state.cluster_records["b"].version
+    state.set_growth("b", a_picture(cpu_limit=64_000))
+    state.set_growth("b", a_picture(at=T0 - timedelta(seconds=1), cpu_limit=8_000))
+    assert state.growth("b") == a_picture(cpu_limit=64_000)
+    assert state.cluster_records["b"].version == version
+
+
+def test_a_newer_picture_replaces_the_old_one_and_none_forgets_it() -> None:
+    state = a_state()
+    state.set_growth("b", a_picture())
+    newer = a_picture(at=T0 + timedelta(seconds=5), cpu_limit=8_000)
+    state.set_growth("b", newer)
+    assert state.growth("b") == newer
+    version = state.cluster_records["b"].version
+    state.set_growth("b", None)
+    assert state.growth("b") is None
+    assert state.cluster_records["b"].version > version
+    state.set_growth("b", None)  # forgetting twice is harmless
+    assert state.growth_pictures == {}
+
+
+def test_a_picture_of_another_cluster_is_refused() -> None:
+    with pytest.raises(ValueError, match="growth of cluster 'a' given as that of 'b'"):
+        a_state().set_growth("b", a_picture("a"))
