@@ -1,8 +1,8 @@
 """The state keeps each autoscaled cluster's growth picture (`SchedulerState.set_growth`).
 
-A picture is capacity the fair targets are over, so a change of it must count as a change of
-the cluster (its version, which the fair targets' node groups are keyed by); the same picture
-again, or an older one, must not.
+A picture is capacity the fair targets are over: a change of what the cluster may grow by must
+count as a change of the cluster (its version, which the fair targets' node groups are keyed
+by); the same picture again, or an older one, must not.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from lockgate.events import ClusterGrowth, NodePoolStatus
+from lockgate.placement import Requirement
 from lockgate.resources import Resources
 from lockgate.scheduler import NodeInfo, SchedulerState
 
@@ -20,7 +21,12 @@ T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 
 def a_picture(cluster: str = "b", *, at: datetime = T0, cpu_limit: int = 64_000) -> ClusterGrowth:
     return ClusterGrowth(cluster=cluster, observed_at=at, autoscaled=True, node_pools=[
-        NodePoolStatus(name="default", limits={"cpu": cpu_limit}, in_use={"cpu": 0})])
+        NodePoolStatus(name="default", limits={"cpu": cpu_limit}, in_use={"cpu": 0},
+                       requirements=(
+                           Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
+                                       values=("4",)),
+                           Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                                       values=("16Gi",))))])
 
 
 def a_state() -> SchedulerState:

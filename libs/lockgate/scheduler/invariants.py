@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
+from lockgate.growth import is_virtual
 from lockgate.jobs import JobState
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.records import HeapEntry, JobRecord, Shape, add_pairs
@@ -45,6 +46,7 @@ def check_invariants(state: SchedulerState) -> None:
     _check_groups(state, problems)
     _check_controllers(state, problems)
     _check_target_inputs(state, problems, axes)
+    _check_growth(state, problems)
     if problems.found:
         listed = "\n  - ".join(problems.found[:_MAX_LISTED])
         more = len(problems.found) - _MAX_LISTED
@@ -337,6 +339,34 @@ def _check_usage(cluster: ClusterRecord, bound: dict[tuple[str, str], list[tuple
         record = unbound.get(job_id)
         problems.check(record is None or record.shape is shape,
                        f"{where} holds unbound job {job_id} with another shape")
+
+
+def _check_growth(state: SchedulerState, problems: _Problems) -> None:
+    """The virtual nodes are exactly each cluster's growth plan's, and every pod released for
+    growth and kept as such is released, unbound, and charged to the virtual node it was
+    released onto, once (lockgate.growth; docs/autoscaling.md, "Guarantees")."""
+    for name, cluster in state.cluster_records.items():
+        plan = state.growth_plan(name)
+        planned = {} if plan is None else {node.name: dict(node.allocatable)
+                                           for node in plan.nodes}
+        virtual = {node_name: node.info.allocatable.as_dict()
+                   for node_name, node in cluster.nodes.items() if is_virtual(node_name)}
+        problems.check(virtual == planned,
+                       f"cluster {name!r}'s virtual nodes {sorted(virtual)[:5]} are not its "
+                       f"growth plan's {sorted(planned)[:5]}")
+        for node_name in cluster.used_by_node:
+            problems.check(not is_virtual(node_name),
+                           f"cluster {name!r}: jobs are bound to virtual node {node_name!r}")
+    for job_id, release in state.growth_releases.items():
+        record = state.job_records.get(job_id)
+        home = state.cluster_records.get(release.cluster)
+        held = None if home is None else home.held_unbound.get(job_id)
+        problems.check(
+            record is not None and record.state is not JobState.QUEUED
+            and record.node_name is None and record.cluster == release.cluster
+            and held is not None and held[1] == release.node,
+            f"job {job_id!r} is kept as released for growth onto {release.node!r} in "
+            f"{release.cluster!r}, but it is not held unbound there on that node")
 
 
 def _check_shapes(state: SchedulerState, problems: _Problems) -> None:

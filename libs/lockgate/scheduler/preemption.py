@@ -53,6 +53,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from lockgate.growth import is_virtual
 from lockgate.jobs import JobState
 from lockgate.labels import PREEMPTIBLE_LABEL
 from lockgate.placement import can_land
@@ -663,7 +664,9 @@ class _Planner:
         cluster = self.state.cluster_records.get(cluster_name)
         rooms: dict[str, list[int]] | None = None
         if cluster is not None and not cluster.held_unbound:
-            rooms = {name: cluster.nodes[name].free[:] for name in cluster.order}
+            # Only nodes that exist: evicting makes no room on a node that may exist.
+            rooms = {name: cluster.nodes[name].free[:] for name in cluster.order
+                     if not is_virtual(name)}
             victims: dict[str, list[tuple[str, JobRecord]]] = {}
             members: dict[GroupKey, list[tuple[float, str]]] = {}
             for job_id, job in self.state.job_records.items():

@@ -132,7 +132,8 @@ class ClusterRoom:
             else:
                 without_room.append(shape)
         without_room.sort(key=lambda shape: dominant_of(shape, inverse_total), reverse=True)
-        return sum(1 for shape in without_room if self.place(shape) < 0)
+        return sum(1 for shape in without_room
+                   if self.place(shape) < 0 and self.place_growth(shape) < 0)
 
     def hold(self, job_id: str, queue: str, shape: Shape, axes: int, *,
              node: int | None = None, avoid: frozenset[str] | set[str] = frozenset(),
@@ -391,7 +392,7 @@ class ClusterRoom:
     def could_use_every_node(self, shape: Shape) -> bool:
         """Whether `shape` may land on every node here and fits each once its managed pods
         end: then room freed on any node here brings it closer to running."""
-        return len(self.candidates_to_hold(shape)) == len(self.names)
+        return len(self.candidates_to_hold(shape)) == self.record.real_nodes
 
     def fits_some_node(self, shape: Shape) -> bool:
         """Whether some schedulable node could hold `shape` when empty."""
@@ -405,12 +406,42 @@ class ClusterRoom:
         return fits
 
     def nodes_for(self, placement: PodPlacement | None) -> list[int]:
-        """Indexes of the nodes a pod with this placement may land on, in first-fit order."""
+        """Indexes of the real nodes a pod with this placement may land on, in first-fit
+        order (nodes that may exist are `place_growth`'s alone)."""
         nodes = self.record.eligible_nodes.get(placement)
         if nodes is None:
+            virtual = set(self.record.virtual_order)
             nodes = self.record.eligible_nodes[placement] = [
-                i for i, traits in enumerate(self.traits) if can_land(placement, traits)]
+                i for i, traits in enumerate(self.traits)
+                if i not in virtual and can_land(placement, traits)]
         return nodes
+
+    def place_growth(self, shape: Shape) -> int:
+        """First fit on the nodes that may exist (lockgate.growth: NodeClaims in flight, then
+        each pool's headroom, in that order), filling one before the next so the autoscaler is
+        asked for as few nodes as the pods need: the index of the node now holding `shape`, or
+        -1. Only after `place` found no room on the real nodes (the round's rule: existing room
+        first)."""
+        placement = shape.placement
+        traits = self.traits
+        free = self.free
+        for node in self.record.virtual_order:
+            if fits(free[node], shape) and can_land(placement, traits[node]):
+                take(self._own(node), shape)
+                self._index(node)
+                return node
+        return -1
+
+    def fits_growth(self, shape: Shape) -> bool:
+        """Whether some node that may exist has room for `shape` now (`place_growth`,
+        without taking it)."""
+        free, traits = self.free, self.traits
+        return any(fits(free[node], shape) and can_land(shape.placement, traits[node])
+                   for node in self.record.virtual_order)
+
+    def is_virtual(self, node: int) -> bool:
+        """Whether the node at this index may exist rather than exists (`place_growth`)."""
+        return node in self.record.virtual_order
 
     def nodes_for_shape(self, shape: Shape) -> list[int]:
         """`nodes_for` its placement, looked up by the placement's number."""
@@ -482,14 +513,19 @@ class ClusterRoom:
             self._index(best)
         return best
 
-    def place_all(self, shapes: list[Shape], inverse_total: list[float]) -> list[int] | None:
-        """Place every shape (largest first) or none: the node of each, in the order given."""
+    def place_all(self, shapes: list[Shape], inverse_total: list[float], *,
+                  growth: bool = False) -> list[int] | None:
+        """Place every shape (largest first) or none: the node of each, in the order given;
+        with `growth`, on nodes that may exist where the real ones have no room
+        (`place_growth`)."""
         saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected))
         nodes = [-1] * len(shapes)
         order = sorted(range(len(shapes)), reverse=True,
                        key=lambda i: dominant_of(shapes[i], inverse_total))
         for i in order:
             node = self.place(shapes[i])
+            if node < 0 and growth:
+                node = self.place_growth(shapes[i])
             if node < 0:
                 self.free, self.cursor, self.rejected = saved
                 self.owned = bytearray(b"\x01") * len(self.free)  # all copies now

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lockgate.growth import is_virtual
 from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.resources import Resources
 from lockgate.scheduler.records import Shape
@@ -76,10 +77,12 @@ class ClusterRecord:
         "nodes",
         "order",
         "positions",
+        "real_nodes",
         "releasing",
         "total",
         "used_by_node",
         "version",
+        "virtual_order",
     )
 
     def __init__(self, name: str, axes: int) -> None:
@@ -121,6 +124,10 @@ class ClusterRecord:
         self.hold_nodes: dict[Shape, list[int]] = {}
         self.hold_node_sets: dict[Shape, frozenset[int]] = {}  # the same, as sets
         self.positions: dict[str, int] = {}  # node name -> its index in first-fit order
+        # Nodes that may exist (lockgate.growth: NodeClaims in flight, then a pool's headroom):
+        # their indexes in the order a round fills them, and how many nodes are real.
+        self.virtual_order: list[int] = []
+        self.real_nodes = 0
 
     def note_free(self, node: str, free: list[int]) -> None:
         """A node's free room changed (in place): keep the index of it current, if it is."""
@@ -143,6 +150,12 @@ class ClusterRecord:
             self.hold_nodes = {}
             self.hold_node_sets = {}
             self.positions = {name: i for i, name in enumerate(self.order)}
+            virtual = [name for name in self.order if is_virtual(name)]
+            # In-flight claims first (they are coming anyway), then each pool's headroom in
+            # its own order ("/2" before "/10").
+            virtual.sort(key=lambda name: ("/claim/" not in name, len(name), name))
+            self.virtual_order = [self.positions[name] for name in virtual]
+            self.real_nodes = len(self.order) - len(virtual)
 
 
 def fits_node_class(shape: Shape, node_class: NodeClass) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from lockgate.growth import GrowthPlan, PoolHeadroom, describe_amounts, wave_answered
 from lockgate.jobs import JobState
 from lockgate.scheduler.costs import (
     FairShare,
@@ -44,7 +45,12 @@ from lockgate.scheduler.holds import RoomHold
 from lockgate.scheduler.pending import PendingJobs
 from lockgate.scheduler.records import HeapEntry, JobKind, JobRecord, Shape
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
-from lockgate.scheduler.state import QueueRecord, RoundTransaction, SchedulerState
+from lockgate.scheduler.state import (
+    GrowthRelease,
+    QueueRecord,
+    RoundTransaction,
+    SchedulerState,
+)
 from lockgate.scheduler.targets import FairTargets
 
 # A queue with more distinct request shapes than this waiting in one cluster is not checked
@@ -74,6 +80,12 @@ class SkipReason(StrEnum):
     # Its controller backs off after lockgate gave up on its pods (lockgate.backoff): held out
     # of its queue's line, so only counted (`QueueReport.backing_off`), never looked at.
     BACKING_OFF = "backing_off"
+    # No room on the nodes that exist, and its cluster could grow for it, but its queue is not
+    # below its fair target there: the cluster does not grow for it (lockgate.growth).
+    OVER_SHARE_FOR_GROWTH = "over_share_for_growth"
+    # No room on the nodes that exist; its cluster grows, and the next wave of releases for
+    # growth waits until the last wave's NodeClaims appear (`GrowthGate.waiting`).
+    WAITING_FOR_GROWTH = "waiting_for_growth"
 
 
 UNSCHEDULABLE_REASONS = frozenset(
@@ -100,13 +112,81 @@ class QueueOutcome(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class GrowthNote:
+    """A release for growth: the pod goes to a node that may exist (lockgate.growth), so
+    that its cluster grows for it."""
+
+    pool: str  # the NodePool that would make the node
+    node: str  # the virtual node it is charged to
+    claim: str  # the NodeClaim in flight it waits for ("": a node the pool may still add)
+    headroom: PoolHeadroom | None  # the pool's headroom when released
+
+    def words(self, cluster: str) -> str:
+        """"released so that cluster-b grows (NodePool default: headroom cpu=48)"."""
+        left = "" if self.headroom is None or not self.headroom.remaining else (
+            f": headroom {describe_amounts(self.headroom.remaining)}")
+        text = f"released so that {cluster} grows (NodePool {self.pool}{left})"
+        if self.claim:
+            text += f"; waiting for a node (NodeClaim {self.claim})"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
-    """Release `job_id`. `node_hint` is where the round's snapshot placed it (advice only)."""
+    """Release `job_id`. `node_hint` is where the round's snapshot placed it (advice only);
+    `growth`: it was released for growth (its node hint a node that may exist)."""
 
     job_id: str
     queue: str
     cluster: str
     node_hint: str
+    growth: GrowthNote | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GrowthGate:
+    """Whether a round may release pods for growth into a cluster now (`growth_gate`)."""
+
+    plan: GrowthPlan | None
+    stalled: str = ""  # "growth stalled: ..." ("": not stalled)
+    waiting: str = ""  # why the next wave waits ("": it need not)
+
+    @property
+    def open(self) -> bool:
+        return self.plan is not None and not self.stalled and not self.waiting
+
+
+def growth_gate(state: SchedulerState, cluster: str, *, now: float | None,
+                round_number: int | None = None) -> GrowthGate:
+    """Whether pods may be released for growth into `cluster` (docs/autoscaling.md): not when
+    a NodeClaim of the cluster failed, or a pod released for growth is still unbound
+    `stall_after_seconds` after its release (growth stalled); not while the last wave's
+    NodeClaims have not appeared (a new claim, or a pool's in_use grew), for at most
+    `wave_wait_seconds` (pacing). Releases of round `round_number` itself are one wave."""
+    plan = state.growth_plan(cluster)
+    if plan is None or not plan.nodes:
+        return GrowthGate(plan)
+    if plan.failed_claim:
+        return GrowthGate(plan, stalled=f"growth stalled: {plan.failed_claim}")
+    policy = state.growth_policy
+    waiting = ""
+    jobs = state.job_records
+    for job_id, release in state.growth_releases.items():
+        if release.cluster != cluster:
+            continue
+        age = None if now is None or release.at is None else now - release.at
+        if age is not None and age >= policy.stall_after_seconds:
+            job = jobs.get(job_id)
+            pod = job.pod if job is not None and job.pod else job_id
+            return GrowthGate(plan, stalled=(
+                f"growth stalled: pod {pod}, released for growth {age:.0f}s ago, is still on "
+                f"no node"))
+        if (not waiting and release.round != round_number
+                and not wave_answered(release.marker, plan.marker)
+                and (age is None or age < policy.wave_wait_seconds)):
+            waiting = (f"waiting for the NodeClaims of the last wave released for growth "
+                       f"(NodePool {release.pool})")
+    return GrowthGate(plan, waiting=waiting)
 
 
 class RoundShares:
@@ -430,6 +510,9 @@ class _Round:
         # the first time a queue would set a cluster aside.
         self._aged_groups: dict[tuple[str, str], list[GroupKey]] | None = None
         self._reservable: set[str] | None = None  # clusters with such groups (`_may_reserve`)
+        # Per autoscaled cluster, whether it may grow this round (`growth_gate`), when first
+        # asked.
+        self.growth_gates: dict[str, GrowthGate] = {}
 
     def run(self, max_decisions: int) -> RoundResult:
         state = self.state
@@ -551,24 +634,38 @@ class _Round:
                 elif entry[2] in cluster.hold_node:
                     node = self._place_held(entry[2], name, pending.cluster, cluster, shape,
                                             popped_rank, len(decisions))
-                    reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
+                    growth_why = None
+                    if node < 0 and cluster.record.virtual_order:
+                        node, growth_why = self._place_for_growth(queue, pending.cluster,
+                                                                  cluster, shape)
+                        if node >= 0:
+                            cluster.unhold(entry[2], name, shape)
+                    reason = None if node >= 0 else growth_why or SkipReason.NO_NODE_WITH_ROOM
                 else:
                     node = cluster.place(shape)
-                    if node < 0 and self.hold_seconds is not None and self._maybe_hold(
-                            progress, pending, cluster, entry[2], shape,
-                            self._yields_to(popped_rank, name, pending.cluster)):
+                    growth_why = None
+                    if node < 0 and cluster.record.virtual_order:
+                        # No room on the nodes that exist: a node that may exist, if the
+                        # queue is owed room here and the cluster may grow now.
+                        node, growth_why = self._place_for_growth(queue, pending.cluster,
+                                                                  cluster, shape)
+                    if (node < 0 and growth_why is None and self.hold_seconds is not None
+                            and self._maybe_hold(
+                                progress, pending, cluster, entry[2], shape,
+                                self._yields_to(popped_rank, name, pending.cluster))):
                         # Room held for a queue that ranks after this one is this one's
                         # first: take it now rather than a round later.
                         node = self._place_held(entry[2], name, pending.cluster, cluster,
                                                 shape, popped_rank, len(decisions))
-                    reason = None if node >= 0 else SkipReason.NO_NODE_WITH_ROOM
+                    reason = None if node >= 0 else growth_why or SkipReason.NO_NODE_WITH_ROOM
                 if reason is None:
                     hint = cluster.names[node]
                     state.room_holds().end(entry[2])
                     progress.share = share_after(progress.share, queue.allocation, shape.pairs,
                                                  inverse)
-                    self.transaction.release(entry[2], job, hint)
-                    decisions.append(Decision(entry[2], name, pending.cluster, hint))
+                    note, growth = self._growth_release(pending.cluster, cluster, node)
+                    self.transaction.release(entry[2], job, hint, growth=growth)
+                    decisions.append(Decision(entry[2], name, pending.cluster, hint, note))
                     self._spend(pending.cluster, 1)
                     progress.released += 1
                 else:
@@ -966,8 +1063,15 @@ class _Round:
             reason = SkipReason.GROUP_TOO_BIG
         else:
             nodes = cluster.place_all(shapes, self.inverse_total)
+            growth_reason: SkipReason | None = None
+            if nodes is None and cluster.record.virtual_order:
+                # A gang released for growth goes in one round: the autoscaler sees its pods
+                # within one batch window and makes their nodes together.
+                growth_reason = self._growth_refused(queue, pending.cluster)
+                if growth_reason is None:
+                    nodes = cluster.place_all(shapes, self.inverse_total, growth=True)
             if nodes is None:
-                reason = SkipReason.NO_NODE_WITH_ROOM
+                reason = growth_reason or SkipReason.NO_NODE_WITH_ROOM
                 if (cluster.reserved_for is None and self.reserve_before is not None
                         and status.last_created_at <= self.reserve_before):
                     # It waited long enough behind smaller jobs: hold every gap that opens
@@ -979,8 +1083,10 @@ class _Round:
                     hint = cluster.names[node]
                     progress.share = share_after(progress.share, queue.allocation,
                                                  member.shape.pairs, inverse)
-                    self.transaction.release(member_id, member, hint)
-                    decisions.append(Decision(member_id, queue.name, pending.cluster, hint))
+                    note, growth = self._growth_release(pending.cluster, cluster, node)
+                    self.transaction.release(member_id, member, hint, growth=growth)
+                    decisions.append(Decision(member_id, queue.name, pending.cluster, hint,
+                                              note))
                     progress.released += 1
                 self._spend(pending.cluster, len(member_ids))
                 if cluster.reserved_for == key:
@@ -1031,6 +1137,52 @@ class _Round:
             self._aged_groups = aged
         return self._aged_groups
 
+    def _growth_refused(self, queue: QueueRecord, cluster_name: str) -> SkipReason | None:
+        """Why the round may not release the queue's next unit for growth in the cluster now
+        (None: it may). Only a queue owed room there (`owes`: below its fair target in the
+        cluster and overall, the cost model's one rule) is released for growth: the cluster
+        never grows for a queue at or over its share."""
+        gate = self.growth_gates.get(cluster_name)
+        if gate is None:
+            gate = self.growth_gates[cluster_name] = growth_gate(
+                self.state, cluster_name, now=self.now, round_number=self.transaction.number)
+        if gate.stalled:
+            return SkipReason.NO_NODE_WITH_ROOM
+        if gate.waiting:
+            return SkipReason.WAITING_FOR_GROWTH
+        if gate.plan is None or not self.owes(queue, cluster_name, None):
+            return SkipReason.OVER_SHARE_FOR_GROWTH
+        return None
+
+    def _place_for_growth(self, queue: QueueRecord, cluster_name: str, cluster: ClusterRoom,
+                          shape: Shape) -> tuple[int, SkipReason | None]:
+        """Place a pod that found no room on the real nodes on a node that may exist, if the
+        round may release it for growth (`_growth_refused`): the node's index (-1: none), and
+        why the cluster does not grow for it when a node that may exist could take it (None:
+        no such reason, the pod waits for room as any other)."""
+        refused = self._growth_refused(queue, cluster_name)
+        if refused is None:
+            return cluster.place_growth(shape), None
+        if refused is not SkipReason.NO_NODE_WITH_ROOM and cluster.fits_growth(shape):
+            return -1, refused
+        return -1, None
+
+    def _growth_release(self, cluster_name: str, cluster: ClusterRoom, node: int,
+                        ) -> tuple[GrowthNote | None, GrowthRelease | None]:
+        """What a release onto `node` says and keeps when the node may exist; (None, None)
+        for a real node."""
+        if not cluster.record.virtual_order or not cluster.is_virtual(node):
+            return None, None
+        gate = self.growth_gates[cluster_name]
+        assert gate.plan is not None
+        name = cluster.names[node]
+        virtual = next(v for v in gate.plan.nodes if v.name == name)
+        note = GrowthNote(pool=virtual.pool, node=name, claim=virtual.claim,
+                          headroom=gate.plan.headroom(virtual.pool))
+        return note, GrowthRelease(cluster=cluster_name, pool=virtual.pool, node=name,
+                                   claim=virtual.claim, at=self.now,
+                                   round=self.transaction.number, marker=gate.plan.marker)
+
     @staticmethod
     def _nothing_can_go(progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom) -> bool:
         """Whether every kind of job the queue has waiting in this cluster was turned down."""
@@ -1039,6 +1191,8 @@ class _Round:
         shapes = pending.shapes
         if len(shapes) > _SET_ASIDE_SHAPE_SCAN:
             return False
+        if cluster.record.virtual_order:
+            return False  # turned down on the real nodes, it may still go to nodes that may exist
         no_room = cluster.rejected
         over_limit = progress.over_limit
         return all(

@@ -37,6 +37,13 @@ from dataclasses import dataclass
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
 from lockgate.events import ClusterGrowth
+from lockgate.growth import (
+    NODE_POOL_LABEL,
+    GrowthPlan,
+    GrowthPolicy,
+    is_virtual,
+    plan_growth,
+)
 from lockgate.jobs import JobKey, JobState
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import NodeTraits, PodPlacement
@@ -146,6 +153,22 @@ class SchedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class GrowthRelease:
+    """A pod released for growth (onto a virtual node, `lockgate.growth`), until it binds.
+
+    The state keeps it so that the round can pace waves (`wave`: the growth picture's marker
+    when it was released, and the round that did) and see growth stall (`at`)."""
+
+    cluster: str
+    pool: str
+    node: str  # the virtual node it is charged to
+    claim: str  # the NodeClaim that node is, when in flight ("": headroom)
+    at: float | None  # the round's clock when it was released (None: no clock)
+    round: int
+    marker: object
+
+
+@dataclass(frozen=True, slots=True)
 class QueueUsage:
     """A queue's aggregates, as the state holds them right now."""
 
@@ -239,8 +262,14 @@ class SchedulerState:
         self._queued_by_controller: dict[ControllerKey, set[str]] = {}
         # Room held for pods of queues below their fair target (lockgate.scheduler.holds).
         self._room_holds = RoomHolds()
-        # Per autoscaled cluster, its autoscaler's last picture (`set_growth`).
+        # Per autoscaled cluster, its autoscaler's last picture (`set_growth`), the plan made
+        # from it (`lockgate.growth.plan_growth`: headroom and virtual nodes), the policy, and
+        # the pods released for growth that are not bound yet.
         self._growth: dict[str, ClusterGrowth] = {}
+        self._growth_plans: dict[str, GrowthPlan] = {}
+        self._growth_policy = GrowthPolicy()
+        self._growth_releases: dict[str, GrowthRelease] = {}
+        self._rounds_begun = 0
         # The round's transaction while one is open (`begin_round`).
         self._transaction: RoundTransaction | None = None
         # The fair targets' inputs, kept change by change, and the targets last computed.
@@ -300,13 +329,35 @@ class SchedulerState:
     def set_cluster(self, cluster: str, nodes: Mapping[str, NodeInfo]) -> None:
         """Replace what is known of a cluster's nodes; unchanged nodes cost one comparison."""
         state = self._cluster(cluster)
-        for name in [name for name in state.nodes if name not in nodes]:
-            self.set_node(cluster, name, None)
+        for name in [name for name in state.nodes if name not in nodes and not is_virtual(name)]:
+            self._set_node(cluster, name, None)
         for name, info in nodes.items():
-            self.set_node(cluster, name, info)
+            self._set_node(cluster, name, self._real(name, info))
+        if cluster in self._growth:
+            self._plan_growth(cluster)
 
     def set_node(self, cluster: str, name: str, info: NodeInfo | None) -> None:
         """Add, update or (with None) remove one node."""
+        old = self._clusters.get(cluster)
+        old_node = None if old is None else old.nodes.get(name)
+        self._set_node(cluster, name, self._real(name, info))
+        picture = self._growth.get(cluster)
+        if picture is not None and (
+                any(claim.node_name == name for claim in picture.node_claims)
+                or NODE_POOL_LABEL in (info.labels if info is not None else {})
+                or (old_node is not None and NODE_POOL_LABEL in old_node.info.labels)):
+            # A claim's node arrived (it is no longer a virtual node), or a node of a pool
+            # whose size may be read from its nodes changed.
+            self._plan_growth(cluster)
+
+    @staticmethod
+    def _real(name: str, info: NodeInfo | None) -> NodeInfo | None:
+        if is_virtual(name):
+            raise ValueError(f"node name {name!r} is reserved for nodes that may exist "
+                             "(lockgate.growth)")
+        return info
+
+    def _set_node(self, cluster: str, name: str, info: NodeInfo | None) -> None:
         state = self._cluster(cluster)
         old = state.nodes.get(name)
         if old is not None and old.info == info:
@@ -369,8 +420,70 @@ class SchedulerState:
             if old is not None and (old == growth or growth.observed_at < old.observed_at):
                 return
             self._growth[cluster] = growth
-        self._cluster(cluster).version += 1
-        self._targets.note_change()
+        self._plan_growth(cluster)
+
+    def set_growth_policy(self, policy: GrowthPolicy) -> None:
+        """How clusters grow (`lockgate.growth.GrowthPolicy`); every plan is made again."""
+        if policy == self._growth_policy:
+            return
+        self._growth_policy = policy
+        for cluster in sorted(self._growth):
+            self._plan_growth(cluster)
+
+    @property
+    def growth_policy(self) -> GrowthPolicy:
+        return self._growth_policy
+
+    def growth_plan(self, cluster: str) -> GrowthPlan | None:
+        """The cluster's headroom and virtual nodes, as last planned (None: not autoscaled, or
+        no picture yet)."""
+        return self._growth_plans.get(cluster)
+
+    @property
+    def growth_releases(self) -> Mapping[str, GrowthRelease]:
+        """The pods released for growth not bound yet, by job id (callers must not change
+        it)."""
+        return self._growth_releases
+
+    @property
+    def rounds_begun(self) -> int:
+        """How many rounds' transactions were opened (`begin_round`): a round's number."""
+        return self._rounds_begun
+
+    def _plan_growth(self, cluster: str) -> None:
+        """Make the cluster's growth plan again, and its virtual nodes agree with it: each is
+        a schedulable node of the cluster, changed only when it changes (`set_node`)."""
+        picture = self._growth.get(cluster)
+        record = self._cluster(cluster)
+        plan = None if picture is None else plan_growth(
+            picture, policy=self._growth_policy,
+            largest_node_of=lambda pool: self._largest_node_of(record, pool),
+            has_node=lambda name: name in record.nodes)
+        if plan is None:
+            self._growth_plans.pop(cluster, None)
+        else:
+            self._growth_plans[cluster] = plan
+        wanted = {} if plan is None else {
+            node.name: NodeInfo(allocatable=Resources(dict(node.allocatable)),
+                                labels=dict(node.labels), taints=node.taints)
+            for node in plan.nodes}
+        for name in [name for name in record.nodes if is_virtual(name) and name not in wanted]:
+            self._set_node(cluster, name, None)
+        for name, info in wanted.items():
+            self._set_node(cluster, name, info)
+
+    def _largest_node_of(self, record: ClusterRecord, pool: str,
+                         ) -> tuple[str, Mapping[str, int]] | None:
+        best: tuple[tuple[int, ...], str, Mapping[str, int]] | None = None
+        cpu, memory = self._axes.get("cpu"), self._axes.get("memory")
+        for name, node in record.nodes.items():
+            if is_virtual(name) or node.info.labels.get(NODE_POOL_LABEL) != pool:
+                continue
+            size = tuple(node.allocatable[axis] if axis is not None else 0
+                         for axis in (cpu, memory))
+            if best is None or (size, name) > (best[0], best[1]):
+                best = (size, name, node.info.allocatable.as_dict())
+        return None if best is None else (best[1], best[2])
 
     def growth(self, cluster: str) -> ClusterGrowth | None:
         """The cluster's autoscaler picture last set (`set_growth`), or None."""
@@ -562,6 +675,8 @@ class SchedulerState:
         if job.state.is_terminal:
             self.remove_job(job.job_id)
             return
+        if self._growth_releases and (job.node_name is not None or job.state is _QUEUED):
+            self._growth_releases.pop(job.job_id, None)  # it bound (or queues again)
         shape = self._intern(job.requests, job.placement)
         old = self._jobs.get(job.job_id)
         if job.state is not _QUEUED:
@@ -630,6 +745,8 @@ class SchedulerState:
 
     def remove_job(self, job_id: str) -> None:
         self._room_holds.end(job_id)
+        if self._growth_releases:
+            self._growth_releases.pop(job_id, None)
         old = self._jobs.pop(job_id, None)
         if old is None:
             return
@@ -721,6 +838,7 @@ class SchedulerState:
         if self._transaction is not None:
             raise RuntimeError("a round's transaction is open already: commit it first")
         self._transaction = RoundTransaction(self)
+        self._rounds_begun += 1
         return self._transaction
 
     def _mark_released(self, job_id: str, record: JobRecord, node_hint: str | None) -> JobKind:
@@ -1142,21 +1260,26 @@ class RoundTransaction:
     were left in, the last fair targets.
     """
 
-    __slots__ = ("_open", "_released", "state")
+    __slots__ = ("_open", "_released", "number", "state")
 
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
         # Per release: the job, its record, its kind before and after the release.
         self._released: list[tuple[str, JobRecord, JobKind, JobKind]] = []
         self._open = True
+        self.number = state.rounds_begun + 1  # the round's number (`GrowthRelease.round`)
 
-    def release(self, job_id: str, record: JobRecord, node_hint: str | None) -> None:
+    def release(self, job_id: str, record: JobRecord, node_hint: str | None, *,
+                growth: GrowthRelease | None = None) -> None:
         """Release a queued job (RELEASED, holding capacity on `node_hint`'s node) until the
-        transaction is committed without it."""
+        transaction is committed without it; `growth`: it is released for growth (its node
+        hint a virtual node), which the state keeps until it binds."""
         if not self._open:
             raise RuntimeError("the round's transaction is closed")
         before = self.state._mark_released(job_id, record, node_hint)
         self._released.append((job_id, record, before, record.kind))
+        if growth is not None:
+            self.state._growth_releases[job_id] = growth
 
     @property
     def released(self) -> list[str]:
@@ -1180,6 +1303,7 @@ class RoundTransaction:
             taken_back.append(job_id)
             if jobs.get(job_id) is record and record.kind is after:
                 self.state._take_back(job_id, record, before)
+                self.state._growth_releases.pop(job_id, None)
         taken_back.reverse()
         return taken_back
 

@@ -1,0 +1,330 @@
+"""What an autoscaled cluster may still grow by, as nodes the scheduler can place pods on.
+
+Why it exists: Karpenter and the cluster-autoscaler ignore gated pods, so a cluster under
+lockgate grows only for pods lockgate releases; and lockgate's fair targets counted only nodes
+that exist, so it never released a pod that needed a node that does not exist yet (issue 35).
+This module turns an autoscaler's picture (`lockgate.events.ClusterGrowth`: its NodePools and
+the NodeClaims in flight) into *virtual nodes*: one per NodeClaim in flight whose Node the
+scheduler does not have yet, and one per whole instance each NodePool may still add within its
+limits (its *headroom*). The scheduler adds them to the cluster's nodes, so its node filters
+(resources, selectors, affinity, tolerations) decide which pods a pool can take, its fair
+targets count what can exist, and its round places a pod released for growth on one of them
+(`lockgate.scheduler`, docs/autoscaling.md).
+
+Headroom, per NodePool: `limits - in_use` per resource it limits (`in_use` is Karpenter's
+`status.resources`, which counts the nodes that exist and the NodeClaims in flight, so neither is
+counted twice); a resource it does not limit is bounded only by the cluster's cap in
+`GrowthPolicy.cluster_caps`, if any; rounded down to whole instances of the pool's instance
+shape (`instance_shape`), and never more than `GrowthPolicy.max_nodes_per_pool` of them. A pool
+not Ready, or whose instance size is unknown, adds nothing, and says why.
+
+Pure: no clock (the caller passes what it needs), no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
+from lockgate.placement import Taint
+from lockgate.resources import InvalidQuantityError, parse_quantity
+
+# The label Karpenter puts on every node (and NodeClaim) a NodePool makes.
+NODE_POOL_LABEL = "karpenter.sh/nodepool"
+# Virtual nodes are named with a character no Kubernetes node name may hold (node names are
+# DNS subdomains), so a virtual node never takes a real node's name.
+VIRTUAL_PREFIX = "growth:"
+
+# Well-known instance labels, by suffix, so that every provider that follows the convention is
+# read: Karpenter's kwok provider (karpenter.kwok.sh/instance-cpu "4", instance-memory "16Gi"),
+# AWS (karpenter.k8s.aws/instance-cpu "4", instance-memory "16384", in MiB, instance-gpu-count).
+# A bare number for memory is MiB (AWS's unit); a quantity with a suffix is read as one.
+_INSTANCE_LABELS: tuple[tuple[str, str], ...] = (
+    ("/instance-cpu", "cpu"),
+    ("/instance-memory", "memory"),
+    ("/instance-gpu-count", "nvidia.com/gpu"),
+)
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class GrowthPolicy:
+    """How lockgate releases pods for growth (the fair scheduler's settings fill it).
+
+    Amounts are in canonical units (`lockgate.resources`: cpu in millicores, memory in bytes).
+    """
+
+    # Per cluster, per resource, the most its NodePools together may still add, for resources
+    # a pool does not limit (and a tighter bound for those it does). A cluster not named, and
+    # a resource not named, has no cap beyond the pools' own limits.
+    cluster_caps: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # The capacity of one node a NodePool makes, by "<cluster>/<pool>" or by "<pool>" (any
+    # cluster): when its requirements do not name an instance size, or to correct them.
+    instance_shapes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # What every node loses to pods lockgate does not manage (DaemonSets, system reserve):
+    # subtracted from each virtual node's room.
+    node_overhead: Mapping[str, int] = field(default_factory=dict)
+    # At most this many virtual nodes per NodePool (a pool with no limit would be endless).
+    max_nodes_per_pool: int = 32
+    # A pod released for growth and still unbound this long after its release stalls the
+    # cluster's growth (no more releases for growth there until it binds or goes).
+    stall_after_seconds: float = 600.0
+    # A next wave of releases for growth into a cluster waits until the last wave's NodeClaims
+    # appear (a new NodeClaim, or a pool's `in_use` grew), but no longer than this.
+    wave_wait_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_nodes_per_pool < 0:
+            raise ValueError("max_nodes_per_pool must not be negative")
+        if self.stall_after_seconds <= 0 or self.wave_wait_seconds < 0:
+            raise ValueError("stall_after_seconds must be positive, wave_wait_seconds must "
+                             "not be negative")
+        for where, amounts in (("node_overhead", self.node_overhead),
+                               *((f"cluster_caps[{c!r}]", a)
+                                 for c, a in self.cluster_caps.items()),
+                               *((f"instance_shapes[{p!r}]", a)
+                                 for p, a in self.instance_shapes.items())):
+            negative = [name for name, amount in amounts.items() if amount < 0]
+            if negative:
+                raise ValueError(f"{where}: negative amounts of {', '.join(sorted(negative))}")
+
+    def shape_for(self, cluster: str, pool: str) -> Mapping[str, int] | None:
+        return self.instance_shapes.get(f"{cluster}/{pool}", self.instance_shapes.get(pool))
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualNode:
+    """A node that may exist: one a NodeClaim in flight makes (`claim`), or one a NodePool may
+    still add within its headroom (`claim` empty)."""
+
+    name: str
+    pool: str
+    allocatable: Mapping[str, int]
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+    claim: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHeadroom:
+    """What one NodePool may still add, and why not more."""
+
+    pool: str
+    nodes: int  # whole instances it may still add (virtual nodes made for it)
+    # Per resource it (or the cluster's cap) bounds: how much is left; a resource not named is
+    # unbounded.
+    remaining: Mapping[str, int]
+    shape: Mapping[str, int] | None  # one node's capacity (None: unknown)
+    shape_source: str  # where the shape came from, in words
+    why_none: str = ""  # why it adds nothing ("": it adds `nodes`)
+
+
+@dataclass(frozen=True, slots=True)
+class GrowthPlan:
+    """A cluster's growth as the scheduler models it (`plan_growth`)."""
+
+    cluster: str
+    pools: tuple[PoolHeadroom, ...]
+    nodes: tuple[VirtualNode, ...]  # claims in flight first, then headroom, pool by pool
+    claims_in_flight: tuple[str, ...]
+    # The first failed NodeClaim's words ("": none failed): the cluster's growth is stalled.
+    failed_claim: str = ""
+    # What moves when the last wave's NodeClaims appear (`wave_answered`): the claims' names
+    # and each pool's in_use.
+    marker: tuple[frozenset[str], tuple[tuple[str, tuple[tuple[str, int], ...]], ...]] = (
+        frozenset(), ())
+
+    def headroom(self, pool: str) -> PoolHeadroom | None:
+        return next((p for p in self.pools if p.pool == pool), None)
+
+
+# Who asks for a node the scheduler knows: (its name, its allocatable) for the largest node of a
+# pool; and whether a node of that name exists.
+LargestNodeOf = Callable[[str], tuple[str, Mapping[str, int]] | None]
+
+
+def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
+                largest_node_of: LargestNodeOf,
+                has_node: Callable[[str], bool]) -> GrowthPlan:
+    """The virtual nodes and headroom of one cluster's autoscaler picture.
+
+    `largest_node_of(pool)`: the largest existing node labelled with the pool (the shape's last
+    resort); `has_node(name)`: whether the scheduler has that node (a claim whose Node it has is
+    a node already, not a virtual one). A cluster that is not autoscaled grows by nothing.
+    """
+    cluster = growth.cluster
+    if not growth.autoscaled:
+        return GrowthPlan(cluster=cluster, pools=(), nodes=(), claims_in_flight=())
+    pools = {pool.name: pool for pool in growth.node_pools}
+    nodes: list[VirtualNode] = []
+    in_flight: list[str] = []
+    failed = ""
+    shapes: dict[str, tuple[dict[str, int] | None, str]] = {}
+    for pool in sorted(growth.node_pools, key=lambda p: p.name):
+        shapes[pool.name] = instance_shape(pool, cluster=cluster, policy=policy,
+                                           largest_node_of=largest_node_of)
+    for claim in sorted(growth.node_claims, key=lambda c: (c.created_at, c.name)):
+        if claim.failure:
+            if not failed:
+                failed = f"NodeClaim {claim.name}: {claim.failure}"
+            continue
+        if claim.deleting or (claim.node_name and has_node(claim.node_name)):
+            continue
+        in_flight.append(claim.name)
+        claim_pool = pools.get(claim.node_pool)
+        allocatable: Mapping[str, int] | None = claim.allocatable or shapes.get(
+            claim.node_pool, (None, ""))[0]
+        if allocatable is None:
+            continue  # its size is unknown until it launches: no room promised on it yet
+        nodes.append(_virtual(f"{VIRTUAL_PREFIX}{claim.node_pool}/claim/{claim.name}",
+                              claim.node_pool, allocatable, claim_pool, policy, claim=claim))
+    caps = dict(policy.cluster_caps.get(cluster, {}))
+    headrooms: list[PoolHeadroom] = []
+    # Karpenter tries pools of higher weight first: they take the cluster's cap first.
+    for pool in sorted(growth.node_pools, key=lambda p: (-p.weight, p.name)):
+        shape, source = shapes[pool.name]
+        headroom = pool_headroom(pool, shape=shape, shape_source=source, caps=caps,
+                                 max_nodes=policy.max_nodes_per_pool)
+        headrooms.append(headroom)
+        if headroom.nodes and shape is not None:
+            for resource, amount in shape.items():
+                if resource in caps:
+                    caps[resource] -= amount * headroom.nodes
+            nodes.extend(_virtual(f"{VIRTUAL_PREFIX}{pool.name}/{i}", pool.name, shape, pool,
+                                  policy) for i in range(headroom.nodes))
+    marker = (frozenset(c.name for c in growth.node_claims),
+              tuple(sorted((p.name, tuple(sorted(p.in_use.items())))
+                           for p in growth.node_pools)))
+    return GrowthPlan(cluster=cluster, pools=tuple(sorted(headrooms, key=lambda h: h.pool)),
+                      nodes=tuple(nodes), claims_in_flight=tuple(in_flight),
+                      failed_claim=failed, marker=marker)
+
+
+def pool_headroom(pool: NodePoolStatus, *, shape: Mapping[str, int] | None, shape_source: str,
+                  caps: Mapping[str, int], max_nodes: int) -> PoolHeadroom:
+    """How many whole instances of `shape` the pool may still add: within its limits, the
+    cluster's caps left (`caps`, per resource) and `max_nodes`."""
+    remaining = {resource: limit - pool.in_use.get(resource, 0)
+                 for resource, limit in pool.limits.items()}
+    for resource, cap in caps.items():
+        remaining[resource] = min(remaining.get(resource, cap), cap)
+    if not pool.ready:
+        why = pool.not_ready_reason or "no reason given"
+        return PoolHeadroom(pool.name, 0, remaining, shape, shape_source,
+                            f"NodePool {pool.name} is not Ready ({why})")
+    if shape is None:
+        return PoolHeadroom(pool.name, 0, remaining, None, shape_source,
+                            f"NodePool {pool.name}: the size of its nodes is unknown ("
+                            f"{shape_source})")
+    count = max_nodes
+    bound_by = f"at most {max_nodes} nodes counted per pool"
+    for resource, left in sorted(remaining.items()):
+        per_node = shape.get(resource, 0)
+        if left < 0 or (per_node > 0 and left // per_node < count):
+            count = 0 if left < 0 else left // per_node
+            bound_by = f"{resource} left {describe_amounts({resource: max(left, 0)})}"
+    why = "" if count > 0 else f"NodePool {pool.name} is at its limits ({bound_by})"
+    return PoolHeadroom(pool.name, count, remaining, shape, shape_source, why)
+
+
+def instance_shape(pool: NodePoolStatus, *, cluster: str, policy: GrowthPolicy,
+                   largest_node_of: LargestNodeOf) -> tuple[dict[str, int] | None, str]:
+    """One node's capacity for the pool, and where it came from: the policy's shape for the
+    pool, else its requirements on the well-known instance labels (the largest value each
+    allows), else its largest existing node. (None, why) when none of them tells."""
+    override = policy.shape_for(cluster, pool.name)
+    if override is not None:
+        return dict(override), "lockgate's setting for the pool"
+    shape: dict[str, int] = {}
+    for requirement in pool.requirements:
+        resource = next((name for suffix, name in _INSTANCE_LABELS
+                         if requirement.key.endswith(suffix)), None)
+        if resource is None or requirement.operator != "In" or not requirement.values:
+            continue
+        amounts = [_label_amount(resource, value) for value in requirement.values]
+        known = [amount for amount in amounts if amount is not None]
+        if known:
+            shape[resource] = max(shape.get(resource, 0), *known)
+    if "cpu" in shape and "memory" in shape:
+        return shape, "its requirements' instance size"
+    largest = largest_node_of(pool.name)
+    if largest is not None:
+        name, allocatable = largest
+        return dict(allocatable), f"its largest node, {name}"
+    return None, ("its requirements name no instance cpu and memory, it has no node yet, "
+                  "and lockgate has no setting for it")
+
+
+def wave_answered(at_release: object, now_marker: object) -> bool:
+    """Whether the NodeClaims of a wave released when the picture's marker was `at_release`
+    appeared: a new NodeClaim, or a pool whose `in_use` grew (`GrowthPlan.marker`)."""
+    if not (isinstance(at_release, tuple) and isinstance(now_marker, tuple)):
+        return True
+    claims_then, pools_then = at_release
+    claims_now, pools_now = now_marker
+    if claims_now - claims_then:
+        return True
+    used_then = {name: dict(used) for name, used in pools_then}
+    for name, used in pools_now:
+        before = used_then.get(name, {})
+        if any(amount > before.get(resource, 0) for resource, amount in used):
+            return True
+    return False
+
+
+def describe_amounts(amounts: Mapping[str, int]) -> str:
+    """Amounts as a person reads them: "cpu=48 memory=96Gi"."""
+    words = []
+    for resource, amount in sorted(amounts.items()):
+        if resource == "cpu":
+            text = f"{amount / 1000:g}"
+        elif resource in ("memory", "ephemeral-storage") and amount >= _MIB:
+            unit, size = next((u, s) for u, s in (("Ti", 1 << 40), ("Gi", 1 << 30),
+                                                   ("Mi", _MIB)) if amount >= s)
+            text = f"{amount / size:g}{unit}"
+        else:
+            text = str(amount)
+        words.append(f"{resource}={text}")
+    return " ".join(words)
+
+
+def _label_amount(resource: str, value: str) -> int | None:
+    try:
+        quantity = parse_quantity(value)
+    except InvalidQuantityError:
+        return None
+    if resource == "cpu":
+        quantity *= 1000
+    elif resource == "memory" and value.strip().isdigit():
+        quantity *= _MIB
+    return int(quantity.to_integral_value(rounding="ROUND_FLOOR")) if quantity > Decimal(0) \
+        else None
+
+
+def _virtual(name: str, pool_name: str, capacity: Mapping[str, int],
+             pool: NodePoolStatus | None, policy: GrowthPolicy, *,
+             claim: NodeClaimStatus | None = None) -> VirtualNode:
+    """A virtual node of the pool: its capacity less the per-node overhead, the pool's
+    template labels, the values its requirements fix (single-valued `In`) and the pool label,
+    and its taints."""
+    overhead = policy.node_overhead
+    allocatable = {resource: max(0, amount - overhead.get(resource, 0))
+                   for resource, amount in capacity.items()}
+    labels: dict[str, str] = {}
+    taints: tuple[Taint, ...] = ()
+    if pool is not None:
+        for requirement in pool.requirements:
+            if requirement.operator == "In" and len(requirement.values) == 1:
+                labels[requirement.key] = requirement.values[0]
+        labels.update(pool.labels)
+        taints = pool.taints
+    labels[NODE_POOL_LABEL] = pool_name
+    return VirtualNode(name=name, pool=pool_name, allocatable=allocatable, labels=labels,
+                       taints=taints, claim="" if claim is None else claim.name)
+
+
+def is_virtual(node_name: str) -> bool:
+    """Whether a node name is a virtual node's (`plan_growth`), not a real node's."""
+    return node_name.startswith(VIRTUAL_PREFIX)

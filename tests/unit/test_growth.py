@@ -1,0 +1,229 @@
+"""What an autoscaled cluster may still grow by (`lockgate.growth`): headroom and virtual nodes.
+
+The arithmetic is checked on numbers worked out by hand in each test: limits less what is in
+use, rounded down to whole instances; a resource a pool does not limit bounded only by the
+cluster's cap (or the per-pool node bound); the per-node overhead; pools not Ready or of an
+unknown size add nothing and say why; NodeClaims in flight are nodes of their own until their
+Node exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import pytest
+
+from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
+from lockgate.growth import (
+    NODE_POOL_LABEL,
+    GrowthPlan,
+    GrowthPolicy,
+    describe_amounts,
+    is_virtual,
+    plan_growth,
+    wave_answered,
+)
+from lockgate.placement import Requirement, Taint
+
+T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+GI = 1 << 30
+KWOK_4X16 = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In", values=("4",)),
+             Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                         values=("16Gi",)))
+
+
+@dataclass(frozen=True)
+class PoolBuilder:
+    name: str = "default"
+    limits: Mapping[str, int] = field(default_factory=dict)
+    in_use: Mapping[str, int] = field(default_factory=dict)
+    requirements: tuple[Requirement, ...] = KWOK_4X16
+    weight: int = 0
+
+    def limited_to(self, **amounts: int) -> PoolBuilder:
+        return replace(self, limits=dict(amounts))
+
+    def using(self, **amounts: int) -> PoolBuilder:
+        return replace(self, in_use=dict(amounts))
+
+    def requiring(self, *requirements: Requirement) -> PoolBuilder:
+        return replace(self, requirements=requirements)
+
+    def build(self, **changes: object) -> NodePoolStatus:
+        pool = NodePoolStatus(name=self.name, limits=dict(self.limits), in_use=dict(self.in_use),
+                              requirements=self.requirements, weight=self.weight)
+        return pool.model_copy(update=changes)
+
+
+def a_pool(name: str = "default") -> PoolBuilder:
+    return PoolBuilder(name=name)
+
+
+def plan(*pools: NodePoolStatus, claims: tuple[NodeClaimStatus, ...] = (),
+         policy: GrowthPolicy | None = None, nodes: Mapping[str, Mapping[str, int]] | None = None,
+         node_pools: Mapping[str, str] | None = None) -> GrowthPlan:
+    """The plan of a cluster "b" whose existing nodes are `nodes` (name -> allocatable), each
+    of the pool `node_pools` names."""
+    existing = nodes or {}
+    pools_of = node_pools or {}
+
+    def largest(pool: str) -> tuple[str, Mapping[str, int]] | None:
+        mine = [(dict(a).get("cpu", 0), n) for n, a in existing.items() if pools_of.get(n) == pool]
+        if not mine:
+            return None
+        name = max(mine)[1]
+        return name, existing[name]
+
+    growth = ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True,
+                           node_pools=list(pools), node_claims=list(claims))
+    return plan_growth(growth, policy=policy or GrowthPolicy(), largest_node_of=largest,
+                       has_node=lambda name: name in existing)
+
+
+def test_headroom_is_limits_less_in_use_rounded_down_to_whole_instances() -> None:
+    # cpu: (64 - 16) / 4 = 12 nodes; memory: (100Gi - 20Gi) / 16Gi = 5 nodes: memory binds.
+    result = plan(a_pool().limited_to(cpu=64_000, memory=100 * GI)
+                  .using(cpu=16_000, memory=20 * GI).build())
+    pool = result.headroom("default")
+    assert pool is not None
+    assert pool.nodes == 5
+    assert pool.remaining == {"cpu": 48_000, "memory": 80 * GI}
+    assert pool.shape == {"cpu": 4000, "memory": 16 * GI}
+    assert [n.name for n in result.nodes] == [f"growth:default/{i}" for i in range(5)]
+    # 7 cores left of 4-core instances: one whole instance, not 1.75.
+    rounded = plan(a_pool().limited_to(cpu=23_000).using(cpu=16_000).build()).headroom("default")
+    assert rounded is not None and rounded.nodes == 1
+
+
+def test_a_pool_over_its_limits_adds_nothing_and_says_so() -> None:
+    over = plan(a_pool().limited_to(cpu=8000).using(cpu=10_000).build()).headroom("default")
+    assert over is not None
+    assert over.nodes == 0
+    assert over.why_none == "NodePool default is at its limits (cpu left cpu=0)"
+
+
+def test_an_unlimited_resource_is_bounded_by_the_clusters_cap_shared_by_weight() -> None:
+    policy = GrowthPolicy(cluster_caps={"b": {"cpu": 26_000}}, max_nodes_per_pool=100)
+    heavy = a_pool("heavy").build(weight=10)
+    light = a_pool("light").build(weight=1)
+    result = plan(light, heavy, policy=policy)
+    # The heavier pool first: 26 cores / 4 = 6 nodes (24 cores); 2 cores left: none for light.
+    assert [(p.pool, p.nodes) for p in result.pools] == [("heavy", 6), ("light", 0)]
+    # With neither a limit nor a cap, only the per-pool bound stops the count.
+    unbounded = plan(a_pool().build(), policy=GrowthPolicy(max_nodes_per_pool=7))
+    assert unbounded.pools[0].nodes == 7
+    assert unbounded.pools[0].remaining == {}
+
+
+def test_virtual_nodes_carry_the_pools_labels_and_taints_less_the_per_node_overhead() -> None:
+    gpu = Taint(key="gpu", value="yes", effect="NoSchedule")
+    pool = a_pool("gpu").limited_to(cpu=8000).requiring(
+        *KWOK_4X16,
+        Requirement(key="topology.kubernetes.io/zone", operator="In", values=("z1",)),
+        Requirement(key="karpenter.sh/capacity-type", operator="In",
+                    values=("spot", "on-demand"))).build(labels={"team": "ml"}, taints=(gpu,))
+    policy = GrowthPolicy(node_overhead={"cpu": 250, "memory": GI})
+    nodes = plan(pool, policy=policy).nodes
+    assert len(nodes) == 2
+    node = nodes[0]
+    assert node.allocatable == {"cpu": 3750, "memory": 15 * GI}
+    # A requirement with one value fixes the label; one with several does not.
+    assert node.labels == {"karpenter.kwok.sh/instance-cpu": "4",
+                           "karpenter.kwok.sh/instance-memory": "16Gi",
+                           "topology.kubernetes.io/zone": "z1", "team": "ml",
+                           NODE_POOL_LABEL: "gpu"}
+    assert node.taints == (gpu,)
+    assert is_virtual(node.name) and not is_virtual("ip-10-0-0-1.ec2.internal")
+
+
+def test_a_pool_not_ready_or_of_unknown_size_adds_nothing_and_says_why() -> None:
+    not_ready = plan(a_pool().limited_to(cpu=64_000).build(
+        ready=False, not_ready_reason="NodeClassNotReady: EC2NodeClass default not found"))
+    assert not_ready.nodes == ()
+    assert not_ready.pools[0].why_none == (
+        "NodePool default is not Ready (NodeClassNotReady: EC2NodeClass default not found)")
+    unknown = plan(a_pool().limited_to(cpu=64_000).requiring().build())
+    assert unknown.nodes == ()
+    assert unknown.pools[0].why_none.startswith("NodePool default: the size of its nodes is "
+                                                "unknown (its requirements name no instance")
+
+
+def test_the_instance_shape_comes_from_the_policy_then_requirements_then_the_largest_node(
+) -> None:
+    aws = a_pool().limited_to(cpu=64_000).requiring(
+        Requirement(key="karpenter.k8s.aws/instance-cpu", operator="In", values=("4", "8")),
+        Requirement(key="karpenter.k8s.aws/instance-memory", operator="In",
+                    values=("16384", "32768"))).build()
+    # AWS writes memory in MiB; of several sizes allowed, the largest.
+    assert plan(aws).pools[0].shape == {"cpu": 8000, "memory": 32 * GI}
+    bare = a_pool().limited_to(cpu=64_000).requiring().build()
+    from_nodes = plan(bare,
+                      nodes={"n1": {"cpu": 2000}, "n2": {"cpu": 16_000}, "n3": {"cpu": 32_000}},
+                      node_pools={"n1": "default", "n2": "default", "n3": "other"})
+    assert from_nodes.pools[0].shape == {"cpu": 16_000}
+    assert from_nodes.pools[0].shape_source == "its largest node, n2"
+    assert from_nodes.pools[0].nodes == 4
+    override = GrowthPolicy(instance_shapes={"b/default": {"cpu": 32_000, "memory": 64 * GI}})
+    assert plan(aws, policy=override).pools[0].nodes == 2
+
+
+def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_stalls() -> None:
+    pool = a_pool().limited_to(cpu=16_000).using(cpu=8000).build()
+    launching = NodeClaimStatus(name="default-abc", node_pool="default", created_at=T0)
+    launched = NodeClaimStatus(name="default-def", node_pool="default", created_at=T0,
+                               allocatable={"cpu": 3900, "memory": 15 * GI},
+                               node_name="kwok-node-1", launched=True)
+    registered = NodeClaimStatus(name="default-ghi", node_pool="default", created_at=T0,
+                                 node_name="kwok-node-2", registered=True)
+    result = plan(pool, claims=(launching, launched, registered),
+                  nodes={"kwok-node-2": {"cpu": 4000}})
+    # Two claims in flight (the third's Node exists: it is a node already), then headroom of
+    # (16 - 8) / 4 = 2 nodes; in_use counts the claims, so nothing is counted twice.
+    assert result.claims_in_flight == ("default-abc", "default-def")
+    assert [(n.name, n.claim, dict(n.allocatable)) for n in result.nodes] == [
+        ("growth:default/claim/default-abc", "default-abc", {"cpu": 4000, "memory": 16 * GI}),
+        ("growth:default/claim/default-def", "default-def", {"cpu": 3900, "memory": 15 * GI}),
+        ("growth:default/0", "", {"cpu": 4000, "memory": 16 * GI}),
+        ("growth:default/1", "", {"cpu": 4000, "memory": 16 * GI})]
+    failed = launching.model_copy(
+        update={"failure": "InsufficientCapacity: no offering for c-4x in z1"})
+    stalled = plan(pool, claims=(failed,))
+    assert stalled.failed_claim == (
+        "NodeClaim default-abc: InsufficientCapacity: no offering for c-4x in z1")
+    assert all(not n.claim for n in stalled.nodes)
+
+
+def test_a_cluster_that_is_not_autoscaled_grows_by_nothing() -> None:
+    growth = ClusterGrowth(cluster="a", observed_at=T0, autoscaled=False)
+    result = plan_growth(growth, policy=GrowthPolicy(), largest_node_of=lambda _: None,
+                         has_node=lambda _: False)
+    assert result.nodes == () and result.pools == ()
+
+
+def test_a_wave_is_answered_by_a_new_claim_or_a_pool_using_more() -> None:
+    pool = a_pool().limited_to(cpu=64_000).using(cpu=8000).build()
+    before = plan(pool).marker
+    assert not wave_answered(before, plan(pool).marker)
+    grown = plan(pool.model_copy(update={"in_use": {"cpu": 12_000}})).marker
+    assert wave_answered(before, grown)
+    claimed = plan(pool, claims=(NodeClaimStatus(name="c1", node_pool="default",
+                                                 created_at=T0),)).marker
+    assert wave_answered(before, claimed)
+    shrunk = plan(pool.model_copy(update={"in_use": {"cpu": 4000}})).marker
+    assert not wave_answered(before, shrunk)
+
+
+def test_bad_policies_are_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="node_overhead: negative amounts of cpu"):
+        GrowthPolicy(node_overhead={"cpu": -1})
+    with pytest.raises(ValueError, match="stall_after_seconds must be positive"):
+        GrowthPolicy(stall_after_seconds=0)
+    with pytest.raises(ValueError, match="max_nodes_per_pool must not be negative"):
+        GrowthPolicy(max_nodes_per_pool=-1)
+
+
+def test_amounts_read_as_people_write_them() -> None:
+    assert describe_amounts({"cpu": 48_000, "memory": 96 * GI, "pods": 110}) == (
+        "cpu=48 memory=96Gi pods=110")
