@@ -57,6 +57,7 @@ from devstack.sim_autoscaler import (
     fewest_nodes,
 )
 from lockgate.events import ClusterGrowth
+from lockgate.growth import GrowthPolicy
 from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
@@ -116,6 +117,8 @@ class Autoscaling:
     instance_types: tuple[tuple[str, float, float], ...]  # (name, cpu, memory_gi)
     provisioning_seconds: tuple[float, float] = (5.0, 60.0)
     consolidate_after_seconds: float = 30.0
+    # The leader's GrowthPolicy.max_nodes_per_pool (0: enough to cover the pool's limits).
+    max_nodes_per_pool: int = 0
 
     def node_pool(self, scale: float) -> NodePoolSpec:
         types = tuple(InstanceType(name, int(cpu * 1000), int(memory_gi * GI))
@@ -280,14 +283,16 @@ def _autoscaling(data: Any, source: str) -> Autoscaling | None:
             instance_types=tuple((str(t["name"]), float(t["cpu"]), float(t["memory_gi"]))
                                  for t in pool["instance_types"]),
             provisioning_seconds=(float(delay[0]), float(delay[1])),
-            consolidate_after_seconds=float(pool.get("consolidate_after_seconds", 30)))
+            consolidate_after_seconds=float(pool.get("consolidate_after_seconds", 30)),
+            max_nodes_per_pool=int(data.get("max_nodes_per_pool", 0)))
     except KeyError as error:
         raise ScenarioError(f"{source}: `autoscaling`: {error} is missing") from error
     except (TypeError, ValueError, IndexError) as error:
         raise ScenarioError(f"{source}: `autoscaling`: {error}") from error
-    if not 0 < autoscaling.fraction <= 1 or autoscaling.fixed_nodes < 0:
+    if not 0 < autoscaling.fraction <= 1 or min(autoscaling.fixed_nodes,
+                                                 autoscaling.max_nodes_per_pool) < 0:
         raise ScenarioError(f"{source}: `autoscaling.fraction` is in (0, 1], `fixed_nodes` "
-                            "not negative")
+                            "and `max_nodes_per_pool` not negative")
     try:
         autoscaling.node_pool(1.0)
     except (AutoscalerError, ValueError) as error:
@@ -603,6 +608,14 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                 cluster, pool, rng=growth_rng, clock_origin=EPOCH,
                 fixed_nodes={name: dict(info.allocatable)
                              for name, info in fleet.nodes(cluster).items()})
+        # The leader's LOCKGATE_SCHEDULER_GROWTH_* settings: virtual nodes enough to cover
+        # each pool's limits (the default, 32 per pool, would count less than the pools may
+        # add at fleet scale, and the model judges over all of it).
+        assert scenario.autoscaling is not None
+        state.set_growth_policy(GrowthPolicy(
+            max_nodes_per_pool=scenario.autoscaling.max_nodes_per_pool or max(
+                pool.limits[r] // min(t.resources[r] for t in pool.instance_types)
+                for r in ("cpu", "memory"))))
     autoscaled = report.autoscaled
     published: dict[str, ClusterGrowth] = {}
     policy = PreemptionPolicy(max_evictions_per_round=1_000)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
+from lockgate.placement import Requirement
 
 RESOURCES = ("cpu", "memory")  # what the simulated nodes and pods are made of (canonical units)
 
@@ -95,6 +96,16 @@ class NodePoolSpec:
                 0 < self.batch_idle_seconds <= self.batch_max_seconds):
             raise AutoscalerError(f"NodePool {self.name}: consolidate_after must not be "
                                   "negative, 0 < batch idle <= batch max")
+
+    @property
+    def requirements(self) -> tuple[Requirement, ...]:
+        """The pool's `spec.template.spec.requirements` on the kwok provider's instance labels
+        (cpu in cores, memory in MiB, as AWS's are): which sizes it may launch."""
+        kinds = self.by_size
+        return (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
+                            values=tuple(dict.fromkeys(f"{t.cpu / 1000:g}" for t in kinds))),
+                Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                            values=tuple(dict.fromkeys(str(t.memory // 2**20) for t in kinds))))
 
     @property
     def by_size(self) -> list[InstanceType]:
@@ -401,7 +412,7 @@ class SimCluster:
             cluster=self.name, observed_at=self._when(self.now), autoscaled=True,
             node_pools=[NodePoolStatus(name=self.pool.name, limits=dict(self.pool.limits),
                                        in_use=self.in_use(),
-                                       labels={"karpenter.sh/nodepool": self.pool.name})],
+                                       requirements=self.pool.requirements)],
             node_claims=[NodeClaimStatus(
                 name=c.name, node_pool=self.pool.name, created_at=self._when(c.created_at),
                 allocatable=dict(c.instance.resources), launched=True,
