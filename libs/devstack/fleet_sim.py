@@ -123,6 +123,8 @@ class Autoscaling:
     def node_pool(self, scale: float) -> NodePoolSpec:
         types = tuple(InstanceType(name, int(cpu * 1000), int(memory_gi * GI))
                       for name, cpu, memory_gi in self.instance_types)
+        if not types:
+            raise AutoscalerError("the NodePool needs at least one instance type")
         biggest = max(types, key=lambda t: (t.cpu, t.memory))
         whole = max(1, math.floor(min(self.limits_cpu * 1000 * math.sqrt(scale) / biggest.cpu,
                                       self.limits_memory_gi * GI * math.sqrt(scale)
