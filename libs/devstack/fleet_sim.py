@@ -857,7 +857,8 @@ def _model_shape(shape: Shape) -> dict[str, float]:
 
 
 def plot(report: Report, out: Path) -> Path:
-    """A PNG: the largest deviation from the fair allocation over time, and utilisation."""
+    """A PNG: the largest deviation from the fair allocation over time, and utilisation; with
+    autoscaled clusters, their pools' nodes against the fewest the fair split needs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -866,7 +867,10 @@ def plot(report: Report, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{report.scenario.name}.png"
     hours = [s.at / 3600 for s in report.samples]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    growing = sorted(report.autoscaled)
+    figure, axes = plt.subplots(3 if growing else 2, 1, figsize=(9, 9 if growing else 6),
+                                sharex=True)
+    top, bottom = axes[0], axes[1]
     top.plot(hours, [max(s.cluster_deviation_pods.values(), default=0.0)
                      for s in report.samples], marker="o", label="largest |deviation|")
     top.plot(hours, [statistics.mean(s.cluster_deviation_pods.values())
@@ -885,6 +889,15 @@ def plot(report: Report, out: Path) -> Path:
     bottom.set_ylim(0, 1.05)
     if hot:
         bottom.legend(fontsize="small", ncol=4)
+    if growing:
+        nodes = axes[2]
+        nodes.plot(hours, [sum(s.pool_nodes.values()) for s in report.samples], marker="o",
+                   label="pool nodes (NodeClaims alive)")
+        nodes.plot(hours, [sum(s.fewest_nodes.values()) for s in report.samples], marker=".",
+                   label="fewest the fair split needs")
+        nodes.set_ylabel(f"nodes, {len(growing)} autoscaled clusters")
+        nodes.set_xlabel("simulated hours")
+        nodes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from devstack.fleet_sim import Report, Scenario, ScenarioError, Targets, _Fleet, simulate
+from devstack.fleet_sim import (
+    Report,
+    Scenario,
+    ScenarioError,
+    Targets,
+    _Fleet,
+    plot,
+    simulate,
+)
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
 AUTOSCALING: dict[str, Any] = {
@@ -39,7 +47,8 @@ def small_autoscaled(**changes: Any) -> dict[str, Any]:
     return scenario
 
 
-def test_a_small_autoscaled_fleet_grows_and_its_figures_count_what_they_say() -> None:
+def test_a_small_autoscaled_fleet_grows_and_its_figures_count_what_they_say(
+        tmp_path: Path) -> None:
     report = simulate(Scenario.from_mapping(small_autoscaled()))
     summary = report.summary()
     ((name, side),) = report.autoscaled.items()
@@ -66,6 +75,7 @@ def test_a_small_autoscaled_fleet_grows_and_its_figures_count_what_they_say() ->
     assert verdict.startswith("met" if 1.0 <= ratio <= 1.1 else "MISSED"), (ratio, verdict)
     assert str(ratio) in verdict
     assert summary["verdicts"]["deviation_pods_max"].split(":")[0] in ("met", "MISSED")
+    assert plot(report, tmp_path).stat().st_size > 10_000  # with the pool's nodes, a third panel
 
 
 def test_the_nodes_verdict_is_judged_from_both_sides() -> None:
