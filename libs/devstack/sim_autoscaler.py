@@ -194,6 +194,8 @@ class SimCluster:
         self.consolidated = 0  # pool nodes deleted empty
         self.delays: list[float] = []  # each NodeClaim's provisioning delay
         self._by_size = pool.by_size
+        self._in_flight: dict[str, NodeClaim] = {}  # claims not registered yet, by name
+        self._empty: set[str] = set()  # pool nodes with no pod (consolidation candidates)
 
     # ---- kube-scheduler ------------------------------------------------------------------
 
@@ -222,12 +224,14 @@ class SimCluster:
         if self.waiting.pop(pod, None) is not None:
             self._unnominate(pod)
             return []
-        node = self.nodes[self.bound.pop(pod)]
+        node_name = self.bound.pop(pod)
+        node = self.nodes[node_name]
         for resource, amount in requests.items():
             node.used[resource] -= amount
         node.pods -= 1
         if node.pods == 0 and node.pool:
             node.empty_since = at
+            self._empty.add(node_name)
         return self._bind_waiting(at)
 
     def _fit(self, pod: str, hint: str | None) -> str | None:
@@ -243,6 +247,7 @@ class SimCluster:
             node.used[resource] += requests[resource]
         node.pods += 1
         node.empty_since = None
+        self._empty.discard(node_name)
         self.bound[pod] = node_name
 
     def _unnominate(self, pod: str) -> None:
@@ -285,13 +290,12 @@ class SimCluster:
             closes = self._window_closes()
             if closes is not None:
                 candidates.append((closes, 0, ""))
-            for claim in self.claims.values():
-                if not claim.registered:
-                    candidates.append((claim.ready_at, 1, claim.name))
-            for name, node in self.nodes.items():
-                if node.pool and node.empty_since is not None:
-                    candidates.append(
-                        (node.empty_since + self.pool.consolidate_after_seconds, 2, name))
+            for claim in self._in_flight.values():
+                candidates.append((claim.ready_at, 1, claim.name))
+            for name in self._empty:
+                since = self.nodes[name].empty_since
+                assert since is not None
+                candidates.append((since + self.pool.consolidate_after_seconds, 2, name))
             if not candidates:
                 break
             at, kind, name = min(candidates)
@@ -312,7 +316,7 @@ class SimCluster:
                        key=lambda p: (-self.requests[p]["cpu"], -self.requests[p]["memory"], p))
         if not batch:
             return
-        in_flight = [c for c in self.claims.values() if not c.registered]
+        in_flight = list(self._in_flight.values())
         packed: dict[str, dict[str, int]] = {c.name: self._packed(c) for c in in_flight}
         # The batch's new claims: their pods, what they hold, the smallest type holding it;
         # `reserved` is the pool's usage with each new claim counted at that type.
@@ -352,6 +356,7 @@ class SimCluster:
                               node_name=f"{self.name}-{self.pool.name}-{self._count:05d}",
                               nominated=set(pods))
             self.claims[claim.name] = claim
+            self._in_flight[claim.name] = claim
             self._nominated.update(dict.fromkeys(pods, claim.name))
             self.created += 1
             self.delays.append(delay)
@@ -370,11 +375,13 @@ class SimCluster:
 
     def _register(self, claim: NodeClaim, at: float) -> list[SimEvent]:
         claim.registered = True
+        del self._in_flight[claim.name]
         for pod in claim.nominated:
             self._nominated.pop(pod, None)
         claim.nominated.clear()
         node = _Node(dict(claim.instance.resources), pool=True, empty_since=at)
         self.nodes[claim.node_name] = node
+        self._empty.add(claim.node_name)
         events = [SimEvent(at=at, node=claim.node_name, allocatable=dict(node.allocatable))]
         events.extend(self._bind_waiting(at))
         if any(p not in self._nominated for p in self.waiting):
@@ -383,6 +390,7 @@ class SimCluster:
 
     def _consolidate(self, node_name: str, at: float) -> SimEvent:
         del self.nodes[node_name]
+        self._empty.discard(node_name)
         claim = next(c for c in self.claims.values() if c.node_name == node_name)
         del self.claims[claim.name]
         self.consolidated += 1
