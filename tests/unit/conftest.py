@@ -26,7 +26,8 @@ from lockgate.scheduler.state import RoundTransaction
 # The operations that change a state; each is checked when it returns (the outermost only:
 # upsert_jobs and set_cluster call the others).
 _MUTATORS = ("upsert_queue", "remove_queue", "set_cluster", "set_node", "upsert_job",
-             "upsert_jobs", "remove_job", "hold_controller", "release_controller")
+             "upsert_jobs", "remove_job", "hold_controller", "release_controller",
+             "set_growth", "set_growth_policy")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,11 +10,13 @@ Progressive filling keeps giving the next job to the queue whose cost *after* ta
 lowest, so the queues furthest below their share go first.
 
 Everything that weighs a queue uses the functions here with that one inverse: the round
-(`share_after`, `cost_after`, `owed`), preemption (its rules compare shares and costs with
-`below_target` and `within_target`), explain and status (`fair_shares`, `owed`). Nothing else
-measures a queue against the pool, and nothing else compares shares: the tolerances live here
-alone (tests/unit/test_cost_model.py keeps it so). The fair-target solver (targets.py, below
-this module) keeps its own numerical tolerances; room.py measures nodes, not queues.
+(`share_after`, `cost_after`, `owed`; `owed` also decides whether a pod may be released for
+growth, onto a node that may exist, lockgate.growth), preemption (its rules compare shares and
+costs with `below_target` and `within_target`), explain and status (`fair_shares`, `owed`).
+Nothing else measures a queue against the pool, and nothing else compares shares: the
+tolerances live here alone (tests/unit/test_cost_model.py keeps it so). The fair-target solver
+(targets.py, below this module) keeps its own numerical tolerances; room.py measures nodes, not
+queues.
 """
 from __future__ import annotations
 

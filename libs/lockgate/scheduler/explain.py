@@ -41,7 +41,10 @@ from lockgate.scheduler.records import Shape
 from lockgate.scheduler.room import ClusterRoom, fits, take
 from lockgate.scheduler.room_caches import ClusterRecord
 from lockgate.scheduler.round import (
+    GrowthGate,
+    GrowthNote,
     Rank,
+    growth_gate,
     rank_in_cluster,
     room_gathers_for,
     uncontested,
@@ -236,6 +239,24 @@ class Explanation:
     # when in none.
     group: str = ""
     group_standing: GroupStanding | None = None
+    # Its cluster's growth, as it concerns this pod (lockgate.growth; docs/autoscaling.md): what
+    # kind of answer (`GrowthStanding`; "" when its cluster cannot grow for it, or need not)
+    # and the words.
+    growth_standing: str = ""
+    growth: str = ""
+
+
+class GrowthStanding(StrEnum):
+    """How a pod stands with its cluster's growth (`Explanation.growth_standing`)."""
+
+    RELEASED = "released_for_growth"  # released onto a node that may exist, not bound yet
+    OVER_SHARE = "over_share"  # no room on the nodes that exist; not owed room, so no growth
+    WAITING = "waiting_for_nodes"  # the last wave's NodeClaims have not appeared yet
+    STALLED = "stalled"  # a NodeClaim failed, or a pod released for growth stayed unbound
+
+
+# Said of a pod at or over its share that the cluster could grow for (`GrowthStanding`).
+OVER_SHARE_FOR_GROWTH = "held: over its fair share, so the cluster will not grow for it"
 
 
 def explain(state: SchedulerState, job_id: str, *, now: float,
@@ -272,6 +293,7 @@ class Explainer:
         # gaps that open go to it). The same for every pod of the cluster explained.
         self._heads_fit: dict[str, dict[str, bool]] = {}
         self._room_stats: dict[str, _RoomStats] = {}
+        self._growth_gates: dict[str, GrowthGate] = {}  # per autoscaled cluster asked about
 
     def explain(self, job_id: str, position: tuple[int, int] | None = None
                 ) -> Explanation | None:
@@ -299,11 +321,52 @@ class Explainer:
         ranks = self._ranks.get(job.cluster)
         if ranks is None:
             ranks = self._ranks[job.cluster] = _ranks_in(state, job.cluster, self.inverse)
-        return _explain(state, job, position, self.shares, self.inverse, rounds, self.now,
-                        ranks, self.preemption, self.group_reserve_after,
-                        self._gangs, holds=self.holds,
-                        heads_fit=self._heads_fit.setdefault(job.cluster, {}),
-                        cluster_stats=self._room_stats)
+        explanation = _explain(state, job, position, self.shares, self.inverse, rounds,
+                               self.now, ranks, self.preemption, self.group_reserve_after,
+                               self._gangs, holds=self.holds,
+                               heads_fit=self._heads_fit.setdefault(job.cluster, {}),
+                               cluster_stats=self._room_stats)
+        if state.growth_plan(job.cluster) is None:
+            return explanation  # its cluster does not grow: nothing to add
+        gate = self._growth_gates.get(job.cluster)
+        if gate is None:
+            gate = self._growth_gates[job.cluster] = growth_gate(state, job.cluster,
+                                                                 now=self.now)
+        standing, words = _growth_standing(state, job, explanation, rounds, gate)
+        if not standing:
+            return explanation
+        return _with_message(replace(explanation, growth_standing=standing, growth=words))
+
+
+def _growth_standing(state: SchedulerState, job: SchedJob, e: Explanation,
+                     rounds: ClusterRoom | None, gate: GrowthGate) -> tuple[str, str]:
+    """How the pod stands with its cluster's growth, and the words (("", "") when there is
+    nothing to say: the cluster's nodes have room for it, or no node that may exist could
+    take it)."""
+    release = state.growth_releases.get(job.job_id)
+    if release is not None:
+        plan = gate.plan
+        note = GrowthNote(pool=release.pool, node=release.node, claim=release.claim,
+                          headroom=None if plan is None else plan.headroom(release.pool))
+        words = note.words(job.cluster)
+        if not release.claim:
+            claims = () if plan is None else plan.claims_in_flight
+            words += ("; waiting for a node (NodeClaims in flight: "
+                      f"{', '.join(claims)})" if claims else
+                      "; waiting for the autoscaler to make a node (no NodeClaim yet)")
+        if gate.stalled:
+            words += f"; {gate.stalled}"
+        return GrowthStanding.RELEASED.value, words
+    if e.reason not in (WaitReason.CLUSTER_ROOM, WaitReason.FAIR_SHARE) or rounds is None:
+        return "", ""
+    fits_growth = rounds.fits_growth(state.job_records[job.job_id].shape)
+    if fits_growth and not e.below_target:
+        return GrowthStanding.OVER_SHARE.value, OVER_SHARE_FOR_GROWTH
+    if gate.stalled:
+        return GrowthStanding.STALLED.value, gate.stalled
+    if fits_growth and gate.waiting:
+        return GrowthStanding.WAITING.value, gate.waiting
+    return "", ""
 
 
 def _head(state: SchedulerState, queue: QueueRecord, pending: PendingJobs) -> str | None:
@@ -375,13 +438,16 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     largest_free: list[int] = []
     largest_node: list[int] = []
     fits_some = fits_free = False
-    node_count = 0
+    node_count = real_nodes = 0
     held_on: RoomHold | None = None
     held_room: list[int] | None = None
     gaps: list[str] = []
     gathers = False
     if cluster is not None and rounds is not None:
+        # Nodes that may exist (lockgate.growth) count as nodes it may go to, not among the
+        # cluster's nodes the explanation shows.
         node_count = len(cluster.order)
+        real_nodes = cluster.real_nodes
         shape = state.job_records[job_id].shape
         fits_some = rounds.fits_some_node(shape)
         stats = None if cluster_stats is None else cluster_stats.get(job.cluster)
@@ -471,7 +537,7 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
         adjusted_fair_share=0.0 if share is None else share.adjusted_fair_share,
         actual_share=0.0 if share is None else share.actual_share,
         cordoned=spec is not None and spec.cordoned, queue_defined=spec is not None,
-        queue_limits=limits, queue_allocation=allocation, cluster_nodes=node_count,
+        queue_limits=limits, queue_allocation=allocation, cluster_nodes=real_nodes,
         cluster_free=named(free_total), largest_free_node=named(largest_free),
         largest_node=named(largest_node),
         max_queued_seconds=None if max_queued is None else max_queued.seconds,
@@ -807,8 +873,12 @@ def wait_message(e: Explanation) -> str:
         why = backing_off_message(e.backoff_attempts, e.backoff_until)
     elif reason is WaitReason.NEXT_ROUND:
         why = "there is room: the next scheduling round releases it"
+    elif e.growth:
+        return f"{where}; {e.growth}" + (f"; {e.group}" if e.group else "")
     else:
         return f"{where}; not waiting ({e.state})" + (f"; {e.group}" if e.group else "")
+    if e.growth:
+        why += f"; {e.growth}"
     return _finish(e, f"{where}; {why}")
 
 

@@ -23,8 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from lockgate.scheduler.explain import Explainer, Explanation, QueueStatus, WaitReason
-from lockgate.scheduler.round import RoundResult, SkipReason
+from lockgate.growth import PoolHeadroom
+from lockgate.scheduler.explain import (
+    Explainer,
+    Explanation,
+    GrowthStanding,
+    QueueStatus,
+    WaitReason,
+)
+from lockgate.scheduler.round import RoundResult, SkipReason, growth_gate
 from lockgate.scheduler.state import SchedulerState
 
 
@@ -49,6 +56,20 @@ class QueueRound:
     set_aside: tuple[str, ...]  # clusters none of its waiting jobs could go to this round
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterGrowthStatus:
+    """An autoscaled cluster after the round (lockgate.growth; docs/autoscaling.md)."""
+
+    cluster: str
+    nodes: int  # schedulable nodes that exist
+    capacity: Mapping[str, int]  # their allocatable, summed
+    pools: tuple[PoolHeadroom, ...]  # per NodePool: its headroom and why not more
+    claims_in_flight: tuple[str, ...]  # NodeClaims whose Node does not exist yet
+    released_unbound: int  # pods released for growth not bound yet
+    stalled: str  # "growth stalled: ..." ("": not stalled)
+    waiting: str  # why the next wave of releases for growth waits ("": it need not)
+
+
 @dataclass(slots=True)
 class RoundReport:
     """What the leader's last round decided and why, for every queue and waiting job."""
@@ -61,6 +82,8 @@ class RoundReport:
     _state: SchedulerState
     _settings: ExplainSettings
     _explainer: Explainer | None = field(default=None)
+    # Per autoscaled cluster, its growth after the round (by cluster name).
+    growth: Mapping[str, ClusterGrowthStatus] = field(default_factory=dict)
 
     def explain(self, jobs: Iterable[tuple[str, tuple[int, int] | None]], *,
                 now: float) -> dict[str, Explanation | None]:
@@ -124,7 +147,54 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
                      if count},
             set_aside=tuple(report.set_aside))
     return RoundReport(number=number, at=at, queues=tuple(queues), rounds=rounds,
-                       skipped=result.skipped_jobs, _state=state, _settings=settings)
+                       skipped=result.skipped_jobs, _state=state, _settings=settings,
+                       growth=growth_statuses(state, now=at))
+
+
+def growth_statuses(state: SchedulerState, *, now: float) -> dict[str, ClusterGrowthStatus]:
+    """Every autoscaled cluster's growth (`ClusterGrowthStatus`): O(clusters' nodes and pods
+    released for growth), read from the state's growth plans."""
+    unbound: dict[str, int] = {}
+    for release in state.growth_releases.values():
+        unbound[release.cluster] = unbound.get(release.cluster, 0) + 1
+    statuses: dict[str, ClusterGrowthStatus] = {}
+    names = state.axis_names
+    for cluster_name in state.cluster_names():
+        plan = state.growth_plan(cluster_name)
+        if plan is None:
+            continue
+        record = state.cluster_records[cluster_name]
+        virtual = {node.name: node for node in plan.nodes}
+        capacity = [0] * len(names)
+        nodes = 0
+        for node_name in record.order:
+            if node_name in virtual:
+                continue
+            nodes += 1
+            for axis, amount in enumerate(record.nodes[node_name].allocatable):
+                capacity[axis] += amount
+        gate = growth_gate(state, cluster_name, now=now)
+        statuses[cluster_name] = ClusterGrowthStatus(
+            cluster=cluster_name, nodes=nodes,
+            capacity={names[axis]: amount for axis, amount in enumerate(capacity) if amount},
+            pools=plan.pools, claims_in_flight=plan.claims_in_flight,
+            released_unbound=unbound.get(cluster_name, 0), stalled=gate.stalled,
+            waiting=gate.waiting)
+    return statuses
+
+
+def growth_json(status: ClusterGrowthStatus) -> dict[str, Any]:
+    """A cluster's growth as `lockgate status` and the UI may read it."""
+    return {
+        "cluster": status.cluster, "nodes": status.nodes, "capacity": dict(status.capacity),
+        "node_pools": [{"name": pool.pool, "headroom_nodes": pool.nodes,
+                        "headroom": dict(pool.remaining),
+                        "node_shape": None if pool.shape is None else dict(pool.shape),
+                        "node_shape_from": pool.shape_source, "why_none": pool.why_none}
+                       for pool in status.pools],
+        "claims_in_flight": list(status.claims_in_flight),
+        "released_unbound": status.released_unbound, "stalled": status.stalled,
+        "waiting": status.waiting}
 
 
 def status_json(status: QueueStatus) -> dict[str, Any]:
@@ -151,6 +221,8 @@ def short_reason(explanation: Explanation) -> str:
     """Why a pod waits in a few words, for a line of a list (the web UI's queue page): what a
     team lead reads at a glance. The whole sentence is `Explanation.message`."""
     reason, cluster = explanation.reason, explanation.cluster
+    if explanation.growth_standing:
+        return _SHORT_GROWTH[explanation.growth_standing].format(cluster=cluster)
     if reason is None:
         return "not waiting"
     if explanation.held_on is not None:
@@ -162,6 +234,13 @@ def short_reason(explanation: Explanation) -> str:
             f"no room in {cluster}")
     return _SHORT[reason].format(cluster=cluster)
 
+
+_SHORT_GROWTH: dict[str, str] = {
+    GrowthStanding.RELEASED.value: "released so that {cluster} grows",
+    GrowthStanding.OVER_SHARE.value: "over its share: {cluster} will not grow for it",
+    GrowthStanding.WAITING.value: "waiting for new nodes in {cluster}",
+    GrowthStanding.STALLED.value: "growth stalled in {cluster}",
+}
 
 _SHORT: dict[WaitReason, str] = {
     WaitReason.NODE_FIT: "fits no node",

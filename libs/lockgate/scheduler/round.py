@@ -1183,16 +1183,22 @@ class _Round:
                                    claim=virtual.claim, at=self.now,
                                    round=self.transaction.number, marker=gate.plan.marker)
 
-    @staticmethod
-    def _nothing_can_go(progress: _QueueRound, pending: PendingJobs, cluster: ClusterRoom) -> bool:
-        """Whether every kind of job the queue has waiting in this cluster was turned down."""
+    def _nothing_can_go(self, progress: _QueueRound, pending: PendingJobs,
+                        cluster: ClusterRoom) -> bool:
+        """Whether every kind of job the queue has waiting in this cluster was turned down
+        (on the real nodes, and, where the cluster may grow for the queue, on the nodes that
+        may exist). Monotone in a round, as `_closed_to` needs: the queue's share only grows
+        (so it is owed less), the room on nodes that may exist only shrinks, and whether the
+        cluster may grow is decided once a round."""
         if cluster.overcommitted:
             return True
         shapes = pending.shapes
         if len(shapes) > _SET_ASIDE_SHAPE_SCAN:
             return False
-        if cluster.record.virtual_order:
-            return False  # turned down on the real nodes, it may still go to nodes that may exist
+        if (cluster.record.virtual_order
+                and self._growth_refused(progress.queue, pending.cluster) is None
+                and any(cluster.fits_growth(shape) for shape in shapes)):
+            return False  # turned down on the real nodes, it may go to a node that may exist
         no_room = cluster.rejected
         over_limit = progress.over_limit
         return all(

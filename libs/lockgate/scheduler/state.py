@@ -455,7 +455,8 @@ class SchedulerState:
         a schedulable node of the cluster, changed only when it changes (`set_node`)."""
         picture = self._growth.get(cluster)
         record = self._cluster(cluster)
-        plan = None if picture is None else plan_growth(
+        # A cluster with no autoscaler has no plan: it grows by nothing, as before issue 35.
+        plan = None if picture is None or not picture.autoscaled else plan_growth(
             picture, policy=self._growth_policy,
             largest_node_of=lambda pool: self._largest_node_of(record, pool),
             has_node=lambda name: name in record.nodes)
