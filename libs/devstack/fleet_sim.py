@@ -48,6 +48,16 @@ from typing import Any
 import yaml
 
 from devstack.fair_model import Cluster, Demand, fair_allocation, nearest_split
+from devstack.sim_autoscaler import (
+    AutoscalerError,
+    InstanceType,
+    NodePoolSpec,
+    SimCluster,
+    SimEvent,
+    fewest_nodes,
+)
+from lockgate.events import ClusterGrowth
+from lockgate.growth import GrowthPolicy
 from lockgate.jobs import JobState
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
@@ -88,6 +98,42 @@ class Targets:
     round_p99_ms: float | None = None
     contested_utilisation_min: float | None = None
     deviation_pods_max: float | None = None
+    # Scenario (d): NodeClaims made, against the fewest nodes the fair allocation needs.
+    nodes_provisioned_ratio_max: float | None = None
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """Scenario (d): the last `fraction` of the clusters grow and shrink under one Karpenter
+    NodePool each (devstack.sim_autoscaler), from `fixed_nodes` nodes of the scenario's node
+    shape that are not the pool's (a fixed node group, never consolidated). Limits are per
+    cluster at scale 1 and shrink with `scale` as nodes do (by its square root), rounded down
+    to whole instances of the biggest type."""
+
+    fraction: float
+    fixed_nodes: int
+    limits_cpu: int
+    limits_memory_gi: int
+    instance_types: tuple[tuple[str, float, float], ...]  # (name, cpu, memory_gi)
+    provisioning_seconds: tuple[float, float] = (5.0, 60.0)
+    consolidate_after_seconds: float = 30.0
+    # The leader's GrowthPolicy.max_nodes_per_pool (0: enough to cover the pool's limits).
+    max_nodes_per_pool: int = 0
+
+    def node_pool(self, scale: float) -> NodePoolSpec:
+        types = tuple(InstanceType(name, int(cpu * 1000), int(memory_gi * GI))
+                      for name, cpu, memory_gi in self.instance_types)
+        if not types:
+            raise AutoscalerError("the NodePool needs at least one instance type")
+        biggest = max(types, key=lambda t: (t.cpu, t.memory))
+        whole = max(1, math.floor(min(self.limits_cpu * 1000 * math.sqrt(scale) / biggest.cpu,
+                                      self.limits_memory_gi * GI * math.sqrt(scale)
+                                      / biggest.memory)))
+        return NodePoolSpec(
+            name="default", instance_types=types,
+            limits={"cpu": whole * biggest.cpu, "memory": whole * biggest.memory},
+            provisioning_seconds=self.provisioning_seconds,
+            consolidate_after_seconds=self.consolidate_after_seconds)
 
 
 @dataclass(frozen=True)
@@ -124,6 +170,7 @@ class Scenario:
     targets_worker_min_demands: int = 200
     scale: float = 1.0
     targets: Targets = field(default_factory=Targets)
+    autoscaling: Autoscaling | None = None
 
     @classmethod
     def load(cls, path: Path) -> Scenario:
@@ -157,6 +204,7 @@ class Scenario:
         if not shapes:
             raise ScenarioError(f"{source}: `shapes` needs at least one shape")
         targets = data.get("targets") or {}
+        autoscaling = _autoscaling(data.get("autoscaling"), source)
         scenario = cls(
             name=str(data.get("name", source)),
             clusters=need("count", int, clusters),
@@ -191,6 +239,7 @@ class Scenario:
                                                     cls.targets_worker_min_demands)),
             scale=float(data.get("scale", 1.0)),
             targets=Targets(**{k: float(v) for k, v in targets.items()}),
+            autoscaling=autoscaling,
         )
         if scenario.clusters < 1 or scenario.nodes_per_cluster < 1 or scenario.queues < 1:
             raise ScenarioError(f"{source}: clusters, nodes and queues must be 1 or more")
@@ -206,6 +255,9 @@ class Scenario:
             raise ScenarioError(f"{source}: `gangs.size` must be 2 or more")
         return scenario
 
+    def node_pool(self) -> NodePoolSpec | None:
+        return None if self.autoscaling is None else self.autoscaling.node_pool(self.scale)
+
     def scaled(self, scale: float) -> Scenario:
         if not 0 < scale <= 1:
             raise ScenarioError(f"{self.name}: scale must be in (0, 1], not {scale}")
@@ -215,6 +267,39 @@ class Scenario:
             queues=max(2, round(self.queues * scale)),
             clusters=max(1, round(self.clusters * root)),
             nodes_per_cluster=max(1, round(self.nodes_per_cluster * root)))
+
+
+def _autoscaling(data: Any, source: str) -> Autoscaling | None:
+    """The scenario's `autoscaling` key (scenario (d)); None when it has none."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: `autoscaling` is a mapping of keys")
+    try:
+        pool = data["node_pool"]
+        limits = pool["limits"]
+        delay = pool.get("provisioning_seconds", [5, 60])
+        autoscaling = Autoscaling(
+            fraction=float(data["fraction"]), fixed_nodes=int(data.get("fixed_nodes", 0)),
+            limits_cpu=int(limits["cpu"]), limits_memory_gi=int(limits["memory_gi"]),
+            instance_types=tuple((str(t["name"]), float(t["cpu"]), float(t["memory_gi"]))
+                                 for t in pool["instance_types"]),
+            provisioning_seconds=(float(delay[0]), float(delay[1])),
+            consolidate_after_seconds=float(pool.get("consolidate_after_seconds", 30)),
+            max_nodes_per_pool=int(data.get("max_nodes_per_pool", 0)))
+    except KeyError as error:
+        raise ScenarioError(f"{source}: `autoscaling`: {error} is missing") from error
+    except (TypeError, ValueError, IndexError) as error:
+        raise ScenarioError(f"{source}: `autoscaling`: {error}") from error
+    if not 0 < autoscaling.fraction <= 1 or min(autoscaling.fixed_nodes,
+                                                 autoscaling.max_nodes_per_pool) < 0:
+        raise ScenarioError(f"{source}: `autoscaling.fraction` is in (0, 1], `fixed_nodes` "
+                            "and `max_nodes_per_pool` not negative")
+    try:
+        autoscaling.node_pool(1.0)
+    except (AutoscalerError, ValueError) as error:
+        raise ScenarioError(f"{source}: `autoscaling.node_pool`: {error}") from error
+    return autoscaling
 
 
 @dataclass
@@ -233,6 +318,12 @@ class Sample:
     utilisation: dict[str, float]  # cluster -> cpu used / cpu there
     queued: int
     model_seconds: float
+    # Autoscaled clusters only (scenario (d)): NodeClaims alive (nodes of the pool and those in
+    # flight), and the fewest pool nodes the fair split nearest the holding needs there
+    # (`sim_autoscaler.fewest_nodes` over what it gives the cluster beyond its fixed nodes).
+    pool_nodes: dict[str, int] = field(default_factory=dict)
+    fewest_nodes: dict[str, int] = field(default_factory=dict)
+    waiting_for_nodes: int = 0  # released pods no node had room for (yet)
 
 
 @dataclass
@@ -259,6 +350,10 @@ class Report:
     # changing.
     decisions: Any = field(default_factory=hashlib.sha256)
     skipped: Any = field(default_factory=hashlib.sha256)
+    # Scenario (d): each autoscaled cluster's simulated side (its Karpenter's counts), and the
+    # released pods that found no node with room (what the autoscaler is asked to grow for).
+    autoscaled: dict[str, SimCluster] = field(default_factory=dict)
+    released_unschedulable: int = 0
 
     def record_round(self, number: int, result: RoundResult) -> None:
         self.decisions.update(f"round {number}\n".encode())
@@ -304,10 +399,14 @@ class Report:
         saturated = [s for s in settled if s.saturated]
         at_saturation = [d for s in saturated for d in s.cluster_deviation_pods.values()]
         utilisation = self._contested_utilisation()
+        autoscaling = self.scenario.autoscaling
+        fixed_clusters = self.scenario.clusters - len(self.autoscaled)
         summary: dict[str, Any] = {
             "scenario": self.scenario.name, "scale": self.scenario.scale,
             "clusters": self.scenario.clusters,
-            "nodes": self.scenario.clusters * self.scenario.nodes_per_cluster,
+            # At the start (an autoscaled cluster starts from its fixed nodes).
+            "nodes": fixed_clusters * self.scenario.nodes_per_cluster + len(self.autoscaled) * (
+                autoscaling.fixed_nodes if autoscaling else 0),
             "queues": self.scenario.queues, "jobs": self.scenario.jobs,
             "rounds": len(self.round_ms),
             "round_ms_p50": round(statistics.median(rounds), 2),
@@ -344,17 +443,54 @@ class Report:
             "decisions_digest": self.decisions.hexdigest(),
             "skipped_digest": self.skipped.hexdigest(),
         }
+        if self.autoscaled:
+            summary.update(self._growth_summary())
         summary["verdicts"] = self.verdicts(summary)
         return summary
 
+    def _growth_summary(self) -> dict[str, Any]:
+        """Scenario (d)'s figures: what the autoscalers did, against the fewest nodes the fair
+        allocation needs. `nodes_fewest` sums, over the autoscaled clusters, the most pool nodes
+        any sample's fair split needed there; `nodes_provisioned` counts every NodeClaim made
+        (a node consolidated and made again counts twice)."""
+        pool = self.scenario.node_pool()
+        assert pool is not None
+        fewest = sum(max((s.fewest_nodes.get(c, 0) for s in self.samples), default=0)
+                     for c in self.autoscaled)
+        provisioned = sum(c.created for c in self.autoscaled.values())
+        delays = [d for c in self.autoscaled.values() for d in c.delays]
+        biggest = max(pool.instance_types, key=lambda t: (t.cpu, t.memory))
+        return {
+            "autoscaled_clusters": len(self.autoscaled),
+            "pool_limit_nodes": pool.limits["cpu"] // biggest.cpu,  # in the biggest type
+            "nodes_provisioned": provisioned,
+            "nodes_consolidated": sum(c.consolidated for c in self.autoscaled.values()),
+            "nodes_fewest": fewest,
+            "nodes_provisioned_ratio": round(provisioned / fewest, 3) if fewest else None,
+            "pool_nodes_peak": max((sum(s.pool_nodes.values()) for s in self.samples),
+                                   default=0),
+            "pool_nodes_end": sum(c.pool_nodes() for c in self.autoscaled.values()),
+            "provisioning_seconds_p50": _percentile(delays, 0.5),
+            "released_unschedulable": self.released_unschedulable,
+            "waiting_for_nodes_peak": max((s.waiting_for_nodes for s in self.samples),
+                                          default=0),
+        }
+
     def verdicts(self, summary: Mapping[str, Any]) -> dict[str, str]:
-        """Each target of the scenario: met, missed or not judged (and why)."""
+        """Each target of the scenario: met, missed or not judged (and why).
+
+        The nodes provisioned are judged from both sides: at most the target times the fewest
+        the fair allocation needs, and not fewer than those (fewer means some autoscaled
+        cluster never reached its part of the fair allocation, which a ratio alone would call
+        met)."""
         targets = self.scenario.targets
         checks = (("round_p99_ms", targets.round_p99_ms, summary["round_ms_p99"], "<="),
                   ("contested_utilisation_min", targets.contested_utilisation_min,
                    summary["contested_utilisation_min"], ">="),
                   ("deviation_pods_max", targets.deviation_pods_max,
-                   summary["deviation_pods_max"], "<="))
+                   summary["deviation_pods_max"], "<="),
+                  ("nodes_provisioned_ratio_max", targets.nodes_provisioned_ratio_max,
+                   summary.get("nodes_provisioned_ratio"), "1 <= x <="))
         verdicts: dict[str, str] = {}
         for name, target, value, sense in checks:
             if target is None:
@@ -363,9 +499,12 @@ class Report:
                 verdicts[name] = f"not judged: the target holds at scale 1, this run is at " \
                                  f"{self.scenario.scale} ({value} here, target {sense} {target})"
             elif value is None:
-                verdicts[name] = "not judged: no settled contested sample"
+                verdicts[name] = "not judged: no autoscaled cluster needed a node" if (
+                    name == "nodes_provisioned_ratio_max") else \
+                    "not judged: no settled contested sample"
             else:
-                met = value <= target if sense == "<=" else value >= target
+                met = (value <= target if sense == "<=" else value >= target
+                       if sense == ">=" else 1.0 <= value <= target)
                 verdicts[name] = f"{'met' if met else 'MISSED'}: {value} (target {sense} {target})"
         return verdicts
 
@@ -404,6 +543,11 @@ class _Fleet:
         self.arrivals = sorted(rng.uniform(0, span) for _ in range(scenario.jobs))
         self.node_cpu_milli = scenario.node_cpu * 1000
         self.node_memory = scenario.node_memory_gi * GI
+        # Scenario (d): the last clusters grow and shrink (their own draws come from another
+        # generator, so the fleet above is the same with autoscaling or without).
+        autoscaled = 0 if scenario.autoscaling is None else max(
+            1, round(len(self.clusters) * scenario.autoscaling.fraction))
+        self.autoscaled = self.clusters[len(self.clusters) - autoscaled:]
 
     def sender(self, rng: random.Random) -> str:
         """The queue an arrival comes from: any with the same chance, or by its weight."""
@@ -411,14 +555,20 @@ class _Fleet:
             return self.names[bisect.bisect(self.cumulative, rng.random() * self.cumulative[-1])]
         return rng.choice(self.names)
 
+    def node_count(self, cluster: str) -> int:
+        """Its fixed nodes: all of them, or an autoscaled cluster's that are not the pool's."""
+        autoscaling = self.scenario.autoscaling
+        if autoscaling is not None and cluster in self.autoscaled:
+            return autoscaling.fixed_nodes
+        return self.scenario.nodes_per_cluster
+
     def nodes(self, cluster: str) -> dict[str, NodeInfo]:
         allocatable = Resources({"cpu": self.node_cpu_milli, "memory": self.node_memory})
         return {f"{cluster}-n{i}": NodeInfo(allocatable=allocatable)
-                for i in range(self.scenario.nodes_per_cluster)}
+                for i in range(self.node_count(cluster))}
 
-    @property
-    def cluster_capacity(self) -> dict[str, float]:
-        nodes = self.scenario.nodes_per_cluster
+    def fixed_capacity(self, cluster: str) -> dict[str, float]:
+        nodes = self.node_count(cluster)
         return {"cpu": float(self.node_cpu_milli * nodes),
                 "memory": float(self.node_memory * nodes)}
 
@@ -452,6 +602,24 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
         state.upsert_queue(QueueSpec(name=queue, priority_factor=1 / weight))
     for cluster in fleet.clusters:
         state.set_cluster(cluster, fleet.nodes(cluster))
+    pool = scenario.node_pool()
+    if pool is not None:
+        growth_rng = random.Random(f"{seed}/autoscaling")
+        for cluster in fleet.autoscaled:
+            report.autoscaled[cluster] = SimCluster(
+                cluster, pool, rng=growth_rng, clock_origin=EPOCH,
+                fixed_nodes={name: dict(info.allocatable)
+                             for name, info in fleet.nodes(cluster).items()})
+        # The leader's LOCKGATE_SCHEDULER_GROWTH_* settings: virtual nodes enough to cover
+        # each pool's limits (the default, 32 per pool, would count less than the pools may
+        # add at fleet scale, and the model judges over all of it).
+        assert scenario.autoscaling is not None
+        state.set_growth_policy(GrowthPolicy(
+            max_nodes_per_pool=scenario.autoscaling.max_nodes_per_pool or max(
+                pool.limits[r] // min(t.resources[r] for t in pool.instance_types)
+                for r in ("cpu", "memory"))))
+    autoscaled = report.autoscaled
+    published: dict[str, ClusterGrowth] = {}
     policy = PreemptionPolicy(max_evictions_per_round=1_000)
     ends: list[tuple[float, str]] = []  # (simulated end, job id) of running pods
     runtime: dict[str, float] = {}
@@ -475,6 +643,38 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                                 "memory": int(shape.memory_gi * GI)}),
             preemptible=scenario.preemption, group=group, group_size=size))
 
+    def run(job_id: str, node: str, since: float) -> None:
+        """A pod bound to `node` at `since` starts its runtime there."""
+        job = state.job(job_id)
+        assert job is not None
+        state.upsert_job(replace(job, state=JobState.RUNNING, node_name=node,
+                                 unschedulable_since=None, unschedulable_message=""))
+        running.add(job_id)
+        heapq.heappush(ends, (since + runtime.pop(job_id), job_id))
+
+    def happened(cluster: str, events: list[SimEvent]) -> None:
+        """An autoscaled cluster's events, told to the state as the watcher would."""
+        for event in events:
+            if event.kind == "added":
+                assert event.allocatable is not None
+                state.set_node(cluster, event.node, NodeInfo(
+                    allocatable=Resources(dict(event.allocatable)),
+                    labels={"karpenter.sh/nodepool": autoscaled[cluster].pool.name}))
+            elif event.kind == "removed":
+                state.set_node(cluster, event.node, None)
+            else:
+                run(event.pod, event.node, event.at)
+
+    def publish(cluster: str) -> None:
+        """The cluster's growth picture, when it changed (as the watcher publishes it)."""
+        growth = autoscaled[cluster].growth()
+        last = published.get(cluster)
+        if last is None or last.model_copy(update={"observed_at": growth.observed_at}) != growth:
+            published[cluster] = growth
+            state.set_growth(cluster, growth)
+
+    for cluster in autoscaled:
+        publish(cluster)
     while now <= scenario.duration_seconds:
         while next_arrival < len(fleet.arrivals) and fleet.arrivals[next_arrival] <= now:
             queue = fleet.sender(rng)
@@ -491,7 +691,13 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             _, job_id = heapq.heappop(ends)
             if job_id in running:
                 running.discard(job_id)
+                cluster = state.job_records[job_id].cluster
                 state.remove_job(job_id)
+                if cluster in autoscaled:
+                    happened(cluster, autoscaled[cluster].finish(job_id, now))
+        for cluster, side in autoscaled.items():
+            happened(cluster, side.advance(now))
+            publish(cluster)
         report.peak_jobs = max(report.peak_jobs, len(state))
         if solving is not None:
             # The leader adopts the worker's answer when it comes; here it has had a whole
@@ -517,6 +723,21 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             job = state.job(decision.job_id)
             if job is None:
                 continue
+            growing = autoscaled.get(job.cluster)
+            if growing is not None:
+                # kube-scheduler binds it where it fits, or it is Unschedulable and the
+                # cluster's autoscaler sees it.
+                report.released += 1
+                node = growing.release(job.job_id, job.requests, decision.node_hint or None,
+                                       now)
+                if node is not None:
+                    run(job.job_id, node, now)
+                    continue
+                report.released_unschedulable += 1
+                state.upsert_job(replace(
+                    job, state=JobState.UNGATED, unschedulable_since=EPOCH + now,
+                    unschedulable_message=f"0/{len(growing.nodes)} nodes are available"))
+                continue
             state.upsert_job(replace(job, state=JobState.RUNNING, node_name=decision.node_hint))
             running.add(decision.job_id)
             report.released += 1
@@ -531,6 +752,8 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                 report.evictions += 1
                 running.discard(victim.job_id)
                 state.remove_job(victim.job_id)
+                if victim.cluster in autoscaled:
+                    happened(victim.cluster, autoscaled[victim.cluster].finish(victim.job_id, now))
                 add(victim.queue, victim.cluster, now, None, 0)
         handing = time.perf_counter()
         handed = state.hand_over_targets(at=EPOCH + now,
@@ -539,7 +762,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             solving = (worker.submit(handed[0]), handed[1], now)
             report.handoff_ms.append((time.perf_counter() - handing) * 1000)
         if now >= next_sample:
-            report.samples.append(_sample(state, fleet, running, now))
+            report.samples.append(_sample(state, fleet, running, now, autoscaled))
             next_sample += scenario.sample_seconds
             if progress:
                 sample = report.samples[-1]
@@ -553,7 +776,8 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
     return report
 
 
-def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float) -> Sample:
+def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float,
+            autoscaled: Mapping[str, SimCluster]) -> Sample:
     held_in: dict[tuple[str, str], int] = {}  # (queue, cluster) -> its pods running there
     demand: dict[tuple[str, str], int] = {}
     asked_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
@@ -569,9 +793,17 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
             used_cpu[record.cluster] += cpu
         else:
             waiting.add((record.queue, record.cluster))
-    capacity = fleet.cluster_capacity
-    contested = tuple(c for c in fleet.clusters if asked_cpu[c] > capacity["cpu"])
-    utilisation = {c: used_cpu[c] / capacity["cpu"] for c in fleet.clusters}
+    # Each cluster's capacity: its nodes; an autoscaled one's, its fixed nodes, its pool's
+    # NodeClaims (nodes and in flight) and what the pool may still add (issue 35: fair shares
+    # over existing capacity plus headroom).
+    capacity_of: dict[str, dict[str, float]] = {}
+    for c in fleet.clusters:
+        capacity_of[c] = fleet.fixed_capacity(c)
+        if c in autoscaled:
+            pool = _plus_float(autoscaled[c].in_use(), autoscaled[c].headroom())
+            capacity_of[c] = _plus_float(capacity_of[c], pool)
+    contested = tuple(c for c in fleet.clusters if asked_cpu[c] > capacity_of[c]["cpu"])
+    utilisation = {c: used_cpu[c] / capacity_of[c]["cpu"] for c in fleet.clusters}
     held: dict[str, int] = {}
     for (queue, _), pods in held_in.items():
         held[queue] = held.get(queue, 0) + pods
@@ -580,9 +812,10 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
     at_saturation = frozenset(queue for queue, _ in demand) - served_somewhere
     deviation: dict[str, float] = {}
     in_clusters: dict[str, float] = {}
+    fewest: dict[str, int] = {}
     solving = time.perf_counter()
     if contested:
-        clusters = [Cluster.of(c, capacity) for c in fleet.clusters]
+        clusters = [Cluster.of(c, capacity_of[c]) for c in fleet.clusters]
         demands = [Demand(q, c, _model_shape(fleet.shape[q]), count)
                    for (q, c), count in demand.items()]
         model = fair_allocation(clusters=clusters, weights=fleet.weights, demands=demands)
@@ -592,6 +825,15 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
                                 held={pair: float(n) for pair, n in held_in.items()},
                                 judged=at_saturation)
         in_clusters = {q: nearest.by_queue.get(q, 0.0) for q in deviation}
+        for c, side in autoscaled.items():
+            # What the fair split gives the cluster beyond its fixed nodes, in nodes.
+            given = dict.fromkeys(("cpu", "memory"), 0.0)
+            for (q, cluster), part in nearest.parts.items():
+                if cluster == c:
+                    for resource, amount in _model_shape(fleet.shape[q]).items():
+                        given[resource] += part * amount
+            beyond = {r: given[r] - fleet.fixed_capacity(c)[r] for r in given}
+            fewest[c] = fewest_nodes(beyond, side.pool.instance_types)
     # Saturated: every cluster contested, and every queue has pods waiting wherever it asks;
     # then the fair allocation no longer depends on how much anyone asks, only on weights and
     # pinning (it holds still while pods come and go).
@@ -600,7 +842,14 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float)
                   cluster_deviation_pods=in_clusters, saturated_queues=at_saturation,
                   saturated=saturated,
                   utilisation=utilisation, queued=len(state) - len(running),
-                  model_seconds=time.perf_counter() - solving)
+                  model_seconds=time.perf_counter() - solving,
+                  pool_nodes={c: side.pool_nodes() for c, side in autoscaled.items()},
+                  fewest_nodes=fewest,
+                  waiting_for_nodes=sum(len(side.waiting) for side in autoscaled.values()))
+
+
+def _plus_float(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    return {r: float(a.get(r, 0)) + float(b.get(r, 0)) for r in ("cpu", "memory")}
 
 
 def _model_shape(shape: Shape) -> dict[str, float]:
@@ -608,7 +857,8 @@ def _model_shape(shape: Shape) -> dict[str, float]:
 
 
 def plot(report: Report, out: Path) -> Path:
-    """A PNG: the largest deviation from the fair allocation over time, and utilisation."""
+    """A PNG: the largest deviation from the fair allocation over time, and utilisation; with
+    autoscaled clusters, their pools' nodes against the fewest the fair split needs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -617,7 +867,10 @@ def plot(report: Report, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{report.scenario.name}.png"
     hours = [s.at / 3600 for s in report.samples]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    growing = sorted(report.autoscaled)
+    figure, axes = plt.subplots(3 if growing else 2, 1, figsize=(9, 9 if growing else 6),
+                                sharex=True)
+    top, bottom = axes[0], axes[1]
     top.plot(hours, [max(s.cluster_deviation_pods.values(), default=0.0)
                      for s in report.samples], marker="o", label="largest |deviation|")
     top.plot(hours, [statistics.mean(s.cluster_deviation_pods.values())
@@ -636,6 +889,15 @@ def plot(report: Report, out: Path) -> Path:
     bottom.set_ylim(0, 1.05)
     if hot:
         bottom.legend(fontsize="small", ncol=4)
+    if growing:
+        nodes = axes[2]
+        nodes.plot(hours, [sum(s.pool_nodes.values()) for s in report.samples], marker="o",
+                   label="pool nodes (NodeClaims alive)")
+        nodes.plot(hours, [sum(s.fewest_nodes.values()) for s in report.samples], marker=".",
+                   label="fewest the fair split needs")
+        nodes.set_ylabel(f"nodes, {len(growing)} autoscaled clusters")
+        nodes.set_xlabel("simulated hours")
+        nodes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
