@@ -5,7 +5,9 @@ every round the leader keeps the round's report (`lockgate.scheduler.report`): e
 share, adjusted fair share, fair target and actual share, its jobs by phase, and why waiting
 jobs wait. It is the only picture: queue-store's `status`, `explain` and web UI ask it here.
 
-    GET  /api/v1/fairness   every queue after the last round ({"leader": false} on a standby)
+    GET  /api/v1/fairness   every queue after the last round ({"leader": false} on a standby),
+                            and each autoscaled cluster's growth ("growth": nodes, capacity,
+                            headroom per NodePool, NodeClaims in flight, stall or wait)
     POST /api/v1/explain    {"jobs": [{"id": "CLUSTER/UID", "place": [P, N] | null}, ...]}
                             -> {"leader": ..., "round": ..., "explanations": {id: ... | null}}
 """
@@ -24,6 +26,7 @@ from lockgate.scheduler import PHASES
 from lockgate.scheduler.report import (
     RoundReport,
     explanation_json,
+    growth_json,
     short_reason,
     status_json,
 )
@@ -136,7 +139,9 @@ class FairnessReport:
         """GET /api/v1/fairness: every queue's standing and its part in the last round."""
         picture = self.picture if self.leader else None
         return {"instance_id": self.instance_id, "leader": self.leader,
-                "last_round": self._round_json(), "queues": self._queues_json(picture)}
+                "last_round": self._round_json(), "queues": self._queues_json(picture),
+                "growth": [] if picture is None else [
+                    growth_json(status) for _, status in sorted(picture.growth.items())]}
 
     def encoded(self) -> bytes:
         """`as_json` encoded, once per round: queue-store asks it for every status, overview

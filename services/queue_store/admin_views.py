@@ -7,7 +7,8 @@ picture of its last round (`lockgate.scheduler.report`), asked of the leader
 queue's oldest pod has waited, a pod's place in line). When no leader answers, the views say so
 and give what Postgres alone can say: counts, states and places, with the reasons unavailable.
 
-    GET /api/v1/status                               {"queues": [...], "at": ..., "leader": ...}
+    GET /api/v1/status                               {"queues": [...], "growth": [...],
+                                                      "at": ..., "leader": ...}
     GET /api/v1/explain/{cluster}/{namespace}/{pod}  the pod's explanation; 404
     GET /api/v1/jobsets?queue=&all=true&limit=&offset=   {"jobsets": [...]}
     GET /api/v1/jobsets/{queue}/{jobset}             summary + "jobs"; 404
@@ -88,6 +89,15 @@ async def queue_standings(pool: asyncpg.Pool, leader: SchedulerLeader
     return queues, report
 
 
+def growth_of(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each autoscaled cluster's growth as the leader's last round left it (`growth_json`):
+    its nodes, capacity, headroom per NodePool, NodeClaims in flight, and the stall or wait.
+    Empty when no cluster grows, or no leader answered (the leader alone knows it)."""
+    if report is None:
+        return []
+    return [entry for entry in report.get("growth") or [] if isinstance(entry, dict)]
+
+
 class AdminViews:
     def __init__(self, pool: asyncpg.Pool, job_json: JobJson, leader: SchedulerLeader) -> None:
         self.pool = pool
@@ -99,7 +109,7 @@ class AdminViews:
         return web.json_response({
             "at": datetime.now(UTC).isoformat(), "leader": leader_json(report),
             "reasons_unavailable": None if report is not None else self.leader.unavailable,
-            "queues": queues})
+            "queues": queues, "growth": growth_of(report)})
 
     async def explain(self, request: web.Request) -> web.Response:
         cluster = request.match_info["cluster"]
