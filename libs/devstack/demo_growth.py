@@ -61,6 +61,7 @@ SERVICES = ("queue-store", "admission-webhook", "cluster-watcher", "ungater", "f
 # Karpenter provisions within seconds here (batch window 1s to 10s; kwok's nodes are Ready at
 # once); these bound a step that goes wrong.
 GROW_WITHIN, SHRINK_WITHIN = 120.0, 150.0
+REGISTRATION_DELAY = "10s"
 
 
 @dataclass
@@ -130,7 +131,10 @@ async def run(info: StackInfo, result: GrowthDemo) -> None:
         core = client.CoreV1Api(api)
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
         try:
-            await karpenter_pools.apply_node_class(api, NODE_CLASS)
+            # Nodes register a few seconds after their NodeClaims, as a cloud's take a while:
+            # long enough to read what a pod released for growth is told while it waits.
+            await karpenter_pools.apply_node_class(api, NODE_CLASS,
+                                                   registration_delay=REGISTRATION_DELAY)
             await karpenter_pools.apply_node_pool(api, karpenter_pools.node_pool(
                 POOL, node_class=NODE_CLASS, cpu_limit=str(NODE_CPU * MAX_NODES),
                 consolidation_policy="WhenEmpty", consolidate_after="5s"))
@@ -174,6 +178,20 @@ async def _scene(lockgate: Lockgate, session: aiohttp.ClientSession, api: client
                 f"{len(await karpenter_pools.list_nodes(api))} nodes")
     await _create(core, namespace, "alpha", range(ALPHA_FIRST))
     first = _fewest_nodes(ALPHA_FIRST)
+    released = ""
+
+    async def explained_as_released() -> bool:
+        nonlocal released
+        released = await _explain(session, lockgate, alias, namespace, "alpha-0")
+        return "released so that" in released
+    try:
+        await karpenter_pools.eventually(explained_as_released, within=60, every=0.5,
+                                         what="alpha-0 explained as released for growth")
+    except TimeoutError:
+        result.failures.append(f"alpha-0 was never explained as released for growth; last: "
+                               f"{released!r}")
+    say(result, f"while its node is made, lockgate explain {alias}/{namespace}/alpha-0: "
+                f"\"{released}\"")
     await _wait(lambda: _bound(core, namespace, "alpha"), ALPHA_FIRST, GROW_WITHIN,
                 f"alpha's {ALPHA_FIRST} pods to run on new nodes")
     nodes = await karpenter_pools.list_nodes(api, POOL)

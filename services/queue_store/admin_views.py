@@ -182,9 +182,11 @@ async def explain_rows(leader: SchedulerLeader,
                        rows: Sequence[tuple[JobRow, tuple[int, int] | None]]
                        ) -> list[dict[str, Any]]:
     """`explain_job` for many pods, one request to the leader for the queued ones."""
-    queued = [(job_id(row.cluster, row.uid), place) for row, place in rows
-              if row.state is JobState.QUEUED]
-    answer = await leader.explain(queued) if queued else None
+    # A released pod not bound yet may wait for a node its release made the cluster grow for
+    # (docs/autoscaling.md): the leader says so too.
+    asked = [(job_id(row.cluster, row.uid), place) for row, place in rows
+             if row.state is JobState.QUEUED or row.state in _MAY_WAIT_FOR_GROWTH]
+    answer = await leader.explain(asked) if asked else None
     explained = {} if answer is None else answer.get("explanations") or {}
     who = leader_json(answer)
     now = time.time()
@@ -200,6 +202,12 @@ async def explain_rows(leader: SchedulerLeader,
         elif row.state is not JobState.QUEUED:
             entry["message"] = f"not waiting: {row.state.of_the_pod}" + (
                 f" ({row.last_reason})" if row.last_reason else "")
+            said = explained.get(job_id(row.cluster, row.uid))
+            explanation = None if not isinstance(said, dict) else said.get("explanation")
+            if (isinstance(said, dict) and isinstance(explanation, dict)
+                    and explanation.get("growth_standing")):
+                entry.update({"explanation": explanation, "summary": said.get("summary"),
+                              "message": explanation.get("message")})
         elif answer is None:
             where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "
             entry["message"] = f"queued, {where}why it waits is unavailable: {leader.unavailable}"
@@ -226,6 +234,11 @@ async def explain_rows(leader: SchedulerLeader,
                              "(Postgres has the pod; the leader has not read it yet)")
         found.append(entry)
     return found
+
+
+# Released pods whose release may have been for growth: the gate is being removed, or gone and
+# the pod not bound yet.
+_MAY_WAIT_FOR_GROWTH = frozenset({JobState.RELEASED, JobState.UNGATED})
 
 
 def _ordinal(n: int) -> str:

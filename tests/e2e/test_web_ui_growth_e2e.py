@@ -4,7 +4,12 @@ lockgate runs as processes (Lockgate.for_stack) watching the stack's autoscaled 
 where real Karpenter (its kwok provider) makes the nodes. Inside `autoscaled_cluster` (cluster-c
 emptied before and after, one user at a time): a NodePool of at most 2 nodes of 8 cpu, and a
 second one whose KWOKNodeClass does not exist (never Ready, so it adds nothing, and says why).
-A queue's 3 pods of 2 cpu are released for growth and Karpenter makes a node for them.
+A queue's 3 pods of 2 cpu are released for growth and Karpenter makes a node for them; the
+node registers 20 s after its NodeClaim (the KWOKNodeClass's delay), so for a while the pods are
+released and wait for it.
+
+While they wait, `lockgate explain` (queue-store's API, asking the leader) and the pod's Event
+say that the pod was released so that the cluster grows, and for which NodePool.
 
 The overview's "Clusters that grow" table is then checked against what the test reads itself
 from the Kubernetes API (the nodes Karpenter made, their allocatable) and the NodePool's limit:
@@ -51,6 +56,7 @@ NAMESPACE = f"e2e-uig-{RUN}"
 QUEUE = f"uig-{RUN}"
 POOL, BROKEN_POOL, NODE_CLASS = f"uig-{RUN}", f"uig-broken-{RUN}", f"uig-{RUN}"
 NODE_CPU, MAX_NODES, PODS = 8, 2, 3
+REGISTRATION_DELAY = "20s"  # a window in which the pods are released and wait for their node
 
 
 @pytest.fixture
@@ -62,7 +68,7 @@ async def growing(autoscaled_stack: Any, tmp_path_factory: pytest.TempPathFactor
                 as dsn):
         await migrate_database(dsn)
         await keep_only_clusters(dsn, [ALIAS])
-        await apply_node_class(api, NODE_CLASS)
+        await apply_node_class(api, NODE_CLASS, registration_delay=REGISTRATION_DELAY)
         await apply_node_pool(api, node_pool(POOL, node_class=NODE_CLASS,
                                              cpu_limit=str(NODE_CPU * MAX_NODES)))
         await apply_node_pool(api, node_pool(BROKEN_POOL, node_class=f"missing-{RUN}",
@@ -91,12 +97,6 @@ async def growing(autoscaled_stack: Any, tmp_path_factory: pytest.TempPathFactor
             for i in range(PODS):
                 await _create(core, a_pod(f"g-{i}").in_queue(QUEUE).in_jobset("g")
                               .requesting(cpu="2", memory="1Gi").never_restarted().manifest())
-
-            async def all_bound() -> bool:
-                pods = (await core.list_namespaced_pod(NAMESPACE)).items
-                return len(pods) == PODS and all(p.spec.node_name for p in pods)
-            await eventually(all_bound, within=180, every=1.0,
-                             what=f"the {PODS} pods to run on a node Karpenter made")
             yield lockgate, api
         finally:
             codes = await lockgate.stop()
@@ -122,9 +122,47 @@ async def _create(core: client.CoreV1Api, manifest: dict[str, Any]) -> None:
                      what=f"the webhook to admit pod {manifest['metadata']['name']}")
 
 
-async def test_the_overview_shows_each_growing_clusters_nodes_capacity_and_headroom(
+async def _explained(lockgate: Lockgate, pod: str) -> dict[str, Any]:
+    async with (aiohttp.ClientSession(headers=lockgate.admin_headers) as session,
+                session.get(f"{lockgate.admin_url}/api/v1/explain/{ALIAS}/{NAMESPACE}/{pod}")
+                as answer):
+        assert answer.status == 200, await answer.text()
+        body: dict[str, Any] = await answer.json()
+        return body
+
+
+async def test_a_release_for_growth_is_explained_and_the_overview_shows_nodes_and_headroom(
         growing: tuple[Lockgate, client.ApiClient]) -> None:
     lockgate, api = growing
+    core = client.CoreV1Api(api)
+    words = f"released so that {ALIAS} grows (NodePool {POOL}"
+    last: dict[str, Any] = {}
+
+    async def explained_as_released_for_growth() -> bool:
+        nonlocal last
+        last = await _explained(lockgate, "g-0")
+        return words in str(last.get("message"))
+    await eventually(explained_as_released_for_growth, within=90, every=0.5,
+                     what=lambda: f"explain to say {words!r} of g-0 (last: {last})")
+    assert last["pod"]["state"] in ("released", "ungated"), last
+    assert "waiting for a node" in last["message"] or "NodeClaim" in last["message"], last
+    told: list[str] = []
+
+    async def told_on_the_pod() -> bool:
+        nonlocal told
+        events = (await core.list_namespaced_event(
+            NAMESPACE, field_selector="involvedObject.name=g-0")).items
+        told = [e.message for e in events if e.reason == "LockgateReleasedForGrowth"]
+        return bool(told)
+    await eventually(told_on_the_pod, within=30, every=0.5,
+                     what="the ungater's LockgateReleasedForGrowth Event on g-0")
+    assert len(told) == 1 and told[0].startswith(words), told
+
+    async def all_bound() -> bool:
+        pods = (await core.list_namespaced_pod(NAMESPACE)).items
+        return len(pods) == PODS and all(p.spec.node_name for p in pods)
+    await eventually(all_bound, within=180, every=1.0,
+                     what=f"the {PODS} pods to run on a node Karpenter made")
     nodes = [n for n in await list_nodes(api, POOL) if node_ready(n)]
     assert nodes, "Karpenter made no node"
     node_cpu = sum(int(parse_quantity(n.status.allocatable["cpu"]) * 1000) for n in nodes)
