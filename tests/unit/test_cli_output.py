@@ -151,6 +151,21 @@ EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid
                  "competing_queues": [], "message": 'queue "a", position 2 of 5; fits no node'}}
 
 
+def test_explain_says_a_release_for_growth_in_its_words() -> None:
+    words = ("released so that cluster-c grows (NodePool default: headroom cpu=48); waiting "
+             "for a node (NodeClaim default-x7k2p)")
+    released = {**EXPLAINED, "pod": {**EXPLAINED["pod"], "state": "ungated"},
+                "message": f"queue a; {words}",
+                "explanation": {**EXPLAINED["explanation"], "state": "ungated", "reason": None,
+                                "position": 0, "growth_standing": "released_for_growth",
+                                "growth": words, "message": f"queue a; {words}"}}
+    ran = RecordedApi().on("GET", "/api/v1/explain/cluster-a/n/p", released).run(
+        "explain", "cluster-a/n/p")
+    lines = dict(line.split(":", 1) for line in ran.out.splitlines())
+    assert lines["Growth"].strip() == words
+    assert lines["Waiting for"].strip() == "-" and lines["State"].strip() == "ungated"
+
+
 def test_explain_prints_the_reason_with_its_numbers_in_human_units() -> None:
     recorded = RecordedApi().on("GET", "/api/v1/explain/cluster-a/n/p", EXPLAINED)
     ran = recorded.run("explain", "cluster-a/n/p")
