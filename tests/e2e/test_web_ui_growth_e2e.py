@@ -123,9 +123,13 @@ async def _create(core: client.CoreV1Api, manifest: dict[str, Any]) -> None:
 
 
 async def _explained(lockgate: Lockgate, pod: str) -> dict[str, Any]:
+    """What `lockgate explain` answers of the pod; {} while lockgate does not know it yet (404:
+    the watcher has not brought it to queue-store)."""
     async with (aiohttp.ClientSession(headers=lockgate.admin_headers) as session,
                 session.get(f"{lockgate.admin_url}/api/v1/explain/{ALIAS}/{NAMESPACE}/{pod}")
                 as answer):
+        if answer.status == 404:
+            return {}
         assert answer.status == 200, await answer.text()
         body: dict[str, Any] = await answer.json()
         return body
