@@ -329,6 +329,9 @@ function growthBanners(clusters) {
 // "cpu 48, memory 96Gi" (canonical amounts: cpu in millicores, bytes).
 const amountsText = (values) => Object.keys(values || {}).sort()
   .map((r) => `${r} ${amount(r, values[r])}`).join(", ") || "–";
+// What a person sizes a cluster by (as the clusters table): cpu, memory and GPUs.
+const headline = (values) => Object.fromEntries(Object.entries(values || {})
+  .filter(([r]) => r === "cpu" || r === "memory" || r.includes("gpu")));
 // The clusters that grow (an autoscaler makes their nodes): what exists, what each NodePool may
 // still add (its headroom), the NodeClaims in flight, and what their growth is doing. The
 // leader's figures, from its last round.
@@ -348,8 +351,8 @@ function growthTable(clusters, unavailable) {
     const state = g.stalled ? el("span", { class: "error" }, g.stalled)
       : g.waiting ? el("span", { class: "warn" }, g.waiting) : el("span", { class: "ok" }, "growing as needed");
     return el("tr", { "data-growth": c.name },
-      el("td", {}, c.name), el("td", { class: "num", "data-nodes": g.nodes }, String(g.nodes)),
-      el("td", { "data-capacity": "" }, amountsText(g.capacity)),
+      el("td", { class: "nowrap" }, c.name), el("td", { class: "num", "data-nodes": g.nodes }, String(g.nodes)),
+      el("td", { "data-capacity": "" }, amountsText(headline(g.capacity))),
       el("td", { "data-headroom": "" }, pools.length ? pools : "–"),
       el("td", { class: "small", "data-claims": (g.claims_in_flight || []).length },
         (g.claims_in_flight || []).join(", ") || "–"),
