@@ -106,7 +106,7 @@ images: venv
 	$(BIN)/python -m devstack images
 
 demo: venv
-	$(BIN)/python -m devstack up
+	$(BIN)/python -m devstack up --autoscaled cluster-c
 	$(BIN)/python -m devstack.demo
 
 run: venv

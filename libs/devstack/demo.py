@@ -15,6 +15,9 @@ standby fair-scheduler, preemption on for preemptible pods) and creates three qu
    - etl: a Kubernetes Job per cluster, whose pods inherit the queue from the Job;
    - analytics: bare pods in a namespace that carries the queue label.
 
+3. clusters that grow (`devstack.demo_growth`): the autoscaled cluster-c, from 0 nodes, grown
+   by real Karpenter for the queue owed room and not for the one over its share, then shrunk.
+
 It shows, live and then in a summary, per queue: weight, fair share, actual share, queued,
 released, running. It ends by itself and exits non-zero if anything failed: a service crashed,
 a workload did not finish in time, a pod was released twice, or the queues did not reach and
@@ -41,6 +44,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import devstack
 from devstack import (
     demo_ephemeral,
+    demo_growth,
     demo_placement,
     demo_scheduling,
     demo_unfinished,
@@ -186,7 +190,8 @@ WEIGHTS = {queue: 1 / factor for queue, factor in QUEUES.items()}
 
 
 async def demo(args: argparse.Namespace) -> int:
-    info = devstack.ensure_up()
+    # The autoscaled cluster of the growth scene too, started if missing (nothing restarts).
+    info = devstack.ensure_up(autoscaled=[demo_growth.CLUSTER])
     dsn = await fresh_database(info.postgres_dsn, "lockgate_demo")
     run = uuid.uuid4().hex[:5]
     # Preemption is on for the whole demo; only pods labelled preemptible are ever evicted.
@@ -330,6 +335,8 @@ async def demo(args: argparse.Namespace) -> int:
         for api in apis.values():
             await api.close()
     failures.extend(await demo_scheduling.run_and_summarise(info))  # a gang, a preemption
+    # cluster-c grown by Karpenter for the queue owed room, and shrunk (devstack.demo_growth).
+    failures.extend(await demo_growth.run_and_summarise(info))
     print_summary(weights, final_counts, batch_seconds, failures, time.monotonic() - started,
                   placement_lines)
     return 1 if failures else 0

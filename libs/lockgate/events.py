@@ -201,6 +201,12 @@ class ReleaseCommand(Event):
     uid: str
     queue: str
     decided_at: datetime
+    # Added in place (optional, defaulted): a release for growth (docs/autoscaling.md) says why,
+    # "released so that cluster-b grows (NodePool default: headroom cpu=48)", and the ungater
+    # writes it on the pod as an Event. "" for any other release, and for a command published
+    # again (the words live in the leader's round, not in Postgres). Events forbid unknown
+    # fields, so upgrade the ungater before the fair-scheduler.
+    growth: str = ""
 
 
 class ReleaseOutcomeKind(StrEnum):

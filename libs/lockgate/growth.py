@@ -23,7 +23,7 @@ Pure: no clock (the caller passes what it needs), no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -73,7 +73,7 @@ class GrowthPolicy:
     # cluster's growth (no more releases for growth there until it binds or goes).
     stall_after_seconds: float = 600.0
     # A next wave of releases for growth into a cluster waits until the last wave's NodeClaims
-    # appear (a new NodeClaim, or a pool's `in_use` grew), but no longer than this.
+    # are counted (a pool's `in_use` grew), but no longer than this.
     wave_wait_seconds: float = 60.0
     # The cluster-autoscaler's node groups (lockgate.node_groups), stated by the operator: a
     # cluster with groups and no published picture grows within them, by the same rule.
@@ -196,7 +196,8 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     # Karpenter tries pools of higher weight first: they take the cluster's cap first.
     for pool in sorted(growth.node_pools, key=lambda p: (-p.weight, p.name)):
         shape, source = shapes[pool.name]
-        headroom = pool_headroom(pool, shape=shape, shape_source=source, caps=caps,
+        headroom = pool_headroom(_with_claims_counted(pool, growth.node_claims, shape),
+                                 shape=shape, shape_source=source, caps=caps,
                                  max_nodes=policy.max_nodes_per_pool)
         headrooms.append(headroom)
         if headroom.nodes and shape is not None:
@@ -211,6 +212,26 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     return GrowthPlan(cluster=cluster, pools=tuple(sorted(headrooms, key=lambda h: h.pool)),
                       nodes=tuple(nodes), claims_in_flight=tuple(in_flight),
                       failed_claim=failed, marker=marker)
+
+
+def _with_claims_counted(pool: NodePoolStatus, claims: Sequence[NodeClaimStatus],
+                         shape: Mapping[str, int] | None) -> NodePoolStatus:
+    """The pool with `in_use` at least its live NodeClaims' size (each of the pool's shape).
+
+    Why: Karpenter writes a new NodeClaim before it adds it to the pool's `status.resources`,
+    and the watcher may publish a picture in between (seen on the stack: a claim in flight and
+    the pool's in_use not grown yet). Counted both as a claim in flight and as headroom, the
+    same node was room for two waves, and pods were released for a node no pool could make."""
+    if shape is None:
+        return pool
+    live = sum(1 for claim in claims
+               if claim.node_pool == pool.name and not claim.failure and not claim.deleting)
+    if not live:
+        return pool
+    in_use = dict(pool.in_use)
+    for resource, amount in shape.items():
+        in_use[resource] = max(in_use.get(resource, 0), live * amount)
+    return pool.model_copy(update={"in_use": in_use})
 
 
 def pool_headroom(pool: NodePoolStatus, *, shape: Mapping[str, int] | None, shape_source: str,
@@ -270,13 +291,16 @@ def instance_shape(pool: NodePoolStatus, *, cluster: str, policy: GrowthPolicy,
 
 def wave_answered(at_release: object, now_marker: object) -> bool:
     """Whether the NodeClaims of a wave released when the picture's marker was `at_release`
-    appeared: a new NodeClaim, or a pool whose `in_use` grew (`GrowthPlan.marker`)."""
+    are counted: a pool whose `in_use` grew (`GrowthPlan.marker`).
+
+    Why not a new NodeClaim alone: Karpenter writes the claim before it adds it to the pool's
+    `status.resources`, and a picture taken in between shows the claim in flight *and* the
+    pool's old headroom, the same node twice; a next wave let go then took both (seen on the
+    stack in `make demo`: 6 pods released where one 3-pod node could be made)."""
     if not (isinstance(at_release, tuple) and isinstance(now_marker, tuple)):
         return True
-    claims_then, pools_then = at_release
-    claims_now, pools_now = now_marker
-    if claims_now - claims_then:
-        return True
+    _, pools_then = at_release
+    _, pools_now = now_marker
     used_then = {name: dict(used) for name, used in pools_then}
     for name, used in pools_now:
         before = used_then.get(name, {})

@@ -15,11 +15,11 @@ written for it, with its deterministic name (which makes writing it idempotent).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import UTC
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from lockgate.events import PodNotice
+from lockgate.events import PodNotice, ReleaseCommand
 from lockgate.jobs import JobState
 from lockgate.labels import MANAGED_NAMESPACE_LABEL, QUEUE_LABEL
 
@@ -47,6 +47,9 @@ class NoticeReason(StrEnum):
     GROUP_TIMED_OUT = "LockgateGroupTimedOut"
     # A pod of a queue that lockgate never gated (sent by cluster-watcher, which noticed it).
     SKIPPED_GATE = "LockgateSkippedGate"
+    # Written by the ungater as it ungates a pod released for growth (ReleaseCommand.growth): a
+    # Normal Event saying which NodePool lockgate expects to grow for it.
+    RELEASED_FOR_GROWTH = "LockgateReleasedForGrowth"
 
 
 # Notices about pods lockgate already released: written whether or not the pod is still gated.
@@ -60,7 +63,8 @@ _SLUGS: dict[str, str] = {NoticeReason.QUEUE_UNKNOWN: "queue-unknown",
                           NoticeReason.UNPLACEABLE: "unplaceable",
                           NoticeReason.PREEMPTED: "preempted",
                           NoticeReason.GROUP_TIMED_OUT: "group-timed-out",
-                          NoticeReason.SKIPPED_GATE: "skipped-gate"}
+                          NoticeReason.SKIPPED_GATE: "skipped-gate",
+                          NoticeReason.RELEASED_FOR_GROWTH: "released-for-growth"}
 
 
 def reason_slug(reason: str) -> str:
@@ -113,6 +117,18 @@ def event_name(*, pod_name: str, reason: str, uid: str, series: str = "") -> str
     suffix = f".lockgate-{reason_slug(reason)}-{uid[:8].lower()}{tail}"
     prefix = pod_name[: _MAX_NAME - len(suffix)].rstrip(".-")
     return prefix + suffix
+
+
+def growth_release_notice(command: ReleaseCommand, *, at: datetime) -> PodNotice | None:
+    """What the pod of a release for growth is told as its gate goes (None: the release was
+    not for growth). One Event per release (its decision is the series), so a pod released for
+    growth again after an eviction is told again, and a redelivered command writes it once."""
+    if not command.growth:
+        return None
+    return PodNotice(cluster=command.cluster, namespace=command.namespace, name=command.name,
+                     uid=command.uid, queue=command.queue,
+                     reason=NoticeReason.RELEASED_FOR_GROWTH.value, message=command.growth,
+                     at=at, event_type="Normal", series=command.decision_id)
 
 
 def event_for(notice: PodNotice) -> dict[str, Any]:

@@ -80,6 +80,9 @@ def explanation_fields(answer: Mapping[str, Any]) -> Mapping[str, str]:
         f"{duration(e['max_queued_seconds'])}, then {e['max_queued_action']}"
         f"{' (job set)' if e.get('max_queued_by') == 'jobset' else ''}",
         "Pod group": e.get("group") or "-",
+        # Its cluster's growth, as it concerns the pod (docs/autoscaling.md): released so that
+        # the cluster grows, held over its share, waiting for the last wave, or stalled.
+        "Growth": e.get("growth") or "-",
         "Why": e["message"],
     })
     return fields

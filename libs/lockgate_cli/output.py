@@ -108,9 +108,12 @@ class Table:
     wide: int = 0
     notes: list[str] = field(default_factory=list)
     empty: str = ""
+    # Further tables shown only with -o wide, each under its title (`lockgate status`'s
+    # clusters that grow).
+    wide_sections: list[tuple[str, Table]] = field(default_factory=list)
 
     def narrowed(self, wide: bool) -> Table:
-        if wide or not self.wide:
+        if wide or not (self.wide or self.wide_sections):
             return self
         keep = len(self.header) - self.wide
         return Table(self.header[:keep], [row[:keep] for row in self.rows], 0, self.notes,
@@ -152,6 +155,14 @@ def render(out: TextIO, output: Output, view: View) -> None:
             print_table(out, table.header, table.rows)
         for note in table.notes:
             print(note if note.startswith("warning: ") else f"note: {note}", file=out)
+        for title, section in table.wide_sections:
+            print(f"\n{title}", file=out)
+            if not section.rows and section.empty:
+                print(section.empty, file=out)
+            else:
+                print_table(out, section.header, section.rows)
+            for note in section.notes:
+                print(note if note.startswith("warning: ") else f"note: {note}", file=out)
     else:
         print_fields(out, shown)
 

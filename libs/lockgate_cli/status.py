@@ -4,7 +4,9 @@ target (docs/scheduling.md, "Fair targets") and pods by phase.
 `-o wide` adds what the queue holds of its target in each cluster (held/target), and from the
 scheduler leader's own report (`/api/v1/fairness`, served by the admin API where it can reach
 the leader) what only the round knows: the demand share and what was released last round. A
-server without that report shows `-` there.
+server without that report shows `-` there. It also adds a section of the clusters that grow
+(docs/autoscaling.md): each one's nodes and capacity, each NodePool's headroom, the NodeClaims
+in flight, the pods released for growth not bound yet, and whether growth stalled or waits.
 
 With usage history on (docs/scheduling.md, "Usage that decays"), `-o wide` also shows each
 queue's decayed usage, as the time it amounts to holding the whole pool (share x seconds:
@@ -26,6 +28,7 @@ from lockgate_cli.output import (
     Output,
     Table,
     View,
+    amounts,
     duration,
     output_option_for,
     share,
@@ -94,7 +97,9 @@ def status_view(answer: dict[str, Any], report: Mapping[str, Any] | None = None)
                    if answer.get("reasons_unavailable") else []) + skipped_gate_warnings(answer)
             + ([f"warning: queue tree: {answer['tree_problem']}"]
                if answer.get("tree_problem") else [])
-            + history_notes(answer))
+            + history_notes(answer),
+            wide_sections=[("CLUSTERS THAT GROW", growth_table(answer.get("growth") or []))]
+            if answer.get("growth") else [])
 
     # Every time the CLI prints is ISO 8601; a server before issue 38 sent this one as epoch
     # seconds.
@@ -153,6 +158,37 @@ def _depth_first(nodes: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def _amounts(amounts: Mapping[str, Any] | None) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted((amounts or {}).items())) or "-"
+
+
+def growth_table(growth: list[Mapping[str, Any]]) -> Table:
+    """Each autoscaled cluster (the leader's `growth_json`): what exists, what may still be
+    added, and what its growth is doing."""
+    rows = []
+    for cluster in growth:
+        rows.append([str(cluster.get("cluster")), str(cluster.get("nodes", "-")),
+                     amounts(cluster.get("capacity")), pools_headroom(cluster),
+                     ",".join(cluster.get("claims_in_flight") or []) or "-",
+                     str(cluster.get("released_unbound", 0)), growth_state(cluster)])
+    return Table(["CLUSTER", "NODES", "CAPACITY", "HEADROOM", "NODECLAIMS-IN-FLIGHT",
+                  "RELEASED-UNBOUND", "GROWTH"], rows)
+
+
+def pools_headroom(cluster: Mapping[str, Any]) -> str:
+    """Per NodePool, what it may still add: "default: 6 nodes (cpu 48)", or why nothing."""
+    said = []
+    for pool in cluster.get("node_pools") or []:
+        if pool.get("why_none"):
+            said.append(f"{pool.get('name')}: none ({pool['why_none']})")
+        else:
+            left = pool.get("headroom") or {}
+            said.append(f"{pool.get('name')}: {pool.get('headroom_nodes', 0)} nodes"
+                        + (f" ({amounts(left)})" if left else " (no limit)"))
+    return "; ".join(said) or "-"
+
+
+def growth_state(cluster: Mapping[str, Any]) -> str:
+    """"growth stalled: ...", the next wave's wait, or "ok"."""
+    return str(cluster.get("stalled") or cluster.get("waiting") or "ok")
 
 
 def by_cluster(q: Mapping[str, Any]) -> str:

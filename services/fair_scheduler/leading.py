@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -393,7 +393,11 @@ class Leader:
                 for release in recorded:
                     self._release_rates.released(release.queue, release.cluster,
                                                  decided_at.timestamp())
-                await self._publish(recorded)
+                # A release for growth carries its words to the ungater, which writes them on
+                # the pod (docs/autoscaling.md, "Words").
+                growth = {decision.job_id: decision.growth.words(decision.cluster)
+                          for decision in result.decisions if decision.growth is not None}
+                await self._publish(recorded, growth=growth)
             await self._remove(result, decided_at)
             seconds = time.perf_counter() - started
             # Inside the span, so the record carries the round's trace and span ids.
@@ -754,15 +758,19 @@ class Leader:
             return False
         return True
 
-    async def _publish(self, releases: list[store.RecordedRelease]) -> None:
+    async def _publish(self, releases: list[store.RecordedRelease], *,
+                       growth: Mapping[str, str] | None = None) -> None:
         """Publish release commands, retrying while Kafka is down; then note them published.
+        `growth`: the words of the releases for growth, by job id (a command published again
+        has none: only the round that decided knows them).
 
         If we stop (or lose the lead) before Kafka takes them, they stay unpublished in
         Postgres and the next leader publishes them.
         """
         commands = [
             ReleaseCommand(decision_id=r.decision_id, cluster=r.cluster, namespace=r.namespace,
-                           name=r.name, uid=r.uid, queue=r.queue, decided_at=r.decided_at)
+                           name=r.name, uid=r.uid, queue=r.queue, decided_at=r.decided_at,
+                           growth=(growth or {}).get(jobs.job_id(r.cluster, r.uid), ""))
             for r in releases
         ]
         headers = [_release_span_headers(command) for command in commands]

@@ -5,7 +5,9 @@ every round the leader keeps the round's report (`lockgate.scheduler.report`): e
 share, adjusted fair share, fair target and actual share, its jobs by phase, and why waiting
 jobs wait. It is the only picture: queue-store's `status`, `explain` and web UI ask it here.
 
-    GET  /api/v1/fairness   every queue after the last round ({"leader": false} on a standby)
+    GET  /api/v1/fairness   every queue after the last round ({"leader": false} on a standby),
+                            and each autoscaled cluster's growth ("growth": nodes, capacity,
+                            headroom per NodePool, NodeClaims in flight, stall or wait)
     POST /api/v1/explain    {"jobs": [{"id": "CLUSTER/UID", "place": [P, N] | null}, ...]}
                             -> {"leader": ..., "round": ..., "explanations": {id: ... | null}}
 """
@@ -25,6 +27,7 @@ from lockgate.scheduler.history import history_json
 from lockgate.scheduler.report import (
     RoundReport,
     explanation_json,
+    growth_json,
     short_reason,
     status_json,
 )
@@ -142,7 +145,9 @@ class FairnessReport:
                 # The queue tree (lockgate.scheduler.tree_status), parents before children.
                 "tree": [] if picture is None else [tree_node_json(node)
                                                     for node in picture.tree()],
-                "tree_problem": None if picture is None else picture.tree_problem}
+                "tree_problem": None if picture is None else picture.tree_problem,
+                "growth": [] if picture is None else [
+                    growth_json(status) for _, status in sorted(picture.growth.items())]}
         if picture is not None and picture.history is not None:
             # Every node's decayed usage and what the rule made of its weight (`status --tree`
             # reads inner nodes here; each queue's entry carries its own too).

@@ -7,7 +7,8 @@ picture of its last round (`lockgate.scheduler.report`), asked of the leader
 queue's oldest pod has waited, a pod's place in line). When no leader answers, the views say so
 and give what Postgres alone can say: counts, states and places, with the reasons unavailable.
 
-    GET /api/v1/status                               {"queues": [...], "at": ..., "leader": ...,
+    GET /api/v1/status                               {"queues": [...], "growth": [...],
+                                                      "at": ..., "leader": ...,
                                                       "tree": [node, ...], "tree_problem"}
     GET /api/v1/explain/{cluster}/{namespace}/{pod}  the pod's explanation; 404
     GET /api/v1/jobsets?queue=&all=true&limit=&offset=   {"jobsets": [...]}
@@ -89,6 +90,15 @@ async def queue_standings(pool: asyncpg.Pool, leader: SchedulerLeader
     return queues, report
 
 
+def growth_of(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each autoscaled cluster's growth as the leader's last round left it (`growth_json`):
+    its nodes, capacity, headroom per NodePool, NodeClaims in flight, and the stall or wait.
+    Empty when no cluster grows, or no leader answered (the leader alone knows it)."""
+    if report is None:
+        return []
+    return [entry for entry in report.get("growth") or [] if isinstance(entry, dict)]
+
+
 class AdminViews:
     def __init__(self, pool: asyncpg.Pool, job_json: JobJson, leader: SchedulerLeader) -> None:
         self.pool = pool
@@ -100,7 +110,7 @@ class AdminViews:
         body: dict[str, Any] = {
             "at": datetime.now(UTC).isoformat(), "leader": leader_json(report),
             "reasons_unavailable": None if report is not None else self.leader.unavailable,
-            "queues": queues,
+            "queues": queues, "growth": growth_of(report),
             # The queue tree from the leader's picture (`lockgate status --tree`); null when
             # no leader answered: the tree's shares are the leader's alone.
             "tree": None if report is None else report.get("tree") or [],
@@ -181,9 +191,11 @@ async def explain_rows(leader: SchedulerLeader,
                        rows: Sequence[tuple[JobRow, tuple[int, int] | None]]
                        ) -> list[dict[str, Any]]:
     """`explain_job` for many pods, one request to the leader for the queued ones."""
-    queued = [(job_id(row.cluster, row.uid), place) for row, place in rows
-              if row.state is JobState.QUEUED]
-    answer = await leader.explain(queued) if queued else None
+    # A released pod not bound yet may wait for a node its release made the cluster grow for
+    # (docs/autoscaling.md): the leader says so too.
+    asked = [(job_id(row.cluster, row.uid), place) for row, place in rows
+             if row.state is JobState.QUEUED or row.state in _MAY_WAIT_FOR_GROWTH]
+    answer = await leader.explain(asked) if asked else None
     explained = {} if answer is None else answer.get("explanations") or {}
     who = leader_json(answer)
     now = time.time()
@@ -199,6 +211,12 @@ async def explain_rows(leader: SchedulerLeader,
         elif row.state is not JobState.QUEUED:
             entry["message"] = f"not waiting: {row.state.of_the_pod}" + (
                 f" ({row.last_reason})" if row.last_reason else "")
+            said = explained.get(job_id(row.cluster, row.uid))
+            explanation = None if not isinstance(said, dict) else said.get("explanation")
+            if (isinstance(said, dict) and isinstance(explanation, dict)
+                    and explanation.get("growth_standing")):
+                entry.update({"explanation": explanation, "summary": said.get("summary"),
+                              "message": explanation.get("message")})
         elif answer is None:
             where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "
             entry["message"] = f"queued, {where}why it waits is unavailable: {leader.unavailable}"
@@ -225,6 +243,11 @@ async def explain_rows(leader: SchedulerLeader,
                              "(Postgres has the pod; the leader has not read it yet)")
         found.append(entry)
     return found
+
+
+# Released pods whose release may have been for growth: the gate is being removed, or gone and
+# the pod not bound yet.
+_MAY_WAIT_FOR_GROWTH = frozenset({JobState.RELEASED, JobState.UNGATED})
 
 
 def _ordinal(n: int) -> str:

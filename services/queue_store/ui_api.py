@@ -10,7 +10,8 @@ only one. With no leader answering, the pages say the reasons are unavailable.
     GET /api/v1/fairness                              every queue's standing: the leader's
                                                       report, or Postgres's counts without it
     GET /api/v1/fairness/history?since=               samples of every queue's shares
-    GET /api/v1/clusters                              capacity, and use and waiting by queue
+    GET /api/v1/clusters                              capacity, and use and waiting by queue;
+                                                      growth (the leader's) when autoscaled
     GET /api/v1/queues/{name}/waiting?cluster=&namespace=&offset=&limit=
                                                       queued pods in release order, with their
                                                       position and why each waits
@@ -46,7 +47,13 @@ from lockgate.pod_traces import waterfall_json
 from lockgate_adapters import job_views, namespace_store, ui_views
 from lockgate_adapters.postgres import AnyConnection
 from queue_store.admin_api import CALLER, ApiError
-from queue_store.admin_views import explain_job, explain_rows, leader_json, queue_standings
+from queue_store.admin_views import (
+    explain_job,
+    explain_rows,
+    growth_of,
+    leader_json,
+    queue_standings,
+)
 from queue_store.leader import SchedulerLeader
 from queue_store.pod_trace import TraceStore, TraceStoreError
 
@@ -141,9 +148,17 @@ class UiApi:
                                   "samples": samples})
 
     async def clusters(self, _: web.Request) -> web.Response:
+        """Each cluster's nodes and use (Postgres), and an autoscaled cluster's growth (the
+        leader's: headroom per NodePool, NodeClaims in flight, the stall or wait)."""
+        report = await self.leader.fairness()
         async with self.pool.acquire() as connection:
             found = await ui_views.clusters(connection)
-        return web.json_response({"clusters": found})
+        growth = {entry.get("cluster"): entry for entry in growth_of(report)}
+        for cluster in found:
+            cluster["growth"] = growth.get(cluster["name"])
+        return web.json_response({
+            "clusters": found,
+            "growth_unavailable": None if report is not None else self.leader.unavailable})
 
     async def waiting(self, request: web.Request) -> web.Response:
         queue = request.match_info["name"]

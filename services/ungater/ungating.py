@@ -19,6 +19,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from lockgate.events import RELEASE_OUTCOMES, ReleaseCommand, ReleaseOutcomeKind
+from lockgate.noticing import event_for, growth_release_notice
 from lockgate.releasing import (
     FailureKind,
     JsonPatch,
@@ -55,6 +56,9 @@ APISERVER_FAILURES = Counter("lockgate_ungater_apiserver_failures",
                              ["cluster", "kind"])
 IN_FLIGHT = Gauge("lockgate_ungater_apiserver_calls_in_flight",
                   "Apiserver calls currently in flight (count)", ["cluster"])
+GROWTH_EVENTS = Counter("lockgate_ungater_growth_events",
+                        "Events on pods released for growth, by cluster and result",
+                        ["cluster", "result"])
 SKIPPED = Counter("lockgate_ungater_commands_skipped",
                   "Commands for clusters this ungater does not serve")
 
@@ -163,6 +167,25 @@ class ClusterReleaser:
                 IN_FLIGHT.labels(self.cluster).dec()
         self._mark_reachable(True, "apiserver answering")
 
+    async def tell_growth(self, command: ReleaseCommand, *, at: datetime) -> None:
+        """Write a release for growth's words on its pod (a Normal Event), once it is ungated.
+
+        Best effort: the release is done whatever becomes of the Event, so a failure is counted
+        and logged, never retried (`lockgate explain` says the same words while it waits)."""
+        notice = growth_release_notice(command, at=at)
+        if notice is None:
+            return
+        try:
+            async with self._slots:
+                await self._pods.create_event(namespace=command.namespace,
+                                              body=event_for(notice))
+        except KubeCallError as error:
+            GROWTH_EVENTS.labels(self.cluster, "failed").inc()
+            log.info("no growth Event on %s/%s/%s: %s", command.cluster, command.namespace,
+                     command.name, error)
+            return
+        GROWTH_EVENTS.labels(self.cluster, "written").inc()
+
     def _mark_reachable(self, reachable: bool, detail: str) -> None:
         if reachable != self._reachable:
             self._reachable = reachable
@@ -227,6 +250,8 @@ class Ungater:
             span.set_attribute("lockgate.outcome", settled.outcome.value)
             span.set_attribute("lockgate.reason", settled.reason)
             outcome = outcome_of(command, settled, at=self._now())
+            if settled.outcome is ReleaseOutcomeKind.UNGATED:
+                await releaser.tell_growth(command, at=outcome.at)
             # Inside the span, so the outcome's headers continue this trace and the log record
             # carries the pod's trace id.
             await publish(self._producer, RELEASE_OUTCOMES, outcome)

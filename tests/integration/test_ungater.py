@@ -99,11 +99,12 @@ class RunningUngater:
     group: str  # its consumer group of release commands
 
     async def command(self, *, cluster: str, namespace: str, name: str, uid: str,
-                      decision_id: str | None = None) -> ReleaseCommand:
+                      decision_id: str | None = None, growth: str = "") -> ReleaseCommand:
         """Publish one release command for `cluster` (a real cluster's module alias)."""
         command = ReleaseCommand(
             decision_id=decision_id or f"d-{uuid.uuid4().hex}", cluster=cluster,
-            namespace=namespace, name=name, uid=uid, queue="q", decided_at=datetime.now(UTC))
+            namespace=namespace, name=name, uid=uid, queue="q", decided_at=datetime.now(UTC),
+            growth=growth)
         await publish(self.producer, RELEASE_COMMANDS, command)
         return command
 
@@ -227,6 +228,41 @@ async def test_a_repeated_command_is_a_noop_reported_as_ungated(
     pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
     assert [gate.name for gate in pod.spec.scheduling_gates] == [OTHER_GATE]
     assert pod.metadata.resource_version == version_after_first, "the repeat wrote to the pod"
+
+
+async def pod_events(api: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
+    listed = await client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}")
+    return list(listed.items)
+
+
+async def test_a_release_for_growth_is_said_on_the_pod_once_and_others_are_not(
+        ungater: RunningUngater, kube_clients: Mapping[str, client.ApiClient],
+        namespaces: dict[str, str]) -> None:
+    api, namespace = kube_clients["cluster-a"], namespaces["cluster-a"]
+    words = ("released so that cluster-b grows (NodePool default: headroom cpu=48); waiting "
+             "for a node (NodeClaim default-x7k2p)")
+    grown, grown_uid = await create_pod(api, namespace, [SCHEDULING_GATE])
+    plain, plain_uid = await create_pod(api, namespace, [SCHEDULING_GATE])
+    for_growth = await ungater.command(cluster=ALIAS["cluster-a"], namespace=namespace,
+                                       name=grown, uid=grown_uid, growth=words)
+    ordinary = await ungater.command(cluster=ALIAS["cluster-a"], namespace=namespace,
+                                     name=plain, uid=plain_uid)
+    for command in (for_growth, ordinary):
+        outcome, _ = await ungater.tail.outcome_of(command.decision_id)
+        assert outcome.outcome is ReleaseOutcomeKind.UNGATED, outcome
+    # Redelivered (the same decision): still one Event.
+    await publish(ungater.producer, RELEASE_COMMANDS, for_growth)
+    await ungater.tail.wait_for_message(
+        lambda outcome: outcome.decision_id == for_growth.decision_id
+        and outcome.reason == "gate already absent", within=30, what="the repeat's outcome")
+    told = [event for event in await pod_events(api, namespace, grown)
+            if event.reason == "LockgateReleasedForGrowth"]
+    assert [(event.type, event.message, event.count) for event in told] == [
+        ("Normal", words, 1)], told
+    assert told[0].involved_object.uid == grown_uid
+    assert not [event for event in await pod_events(api, namespace, plain)
+                if event.reason == "LockgateReleasedForGrowth"]
 
 
 async def test_missing_or_replaced_pod_is_reported_gone(

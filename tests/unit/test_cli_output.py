@@ -104,6 +104,40 @@ def test_status_wide_adds_each_clusters_share_of_the_target_and_the_schedulers_f
     assert older.out.splitlines()[1].split()[-4:] == ["-", "-", "-", "-"]
 
 
+GROWTH = [
+    {"cluster": "cluster-c", "nodes": 2, "capacity": {"cpu": 16000, "memory": 32 << 30},
+     "node_pools": [
+         {"name": "default", "headroom_nodes": 6, "headroom": {"cpu": 48000},
+          "node_shape": {"cpu": 8000}, "node_shape_from": "its requirements", "why_none": ""},
+         {"name": "gpu", "headroom_nodes": 0, "headroom": {}, "node_shape": None,
+          "node_shape_from": "", "why_none": "NodePool gpu is not Ready (NodeClassNotReady)"}],
+     "claims_in_flight": ["default-x7k2p"], "released_unbound": 3,
+     "stalled": "growth stalled: NodeClaim default-x7k2p: InsufficientCapacity: none left",
+     "waiting": ""}]
+
+
+def test_status_wide_shows_each_growing_clusters_nodes_capacity_headroom_and_stall() -> None:
+    recorded = (RecordedApi().on("GET", "/api/v1/status", STATUS | {"growth": GROWTH})
+                .on("GET", "/api/v1/fairness", {"leader": True, "queues": []}))
+    lines = recorded.run("status", "-o", "wide").out.splitlines()
+    section = lines[lines.index("CLUSTERS THAT GROW") + 1:]
+    assert section[0].split() == ["CLUSTER", "NODES", "CAPACITY", "HEADROOM",
+                                  "NODECLAIMS-IN-FLIGHT", "RELEASED-UNBOUND", "GROWTH"]
+    row = section[1]
+    assert row.split()[:2] == ["cluster-c", "2"]
+    assert "cpu 16, memory 32Gi" in row
+    assert ("default: 6 nodes (cpu 48); gpu: none (NodePool gpu is not Ready "
+            "(NodeClassNotReady))") in row
+    assert "default-x7k2p" in row and "  3  " in row
+    assert row.endswith("growth stalled: NodeClaim default-x7k2p: InsufficientCapacity: "
+                        "none left")
+    # Without -o wide, or with no cluster that grows, there is no such section.
+    assert "CLUSTERS THAT GROW" not in recorded.run("status").out
+    plain = (RecordedApi().on("GET", "/api/v1/status", STATUS)
+             .on("GET", "/api/v1/fairness", {"leader": True, "queues": []}))
+    assert "CLUSTERS THAT GROW" not in plain.run("status", "-o", "wide").out
+
+
 EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid": "u",
                      "jobset": "j", "state": "queued", "last_reason": ""},
              "message": 'queue "a", position 2 of 5; fits no node', "explanation": {
@@ -117,6 +151,21 @@ EXPLAINED = {"pod": {"cluster": "cluster-a", "namespace": "n", "name": "p", "uid
                  "largest_free_node": {"cpu": 16000}, "largest_node": {"cpu": 16000},
                  "max_queued_seconds": None, "max_queued_action": None,
                  "competing_queues": [], "message": 'queue "a", position 2 of 5; fits no node'}}
+
+
+def test_explain_says_a_release_for_growth_in_its_words() -> None:
+    words = ("released so that cluster-c grows (NodePool default: headroom cpu=48); waiting "
+             "for a node (NodeClaim default-x7k2p)")
+    released = {**EXPLAINED, "pod": {**EXPLAINED["pod"], "state": "ungated"},
+                "message": f"queue a; {words}",
+                "explanation": {**EXPLAINED["explanation"], "state": "ungated", "reason": None,
+                                "position": 0, "growth_standing": "released_for_growth",
+                                "growth": words, "message": f"queue a; {words}"}}
+    ran = RecordedApi().on("GET", "/api/v1/explain/cluster-a/n/p", released).run(
+        "explain", "cluster-a/n/p")
+    lines = dict(line.split(":", 1) for line in ran.out.splitlines())
+    assert lines["Growth"].strip() == words
+    assert lines["Waiting for"].strip() == "-" and lines["State"].strip() == "ungated"
 
 
 def test_explain_prints_the_reason_with_its_numbers_in_human_units() -> None:

@@ -4,6 +4,7 @@ queue that is gone (each of its share kinds and phases)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -11,6 +12,9 @@ from builders import a_job, a_node, a_state
 from prometheus_client import REGISTRY
 
 from fair_scheduler.reporting import PHASES, SHARE_KINDS, FairnessReport
+from lockgate.events import ClusterGrowth, NodePoolStatus
+from lockgate.growth import GrowthPolicy
+from lockgate.placement import Requirement
 from lockgate.scheduler import RoundResult, SchedulerState, schedule_round
 from lockgate.scheduler.report import ExplainSettings, report_round
 
@@ -82,3 +86,40 @@ def test_a_round_sets_only_the_gauges_whose_values_changed() -> None:
     assert jobs("rep-c", "released") == 1
     assert share("rep-c", "fair") == result.queues["rep-c"].share.fair_share
     report.set_leader(False)
+
+
+def test_the_fairness_json_carries_each_autoscaled_clusters_growth_and_none_for_others() -> None:
+    jobs_b = a_job("a").in_cluster("b").requesting(cpu="4", memory="1Gi").times(3)
+    state = (a_state().with_queues("a")
+             .with_cluster("b", {"real": a_node(cpu="4", memory="16Gi").build()})
+             .with_cluster("c", {"fixed": a_node(cpu="4", memory="16Gi").build()})
+             .with_jobs(jobs_b).build())
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0))
+    state.set_growth("b", ClusterGrowth(
+        cluster="b", observed_at=datetime(2026, 12, 7, tzinfo=UTC), autoscaled=True,
+        node_pools=[NodePoolStatus(
+            name="default", limits={"cpu": 16000}, in_use={"cpu": 0},
+            requirements=(Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
+                                      values=("4",)),
+                          Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                                      values=("16Gi",))))]))
+    result = schedule_round(state, max_decisions=10, max_lookback_per_queue=10,
+                            now=datetime.now(UTC).timestamp())
+    report = FairnessReport(instance_id="leader-1")
+    report.set_leader(True)
+    record(report, state, result, {"a": Counter(queued=3)}, decisions=len(result.decisions))
+    growth = report.as_json()["growth"]
+    # Only the autoscaled cluster b: one real node; 4 nodes of headroom, 2 of them taken by
+    # the pods just released for growth (charged to their nodes until they bind).
+    assert [entry["cluster"] for entry in growth] == ["b"]
+    (b,) = growth
+    assert (b["nodes"], b["capacity"]["cpu"]) == (1, 4000)
+    assert b["released_unbound"] == 2
+    (pool,) = b["node_pools"]
+    assert (pool["name"], pool["headroom_nodes"], pool["headroom"]) == (
+        "default", 4, {"cpu": 16000})
+    assert b["stalled"] == "" and b["waiting"] == ""
+    assert json.loads(report.encoded())["growth"] == growth
+    # A standby says nothing of it.
+    report.set_leader(False)
+    assert report.as_json()["growth"] == []

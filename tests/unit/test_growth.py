@@ -170,7 +170,7 @@ def test_the_instance_shape_comes_from_the_policy_then_requirements_then_the_lar
 
 
 def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_stalls() -> None:
-    pool = a_pool().limited_to(cpu=16_000).using(cpu=8000).build()
+    pool = a_pool().limited_to(cpu=20_000).using(cpu=12_000).build()
     launching = NodeClaimStatus(name="default-abc", node_pool="default", created_at=T0)
     launched = NodeClaimStatus(name="default-def", node_pool="default", created_at=T0,
                                allocatable={"cpu": 3900, "memory": 15 * GI},
@@ -180,7 +180,7 @@ def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_sta
     result = plan(pool, claims=(launching, launched, registered),
                   nodes={"kwok-node-2": {"cpu": 4000}})
     # Two claims in flight (the third's Node exists: it is a node already), then headroom of
-    # (16 - 8) / 4 = 2 nodes; in_use counts the claims, so nothing is counted twice.
+    # (20 - 12) / 4 = 2 nodes; in_use counts the claims, so nothing is counted twice.
     assert result.claims_in_flight == ("default-abc", "default-def")
     assert [(n.name, n.claim, dict(n.allocatable)) for n in result.nodes] == [
         ("growth:default/claim/default-abc", "default-abc", {"cpu": 4000, "memory": 16 * GI}),
@@ -195,6 +195,32 @@ def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_sta
     assert all(not n.claim for n in stalled.nodes)
 
 
+def test_a_claim_the_pools_in_use_does_not_count_yet_is_not_also_headroom() -> None:
+    # Karpenter writes a NodeClaim before it adds it to the pool's status.resources; a picture
+    # taken in between (seen on the stack) must not offer that node twice: as the claim in
+    # flight and as headroom. Five 8-cpu nodes exist (in_use 40) and a sixth claim is new.
+    shape = GrowthPolicy(instance_shapes={"default": {"cpu": 8000, "memory": 16 * GI}})
+    pool = a_pool().limited_to(cpu=48_000).using(cpu=40_000).build()
+    claims = tuple(NodeClaimStatus(name=f"default-{i}", node_pool="default", created_at=T0,
+                                   node_name=f"node-{i}", registered=True) for i in range(5))
+    new = NodeClaimStatus(name="default-new", node_pool="default", created_at=T0)
+    result = plan(pool, claims=(*claims, new), policy=shape,
+                  nodes={f"node-{i}": {"cpu": 7900} for i in range(5)})
+    assert result.claims_in_flight == ("default-new",)
+    headroom = result.headroom("default")
+    assert headroom is not None and headroom.nodes == 0, headroom
+    assert [n.name for n in result.nodes] == ["growth:default/claim/default-new"]
+    # Once in_use counts it, the same: one node that may exist, no headroom.
+    caught_up = plan(pool.model_copy(update={"in_use": {"cpu": 48_000}}),
+                     claims=(*claims, new), policy=shape,
+                     nodes={f"node-{i}": {"cpu": 7900} for i in range(5)})
+    assert [n.name for n in caught_up.nodes] == ["growth:default/claim/default-new"]
+    # Failed or deleting claims are not counted as the pool's use.
+    gone = plan(pool, claims=(*claims, new.model_copy(update={"deleting": True})),
+                policy=shape, nodes={f"node-{i}": {"cpu": 7900} for i in range(5)})
+    assert [n.name for n in gone.nodes] == ["growth:default/0"]
+
+
 def test_a_cluster_that_is_not_autoscaled_grows_by_nothing() -> None:
     growth = ClusterGrowth(cluster="a", observed_at=T0, autoscaled=False)
     result = plan_growth(growth, policy=GrowthPolicy(), largest_node_of=lambda _: None,
@@ -202,15 +228,17 @@ def test_a_cluster_that_is_not_autoscaled_grows_by_nothing() -> None:
     assert result.nodes == () and result.pools == ()
 
 
-def test_a_wave_is_answered_by_a_new_claim_or_a_pool_using_more() -> None:
+def test_a_wave_is_answered_by_a_pool_using_more_not_by_a_claim_alone() -> None:
     pool = a_pool().limited_to(cpu=64_000).using(cpu=8000).build()
     before = plan(pool).marker
     assert not wave_answered(before, plan(pool).marker)
     grown = plan(pool.model_copy(update={"in_use": {"cpu": 12_000}})).marker
     assert wave_answered(before, grown)
+    # A new claim the pool's in_use does not count yet: the picture between Karpenter's two
+    # writes, whose headroom is still the old one. The wave is answered once in_use grows.
     claimed = plan(pool, claims=(NodeClaimStatus(name="c1", node_pool="default",
                                                  created_at=T0),)).marker
-    assert wave_answered(before, claimed)
+    assert not wave_answered(before, claimed)
     shrunk = plan(pool.model_copy(update={"in_use": {"cpu": 4000}})).marker
     assert not wave_answered(before, shrunk)
 

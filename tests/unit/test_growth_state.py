@@ -78,7 +78,11 @@ def test_virtual_nodes_follow_the_picture_and_the_real_nodes() -> None:
     state = a_state()
     claim = NodeClaimStatus(name="default-c1", node_pool="default", created_at=T0,
                             node_name="kwok-1", launched=True)
-    state.set_growth("b", a_picture(cpu_limit=8000).model_copy(update={"node_claims": [claim]}))
+    # The pool's in_use counts its claim (4 cpu): 8 cpu of headroom left under 12.
+    picture = a_picture(cpu_limit=12_000)
+    pool = picture.node_pools[0].model_copy(update={"in_use": {"cpu": 4000}})
+    state.set_growth("b", picture.model_copy(update={"node_pools": [pool],
+                                                     "node_claims": [claim]}))
     assert sorted(state.cluster_records["b"].order) == [
         "growth:default/0", "growth:default/1", "growth:default/claim/default-c1", "n1"]
     # The claim's Node registers: it is a node now, no longer one that may exist.

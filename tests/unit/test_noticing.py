@@ -9,13 +9,14 @@ from datetime import UTC, datetime
 import pytest
 from builders import a_job
 
-from lockgate.events import POD_NOTICES, PodNotice
+from lockgate.events import POD_NOTICES, PodNotice, ReleaseCommand
 from lockgate.jobs import JobState
 from lockgate.noticing import (
     NoticeReason,
     UndefinedQueueNotices,
     event_for,
     event_name,
+    growth_release_notice,
     queue_unknown_message,
 )
 
@@ -151,3 +152,23 @@ def test_pod_notices_are_keyed_by_pod_and_reject_unknown_fields() -> None:
     assert POD_NOTICES.decode(POD_NOTICES.encode(notice)) == notice
     with pytest.raises(ValueError, match="extra"):
         POD_NOTICES.decode(POD_NOTICES.encode(notice).replace(b'"v":1', b'"v":1,"x":1'))
+
+
+def test_a_release_for_growth_is_told_in_its_words_once_per_decision() -> None:
+    at = datetime(2026, 12, 7, 16, 0, tzinfo=UTC)
+    words = "released so that cluster-b grows (NodePool default: headroom cpu=48)"
+    command = ReleaseCommand(decision_id="d-0f3c9a", cluster="cluster-b", namespace="team",
+                             name="train-0", uid="1234abcd-0000", queue="alpha",
+                             decided_at=at, growth=words)
+    notice = growth_release_notice(command, at=at)
+    assert notice is not None
+    event = event_for(notice)
+    assert (event["type"], event["reason"], event["message"]) == (
+        "Normal", NoticeReason.RELEASED_FOR_GROWTH.value, words)
+    assert event["involvedObject"]["uid"] == "1234abcd-0000"
+    assert event["metadata"]["name"] == "train-0.lockgate-released-for-growth-1234abcd-d0f3c9a"
+    assert DNS_SUBDOMAIN.match(event["metadata"]["name"])
+    again = growth_release_notice(command.model_copy(update={"decision_id": "d-77"}), at=at)
+    assert again is not None and event_for(again)["metadata"]["name"] != event["metadata"]["name"]
+    # Any other release says nothing.
+    assert growth_release_notice(command.model_copy(update={"growth": ""}), at=at) is None

@@ -316,7 +316,52 @@ async function overviewPage(view) {
     el("p", { class: "small muted" }, "solid: what the queue holds · dashed: its fair target · sampled every ",
       `${history.interval_seconds || "?"} s`))));
   region(view, "clusters").replaceChildren(...kids(el("div", { class: "card" },
-    el("h2", {}, "Clusters"), clustersTable(clusters.clusters, color))));
+    el("h2", {}, "Clusters"), ...growthBanners(clusters.clusters), clustersTable(clusters.clusters, color),
+    growthTable(clusters.clusters, clusters.growth_unavailable))));
+}
+// A cluster whose growth stalled is said first, in a banner: its pods released for growth wait
+// for nodes that are not coming (docs/autoscaling.md).
+function growthBanners(clusters) {
+  return clusters.filter((c) => c.growth && c.growth.stalled).map((c) =>
+    el("div", { class: "banner", "data-warning": "growth-stalled", "data-cluster": c.name },
+      el("b", {}, `${c.name}: `), c.growth.stalled));
+}
+// "cpu 48, memory 96Gi" (canonical amounts: cpu in millicores, bytes).
+const amountsText = (values) => Object.keys(values || {}).sort()
+  .map((r) => `${r} ${amount(r, values[r])}`).join(", ") || "–";
+// What a person sizes a cluster by (as the clusters table): cpu, memory and GPUs.
+const headline = (values) => Object.fromEntries(Object.entries(values || {})
+  .filter(([r]) => r === "cpu" || r === "memory" || r.includes("gpu")));
+// The clusters that grow (an autoscaler makes their nodes): what exists, what each NodePool may
+// still add (its headroom), the NodeClaims in flight, and what their growth is doing. The
+// leader's figures, from its last round.
+function growthTable(clusters, unavailable) {
+  const growing = clusters.filter((c) => c.growth);
+  if (!growing.length) {
+    return unavailable ? el("p", { class: "small muted", "data-growth-unavailable": "" },
+      `Clusters that grow: unavailable (${unavailable}).`) : null;
+  }
+  const rows = growing.map((c) => {
+    const g = c.growth;
+    const pools = (g.node_pools || []).map((p) => el("div", { "data-pool": p.name },
+      el("b", {}, p.name), p.why_none ? el("span", { class: "muted" }, `: none (${p.why_none})`)
+        : `: ${p.headroom_nodes} more node${p.headroom_nodes === 1 ? "" : "s"}` +
+          (Object.keys(p.headroom || {}).length ? ` (${amountsText(p.headroom)} left)` : " (no limit)") +
+          (p.node_shape ? `, each ${amountsText(p.node_shape)}` : "")));
+    const state = g.stalled ? el("span", { class: "error" }, g.stalled)
+      : g.waiting ? el("span", { class: "warn" }, g.waiting) : el("span", { class: "ok" }, "growing as needed");
+    return el("tr", { "data-growth": c.name },
+      el("td", { class: "nowrap" }, c.name), el("td", { class: "num", "data-nodes": g.nodes }, String(g.nodes)),
+      el("td", { "data-capacity": "" }, amountsText(headline(g.capacity))),
+      el("td", { "data-headroom": "" }, pools.length ? pools : "–"),
+      el("td", { class: "small", "data-claims": (g.claims_in_flight || []).length },
+        (g.claims_in_flight || []).join(", ") || "–"),
+      el("td", { class: "num", "data-released-unbound": g.released_unbound }, String(g.released_unbound)),
+      el("td", { "data-growth-state": g.stalled ? "stalled" : g.waiting ? "waiting" : "ok" }, state));
+  });
+  return el("div", { class: "growth" }, el("h2", {}, "Clusters that grow"),
+    table(["Cluster", "#Nodes", "Capacity", "Headroom (what its NodePools may still add)",
+      "NodeClaims in flight", "#Released, waiting for a node", "Growth"], rows, { "data-table": "growth" }));
 }
 function clusterTargets(perCluster) {
   const entries = Array.isArray(perCluster) ? perCluster.map((c) => [c.cluster || c.name, c])
