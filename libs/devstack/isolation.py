@@ -3,7 +3,7 @@
 Why: runs on one local stack share its clusters and Kafka topics. A run watches the real clusters
 under aliases of its own, but the pod and node events of other runs' watchers reach its
 queue-store through the shared topics. A trigger in the run's own database drops every inserted
-job and node row of another cluster name, as if those watchers did not exist.
+job, node and growth row of another cluster name, as if those watchers did not exist.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ async def keep_only_clusters(dsn: str, clusters: Iterable[str]) -> None:
             " IF NEW.cluster = ANY(TG_ARGV) THEN RETURN NEW; END IF; RETURN NULL;"
             " END $$ LANGUAGE plpgsql")
         arguments = ", ".join(_literal(name) for name in names)
-        for table in ("jobs", "cluster_nodes"):
+        for table in ("jobs", "cluster_nodes", "cluster_growth"):
             await connection.execute(
                 f"CREATE TRIGGER only_our_clusters BEFORE INSERT ON {table} FOR EACH ROW"
                 f" EXECUTE FUNCTION only_our_clusters({arguments})")

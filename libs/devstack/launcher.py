@@ -34,6 +34,7 @@ from devstack.procs import terminate
 from devstack.roles import prepare_database, service_dsn
 from lockgate.events import (
     CLUSTER_CAPACITY,
+    CLUSTER_GROWTH,
     CLUSTER_SNAPSHOTS,
     JOBSET_COMMANDS,
     NAMESPACE_COMMANDS,
@@ -263,7 +264,7 @@ class Lockgate:
             return {}
         return {
             f"queue-store-{self.run_id}": [POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY,
-                                           RELEASE_OUTCOMES],
+                                           RELEASE_OUTCOMES, CLUSTER_GROWTH],
             f"ungater-{self.run_id}": [RELEASE_COMMANDS],
             f"ungater-{self.run_id}-notices": [POD_NOTICES],
             f"ungater-{self.run_id}-jobsets": [JOBSET_COMMANDS],

@@ -4,7 +4,8 @@ Why one module: the scheduler's guarantees live in these statements.
 - Leadership is a session-level advisory lock (`postgres.LEADER_LOCK`) held by one dedicated
   connection. Decisions are written on that same connection, so a scheduler that lost its
   connection (and with it the lock) cannot write: the connection is the fence.
-- Reading: load queues, nodes and unfinished jobs once, in one snapshot, and keep that snapshot
+- Reading: load queues, nodes, unfinished jobs and each cluster's growth picture (what its
+  autoscaler may still add) once, in one snapshot, and keep that snapshot
   (`lockgate.change_feed.FeedCursor`); afterwards fetch only the rows whose writer
   (`writer_xid`) that snapshot did not see as committed, and keep the new read's snapshot. No
   writer takes a lock for the feed's sake, yet nothing is skipped, whatever order writers commit
@@ -36,12 +37,14 @@ import asyncpg
 
 from lockgate.backoff import ControllerBackoff
 from lockgate.change_feed import FeedCursor
+from lockgate.events import ClusterGrowth
 from lockgate.jobs import TERMINAL_STATES, JobState, job_id
 from lockgate.max_queued import JobSetMaxQueued
 from lockgate.placement import PodPlacement, Taint
 from lockgate.queues import QueueSpec
 from lockgate.resources import Resources
 from lockgate.scheduler import NodeInfo, SchedJob
+from lockgate_adapters.growth_store import GROWTH_COLUMNS, growth_of
 from lockgate_adapters.postgres import LEADER_LOCK, notify_changes
 
 _TERMINAL = [state.value for state in TERMINAL_STATES]
@@ -130,9 +133,12 @@ class Changes:
     # Controllers backing off or remembered (lockgate.backoff): only the first load has them;
     # the leader alone writes them.
     backoffs: list[ControllerBackoff] = field(default_factory=list)
+    # What each cluster's autoscaler may still add (migration 035), by cluster: every stored
+    # picture in the first load, the changed ones afterwards.
+    growth: dict[str, ClusterGrowth] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.queues or self.nodes or self.jobs)
+        return bool(self.queues or self.nodes or self.jobs or self.growth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +256,8 @@ LOAD_CHUNK = 20_000
 
 async def load_everything(connection: asyncpg.Connection, *,
                           keep_alive: Callable[[], Awaitable[None]] | None = None) -> Changes:
-    """Live queues, present nodes and unfinished jobs, all from one snapshot.
+    """Live queues, present nodes, unfinished jobs and every cluster's growth picture, all from
+    one snapshot.
 
     `keep_alive` is awaited between chunks of the rows turned into jobs, after the snapshot's
     transaction: at a million jobs that takes longer than the leader's session may stay idle
@@ -267,7 +274,9 @@ async def load_everything(connection: asyncpg.Connection, *,
         backoffs = await connection.fetch(
             "SELECT cluster, controller_uid, attempts, given_up_at, until"
             " FROM controller_backoffs")
-    changes = _changes(cursor, queues, nodes, [])
+        growth = await connection.fetch(
+            f"SELECT {GROWTH_COLUMNS} FROM cluster_growth")  # noqa: S608
+    changes = _changes(cursor, queues, nodes, [], growth)
     ordered = sorted(jobs, key=_serial)
     for start in range(0, len(ordered), LOAD_CHUNK):
         changes.jobs += [_sched_job(r) for r in ordered[start:start + LOAD_CHUNK]]
@@ -295,7 +304,10 @@ async def changes_since(connection: asyncpg.Connection, cursor: FeedCursor) -> C
             f"SELECT {_NODE_COLUMNS} FROM cluster_nodes WHERE {_UNSEEN}", *unseen)  # noqa: S608
         jobs = await connection.fetch(
             f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {_UNSEEN}", *unseen)  # noqa: S608
-    return _changes(newest, queues, nodes, jobs)
+        growth = await connection.fetch(
+            f"SELECT {GROWTH_COLUMNS} FROM cluster_growth WHERE {_UNSEEN}",  # noqa: S608
+            *unseen)
+    return _changes(newest, queues, nodes, jobs, growth)
 
 
 
@@ -315,13 +327,14 @@ async def kept_places(connection: asyncpg.Connection, keys: Sequence[tuple[str, 
 
 
 def _changes(cursor: FeedCursor, queues: Sequence[asyncpg.Record], nodes: Sequence[asyncpg.Record],
-             jobs: Sequence[asyncpg.Record]) -> Changes:
+             jobs: Sequence[asyncpg.Record], growth: Sequence[asyncpg.Record] = ()) -> Changes:
     return Changes(
         cursor=cursor,
         queues=[_queue_change(r) for r in sorted(queues, key=_serial)],
         nodes=[_node_change(r) for r in sorted(nodes, key=_serial)],
         jobs=[_sched_job(r) for r in sorted(jobs, key=_serial)],
         returned=_returned(jobs),
+        growth={r["cluster"]: growth_of(r) for r in sorted(growth, key=_serial)},
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from cluster_watcher.growth_watching import GrowthWatcher
 from cluster_watcher.publishing import KafkaPublisher, Outbox
 from cluster_watcher.settings import WatcherSettings
 from cluster_watcher.watching import ClusterWatcher, WatchOptions
@@ -46,8 +47,18 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
         )
         for name, api in apis.items()
     ]
+    growth_watchers = [
+        GrowthWatcher(
+            cluster=name, api=api, outbox=outbox, set_ready=readiness.set, options=options,
+            min_interval=settings.growth_min_interval_seconds,
+            refresh=settings.growth_refresh_seconds,
+            recheck=settings.growth_recheck_seconds,
+        )
+        for name, api in apis.items()
+    ]
     readiness.declare(KAFKA_CHECK, *(check for w in watchers for check in (
-        w.namespaces_check, w.pods_check, w.nodes_check)))
+        w.namespaces_check, w.pods_check, w.nodes_check)),
+        *(w.growth_check for w in growth_watchers))
 
     async def watch_and_publish(stopping: asyncio.Event) -> None:
         """Watchers stop on `stopping`; the publisher then sends what they left, and stops."""
@@ -58,6 +69,9 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
                     for watcher in watchers:
                         watching.create_task(watcher.run(stopping),
                                              name=f"watch {watcher.cluster}")
+                    for growth in growth_watchers:
+                        watching.create_task(growth.run(stopping),
+                                             name=f"watch {growth.cluster} growth")
                 log.info("watchers stopped; publishing the %d events left", len(outbox))
                 outbox.close()
         finally:

@@ -6,8 +6,8 @@ that order, batch after batch, and drops them only once the broker acknowledged 
 Kafka is down the publisher retries with backoff and reports not ready; the outbox keeps growing
 up to a bound, beyond which watchers wait (and the apiserver's watch buffers for them).
 
-Capacity is coalesced rather than queued: only the newest unsent ClusterCapacity of a cluster is
-kept, since it replaces every earlier one.
+Capacity and growth are coalesced rather than queued: only the newest unsent ClusterCapacity and
+ClusterGrowth of a cluster are kept, since each replaces every earlier one.
 
 Every message carries its own trace context. A pod's events are all in one trace whose id is the
 pod's uid, so its journey through lockgate can be found from the uid alone.
@@ -35,10 +35,12 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from lockgate.events import (
     CLUSTER_CAPACITY,
+    CLUSTER_GROWTH,
     CLUSTER_SNAPSHOTS,
     POD_EVENTS,
     POD_NOTICES,
     ClusterCapacity,
+    ClusterGrowth,
     ClusterSnapshot,
     Event,
     PodEvent,
@@ -146,20 +148,35 @@ def capacity_message(capacity: ClusterCapacity) -> Outgoing:
     return _traced(CLUSTER_CAPACITY, capacity, span)
 
 
+def growth_message(growth: ClusterGrowth) -> Outgoing:
+    span = tracer.start_span("cluster growth observed", attributes={
+        "lockgate.cluster": growth.cluster,
+        "lockgate.autoscaled": growth.autoscaled,
+        "lockgate.node_pools": len(growth.node_pools),
+        "lockgate.node_claims": len(growth.node_claims),
+    })
+    return _traced(CLUSTER_GROWTH, growth, span)
+
+
+# Events of which only the newest unsent one per cluster matters.
+_Coalesced = ClusterCapacity | ClusterGrowth
+
+
 class Outbox:
     """Events seen and not yet acknowledged by Kafka, in the order they were seen."""
 
     def __init__(self, *, max_pending: int) -> None:
         self._max_pending = max_pending
         self._pending: deque[Outgoing] = deque()
-        self._capacity: dict[str, Outgoing] = {}  # newest unsent ClusterCapacity per cluster
+        # The newest unsent ClusterCapacity and ClusterGrowth per cluster, by (topic, cluster).
+        self._latest: dict[tuple[str, str], Outgoing] = {}
         self._not_empty = asyncio.Event()
         self._has_room = asyncio.Event()
         self._has_room.set()
         self.closed = False
 
     def __len__(self) -> int:
-        return len(self._pending) + len(self._capacity)
+        return len(self._pending) + len(self._latest)
 
     async def put(self, messages: Sequence[Outgoing]) -> None:
         """Append in order; waits while the outbox is full. All-or-nothing once it has room."""
@@ -172,10 +189,20 @@ class Outbox:
     def put_capacity(self, message: Outgoing) -> None:
         """Replace the cluster's unsent capacity, if any: only the newest matters."""
         assert isinstance(message.event, ClusterCapacity)
-        replaced = self._capacity.pop(message.event.cluster, None)
+        self._put_latest(message)
+
+    def put_growth(self, message: Outgoing) -> None:
+        """Replace the cluster's unsent growth picture, if any: only the newest matters."""
+        assert isinstance(message.event, ClusterGrowth)
+        self._put_latest(message)
+
+    def _put_latest(self, message: Outgoing) -> None:
+        assert isinstance(message.event, _Coalesced)
+        key = (message.topic.name, message.event.cluster)
+        replaced = self._latest.pop(key, None)
         if replaced is not None:
             replaced.superseded()
-        self._capacity[message.event.cluster] = message
+        self._latest[key] = message
         self._changed()
 
     def close(self) -> None:
@@ -184,17 +211,17 @@ class Outbox:
         self._not_empty.set()
 
     def peek(self, limit: int) -> list[Outgoing]:
-        """The oldest messages, in order, followed by the pending capacities."""
+        """The oldest messages, in order, followed by the pending capacities and growths."""
         head = [self._pending[i] for i in range(min(limit, len(self._pending)))]
-        return head + list(self._capacity.values())
+        return head + list(self._latest.values())
 
     def acknowledge(self, sent: Sequence[Outgoing]) -> None:
         """Drop messages Kafka acknowledged; they are the head of what `peek` returned."""
         for message in sent:
-            if isinstance(message.event, ClusterCapacity):
-                cluster = message.event.cluster
-                if self._capacity.get(cluster) is message:
-                    del self._capacity[cluster]
+            if isinstance(message.event, _Coalesced):
+                key = (message.topic.name, message.event.cluster)
+                if self._latest.get(key) is message:
+                    del self._latest[key]
             else:
                 assert self._pending[0] is message, "acknowledged out of order"
                 self._pending.popleft()

@@ -54,6 +54,22 @@ class WatcherSettings(ClusterServiceSettings):
         description="publish ClusterCapacity this often even when nothing changed",
     )
 
+    # Growth: what each cluster's autoscaler (Karpenter's NodePools and NodeClaims) may add
+    growth_min_interval_seconds: float = Field(
+        default=1.0, ge=0,
+        description="at most one ClusterGrowth per cluster this often: changes are coalesced",
+    )
+    growth_refresh_seconds: float = Field(
+        default=30.0, gt=0,
+        description="publish an autoscaled cluster's ClusterGrowth this often even when nothing "
+        "changed",
+    )
+    growth_recheck_seconds: float = Field(
+        default=60.0, gt=0,
+        description="in a cluster that serves no NodePool kind (no Karpenter), or forbids the "
+        "watcher to list it, look again this often: a Karpenter installed later is noticed",
+    )
+
     # Publishing
     publish_batch_size: int = Field(
         default=5000, ge=1, description="events handed to the Kafka producer at once"

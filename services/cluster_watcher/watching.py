@@ -95,8 +95,11 @@ class ResourceWatcher:
         on_event: Callable[[str, KubeObject], Awaitable[None]],
         set_ready: Callable[[bool, str], None],
         options: WatchOptions,
+        gives_up_on: Callable[[Exception], bool] = lambda error: False,
     ) -> None:
         self.cluster, self.resource = cluster, resource
+        # Failures `run` raises instead of retrying (e.g. a kind the cluster does not serve).
+        self._gives_up_on = gives_up_on
         self._list_call = list_call
         self._on_list, self._on_event = on_list, on_event
         self._set_ready = set_ready
@@ -104,12 +107,14 @@ class ResourceWatcher:
         self._backoff = Backoff(options.retry)  # cancelled, not stopped: waits need no event
 
     async def run(self) -> None:
-        """List and watch forever (until cancelled), starting over after any failure."""
+        """List and watch forever (until cancelled), starting over after any failure but those
+        it `gives_up_on`, which it raises."""
         async def forever() -> None:
             while True:
                 await self.list_then_watch()
 
-        await retry(forever, backoff=self._backoff, retryable=lambda error: True,
+        await retry(forever, backoff=self._backoff,
+                    retryable=lambda error: not self._gives_up_on(error),
                     on_failure=self._failed, retry_after=retry_after_seconds,
                     what=f"{self.cluster} {self.resource}: listing and watching",
                     dependency=f"apiserver:{self.cluster}")

@@ -272,9 +272,9 @@ class Leader:
             self._feed.apply_jobs(jobs[start:start + store.LOAD_CHUNK], now=now,
                                   returned=returned)
             await self._check_in()
-        log.info("loaded %d queues, %d nodes, %d unfinished jobs as of %s in %.2fs",
-                 len(everything.queues), len(everything.nodes), len(jobs),
-                 everything.cursor, time.monotonic() - started)
+        log.info("loaded %d queues, %d nodes, %d unfinished jobs, the growth of %d clusters as "
+                 "of %s in %.2fs", len(everything.queues), len(everything.nodes), len(jobs),
+                 len(everything.growth), everything.cursor, time.monotonic() - started)
 
     async def _check_in(self) -> None:
         """During a long load: prove the connection alive when a check is due."""
@@ -285,11 +285,18 @@ class Leader:
     def _apply(self, changes: store.Changes) -> bool:
         """Apply changed rows; returns whether any could let a round release something new."""
         feed = self._feed
-        changed = bool(changes.queues or changes.nodes)
+        changed = bool(changes.queues or changes.nodes or changes.growth)
         for queue in changes.queues:
             feed.apply_queue(queue.name, queue.spec)
         for node in changes.nodes:
             feed.apply_node(node.cluster, node.node, node.info)
+        # What each cluster's autoscaler may still add: capacity the fair targets count. Rare
+        # (a picture reaches the feed only when it changed), so each is said.
+        for cluster, growth in changes.growth.items():
+            self._state.set_growth(cluster, growth)
+            log.info("%s: growth picture as of %s: %s", cluster, growth.observed_at.isoformat(),
+                     f"{len(growth.node_pools)} NodePools, {len(growth.node_claims)} NodeClaims "
+                     "in flight" if growth.autoscaled else "not autoscaled")
         returned = {job_id: (releases, at.timestamp())
                     for job_id, (releases, at) in changes.returned.items()}
         changed = feed.apply_jobs(changes.jobs, now=self._now().timestamp(),

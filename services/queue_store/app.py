@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaProducer
 from lockgate.dead_lettering import LetterLimits
 from lockgate.events import (
     CLUSTER_CAPACITY,
+    CLUSTER_GROWTH,
     CLUSTER_SNAPSHOTS,
     DEAD_LETTERS,
     JOBSET_COMMANDS,
@@ -40,6 +41,7 @@ from lockgate_adapters.service import Loop, ServiceContext
 from queue_store.admin_api import AdminApi, CopiesSettled, job_json, no_copies
 from queue_store.admin_collection import CollectionApi, Publish
 from queue_store.collecting import NamespaceCollector
+from queue_store.growth_storing import GrowthStore
 from queue_store.ingesting import BatchStore
 from queue_store.leader import SchedulerLeader
 from queue_store.namespace_api import NamespaceApi
@@ -52,7 +54,7 @@ from queue_store.ui_api import FairnessSampler, UiApi
 log = logging.getLogger(__name__)
 
 CONSUMED_TOPICS: tuple[Topic[Any], ...] = (
-    POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES,
+    POD_EVENTS, CLUSTER_SNAPSHOTS, CLUSTER_CAPACITY, RELEASE_OUTCOMES, CLUSTER_GROWTH,
 )
 # Commands that end things; their consumers are the namespace collector's (own group).
 COMMAND_TOPICS: tuple[Topic[Any], ...] = (JOBSET_COMMANDS, NAMESPACE_COMMANDS)
@@ -92,10 +94,12 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             topic=topic,
             group_id=settings.group_id,
             consumer_name=f"{settings.service_name}:{topic.name}",
-            handle=BatchStore[Any](
-                pool=pool, topic_name=topic.name, on_postgres=postgres_ready,
-                place_grace=timedelta(seconds=settings.place_grace_seconds),
-                scope=ClusterScope.of(settings.clusters)).handle,
+            handle=(GrowthStore(pool=pool, topic_name=topic.name, on_postgres=postgres_ready,
+                                scope=ClusterScope.of(settings.clusters)).handle
+                    if topic is CLUSTER_GROWTH else BatchStore[Any](
+                        pool=pool, topic_name=topic.name, on_postgres=postgres_ready,
+                        place_grace=timedelta(seconds=settings.place_grace_seconds),
+                        scope=ClusterScope.of(settings.clusters)).handle),
             retry_policy=settings.retry,
             max_records=settings.max_batch,
             poll_timeout_ms=settings.poll_timeout_ms,

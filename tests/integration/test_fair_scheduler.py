@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -35,8 +35,8 @@ from helpers.network import TcpRelay
 from helpers.postgres import fresh_database
 from helpers.services import FAST_RETRY, fairness_report, service_in_process
 from helpers.waiting import eventually, until
-from lockgate.events import RELEASE_COMMANDS
-from lockgate_adapters import scheduler_store
+from lockgate.events import RELEASE_COMMANDS, ClusterGrowth, NodePoolStatus
+from lockgate_adapters import growth_store, scheduler_store
 from lockgate_adapters.postgres import CHANGES_CHANNEL, LEADER_LOCK
 from lockgate_adapters.scheduler_store import SessionLiveness
 from lockgate_adapters.service import ServiceContext
@@ -271,6 +271,39 @@ async def test_releases_within_capacity_recording_each_decision_before_publishin
     for command in commands.commands:
         assert (command.cluster, command.namespace, command.name, command.queue) == (
             cluster, "ns", f"pod-{command.uid}", "q1")
+
+
+async def test_the_leader_takes_each_clusters_growth_picture_at_load_and_on_change(
+        store: Store, commands: CommandTail, kafka_bootstrap: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What a cluster's autoscaler may still add reaches the leader's state as queue-store
+    stores it (lockgate_adapters.growth_store): loaded with the rest, then through the change
+    feed when it changes."""
+    cluster = store.cluster("grows")
+    await store.queue("q1")
+    await store.node(cluster, "n1", cpu=4 * CPU)
+
+    async def store_picture(at: datetime, cpu_limit: int) -> None:
+        async with store.pool.acquire() as connection, connection.transaction():
+            changed = await growth_store.store_growth(connection, [ClusterGrowth(
+                cluster=cluster, observed_at=at, autoscaled=True,
+                node_pools=[NodePoolStatus(name="default", limits={"cpu": cpu_limit})])])
+            assert changed == [cluster]
+            await connection.execute("SELECT pg_notify($1, 'cluster_growth')", CHANGES_CHANNEL)
+
+    started = datetime.now(UTC)
+    await store_picture(started, 64 * CPU)
+    with caplog.at_level(logging.INFO, logger="fair_scheduler"):
+        async with running_scheduler(scheduler_settings(store, kafka_bootstrap, "g1")) as ctx:
+            await until(lambda: leading(ctx), within=30, what="leadership")
+            await until(lambda: "the growth of 1 clusters" in caplog.text, within=10,
+                        what="the load of the growth picture")
+            assert f"{cluster}: growth picture as of {started.isoformat()}: 1 NodePools" in (
+                caplog.text)
+            changed_at = started + timedelta(seconds=5)
+            await store_picture(changed_at, 8 * CPU)
+            await until(lambda: f"growth picture as of {changed_at.isoformat()}" in caplog.text,
+                        within=10, what="the changed picture through the change feed")
 
 
 async def test_a_leader_whose_load_outlasts_an_idle_session_keeps_the_lead(

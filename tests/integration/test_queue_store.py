@@ -41,15 +41,18 @@ from helpers.services import FAST_RETRY
 from helpers.waiting import eventually
 from lockgate.events import (
     CLUSTER_CAPACITY,
+    CLUSTER_GROWTH,
     CLUSTER_SNAPSHOTS,
     DEAD_LETTERS,
     POD_EVENTS,
     RELEASE_OUTCOMES,
     ClusterCapacity,
+    ClusterGrowth,
     ClusterSnapshot,
     DeadLetter,
     Event,
     NodeCapacity,
+    NodePoolStatus,
     PodEvent,
     ReleaseOutcome,
     ReleaseOutcomeKind,
@@ -320,6 +323,43 @@ async def test_malformed_messages_are_dead_lettered_with_a_reason_and_later_ones
     assert queue_store.process.alive()
 
 
+# What each cluster may grow by (issue 35) ------------------------------------------------------
+
+async def test_the_newest_growth_picture_wins_and_an_invalid_one_is_dead_lettered(
+        queue_store: RunningQueueStore, db: asyncpg.Pool, producer: AIOKafkaProducer,
+        cluster: str, kafka_bootstrap: str) -> None:
+    async def stored() -> ClusterGrowth | None:
+        body = await db.fetchval("SELECT body FROM cluster_growth WHERE cluster = $1", cluster)
+        return None if body is None else ClusterGrowth.model_validate(body)
+
+    newer, older = a_growth_picture(cluster, seen=10), a_growth_picture(
+        cluster, seen=5, cpu_limit=8_000)
+    invalid = a_growth_picture(cluster, seen=20, autoscaled=False)  # yet lists a pool
+    async with TopicTail(kafka_bootstrap, [DEAD_LETTERS]) as letters:
+        landed = await publish(producer, CLUSTER_GROWTH, newer, older, invalid)
+        await wait_processed(queue_store, landed)
+        letter: DeadLetter = await letters.wait_for(
+            lambda d: (d.source_topic, d.partition, d.offset) == (
+                CLUSTER_GROWTH.name, landed[2].partition, landed[2].offset),
+            what="the invalid picture's dead letter")
+    assert "not autoscaled lists NodePools" in letter.reason
+    assert await stored() == newer, "an older picture, or an invalid one, replaced the newest"
+    serial = await db.fetchval("SELECT serial FROM cluster_growth WHERE cluster = $1", cluster)
+
+    # The same picture observed later (a refresh) moves observed_at, not the change feed.
+    refreshed = a_growth_picture(cluster, seen=30)
+    await wait_processed(queue_store, await publish(producer, CLUSTER_GROWTH, refreshed))
+    assert await stored() == refreshed
+    assert await db.fetchval("SELECT serial FROM cluster_growth WHERE cluster = $1",
+                             cluster) == serial
+    changed = a_growth_picture(cluster, seen=40, cpu_limit=32_000)
+    await wait_processed(queue_store, await publish(producer, CLUSTER_GROWTH, changed))
+    assert await stored() == changed
+    assert await db.fetchval("SELECT serial FROM cluster_growth WHERE cluster = $1",
+                             cluster) > serial
+    assert queue_store.process.alive()
+
+
 # Messages a dead letter cannot copy as they are (issue 7) -------------------------------------
 
 @dataclass(frozen=True)
@@ -367,12 +407,31 @@ async def node_recorded(db: asyncpg.Pool, cluster: str, _: str) -> object:
                              " AND node = 'n1'", cluster)
 
 
+def a_growth_picture(cluster: str, *, seen: float = 0, cpu_limit: int = 64_000,
+                     **fields: Any) -> ClusterGrowth:
+    values: dict[str, Any] = {
+        "cluster": cluster, "observed_at": NOW + timedelta(seconds=seen), "autoscaled": True,
+        "node_pools": [NodePoolStatus(name="default", limits={"cpu": cpu_limit})]}
+    return ClusterGrowth.model_validate({**values, **fields})
+
+
+async def send_growth(producer: AIOKafkaProducer, db: asyncpg.Pool, cluster: str,
+                      _: str) -> list[RecordMetadata]:
+    return await publish(producer, CLUSTER_GROWTH, a_growth_picture(cluster))
+
+
+async def growth_recorded(db: asyncpg.Pool, cluster: str, _: str) -> object:
+    return await db.fetchval("SELECT autoscaled FROM cluster_growth WHERE cluster = $1",
+                             cluster)
+
+
 FOLLOWERS: dict[str, Follower] = {
     POD_EVENTS.name: Follower(
         lambda cluster: f"{cluster}-after", send_pod_event,
         lambda db, cluster, uid: job_in_state(db, cluster, uid, JobState.QUEUED)),
     CLUSTER_SNAPSHOTS.name: Follower(lambda cluster: cluster, send_snapshot, snapshot_recorded),
     CLUSTER_CAPACITY.name: Follower(lambda cluster: cluster, send_capacity, node_recorded),
+    CLUSTER_GROWTH.name: Follower(lambda cluster: cluster, send_growth, growth_recorded),
     RELEASE_OUTCOMES.name: Follower(
         lambda cluster: f"{cluster}-released", send_outcome,
         lambda db, cluster, uid: job_in_state(db, cluster, uid, JobState.UNGATED)),

@@ -39,8 +39,9 @@ def test_what_is_not_a_snapshot_is_refused(text: str) -> None:
 # Every writer of the followed tables stamps the rows it changes --------------------------------
 
 _SOURCES = Path(__file__).resolve().parents[2]
-_UPDATES = re.compile(r"\bUPDATE (jobs|queues|cluster_nodes)\b")
-_UPSERTS = re.compile(r"\bINSERT INTO (jobs|queues|cluster_nodes)\b.*\bDO UPDATE\b", re.DOTALL)
+_UPDATES = re.compile(r"\bUPDATE (jobs|queues|cluster_nodes|cluster_growth)\b")
+_UPSERTS = re.compile(r"\bINSERT INTO (jobs|queues|cluster_nodes|cluster_growth)\b.*\bDO UPDATE\b",
+                      re.DOTALL)
 
 
 def _statements(path: Path) -> list[str]:

@@ -12,6 +12,7 @@ from cluster_watcher.publishing import (
     Outbox,
     Outgoing,
     capacity_message,
+    growth_message,
     pod_event_message,
     runs_by_topic,
     snapshot_message,
@@ -21,6 +22,7 @@ from lockgate.events import (
     CLUSTER_SNAPSHOTS,
     POD_EVENTS,
     ClusterCapacity,
+    ClusterGrowth,
     ClusterSnapshot,
     PodEvent,
 )
@@ -73,6 +75,25 @@ async def test_only_the_newest_unsent_capacity_of_a_cluster_is_kept() -> None:
     outbox.put_capacity(newer)  # arrives while the older one is being sent
     outbox.acknowledge(in_flight)
     assert outbox.peek(10) == [newer], "acknowledging the older one must not drop the newer"
+
+
+def a_growth(cluster: str = "c", *, autoscaled: bool = True) -> Outgoing:
+    return growth_message(ClusterGrowth(cluster=cluster, observed_at=T0, autoscaled=autoscaled))
+
+
+async def test_a_clusters_growth_is_coalesced_apart_from_its_capacity() -> None:
+    outbox = Outbox(max_pending=100)
+    capacity, old_growth, other = a_capacity("c"), a_growth("c"), a_growth("d")
+    outbox.put_capacity(capacity)
+    outbox.put_growth(old_growth)
+    outbox.put_growth(other)
+    in_flight = outbox.peek(10)
+    assert in_flight == [capacity, old_growth, other]
+    newer = a_growth("c", autoscaled=False)
+    outbox.put_growth(newer)  # arrives while the older one is being sent
+    outbox.acknowledge(in_flight)
+    assert outbox.peek(10) == [newer], "acknowledging the older one must not drop the newer"
+    assert len(outbox) == 1
 
 
 async def test_a_full_outbox_holds_watchers_back_until_kafka_acknowledges() -> None:
