@@ -192,12 +192,14 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
         nodes.append(_virtual(f"{VIRTUAL_PREFIX}{claim.node_pool}/claim/{claim.name}",
                               claim.node_pool, allocatable, claim_pool, policy, claim=claim))
     caps = dict(policy.cluster_caps.get(cluster, {}))
+    made = _claims_made(growth.node_claims, shapes)
     headrooms: list[PoolHeadroom] = []
     # Karpenter tries pools of higher weight first: they take the cluster's cap first.
     for pool in sorted(growth.node_pools, key=lambda p: (-p.weight, p.name)):
         shape, source = shapes[pool.name]
         headroom = pool_headroom(pool, shape=shape, shape_source=source, caps=caps,
-                                 max_nodes=policy.max_nodes_per_pool)
+                                 max_nodes=policy.max_nodes_per_pool,
+                                 made=made.get(pool.name, {}))
         headrooms.append(headroom)
         if headroom.nodes and shape is not None:
             for resource, amount in shape.items():
@@ -213,11 +215,36 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
                       failed_claim=failed, marker=marker)
 
 
+def _claims_made(claims: list[NodeClaimStatus],
+                 shapes: Mapping[str, tuple[dict[str, int] | None, str]]
+                 ) -> dict[str, dict[str, int]]:
+    """Per pool, the instances its NodeClaims (launched or not, registered or not, not failed)
+    stand for, at the pool's instance shape.
+
+    Why: Karpenter updates a NodePool's `status.resources` in a controller of its own, seconds
+    after the NodeClaims and nodes it counts exist. Read alone, a stale `in_use` counts a new
+    node twice, once as a node and once as headroom, and lockgate released for growth pods no
+    node could ever hold (seen on the real stack: 48 released under a 32-pod limit)."""
+    made: dict[str, dict[str, int]] = {}
+    for claim in claims:
+        shape = shapes.get(claim.node_pool, (None, ""))[0]
+        if claim.failure or shape is None:
+            continue
+        total = made.setdefault(claim.node_pool, {})
+        for resource, amount in shape.items():
+            total[resource] = total.get(resource, 0) + amount
+    return made
+
+
 def pool_headroom(pool: NodePoolStatus, *, shape: Mapping[str, int] | None, shape_source: str,
-                  caps: Mapping[str, int], max_nodes: int) -> PoolHeadroom:
+                  caps: Mapping[str, int], max_nodes: int,
+                  made: Mapping[str, int] | None = None) -> PoolHeadroom:
     """How many whole instances of `shape` the pool may still add: within its limits, the
-    cluster's caps left (`caps`, per resource) and `max_nodes`."""
-    remaining = {resource: limit - pool.in_use.get(resource, 0)
+    cluster's caps left (`caps`, per resource) and `max_nodes`. What the pool has in use is
+    the larger of its `status.resources` and `made` (its NodeClaims' instances), whichever is
+    more up to date."""
+    made = made or {}
+    remaining = {resource: limit - max(pool.in_use.get(resource, 0), made.get(resource, 0))
                  for resource, limit in pool.limits.items()}
     for resource, cap in caps.items():
         remaining[resource] = min(remaining.get(resource, cap), cap)

@@ -170,7 +170,7 @@ def test_the_instance_shape_comes_from_the_policy_then_requirements_then_the_lar
 
 
 def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_stalls() -> None:
-    pool = a_pool().limited_to(cpu=16_000).using(cpu=8000).build()
+    pool = a_pool().limited_to(cpu=20_000).using(cpu=12_000).build()
     launching = NodeClaimStatus(name="default-abc", node_pool="default", created_at=T0)
     launched = NodeClaimStatus(name="default-def", node_pool="default", created_at=T0,
                                allocatable={"cpu": 3900, "memory": 15 * GI},
@@ -180,7 +180,7 @@ def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_sta
     result = plan(pool, claims=(launching, launched, registered),
                   nodes={"kwok-node-2": {"cpu": 4000}})
     # Two claims in flight (the third's Node exists: it is a node already), then headroom of
-    # (16 - 8) / 4 = 2 nodes; in_use counts the claims, so nothing is counted twice.
+    # (20 - 12) / 4 = 2 nodes; in_use counts the claims, so nothing is counted twice.
     assert result.claims_in_flight == ("default-abc", "default-def")
     assert [(n.name, n.claim, dict(n.allocatable)) for n in result.nodes] == [
         ("growth:default/claim/default-abc", "default-abc", {"cpu": 4000, "memory": 16 * GI}),
@@ -193,6 +193,29 @@ def test_claims_in_flight_are_nodes_until_their_node_exists_and_a_failed_one_sta
     assert stalled.failed_claim == (
         "NodeClaim default-abc: InsufficientCapacity: no offering for c-4x in z1")
     assert all(not n.claim for n in stalled.nodes)
+
+
+def test_a_stale_in_use_does_not_count_the_pools_new_claims_and_nodes_as_headroom_too(
+) -> None:
+    # Karpenter updates status.resources seconds after the claims and nodes it counts exist:
+    # two claims made (one a node already) while in_use still says 0. Headroom is what the
+    # limits leave beside them, (16 - 2 x 4) / 4 = 2, not 4 nodes.
+    pool = a_pool().limited_to(cpu=16_000).using(cpu=0).build()
+    made = (NodeClaimStatus(name="default-abc", node_pool="default", created_at=T0),
+            NodeClaimStatus(name="default-def", node_pool="default", created_at=T0,
+                            node_name="kwok-node-1", registered=True))
+    result = plan(pool, claims=made, nodes={"kwok-node-1": {"cpu": 4000}})
+    headroom = result.headroom("default")
+    assert headroom is not None and headroom.nodes == 2
+    assert headroom.remaining == {"cpu": 8000}
+    # In all: one claim in flight, one real node, two of headroom: the limit's four.
+    assert [n.name for n in result.nodes] == [
+        "growth:default/claim/default-abc", "growth:default/0", "growth:default/1"]
+    # A failed claim makes nothing; an up-to-date in_use larger than the claims wins.
+    failed = made[0].model_copy(update={"failure": "InsufficientCapacity: none"})
+    assert plan(pool, claims=(failed,)).headroom("default").nodes == 4  # type: ignore[union-attr]
+    counted = pool.model_copy(update={"in_use": {"cpu": 12_000}})
+    assert plan(counted, claims=made).headroom("default").nodes == 1  # type: ignore[union-attr]
 
 
 def test_a_cluster_that_is_not_autoscaled_grows_by_nothing() -> None:

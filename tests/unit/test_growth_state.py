@@ -78,7 +78,9 @@ def test_virtual_nodes_follow_the_picture_and_the_real_nodes() -> None:
     state = a_state()
     claim = NodeClaimStatus(name="default-c1", node_pool="default", created_at=T0,
                             node_name="kwok-1", launched=True)
-    state.set_growth("b", a_picture(cpu_limit=8000).model_copy(update={"node_claims": [claim]}))
+    # 12 cpu: the claim's instance and two of headroom (its in_use not updated yet).
+    state.set_growth("b", a_picture(cpu_limit=12_000).model_copy(
+        update={"node_claims": [claim]}))
     assert sorted(state.cluster_records["b"].order) == [
         "growth:default/0", "growth:default/1", "growth:default/claim/default-c1", "n1"]
     # The claim's Node registers: it is a node now, no longer one that may exist.
