@@ -61,7 +61,8 @@ from lockgate.groups import GROUP_LABEL, GROUP_SIZE_KEY
 from lockgate.labels import PREEMPTIBLE_LABEL, SCHEDULING_GATE
 from lockgate.resources import canonical_amount
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
+# 900 s: the test waits its turn for cluster-c (helpers.karpenter.autoscaled_cluster) inside it.
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
 CPU_LIMIT = 64.0  # the NodePool's limits
 INSTANCE_CPU = 8.0  # c-8x-amd64-linux
@@ -429,13 +430,15 @@ async def test_the_cluster_grows_fairly_within_its_limits_and_shrinks_when_the_w
             want = model_pods(alias, growth.weights, {w1: 24, w2: GANG_SIZE + 16})
             assert round(want[w1] * 3) == 32 and round(want[w2] * 3) == 64, want  # 1 : 2 of 32
 
+            last: dict[str, int] = {}
+
             async def at_fair_allocation() -> dict[str, int] | None:
-                now = await bound_pods(growth)
-                return now if all(abs(now[q] - want[q]) <= 1 for q in want) else None
+                last.update(await bound_pods(growth))
+                return dict(last) if all(abs(last[q] - want[q]) <= 1 for q in want) else None
 
             reached = await eventually(
                 at_fair_allocation, within=240, every=1.0,
-                what=lambda: f"bound pods within one of the model's {want}")
+                what=lambda: f"bound pods within one of the model's {want} (last seen {last})")
             nominations = {queue: await nominated(admin, namespace)
                            for queue, namespace in growth.namespaces.items()}
             assert sum(map(len, nominations.values())) >= GANG_SIZE, (
