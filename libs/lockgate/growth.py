@@ -158,12 +158,16 @@ LargestNodeOf = Callable[[str], tuple[str, Mapping[str, int]] | None]
 
 def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
                 largest_node_of: LargestNodeOf,
-                has_node: Callable[[str], bool]) -> GrowthPlan:
+                has_node: Callable[[str], bool],
+                pool_nodes: Callable[[str], Mapping[str, Mapping[str, int]]] = lambda _: {},
+                ) -> GrowthPlan:
     """The virtual nodes and headroom of one cluster's autoscaler picture.
 
     `largest_node_of(pool)`: the largest existing node labelled with the pool (the shape's last
     resort); `has_node(name)`: whether the scheduler has that node (a claim whose Node it has is
-    a node already, not a virtual one). A cluster that is not autoscaled grows by nothing.
+    a node already, not a virtual one); `pool_nodes(pool)`: the existing nodes labelled with the
+    pool, name -> allocatable (what it has made, however late its `status.resources` counts
+    them). A cluster that is not autoscaled grows by nothing.
     """
     cluster = growth.cluster
     if not growth.autoscaled:
@@ -196,9 +200,9 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     # Karpenter tries pools of higher weight first: they take the cluster's cap first.
     for pool in sorted(growth.node_pools, key=lambda p: (-p.weight, p.name)):
         shape, source = shapes[pool.name]
-        headroom = pool_headroom(_with_claims_counted(pool, growth.node_claims, shape),
-                                 shape=shape, shape_source=source, caps=caps,
-                                 max_nodes=policy.max_nodes_per_pool)
+        headroom = pool_headroom(
+            _with_made_counted(pool, growth.node_claims, shape, pool_nodes(pool.name)),
+            shape=shape, shape_source=source, caps=caps, max_nodes=policy.max_nodes_per_pool)
         headrooms.append(headroom)
         if headroom.nodes and shape is not None:
             for resource, amount in shape.items():
@@ -214,23 +218,36 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
                       failed_claim=failed, marker=marker)
 
 
-def _with_claims_counted(pool: NodePoolStatus, claims: Sequence[NodeClaimStatus],
-                         shape: Mapping[str, int] | None) -> NodePoolStatus:
-    """The pool with `in_use` at least its live NodeClaims' size (each of the pool's shape).
+def _with_made_counted(pool: NodePoolStatus, claims: Sequence[NodeClaimStatus],
+                       shape: Mapping[str, int] | None,
+                       nodes: Mapping[str, Mapping[str, int]]) -> NodePoolStatus:
+    """The pool with `in_use` at least what it has made: its live NodeClaims (each of the
+    pool's shape, or its own size once launched) and its nodes that exist (labelled with the
+    pool; each counted once, whether or not a claim names it).
 
-    Why: Karpenter writes a new NodeClaim before it adds it to the pool's `status.resources`,
-    and the watcher may publish a picture in between (seen on the stack: a claim in flight and
-    the pool's in_use not grown yet). Counted both as a claim in flight and as headroom, the
-    same node was room for two waves, and pods were released for a node no pool could make."""
-    if shape is None:
-        return pool
-    live = sum(1 for claim in claims
-               if claim.node_pool == pool.name and not claim.failure and not claim.deleting)
-    if not live:
+    Why: Karpenter updates a NodePool's `status.resources` in a controller of its own, seconds
+    after the NodeClaims and nodes it counts exist, and writes a new NodeClaim before counting
+    it; the watcher may publish a picture in between, and it publishes only claims in flight (an
+    initialized claim is a node). Read alone, a stale `in_use` counted a new node twice, as a
+    node (or claim in flight) and as headroom: pods were released for growth that no node could
+    ever hold (seen on the real stack: 48 released under a 32-pod limit; and a second wave
+    offered the node of the first)."""
+    made: dict[str, Mapping[str, int]] = {name: size for name, size in nodes.items()}
+    for claim in claims:
+        if claim.node_pool != pool.name or claim.failure or claim.deleting:
+            continue
+        key = claim.node_name or f"claim:{claim.name}"
+        if key not in made:
+            size = claim.allocatable or shape
+            if size is None:
+                continue
+            made[key] = size
+    if not made:
         return pool
     in_use = dict(pool.in_use)
-    for resource, amount in shape.items():
-        in_use[resource] = max(in_use.get(resource, 0), live * amount)
+    for resource in {resource for size in made.values() for resource in size}:
+        counted = sum(size.get(resource, 0) for size in made.values())
+        in_use[resource] = max(in_use.get(resource, 0), counted)
     return pool.model_copy(update={"in_use": in_use})
 
 

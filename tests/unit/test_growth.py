@@ -79,7 +79,9 @@ def plan(*pools: NodePoolStatus, claims: tuple[NodeClaimStatus, ...] = (),
     growth = ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True,
                            node_pools=list(pools), node_claims=list(claims))
     return plan_growth(growth, policy=policy or GrowthPolicy(), largest_node_of=largest,
-                       has_node=lambda name: name in existing)
+                       has_node=lambda name: name in existing,
+                       pool_nodes=lambda pool: {n: a for n, a in existing.items()
+                                                if pools_of.get(n) == pool})
 
 
 def test_headroom_is_limits_less_in_use_rounded_down_to_whole_instances() -> None:
@@ -164,7 +166,8 @@ def test_the_instance_shape_comes_from_the_policy_then_requirements_then_the_lar
                       node_pools={"n1": "default", "n2": "default", "n3": "other"})
     assert from_nodes.pools[0].shape == {"cpu": 16_000}
     assert from_nodes.pools[0].shape_source == "its largest node, n2"
-    assert from_nodes.pools[0].nodes == 4
+    # The pool's two nodes (18 cpu) are in use, whatever its late status says: (64 - 18) / 16.
+    assert from_nodes.pools[0].nodes == 2
     override = GrowthPolicy(instance_shapes={"b/default": {"cpu": 32_000, "memory": 64 * GI}})
     assert plan(aws, policy=override).pools[0].nodes == 2
 
@@ -221,6 +224,29 @@ def test_a_claim_the_pools_in_use_does_not_count_yet_is_not_also_headroom() -> N
     assert [n.name for n in gone.nodes] == ["growth:default/0"]
 
 
+def test_a_stale_in_use_does_not_count_the_pools_new_claims_and_nodes_as_headroom_too(
+) -> None:
+    # Karpenter updates status.resources seconds after the claims and nodes it counts exist:
+    # two claims made (one a node already) while in_use still says 0. Headroom is what the
+    # limits leave beside them, (16 - 2 x 4) / 4 = 2, not 4 nodes.
+    pool = a_pool().limited_to(cpu=16_000).using(cpu=0).build()
+    made = (NodeClaimStatus(name="default-abc", node_pool="default", created_at=T0),
+            NodeClaimStatus(name="default-def", node_pool="default", created_at=T0,
+                            node_name="kwok-node-1", registered=True))
+    result = plan(pool, claims=made, nodes={"kwok-node-1": {"cpu": 4000}})
+    headroom = result.headroom("default")
+    assert headroom is not None and headroom.nodes == 2
+    assert headroom.remaining == {"cpu": 8000}
+    # In all: one claim in flight, one real node, two of headroom: the limit's four.
+    assert [n.name for n in result.nodes] == [
+        "growth:default/claim/default-abc", "growth:default/0", "growth:default/1"]
+    # A failed claim makes nothing; an up-to-date in_use larger than the claims wins.
+    failed = made[0].model_copy(update={"failure": "InsufficientCapacity: none"})
+    assert plan(pool, claims=(failed,)).headroom("default").nodes == 4  # type: ignore[union-attr]
+    counted = pool.model_copy(update={"in_use": {"cpu": 12_000}})
+    assert plan(counted, claims=made).headroom("default").nodes == 1  # type: ignore[union-attr]
+
+
 def test_a_cluster_that_is_not_autoscaled_grows_by_nothing() -> None:
     growth = ClusterGrowth(cluster="a", observed_at=T0, autoscaled=False)
     result = plan_growth(growth, policy=GrowthPolicy(), largest_node_of=lambda _: None,
@@ -255,3 +281,20 @@ def test_bad_policies_are_refused_with_a_clear_error() -> None:
 def test_amounts_read_as_people_write_them() -> None:
     assert describe_amounts({"cpu": 48_000, "memory": 96 * GI, "pods": 110}) == (
         "cpu=48 memory=96Gi pods=110")
+
+
+def test_the_pools_nodes_count_as_its_use_when_its_status_is_late() -> None:
+    # The watcher publishes only claims in flight: once initialized, a claim's node is just a
+    # node labelled with its pool. Two such nodes exist while in_use still says 0: the pool
+    # may add (16 - 2 x 4) / 4 = 2 more, not 4.
+    pool = a_pool().limited_to(cpu=16_000).using(cpu=0).build()
+    nodes = {"kwok-1": {"cpu": 4000}, "kwok-2": {"cpu": 4000}, "other": {"cpu": 4000}}
+    result = plan(pool, nodes=nodes, node_pools={"kwok-1": "default", "kwok-2": "default"})
+    headroom = result.headroom("default")
+    assert headroom is not None and headroom.nodes == 2
+    # A claim naming one of those nodes counts once, not twice.
+    claim = NodeClaimStatus(name="default-a", node_pool="default", created_at=T0,
+                            node_name="kwok-1", registered=True)
+    again = plan(pool, claims=(claim,), nodes=nodes,
+                 node_pools={"kwok-1": "default", "kwok-2": "default"}).headroom("default")
+    assert again is not None and again.nodes == 2

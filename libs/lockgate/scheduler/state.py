@@ -494,7 +494,8 @@ class SchedulerState:
         plan = None if picture is None or not picture.autoscaled else plan_growth(
             picture, policy=self._growth_policy,
             largest_node_of=lambda pool: self._largest_node_of(record, pool),
-            has_node=lambda name: name in record.nodes)
+            has_node=lambda name: name in record.nodes,
+            pool_nodes=lambda pool: self._nodes_of_pool(record, pool))
         if plan is None:
             self._growth_plans.pop(cluster, None)
         else:
@@ -507,6 +508,11 @@ class SchedulerState:
             self._set_node(cluster, name, None)
         for name, info in wanted.items():
             self._set_node(cluster, name, info)
+
+    @staticmethod
+    def _nodes_of_pool(record: ClusterRecord, pool: str) -> dict[str, Mapping[str, int]]:
+        return {name: node.info.allocatable for name, node in record.nodes.items()
+                if not is_virtual(name) and node.info.labels.get(NODE_POOL_LABEL) == pool}
 
     def _largest_node_of(self, record: ClusterRecord, pool: str,
                          ) -> tuple[str, Mapping[str, int]] | None:
