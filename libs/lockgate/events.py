@@ -87,6 +87,13 @@ class PodEvent(Event):
     # cluster-watcher.
     skipped_gate: bool = False
     namespace_labels: dict[str, str] = Field(default_factory=dict)
+    # Added in place (optional, defaulted): the pod is being deleted while its node carries
+    # Karpenter's `karpenter.sh/disrupted:NoSchedule` taint, which the pod does not tolerate:
+    # the autoscaler took the node away (consolidation, drift, expiry, a deleted NodeClaim),
+    # so its replacement keeps its place in line (lockgate.places, lockgate.observing
+    # .disrupted_by_autoscaler). Set only by the watcher, from the node's taints: a tenant
+    # cannot taint nodes. Upgrade queue-store before cluster-watcher.
+    disrupted_by_autoscaler: bool = False
 
 
 class ClusterSnapshot(Event):

@@ -41,7 +41,9 @@ Rules:
   longest: its `queued_since` and `kept_place_of` are set once, with its row, and the place
   records its heir, so a redelivered or late event cannot hand it out twice. A replacement
   stored before the deletion (its event overtook the deletion's on another partition) takes
-  the place when the deletion is stored, if it still waits and has taken none.
+  the place when the deletion is stored, if it still waits and has taken none. A released job
+  the autoscaler disrupted on its node (`PodEvent.disrupted_by_autoscaler`) leaves its place
+  the same way (lockgate.places.disrupted_place_left); a snapshot's "vanished" never does.
 - Capacity: the newest `observed_at` per cluster wins; nodes missing from a newer report are
   marked not present. Node rows change (and take a new serial) only when their content changes.
 """
@@ -68,8 +70,11 @@ from lockgate.places import (
     Claimant,
     LeftPlace,
     best_place,
+    disrupted_place_left,
+    disrupted_place_since,
     place_left,
     refusal,
+    replacement_created_from,
     waited_its_maximum,
 )
 from lockgate.queues import MaxQueued, QueueSpec
@@ -549,7 +554,7 @@ class _Folding:
             columns = _placement_columns(event, updated.unschedulable_since)
             if any(getattr(updated, name) != value for name, value in columns.items()):
                 updated = replace(updated, **columns)
-        self._set_job(row.state, updated)
+        self._set_job(row.state, updated, disrupted=event.disrupted_by_autoscaler)
 
     def _binds(self, event: PodEvent) -> bool:
         """Whether the pod's queue exists and binds its namespace (for a pod no webhook
@@ -569,18 +574,34 @@ class _Folding:
         self.places[place.key] = replace(place, inherited_by=row.uid)
         return replace(row, queued_since=place.queued_since, kept_place_of=place.name)
 
-    def _set_job(self, before: JobState, row: JobRow) -> None:
+    def _set_job(self, before: JobState, row: JobRow, *, disrupted: bool = False) -> None:
         """Store `row`, which was in state `before`; a job deleted while queued, never released,
-        leaves its place (lockgate.places), unless it had waited its maximum time queued."""
+        leaves its place (lockgate.places), unless it had waited its maximum time queued; so
+        does one the autoscaler disrupted on its node (`disrupted`: the event said so)."""
         self.jobs[row.key] = row
-        if (self._place_grace <= timedelta(0) or row.key in self.places
-                or not place_left(before=before, after=row.state,
-                                  released=row.released_at is not None
-                                  or row.decision_id is not None)):
+        if self._place_grace <= timedelta(0) or row.key in self.places:
             return
+        released = row.released_at is not None or row.decision_id is not None
         limit = stricter(self._original.queue_max_queued.get(row.queue),
                          None if row.max_queued is None
                          else JobSetMaxQueued.model_validate(row.max_queued))
+        if disrupted_place_left(before=before, after=row.state, released=released,
+                                skipped_gate=row.skipped_gate,
+                                disrupted_by_autoscaler=disrupted):
+            place = LeftPlace(
+                cluster=row.cluster, namespace=row.namespace, queue=row.queue, name=row.name,
+                uid=row.uid, controller_uid=row.controller_uid, requests=dict(row.requests),
+                queued_since=disrupted_place_since(
+                    in_line_since=row.in_line_since,
+                    released_at=row.released_at or row.ungated_at,
+                    deleted_at=row.state_changed_at,
+                    max_queued_seconds=None if limit is None else limit.seconds),
+                deleted_at=row.state_changed_at)
+            self.places[row.key] = self._passed_to_an_early_heir(
+                place, deleted=row, created_from=replacement_created_from(place.deleted_at))
+            return
+        if not place_left(before=before, after=row.state, released=released):
+            return
         if not waited_its_maximum(queued_since=row.in_line_since,
                                   deleted_at=row.state_changed_at,
                                   max_queued_seconds=None if limit is None else limit.seconds):
@@ -590,15 +611,19 @@ class _Folding:
                 queued_since=row.in_line_since, deleted_at=row.state_changed_at)
             self.places[row.key] = self._passed_to_an_early_heir(place, deleted=row)
 
-    def _passed_to_an_early_heir(self, place: LeftPlace, *, deleted: JobRow) -> LeftPlace:
+    def _passed_to_an_early_heir(self, place: LeftPlace, *, deleted: JobRow,
+                                 created_from: datetime | None = None) -> LeftPlace:
         """`place`, taken by a replacement already stored, if one may take it: queued, in line
-        since its own creation (it took no place), created no earlier than the deleted pod."""
+        since its own creation (it took no place), created no earlier than the deleted pod, nor
+        than `created_from` if given (a disrupted pod's replacement comes after its eviction:
+        its controller's other pods, queued while it ran, are not replacements)."""
         heirs = sorted(
             (row for row in self.jobs.values()
              if row.namespace == place.namespace and row.cluster == place.cluster
              and row.state is JobState.QUEUED and row.queued_since is None
              and row.released_at is None and row.decision_id is None
              and deleted.created_at <= row.created_at and place.queued_since < row.created_at
+             and (created_from is None or created_from <= row.created_at)
              and refusal(place, _claimant(row, seen_at=place.deleted_at),
                          grace=self._place_grace) is None),
             key=lambda row: (row.created_at, row.uid))

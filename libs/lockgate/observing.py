@@ -28,6 +28,14 @@ no queue binds). The watcher also sends it one notice (`notices_for`), which the
 as a Warning Event on the pod. A pod bound to a node at creation is never gated either; it is
 reported the same way, since nothing on a running pod tells the two apart after a relist.
 
+Pods the autoscaler disrupted (`disrupted_by_autoscaler`): Karpenter disrupts a node
+(consolidation, drift, expiry, its NodeClaim deleted) by tainting it `karpenter.sh/disrupted:
+NoSchedule` and then evicting the pods that do not tolerate the taint. A managed pod being
+deleted on such a node is reported so, and its replacement keeps its place in line
+(lockgate.places). What marks it is the node's taint, which a tenant cannot put, as the watcher
+last saw it (a node deleted while tainted is remembered, as pod and node watches race); not the
+pod's DisruptionTarget condition, which a tenant's own eviction sets too.
+
 Pods and nodes are read in the apiserver's JSON form (camelCase keys, as a watch event's raw
 object or a list response's items), not as client models.
 """
@@ -62,6 +70,7 @@ from lockgate.placement import (
     labels_of_node,
     placement_of_pod,
     taints_of_node,
+    tolerates,
 )
 from lockgate.resources import Resources
 
@@ -146,6 +155,36 @@ def observed_state(pod: KubeObject, *, deleted: bool = False) -> JobState:
     return JobState.UNGATED
 
 
+# Karpenter's taint on a node it disrupts (sigs.k8s.io/karpenter v1 DisruptedNoScheduleTaint):
+# set before it evicts the node's pods, by the disruption and termination controllers only.
+AUTOSCALER_DISRUPTED_TAINT = Taint(key="karpenter.sh/disrupted", effect="NoSchedule")
+# How many nodes deleted while tainted are remembered (a pod's deletion may be seen after its
+# node's); the oldest are forgotten first.
+_REMEMBERED_DISRUPTED_NODES = 4096
+
+
+def carries_disrupted_taint(taints: Iterable[Taint]) -> bool:
+    return any(taint.key == AUTOSCALER_DISRUPTED_TAINT.key
+               and taint.effect == AUTOSCALER_DISRUPTED_TAINT.effect for taint in taints)
+
+
+def disrupted_by_autoscaler(pod: KubeObject, *, node_disrupted: bool,
+                            deleted: bool = False) -> bool:
+    """Whether the autoscaler took this pod's node away while it was on it: the pod is being
+    deleted (or was), bound to a node that carried Karpenter's disrupted taint
+    (`node_disrupted`), and does not tolerate the taint (Karpenter evicts only those that do
+    not: one that does was deleted by someone else). Not the DisruptionTarget condition: any
+    eviction sets it, a tenant's of their own pod too."""
+    if not node_disrupted or not _spec(pod).get("nodeName"):
+        return False
+    if not (deleted or is_being_deleted(pod)):
+        return False
+    placement = placement_of_pod(_spec(pod))
+    tolerations = () if placement is None else placement.tolerations
+    return not any(tolerates(toleration, AUTOSCALER_DISRUPTED_TAINT)
+                   for toleration in tolerations)
+
+
 def _container_requests(container: Mapping[str, Any]) -> Resources:
     return Resources.from_kubernetes((container.get("resources") or {}).get("requests"))
 
@@ -228,6 +267,7 @@ def pod_event(
     deleted: bool = False,
     snapshot_id: str | None = None,
     skipped_gate_in: Mapping[str, str] | None = None,
+    node_disrupted: bool = False,
 ) -> PodEvent:
     """The event that reports a managed pod as it is seen now; `skipped_gate_in`: the labels of
     its namespace, for a pod that skipped the gate (see the module docstring)."""
@@ -265,6 +305,8 @@ def pod_event(
         max_queued=read_from_pod(metadata.get("annotations") or {}),
         skipped_gate=skipped_gate_in is not None,
         namespace_labels=dict(skipped_gate_in or {}),
+        disrupted_by_autoscaler=disrupted_by_autoscaler(pod, node_disrupted=node_disrupted,
+                                                        deleted=deleted),
         **_group_and_preemption(metadata, spec),
     )
 
@@ -346,11 +388,12 @@ class _Observation:
     requests: Resources
     placement: PodPlacement | None
     unschedulable_since: datetime | None
+    disrupted_by_autoscaler: bool = False
 
     @classmethod
     def of(cls, event: PodEvent) -> _Observation:
         return cls(event.state, event.node_name, event.gated, Resources(event.requests),
-                   event.placement, event.unschedulable_since)
+                   event.placement, event.unschedulable_since, event.disrupted_by_autoscaler)
 
 
 @dataclass(frozen=True)
@@ -422,6 +465,8 @@ class ObservedCluster:
         self._unmanaged: dict[str, tuple[str, Resources]] = {}
         self._usage_by_node: dict[str, Resources] = {}
         self._nodes: dict[str, NodeRoom] = {}
+        # Nodes gone while they carried the autoscaler's disrupted taint, oldest first.
+        self._gone_disrupted: dict[str, None] = {}
         # Namespace labels, and the verdict on each pod that carries a queue label (kept for its
         # life, across relists): True = lockgate's job.
         self._namespaces: dict[str, Mapping[str, str]] = {}
@@ -477,7 +522,8 @@ class ObservedCluster:
                     continue
                 event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
                                   observed_at=listed_at, snapshot_id=snapshot_id,
-                                  skipped_gate_in=self._skipped.get(_metadata(pod).get("uid", "")))
+                                  skipped_gate_in=self._skipped.get(_metadata(pod).get("uid", "")),
+                                  node_disrupted=self._node_disrupted(pod))
             except ValueError as error:
                 unreadable.append(f"{_qualified_name(pod)}: {error}")
                 if self._verdicts.get(_metadata(pod).get("uid", "")):
@@ -521,7 +567,8 @@ class ObservedCluster:
             return None
         event = pod_event(pod, cluster=self.cluster, event_id=self._new_id(),
                           observed_at=self._now(), deleted=deleted,
-                          skipped_gate_in=self._skipped.get(uid))
+                          skipped_gate_in=self._skipped.get(uid),
+                          node_disrupted=self._node_disrupted(pod))
         self._forget_unmanaged(uid)
         observation = _Observation.of(event)
         previous = self._managed.get(uid)
@@ -733,20 +780,44 @@ class ObservedCluster:
     # Nodes
 
     def relist_nodes(self, nodes: Iterable[KubeObject]) -> None:
-        self._nodes = {_metadata(node).get("name", ""): NodeRoom.of(node) for node in nodes}
+        listed = {_metadata(node).get("name", ""): NodeRoom.of(node) for node in nodes}
+        for name, room in self._nodes.items():
+            if name not in listed and carries_disrupted_taint(room.taints):
+                self._remember_gone_disrupted(name)
+        self._nodes = listed
         self.nodes_listed = True
         self.capacity_revision += 1
 
     def observe_node(self, node: KubeObject, *, deleted: bool = False) -> None:
         name = _metadata(node).get("name", "")
         if deleted:
-            if self._nodes.pop(name, None) is not None:
+            gone = self._nodes.pop(name, None)
+            if gone is not None:
                 self.capacity_revision += 1
+            if carries_disrupted_taint(taints_of_node(node)) or (
+                    gone is not None and carries_disrupted_taint(gone.taints)):
+                self._remember_gone_disrupted(name)
             return
         room = NodeRoom.of(node)
         if self._nodes.get(name) != room:
             self._nodes[name] = room
             self.capacity_revision += 1
+
+    def _remember_gone_disrupted(self, name: str) -> None:
+        self._gone_disrupted.pop(name, None)
+        self._gone_disrupted[name] = None
+        while len(self._gone_disrupted) > _REMEMBERED_DISRUPTED_NODES:
+            del self._gone_disrupted[next(iter(self._gone_disrupted))]
+
+    def _node_disrupted(self, pod: KubeObject) -> bool:
+        """Whether the pod's node carries (or carried when it went) the disrupted taint."""
+        name = str(_spec(pod).get("nodeName") or "")
+        if not name:
+            return False
+        room = self._nodes.get(name)
+        if room is not None:
+            return carries_disrupted_taint(room.taints)
+        return name in self._gone_disrupted
 
     # Capacity
 

@@ -18,6 +18,18 @@ ReplicaSet) and for a Job (its template is immutable); for other controllers the
 requests below is what matters. The replacement asks at most what the deleted pod asked, resource
 by resource. Each place is inherited once.
 
+A pod that the autoscaler disrupted (Karpenter's consolidation, drift, expiry, a deleted
+NodeClaim: it taints the node `karpenter.sh/disrupted:NoSchedule` and evicts the pods) did not
+have its turn: the autoscaler took it away. It leaves a place too (`disrupted_place_left`),
+though it was released: its controller's replacement, gated again, keeps the place it had in
+line. What marks it is the watcher's `PodEvent.disrupted_by_autoscaler` (lockgate.observing
+.disrupted_by_autoscaler): its node carried the taint, which only the autoscaler (an admin)
+puts, when it was being deleted; never the pod's DisruptionTarget condition, which any eviction,
+a tenant's own included, sets. Its place is in line since it was first queued
+(`disrupted_place_since`), unless a maximum time queued is in force: then since as long before
+its disruption as it had waited before its release, so the replacement has as long left to
+wait as the pod had when it was released, not a deadline already past.
+
 Attack cases, each refused (tests/unit/test_places.py):
 - placeholder swap: a tiny pod queued early, deleted, and a big one created in its place —
   `BIGGER`;
@@ -27,6 +39,10 @@ Attack cases, each refused (tests/unit/test_places.py):
   (`place_left`), nor does one that waited its maximum time queued (it was, or could have been,
   failed or deleted for it: inheriting that time would end its replacement at once, and a
   ReplicaSet would replace and lose pods in a loop);
+- a released pod its owner deleted or evicted (the DisruptionTarget condition set), on a node
+  the autoscaler was not disrupting: no place (`disrupted_place_left` is False); nor a pod that
+  tolerates the disrupted taint (Karpenter never evicts it: only its owner could have), nor one
+  that skipped the gate (lockgate never gave it a turn);
 - one place claimed twice — `TAKEN`; claimed after the grace period — `EXPIRED`;
 - an unrelated pod of another controller, or a bare pod with another name — `OTHER_WORK`.
 
@@ -97,6 +113,43 @@ def place_left(*, before: JobState, after: JobState, released: bool) -> bool:
     deleted while queued, never released (a release in force or past, however it ended, gave
     it its turn)."""
     return before is JobState.QUEUED and after is JobState.DELETED and not released
+
+
+_ON_A_NODE = frozenset({JobState.BOUND, JobState.RUNNING})
+
+
+def disrupted_place_left(*, before: JobState, after: JobState, released: bool,
+                         skipped_gate: bool, disrupted_by_autoscaler: bool) -> bool:
+    """Whether a job released by lockgate, bound to a node, that the autoscaler disrupted
+    (`PodEvent.disrupted_by_autoscaler`) leaves its place for its replacement.
+
+    `before` may be DELETED already: the event that first said the pod was going may have come
+    before the watcher saw its node's taint, and a later one (its removal) says it."""
+    return (disrupted_by_autoscaler and released and not skipped_gate
+            and after is JobState.DELETED
+            and (before in _ON_A_NODE or before is JobState.DELETED))
+
+
+def disrupted_place_since(*, in_line_since: datetime, released_at: datetime | None,
+                          deleted_at: datetime, max_queued_seconds: float | None) -> datetime:
+    """Where a disrupted pod's place is in line: where it was (`in_line_since`); with a maximum
+    time queued in force, as long before its disruption as it waited before its release, so
+    the replacement is not over its maximum at once for the time the pod ran."""
+    if max_queued_seconds is None or released_at is None:
+        return in_line_since
+    waited_before_release = max(released_at - in_line_since, timedelta(0))
+    return max(in_line_since, deleted_at - waited_before_release)
+
+
+# How long before the watcher saw a disrupted pod going its replacement may have been created:
+# the controller acts on the eviction itself, and the watch reports it a moment later; a
+# creationTimestamp is whole seconds.
+REPLACEMENT_CLOCK_SLACK = timedelta(seconds=5)
+
+
+def replacement_created_from(deleted_at: datetime) -> datetime:
+    """The earliest creation of a pod that replaces one seen deleted at `deleted_at`."""
+    return (deleted_at - REPLACEMENT_CLOCK_SLACK).replace(microsecond=0)
 
 
 def waited_its_maximum(*, queued_since: datetime, deleted_at: datetime,

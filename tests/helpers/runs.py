@@ -165,12 +165,13 @@ class LockgateRun:
         return created
 
     async def identity_kubeconfig(self, name: str, rules: Sequence[Mapping[str, Any]],
-                                  path: Path) -> str:
+                                  path: Path, *, alias: str | None = None) -> str:
         """A non-admin identity in the run's namespace, as a client is given one: a
         ServiceAccount `name` holding a Role of `rules`, and a kubeconfig at `path` with the
         cluster's server and CA and a token of it (TokenRequest, one hour), nothing of the
-        admin's. Returns the kubeconfig's path."""
-        alias = self.alias()
+        admin's; in cluster `alias` (default: the run's cluster-a). Returns the kubeconfig's
+        path."""
+        alias = alias or self.alias()
         core, rbac = self.core(alias), client.RbacAuthorizationV1Api(self.apis[alias])
         namespace = self.namespace
         await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
