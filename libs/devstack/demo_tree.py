@@ -117,17 +117,20 @@ class TreeScene:
             else:
                 spec["parent"] = names[parent]
             specs.append(spec)
+        created: dict[str, Any] = {}
         for spec in specs:
             async with session.post(f"{self.lockgate.admin_url}/api/v1/queues", json=spec,
                                     headers=self.lockgate.admin_headers) as reply:
                 if reply.status not in (200, 201):
                     raise RuntimeError(f"queue {spec['name']}: {await reply.text()}")
+                created[spec["name"]] = await reply.json()
             print(f"  lockgate queue create {spec['name']}"
                   + (f" --parent {spec['parent']}" if "parent" in spec else "")
                   + f" --priority-factor {spec.get('priority_factor', 1.0):.3g}"
                   + (f" --guarantee cpu={GUARANTEE_CPU}" if "guarantee" in spec else ""),
                   flush=True)
-        await self.lockgate.wait_for_queues({names[leaf]: {"cordoned": False}
+        # Admission decides from each cluster's copy of the queues: wait until it has them.
+        await self.lockgate.wait_for_queues({names[leaf]: created[names[leaf]]
                                              for leaf in LEAVES})
         core = client.CoreV1Api(self.api)
         apps = client.AppsV1Api(self.api)
