@@ -262,7 +262,11 @@ async function overviewPage(view) {
   const selected = tree.inner && tree.byName.has(view.state.node) ? view.state.node : null;
   // With a tree, the queue table lists the leaves under the picked node (the root: all), at
   // most LEAF_ROWS of them, so 1,000 leaves stay a page a person can read.
-  const leafNames = tree.inner ? subtreeLeaves(tree, selected).filter((n) => names.has(n)) : [...names].sort();
+  // Busiest first (what they hold, then what waits), so the few leaves with work are on top
+  // of a thousand idle ones.
+  const busy = (name) => [(reported.get(name) || {}).actual_share || 0, (reported.get(name) || {}).queued ?? waitingByQueue[name] ?? 0];
+  const leafNames = tree.inner ? subtreeLeaves(tree, selected).filter((n) => names.has(n))
+    .sort((a, b) => busy(b)[0] - busy(a)[0] || busy(b)[1] - busy(a)[1] || byName(a, b)) : [...names].sort();
   const shownLeaves = tree.inner ? leafNames.slice(0, LEAF_ROWS) : leafNames;
   const rows = shownLeaves.map((name) => {
     const r = reported.get(name) || {};
@@ -365,7 +369,9 @@ function targetBar(actual, target) {
   return bar;
 }
 // ---- the queue tree (overview) -------------------------------------------------------------
-const LEAF_ROWS = 100;       // leaves listed in the queue table under the picked node
+const LEAF_ROWS = 30;        // leaves listed in the queue table under the picked node
+// Names as a person counts them: team2 before team10.
+const byName = new Intl.Collator(undefined, { numeric: true }).compare;
 const CHILD_ROWS = 50;       // children of one node listed before "… n more"
 const CHART_SERIES = 12;     // children drawn in the chart of the picked node
 const OPEN_ALL_UP_TO = 40;   // a tree of at most this many nodes opens whole; a larger one shows
@@ -393,7 +399,7 @@ function subtreeLeaves(tree, name) {
   const walk = (at) => {
     const own = tree.children.get(at) || [];
     if (at !== null && !own.length) { found.push(at); return; }
-    for (const child of [...own].sort()) walk(child);
+    for (const child of [...own].sort(byName)) walk(child);
   };
   walk(name);
   return found;
@@ -401,7 +407,7 @@ function subtreeLeaves(tree, name) {
 function chartedChildren(tree, selected, reported) {
   const own = tree.children.get(selected) || [];
   const held = (name) => (tree.byName.get(name) || {}).actual_share || 0;
-  const names = [...own].sort((a, b) => held(b) - held(a) || a.localeCompare(b)).slice(0, CHART_SERIES).sort();
+  const names = [...own].sort((a, b) => held(b) - held(a) || byName(a, b)).slice(0, CHART_SERIES).sort(byName);
   return { names, more: own.length - names.length };
 }
 const leafCount = (n) => `${n} ${n === 1 ? "leaf" : "leaves"}`;
@@ -439,7 +445,7 @@ function treeCard(view, tree, selected, reported, waitingByQueue, color) {
     anyDecay ? el("td", {}) : null,
     el("td", { class: "num" }, String(top.reduce((sum, name) => sum + sumWaiting(name), 0)))));
   const walk = (parent, depth) => {
-    const own = [...(tree.children.get(parent) || [])].sort();
+    const own = [...(tree.children.get(parent) || [])].sort(byName);
     const showAll = st.open[`${parent}\u0000all`];
     const shown = showAll ? own : own.slice(0, CHILD_ROWS);
     for (const name of shown) {
@@ -505,8 +511,10 @@ function shareChart(samples, color, only) {
   }
   const t0 = new Date(samples[0].at).getTime(), t1 = new Date(samples[samples.length - 1].at).getTime();
   let top = 0.05;
-  // A sample's series: its queues (leaves), and with a tree its inner nodes too (`nodes`).
-  const seriesOf = (s) => ({ ...(s.nodes || {}), ...s.queues });
+  // A sample's series: its queues (leaves), and with a tree its inner nodes too (`nodes`). The
+  // leader's queue list names inner nodes as well, holding nothing of their own: a node's
+  // figures are its entry in `nodes` (its leaves' added).
+  const seriesOf = (s) => ({ ...s.queues, ...(s.nodes || {}) });
   const drawn = (name) => only === null || only === undefined || only.has(name);
   for (const s of samples) for (const [name, q] of Object.entries(seriesOf(s))) {
     if (drawn(name)) top = Math.max(top, q.actual || 0, q.target ?? q.adjusted_fair ?? 0);
@@ -525,7 +533,7 @@ function shareChart(samples, color, only) {
   for (const s of samples) for (const n of Object.keys(seriesOf(s))) if (drawn(n)) names.add(n);
   for (const name of names) {
     for (const [field, dash] of [["target", "5 4"], ["actual", ""]]) {
-      const of = (s) => (s.queues[name] || (s.nodes || {})[name]);
+      const of = (s) => ((s.nodes || {})[name] || s.queues[name]);
       const value = (s) => (of(s) ? (of(s)[field] ?? (field === "target" ? of(s).adjusted_fair : null)) : null);
       const points = samples.filter((s) => value(s) !== null && value(s) !== undefined)
         .map((s) => `${x(new Date(s.at).getTime()).toFixed(1)},${y(value(s)).toFixed(1)}`);
