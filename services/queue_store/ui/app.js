@@ -525,7 +525,7 @@ function shareChart(samples, color, only) {
   for (let i = 0; i <= 4; i++) {
     const v = (top * i) / 4;
     box.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: y(v), y2: y(v), "stroke-opacity": i ? 0.35 : 1 }),
-      svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end" }, `${Math.round(v * 100)}%`));
+      svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end" }, `${+(v * 100).toFixed(1)}%`));
   }
   box.append(svg("text", { x: L, y: H - 6 }, new Date(t0).toLocaleTimeString(undefined, { hour12: false })),
     svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, new Date(t1).toLocaleTimeString(undefined, { hour12: false })));
