@@ -250,8 +250,10 @@ async def run(lockgate: Lockgate, apis: Mapping[str, client.ApiClient], pool: as
     scene = TreeScene(lockgate, apis, pool, run_id)
     print(f"\nthe queue tree, in {TREE_CLUSTER}: research (weight 3: vision with alice and bob, "
           f"nlp with carol) and production (weight 2, guarantee {GUARANTEE_CPU} cpu); "
-          "Deployments of 1-cpu preemptible pods, the scheduler running, preemption on",
-          flush=True)
+          "Deployments of 1-cpu preemptible pods, the scheduler running, preemption on; "
+          "weight (%): over its siblings' (the root's other queues are idle here); target "
+          "and holds: cpu, the leader's (`lockgate status --tree`); bound: the apiserver's "
+          "pods on a node; model: devstack.fair_model's", flush=True)
     evicted = "SELECT count(*) FROM evictions WHERE kind = 'preempted'"
     try:
         async with aiohttp.ClientSession() as session:
