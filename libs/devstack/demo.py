@@ -47,6 +47,7 @@ from devstack import (
     demo_growth,
     demo_placement,
     demo_scheduling,
+    demo_tree,
     demo_unfinished,
     demo_weights,
 )
@@ -321,6 +322,9 @@ async def demo(args: argparse.Namespace) -> int:
         placement_lines = await demo_placement.gpu_pool(lockgate, apis["cluster-a"], pool, run,
                                                         failures)
         failures.extend(await demo_ephemeral.run(lockgate, apis, pool, run))
+        tree_failures, tree_lines = await demo_tree.run(lockgate, apis, pool, run)
+        failures.extend(tree_failures)
+        placement_lines.extend(tree_lines)
     finally:
         stopping.set()
         for cluster, ns in namespaces:

@@ -195,7 +195,8 @@ _OPERATIONS: list[tuple[str, str, str, list[dict[str, Any]], dict[str, Any] | No
                                        "may_act": {"type": "boolean"}}}),
     ("get", "/api/v1/fairness",
      "The fair-scheduler leader's newest report (per queue, and per cluster where the "
-     "scheduler gives it), as sampled by queue-store", [], None, 200,
+     "scheduler gives it; report.tree: the queue tree, as `lockgate status --tree`)",
+     [], None, 200,
      {"type": "object", "properties": {"source": _STR, "sampled_at": _STR,
                                        "report": _ANY_OBJECT}}),
     ("get", "/api/v1/fairness/history", "Samples of every queue's fair and actual shares",

@@ -7,8 +7,9 @@ in one request for the page (`admin_views.explain_rows`): its picture of the las
 only one. With no leader answering, the pages say the reasons are unavailable.
 
     GET /api/v1/whoami                                the caller's token name and role
-    GET /api/v1/fairness                              every queue's standing: the leader's
-                                                      report, or Postgres's counts without it
+    GET /api/v1/fairness                              every queue's standing and the queue
+                                                      tree: the leader's report, or Postgres's
+                                                      counts (and no tree) without it
     GET /api/v1/fairness/history?since=               samples of every queue's shares
     GET /api/v1/clusters                              capacity, and use and waiting by queue;
                                                       growth (the leader's) when autoscaled
@@ -68,7 +69,11 @@ JobJson = Callable[[JobRow], dict[str, Any]]
 class FairnessSampler:
     """Keeps a bounded history of each queue's shares, for the overview's chart: a sample of
     the leader's report every `interval` seconds (none while no leader answers: the chart shows
-    a gap, never numbers the leader did not give)."""
+    a gap, never numbers the leader did not give).
+
+    With a queue tree, each sample also keeps every inner node's fair target and actual share
+    (`nodes`), as the leader's tree gives them (the sums of its leaves'), so picking a node on
+    the overview shows its children over time, leaves and inner nodes alike."""
 
     def __init__(self, *, leader: SchedulerLeader, interval_seconds: float, keep: int) -> None:
         self._leader = leader
@@ -93,7 +98,18 @@ class FairnessSampler:
                         "adjusted_fair": q.get("adjusted_fair_share"),
                         "target": q.get("fair_target"),
                         "actual": q.get("actual_share"), "queued": q.get("queued")}
-            for q in report.get("queues", []) if isinstance(q, dict) and "name" in q}})
+            for q in report.get("queues", []) if isinstance(q, dict) and "name" in q},
+            "nodes": inner_node_samples(report.get("tree"))})
+
+
+def inner_node_samples(tree: Any) -> dict[str, dict[str, Any]]:
+    """The inner nodes of the leader's tree, as a sample keeps them (leaves are in `queues`)."""
+    if not isinstance(tree, list):
+        return {}
+    return {node["name"]: {"target": node.get("fair_target"), "actual": node.get("actual_share"),
+                           "decayed_usage": node.get("decayed_usage")}
+            for node in tree if isinstance(node, dict) and "name" in node
+            and node.get("leaf") is False}
 
 
 class UiApi:
@@ -131,7 +147,12 @@ class UiApi:
             "reasons_unavailable": None if report is not None else self.leader.unavailable,
             "report": {"leader": None if report is None else report.get("instance_id"),
                        "last_round": None if report is None else report.get("last_round"),
-                       "queues": queues}})
+                       "queues": queues,
+                       # The queue tree of the leader's picture, parents before children
+                       # (lockgate.scheduler.tree_status, as `lockgate status --tree`): the
+                       # overview draws it; none without a leader.
+                       "tree": None if report is None else report.get("tree") or [],
+                       "tree_problem": None if report is None else report.get("tree_problem")}})
 
     async def fairness_history(self, request: web.Request) -> web.Response:
         since = request.query.get("since")

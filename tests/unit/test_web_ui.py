@@ -19,7 +19,7 @@ from queue_store import web_ui
 from queue_store.app import admin_api
 from queue_store.namespaces import NamespaceKeeper
 from queue_store.settings import QueueStoreSettings
-from queue_store.ui_api import journey, trace_id_of
+from queue_store.ui_api import FairnessSampler, inner_node_samples, journey, trace_id_of
 
 ADMIN, READER = new_token(), new_token()
 
@@ -133,3 +133,42 @@ def test_the_unfinished_predicate_names_every_terminal_state() -> None:
     assert spelled == {s.value for s in TERMINAL_STATES}
     migration = (Path(job_views.__file__).parent / "migrations" / "016_ui_indexes.sql").read_text()
     assert job_views._UNFINISHED.format(alias="").removeprefix(" AND ") in migration
+
+
+class _Leader:
+    """A leader answering one report: the sampler's only collaborator."""
+
+    def __init__(self, report: dict[str, Any] | None) -> None:
+        self.report = report
+
+    async def fairness(self) -> dict[str, Any] | None:
+        return self.report
+
+
+async def test_a_sample_keeps_the_inner_nodes_of_the_leaders_tree() -> None:
+    """The overview charts a picked node's children over time: leaves from `queues`, inner
+    nodes from `nodes`, each as the leader's tree gives it (no share computed here)."""
+    leaf = {"name": "alice", "parent": "vision", "leaf": True, "fair_target": 0.1,
+            "actual_share": 0.05, "decayed_usage": None}
+    vision = {"name": "vision", "parent": "research", "leaf": False, "fair_target": 0.25,
+              "actual_share": 0.2, "decayed_usage": 3.5}
+    report = {"queues": [{"name": "alice", "fair_target": 0.1, "actual_share": 0.05}],
+              "tree": [vision, leaf]}
+    sampler = FairnessSampler(leader=cast(Any, _Leader(report)), interval_seconds=1, keep=5)
+    await sampler.sample()
+    (sample,) = sampler.history
+    assert sample["queues"]["alice"]["actual"] == 0.05
+    assert sample["nodes"] == {"vision": {"target": 0.25, "actual": 0.2, "decayed_usage": 3.5}}
+
+
+def test_a_flat_or_missing_tree_has_no_inner_node_samples() -> None:
+    flat = [{"name": "a", "parent": None, "leaf": True, "fair_target": 0.5}]
+    assert inner_node_samples(flat) == {}
+    assert inner_node_samples(None) == {}
+    assert inner_node_samples([{"leaf": False}, "junk"]) == {}, "entries without a name"
+
+
+async def test_no_leader_no_sample() -> None:
+    sampler = FairnessSampler(leader=cast(Any, _Leader(None)), interval_seconds=1, keep=5)
+    await sampler.sample()
+    assert not sampler.history

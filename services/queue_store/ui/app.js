@@ -256,7 +256,19 @@ async function overviewPage(view) {
   const anyPerCluster = [...reported.values()].some((r) => perClusterOf(r));
   // The headline is what matters: each queue's fair target against what it holds, overall and
   // per cluster. The fair and adjusted shares are in the detail below, with what each means.
-  const rows = [...names].sort().map((name) => {
+  // The queue tree, from the leader's picture (the same as `lockgate status --tree`). A flat
+  // installation (every queue a child of the root) has no inner node: the overview is as ever.
+  const tree = treeOf(report.tree || []);
+  const selected = tree.inner && tree.byName.has(view.state.node) ? view.state.node : null;
+  // With a tree, the queue table lists the leaves under the picked node (the root: all), at
+  // most LEAF_ROWS of them, so 1,000 leaves stay a page a person can read.
+  // Busiest first (what they hold, then what waits), so the few leaves with work are on top
+  // of a thousand idle ones.
+  const busy = (name) => [(reported.get(name) || {}).actual_share || 0, (reported.get(name) || {}).queued ?? waitingByQueue[name] ?? 0];
+  const leafNames = tree.inner ? subtreeLeaves(tree, selected).filter((n) => names.has(n))
+    .sort((a, b) => busy(b)[0] - busy(a)[0] || busy(b)[1] - busy(a)[1] || byName(a, b)) : [...names].sort();
+  const shownLeaves = tree.inner ? leafNames.slice(0, LEAF_ROWS) : leafNames;
+  const rows = shownLeaves.map((name) => {
     const r = reported.get(name) || {};
     const spec = defined.get(name);
     const perCluster = perClusterOf(r);
@@ -273,7 +285,7 @@ async function overviewPage(view) {
       el("td", { class: "num", "data-waiting": "" }, String(r.queued ?? waitingByQueue[name] ?? 0)), num(r.released), num(r.running),
       anyPerCluster ? el("td", { class: "small", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
   });
-  const detailRows = [...names].sort().map((name) => {
+  const detailRows = shownLeaves.map((name) => {
     const r = reported.get(name) || {};
     return el("tr", { "data-queue-detail": name }, el("td", {}, name), num(pct(r.fair_share)),
       num(pct(r.adjusted_fair_share)), num(pct(r.fair_target)), num(pct(r.actual_share)));
@@ -289,7 +301,9 @@ async function overviewPage(view) {
     ". They run without lockgate's gate (the webhook did not serve their namespace); they count as the queue's use. `lockgate explain` on one says why.") : null;
   const queuesCard = el("div", { class: "card" },
     skippedBanner,
-    el("h2", {}, "Queues"),
+    el("h2", {}, tree.inner ? `Queues under ${selected || "the root"}` : "Queues"),
+    tree.inner && leafNames.length > shownLeaves.length ? el("p", { class: "small muted", "data-leaves-shown": shownLeaves.length },
+      `${shownLeaves.length} of ${leafNames.length} leaves shown: pick a node in the tree above to narrow.`) : null,
     table(["Queue", "#Weight", "#Fair target", "#Holds", "Holds / target", "#Waiting", "#Released", "#Running",
       ...(anyPerCluster ? ["Per cluster: holds / target"] : [])], rows, { "data-table": "queues" }),
     el("p", { class: fairness.source === "leader" ? "small muted" : "small error", "data-source": fairness.source || "error" }, source),
@@ -303,17 +317,24 @@ async function overviewPage(view) {
   for (const tr of queuesCard.querySelectorAll("tr[data-queue] .swatch")) {
     tr.style.cssText = `display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px;background:${color(tr.closest("tr").dataset.queue)}`;
   }
+  region(view, "tree").replaceChildren(...kids(tree.inner
+    ? treeCard(view, tree, selected, reported, waitingByQueue, color) : null));
   region(view, "queues").replaceChildren(...kids(queuesCard));
+  // The chart: every queue (flat), or the picked node's children, leaves and inner nodes alike.
+  const charted = tree.inner ? chartedChildren(tree, selected, reported) : { names: [...names].sort(), more: 0 };
   region(view, "chart").replaceChildren(...kids(el("div", { class: "card" },
-    el("h2", {}, "Shares over time"),
-    el("div", { class: "legend", "data-legend": "" }, [...names].sort().map((name) => {
+    el("h2", { "data-chart-of": tree.inner ? (selected || "") : null },
+      tree.inner ? `Children of ${selected || "the root"} over time` : "Shares over time"),
+    el("div", { class: "legend", "data-legend": "" }, charted.names.map((name) => {
       // Through the CSSOM: the page's Content-Security-Policy refuses inline style attributes.
       const swatch = el("i");
       swatch.style.background = color(name);
       return el("span", { "data-legend-queue": name }, swatch, name);
     })),
-    shareChart(history.samples || [], color),
-    el("p", { class: "small muted" }, "solid: what the queue holds · dashed: its fair target · sampled every ",
+    shareChart(history.samples || [], color, tree.inner ? new Set(charted.names) : null),
+    el("p", { class: "small muted" }, charted.more ? `the ${charted.names.length} children holding most; ${charted.more} more not drawn · ` : "",
+      tree.inner ? "solid: what the node holds (its leaves' shares added) · dashed: its fair target · sampled every "
+        : "solid: what the queue holds · dashed: its fair target · sampled every ",
       `${history.interval_seconds || "?"} s`))));
   region(view, "clusters").replaceChildren(...kids(el("div", { class: "card" },
     el("h2", {}, "Clusters"), ...growthBanners(clusters.clusters), clustersTable(clusters.clusters, color),
@@ -392,7 +413,139 @@ function targetBar(actual, target) {
   bar.append(fill, tick);
   return bar;
 }
-function shareChart(samples, color) {
+// ---- the queue tree (overview) -------------------------------------------------------------
+const LEAF_ROWS = 30;        // leaves listed in the queue table under the picked node
+// Names as a person counts them: team2 before team10.
+const byName = new Intl.Collator(undefined, { numeric: true }).compare;
+const CHILD_ROWS = 50;       // children of one node listed before "… n more"
+const CHART_SERIES = 12;     // children drawn in the chart of the picked node
+const OPEN_ALL_UP_TO = 40;   // a tree of at most this many nodes opens whole; a larger one shows
+                             // the root's children and opens as a person clicks
+function treeOf(nodes) {
+  const byName = new Map(nodes.map((n) => [n.name, n]));
+  const children = new Map();
+  for (const n of nodes) {
+    const parent = n.parent && byName.has(n.parent) ? n.parent : null;
+    if (!children.has(parent)) children.set(parent, []);
+    children.get(parent).push(n.name);
+  }
+  const leaves = new Map();  // node -> leaves under it (a leaf: itself)
+  const count = (name) => {
+    const own = children.get(name) || [];
+    const total = own.length ? own.reduce((sum, child) => sum + count(child), 0) : 1;
+    leaves.set(name, total);
+    return total;
+  };
+  for (const top of children.get(null) || []) count(top);
+  return { byName, children, leaves, size: nodes.length, inner: nodes.some((n) => !n.leaf && (children.get(n.name) || []).length) };
+}
+function subtreeLeaves(tree, name) {
+  const found = [];
+  const walk = (at) => {
+    const own = tree.children.get(at) || [];
+    if (at !== null && !own.length) { found.push(at); return; }
+    for (const child of [...own].sort(byName)) walk(child);
+  };
+  walk(name);
+  return found;
+}
+function chartedChildren(tree, selected, reported) {
+  const own = tree.children.get(selected) || [];
+  const held = (name) => (tree.byName.get(name) || {}).actual_share || 0;
+  const names = [...own].sort((a, b) => held(b) - held(a) || byName(a, b)).slice(0, CHART_SERIES).sort(byName);
+  return { names, more: own.length - names.length };
+}
+const leafCount = (n) => `${n} ${n === 1 ? "leaf" : "leaves"}`;
+const guaranteeText = (g) => Object.entries(g || {}).map(([k, v]) => `${k} ${v}`).join(", ");
+function treeCard(view, tree, selected, reported, waitingByQueue, color) {
+  const st = view.state;
+  st.open = st.open || {};
+  const isOpen = (name) => (name in st.open ? st.open[name] : tree.size <= OPEN_ALL_UP_TO || name === selected
+    || (selected !== null && isAncestor(tree, name, selected)));
+  const waiting = new Map();
+  const leafWaiting = (name) => {
+    const r = reported.get(name) || {};
+    return r.queued ?? waitingByQueue[name] ?? 0;
+  };
+  const sumWaiting = (name) => {
+    if (waiting.has(name)) return waiting.get(name);
+    const own = tree.children.get(name) || [];
+    const total = own.length ? own.reduce((sum, child) => sum + sumWaiting(child), 0) : leafWaiting(name);
+    waiting.set(name, total);
+    return total;
+  };
+  const anyDecay = [...tree.byName.values()].some((n) => n.decayed_usage !== null && n.decayed_usage !== undefined);
+  const pick = (name) => () => { st.node = name; st.offset = 0; view.refresh(); };
+  const toggle = (name, open) => () => { st.open[name] = !open; view.refresh(); };
+  const rows = [];
+  const top = tree.children.get(null) || [];
+  const sumOf = (key) => top.reduce((sum, name) => sum + ((tree.byName.get(name) || {})[key] || 0), 0);
+  rows.push(el("tr", { "data-node": "", "data-depth": -1, class: selected === null ? "picked" : null },
+    el("td", {}, el("button", { class: "node-name", onclick: pick(null), "data-pick": "" }, "root"),
+      el("span", { class: "small muted" }, ` ${top.length} ${top.length === 1 ? "child" : "children"}, ${leafCount(subtreeLeaves(tree, null).length)}`)),
+    el("td", {}), el("td", {}), el("td", {}),
+    el("td", { class: "num", "data-target": sumOf("fair_target") }, pct(sumOf("fair_target"))),
+    el("td", { class: "num", "data-actual": sumOf("actual_share") }, pct(sumOf("actual_share"))),
+    el("td", {}, targetBar(sumOf("actual_share"), sumOf("fair_target"))),
+    anyDecay ? el("td", {}) : null,
+    el("td", { class: "num" }, String(top.reduce((sum, name) => sum + sumWaiting(name), 0)))));
+  const walk = (parent, depth) => {
+    const own = [...(tree.children.get(parent) || [])].sort(byName);
+    const showAll = st.open[`${parent}\u0000all`];
+    const shown = showAll ? own : own.slice(0, CHILD_ROWS);
+    for (const name of shown) {
+      const n = tree.byName.get(name);
+      const inner = (tree.children.get(name) || []).length > 0;
+      const open = inner && isOpen(name);
+      const swatch = el("i", { class: "swatch" });
+      swatch.style.background = color(name);
+      const indent = el("span", { class: "indent" });
+      indent.style.width = `${depth * 18}px`;
+      rows.push(el("tr", { "data-node": name, "data-depth": depth, "data-leaf": inner ? "false" : "true",
+        "data-standing": n.standing, class: selected === name ? "picked" : null },
+      el("td", { class: "node" }, indent,
+        inner ? el("button", { class: "twisty", "data-toggle": name, "aria-expanded": open ? "true" : "false",
+          title: open ? "collapse" : "expand", onclick: toggle(name, open) }, open ? "▾" : "▸") : el("span", { class: "twisty" }),
+        swatch,
+        inner ? el("button", { class: "node-name", onclick: pick(name), "data-pick": name }, name)
+          : link(`#/queues/${enc(name)}`, name),
+        inner ? el("span", { class: "small muted", "data-leaves": tree.leaves.get(name) },
+          ` ${leafCount(tree.leaves.get(name))}`) : null),
+      el("td", { class: "num", title: "its weight, and its weight over its siblings'" },
+        `${+n.weight.toPrecision(4)}`, el("span", { class: "small muted" }, ` (${pct(n.weight_among_siblings)})`)),
+      el("td", { class: "small", "data-guarantee": "" }, guaranteeText(n.guarantee) || "–"),
+      el("td", { class: "small", "data-limit": "" }, guaranteeText(n.limit) || "–"),
+      el("td", { class: "num", "data-target": n.fair_target }, pct(n.fair_target)),
+      el("td", { class: "num", "data-actual": n.actual_share }, pct(n.actual_share)),
+      el("td", {}, targetBar(n.actual_share, n.fair_target)),
+      anyDecay ? el("td", { class: "num", "data-decayed": n.decayed_usage ?? "" },
+        n.decayed_usage === null || n.decayed_usage === undefined ? "–" : (+n.decayed_usage).toPrecision(3)) : null,
+      el("td", { class: "num", "data-waiting": "" }, String(sumWaiting(name)))));
+      if (open) walk(name, depth + 1);
+    }
+    if (own.length > shown.length) {
+      const indent = el("span", { class: "indent" });
+      indent.style.width = `${depth * 18 + 22}px`;
+      rows.push(el("tr", { "data-more": parent || "" }, el("td", { colspan: anyDecay ? 9 : 8 }, indent,
+        el("button", { class: "quiet small", onclick: () => { st.open[`${parent}\u0000all`] = true; view.refresh(); } },
+          `… ${own.length - shown.length} more of ${parent || "the root"}'s children`))));
+    }
+  };
+  walk(null, 0);
+  return el("div", { class: "card", "data-card": "tree" },
+    el("h2", {}, "Queue tree"),
+    el("p", { class: "small muted" }, "Each node's weight among its siblings, its guarantee and limit, its fair target and what it holds ",
+      "(a node's: its leaves' shares of the pool, added). Pick a node to see its children over time; ▸ opens a subtree."),
+    table(["Node", "#Weight", "Guarantee", "Limit", "#Fair target", "#Holds", "Holds / target",
+      ...(anyDecay ? ["#Decayed usage"] : []), "#Waiting"], rows, { "data-table": "tree", class: "tree" }));
+}
+function isAncestor(tree, name, of) {
+  for (let at = (tree.byName.get(of) || {}).parent; at; at = (tree.byName.get(at) || {}).parent) {
+    if (at === name) return true;
+  }
+  return false;
+}
+function shareChart(samples, color, only) {
   const W = 900, H = 240, L = 40, R = 10, T = 10, B = 24;
   const box = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none",
     role: "img", "aria-label": "shares over time", "data-samples": samples.length });
@@ -403,22 +556,30 @@ function shareChart(samples, color) {
   }
   const t0 = new Date(samples[0].at).getTime(), t1 = new Date(samples[samples.length - 1].at).getTime();
   let top = 0.05;
-  for (const s of samples) for (const q of Object.values(s.queues)) top = Math.max(top, q.actual || 0, q.target ?? q.adjusted_fair ?? 0);
+  // A sample's series: its queues (leaves), and with a tree its inner nodes too (`nodes`). The
+  // leader's queue list names inner nodes as well, holding nothing of their own: a node's
+  // figures are its entry in `nodes` (its leaves' added).
+  const seriesOf = (s) => ({ ...s.queues, ...(s.nodes || {}) });
+  const drawn = (name) => only === null || only === undefined || only.has(name);
+  for (const s of samples) for (const [name, q] of Object.entries(seriesOf(s))) {
+    if (drawn(name)) top = Math.max(top, q.actual || 0, q.target ?? q.adjusted_fair ?? 0);
+  }
   top = Math.min(1, Math.ceil(top * 10) / 10);
   const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
   const y = (v) => T + (1 - v / top) * (H - T - B);
   for (let i = 0; i <= 4; i++) {
     const v = (top * i) / 4;
     box.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: y(v), y2: y(v), "stroke-opacity": i ? 0.35 : 1 }),
-      svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end" }, `${Math.round(v * 100)}%`));
+      svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end" }, `${+(v * 100).toFixed(1)}%`));
   }
   box.append(svg("text", { x: L, y: H - 6 }, new Date(t0).toLocaleTimeString(undefined, { hour12: false })),
     svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, new Date(t1).toLocaleTimeString(undefined, { hour12: false })));
   const names = new Set();
-  for (const s of samples) for (const n of Object.keys(s.queues)) names.add(n);
+  for (const s of samples) for (const n of Object.keys(seriesOf(s))) if (drawn(n)) names.add(n);
   for (const name of names) {
     for (const [field, dash] of [["target", "5 4"], ["actual", ""]]) {
-      const value = (s) => (s.queues[name] ? (s.queues[name][field] ?? (field === "target" ? s.queues[name].adjusted_fair : null)) : null);
+      const of = (s) => ((s.nodes || {})[name] || s.queues[name]);
+      const value = (s) => (of(s) ? (of(s)[field] ?? (field === "target" ? of(s).adjusted_fair : null)) : null);
       const points = samples.filter((s) => value(s) !== null && value(s) !== undefined)
         .map((s) => `${x(new Date(s.at).getTime()).toFixed(1)},${y(value(s)).toFixed(1)}`);
       if (points.length < 2) continue;
