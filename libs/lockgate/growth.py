@@ -79,6 +79,11 @@ class GrowthPolicy:
     # A next wave of releases for growth into a cluster waits until the last wave's NodeClaims
     # appear (a new NodeClaim, or a pool's `in_use` grew), but no longer than this.
     wave_wait_seconds: float = 60.0
+    # Releases for growth into a cluster that would fill less than one node of its pool (the
+    # biggest instance its headroom holds) are held, owed, until a node's worth is owed or
+    # this long passed since the first was held (Karpenter makes nodes the size of its
+    # batches: a few pods make a small node). 0: never held.
+    gather_seconds: float = 12.0
     # The cluster-autoscaler's node groups (lockgate.node_groups), stated by the operator: a
     # cluster with groups and no published picture grows within them, by the same rule.
     node_groups: tuple[NodeGroup, ...] = ()
@@ -87,9 +92,10 @@ class GrowthPolicy:
         check_node_groups(self.node_groups)
         if self.max_nodes_per_pool < 0:
             raise ValueError("max_nodes_per_pool must not be negative")
-        if self.stall_after_seconds <= 0 or self.wave_wait_seconds < 0:
-            raise ValueError("stall_after_seconds must be positive, wave_wait_seconds must "
-                             "not be negative")
+        if (self.stall_after_seconds <= 0 or self.wave_wait_seconds < 0
+                or self.gather_seconds < 0):
+            raise ValueError("stall_after_seconds must be positive, wave_wait_seconds and "
+                             "gather_seconds must not be negative")
         for where, amounts in (("node_overhead", self.node_overhead),
                                *((f"cluster_caps[{c!r}]", a)
                                  for c, a in self.cluster_caps.items()),
