@@ -364,3 +364,19 @@ def test_releases_onto_node_claims_in_flight_are_never_gathered() -> None:
                                    in_use={"cpu": 16_000}, requirements=KWOK_16X64)]))
     result = run(state)
     assert [d.growth.claim for d in result.decisions if d.growth is not None] == ["c1"]
+
+
+def test_whole_nodes_worth_go_and_the_remainder_is_gathered_anew() -> None:
+    # 5 pods of 4 cores: 20 of 16 owed -> one node's worth (the first four) goes, the fifth
+    # (4 of 16) waits for more, its clock starting now.
+    jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(5)
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    result = run(state)
+    assert [d.job_id for d in result.decisions] == [j.job_id for j in jobs[:4]]
+    assert result.skipped_jobs[jobs[4].job_id] is SkipReason.GATHERING_FOR_GROWTH
+    assert state.growth_gathering["b"].since == NOW
+    assert explained(state, result, jobs[4].job_id, NOW).startswith(
+        "waiting to fill a node of the pool (NodePool default): 4 of 16 cpu owed")
+    assert [d.job_id for d in run(state, now=NOW + 12).decisions] == [jobs[4].job_id]

@@ -750,16 +750,41 @@ class _Round:
             for decision in growing:
                 for axis, amount in jobs[decision.job_id].shape.pairs:
                     owed[axes[axis]] = owed.get(axes[axis], 0) + amount
-            if node is None or any(0 < size <= owed.get(resource, 0)
-                                   for resource, size in node.allocatable.items()):
-                gathering.pop(cluster_name, None)  # a node's worth: it goes now
+            if node is None:
+                gathering.pop(cluster_name, None)
+                continue
+            sizes = {resource: size for resource, size in node.allocatable.items() if size > 0}
+            # Whole nodes' worth owed, in the resource that fills first.
+            whole = max((owed.get(resource, 0) // size for resource, size in sizes.items()),
+                        default=0)
+            waiting = growing
+            if whole > 0:
+                # Those that fill `whole` nodes go (in release order, a gang as one); the
+                # rest, less than a node, are gathered anew.
+                going: dict[str, int] = {}
+                units = _growth_units(growing, jobs)
+                cut = len(units)
+                for index, unit in enumerate(units):
+                    after = dict(going)
+                    for decision in unit:
+                        for axis, amount in jobs[decision.job_id].shape.pairs:
+                            after[axes[axis]] = after.get(axes[axis], 0) + amount
+                    if any(after.get(r, 0) > whole * size for r, size in sizes.items()):
+                        cut = index
+                        break
+                    going = after
+                waiting = [decision for unit in units[cut:] for decision in unit]
+                since = None
+                owed = {r: owed[r] - going.get(r, 0) for r in owed}
+            if not waiting:
+                gathering.pop(cluster_name, None)  # whole nodes' worth: they go now
                 continue
             started = self.now if since is None else since.since
             gathering[cluster_name] = GrowthGathering(since=started, words=(
                 f"waiting to fill a node of the pool (NodePool {node.pool}): "
                 f"{_owed_of(owed, node.allocatable)} owed; released by "
                 f"{policy.gather_seconds - (self.now - started):.0f}s at the latest"))
-            held.update(d.job_id for d in growing)
+            held.update(d.job_id for d in waiting)
         if not held:
             return decisions
         # A gang waits whole: its members released this round onto nodes that exist too.
@@ -1436,6 +1461,25 @@ class _Round:
                 if cluster.overcommitted
             },
         )
+
+
+def _growth_units(growing: list[Decision], jobs: Mapping[str, JobRecord]) -> list[list[Decision]]:
+    """A cluster's releases for growth in release order, a gang's members together (at its
+    first member's place): what gathering keeps or holds as one."""
+    units: list[list[Decision]] = []
+    gang_units: dict[tuple[str, str, str], list[Decision]] = {}
+    for decision in growing:
+        group = jobs[decision.job_id].group
+        if group is None:
+            units.append([decision])
+            continue
+        key = (decision.cluster, decision.queue, group)
+        unit = gang_units.get(key)
+        if unit is None:
+            unit = gang_units[key] = []
+            units.append(unit)
+        unit.append(decision)
+    return units
 
 
 def _owed_of(owed: Mapping[str, int], node: Mapping[str, int]) -> str:
