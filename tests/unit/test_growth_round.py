@@ -288,6 +288,8 @@ def explained(state: SchedulerState, result: RoundResult, job_id: str, now: floa
     said = report.explain([(job_id, None)], now=now)[job_id]
     assert said is not None
     assert said.growth_standing == GrowthStanding.GATHERING
+    assert short_reason(said) == "gathering a node's worth to grow b"
+    assert said.growth in said.message
     return said.growth
 
 
