@@ -14,9 +14,12 @@ targets count what can exist, and its round places a pod released for growth on 
 Headroom, per NodePool: `limits - in_use` per resource it limits (`in_use` is Karpenter's
 `status.resources`, which counts the nodes that exist and the NodeClaims in flight, so neither is
 counted twice); a resource it does not limit is bounded only by the cluster's cap in
-`GrowthPolicy.cluster_caps`, if any; rounded down to whole instances of the pool's instance
-shape (`instance_shape`), and never more than `GrowthPolicy.max_nodes_per_pool` of them. A pool
-not Ready, or whose instance size is unknown, adds nothing, and says why.
+`GrowthPolicy.cluster_caps`, if any; rounded down to whole instances of the types that fit
+(`instance_sizes`): the biggest as many times as it fits, then what is left as instances of the
+pool's smaller allowed sizes, biggest first (a pool of 4, 8 and 16-cpu types with 28 cpu left
+adds 16 + 8 + 4, not one 16 and nothing); never more than `GrowthPolicy.max_nodes_per_pool`
+instances in all. A pool not Ready, or whose instance size is unknown, adds nothing, and says
+why.
 
 Pure: no clock (the caller passes what it needs), no I/O.
 """
@@ -48,6 +51,7 @@ _INSTANCE_LABELS: tuple[tuple[str, str], ...] = (
     ("/instance-gpu-count", "nvidia.com/gpu"),
 )
 _MIB = 1 << 20
+_FROM_REQUIREMENTS = "its requirements' instance size"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,11 @@ class GrowthPolicy:
     # A next wave of releases for growth into a cluster waits until the last wave's NodeClaims
     # are counted (a pool's `in_use` grew), but no longer than this.
     wave_wait_seconds: float = 60.0
+    # Releases for growth into a cluster that would fill less than one node of its pool (the
+    # biggest instance its headroom holds) are held, owed, until a node's worth is owed or
+    # this long passed since the first was held (Karpenter makes nodes the size of its
+    # batches: a few pods make a small node). 0: never held.
+    gather_seconds: float = 12.0
     # The cluster-autoscaler's node groups (lockgate.node_groups), stated by the operator: a
     # cluster with groups and no published picture grows within them, by the same rule.
     node_groups: tuple[NodeGroup, ...] = ()
@@ -83,9 +92,10 @@ class GrowthPolicy:
         check_node_groups(self.node_groups)
         if self.max_nodes_per_pool < 0:
             raise ValueError("max_nodes_per_pool must not be negative")
-        if self.stall_after_seconds <= 0 or self.wave_wait_seconds < 0:
-            raise ValueError("stall_after_seconds must be positive, wave_wait_seconds must "
-                             "not be negative")
+        if (self.stall_after_seconds <= 0 or self.wave_wait_seconds < 0
+                or self.gather_seconds < 0):
+            raise ValueError("stall_after_seconds must be positive, wave_wait_seconds and "
+                             "gather_seconds must not be negative")
         for where, amounts in (("node_overhead", self.node_overhead),
                                *((f"cluster_caps[{c!r}]", a)
                                  for c, a in self.cluster_caps.items()),
@@ -130,6 +140,9 @@ class PoolHeadroom:
     shape: Mapping[str, int] | None  # one node's capacity (None: unknown)
     shape_source: str  # where the shape came from, in words
     why_none: str = ""  # why it adds nothing ("": it adds `nodes`)
+    # The instances it adds, biggest first: (one instance's capacity, how many). Their counts
+    # sum to `nodes`; the first is `shape` unless no instance of it fits.
+    instances: tuple[tuple[Mapping[str, int], int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,16 +213,22 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     # Karpenter tries pools of higher weight first: they take the cluster's cap first.
     for pool in sorted(growth.node_pools, key=lambda p: (-p.weight, p.name)):
         shape, source = shapes[pool.name]
+        sizes = (() if shape is None else
+                 instance_sizes(pool, shape) if source == _FROM_REQUIREMENTS else (shape,))
         headroom = pool_headroom(
             _with_made_counted(pool, growth.node_claims, shape, pool_nodes(pool.name)),
-            shape=shape, shape_source=source, caps=caps, max_nodes=policy.max_nodes_per_pool)
+            shape=shape, shape_source=source, caps=caps, max_nodes=policy.max_nodes_per_pool,
+            sizes=sizes)
         headrooms.append(headroom)
-        if headroom.nodes and shape is not None:
-            for resource, amount in shape.items():
+        index = 0
+        for size, count in headroom.instances:
+            for resource, amount in size.items():
                 if resource in caps:
-                    caps[resource] -= amount * headroom.nodes
-            nodes.extend(_virtual(f"{VIRTUAL_PREFIX}{pool.name}/{i}", pool.name, shape, pool,
-                                  policy) for i in range(headroom.nodes))
+                    caps[resource] -= amount * count
+            for _ in range(count):
+                nodes.append(_virtual(f"{VIRTUAL_PREFIX}{pool.name}/{index}", pool.name, size,
+                                      pool, policy))
+                index += 1
     marker = (frozenset(c.name for c in growth.node_claims),
               tuple(sorted((p.name, tuple(sorted(p.in_use.items())))
                            for p in growth.node_pools)))
@@ -252,9 +271,12 @@ def _with_made_counted(pool: NodePoolStatus, claims: Sequence[NodeClaimStatus],
 
 
 def pool_headroom(pool: NodePoolStatus, *, shape: Mapping[str, int] | None, shape_source: str,
-                  caps: Mapping[str, int], max_nodes: int) -> PoolHeadroom:
-    """How many whole instances of `shape` the pool may still add: within its limits, the
-    cluster's caps left (`caps`, per resource) and `max_nodes`."""
+                  caps: Mapping[str, int], max_nodes: int,
+                  sizes: Sequence[Mapping[str, int]] = ()) -> PoolHeadroom:
+    """How many whole instances the pool may still add: within its limits, the cluster's caps
+    left (`caps`, per resource) and `max_nodes`. `sizes`, biggest first (default: `shape`
+    alone), are the instance types it may launch: the biggest as many times as it fits, then
+    what is left as instances of the next, and so on."""
     remaining = {resource: limit - pool.in_use.get(resource, 0)
                  for resource, limit in pool.limits.items()}
     for resource, cap in caps.items():
@@ -267,15 +289,65 @@ def pool_headroom(pool: NodePoolStatus, *, shape: Mapping[str, int] | None, shap
         return PoolHeadroom(pool.name, 0, remaining, None, shape_source,
                             f"NodePool {pool.name}: the size of its nodes is unknown ("
                             f"{shape_source})")
-    count = max_nodes
+    left = dict(remaining)
+    budget = max_nodes
+    instances: list[tuple[Mapping[str, int], int]] = []
     bound_by = f"at most {max_nodes} nodes counted per pool"
-    for resource, left in sorted(remaining.items()):
-        per_node = shape.get(resource, 0)
-        if left < 0 or (per_node > 0 and left // per_node < count):
-            count = 0 if left < 0 else left // per_node
-            bound_by = f"{resource} left {describe_amounts({resource: max(left, 0)})}"
-    why = "" if count > 0 else f"NodePool {pool.name} is at its limits ({bound_by})"
-    return PoolHeadroom(pool.name, count, remaining, shape, shape_source, why)
+    for position, size in enumerate(sizes or (shape,)):
+        count = budget
+        for resource, amount in sorted(left.items()):
+            per_node = size.get(resource, 0)
+            if amount < 0 or (per_node > 0 and amount // per_node < count):
+                count = 0 if amount < 0 else amount // per_node
+                if position == 0:  # the reason given is the biggest type's
+                    bound_by = f"{resource} left {describe_amounts({resource: max(amount, 0)})}"
+        if count > 0:
+            instances.append((size, count))
+            budget -= count
+            for resource in left:
+                left[resource] -= size.get(resource, 0) * count
+        if budget == 0:
+            break
+    total = sum(count for _, count in instances)
+    why = "" if total > 0 else f"NodePool {pool.name} is at its limits ({bound_by})"
+    return PoolHeadroom(pool.name, total, remaining, shape, shape_source, why,
+                        instances=tuple(instances))
+
+
+def instance_sizes(pool: NodePoolStatus, shape: Mapping[str, int]) -> tuple[dict[str, int], ...]:
+    """The instance types a pool whose requirements name its sizes may launch, biggest first:
+    `shape` (the biggest), then one per smaller cpu value its instance-cpu requirement allows.
+
+    Its requirements list cpu and memory values separately, so which memory goes with a smaller
+    cpu is not stated; the rule keeps a type's memory per cpu at most the biggest type's: the
+    largest allowed memory value no more than `shape`'s memory scaled to that cpu (kwok's and
+    AWS's families have a fixed memory per cpu, so this is the family's own size). A smaller
+    cpu value with no such memory value is left out (never a node with more room than any
+    instance). Other resources (gpus) scale with cpu, rounded down."""
+    cpu_values: set[int] = set()
+    memory_values: set[int] = set()
+    for requirement in pool.requirements:
+        resource = next((name for suffix, name in _INSTANCE_LABELS
+                         if requirement.key.endswith(suffix)), None)
+        if resource not in ("cpu", "memory") or requirement.operator != "In":
+            continue
+        for value in requirement.values:
+            amount = _label_amount(resource, value)
+            if amount is not None:
+                (cpu_values if resource == "cpu" else memory_values).add(amount)
+    biggest_cpu, biggest_memory = shape.get("cpu", 0), shape.get("memory", 0)
+    sizes: list[dict[str, int]] = [dict(shape)]
+    if biggest_cpu <= 0:
+        return tuple(sizes)
+    for cpu in sorted((c for c in cpu_values if c < biggest_cpu), reverse=True):
+        ceiling = biggest_memory * cpu // biggest_cpu
+        fitting = [m for m in memory_values if m <= ceiling]
+        if not fitting:
+            continue
+        size = {resource: amount * cpu // biggest_cpu for resource, amount in shape.items()}
+        size["cpu"], size["memory"] = cpu, max(fitting)
+        sizes.append(size)
+    return tuple(sizes)
 
 
 def instance_shape(pool: NodePoolStatus, *, cluster: str, policy: GrowthPolicy,
@@ -297,7 +369,7 @@ def instance_shape(pool: NodePoolStatus, *, cluster: str, policy: GrowthPolicy,
         if known:
             shape[resource] = max(shape.get(resource, 0), *known)
     if "cpu" in shape and "memory" in shape:
-        return shape, "its requirements' instance size"
+        return shape, _FROM_REQUIREMENTS
     largest = largest_node_of(pool.name)
     if largest is not None:
         name, allocatable = largest

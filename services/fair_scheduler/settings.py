@@ -266,6 +266,10 @@ class SchedulerSettings(ServiceSettings):
     growth_wave_wait_seconds: float = Field(
         default=60.0, ge=0,
         description="the longest a next wave for growth waits for the last wave's NodeClaims")
+    growth_gather_seconds: float = Field(
+        default=12.0, ge=0,
+        description="releases for growth that fill less than one node of the pool are held, "
+                    "owed, at most this long for more to fill it (0: never held)")
     growth_node_groups: list[NodeGroup] = Field(
         default_factory=list,
         description="the cluster-autoscaler's node groups (JSON list of {cluster, name, "
@@ -289,6 +293,7 @@ class SchedulerSettings(ServiceSettings):
             max_nodes_per_pool=self.growth_max_nodes_per_pool,
             stall_after_seconds=self.growth_stall_after_seconds,
             wave_wait_seconds=self.growth_wave_wait_seconds,
+            gather_seconds=self.growth_gather_seconds,
             node_groups=tuple(self.growth_node_groups))
 
     @model_validator(mode="after")

@@ -298,3 +298,68 @@ def test_the_pools_nodes_count_as_its_use_when_its_status_is_late() -> None:
     again = plan(pool, claims=(claim,), nodes=nodes,
                  node_pools={"kwok-1": "default", "kwok-2": "default"}).headroom("default")
     assert again is not None and again.nodes == 2
+
+KWOK_M_FAMILY = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
+                             values=("4", "8", "16")),
+                 Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                             values=("16384", "32768", "65536")))
+
+
+def test_headroom_left_after_the_biggest_type_is_smaller_types_that_fit() -> None:
+    # 60 cpu / 240Gi left, types 16/64Gi, 8/32Gi, 4/16Gi: 3 x 16 (48 cpu), then 12 cpu left:
+    # 1 x 8, then 4 left: 1 x 4. Memory (4Gi per cpu) ties exactly.
+    result = plan(a_pool().requiring(*KWOK_M_FAMILY)
+                  .limited_to(cpu=100_000, memory=400 * GI)
+                  .using(cpu=40_000, memory=160 * GI).build())
+    pool = result.headroom("default")
+    assert pool is not None
+    assert pool.nodes == 5
+    assert [(dict(size), count) for size, count in pool.instances] == [
+        ({"cpu": 16_000, "memory": 64 * GI}, 3),
+        ({"cpu": 8_000, "memory": 32 * GI}, 1),
+        ({"cpu": 4_000, "memory": 16 * GI}, 1)]
+    assert sorted(n.allocatable["cpu"] for n in result.nodes) == [
+        4000, 8000, 16_000, 16_000, 16_000]
+    assert len({n.name for n in result.nodes}) == 5
+
+
+def test_less_than_one_biggest_instance_left_still_adds_the_smaller_ones() -> None:
+    # 12 cpu left: no 16, one 8, one 4 (the "whole instances of the types that fit").
+    pool = plan(a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=12_000).build()) \
+        .headroom("default")
+    assert pool is not None and pool.nodes == 2 and pool.why_none == ""
+    assert [size["cpu"] for size, _ in pool.instances] == [8000, 4000]
+    # 3 cpu left: no type fits; the reason is the biggest type's.
+    none = plan(a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=3_000).build()) \
+        .headroom("default")
+    assert none is not None and none.nodes == 0
+    assert "cpu left cpu=3" in none.why_none
+
+
+def test_a_smaller_type_never_gets_more_memory_per_cpu_than_the_biggest() -> None:
+    # Memory values 16Gi and 64Gi only: the 8-cpu type would need at most 32Gi -> 16Gi (the
+    # largest allowed value below it); the 4-cpu type -> 16Gi.
+    requirements = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
+                                values=("4", "8", "16")),
+                    Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                                values=("16Gi", "64Gi")))
+    pool = plan(a_pool().requiring(*requirements).limited_to(cpu=28_000).build()) \
+        .headroom("default")
+    assert pool is not None
+    assert [(size["cpu"], size["memory"] // GI, count) for size, count in pool.instances] == [
+        (16_000, 64, 1), (8000, 16, 1), (4000, 16, 1)]
+
+
+def test_the_max_nodes_bound_counts_every_type() -> None:
+    pool = plan(a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=60_000).build(),
+                policy=GrowthPolicy(max_nodes_per_pool=4)).headroom("default")
+    assert pool is not None and pool.nodes == 4
+    assert [(size["cpu"], count) for size, count in pool.instances] == [(16_000, 3), (8000, 1)]
+
+
+def test_a_shape_from_the_policy_is_the_only_type() -> None:
+    policy = GrowthPolicy(instance_shapes={"default": {"cpu": 16_000, "memory": 64 * GI}})
+    pool = plan(a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=28_000).build(),
+                policy=policy).headroom("default")
+    assert pool is not None and pool.nodes == 1
+    assert [size["cpu"] for size, _ in pool.instances] == [16_000]

@@ -267,3 +267,118 @@ def test_explain_and_the_round_report_say_how_the_cluster_grows() -> None:
     assert said[newcomer.job_id] is not None and said[newcomer.job_id].growth == reason
     assert short_reason(said[newcomer.job_id]) == "growth stalled in b"
     assert said[released[0]] is not None and said[released[0]].growth.endswith(reason)
+
+
+KWOK_16X64 = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In", values=("16",)),
+              Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                          values=("64Gi",)))
+
+
+def a_big_picture(*, cpu_limit: int) -> ClusterGrowth:
+    """Cluster b's NodePool "default" of 16-core, 64Gi nodes."""
+    return ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True, node_pools=[
+        NodePoolStatus(name="default", limits={"cpu": cpu_limit}, in_use={},
+                       requirements=KWOK_16X64)], node_claims=[])
+
+
+def explained(state: SchedulerState, result: RoundResult, job_id: str, now: float) -> str:
+    report = report_round(state, result, number=1, at=now, phases={},
+                          settings=ExplainSettings(preemption=False, group_reserve_after=None,
+                                                   holds=True))
+    said = report.explain([(job_id, None)], now=now)[job_id]
+    assert said is not None
+    assert said.growth_standing == GrowthStanding.GATHERING
+    assert short_reason(said) == "gathering a node's worth to grow b"
+    assert said.growth in said.message
+    return said.growth
+
+
+def test_releases_for_growth_are_gathered_until_they_fill_a_node_of_the_pool() -> None:
+    first = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(first).build()
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    held = run(state)
+    # 4 of 16 cores owed: held, owed, still queued, and said so.
+    assert held.decisions == ()
+    assert held.skipped_jobs[first[0].job_id] is SkipReason.GATHERING_FOR_GROWTH
+    assert first[0].job_id not in state.growth_releases
+    assert state.job_records[first[0].job_id].state is JobState.QUEUED
+    assert explained(state, held, first[0].job_id, NOW).startswith(
+        "waiting to fill a node of the pool (NodePool default): 4 of 16 cpu owed")
+    # Three more arrive: 16 of 16 owed, a node's worth, all four go in one wave, oldest first.
+    more = a_job("a").in_cluster("b").requesting(cpu="4").times(3)
+    state.upsert_jobs(more)
+    wave = run(state, now=NOW + 2)
+    assert [d.job_id for d in wave.decisions] == [j.job_id for j in (*first, *more)]
+    assert len(grown(wave)) == 4
+    assert "b" not in state.growth_gathering
+
+
+def test_gathered_releases_go_once_the_bound_passes_whatever_is_owed() -> None:
+    jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(2)
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    assert run(state).decisions == ()
+    assert run(state, now=NOW + 11).decisions == ()  # the clock runs from the first hold
+    assert len(grown(run(state, now=NOW + 12))) == 2
+
+
+def test_without_gathering_or_a_clock_releases_for_growth_go_at_once() -> None:
+    for policy, now in ((GrowthPolicy(wave_wait_seconds=0, gather_seconds=0), NOW),
+                        (GrowthPolicy(wave_wait_seconds=0), None)):
+        jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
+        state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+        state.set_growth_policy(policy)
+        state.set_growth("b", a_big_picture(cpu_limit=64_000))
+        result = schedule_round(state, max_decisions=10, max_lookback_per_queue=50, now=now)
+        assert len(grown(result)) == 1
+        assert not state.growth_gathering
+
+
+def test_a_gang_gathered_for_growth_waits_whole_on_the_real_nodes_too() -> None:
+    gang = a_job("a").in_cluster("b").requesting(cpu="4").in_group("train", 2).times(2)
+    state = (a_state().with_queues("a").with_cluster("b", {"real": a_node(cpu="4").build()})
+             .with_jobs(gang).build())
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    held = run(state)
+    # One member fit the real node, one needed growth (4 of 16 cpu): both wait.
+    assert held.decisions == ()
+    assert {held.skipped_jobs[j.job_id] for j in gang} == {SkipReason.GATHERING_FOR_GROWTH}
+    assert not state.growth_releases
+    assert all(state.job_records[j.job_id].state is JobState.QUEUED for j in gang)
+    released = run(state, now=NOW + 12)
+    assert sorted(d.job_id for d in released.decisions) == sorted(j.job_id for j in gang)
+    assert len(grown(released)) == 1
+
+
+def test_releases_onto_node_claims_in_flight_are_never_gathered() -> None:
+    jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    claim = NodeClaimStatus(name="c1", node_pool="default", created_at=T0,
+                            allocatable={"cpu": 16_000, "memory": 64 * (1 << 30)})
+    state.set_growth("b", ClusterGrowth(
+        cluster="b", observed_at=T0, autoscaled=True, node_claims=[claim],
+        node_pools=[NodePoolStatus(name="default", limits={"cpu": 64_000},
+                                   in_use={"cpu": 16_000}, requirements=KWOK_16X64)]))
+    result = run(state)
+    assert [d.growth.claim for d in result.decisions if d.growth is not None] == ["c1"]
+
+
+def test_whole_nodes_worth_go_and_the_remainder_is_gathered_anew() -> None:
+    # 5 pods of 4 cores: 20 of 16 owed -> one node's worth (the first four) goes, the fifth
+    # (4 of 16) waits for more, its clock starting now.
+    jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(5)
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    result = run(state)
+    assert [d.job_id for d in result.decisions] == [j.job_id for j in jobs[:4]]
+    assert result.skipped_jobs[jobs[4].job_id] is SkipReason.GATHERING_FOR_GROWTH
+    assert state.growth_gathering["b"].since == NOW
+    assert explained(state, result, jobs[4].job_id, NOW).startswith(
+        "waiting to fill a node of the pool (NodePool default): 4 of 16 cpu owed")
+    assert [d.job_id for d in run(state, now=NOW + 12).decisions] == [jobs[4].job_id]

@@ -18,6 +18,7 @@ def test_growth_settings_from_the_environment_make_the_policy(
                        json.dumps({"cluster-b/default": {"cpu": "8", "memory": "32Gi"}}))
     monkeypatch.setenv("LOCKGATE_SCHEDULER_GROWTH_NODE_OVERHEAD", json.dumps({"cpu": "100m"}))
     monkeypatch.setenv("LOCKGATE_SCHEDULER_GROWTH_STALL_AFTER_SECONDS", "5m")
+    monkeypatch.setenv("LOCKGATE_SCHEDULER_GROWTH_GATHER_SECONDS", "20")
     monkeypatch.setenv("LOCKGATE_SCHEDULER_GROWTH_NODE_GROUPS", json.dumps([{
         "cluster": "cluster-x", "name": "batch", "max_size": 20,
         "node_allocatable": {"cpu": "8", "memory": "32Gi"},
@@ -28,17 +29,20 @@ def test_growth_settings_from_the_environment_make_the_policy(
     assert policy.shape_for("cluster-x", "batch") == {"cpu": 8000, "memory": 32 * 2**30}
     assert policy.node_overhead == {"cpu": 100}
     assert policy.stall_after_seconds == 300
+    assert policy.gather_seconds == 20
     assert [group.name for group in policy.node_groups] == ["batch"]
 
 
 def test_the_default_policy_grows_only_what_an_autoscaler_publishes() -> None:
     policy = SchedulerSettings().growth_policy()
     assert policy.cluster_caps == {} and policy.node_groups == ()
+    assert policy.gather_seconds == 12  # gathered into a node's worth by default
 
 
 @pytest.mark.parametrize(("name", "value", "words"), [
     ("GROWTH_CLUSTER_CAPS", {"cluster-b": {"cpu": "lots"}}, "growth_cluster_caps"),
     ("GROWTH_NODE_OVERHEAD", {"cpu": "-1"}, "negative"),
+    ("GROWTH_GATHER_SECONDS", -1, "growth_gather_seconds"),
     ("GROWTH_NODE_GROUPS", [{"cluster": "x", "name": "g", "max_size": 1,
                              "node_allocatable": {"cpu": "1"}, "node_labels": {"a": "b"}}] * 2,
      "given twice"),

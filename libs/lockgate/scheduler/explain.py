@@ -261,6 +261,9 @@ class GrowthStanding(StrEnum):
     OVER_SHARE = "over_share"  # no room on the nodes that exist; not owed room, so no growth
     WAITING = "waiting_for_nodes"  # the last wave's NodeClaims have not appeared yet
     STALLED = "stalled"  # a NodeClaim failed, or a pod released for growth stayed unbound
+    # Owed room on a node that may exist; held until the cluster's owed pods fill a node of
+    # its pool, or `GrowthPolicy.gather_seconds` pass.
+    GATHERING = "gathering_to_fill_a_node"
 
 
 # Said of a pod at or over its share that the cluster could grow for (`GrowthStanding`).
@@ -393,6 +396,9 @@ def _growth_standing(state: SchedulerState, job: SchedJob, e: Explanation,
         return GrowthStanding.STALLED.value, gate.stalled
     if fits_growth and gate.waiting:
         return GrowthStanding.WAITING.value, gate.waiting
+    gathering = state.growth_gathering.get(job.cluster)
+    if fits_growth and gathering is not None:
+        return GrowthStanding.GATHERING.value, gathering.words
     return "", ""
 
 

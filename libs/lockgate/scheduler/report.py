@@ -276,6 +276,7 @@ _SHORT_GROWTH: dict[str, str] = {
     GrowthStanding.OVER_SHARE.value: "over its share: {cluster} will not grow for it",
     GrowthStanding.WAITING.value: "waiting for new nodes in {cluster}",
     GrowthStanding.STALLED.value: "growth stalled in {cluster}",
+    GrowthStanding.GATHERING.value: "gathering a node's worth to grow {cluster}",
 }
 
 _SHORT: dict[WaitReason, str] = {

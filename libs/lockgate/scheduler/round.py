@@ -50,6 +50,7 @@ from lockgate.scheduler.pending import PendingJobs
 from lockgate.scheduler.records import HeapEntry, JobKind, JobRecord, Shape
 from lockgate.scheduler.room import ClusterRoom, exceeds, exceeds_all
 from lockgate.scheduler.state import (
+    GrowthGathering,
     GrowthRelease,
     QueueRecord,
     RoundTransaction,
@@ -90,6 +91,10 @@ class SkipReason(StrEnum):
     # No room on the nodes that exist; its cluster grows, and the next wave of releases for
     # growth waits until the last wave's NodeClaims appear (`GrowthGate.waiting`).
     WAITING_FOR_GROWTH = "waiting_for_growth"
+    # Owed room on a node that may exist, but the cluster's releases for growth this round
+    # would fill less than one node of its pool: held, owed, until a node's worth is owed or
+    # `GrowthPolicy.gather_seconds` pass (`_gather_for_growth`).
+    GATHERING_FOR_GROWTH = "gathering_for_growth"
 
 
 UNSCHEDULABLE_REASONS = frozenset(
@@ -702,7 +707,105 @@ class _Round:
                 pending.push(entry)
             for pending, _ in progress.skipped:
                 self._keep_head(pending)
+        decisions = self._gather_for_growth(decisions)
         return self._result(decisions)
+
+    def _gather_for_growth(self, decisions: list[Decision]) -> list[Decision]:
+        """Hold a cluster's releases for growth onto nodes its pools may still add when
+        together they fill less than one node of the pool (the biggest its headroom holds, in
+        any resource that node has), until they do or `GrowthPolicy.gather_seconds` passed
+        since the first was held: Karpenter makes nodes the size of its batches, so a few pods
+        released as they arrive make small nodes where one big one would hold them all. Held
+        pods are taken back (queued again, in their place, still owed) and said to gather
+        (`SkipReason.GATHERING_FOR_GROWTH`). A gang goes whole or waits whole. Releases onto
+        NodeClaims in flight are never held (their node is coming anyway). Without a clock,
+        nothing is held."""
+        state = self.state
+        gathering = state.growth_gathering
+        policy = state.growth_policy
+        by_cluster: dict[str, list[Decision]] = {}
+        for decision in decisions:
+            if decision.growth is not None and not decision.growth.claim:
+                by_cluster.setdefault(decision.cluster, []).append(decision)
+        for cluster_name in [c for c in gathering if c not in by_cluster]:
+            del gathering[cluster_name]  # nothing owed for growth there this round
+        if not by_cluster or self.now is None or policy.gather_seconds <= 0:
+            gathering.clear()
+            return decisions
+        jobs = state.job_records
+        axes = state.axis_names
+        held: set[str] = set()
+        for cluster_name, growing in by_cluster.items():
+            plan = state.growth_plan(cluster_name)
+            since = gathering.get(cluster_name)
+            if plan is None or (since is not None
+                                and self.now - since.since >= policy.gather_seconds):
+                gathering.pop(cluster_name, None)
+                continue
+            pools = {d.growth.pool for d in growing if d.growth is not None}
+            node = max((v for v in plan.nodes if not v.claim and v.pool in pools),
+                       key=lambda v: (v.allocatable.get("cpu", 0),
+                                      v.allocatable.get("memory", 0)), default=None)
+            owed: dict[str, int] = {}
+            for decision in growing:
+                for axis, amount in jobs[decision.job_id].shape.pairs:
+                    owed[axes[axis]] = owed.get(axes[axis], 0) + amount
+            if node is None:
+                gathering.pop(cluster_name, None)
+                continue
+            sizes = {resource: size for resource, size in node.allocatable.items() if size > 0}
+            # Whole nodes' worth owed, in the resource that fills first.
+            whole = max((owed.get(resource, 0) // size for resource, size in sizes.items()),
+                        default=0)
+            waiting = growing
+            if whole > 0:
+                # Those that fill `whole` nodes go (in release order, a gang as one); the
+                # rest, less than a node, are gathered anew.
+                going: dict[str, int] = {}
+                units = _growth_units(growing, jobs)
+                cut = len(units)
+                for index, unit in enumerate(units):
+                    after = dict(going)
+                    for decision in unit:
+                        for axis, amount in jobs[decision.job_id].shape.pairs:
+                            after[axes[axis]] = after.get(axes[axis], 0) + amount
+                    if any(after.get(r, 0) > whole * size for r, size in sizes.items()):
+                        cut = index
+                        break
+                    going = after
+                waiting = [decision for unit in units[cut:] for decision in unit]
+                since = None
+                owed = {r: owed[r] - going.get(r, 0) for r in owed}
+            if not waiting:
+                gathering.pop(cluster_name, None)  # whole nodes' worth: they go now
+                continue
+            started = self.now if since is None else since.since
+            gathering[cluster_name] = GrowthGathering(since=started, words=(
+                f"waiting to fill a node of the pool (NodePool {node.pool}): "
+                f"{_owed_of(owed, node.allocatable)} owed; released by "
+                f"{policy.gather_seconds - (self.now - started):.0f}s at the latest"))
+            held.update(d.job_id for d in waiting)
+        if not held:
+            return decisions
+        # A gang waits whole: its members released this round onto nodes that exist too.
+        gangs = {(jobs[j].cluster, jobs[j].queue, jobs[j].group) for j in held
+                 if jobs[j].group is not None}
+        if gangs:
+            held.update(d.job_id for d in decisions
+                        if jobs[d.job_id].group is not None
+                        and (d.cluster, d.queue, jobs[d.job_id].group) in gangs)
+        self.transaction.take_back(held)
+        kept: list[Decision] = []
+        for decision in decisions:
+            if decision.job_id in held:
+                self._skipped(decision.job_id, decision.queue,
+                              SkipReason.GATHERING_FOR_GROWTH)
+                progress = self.queue_rounds.get(decision.queue)
+                if progress is not None:
+                    progress.released -= 1
+            else:
+                kept.append(decision)
+        return kept
 
     def _keep_head(self, pending: PendingJobs) -> None:
         """After the round pushed back the jobs it passed over: keep the one at the top as
@@ -1358,6 +1461,34 @@ class _Round:
                 if cluster.overcommitted
             },
         )
+
+
+def _growth_units(growing: list[Decision], jobs: Mapping[str, JobRecord]) -> list[list[Decision]]:
+    """A cluster's releases for growth in release order, a gang's members together (at its
+    first member's place): what gathering keeps or holds as one."""
+    units: list[list[Decision]] = []
+    gang_units: dict[tuple[str, str, str], list[Decision]] = {}
+    for decision in growing:
+        group = jobs[decision.job_id].group
+        if group is None:
+            units.append([decision])
+            continue
+        key = (decision.cluster, decision.queue, group)
+        unit = gang_units.get(key)
+        if unit is None:
+            unit = gang_units[key] = []
+            units.append(unit)
+        unit.append(decision)
+    return units
+
+
+def _owed_of(owed: Mapping[str, int], node: Mapping[str, int]) -> str:
+    """"3 of 16 cpu" (cpu, when the node has it; else its first resource)."""
+    resource = "cpu" if node.get("cpu", 0) > 0 else min(node)
+    amount, size = owed.get(resource, 0), node[resource]
+    if resource == "cpu":
+        return f"{amount / 1000:g} of {size / 1000:g} cpu"
+    return f"{describe_amounts({resource: amount})} of {describe_amounts({resource: size})}"
 
 
 def subtree_limits(state: SchedulerState) -> tuple[

@@ -178,6 +178,15 @@ class GrowthRelease:
 
 
 @dataclass(frozen=True, slots=True)
+class GrowthGathering:
+    """A cluster whose releases for growth are held until they fill a node of its pool
+    (`GrowthPolicy.gather_seconds`): since when (the round's clock), and why, in words."""
+
+    since: float
+    words: str
+
+
+@dataclass(frozen=True, slots=True)
 class QueueUsage:
     """A queue's aggregates, as the state holds them right now."""
 
@@ -278,6 +287,9 @@ class SchedulerState:
         self._growth_plans: dict[str, GrowthPlan] = {}
         self._growth_policy = GrowthPolicy()
         self._growth_releases: dict[str, GrowthRelease] = {}
+        # Per autoscaled cluster whose pods owed room are held to fill a node of its pool
+        # (`lockgate.scheduler.round`, "gathering"): since when, and the words that say so.
+        self.growth_gathering: dict[str, GrowthGathering] = {}
         self._rounds_begun = 0
         # The round's transaction while one is open (`begin_round`).
         self._transaction: RoundTransaction | None = None
@@ -1400,6 +1412,23 @@ class RoundTransaction:
         self._released.append((job_id, record, before, record.kind))
         if growth is not None:
             self.state._growth_releases[job_id] = growth
+
+    def take_back(self, job_ids: Collection[str]) -> None:
+        """Take back, before the round ends, releases it made (the job queues again exactly as
+        before, as `commit` does for those the caller did not record): the round held them
+        after all (pods gathered to fill a node, `lockgate.scheduler.round`)."""
+        if not self._open:
+            raise RuntimeError("the round's transaction is closed")
+        kept: list[tuple[str, JobRecord, JobKind, JobKind]] = []
+        for item in reversed(self._released):
+            job_id, record, before, _ = item
+            if job_id in job_ids:
+                self.state._take_back(job_id, record, before)
+                self.state._growth_releases.pop(job_id, None)
+            else:
+                kept.append(item)
+        kept.reverse()
+        self._released = kept
 
     @property
     def released(self) -> list[str]:
