@@ -375,7 +375,7 @@ class ClusterRoom:
 
     def _index(self, node: int) -> None:
         """The node's room counting no hold changed."""
-        if self.room_index is not None:
+        if self.room_index is not None and not self.record.virtual_at[node]:
             held = self.held_on.get(node)
             room = self.free[node]
             self.room_index.set(node, room if held is None else [
@@ -441,7 +441,7 @@ class ClusterRoom:
 
     def is_virtual(self, node: int) -> bool:
         """Whether the node at this index may exist rather than exists (`place_growth`)."""
-        return node in self.record.virtual_order
+        return bool(self.record.virtual_at[node])
 
     def nodes_for_shape(self, shape: Shape) -> list[int]:
         """`nodes_for` its placement, looked up by the placement's number."""
@@ -466,20 +466,24 @@ class ClusterRoom:
         pairs = shape.pairs
         i = self.cursor.get(shape, 0)
         index = self.room_index
-        every_node = index is not None and count == len(free)
+        # Every real node is eligible (virtual ones are `place_growth`'s, and not in the index).
+        every_node = index is not None and count == self.record.real_nodes
+        real_rank = self.record.real_rank
         inverse = self.inverse_total
         best, best_leftover, first, seen = -1, 0.0, -1, 0
         while True:
             if every_node:
-                # Every node is eligible (first-fit order is the index's): the index of room
-                # counting no hold, never below the room beyond the holds, skips the nodes
-                # that cannot take the shape in O(log nodes) each, instead of looking at every
-                # one of a full cluster's nodes.
+                # First-fit order is the index's: the index of room counting no hold, never
+                # below the room beyond the holds, skips the nodes that cannot take the shape
+                # in O(log nodes) each, instead of looking at every one of a full cluster's
+                # nodes. `i` stays an index into `order`, as on the path below.
                 assert index is not None
-                i = index.first(pairs, i)
-                if i < 0:
+                if i >= count:
                     break
-                node = i
+                node = index.first(pairs, order[i])
+                if node < 0:
+                    break
+                i = real_rank[node]
             elif i < count:
                 node = order[i]
             else:
