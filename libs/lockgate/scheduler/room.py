@@ -37,6 +37,7 @@ class ClusterRoom:
         "eligible_sets",
         "fits_cache",
         "free",
+        "growth_rejected",
         "held_by",
         "held_on",
         "hold_counts",
@@ -103,6 +104,10 @@ class ClusterRoom:
         # Shapes no node had room for: free room only shrinks, so they stay turned down until
         # the round ends, for every queue.
         self.rejected: set[Shape] = set()
+        # The same for the nodes that may exist (`place_growth`, `fits_growth`): their room
+        # too only shrinks in a round, and a walk of a few hundred of them per pod turned down
+        # was the round's largest cost of growth.
+        self.growth_rejected: set[Shape] = set()
         # Each node's room as the state keeps it, copied only when the round first takes from
         # it (`_own`): a round touches a few of a cluster's hundreds of nodes.
         self.free: list[list[int]] = cluster.node_free[:]
@@ -422,6 +427,8 @@ class ClusterRoom:
         asked for as few nodes as the pods need: the index of the node now holding `shape`, or
         -1. Only after `place` found no room on the real nodes (the round's rule: existing room
         first)."""
+        if shape in self.growth_rejected:
+            return -1
         placement = shape.placement
         traits = self.traits
         free = self.free
@@ -430,14 +437,20 @@ class ClusterRoom:
                 take(self._own(node), shape)
                 self._index(node)
                 return node
+        self.growth_rejected.add(shape)
         return -1
 
     def fits_growth(self, shape: Shape) -> bool:
         """Whether some node that may exist has room for `shape` now (`place_growth`,
         without taking it)."""
+        if shape in self.growth_rejected:
+            return False
         free, traits = self.free, self.traits
-        return any(fits(free[node], shape) and can_land(shape.placement, traits[node])
-                   for node in self.record.virtual_order)
+        if any(fits(free[node], shape) and can_land(shape.placement, traits[node])
+               for node in self.record.virtual_order):
+            return True
+        self.growth_rejected.add(shape)
+        return False
 
     def is_virtual(self, node: int) -> bool:
         """Whether the node at this index may exist rather than exists (`place_growth`)."""
@@ -522,7 +535,8 @@ class ClusterRoom:
         """Place every shape (largest first) or none: the node of each, in the order given;
         with `growth`, on nodes that may exist where the real ones have no room
         (`place_growth`)."""
-        saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected))
+        saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected),
+                 set(self.growth_rejected))
         nodes = [-1] * len(shapes)
         order = sorted(range(len(shapes)), reverse=True,
                        key=lambda i: dominant_of(shapes[i], inverse_total))
@@ -531,7 +545,7 @@ class ClusterRoom:
             if node < 0 and growth:
                 node = self.place_growth(shapes[i])
             if node < 0:
-                self.free, self.cursor, self.rejected = saved
+                self.free, self.cursor, self.rejected, self.growth_rejected = saved
                 self.owned = bytearray(b"\x01") * len(self.free)  # all copies now
                 self.copied = list(range(len(self.free)))
                 self.yield_candidates = {}
