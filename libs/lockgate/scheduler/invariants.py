@@ -23,7 +23,7 @@ from lockgate.jobs import JobState
 from lockgate.scheduler.groups import GroupKey
 from lockgate.scheduler.records import HeapEntry, JobRecord, Shape, add_pairs
 from lockgate.scheduler.room_caches import ClusterRecord, NodeClass, fits_node_class
-from lockgate.scheduler.room_index import RoomIndex
+from lockgate.scheduler.room_index import NO_NODE, RoomIndex
 from lockgate.scheduler.state import SchedulerState
 
 # One cluster's part of the fair targets' structure: its name, its groups, its slots.
@@ -288,7 +288,9 @@ def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> No
                 len(cluster.node_free) == len(rooms)
                 and all(kept is room for kept, room in zip(cluster.node_free, rooms, strict=True))
                 and cluster.free_index.tops
-                == RoomIndex(len(rooms), axes, rows=rooms).tops,
+                == RoomIndex(len(rooms), axes, rows=[  # real nodes only (room_caches)
+                    [NO_NODE] * axes if is_virtual(node_name) else room
+                    for node_name, room in zip(cluster.order, rooms, strict=True)]).tops,
                 f"{where}'s index of its nodes' free room is stale")
         for shape, fits_none in cluster.fits_no_node.items():
             problems.check(fits_none == (not any(fits_node_class(shape, size)

@@ -37,6 +37,7 @@ class ClusterRoom:
         "eligible_sets",
         "fits_cache",
         "free",
+        "growth_rejected",
         "held_by",
         "held_on",
         "hold_counts",
@@ -103,6 +104,10 @@ class ClusterRoom:
         # Shapes no node had room for: free room only shrinks, so they stay turned down until
         # the round ends, for every queue.
         self.rejected: set[Shape] = set()
+        # The same for the nodes that may exist (`place_growth`, `fits_growth`): their room
+        # too only shrinks in a round, and a walk of a few hundred of them per pod turned down
+        # was the round's largest cost of growth.
+        self.growth_rejected: set[Shape] = set()
         # Each node's room as the state keeps it, copied only when the round first takes from
         # it (`_own`): a round touches a few of a cluster's hundreds of nodes.
         self.free: list[list[int]] = cluster.node_free[:]
@@ -375,7 +380,7 @@ class ClusterRoom:
 
     def _index(self, node: int) -> None:
         """The node's room counting no hold changed."""
-        if self.room_index is not None:
+        if self.room_index is not None and not self.record.virtual_at[node]:
             held = self.held_on.get(node)
             room = self.free[node]
             self.room_index.set(node, room if held is None else [
@@ -422,6 +427,8 @@ class ClusterRoom:
         asked for as few nodes as the pods need: the index of the node now holding `shape`, or
         -1. Only after `place` found no room on the real nodes (the round's rule: existing room
         first)."""
+        if shape in self.growth_rejected:
+            return -1
         placement = shape.placement
         traits = self.traits
         free = self.free
@@ -430,18 +437,24 @@ class ClusterRoom:
                 take(self._own(node), shape)
                 self._index(node)
                 return node
+        self.growth_rejected.add(shape)
         return -1
 
     def fits_growth(self, shape: Shape) -> bool:
         """Whether some node that may exist has room for `shape` now (`place_growth`,
         without taking it)."""
+        if shape in self.growth_rejected:
+            return False
         free, traits = self.free, self.traits
-        return any(fits(free[node], shape) and can_land(shape.placement, traits[node])
-                   for node in self.record.virtual_order)
+        if any(fits(free[node], shape) and can_land(shape.placement, traits[node])
+               for node in self.record.virtual_order):
+            return True
+        self.growth_rejected.add(shape)
+        return False
 
     def is_virtual(self, node: int) -> bool:
         """Whether the node at this index may exist rather than exists (`place_growth`)."""
-        return node in self.record.virtual_order
+        return bool(self.record.virtual_at[node])
 
     def nodes_for_shape(self, shape: Shape) -> list[int]:
         """`nodes_for` its placement, looked up by the placement's number."""
@@ -466,20 +479,24 @@ class ClusterRoom:
         pairs = shape.pairs
         i = self.cursor.get(shape, 0)
         index = self.room_index
-        every_node = index is not None and count == len(free)
+        # Every real node is eligible (virtual ones are `place_growth`'s, and not in the index).
+        every_node = index is not None and count == self.record.real_nodes
+        real_rank = self.record.real_rank
         inverse = self.inverse_total
         best, best_leftover, first, seen = -1, 0.0, -1, 0
         while True:
             if every_node:
-                # Every node is eligible (first-fit order is the index's): the index of room
-                # counting no hold, never below the room beyond the holds, skips the nodes
-                # that cannot take the shape in O(log nodes) each, instead of looking at every
-                # one of a full cluster's nodes.
+                # First-fit order is the index's: the index of room counting no hold, never
+                # below the room beyond the holds, skips the nodes that cannot take the shape
+                # in O(log nodes) each, instead of looking at every one of a full cluster's
+                # nodes. `i` stays an index into `order`, as on the path below.
                 assert index is not None
-                i = index.first(pairs, i)
-                if i < 0:
+                if i >= count:
                     break
-                node = i
+                node = index.first(pairs, order[i])
+                if node < 0:
+                    break
+                i = real_rank[node]
             elif i < count:
                 node = order[i]
             else:
@@ -518,7 +535,8 @@ class ClusterRoom:
         """Place every shape (largest first) or none: the node of each, in the order given;
         with `growth`, on nodes that may exist where the real ones have no room
         (`place_growth`)."""
-        saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected))
+        saved = ([room[:] for room in self.free], dict(self.cursor), set(self.rejected),
+                 set(self.growth_rejected))
         nodes = [-1] * len(shapes)
         order = sorted(range(len(shapes)), reverse=True,
                        key=lambda i: dominant_of(shapes[i], inverse_total))
@@ -527,7 +545,7 @@ class ClusterRoom:
             if node < 0 and growth:
                 node = self.place_growth(shapes[i])
             if node < 0:
-                self.free, self.cursor, self.rejected = saved
+                self.free, self.cursor, self.rejected, self.growth_rejected = saved
                 self.owned = bytearray(b"\x01") * len(self.free)  # all copies now
                 self.copied = list(range(len(self.free)))
                 self.yield_candidates = {}

@@ -18,7 +18,7 @@ from lockgate.growth import is_virtual
 from lockgate.placement import NodeTraits, PodPlacement, Taint, can_land, is_control_plane
 from lockgate.resources import Resources
 from lockgate.scheduler.records import Shape
-from lockgate.scheduler.room_index import RoomIndex
+from lockgate.scheduler.room_index import NO_NODE, RoomIndex
 
 # A node as the parking logic compares them: its allocatable vector and its traits.
 NodeClass = tuple[tuple[int, ...], NodeTraits]
@@ -78,10 +78,12 @@ class ClusterRecord:
         "order",
         "positions",
         "real_nodes",
+        "real_rank",
         "releasing",
         "total",
         "used_by_node",
         "version",
+        "virtual_at",
         "virtual_order",
     )
 
@@ -128,12 +130,18 @@ class ClusterRecord:
         # their indexes in the order a round fills them, and how many nodes are real.
         self.virtual_order: list[int] = []
         self.real_nodes = 0
+        # Per position, whether the node there is virtual (1) or real (0); and each real
+        # node's index among the real ones, in first-fit order (-1 for a virtual one): what
+        # `ClusterRoom.place` needs to walk the room index when a shape may land on every
+        # real node, the virtual ones being `place_growth`'s alone.
+        self.virtual_at = bytearray()
+        self.real_rank: list[int] = []
 
     def note_free(self, node: str, free: list[int]) -> None:
         """A node's free room changed (in place): keep the index of it current, if it is."""
         if self.cached_version == self.version:
             position = self.positions.get(node)
-            if position is not None:
+            if position is not None and not self.virtual_at[position]:
                 self.free_index.set(position, free)
 
     def current_caches(self) -> None:
@@ -143,13 +151,24 @@ class ClusterRecord:
             self.node_list = [self.nodes[name] for name in self.order]
             self.node_rooms = [node.room for node in self.node_list]
             self.node_free = [node.free for node in self.node_list]
-            self.free_index = RoomIndex(len(self.node_free), len(self.total),
-                                        rows=self.node_free)
             self.node_traits = [node.traits for node in self.node_list]
             self.eligible_nodes = {}
             self.hold_nodes = {}
             self.hold_node_sets = {}
             self.positions = {name: i for i, name in enumerate(self.order)}
+            self.virtual_at = bytearray(is_virtual(name) for name in self.order)
+            rank = 0
+            self.real_rank = [-1] * len(self.order)
+            for position, virtual_here in enumerate(self.virtual_at):
+                if not virtual_here:
+                    self.real_rank[position] = rank
+                    rank += 1
+            # The index holds the real nodes' room only: no search that uses it may land on a
+            # virtual node (those are filled by `place_growth`, in their own order).
+            no_room = [NO_NODE] * len(self.total)
+            self.free_index = RoomIndex(len(self.node_free), len(self.total), rows=[
+                no_room if virtual_here else free
+                for free, virtual_here in zip(self.node_free, self.virtual_at, strict=True)])
             virtual = [name for name in self.order if is_virtual(name)]
             # In-flight claims first (they are coming anyway), then each pool's headroom in
             # its own order ("/2" before "/10").
