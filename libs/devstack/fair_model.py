@@ -106,6 +106,20 @@ class Demand:
     groups: frozenset[str] | None = None
 
 
+
+def _pool_of(clusters: Iterable[Cluster], resources: Collection[str],
+             pool_total: Mapping[str, float] | None) -> dict[str, float]:
+    """What shares are fractions of: `pool_total`, or every cluster's capacity summed, of the
+    resources shares are over."""
+    if pool_total is not None:
+        return {r: float(a) for r, a in pool_total.items() if r in resources}
+    total: dict[str, float] = defaultdict(float)
+    for cluster in clusters:
+        for resource, amount in cluster.capacity.items():
+            if resource in resources:
+                total[resource] += amount
+    return dict(total)
+
 def shape_key(shape: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
     """A hashable, order-free key of a shape (zero amounts dropped)."""
     return tuple(sorted((r, float(a)) for r, a in shape.items() if a))
@@ -188,15 +202,7 @@ def fair_allocation(*, clusters: Sequence[Cluster], weights: Mapping[str, float]
             raise FairModelError(f"demand for queue {demand.queue!r}, which has no weight")
         if demand.count < 0 or any(a < 0 for a in demand.shape.values()):
             raise FairModelError(f"queue {demand.queue!r}: negative demand")
-    if pool_total is None:
-        total: dict[str, float] = defaultdict(float)
-        for cluster in clusters:
-            for resource, amount in cluster.capacity.items():
-                if resource in resources:
-                    total[resource] += amount
-        pool = dict(total)
-    else:
-        pool = {r: float(a) for r, a in pool_total.items() if r in resources}
+    pool = _pool_of(clusters, resources, pool_total)
 
     queues = sorted(weights)
     queue_index = {q: i for i, q in enumerate(queues)}
@@ -597,15 +603,7 @@ def hierarchical_allocation(*, clusters: Sequence[Cluster], tree: Sequence[TreeQ
             raise FairModelError(f"demand for {demand.queue!r}, which is not a leaf")
         if demand.cluster not in by_cluster:
             raise FairModelError(f"unknown cluster {demand.cluster!r}")
-    if pool_total is None:
-        total: dict[str, float] = defaultdict(float)
-        for cluster in clusters:
-            for resource, amount in cluster.capacity.items():
-                if resource in resources:
-                    total[resource] += amount
-        pool = dict(total)
-    else:
-        pool = {r: float(a) for r, a in pool_total.items() if r in resources}
+    pool = _pool_of(clusters, resources, pool_total)
     leaves = sorted({d.queue for d in demands})
     leaf_index = {name: i for i, name in enumerate(leaves)}
     columns = [(d, g.name) for d, demand in enumerate(demands)

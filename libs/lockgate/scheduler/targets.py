@@ -147,6 +147,22 @@ class FairTargets:
         return self.queues.get(queue)
 
 
+def _share_axes(groups: Sequence[NodeGroup], resources: Collection[str] | None,
+                pool: Mapping[str, float] | None,
+                ) -> tuple[Mapping[str, float], list[str], list[float]]:
+    """The pool (as given, or the groups' capacity summed), the resources shares are over (the
+    pool's that are positive and among `resources`), and 1 / the pool's amount of each."""
+    if pool is None:
+        totals: dict[str, float] = {}
+        for group in groups:
+            for name, amount in group.capacity.items():
+                totals[name] = totals.get(name, 0.0) + amount
+        pool = totals
+    axes = sorted(name for name, amount in pool.items()
+                  if amount > 0 and (resources is None or name in resources))
+    return pool, axes, [1.0 / pool[name] for name in axes]
+
+
 def fair_targets(
     *,
     groups: Iterable[NodeGroup],
@@ -163,15 +179,7 @@ def fair_targets(
     do not exist are met from nothing (target 0).
     """
     group_list = sorted(groups, key=lambda g: (g.cluster, g.name))
-    if pool is None:
-        totals: dict[str, float] = {}
-        for group in group_list:
-            for name, amount in group.capacity.items():
-                totals[name] = totals.get(name, 0.0) + amount
-        pool = totals
-    axes = sorted(name for name, amount in pool.items()
-                  if amount > 0 and (resources is None or name in resources))
-    inverse = [1.0 / pool[name] for name in axes]
+    pool, axes, inverse = _share_axes(group_list, resources, pool)
     queues: dict[str, QueueTarget] = {}
     levels = 0
     # Queues that share no node group never compete: solve each connected part on its own
@@ -772,15 +780,7 @@ def hierarchical_fair_targets(
         return fair_targets(groups=group_list,
                             weights={name: tree.node(name).weight for name in tree.names},
                             demands=demands, resources=resources, pool=pool)
-    if pool is None:
-        totals: dict[str, float] = {}
-        for group in group_list:
-            for name, amount in group.capacity.items():
-                totals[name] = totals.get(name, 0.0) + amount
-        pool = totals
-    axes = sorted(name for name, amount in pool.items()
-                  if amount > 0 and (resources is None or name in resources))
-    inverse = [1.0 / pool[name] for name in axes]
+    pool, axes, inverse = _share_axes(group_list, resources, pool)
     leaves = set(tree.leaves)
     problem = _Problem(axes, inverse, group_list, dict.fromkeys(leaves, 1.0),
                        [d for d in demands if d.queue in leaves])
