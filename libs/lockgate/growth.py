@@ -126,6 +126,9 @@ class VirtualNode:
     labels: Mapping[str, str]
     taints: tuple[Taint, ...]
     claim: str = ""
+    # The Node the claim names (its `status.nodeName`), when the scheduler does not have it
+    # yet: pods bound there are charged to this virtual node until it does.
+    node_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +494,8 @@ def _virtual(name: str, pool_name: str, capacity: Mapping[str, int],
         taints = pool.taints
     labels[NODE_POOL_LABEL] = pool_name
     return VirtualNode(name=name, pool=pool_name, allocatable=allocatable, labels=labels,
-                       taints=taints, claim="" if claim is None else claim.name)
+                       taints=taints, claim="" if claim is None else claim.name,
+                       node_name="" if claim is None else claim.node_name)
 
 
 def is_virtual(node_name: str) -> bool:

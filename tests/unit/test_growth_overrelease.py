@@ -140,3 +140,28 @@ def test_a_node_known_before_its_claim_names_it_is_not_room_twice() -> None:
     released(state, NOW + 1)
     assert held_in_b(state, w1 + w2) <= slots, (
         f"{held_in_b(state, w1 + w2)} pods released or bound for {slots} slots")
+
+
+def test_pods_bound_to_a_claims_node_not_known_yet_at_the_limits_keep_their_room() -> None:
+    # The pool at its limits: two NodeClaims named their Nodes, kube-scheduler bound the pods
+    # there, and the leader has the bindings before the Nodes.
+    w2 = a_job("w2").in_cluster("b").requesting(cpu="1", memory="64Mi").times(8)
+    state = (a_state().with_queues(a_queue("w1"), a_queue("w2").with_weight(2))
+             .with_cluster("b", {}).with_jobs(w2).build())
+    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=0))
+    limit = ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True, node_pools=[
+        NodePoolStatus(name="default", limits={"cpu": 8000}, in_use={"cpu": 0},
+                       requirements=KWOK_4X16)])
+    state.set_growth("b", limit)
+    assert len(released(state, NOW)) == 8
+    claims = [NodeClaimStatus(name=f"c{i}", node_pool="default", created_at=T0,
+                              node_name=f"kwok-c{i}", registered=True, launched=True)
+              for i in (1, 2)]
+    state.set_growth("b", limit.model_copy(update={
+        "observed_at": T0 + timedelta(seconds=5), "node_claims": claims,
+        "node_pools": [limit.node_pools[0].model_copy(update={"in_use": {"cpu": 8000}})]}))
+    for i, job in enumerate(w2):
+        state.upsert_job(replace(job, state=JobState.RUNNING, node_name=f"kwok-c{1 + i // 4}"))
+    w1 = a_job("w1").in_cluster("b").requesting(cpu="1", memory="64Mi").times(24)
+    state.upsert_jobs(w1)
+    assert released(state, NOW + 1) == [], "the pool is at its limits, its nodes full"
