@@ -126,6 +126,9 @@ class VirtualNode:
     labels: Mapping[str, str]
     taints: tuple[Taint, ...]
     claim: str = ""
+    # The Node the claim names (its `status.nodeName`), when the scheduler does not have it
+    # yet: pods bound there are charged to this virtual node until it does.
+    node_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,7 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     for pool in sorted(growth.node_pools, key=lambda p: p.name):
         shapes[pool.name] = instance_shape(pool, cluster=cluster, policy=policy,
                                            largest_node_of=largest_node_of)
+    unnamed = _claims_left_within_limits(growth, shapes, pool_nodes, has_node)
     for claim in sorted(growth.node_claims, key=lambda c: (c.created_at, c.name)):
         if claim.failure:
             if not failed:
@@ -201,6 +205,8 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
         if claim.deleting or (claim.node_name and has_node(claim.node_name)):
             continue
         in_flight.append(claim.name)
+        if claim.name not in unnamed:
+            continue  # its Node is (very likely) one the scheduler has, not yet named by it
         claim_pool = pools.get(claim.node_pool)
         allocatable: Mapping[str, int] | None = claim.allocatable or shapes.get(
             claim.node_pool, (None, ""))[0]
@@ -235,6 +241,48 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     return GrowthPlan(cluster=cluster, pools=tuple(sorted(headrooms, key=lambda h: h.pool)),
                       nodes=tuple(nodes), claims_in_flight=tuple(in_flight),
                       failed_claim=failed, marker=marker)
+
+
+def _claims_left_within_limits(growth: ClusterGrowth,
+                               shapes: Mapping[str, tuple[dict[str, int] | None, str]],
+                               pool_nodes: Callable[[str], Mapping[str, Mapping[str, int]]],
+                               has_node: Callable[[str], bool]) -> frozenset[str]:
+    """The NodeClaims in flight that may be virtual nodes: per pool, the newest that fit
+    within its limits once its existing nodes are counted.
+
+    Why: a claim's Node registers (and the watcher reports it) before Karpenter writes the
+    claim's `status.nodeName`, and the pictures travel apart from the nodes; in between the
+    scheduler has the Node *and* the claim in flight, the same node twice. `_with_made_counted`
+    keeps the headroom from counting it again, but the claim's virtual node stayed: its room
+    and the real node's were both offered (seen on the stack: 48 pods released where the
+    limits hold 32; the pods over the limits never got a node). Karpenter never makes a pool's
+    nodes exceed its limits, so the claims beyond them are nodes the scheduler already has.
+    The oldest go first: they are the first whose Nodes register."""
+    pools = {pool.name: pool for pool in growth.node_pools}
+    live = [claim for claim in growth.node_claims
+            if not (claim.failure or claim.deleting
+                    or (claim.node_name and has_node(claim.node_name)))]
+    kept: set[str] = set()
+    by_pool: dict[str, list[NodeClaimStatus]] = {}
+    for claim in live:
+        by_pool.setdefault(claim.node_pool, []).append(claim)
+    for pool_name, claims in by_pool.items():
+        pool = pools.get(pool_name)
+        if pool is None or not pool.limits:
+            kept.update(claim.name for claim in claims)
+            continue
+        left = dict(pool.limits)
+        for size in pool_nodes(pool_name).values():
+            for resource in left:
+                left[resource] -= size.get(resource, 0)
+        shape = shapes.get(pool_name, (None, ""))[0]
+        for claim in sorted(claims, key=lambda c: (c.created_at, c.name), reverse=True):
+            size = claim.allocatable or shape or {}
+            if all(left[resource] >= size.get(resource, 0) for resource in left):
+                kept.add(claim.name)
+                for resource in left:
+                    left[resource] -= size.get(resource, 0)
+    return frozenset(kept)
 
 
 def _with_made_counted(pool: NodePoolStatus, claims: Sequence[NodeClaimStatus],
@@ -446,7 +494,8 @@ def _virtual(name: str, pool_name: str, capacity: Mapping[str, int],
         taints = pool.taints
     labels[NODE_POOL_LABEL] = pool_name
     return VirtualNode(name=name, pool=pool_name, allocatable=allocatable, labels=labels,
-                       taints=taints, claim="" if claim is None else claim.name)
+                       taints=taints, claim="" if claim is None else claim.name,
+                       node_name="" if claim is None else claim.node_name)
 
 
 def is_virtual(node_name: str) -> bool:

@@ -124,10 +124,22 @@ class ClusterRoom:
         return self.free[node]
 
     def _place_held_unbound(self, cluster: ClusterRecord, inverse_total: list[float]) -> int:
-        """Charge released-but-unbound jobs to nodes; returns how many fit nowhere."""
+        """Charge released-but-unbound jobs to nodes; returns how many fit nowhere.
+
+        Jobs bound to a Node the cluster does not have yet, which a NodeClaim in flight names,
+        are charged to that claim's virtual node first: the leader may hear of the bindings
+        before it hears of the Node, and the claim's room looked free meanwhile (pods were
+        released for growth beyond the pool's limits)."""
+        index = cluster.positions
+        for node_name, virtual in cluster.claim_nodes.items():
+            used = cluster.used_by_node.get(node_name)
+            at = index.get(virtual)
+            if used is not None and at is not None:
+                room = self._own(at)
+                for axis, amount in enumerate(used):
+                    room[axis] -= amount
         if not cluster.held_unbound:
             return 0
-        index = cluster.positions
         without_room: list[Shape] = []
         for shape, hint in cluster.held_unbound.values():
             i = index.get(hint) if hint is not None else None

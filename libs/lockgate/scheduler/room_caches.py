@@ -61,6 +61,7 @@ class NodeRecord:
 class ClusterRecord:
     __slots__ = (
         "cached_version",
+        "claim_nodes",
         "eligible_nodes",
         "fits_no_node",
         "free_index",
@@ -105,6 +106,9 @@ class ClusterRecord:
         # Jobs holding capacity without a node yet (released, ungated): job_id -> (shape, the
         # node the round that released it had in mind, if any).
         self.held_unbound: dict[str, tuple[Shape, str | None]] = {}
+        # Per Node a NodeClaim in flight names that the cluster does not have yet, the claim's
+        # virtual node (lockgate.growth): pods bound to that Node are charged there.
+        self.claim_nodes: dict[str, str] = {}
         # Of those, how many are released and not yet ungated: the ungaters' backlog here,
         # which the round keeps short so a newcomer's release does not queue behind it.
         self.releasing = 0

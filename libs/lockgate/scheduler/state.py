@@ -516,6 +516,8 @@ class SchedulerState:
             node.name: NodeInfo(allocatable=Resources(dict(node.allocatable)),
                                 labels=dict(node.labels), taints=node.taints)
             for node in plan.nodes}
+        record.claim_nodes = {} if plan is None else {
+            node.node_name: node.name for node in plan.nodes if node.node_name}
         for name in [name for name in record.nodes if is_virtual(name) and name not in wanted]:
             self._set_node(cluster, name, None)
         for name, info in wanted.items():
