@@ -301,9 +301,9 @@ async def _say_growth(session: aiohttp.ClientSession, url: str, alias: str,
     if growth is None:
         result.failures.append(f"lockgate status shows no growth of {alias}: {body.get('growth')}")
         return
-    pools = "; ".join(f"{p['name']}: {p['headroom_nodes']} nodes more (cpu "
-                      f"{p['headroom'].get('cpu', 0) / 1000:g} left)"
-                      + (f", none: {p['why_none']}" if p["why_none"] else "")
+    pools = "; ".join(f"{p['name']}: " + (p["why_none"] if p["why_none"] else
+                                          f"{p['headroom_nodes']} nodes more (cpu "
+                                          f"{p['headroom'].get('cpu', 0) / 1000:g} left)")
                       for p in growth["node_pools"])
     say(result, f"lockgate status -o wide: {alias}: {growth['nodes']} nodes, cpu "
                 f"{growth['capacity'].get('cpu', 0) / 1000:g}; headroom {pools}; "

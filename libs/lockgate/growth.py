@@ -348,7 +348,8 @@ def pool_headroom(pool: NodePoolStatus, *, shape: Mapping[str, int] | None, shap
             if amount < 0 or (per_node > 0 and amount // per_node < count):
                 count = 0 if amount < 0 else amount // per_node
                 if position == 0:  # the reason given is the biggest type's
-                    bound_by = f"{resource} left {describe_amounts({resource: max(amount, 0)})}"
+                    bound_by = (f"no {resource} left" if amount <= 0 else
+                                f"{describe_amounts({resource: amount})} left: less than a node")
         if count > 0:
             instances.append((size, count))
             budget -= count

@@ -382,3 +382,23 @@ def test_whole_nodes_worth_go_and_the_remainder_is_gathered_anew() -> None:
     assert explained(state, result, jobs[4].job_id, NOW).startswith(
         "waiting to fill a node of the pool (NodePool default): 4 of 16 cpu owed")
     assert [d.job_id for d in run(state, now=NOW + 12).decisions] == [jobs[4].job_id]
+
+
+def test_explain_says_why_a_cluster_with_no_node_cannot_grow_for_a_pod() -> None:
+    # Cluster b has no node yet, and its pool names no instance size (no policy shape, no node
+    # of its own to read it from): nothing may exist there, and explain says why, not merely
+    # "no schedulable node".
+    waiting = a_job("a").in_cluster("b").requesting(cpu="4").build()
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(waiting).build()
+    state.set_growth("b", ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True,
+                                        node_pools=[NodePoolStatus(name="default",
+                                                                   limits={"cpu": 16_000})]))
+    result = run(state)
+    assert not result.decisions
+    report = report_round(state, result, number=1, at=NOW, phases={},
+                          settings=ExplainSettings(preemption=False, group_reserve_after=None,
+                                                   holds=True))
+    said = report.explain([(waiting.job_id, None)], now=NOW)[waiting.job_id]
+    assert said is not None
+    assert "its cluster cannot grow for it: NodePool default: the size of its nodes is unknown" \
+        in said.message, said.message

@@ -363,7 +363,7 @@ class Explainer:
             gate = self._growth_gates[job.cluster] = growth_gate(state, job.cluster,
                                                                  now=self.now)
         standing, words = _growth_standing(state, job, explanation, rounds, gate)
-        if not standing:
+        if not standing and not words:
             return explanation
         return _with_message(replace(explanation, growth_standing=standing, growth=words))
 
@@ -387,9 +387,18 @@ def _growth_standing(state: SchedulerState, job: SchedJob, e: Explanation,
         if gate.stalled:
             words += f"; {gate.stalled}"
         return GrowthStanding.RELEASED.value, words
+    fits_growth = rounds is not None and rounds.fits_growth(
+        state.job_records[job.job_id].shape)
+    if not fits_growth and not gate.stalled and e.reason in (
+            WaitReason.NO_NODES, WaitReason.NODE_FIT, WaitReason.CLUSTER_ROOM):
+        # No node that exists has room, and none that may exist could take it: say why the
+        # pools add nothing (an unknown instance size, not Ready, at their limits).
+        plan = gate.plan
+        why = [] if plan is None else [pool.why_none for pool in plan.pools if pool.why_none]
+        if why:
+            return "", "its cluster cannot grow for it: " + "; ".join(why)
     if e.reason not in (WaitReason.CLUSTER_ROOM, WaitReason.FAIR_SHARE) or rounds is None:
         return "", ""
-    fits_growth = rounds.fits_growth(state.job_records[job.job_id].shape)
     if fits_growth and not e.below_target:
         return GrowthStanding.OVER_SHARE.value, OVER_SHARE_FOR_GROWTH
     if gate.stalled:
