@@ -540,6 +540,11 @@ async def create_queue(connection: AnyConnection, spec: QueueSpec, *,
     `check`: the queue tree's rules, run under QUEUE_TREE_LOCK on the queues as they would be
     (QueueTreeRefused)."""
     async with connection.transaction():
+        # A queue that exists is a conflict (409), said before the tree's rules (which would
+        # call it "defined twice"); checked again below, under the lock, for a racing create.
+        if await connection.fetchval(
+                "SELECT NOT deleted FROM queues WHERE name = $1", spec.name):
+            raise QueueExistsError(spec.name)
         await _check_tree(connection, check, lambda queues: [*queues, spec])
         existing = await connection.fetchrow(
             "SELECT deleted FROM queues WHERE name = $1 FOR UPDATE", spec.name)

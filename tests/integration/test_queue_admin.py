@@ -388,9 +388,11 @@ async def test_the_cli_creates_updates_lists_and_deletes_queues(
     assert queue_name in [q["name"] for q in json.loads(listed.out)]
     table = await lockgate(admin, "queue", "list")
     header, *rows = table.out.splitlines()
-    assert header.split() == ["NAME", "WEIGHT", "PRIORITY-FACTOR", "CORDONED", "LIMITS",
-                              "MAX-QUEUED", "NAMESPACES", "ALLOWED-KINDS"]
-    assert [queue_name, "2", "0.5", "yes", "cpu=200", "-",
+    assert header.split() == ["NAME", "PATH", "WEIGHT", "PRIORITY-FACTOR", "CORDONED",
+                              "LIMITS", "GUARANTEE", "MAX-QUEUED", "NAMESPACES",
+                              "ALLOWED-KINDS"]
+    # A child of the root: its path is its name; no guarantee.
+    assert [queue_name, queue_name, "2", "0.5", "yes", "cpu=200", "-", "-",
             f"*/team-a,{known}/team-b,*/lockgate.io/team=ml", "(default)"] in [
         row.split() for row in rows]
     cleared = await lockgate(admin, "queue", "update", queue_name, "--clear-namespaces",
@@ -641,12 +643,12 @@ async def test_queue_list_watch_prints_new_queues_until_ctrl_c(
         assert reply.status == 201, reply.body
         assert await line_with(queue_name)
         row = seen[-1].split()
-        assert row[:3] == [queue_name, "2", "0.5"], seen
+        assert row[:4] == [queue_name, queue_name, "2", "0.5"], seen
         cordoned = await call(admin, "PATCH", f"/api/v1/queues/{queue_name}",
                               {"cordoned": True})
         assert cordoned.status == 200
         assert await line_with(queue_name)
-        assert seen[-1].split()[3] == "yes", seen
+        assert seen[-1].split()[4] == "yes", seen
         # The header, not the empty answer's hint ("lockgate queue create NAME ..."), which
         # is all the first poll shows when the test runs alone.
         assert sum(line.startswith("NAME ") for line in seen) <= 1, "the header prints once"
