@@ -43,7 +43,6 @@ NodePool's limits count what a real node would.
 
 from __future__ import annotations
 
-import http.client
 import os
 import sys
 from collections.abc import Callable
@@ -52,6 +51,7 @@ from pathlib import Path
 from devstack.config import HOST, Settings
 from devstack.errors import StackError
 from devstack.gobuild import GoTool, SourceEdit, ensure_go_tool
+from devstack.kube import http_ok
 from devstack.procs import Component
 
 KARPENTER_VERSION = os.environ.get("LOCKGATE_KARPENTER_VERSION", "v1.13.0")
@@ -116,23 +116,10 @@ def karpenter_component(*, cluster: str, home: Path, kubeconfig: Path, workdir: 
         cwd=workdir,
         ports=[metrics_port, health_port],
         endpoint=f"http://{HOST}:{health_port}",
-        health=lambda: _ready(health_port),
+        # /readyz answers 200 once its caches synced and its CRDs are served.
+        health=lambda: http_ok(health_port, "/readyz"),
         env={"KUBECONFIG": str(kubeconfig)},
     )
-
-
-def _ready(port: int) -> str | None:
-    """None once Karpenter's /readyz answers 200 (caches synced, CRDs served)."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
-    try:
-        conn.request("GET", "/readyz")
-        resp = conn.getresponse()
-        body = resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
-    return None if resp.status == 200 else f"/readyz -> {resp.status} {body[:200]!r}"
 
 
 def main() -> int:

@@ -243,7 +243,7 @@ class Cluster:
             cwd=self.dir,
             ports=[p.kwok],
             endpoint=f"http://{HOST}:{p.kwok}",
-            health=lambda: _http_ok(p.kwok, "/healthz"),
+            health=lambda: http_ok(p.kwok, "/healthz"),
         )
         if not self.autoscaled:
             return [etcd, apiserver, kcm, scheduler, kwok]
@@ -509,7 +509,8 @@ def _etcd_health(port: int) -> str | None:
     return f"/health -> {resp.status} {body[:100]!r}"
 
 
-def _http_ok(port: int, path: str) -> str | None:
+def http_ok(port: int, path: str) -> str | None:
+    """None once GET `path` on a loopback port answers 200; else what went wrong."""
     conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
     try:
         conn.request("GET", path)
