@@ -51,8 +51,7 @@ from pathlib import Path
 from devstack.config import HOST, Settings
 from devstack.errors import StackError
 from devstack.gobuild import GoTool, SourceEdit, ensure_go_tool
-from devstack.kube import http_ok
-from devstack.procs import Component
+from devstack.procs import Component, http_ok
 
 KARPENTER_VERSION = os.environ.get("LOCKGATE_KARPENTER_VERSION", "v1.13.0")
 MODULE = "sigs.k8s.io/karpenter"

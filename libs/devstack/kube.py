@@ -21,7 +21,7 @@ from typing import Any
 from devstack.config import AUTOSCALED_CLUSTERS, HOST, Settings
 from devstack.errors import StackError
 from devstack.pki import ClusterPKI
-from devstack.procs import Component
+from devstack.procs import Component, http_ok
 
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDRS = {"cluster-a": "10.244.0.1/16", "cluster-b": "10.245.0.1/16"}
@@ -507,20 +507,6 @@ def _etcd_health(port: int) -> str | None:
     if resp.status == 200 and b'"health":"true"' in body.replace(b" ", b""):
         return None
     return f"/health -> {resp.status} {body[:100]!r}"
-
-
-def http_ok(port: int, path: str) -> str | None:
-    """None once GET `path` on a loopback port answers 200; else what went wrong."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
-    return None if resp.status == 200 else f"{path} -> {resp.status}"
 
 
 def _insecure_https_ok(port: int, path: str) -> str | None:

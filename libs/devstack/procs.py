@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import http.client
 import json
 import os
 import pwd
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from devstack.config import HOST
 from devstack.errors import StackError
 
 HealthCheck = Callable[[], "str | None"]
@@ -438,3 +440,17 @@ async def terminate(process: asyncio.subprocess.Process, grace_seconds: float) -
                 process.kill()
             await process.wait()
     return process.returncode
+
+
+def http_ok(port: int, path: str) -> str | None:
+    """None once GET `path` on a loopback port answers 200; else what went wrong."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return None if resp.status == 200 else f"{path} -> {resp.status}"
