@@ -80,7 +80,7 @@ test: venv lint browser
 	$(BIN)/python -m devstack.kuberay >/dev/null
 	# The recipes' real clients (pyspark, dask-kubernetes, KubeSpawner; Airflow apart): venvs of their own, cached.
 	$(BIN)/python -m devstack.clients >/dev/null
-	$(BIN)/pytest -q --timeout=600 tests/integration tests/e2e
+	$(BIN)/pytest -q --timeout=600 --durations=60 tests/integration tests/e2e
 
 # docker compose with locally built images against the local stack (tests/compose); starts a
 # dockerd of its own if none runs, and stops it again. Timings: compose-test-timings.json.
