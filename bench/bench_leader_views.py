@@ -35,11 +35,11 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-import devstack
 from bench_ui_pages import read_only_admin  # the admin API in this process, read-only
 from devstack.launcher import ServiceProcess
 from devstack.ports import free_port
 from devstack.roles import service_dsn
+from devstack.stack import Stack
 from lockgate.ingest import JobRow
 from lockgate.jobs import JobState
 from lockgate_adapters import job_store
@@ -159,12 +159,25 @@ async def leader_round(port: int) -> dict[str, Any] | None:
     return body.get("last_round") if body.get("leader") else None
 
 
-async def timings(fetch: Callable[[], Awaitable[None]]) -> list[float]:
-    await fetch()  # warm: connections, plans, the round's explainer
+async def round_seconds(port: int) -> tuple[float, float]:
+    """The leader's rounds so far: (seconds in all, how many), from its histogram."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for kind in found:
+            if line.startswith(f"lockgate_scheduler_round_duration_seconds_{kind} "):
+                found[kind] = float(line.split()[1])
+    return found["sum"], found["count"]
+
+
+async def timings(fetch: Callable[[int], Awaitable[None]]) -> list[float]:
+    await fetch(REQUESTS)  # warm: connections, plans, the round's explainer
     times = []
-    for _ in range(REQUESTS):
+    for request in range(REQUESTS):
         started = time.perf_counter()
-        await fetch()
+        await fetch(request)
         times.append((time.perf_counter() - started) * 1000)
     return times
 
@@ -173,15 +186,24 @@ def p99(times: list[float]) -> float:
     return statistics.quantiles(times, n=100, method="inclusive")[98]
 
 
-def calls(run: str, queued: int) -> dict[str, str]:
-    """The four calls, each about a pod in the middle of the line of the cordoned queue."""
+def calls(run: str, queued: int) -> dict[str, Callable[[int], str]]:
+    """The calls, by the request's number: the four, each about a pod in the middle of the line
+    of the cordoned queue, asked again and again as a UI page refreshing or `explain` run
+    again asks; and `explain` of a pod nobody asked about before, a different one each time
+    (anywhere in any queue), which the leader has not explained yet."""
     i = queued // 2 // QUEUES * QUEUES
     cluster, pod = cluster_name(run, i % CLUSTERS), f"pod-{i}"
+
+    def first_ask(request: int) -> str:
+        j = (request * 7919 + 1) % queued
+        return f"/api/v1/explain/{cluster_name(run, j % CLUSTERS)}/ns-{j % 20}/pod-{j}"
+
     return {
-        "status": "/api/v1/status",
-        "explain": f"/api/v1/explain/{cluster}/ns-{i % 20}/{pod}",
-        "ui_queue_page": f"/api/v1/queues/q-{i % QUEUES:04d}/waiting?limit=50",
-        "ui_pod_page": f"/api/v1/pods/{cluster}/ns-{i % 20}/{pod}",
+        "status": lambda _: "/api/v1/status",
+        "explain": lambda _: f"/api/v1/explain/{cluster}/ns-{i % 20}/{pod}",
+        "ui_queue_page": lambda _: f"/api/v1/queues/q-{i % QUEUES:04d}/waiting?limit=50",
+        "ui_pod_page": lambda _: f"/api/v1/pods/{cluster}/ns-{i % 20}/{pod}",
+        "explain_first_ask": first_ask,
     }
 
 
@@ -239,14 +261,22 @@ async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, toke
                                    scheduler_urls=[f"http://127.0.0.1:{port}"]) as admin_port, \
                 aiohttp.ClientSession(f"http://127.0.0.1:{admin_port}",
                                       headers={"Authorization": f"Bearer {token}"}) as session:
-            for name, path in calls(run, queued).items():
-                async def get(path: str = path, name: str = name) -> None:
+            rounds_before = await round_seconds(port)
+            for name, path_of in calls(run, queued).items():
+                async def get(request: int, path_of: Callable[[int], str] = path_of,
+                              name: str = name) -> None:
+                    path = path_of(request)
                     async with session.get(path) as response:
                         assert response.status == 200, (path, await response.text())
                         body = await response.json()
                     if name == "explain":  # an answer from the leader, not "unavailable"
                         assert body["explanation"] is not None, body
                 found[name] = await timings(get)
+            rounds_after = await round_seconds(port)
+            count = rounds_after[1] - rounds_before[1]
+            facts["leader_round_mean_ms"] = (
+                None if count <= 0 else
+                round((rounds_after[0] - rounds_before[0]) / count * 1000, 1))
     finally:
         stopping.set()
         facts["pods_ended_meanwhile"] = await writer
@@ -256,12 +286,21 @@ async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, toke
     return found
 
 
+def needed_stack() -> Any:
+    """The stack's Postgres and Kafka, started if they are not running (and nothing else: the
+    bench needs no Kubernetes control plane, whose apiservers would share the 2 cores)."""
+    stack = Stack()
+    for component in ("postgres", "kafka"):
+        stack.start_component(component)
+    return stack.info()
+
+
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queued", type=int, default=1_000_000)
     parser.add_argument("--baseline", type=int, default=1_000)
     args = parser.parse_args(argv)
-    stack = devstack.ensure_up()
+    stack = needed_stack()
     base, base_facts = await measure(stack, args.baseline)
     big, big_facts = await measure(stack, args.queued)
     for name, times in big.items():

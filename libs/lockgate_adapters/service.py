@@ -32,7 +32,8 @@ class ServiceContext:
         self.stopping = asyncio.Event()
         self.readiness = Readiness()
         self.health = HealthServer(self.readiness, host=settings.http_host,
-                                   port=settings.http_port)
+                                   port=settings.http_port,
+                                   own_thread=settings.health_own_thread)
         self.dependencies = DependencyMonitor(self.readiness, settings.dependency_checks)
 
 

@@ -161,6 +161,9 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_", env_nested_delimiter="__",
                                       extra="forbid", populate_by_name=True)
     service_name: ClassVar[str] = "lockgate"
+    # Whether the health server runs on a thread of its own, so its `off_loop` views answer
+    # while the service's loop is busy (lockgate_adapters.health): the fair scheduler's is.
+    health_own_thread: ClassVar[bool] = False
 
     # Shared by every service (one Kafka, one Postgres, one tracing backend): read from
     # LOCKGATE_<NAME> whatever the service's own prefix is.

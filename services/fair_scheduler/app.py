@@ -23,6 +23,7 @@ from fair_scheduler.settings import SchedulerSettings
 from lockgate.events import DEAD_LETTERS, POD_NOTICES, RELEASE_COMMANDS
 from lockgate.scheduler.collection import collect_for_large_state
 from lockgate_adapters import scheduler_store as store
+from lockgate_adapters.health import HealthServer
 from lockgate_adapters.kafka import start_producer
 from lockgate_adapters.postgres import connect_pool, wait_for_schema
 from lockgate_adapters.retrying import Backoff, Stopped, retry, sleep_unless_stopped
@@ -47,9 +48,7 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
     ctx.dependencies.postgres(settings.postgres_dsn)
     ctx.dependencies.kafka(settings.kafka())
     report = FairnessReport(instance_id=settings.instance_id)
-    ctx.health.add_json_view(FAIRNESS_PATH, report.encoded)
-    ctx.health.add_json_query(EXPLAIN_PATH,
-                              lambda body: report.explain_json(body, now=time.time()))
+    serve_views(ctx.health, report)
 
     async def schedule(stopping: asyncio.Event) -> None:
         await _wait_for_schema(settings)
@@ -68,6 +67,16 @@ async def compose(ctx: ServiceContext) -> list[Loop]:
             await producer.stop()
 
     return [schedule]
+
+
+def serve_views(health: HealthServer, report: FairnessReport) -> None:
+    """The leader's picture over HTTP. On the health server's own thread (the settings'
+    `health_own_thread`), the fairness answer never waits for the round in progress, nor an
+    explanation the last round's picture already gave (reporting.FairnessReport.answered);
+    the others are worked out on the loop."""
+    health.add_json_view(FAIRNESS_PATH, report.encoded, off_loop=True)
+    health.add_json_query(EXPLAIN_PATH, lambda body: report.explain_json(body, now=time.time()),
+                          off_loop=report.answered)
 
 
 async def _lead_when_elected(settings: SchedulerSettings, ctx: ServiceContext,

@@ -412,6 +412,9 @@ class Leader:
                          at=decided_at.timestamp(), phases=self._feed.phases,
                          settings=self._explain_settings, history=self._history_report),
             seconds=seconds, decisions=len(recorded))
+        # The pods asked about lately, explained from the new picture at once: asked again,
+        # they are answered without waiting for the next round (reporting.answered).
+        self._report.explain_again(now=self._now().timestamp())
         self._collector.after_round()
         self._hand_over_targets()
         return len(result.decisions) >= settings.max_decisions_per_round

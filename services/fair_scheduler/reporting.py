@@ -15,6 +15,8 @@ jobs wait. It is the only picture: queue-store's `status`, `explain` and web UI 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,6 +37,11 @@ from lockgate.scheduler.tree_status import tree_node_json
 from lockgate.wait_estimates import ReleaseRates
 
 MAX_EXPLAINED = 1000  # pods per explain request: a UI page is at most 500
+# Pods asked about in the last WATCH_SECONDS (at most MAX_WATCHED, the most recently asked
+# first) are explained again after every round, so asking again (a UI page refreshing, explain
+# run again) is answered without waiting for the round in progress (`answered`).
+WATCH_SECONDS = 30.0
+MAX_WATCHED = 500
 
 IS_LEADER = Gauge("lockgate_scheduler_is_leader",
                   "1 while this instance holds the leader lock, else 0")
@@ -54,6 +61,33 @@ SHARE_KINDS = ("fair", "adjusted_fair", "actual", "target")
 
 class ExplainRequestError(ValueError):
     """A malformed explain request: the caller gets the message with a 400."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """What GET /api/v1/fairness shows, replaced whole after each round and at each change of
+    leadership: the health server's own thread reads it while the next round runs on the loop
+    (`encoded`), so nothing in it may be changed in place. The picture's queues, rounds,
+    growth, history and tree are fixed when the round is reported (the tree built then:
+    `RoundReport.tree` reads the live state)."""
+
+    leader: bool
+    picture: RoundReport | None
+    seconds: float = 0.0
+    decisions: int = 0
+
+
+Place = tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Explained:
+    """Answers about pods from one round's picture, by (job id, place in line): read on the
+    health server's thread (`answered`), added to only on the loop while that picture is the
+    last round's, and replaced whole (never cleared in place) when the next round reports."""
+
+    picture: RoundReport | None
+    entries: dict[tuple[str, Place], dict[str, Any] | None]
 
 
 @dataclass
@@ -81,7 +115,14 @@ class FairnessReport:
     # queues' gauges: one report per process, as the leader keeps.
     _values: dict[str, tuple[float, ...]] = field(default_factory=dict)
     _queues_cache: tuple[RoundReport, list[dict[str, Any]]] | None = None
-    _encoded: tuple[RoundReport | None, bool, bytes] | None = None
+    _shown: _Shown = field(default_factory=lambda: _Shown(leader=False, picture=None))
+    _encoded: tuple[_Shown, bytes] | None = None
+    _encoding: threading.Lock = field(default_factory=threading.Lock)
+    _explained: _Explained = field(default_factory=lambda: _Explained(None, {}))
+    # Pods asked about, with the place they were asked at and when (monotonic seconds): the
+    # health server's thread and the loop both write it, under `_watching`.
+    _watched: dict[str, tuple[Place, float]] = field(default_factory=dict)
+    _watching: threading.Lock = field(default_factory=threading.Lock)
 
     def set_leader(self, leader: bool) -> None:
         self.leader = leader
@@ -92,11 +133,17 @@ class FairnessReport:
             self.release_rates = None
             self.held_out = None
             self._forget_queues(set())
+        self._shown = _Shown(leader=leader, picture=self.picture,
+                             seconds=self.last_round_seconds,
+                             decisions=self.last_round_decisions)
 
     def record_round(self, picture: RoundReport, *, seconds: float, decisions: int) -> None:
+        picture.tree()  # built now, from the state as the round left it (see `_Shown`)
         self.picture = picture
         self.last_round_decisions = decisions
         self.last_round_seconds = seconds
+        self._shown = _Shown(leader=self.leader, picture=picture, seconds=seconds,
+                             decisions=decisions)
         ROUND_SECONDS.observe(seconds)
         for status in picture.queues:
             name = status.queue
@@ -128,20 +175,23 @@ class FairnessReport:
             del self._gauges[name]
             self._values.pop(name, None)
 
-    def _round_json(self) -> dict[str, Any] | None:
-        picture = self.picture
+    def _round_json(self, shown: _Shown | None = None) -> dict[str, Any] | None:
+        shown = shown or self._shown
+        picture = shown.picture
         if picture is None:
             return None
         return {"number": picture.number,
                 "at": datetime.fromtimestamp(picture.at, UTC).isoformat(),
-                "decisions": self.last_round_decisions,
-                "duration_ms": round(self.last_round_seconds * 1000, 3)}
+                "decisions": shown.decisions,
+                "duration_ms": round(shown.seconds * 1000, 3)}
 
-    def as_json(self) -> dict[str, Any]:
-        """GET /api/v1/fairness: every queue's standing and its part in the last round."""
-        picture = self.picture if self.leader else None
-        body = {"instance_id": self.instance_id, "leader": self.leader,
-                "last_round": self._round_json(), "queues": self._queues_json(picture),
+    def as_json(self, shown: _Shown | None = None) -> dict[str, Any]:
+        """GET /api/v1/fairness: every queue's standing and its part in the last round.
+        Reads only `shown` (by default the latest): safe on the health server's thread."""
+        shown = shown or self._shown
+        picture = shown.picture if shown.leader else None
+        body = {"instance_id": self.instance_id, "leader": shown.leader,
+                "last_round": self._round_json(shown), "queues": self._queues_json(picture),
                 # The queue tree (lockgate.scheduler.tree_status), parents before children.
                 "tree": [] if picture is None else [tree_node_json(node)
                                                     for node in picture.tree()],
@@ -156,13 +206,20 @@ class FairnessReport:
 
     def encoded(self) -> bytes:
         """`as_json` encoded, once per round: queue-store asks it for every status, overview
-        and explain, and at fleet scale (1,000 queues) encoding it was most of answering."""
-        picture = self.picture if self.leader else None
+        and explain, and at fleet scale (1,000 queues) encoding it was most of answering.
+
+        Called on the health server's own thread (`off_loop`), while the loop may be running
+        the next round: it reads only the last `_Shown`, never the live state, so it never
+        waits for the round and never shows half of one."""
+        shown = self._shown
         cached = self._encoded
-        if cached is None or cached[0] is not picture or cached[1] != self.leader:
-            cached = self._encoded = (picture, self.leader,
-                                      json.dumps(self.as_json()).encode())
-        return cached[2]
+        if cached is not None and cached[0] is shown:
+            return cached[1]
+        with self._encoding:  # two requests at once encode it once
+            cached = self._encoded
+            if cached is None or cached[0] is not shown:
+                cached = self._encoded = (shown, json.dumps(self.as_json(shown)).encode())
+        return cached[1]
 
     def _queues_json(self, picture: RoundReport | None) -> list[dict[str, Any]]:
         """The queues of a picture as JSON, built once per round: every status, the UI's
@@ -200,6 +257,56 @@ class FairnessReport:
         self._queues_cache = (picture, queues)
         return queues
 
+    def answered(self, body: object) -> dict[str, Any] | None:
+        """POST /api/v1/explain on the health server's own thread: the answer when the last
+        round's picture already explained every asked pod at the place asked (each asked
+        again within WATCH_SECONDS is explained again after every round), else None and the
+        loop explains them (`explain_json`, waiting for the round in progress). So an answer
+        is always of the last round reported, never older, and never made up here."""
+        jobs = _explain_request(body)
+        shown = self._shown
+        if not jobs or not shown.leader or shown.picture is None:
+            return None
+        explained = self._explained
+        if explained.picture is not shown.picture:  # the next round reported meanwhile
+            return None
+        entries = explained.entries
+        found: dict[str, Any] = {}
+        for key in jobs:
+            if key not in entries:
+                return None
+            found[key[0]] = entries[key]
+        self._watch(jobs)
+        return {"instance_id": self.instance_id, "leader": True,
+                "round": self._round_json(shown), "explanations": found}
+
+    def _watch(self, jobs: list[tuple[str, Place]]) -> None:
+        now = time.monotonic()
+        with self._watching:
+            for job_id, place in jobs:
+                self._watched.pop(job_id, None)  # the most recently asked last
+                self._watched[job_id] = (place, now)
+            while len(self._watched) > MAX_WATCHED:
+                del self._watched[next(iter(self._watched))]
+
+    def explain_again(self, *, now: float) -> int:
+        """After a round is reported, on the loop: explain again, from the new picture, the
+        pods asked about in the last WATCH_SECONDS (at most MAX_WATCHED), so that asking again
+        need not wait for the next round. Returns how many."""
+        cutoff = time.monotonic() - WATCH_SECONDS
+        with self._watching:
+            for job_id in [job_id for job_id, (_, at) in self._watched.items() if at < cutoff]:
+                del self._watched[job_id]
+            jobs = [(job_id, place) for job_id, (place, _) in self._watched.items()]
+        picture = self.picture if self.leader else None
+        if picture is None:
+            return 0
+        if self._explained.picture is not picture:
+            self._explained = _Explained(picture, {})
+        if jobs:
+            self._explain(picture, jobs, now=now)
+        return len(jobs)
+
     def explain_json(self, body: object, *, now: float) -> dict[str, Any]:
         """POST /api/v1/explain: why each asked pod waits, from the last round's picture."""
         jobs = _explain_request(body)
@@ -207,14 +314,27 @@ class FairnessReport:
         if picture is None:  # a standby, or a leader before its first round
             return {"instance_id": self.instance_id, "leader": self.leader, "round": None,
                     "explanations": {}}
+        explained = self._explain(picture, jobs, now=now)
+        self._watch(jobs)
+        return {"instance_id": self.instance_id, "leader": True, "round": self._round_json(),
+                "explanations": explained}
+
+    def _explain(self, picture: RoundReport, jobs: list[tuple[str, Place]], *,
+                 now: float) -> dict[str, Any]:
+        """Each job's answer from `picture` (the last round's), kept for `answered`."""
+        memo = self._explained
+        if memo.picture is not picture:
+            memo = self._explained = _Explained(picture, {})
         explained: dict[str, Any] = {}
         rates = self.release_rates
+        places = dict(jobs)
         for job_id, explanation in picture.explain(jobs, now=now).items():
             if explanation is None:
                 held_out, retry_due = (None, None) if self.held_out is None \
                     else self.held_out(job_id)
-                explained[job_id] = None if held_out is None else {
-                    "explanation": None, "held_out": held_out, "retry_due": retry_due}
+                explained[job_id] = memo.entries[(job_id, places[job_id])] = (
+                    None if held_out is None else {
+                        "explanation": None, "held_out": held_out, "retry_due": retry_due})
                 continue
             entry: dict[str, Any] = {"explanation": explanation_json(explanation),
                                      "summary": short_reason(explanation),
@@ -225,9 +345,8 @@ class FairnessReport:
             if rates is not None and explanation.reason is not None:
                 estimate = rates.estimate_for(explanation, now=now)
                 entry["estimate"] = {"seconds": estimate.seconds, "text": estimate.text()}
-            explained[job_id] = entry
-        return {"instance_id": self.instance_id, "leader": True, "round": self._round_json(),
-                "explanations": explained}
+            explained[job_id] = memo.entries[(job_id, places[job_id])] = entry
+        return explained
 
 
 def _explain_request(body: object) -> list[tuple[str, tuple[int, int] | None]]:

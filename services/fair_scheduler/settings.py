@@ -23,6 +23,9 @@ class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LOCKGATE_SCHEDULER_", env_nested_delimiter="__",
                                       extra="forbid")
     service_name: ClassVar[str] = "fair-scheduler"
+    # The leader's picture of its last round is served from the health server's own thread,
+    # so `status` and the UI's overview never wait for the round in progress (issue 37).
+    health_own_thread: ClassVar[bool] = True
 
     # Leadership
     standby_retry_seconds: float = Field(

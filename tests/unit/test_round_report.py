@@ -23,6 +23,7 @@ from lockgate.scheduler import (
     schedule_round,
 )
 from lockgate.scheduler.report import ExplainSettings, RoundReport, report_round
+from lockgate.scheduler.tree_status import tree_node_json, tree_statuses
 
 SETTINGS = ExplainSettings(preemption=False, group_reserve_after=None, holds=True)
 NOW = 1_700_000_000.0
@@ -147,3 +148,53 @@ def test_the_fairness_answer_is_encoded_once_per_round_and_never_outlives_the_le
     assert fairness.encoded() is not first  # a new round
     fairness.set_leader(False)
     assert json.loads(fairness.encoded())["queues"] == []
+
+
+def _asked(state: SchedulerState) -> dict[str, object]:
+    job_id = next(job_id for job_id, job in state.job_records.items()
+                  if job.state.value == "queued" and job.queue == "cordoned-q")
+    return {"jobs": [{"id": job_id, "place": [1, 2]}]}
+
+
+def test_a_pod_asked_about_again_is_answered_off_the_loop_from_the_last_round_only() -> None:
+    """`answered` (the health server's thread) gives only what the loop explained from the
+    last round's picture: nothing for a pod never asked about, nothing once the next round
+    is reported until the loop explained it again, and then the new round's answer."""
+    state = _contested()
+    fairness = FairnessReport("leader")
+    fairness.set_leader(True)
+    body = _asked(state)
+    assert fairness.answered(body) is None  # no round yet
+    fairness.record_round(_report(state), seconds=0.01, decisions=5)
+    assert fairness.answered(body) is None  # never explained: the loop must
+    on_loop = fairness.explain_json(body, now=NOW)
+    assert fairness.answered(body) == on_loop
+    assert fairness.answered({"jobs": [{"id": body["jobs"][0]["id"],  # type: ignore[index]
+                                        "place": [2, 2]}]}) is None  # another place
+    later = report_round(state, schedule_round(state, max_decisions=5,
+                                               max_lookback_per_queue=10, now=NOW + 1),
+                         number=4, at=NOW + 1, phases=_phases(state), settings=SETTINGS)
+    fairness.record_round(later, seconds=0.01, decisions=0)
+    assert fairness.answered(body) is None  # round 3's answer is older than the last round
+    assert fairness.explain_again(now=NOW + 1) == 1  # the pod asked about lately
+    again = fairness.answered(body)
+    assert again is not None and again["round"]["number"] == 4
+    assert again == fairness.explain_json(body, now=NOW + 1)
+    fairness.set_leader(False)  # stepped down: nothing is answered off the loop
+    assert fairness.answered(body) is None
+    with pytest.raises(ExplainRequestError):
+        fairness.answered({"jobs": "x"})
+
+
+def test_the_fairness_answer_reads_only_the_picture_of_the_last_round() -> None:
+    """The health server's thread encodes the answer while the next round may run on the
+    loop: what it encodes must not move with the live state (the tree included)."""
+    state = _contested()
+    fairness = FairnessReport("leader")
+    fairness.set_leader(True)
+    fairness.record_round(_report(state), seconds=0.01, decisions=5)
+    tree_then = [tree_node_json(node) for node in tree_statuses(state)]
+    # The next round runs (it changes the state in place), not reported yet.
+    schedule_round(state, max_decisions=50, max_lookback_per_queue=10, now=NOW + 1)
+    assert [tree_node_json(node) for node in tree_statuses(state)] != tree_then  # it moved
+    assert json.loads(fairness.encoded())["tree"] == json.loads(json.dumps(tree_then))

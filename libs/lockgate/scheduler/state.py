@@ -296,6 +296,8 @@ class SchedulerState:
         # The queue tree (`refresh_queue_tree`): whether a definition changed since it was
         # built, the tree (None: today's flat path), and why the definitions are not a tree.
         self._queue_tree_stale = False
+        # Counts the changes of definitions a tree is made of (`tree_shape_version`).
+        self._tree_shape_version = 0
         self._queue_tree: QueueTree | None = None
         self._queue_tree_error: str | None = None
         # The fair targets' inputs, kept change by change, and the targets last computed.
@@ -315,6 +317,7 @@ class SchedulerState:
             if old is None or (old.parent, old.guarantee, old.resource_limits, old.weight) != (
                     spec.parent, spec.guarantee, spec.resource_limits, spec.weight):
                 self._queue_tree_stale = True
+                self._tree_shape_version += 1
         queue.spec = spec
         queue.priority_factor = spec.priority_factor
         queue.limit_pairs = tuple(
@@ -329,6 +332,7 @@ class SchedulerState:
         if queue.spec is not None:
             self._targets.queues_changed()
             self._queue_tree_stale = True
+            self._tree_shape_version += 1
         queue.spec = None
         queue.priority_factor = 1.0
         queue.limit_pairs = ()
@@ -622,6 +626,12 @@ class SchedulerState:
         """Every queue's constrained fair target (`TargetInputs.fair_targets`)."""
         return self._targets.fair_targets(now=now, max_age=max_age, latest=latest,
                                           adopted_max_age=adopted_max_age)
+
+    @property
+    def tree_shape_version(self) -> int:
+        """Changes when a queue is defined or removed, or its parent, guarantee, limits or
+        weight change: what a tree built from the definitions is made of."""
+        return self._tree_shape_version
 
     def use_queue_tree(self, tree: QueueTree | None) -> None:
         """Divide the fair targets by a queue tree (`TargetInputs.use_queue_tree`)."""
