@@ -37,11 +37,16 @@ from lockgate.scheduler.tree_status import tree_node_json
 from lockgate.wait_estimates import ReleaseRates
 
 MAX_EXPLAINED = 1000  # pods per explain request: a UI page is at most 500
-# Pods asked about in the last WATCH_SECONDS (at most MAX_WATCHED, the most recently asked
-# first) are explained again after every round, so asking again (a UI page refreshing, explain
-# run again) is answered without waiting for the round in progress (`answered`).
+# Pods asked about again within WATCH_SECONDS (a UI page refreshing, explain run again) are
+# explained again after every round, the most recently asked first, for at most
+# REFRESH_SECONDS of the loop a round (explaining pods of many clusters costs each cluster's
+# room and ranks), so asking again is answered without waiting for the round in progress
+# (`answered`). A pod asked once is not: at fleet scale, explaining again every pod anyone
+# asked about once took most of the leader's loop.
 WATCH_SECONDS = 30.0
 MAX_WATCHED = 500
+REFRESH_SECONDS = 0.05
+REFRESH_SLICE = 25  # pods explained between looks at the clock
 
 IS_LEADER = Gauge("lockgate_scheduler_is_leader",
                   "1 while this instance holds the leader lock, else 0")
@@ -121,7 +126,7 @@ class FairnessReport:
     _explained: _Explained = field(default_factory=lambda: _Explained(None, {}))
     # Pods asked about, with the place they were asked at and when (monotonic seconds): the
     # health server's thread and the loop both write it, under `_watching`.
-    _watched: dict[str, tuple[Place, float]] = field(default_factory=dict)
+    _watched: dict[str, tuple[Place, float, int]] = field(default_factory=dict)
     _watching: threading.Lock = field(default_factory=threading.Lock)
 
     def set_leader(self, leader: bool) -> None:
@@ -284,28 +289,34 @@ class FairnessReport:
         now = time.monotonic()
         with self._watching:
             for job_id, place in jobs:
-                self._watched.pop(job_id, None)  # the most recently asked last
-                self._watched[job_id] = (place, now)
+                before = self._watched.pop(job_id, None)  # the most recently asked last
+                self._watched[job_id] = (place, now, 1 if before is None else before[2] + 1)
             while len(self._watched) > MAX_WATCHED:
                 del self._watched[next(iter(self._watched))]
 
     def explain_again(self, *, now: float) -> int:
         """After a round is reported, on the loop: explain again, from the new picture, the
-        pods asked about in the last WATCH_SECONDS (at most MAX_WATCHED), so that asking again
-        need not wait for the next round. Returns how many."""
+        pods asked about again lately (see REFRESH_SECONDS), so that asking once more need
+        not wait for the next round. Returns how many."""
         cutoff = time.monotonic() - WATCH_SECONDS
         with self._watching:
-            for job_id in [job_id for job_id, (_, at) in self._watched.items() if at < cutoff]:
+            for job_id in [job_id for job_id, (_, at, _) in self._watched.items()
+                           if at < cutoff]:
                 del self._watched[job_id]
-            jobs = [(job_id, place) for job_id, (place, _) in self._watched.items()]
+            jobs = [(job_id, place) for job_id, (place, _, asks) in self._watched.items()
+                    if asks > 1]
         picture = self.picture if self.leader else None
         if picture is None:
             return 0
         if self._explained.picture is not picture:
             self._explained = _Explained(picture, {})
-        if jobs:
-            self._explain(picture, jobs, now=now)
-        return len(jobs)
+        jobs.reverse()  # the most recently asked first
+        deadline = time.perf_counter() + REFRESH_SECONDS
+        done = 0
+        while done < len(jobs) and time.perf_counter() < deadline:
+            self._explain(picture, jobs[done:done + REFRESH_SLICE], now=now)
+            done = min(len(jobs), done + REFRESH_SLICE)
+        return done
 
     def explain_json(self, body: object, *, now: float) -> dict[str, Any]:
         """POST /api/v1/explain: why each asked pod waits, from the last round's picture."""

@@ -85,9 +85,11 @@ async def test_the_picture_and_explanations_given_answer_while_a_round_runs() ->
         assert port is not None
         _record(report, state, number=1)
         asked = {"jobs": [{"id": asked_before, "place": [6, 6]}]}
-        # Asked once (answered on the loop), then the next round is reported and explains
-        # again what was asked lately, as the leader does after each round.
+        # Asked twice (the first answered on the loop, the second off it), then the next
+        # round is reported and explains again what was asked again lately, as the leader
+        # does after each round.
         await asyncio.to_thread(_call, port, "/api/v1/explain", asked)  # the loop answers
+        await asyncio.to_thread(_call, port, "/api/v1/explain", asked)  # asked again
         _record(report, state, number=2)
         assert report.explain_again(now=time.time()) == 1
 

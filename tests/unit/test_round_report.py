@@ -150,9 +150,9 @@ def test_the_fairness_answer_is_encoded_once_per_round_and_never_outlives_the_le
     assert json.loads(fairness.encoded())["queues"] == []
 
 
-def _asked(state: SchedulerState) -> dict[str, object]:
+def _asked(state: SchedulerState, queue: str = "cordoned-q") -> dict[str, object]:
     job_id = next(job_id for job_id, job in state.job_records.items()
-                  if job.state.value == "queued" and job.queue == "cordoned-q")
+                  if job.state.value == "queued" and job.queue == queue)
     return {"jobs": [{"id": job_id, "place": [1, 2]}]}
 
 
@@ -168,7 +168,9 @@ def test_a_pod_asked_about_again_is_answered_off_the_loop_from_the_last_round_on
     fairness.record_round(_report(state), seconds=0.01, decisions=5)
     assert fairness.answered(body) is None  # never explained: the loop must
     on_loop = fairness.explain_json(body, now=NOW)
-    assert fairness.answered(body) == on_loop
+    assert fairness.answered(body) == on_loop  # asked again: from the picture, off the loop
+    once = _asked(state, queue="heavy")
+    fairness.explain_json(once, now=NOW)  # asked once only: not explained again
     assert fairness.answered({"jobs": [{"id": body["jobs"][0]["id"],  # type: ignore[index]
                                         "place": [2, 2]}]}) is None  # another place
     later = report_round(state, schedule_round(state, max_decisions=5,
@@ -176,7 +178,8 @@ def test_a_pod_asked_about_again_is_answered_off_the_loop_from_the_last_round_on
                          number=4, at=NOW + 1, phases=_phases(state), settings=SETTINGS)
     fairness.record_round(later, seconds=0.01, decisions=0)
     assert fairness.answered(body) is None  # round 3's answer is older than the last round
-    assert fairness.explain_again(now=NOW + 1) == 1  # the pod asked about lately
+    assert fairness.explain_again(now=NOW + 1) == 1  # the pod asked about again lately
+    assert fairness.answered(once) is None
     again = fairness.answered(body)
     assert again is not None and again["round"]["number"] == 4
     assert again == fairness.explain_json(body, now=NOW + 1)
