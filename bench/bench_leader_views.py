@@ -16,6 +16,13 @@ four calls as a user makes them, at N queued pods against the same calls at the 
 Each call is made REQUESTS times; p50 and p99 are printed per call and size, one JSON object per
 call: {"name": "leader_view_<call>", "queued": N, "p50_ms", "p99_ms", "baseline_*", ratios}.
 Target (issue 37): p99 <= 200 ms at 1,000,000 queued, and no call growing with N beyond a page.
+
+The four calls ask about the same pod (and page) again and again, as a page refreshing or
+`explain` run again does: the leader answers those from its last round's picture on its HTTP
+thread, never waiting for the round in progress (`fair_scheduler.reporting`). A fifth,
+`explain_first_ask`, asks about a different pod each time, one nobody asked about before: the
+leader works it out on its loop, after the round in progress, so its figure is about a round's
+length (reported beside it as `leader_round_mean_ms`). Only Postgres and Kafka are started.
 """
 
 from __future__ import annotations
