@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import mul
 
 from lockgate.queue_tree import QueueTree
 from lockgate.scheduler.records import Shape
@@ -135,7 +136,9 @@ def fair_shares_over(state: SchedulerState, inverse: list[float],
 
 def dominant(vector: list[int], inverse: list[float]) -> float:
     """The dominant share of a vector: its largest amount over the pool's, on fairness axes."""
-    return max((amount * inv for amount, inv in zip(vector, inverse, strict=False)), default=0.0)
+    # map over operator.mul, not a generator: the same products, in C (the leader reports
+    # every queue's share in every cluster after each round: 20,000 of these at 1,000 queues).
+    return max(map(mul, vector, inverse), default=0.0)
 
 
 def dominant_sum(first: list[int], second: list[int], inverse: list[float]) -> float:
