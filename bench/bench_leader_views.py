@@ -41,6 +41,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import orjson
 
 from bench_ui_pages import read_only_admin  # the admin API in this process, read-only
 from devstack.launcher import ServiceProcess
@@ -275,7 +276,7 @@ async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, toke
                     path = path_of(request)
                     async with session.get(path) as response:
                         assert response.status == 200, (path, await response.text())
-                        body = await response.json()
+                        body = orjson.loads(await response.read())
                     if name == "explain":  # an answer from the leader, not "unavailable"
                         assert body["explanation"] is not None, body
                 found[name] = await timings(get)

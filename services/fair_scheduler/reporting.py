@@ -14,7 +14,6 @@ jobs wait. It is the only picture: queue-store's `status`, `explain` and web UI 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from prometheus_client import Gauge, Histogram
 
 from lockgate.scheduler import PHASES
@@ -223,7 +223,9 @@ class FairnessReport:
         with self._encoding:  # two requests at once encode it once
             cached = self._encoded
             if cached is None or cached[0] is not shown:
-                cached = self._encoded = (shown, json.dumps(self.as_json(shown)).encode())
+                # orjson: a tenth of json's time, which on this thread is time the round
+                # in progress does not hold the GIL.
+                cached = self._encoded = (shown, orjson.dumps(self.as_json(shown)))
         return cached[1]
 
     def _queues_json(self, picture: RoundReport | None) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import orjson
 from aiohttp import web
 
 from lockgate.ingest import JobRow
@@ -51,6 +52,13 @@ def register(app: web.Application, pool: asyncpg.Pool, *, job_json: JobJson,
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message, "details": []}, status=status)
+
+
+def large_json_response(body: dict[str, Any]) -> web.Response:
+    """A JSON answer encoded by orjson: `status` and the UI's overview carry every queue's
+    share in every cluster (about 100,000 numbers at 1,000 queues and 50 clusters), which
+    json encoded in a fifth of the call's time."""
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 def leader_json(report: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -118,7 +126,7 @@ class AdminViews:
         if report is not None and report.get("history") is not None:
             # Usage history's every node (lockgate.scheduler.history.history_json).
             body["history"] = report["history"]
-        return web.json_response(body)
+        return large_json_response(body)
 
     async def explain(self, request: web.Request) -> web.Response:
         cluster = request.match_info["cluster"]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,10 @@ class SchedulerLeader:
                 if response.status != 200:
                     log.debug("%s %s answered %s", method, url, response.status)
                     return None
-                body = await response.json()
+                # orjson: the fairness answer holds every queue's share in every cluster (about
+                # 100,000 numbers at 1,000 queues and 50 clusters): json decoded it in most of
+                # a `status`'s time.
+                body = orjson.loads(await response.read())
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.debug("%s %s failed: %r", method, url, error)
             return None

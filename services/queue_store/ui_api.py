@@ -52,6 +52,7 @@ from queue_store.admin_views import (
     explain_job,
     explain_rows,
     growth_of,
+    large_json_response,
     leader_json,
     queue_standings,
 )
@@ -140,7 +141,7 @@ class UiApi:
         """The leader's report, asked now (a sample could be the report of a leader that has
         since stopped); without a leader, Postgres's counts and no shares."""
         queues, report = await queue_standings(self.pool, self.leader)
-        return web.json_response({
+        return large_json_response({
             "source": "leader" if report is not None else "postgres",
             "sampled_at": datetime.now(UTC).isoformat(),
             "leader": leader_json(report),
