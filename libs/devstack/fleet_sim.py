@@ -25,6 +25,13 @@ its total is reported too.
 
 `scale` shrinks jobs and queues linearly and clusters and nodes by its square root each, so that
 capacity shrinks with demand and a contested fleet stays contested.
+
+Scenario (e) (`tree`, `history`; issue 36): the queues are the leaves of a three-level tree with
+guarantees on some teams, given to the state as the leader's are, and usage decays on the
+simulated clock through the leader's own bookkeeping (`UsageHistory`). It is judged against the
+hierarchical model (`fair_model.hierarchical_allocation`) with weights from the judge's own
+decayed usage (`fair_model.DecayedUsageModel`, `history_effective_weights`), per level, and the
+time an idle guaranteed team takes to get its guarantee back is measured (`_TreeRun`).
 """
 
 from __future__ import annotations
