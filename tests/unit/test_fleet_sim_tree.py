@@ -38,14 +38,14 @@ TREE: dict[str, Any] = {"divisions": 2, "teams_per_division": 2, "division_weigh
 
 def small_tree(**changes: Any) -> dict[str, Any]:
     """Two clusters of 4 x 8 cpu, eight leaves under four teams under two divisions, one team
-    guaranteed half the fleet and idle for the first quarter hour (evictions planned for 10
+    guaranteed half the fleet and idle for the first 10 minutes (evictions planned for 10
     minutes from then); demand well above capacity, usage decaying with a 10-minute
     half-life."""
     scenario: dict[str, Any] = {
         "name": "small_e", "clusters": {"count": 2, "nodes": 4, "cpu": 8, "memory_gi": 32},
         "queues": {"count": 8, "weights": [1, 2]}, "clusters_per_queue": 2,
         "shapes": [{"cpu": 1, "memory_gi": 2}],
-        "jobs": 1500, "duration_seconds": 3600, "arrival_fraction": 1.0,
+        "jobs": 1000, "duration_seconds": 2400, "arrival_fraction": 1.0,
         "arrivals_by_weight": True, "runtime_seconds": [300, 600], "round_seconds": 10,
         "sample_seconds": 300, "preemption": True, "tree": TREE,
         "history": {"half_life_seconds": 600, "recompute_seconds": 30, "tolerance": 0.05},
@@ -123,7 +123,7 @@ def test_a_small_tree_runs_judged_per_level_with_its_guarantee_reclaimed() -> No
     assert tree is not None
     assert summary["tree_nodes"] == {"division": 2, "team": 4, "leaf": 8}
     # The idle team sent nothing before its burst, then its burst came past its guarantee.
-    assert summary["reclaim_burst_at_seconds"] == 900
+    assert summary["reclaim_burst_at_seconds"] == 600
     assert summary["reclaim_burst_pods"] * min(tree.unit.values()) >= 1.5 * 0.5 - 1e-9
     # Its guarantee (half the fleet) is reclaimed by preemption, and the time is measured.
     assert summary["reclaim_goal_share"] is not None and summary["reclaim_goal_share"] > 0
