@@ -184,4 +184,3 @@ def test_decay_changes_what_the_judge_calls_fair() -> None:
     tree_run.judge_history(3600.0)
     after = tree_run.model(demand, clusters)
     assert after[heavy] < before[heavy] - 1e-3
-    assert replace(scenario, history=None).history is None
