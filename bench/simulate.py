@@ -6,7 +6,9 @@ With no scenario, runs every bench/scenarios/*.yaml at the scale its file gives.
 line per scenario (round p50/p99, memory per job held, utilisation of contested clusters, the
 deviation from the independent model's fair allocation, and a verdict per target; with
 autoscaled clusters, scenario (d), the NodeClaims made against the fewest nodes the fair
-allocation needs, `nodes_provisioned` / `nodes_fewest` / `nodes_provisioned_ratio`) and writes
+allocation needs, `nodes_provisioned` / `nodes_fewest` / `nodes_provisioned_ratio`; with a
+queue tree, scenario (e), the deviation per level of the tree and the guarantee's reclaim time,
+`deviation_by_level_saturated_pods`, `guarantee_reclaim_seconds`) and writes
 a PNG per scenario to DIR (default bench/results). Exits 1 if a scenario missed a target it is
 judged on (targets are judged at scale 1 only), 2 on a scenario file it cannot read.
 """

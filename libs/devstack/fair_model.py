@@ -765,3 +765,67 @@ def hierarchical_allocation(*, clusters: Sequence[Cluster], tree: Sequence[TreeQ
             node_shares[name] = node_shares.get(name, 0.0) + share
     return HierarchicalAllocation(pool_total=pool, shares=dict(sorted(node_shares.items())),
                                   steps=steps, programs=programs)
+
+
+# ---- usage that decays, written again for judges (issue 36; docs/scheduling.md, "Usage that
+# decays") ------------------------------------------------------------------------------------
+
+# The documented rule's floor on a node's factor (docs/scheduling.md: 2^-20).
+HISTORY_FACTOR_FLOOR = 2.0 ** -20
+
+
+class DecayedUsageModel:
+    """Each leaf's decayed usage (share x seconds): the integral of its share, each moment
+    weighed by 2^(-age / half-life). A judge's own bookkeeping, from what it saw run, so that
+    the weights it judges with are not the scheduler's (lockgate.decayed_usage keeps the
+    scheduler's). `advance(now, shares)` counts `shares` as held since the last call."""
+
+    def __init__(self, *, half_life_seconds: float, at: float) -> None:
+        if not half_life_seconds > 0:
+            raise FairModelError(f"half-life must be positive, got {half_life_seconds}")
+        self.rate = np.log(2.0) / half_life_seconds
+        self.at = at
+        self.leaves: dict[str, float] = {}
+
+    def advance(self, *, now: float, shares: Mapping[str, float]) -> None:
+        elapsed = now - self.at
+        if elapsed <= 0:
+            return
+        kept = float(np.exp(-self.rate * elapsed))
+        # A constant share s over the interval, decayed to now: s * (1 - kept) / rate.
+        added = (1.0 - kept) / self.rate
+        self.leaves = {name: value * kept for name, value in self.leaves.items()}
+        for name, share in shares.items():
+            if share > 0:
+                self.leaves[name] = self.leaves.get(name, 0.0) + share * added
+        self.at = now
+
+    def of_tree(self, tree: Sequence[TreeQueue]) -> dict[str, float]:
+        """Every node's usage: a leaf's own, an inner node's the sum of its leaves'."""
+        parent = {node.name: node.parent for node in tree}
+        usage = dict.fromkeys(parent, 0.0)
+        for leaf, value in self.leaves.items():
+            at: str | None = leaf
+            while at is not None and at in parent:
+                usage[at] += value
+                at = parent[at]
+        return usage
+
+
+def history_effective_weights(tree: Sequence[TreeQueue],
+                              usage: Mapping[str, float]) -> dict[str, float]:
+    """The documented rule: among each set of siblings, a node's weight becomes
+    weight x 2^(-u / s), u its part of the siblings' decayed usage (0 when none used any), s its
+    part of their weights, the factor floored at `HISTORY_FACTOR_FLOOR`."""
+    siblings: dict[str | None, list[TreeQueue]] = defaultdict(list)
+    for node in tree:
+        siblings[node.parent].append(node)
+    weights: dict[str, float] = {}
+    for kids in siblings.values():
+        used = sum(usage.get(kid.name, 0.0) for kid in kids)
+        total = sum(kid.weight for kid in kids)
+        for kid in kids:
+            u = usage.get(kid.name, 0.0) / used if used > 0 else 0.0
+            factor = 2.0 ** -(max(0.0, u) / (kid.weight / total))
+            weights[kid.name] = kid.weight * max(HISTORY_FACTOR_FLOOR, factor)
+    return weights

@@ -25,6 +25,13 @@ its total is reported too.
 
 `scale` shrinks jobs and queues linearly and clusters and nodes by its square root each, so that
 capacity shrinks with demand and a contested fleet stays contested.
+
+Scenario (e) (`tree`, `history`; issue 36): the queues are the leaves of a three-level tree with
+guarantees on some teams, given to the state as the leader's are, and usage decays on the
+simulated clock through the leader's own bookkeeping (`UsageHistory`). It is judged against the
+hierarchical model (`fair_model.hierarchical_allocation`) with weights from the judge's own
+decayed usage (`fair_model.DecayedUsageModel`, `history_effective_weights`), per level, and the
+time an idle guaranteed team takes to get its guarantee back is measured (`_TreeRun`).
 """
 
 from __future__ import annotations
@@ -47,7 +54,17 @@ from typing import Any
 
 import yaml
 
-from devstack.fair_model import Cluster, Demand, fair_allocation, nearest_split
+from devstack.fair_model import (
+    Cluster,
+    DecayedUsageModel,
+    Demand,
+    FairAllocation,
+    TreeQueue,
+    fair_allocation,
+    hierarchical_allocation,
+    history_effective_weights,
+    nearest_split,
+)
 from devstack.sim_autoscaler import (
     AutoscalerError,
     InstanceType,
@@ -74,6 +91,7 @@ from lockgate.scheduler import (
     schedule_round,
 )
 from lockgate.scheduler.collection import RoundCollector, collect_for_large_state
+from lockgate.scheduler.history import UsageHistory
 from lockgate_adapters.targets_worker import TargetsWorker
 
 GI = 2**30
@@ -137,6 +155,48 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class TreeSpec:
+    """Scenario (e): the queues become the leaves of a three-level tree, root -> divisions ->
+    teams -> leaves (issue 36). Leaf i hangs from team i mod teams, team j from division
+    j mod divisions; weights are drawn per node from the lists (a leaf keeps the queue's
+    weight). The first `guaranteed_teams` (a fraction, at least one) of the teams are given a
+    guarantee of `guarantee_times_share` times an equal split of the fleet among teams (cpu
+    and memory). The first guaranteed team sends nothing until `idle_until` (a fraction of the
+    day), while the others borrow its room; then `burst_times_guarantee` times its guarantee
+    arrives at once, spread over its leaves, and the time until it holds its guarantee (or its
+    fair target, if lower) is measured. With `scale`, divisions and teams per division shrink
+    by its cube root each (the leaves, as queues do, linearly)."""
+
+    divisions: int
+    teams_per_division: int
+    division_weights: tuple[float, ...] = (1.0,)
+    team_weights: tuple[float, ...] = (1.0,)
+    guaranteed_teams: float = 0.1
+    guarantee_times_share: float = 2.0
+    idle_until: float = 0.25
+    burst_times_guarantee: float = 1.5
+    # How long after the burst evictions are planned (None: all day, as `preemption` alone
+    # says). Every pod is preemptible all day; planning is what costs: at saturation
+    # `plan_evictions` took about 0.5 s a round at scale 0.01 (BENCHMARKS.md, "Scenario (e)").
+    preempt_for_seconds: float | None = None
+
+    def scaled(self, scale: float) -> TreeSpec:
+        root = scale ** (1 / 3)
+        return replace(self, divisions=max(2, round(self.divisions * root)),
+                       teams_per_division=max(2, round(self.teams_per_division * root)))
+
+
+@dataclass(frozen=True)
+class HistorySpec:
+    """Usage that decays (issue 36; the leader's LOCKGATE_SCHEDULER_HISTORY_* settings), kept
+    on the simulated clock."""
+
+    half_life_seconds: float
+    recompute_seconds: float = 60.0
+    tolerance: float = 0.05
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     clusters: int
@@ -171,6 +231,8 @@ class Scenario:
     scale: float = 1.0
     targets: Targets = field(default_factory=Targets)
     autoscaling: Autoscaling | None = None
+    tree: TreeSpec | None = None  # scenario (e)
+    history: HistorySpec | None = None
 
     @classmethod
     def load(cls, path: Path) -> Scenario:
@@ -240,6 +302,8 @@ class Scenario:
             scale=float(data.get("scale", 1.0)),
             targets=Targets(**{k: float(v) for k, v in targets.items()}),
             autoscaling=autoscaling,
+            tree=_tree(data.get("tree"), source),
+            history=_history(data.get("history"), source),
         )
         if scenario.clusters < 1 or scenario.nodes_per_cluster < 1 or scenario.queues < 1:
             raise ScenarioError(f"{source}: clusters, nodes and queues must be 1 or more")
@@ -264,9 +328,64 @@ class Scenario:
         root = math.sqrt(scale)
         return replace(
             self, scale=scale, jobs=max(10, round(self.jobs * scale)),
+            tree=None if self.tree is None else self.tree.scaled(scale),
             queues=max(2, round(self.queues * scale)),
             clusters=max(1, round(self.clusters * root)),
             nodes_per_cluster=max(1, round(self.nodes_per_cluster * root)))
+
+
+def _tree(data: Any, source: str) -> TreeSpec | None:
+    """The scenario's `tree` key (scenario (e)); None when it has none."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: `tree` is a mapping of keys")
+    try:
+        tree = TreeSpec(
+            divisions=int(data["divisions"]), teams_per_division=int(data["teams_per_division"]),
+            division_weights=tuple(float(w) for w in data.get("division_weights", [1])),
+            team_weights=tuple(float(w) for w in data.get("team_weights", [1])),
+            guaranteed_teams=float(data.get("guaranteed_teams", 0.1)),
+            guarantee_times_share=float(data.get("guarantee_times_share", 2.0)),
+            idle_until=float(data.get("idle_until", 0.25)),
+            burst_times_guarantee=float(data.get("burst_times_guarantee", 1.5)),
+            preempt_for_seconds=None if data.get("preempt_for_seconds") is None
+            else float(data["preempt_for_seconds"]))
+    except KeyError as error:
+        raise ScenarioError(f"{source}: `tree`: {error} is missing") from error
+    except (TypeError, ValueError) as error:
+        raise ScenarioError(f"{source}: `tree`: {error}") from error
+    if tree.divisions < 1 or tree.teams_per_division < 1 or not tree.division_weights or (
+            not tree.team_weights) or min(*tree.division_weights, *tree.team_weights) <= 0:
+        raise ScenarioError(f"{source}: `tree`: divisions and teams 1 or more, weights positive")
+    if not 0 < tree.guaranteed_teams <= 1 or tree.guarantee_times_share <= 0 or (
+            tree.guaranteed_teams * tree.guarantee_times_share > 1) or (
+            not 0 <= tree.idle_until < 1) or tree.burst_times_guarantee <= 0:
+        raise ScenarioError(f"{source}: `tree`: guaranteed_teams in (0, 1], their guarantees "
+                            "together at most the fleet (guaranteed_teams x "
+                            "guarantee_times_share <= 1), idle_until in [0, 1), "
+                            "burst_times_guarantee positive")
+    return tree
+
+
+def _history(data: Any, source: str) -> HistorySpec | None:
+    """The scenario's `history` key; None: history off (today's instantaneous fairness)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or "half_life_seconds" not in data:
+        raise ScenarioError(f"{source}: `history` needs `half_life_seconds` (history on "
+                            "without a half-life is an error, as in the leader)")
+    try:
+        history = HistorySpec(half_life_seconds=float(data["half_life_seconds"]),
+                              recompute_seconds=float(data.get("recompute_seconds", 60)),
+                              tolerance=float(data.get("tolerance", 0.05)))
+    except (TypeError, ValueError) as error:
+        raise ScenarioError(f"{source}: `history`: {error}") from error
+    if history.half_life_seconds <= 0 or history.recompute_seconds <= 0 or (
+            not 0 <= history.tolerance < 1):
+        raise ScenarioError(f"{source}: `history`: half-life and recompute period positive, "
+                            "tolerance in [0, 1)")
+    return history
 
 
 def _autoscaling(data: Any, source: str) -> Autoscaling | None:
@@ -324,6 +443,11 @@ class Sample:
     pool_nodes: dict[str, int] = field(default_factory=dict)
     fewest_nodes: dict[str, int] = field(default_factory=dict)
     waiting_for_nodes: int = 0  # released pods no node had room for (yet)
+    # Scenario (e): per level of the tree ("leaf", "team", "division"), each node's held share
+    # less its fair share by the hierarchical model, in pods of the fleet's smallest shape
+    # (signed); and the nodes whose every leaf with demand is at saturation (judged).
+    level_deviation: dict[str, dict[str, float]] = field(default_factory=dict)
+    level_saturated: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -335,6 +459,9 @@ class Report:
     rounds_with_worker_targets: int = 0
     worker_solve_ms: list[float] = field(default_factory=list)
     handoff_ms: list[float] = field(default_factory=list)
+    # With preemption: each round's `plan_evictions` time (not in the round's time: the
+    # simulator has always timed `schedule_round` alone).
+    eviction_plan_ms: list[float] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     peak_jobs: int = 0
     rss_added_bytes: int = 0
@@ -354,6 +481,7 @@ class Report:
     # released pods that found no node with room (what the autoscaler is asked to grow for).
     autoscaled: dict[str, SimCluster] = field(default_factory=dict)
     released_unschedulable: int = 0
+    tree: _TreeRun | None = None  # scenario (e)
 
     def record_round(self, number: int, result: RoundResult) -> None:
         self.decisions.update(f"round {number}\n".encode())
@@ -416,6 +544,8 @@ class Report:
             "worker_solve_ms_p50": _percentile(self.worker_solve_ms, 0.5),
             "worker_solve_ms_p99": _percentile(self.worker_solve_ms, 0.99),
             "handoff_ms_p99": _percentile(self.handoff_ms, 0.99),
+            "eviction_plan_ms_p50": _percentile(self.eviction_plan_ms, 0.5),
+            "eviction_plan_ms_p99": _percentile(self.eviction_plan_ms, 0.99),
             "created": self.created, "released": self.released, "evictions": self.evictions,
             "peak_jobs_held": self.peak_jobs,
             "peak_queued": max((s.queued for s in self.samples), default=0),
@@ -445,8 +575,33 @@ class Report:
         }
         if self.autoscaled:
             summary.update(self._growth_summary())
+        if self.tree is not None:
+            summary.update(self.tree.figures())
+            summary.update(self._level_summary(settled))
         summary["verdicts"] = self.verdicts(summary)
         return summary
+
+    def _level_summary(self, settled: list[Sample]) -> dict[str, Any]:
+        """Scenario (e): the largest |held - fair| per level of the tree over the settled
+        samples, in pods of the fleet's smallest shape (a subtree mixes shapes), for the nodes
+        at saturation (every leaf under them with demand is) and for every node."""
+        levels = ("leaf", "team", "division")
+        at_saturation: dict[str, list[float]] = {level: [] for level in levels}
+        every: dict[str, list[float]] = {level: [] for level in levels}
+        for sample in settled:
+            for level, nodes in sample.level_deviation.items():
+                for node, deviation in nodes.items():
+                    every[level].append(abs(deviation))
+                    if node in sample.level_saturated:
+                        at_saturation[level].append(abs(deviation))
+        return {
+            "deviation_by_level_saturated_pods": {
+                level: round(max(values), 2) if values else None
+                for level, values in at_saturation.items()},
+            "deviation_by_level_every_node_pods": {
+                level: round(max(values), 2) if values else None
+                for level, values in every.items()},
+        }
 
     def _growth_summary(self) -> dict[str, Any]:
         """Scenario (d)'s figures: what the autoscalers did, against the fewest nodes the fair
@@ -524,7 +679,7 @@ def _percentile(values: list[float], at: float) -> float | None:
 class _Fleet:
     """The scenario's fleet, its queues and its arrivals, drawn from one seeded generator."""
 
-    def __init__(self, scenario: Scenario, rng: random.Random) -> None:
+    def __init__(self, scenario: Scenario, rng: random.Random, *, seed: int = 17) -> None:
         self.scenario = scenario
         self.clusters = [f"c{i:03d}" for i in range(scenario.clusters)]
         self.weights = {f"q{i:04d}": rng.choice(scenario.weights) for i in range(scenario.queues)}
@@ -548,6 +703,72 @@ class _Fleet:
         autoscaled = 0 if scenario.autoscaling is None else max(
             1, round(len(self.clusters) * scenario.autoscaling.fraction))
         self.autoscaled = self.clusters[len(self.clusters) - autoscaled:]
+        # Scenario (e): the tree over the queues (its own generator too: the fleet above, and
+        # every arrival but the idle team's, are scenario (a)'s).
+        self.tree: list[TreeQueue] = []  # as the independent model takes it
+        self.parent: dict[str, str] = {}  # every node but a division -> its parent
+        self.level: dict[str, str] = {}  # node -> "division", "team" or "leaf"
+        self.guarantees: dict[str, dict[str, float]] = {}  # team -> canonical amounts
+        self.idle_team: str | None = None
+        self.idle_leaves: frozenset[str] = frozenset()
+        if scenario.tree is not None:
+            self._grow_tree(scenario.tree, random.Random(f"{seed}/tree"))
+
+    def _grow_tree(self, spec: TreeSpec, rng: random.Random) -> None:
+        divisions = [f"d{i:02d}" for i in range(spec.divisions)]
+        teams = [f"t{j:03d}" for j in range(spec.divisions * spec.teams_per_division)]
+        pool = self.pool_total()
+        guaranteed = teams[:max(1, round(len(teams) * spec.guaranteed_teams))]
+        part = spec.guarantee_times_share / len(teams)
+        for division in divisions:
+            self.level[division] = "division"
+            self.tree.append(TreeQueue(division, None, rng.choice(spec.division_weights)))
+        for j, team in enumerate(teams):
+            self.level[team] = "team"
+            self.parent[team] = divisions[j % len(divisions)]
+            if team in guaranteed:
+                # Whole millicores and bytes, rounded down: they fit in the fleet together.
+                self.guarantees[team] = {r: float(math.floor(amount * part))
+                                         for r, amount in pool.items()}
+            self.tree.append(TreeQueue(team, self.parent[team], rng.choice(spec.team_weights),
+                                       guarantee=self.guarantees.get(team, {})))
+        for i, leaf in enumerate(self.weights):
+            self.level[leaf] = "leaf"
+            self.parent[leaf] = teams[i % len(teams)]
+            self.tree.append(TreeQueue(leaf, self.parent[leaf], self.weights[leaf]))
+        self.idle_team = guaranteed[0]
+        self.idle_leaves = frozenset(leaf for leaf in self.weights
+                                     if self.parent[leaf] == self.idle_team)
+
+    def queue_specs(self) -> list[QueueSpec]:
+        """Every queue as an operator would define it: the flat queues, or scenario (e)'s tree
+        (inner nodes with their parents and guarantees, leaves under their teams)."""
+        if not self.tree:
+            return [QueueSpec(name=queue, priority_factor=1 / weight)
+                    for queue, weight in self.weights.items()]
+        return [QueueSpec(name=node.name, priority_factor=1 / node.weight, parent=node.parent,
+                          guarantee={r: f"{int(a)}m" if r == "cpu" else str(int(a))
+                                     for r, a in node.guarantee.items()})
+                for node in self.tree]
+
+    def ancestors(self, node: str) -> list[str]:
+        found = []
+        while node in self.parent:
+            node = self.parent[node]
+            found.append(node)
+        return found
+
+    def pool_total(self) -> dict[str, float]:
+        total = dict.fromkeys(("cpu", "memory"), 0.0)
+        for cluster in self.clusters:
+            for name, amount in self.fixed_capacity(cluster).items():
+                total[name] += amount
+        return total
+
+    def pod_share(self, queue: str) -> float:
+        """One of the queue's pods' dominant share of the pool."""
+        pool = self.pool_total()
+        return max(amount / pool[r] for r, amount in _model_shape(self.shape[queue]).items())
 
     def sender(self, rng: random.Random) -> str:
         """The queue an arrival comes from: any with the same chance, or by its weight."""
@@ -591,17 +812,158 @@ def simulate(scenario: Scenario, *, seed: int = 17,
         gc.set_threshold(*thresholds)
 
 
+class _TreeRun:
+    """Scenario (e)'s side of a run: the leader's usage history on the simulated clock, the
+    judge's own (what the simulator saw run, decayed and turned into weights by the documented
+    rule, never the scheduler's numbers), the idle guaranteed team and its reclaim."""
+
+    def __init__(self, scenario: Scenario, fleet: _Fleet) -> None:
+        self.fleet = fleet
+        self.history: UsageHistory | None = None
+        self.judge_usage: DecayedUsageModel | None = None
+        spec = scenario.history
+        if spec is not None:
+            # The leader's bookkeeping (lockgate.scheduler.history), on simulated epoch seconds.
+            self.history = UsageHistory(half_life_seconds=spec.half_life_seconds,
+                                        recompute_seconds=spec.recompute_seconds,
+                                        tolerance=spec.tolerance, at=EPOCH)
+            self.judge_usage = DecayedUsageModel(half_life_seconds=spec.half_life_seconds,
+                                                 at=EPOCH)
+        # The weights the judge's model divides by: configured, or the rule's from the judge's
+        # usage, moved on the same period and past the same tolerance as the leader's are
+        # (docs/scheduling.md, "Usage that decays": the targets stand still in between).
+        self.judge_weights: dict[str, float] = {node.name: node.weight for node in fleet.tree}
+        self.next_recompute = -math.inf
+        self.history_changes = 0
+        self.held: dict[str, int] = {}  # leaf -> its pods running, as the simulator saw them
+        self.unit = {leaf: fleet.pod_share(leaf) for leaf in fleet.weights}
+        tree_spec = scenario.tree
+        assert tree_spec is not None
+        self.burst_at = tree_spec.idle_until * scenario.duration_seconds
+        self.burst_pods = 0
+        team = fleet.idle_team
+        assert team is not None
+        pool = fleet.pool_total()
+        self.guarantee_share = max(amount / pool[r]
+                                   for r, amount in fleet.guarantees[team].items())
+        self.goal_share: float | None = None  # min(guarantee, model's target) after the burst
+        self.reclaim_seconds: float | None = None
+        self.guarantee_seconds: float | None = None  # until it held its whole guarantee
+
+    def preempting(self, now: float) -> bool:
+        """Whether evictions are planned this round (`TreeSpec.preempt_for_seconds`)."""
+        spec = self.fleet.scenario.tree
+        assert spec is not None
+        return spec.preempt_for_seconds is None or (
+            self.burst_at <= now < self.burst_at + spec.preempt_for_seconds)
+
+    def ran(self, queue: str, pods: int) -> None:
+        self.held[queue] = self.held.get(queue, 0) + pods
+
+    def shares(self) -> dict[str, float]:
+        return {leaf: pods * self.unit[leaf] for leaf, pods in self.held.items() if pods}
+
+    def keep_history(self, state: SchedulerState, now: float) -> None:
+        """What the leader does before each round (fair_scheduler's `_keep_history`)."""
+        history = self.history
+        if history is None:
+            return
+        at = EPOCH + now
+        history.observe(now=at, shares=state.dominant_shares())
+        tree = state.queue_tree
+        assert tree is not None
+        if history.recompute(tree, now=at):
+            state.use_history_weights(history.weights_in_force)
+            self.history_changes += 1
+
+    def judge_history(self, now: float) -> None:
+        """The judge's own usage and weights, at the same moment of the round."""
+        usage, spec = self.judge_usage, self.fleet.scenario.history
+        if usage is None or spec is None:
+            return
+        at = EPOCH + now
+        usage.advance(now=at, shares=self.shares())
+        if at < self.next_recompute:
+            return
+        first = self.next_recompute == -math.inf
+        self.next_recompute = at + spec.recompute_seconds
+        weights = history_effective_weights(self.fleet.tree, usage.of_tree(self.fleet.tree))
+        old = self.judge_weights
+        if first or any(abs(weights[name] - old[name]) > spec.tolerance * old[name]
+                        for name in weights):
+            self.judge_weights = weights
+
+    def model(self, demand: Mapping[tuple[str, str], int],
+              clusters: list[Cluster]) -> dict[str, float]:
+        """Every node's fair share by the independent hierarchical model, with the judge's
+        weights."""
+        tree = [replace(node, weight=self.judge_weights.get(node.name, node.weight))
+                for node in self.fleet.tree]
+        demands = [Demand(q, c, _model_shape(self.fleet.shape[q]), count)
+                   for (q, c), count in demand.items()]
+        return hierarchical_allocation(clusters=clusters, tree=tree, demands=demands,
+                                       pool_total=self.fleet.pool_total()).shares
+
+    def team_share(self) -> float:
+        return sum(self.held.get(leaf, 0) * self.unit[leaf] for leaf in self.fleet.idle_leaves)
+
+    def check_reclaim(self, state: SchedulerState, now: float) -> None:
+        """After the burst: the goal once (the model over the demand with the burst in), then
+        each round whether the idle team holds it (within its smallest pod)."""
+        if now < self.burst_at or self.burst_pods == 0:
+            return
+        if self.goal_share is None:
+            demand: dict[tuple[str, str], int] = {}
+            for record in state.job_records.values():
+                pair = (record.queue, record.cluster)
+                demand[pair] = demand.get(pair, 0) + 1
+            clusters = [Cluster.of(c, self.fleet.fixed_capacity(c)) for c in self.fleet.clusters]
+            target = self.model(demand, clusters).get(self.fleet.idle_team or "", 0.0)
+            self.goal_share = min(self.guarantee_share, target)
+        slack = min(self.unit[leaf] for leaf in self.fleet.idle_leaves)
+        held = self.team_share()
+        if self.reclaim_seconds is None and held >= self.goal_share - slack:
+            self.reclaim_seconds = now - self.burst_at
+        if self.guarantee_seconds is None and held >= self.guarantee_share - slack:
+            self.guarantee_seconds = now - self.burst_at
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "tree_nodes": {level: sum(1 for v in self.fleet.level.values() if v == level)
+                           for level in ("division", "team", "leaf")},
+            "guaranteed_teams": len(self.fleet.guarantees),
+            "history_half_life_seconds": self.history.half_life_seconds
+            if self.history else None,
+            "history_weight_changes": self.history_changes,
+            "reclaim_team": self.fleet.idle_team,
+            "reclaim_burst_at_seconds": self.burst_at, "reclaim_burst_pods": self.burst_pods,
+            "reclaim_guarantee_share": round(self.guarantee_share, 4),
+            "reclaim_goal_share": None if self.goal_share is None
+            else round(self.goal_share, 4),
+            "guarantee_reclaim_seconds": self.reclaim_seconds,
+            "guarantee_whole_seconds": self.guarantee_seconds,
+        }
+
+
 def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | None,
               started: float, worker: TargetsWorker) -> Report:
     rng = random.Random(seed)
-    fleet = _Fleet(scenario, rng)
+    fleet = _Fleet(scenario, rng, seed=seed)
     report = Report(scenario=scenario)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     state = SchedulerState()
-    for queue, weight in fleet.weights.items():
-        state.upsert_queue(QueueSpec(name=queue, priority_factor=1 / weight))
+    for spec in fleet.queue_specs():
+        state.upsert_queue(spec)
+    if fleet.tree:
+        state.refresh_queue_tree()
     for cluster in fleet.clusters:
         state.set_cluster(cluster, fleet.nodes(cluster))
+    tree_run: _TreeRun | None = None
+    if fleet.tree:
+        problem = state.queue_tree_problem()
+        if problem is not None or state.queue_tree is None:
+            raise ScenarioError(f"{scenario.name}: the tree is not honoured: {problem}")
+        tree_run = report.tree = _TreeRun(scenario, fleet)
     pool = scenario.node_pool()
     if pool is not None:
         growth_rng = random.Random(f"{seed}/autoscaling")
@@ -650,6 +1012,8 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
         state.upsert_job(replace(job, state=JobState.RUNNING, node_name=node,
                                  unschedulable_since=None, unschedulable_message=""))
         running.add(job_id)
+        if tree_run is not None:
+            tree_run.ran(job.queue, 1)
         heapq.heappush(ends, (since + runtime.pop(job_id), job_id))
 
     def happened(cluster: str, events: list[SimEvent]) -> None:
@@ -680,6 +1044,9 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             queue = fleet.sender(rng)
             cluster = rng.choice(fleet.pinned[queue])
             at = fleet.arrivals[next_arrival]
+            if tree_run is not None and queue in fleet.idle_leaves and at < tree_run.burst_at:
+                next_arrival += 1  # scenario (e): the idle team sends nothing yet
+                continue
             if rng.random() < scenario.gang_fraction:
                 group = f"{queue}/g{next_arrival}"
                 for member in range(scenario.gang_size):
@@ -687,11 +1054,24 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             else:
                 add(queue, cluster, at, None, 0)
             next_arrival += 1
+        if tree_run is not None and now >= tree_run.burst_at and not tree_run.burst_pods:
+            # Scenario (e): the idle team's work arrives at once, past its guarantee.
+            tree_spec = scenario.tree
+            assert tree_spec is not None
+            wanted = tree_spec.burst_times_guarantee * tree_run.guarantee_share
+            leaves = sorted(fleet.idle_leaves)
+            while wanted > 0:
+                leaf = leaves[tree_run.burst_pods % len(leaves)]
+                add(leaf, rng.choice(fleet.pinned[leaf]), now, None, 0)
+                tree_run.burst_pods += 1
+                wanted -= tree_run.unit[leaf]
         while ends and ends[0][0] <= now:
             _, job_id = heapq.heappop(ends)
             if job_id in running:
                 running.discard(job_id)
                 cluster = state.job_records[job_id].cluster
+                if tree_run is not None:
+                    tree_run.ran(state.job_records[job_id].queue, -1)
                 state.remove_job(job_id)
                 if cluster in autoscaled:
                     happened(cluster, autoscaled[cluster].finish(job_id, now))
@@ -708,7 +1088,11 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             state.adopt_targets(key, targets, at=EPOCH + taken)
             report.worker_solve_ms.append(seconds * 1000)
             report.rounds_with_worker_targets += 1
+        if tree_run is not None:
+            tree_run.judge_history(now)  # the judge's, outside the round's time
         tick = time.perf_counter()
+        if tree_run is not None:
+            tree_run.keep_history(state, now)  # the leader's, in its round
         result = schedule_round(
             state, max_decisions=scenario.max_decisions,
             max_lookback_per_queue=scenario.max_lookback_per_queue, now=EPOCH + now,
@@ -740,10 +1124,14 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                 continue
             state.upsert_job(replace(job, state=JobState.RUNNING, node_name=decision.node_hint))
             running.add(decision.job_id)
+            if tree_run is not None:
+                tree_run.ran(job.queue, 1)
             report.released += 1
             heapq.heappush(ends, (now + runtime.pop(decision.job_id), decision.job_id))
-        if scenario.preemption:
+        if scenario.preemption and (tree_run is None or tree_run.preempting(now)):
+            planning = time.perf_counter()
             evictions = plan_evictions(state, result, policy=policy, evicting=())
+            report.eviction_plan_ms.append((time.perf_counter() - planning) * 1000)
             report.record_evictions(evictions)
             for eviction in evictions:
                 victim = state.job(eviction.job_id)
@@ -751,10 +1139,14 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                     continue
                 report.evictions += 1
                 running.discard(victim.job_id)
+                if tree_run is not None:
+                    tree_run.ran(victim.queue, -1)
                 state.remove_job(victim.job_id)
                 if victim.cluster in autoscaled:
                     happened(victim.cluster, autoscaled[victim.cluster].finish(victim.job_id, now))
                 add(victim.queue, victim.cluster, now, None, 0)
+        if tree_run is not None:
+            tree_run.check_reclaim(state, now)
         handing = time.perf_counter()
         handed = state.hand_over_targets(at=EPOCH + now,
                                          min_demands=scenario.targets_worker_min_demands)
@@ -762,7 +1154,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
             solving = (worker.submit(handed[0]), handed[1], now)
             report.handoff_ms.append((time.perf_counter() - handing) * 1000)
         if now >= next_sample:
-            report.samples.append(_sample(state, fleet, running, now, autoscaled))
+            report.samples.append(_sample(state, fleet, running, now, autoscaled, tree_run))
             next_sample += scenario.sample_seconds
             if progress:
                 sample = report.samples[-1]
@@ -777,7 +1169,7 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
 
 
 def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float,
-            autoscaled: Mapping[str, SimCluster]) -> Sample:
+            autoscaled: Mapping[str, SimCluster], tree_run: _TreeRun | None = None) -> Sample:
     held_in: dict[tuple[str, str], int] = {}  # (queue, cluster) -> its pods running there
     demand: dict[tuple[str, str], int] = {}
     asked_cpu: dict[str, float] = dict.fromkeys(fleet.clusters, 0.0)
@@ -813,12 +1205,22 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float,
     deviation: dict[str, float] = {}
     in_clusters: dict[str, float] = {}
     fewest: dict[str, int] = {}
+    levels: dict[str, dict[str, float]] = {}
+    level_saturated: set[str] = set()
     solving = time.perf_counter()
     if contested:
         clusters = [Cluster.of(c, capacity_of[c]) for c in fleet.clusters]
         demands = [Demand(q, c, _model_shape(fleet.shape[q]), count)
                    for (q, c), count in demand.items()]
-        model = fair_allocation(clusters=clusters, weights=fleet.weights, demands=demands)
+        if tree_run is None:
+            model = fair_allocation(clusters=clusters, weights=fleet.weights, demands=demands)
+        else:
+            model = _tree_judgement(tree_run, demand, clusters, held, levels)
+            # A node is at saturation when every leaf under it with demand is.
+            short = {node for q, _ in demand if q not in at_saturation
+                     for node in (q, *fleet.ancestors(q))}
+            level_saturated.update(node for q, _ in demand
+                                   for node in (q, *fleet.ancestors(q)) if node not in short)
         deviation = {q: held.get(q, 0) - model.pods(q)
                      for q in fleet.weights if q in model.shares and model.common_shapes.get(q)}
         nearest = nearest_split(model, clusters=clusters, demands=demands,
@@ -845,7 +1247,33 @@ def _sample(state: SchedulerState, fleet: _Fleet, running: set[str], now: float,
                   model_seconds=time.perf_counter() - solving,
                   pool_nodes={c: side.pool_nodes() for c, side in autoscaled.items()},
                   fewest_nodes=fewest,
-                  waiting_for_nodes=sum(len(side.waiting) for side in autoscaled.values()))
+                  waiting_for_nodes=sum(len(side.waiting) for side in autoscaled.values()),
+                  level_deviation=levels, level_saturated=frozenset(level_saturated))
+
+
+def _tree_judgement(tree_run: _TreeRun, demand: Mapping[tuple[str, str], int],
+                    clusters: list[Cluster], held: Mapping[str, int],
+                    levels: dict[str, dict[str, float]]) -> FairAllocation:
+    """Scenario (e): every node's fair share by the independent hierarchical model (with the
+    judge's weights), each node's deviation into `levels`, and the leaves' shares as a
+    `FairAllocation` (what `nearest_split` judges each leaf in each cluster against: the
+    hierarchical model fixes each leaf's total, any split of it is fair)."""
+    fleet = tree_run.fleet
+    shares = tree_run.model(demand, clusters)
+    smallest = min(tree_run.unit.values())
+    held_share: dict[str, float] = {}
+    for leaf, pods in held.items():
+        for node in (leaf, *fleet.ancestors(leaf)):
+            held_share[node] = held_share.get(node, 0.0) + pods * tree_run.unit[leaf]
+    for node, share in shares.items():
+        levels.setdefault(fleet.level[node], {})[node] = (
+            held_share.get(node, 0.0) - share) / smallest
+    leaves = {leaf: share for leaf, share in shares.items() if fleet.level[leaf] == "leaf"}
+    return FairAllocation(
+        pool_total=fleet.pool_total(), weights=dict(tree_run.judge_weights), shares=leaves,
+        cluster_shares={}, cluster_pods={},
+        common_shapes={leaf: _model_shape(fleet.shape[leaf]) for leaf in leaves},
+        levels=0, programs=0)
 
 
 def _plus_float(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
