@@ -161,3 +161,15 @@ def test_pods_that_avoid_smaller_types_make_the_nodes_lockgate_counted() -> None
     with pytest.raises(ScenarioError, match="gather_seconds"):
         Scenario.from_mapping(small_autoscaled(autoscaling={**AUTOSCALING,
                                                             "gather_seconds": -1}))
+
+
+def test_scenario_d_sized_is_scenario_d_with_its_pods_sized_and_nothing_gathered() -> None:
+    fleet_d = Scenario.load(SCENARIOS / "d_fleet_day_autoscaled.yaml")
+    sized = Scenario.load(SCENARIOS / "d_fleet_day_autoscaled_sized.yaml")
+    assert fleet_d.autoscaling is not None and sized.autoscaling is not None
+    assert not fleet_d.autoscaling.steer_instance_size
+    assert fleet_d.autoscaling.gather_seconds is None  # the leader's default
+    assert (sized.autoscaling.steer_instance_size, sized.autoscaling.gather_seconds) == (
+        True, 0.0)
+    assert replace(sized, name=fleet_d.name, autoscaling=replace(
+        sized.autoscaling, steer_instance_size=False, gather_seconds=None)) == fleet_d
