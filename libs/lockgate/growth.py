@@ -129,9 +129,10 @@ class VirtualNode:
     # The Node the claim names (its `status.nodeName`), when the scheduler does not have it
     # yet: pods bound there are charged to this virtual node until it does.
     node_name: str = ""
-    # Headroom only: the node affinity a pod released onto it needs so that Karpenter makes an
-    # instance of this size for it, not a smaller one (`smaller_instances`); None: nothing
-    # smaller to rule out, or a claim in flight (its size is chosen already).
+    # The node affinity a pod released onto it needs so that Karpenter makes an instance of
+    # this size for it, not a smaller one (`smaller_instances`): for headroom, and for a
+    # launched claim of a pool sized by its requirements (should the pod not fit it after all,
+    # the claim made for it is of that size); None: nothing smaller to rule out.
     avoid: Requirement | None = None
 
 
@@ -280,8 +281,11 @@ def _claim_of_instance(claim: NodeClaimStatus, pool: NodePoolStatus, shape: Mapp
     room = {resource: (min(amount, instance[resource] - overhead.get(resource, 0))
                        if resource in instance else amount - overhead.get(resource, 0))
             for resource, amount in allocatable.items()}
+    # A pod released onto it that Karpenter cannot pack onto it after all (kube-scheduler bound
+    # others there first, or Karpenter packed the batch its own way) makes a new claim: of this
+    # size, not the cheapest that holds the pod alone.
     return _virtual(name, claim.node_pool, room, pool, policy, claim=claim,
-                    overhead_counted=True)
+                    overhead_counted=True, avoid=smaller_instances(pool, instance))
 
 
 def _claims_left_within_limits(growth: ClusterGrowth,

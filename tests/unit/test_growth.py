@@ -383,14 +383,19 @@ def test_headroom_nodes_say_which_smaller_types_a_pod_released_onto_them_must_av
                                        4000: ("4", "16384")}
 
 
-def test_a_claim_in_flight_and_a_pool_of_one_size_have_nothing_to_avoid() -> None:
+def test_a_launched_claim_avoids_smaller_types_and_one_size_has_nothing_to_avoid() -> None:
     pool = a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=64_000).using(cpu=16_000).build()
     claim = NodeClaimStatus(name="default-a", node_pool="default", created_at=T0,
                             allocatable={"cpu": 16_000, "memory": 64 * GI})
     result = plan(pool, claims=(claim,))
     (in_flight,) = [n for n in result.nodes if n.claim]
-    assert in_flight.avoid is None  # its size is chosen: pods go to it as it is
+    # A pod released onto it that Karpenter cannot pack there after all makes a 16, not a 4.
+    assert in_flight.avoid == Requirement(key="karpenter.kwok.sh/instance-cpu",
+                                          operator="NotIn", values=("4", "8"))
     assert all(n.avoid is not None for n in result.nodes if not n.claim)
+    # Before it launches its size is not known: nothing to avoid.
+    unlaunched = plan(pool, claims=(claim.model_copy(update={"allocatable": {}}),))
+    assert [n.avoid for n in unlaunched.nodes if n.claim] == [None]
     # One instance size (KWOK_4X16): nothing smaller to rule out.
     single = plan(a_pool().limited_to(cpu=16_000).build())
     assert single.nodes and all(n.avoid is None for n in single.nodes)
