@@ -86,6 +86,7 @@ from lockgate.scheduler import (
     RoundResult,
     SchedJob,
     SchedulerState,
+    SkipReason,
     TargetsKey,
     plan_evictions,
     schedule_round,
@@ -137,6 +138,12 @@ class Autoscaling:
     consolidate_after_seconds: float = 30.0
     # The leader's GrowthPolicy.max_nodes_per_pool (0: enough to cover the pool's limits).
     max_nodes_per_pool: int = 0
+    # Pods released onto headroom carry the node affinity lockgate asks for
+    # (`GrowthNote.avoid`: no instance type smaller than the virtual node they were placed on),
+    # so Karpenter makes the size lockgate counted. False: they go as they came.
+    steer_instance_size: bool = False
+    # The leader's GrowthPolicy.gather_seconds (None: its default).
+    gather_seconds: float | None = None
 
     def node_pool(self, scale: float) -> NodePoolSpec:
         types = tuple(InstanceType(name, int(cpu * 1000), int(memory_gi * GI))
@@ -405,11 +412,16 @@ def _autoscaling(data: Any, source: str) -> Autoscaling | None:
                                  for t in pool["instance_types"]),
             provisioning_seconds=(float(delay[0]), float(delay[1])),
             consolidate_after_seconds=float(pool.get("consolidate_after_seconds", 30)),
-            max_nodes_per_pool=int(data.get("max_nodes_per_pool", 0)))
+            max_nodes_per_pool=int(data.get("max_nodes_per_pool", 0)),
+            steer_instance_size=bool(data.get("steer_instance_size", False)),
+            gather_seconds=(None if data.get("gather_seconds") is None
+                            else float(data["gather_seconds"])))
     except KeyError as error:
         raise ScenarioError(f"{source}: `autoscaling`: {error} is missing") from error
     except (TypeError, ValueError, IndexError) as error:
         raise ScenarioError(f"{source}: `autoscaling`: {error}") from error
+    if autoscaling.gather_seconds is not None and autoscaling.gather_seconds < 0:
+        raise ScenarioError(f"{source}: `autoscaling.gather_seconds` must not be negative")
     if not 0 < autoscaling.fraction <= 1 or min(autoscaling.fixed_nodes,
                                                  autoscaling.max_nodes_per_pool) < 0:
         raise ScenarioError(f"{source}: `autoscaling.fraction` is in (0, 1], `fixed_nodes` "
@@ -482,6 +494,10 @@ class Report:
     autoscaled: dict[str, SimCluster] = field(default_factory=dict)
     released_unschedulable: int = 0
     tree: _TreeRun | None = None  # scenario (e)
+    # Pods released for growth: seconds from the first round that owed them a node that may
+    # exist (released for growth, or held to gather a node's worth) to their binding. What
+    # gathering and provisioning cost the pods owed room.
+    growth_waits: list[float] = field(default_factory=list)
 
     def record_round(self, number: int, result: RoundResult) -> None:
         self.decisions.update(f"round {number}\n".encode())
@@ -619,6 +635,9 @@ class Report:
             "autoscaled_clusters": len(self.autoscaled),
             "pool_limit_nodes": pool.limits["cpu"] // biggest.cpu,  # in the biggest type
             "nodes_provisioned": provisioned,
+            "nodes_provisioned_by_type": {
+                kind.name: made for kind in pool.by_size if (made := sum(
+                    c.created_by_type.get(kind.name, 0) for c in self.autoscaled.values()))},
             "nodes_consolidated": sum(c.consolidated for c in self.autoscaled.values()),
             "nodes_fewest": fewest,
             "nodes_provisioned_ratio": round(provisioned / fewest, 3) if fewest else None,
@@ -627,6 +646,8 @@ class Report:
             "pool_nodes_end": sum(c.pool_nodes() for c in self.autoscaled.values()),
             "provisioning_seconds_p50": _percentile(delays, 0.5),
             "released_unschedulable": self.released_unschedulable,
+            "growth_wait_seconds_p50": _percentile(self.growth_waits, 0.5),
+            "growth_wait_seconds_p99": _percentile(self.growth_waits, 0.99),
             "waiting_for_nodes_peak": max((s.waiting_for_nodes for s in self.samples),
                                           default=0),
         }
@@ -976,10 +997,15 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
         # each pool's limits (the default, 32 per pool, would count less than the pools may
         # add at fleet scale, and the model judges over all of it).
         assert scenario.autoscaling is not None
-        state.set_growth_policy(GrowthPolicy(
+        gather = scenario.autoscaling.gather_seconds
+        growth_policy = GrowthPolicy(
             max_nodes_per_pool=scenario.autoscaling.max_nodes_per_pool or max(
                 pool.limits[r] // min(t.resources[r] for t in pool.instance_types)
-                for r in ("cpu", "memory"))))
+                for r in ("cpu", "memory")))
+        if gather is not None:
+            growth_policy = replace(growth_policy, gather_seconds=gather)
+        state.set_growth_policy(growth_policy)
+    steer = scenario.autoscaling is not None and scenario.autoscaling.steer_instance_size
     autoscaled = report.autoscaled
     published: dict[str, ClusterGrowth] = {}
     policy = PreemptionPolicy(max_evictions_per_round=1_000)
@@ -1005,8 +1031,13 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                                 "memory": int(shape.memory_gi * GI)}),
             preemptible=scenario.preemption, group=group, group_size=size))
 
+    owed_since: dict[str, float] = {}  # pods owed a node that may exist, since when
+
     def run(job_id: str, node: str, since: float) -> None:
         """A pod bound to `node` at `since` starts its runtime there."""
+        owed = owed_since.pop(job_id, None)
+        if owed is not None:
+            report.growth_waits.append(since - owed)
         job = state.job(job_id)
         assert job is not None
         state.upsert_job(replace(job, state=JobState.RUNNING, node_name=node,
@@ -1103,6 +1134,13 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
         collector.after_round()  # as the leader does; counted in the round's time
         report.round_ms.append((time.perf_counter() - tick) * 1000)
         report.record_round(len(report.round_ms), result)
+        if autoscaled:
+            for job_id, reason in result.skipped_jobs.items():
+                if reason is SkipReason.GATHERING_FOR_GROWTH:
+                    owed_since.setdefault(job_id, now)
+            for decision in result.decisions:
+                if decision.growth is not None:
+                    owed_since.setdefault(decision.job_id, now)
         for decision in result.decisions:
             job = state.job(decision.job_id)
             if job is None:
@@ -1112,8 +1150,9 @@ def _simulate(scenario: Scenario, seed: int, progress: Callable[[str], None] | N
                 # kube-scheduler binds it where it fits, or it is Unschedulable and the
                 # cluster's autoscaler sees it.
                 report.released += 1
+                avoid = decision.growth.avoid if steer and decision.growth else None
                 node = growing.release(job.job_id, job.requests, decision.node_hint or None,
-                                       now)
+                                       now, avoid=() if avoid is None else (avoid,))
                 if node is not None:
                     run(job.job_id, node, now)
                     continue

@@ -46,6 +46,8 @@ from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
 from lockgate.placement import Requirement
 
 RESOURCES = ("cpu", "memory")  # what the simulated nodes and pods are made of (canonical units)
+CPU_LABEL = "karpenter.kwok.sh/instance-cpu"
+MEMORY_LABEL = "karpenter.kwok.sh/instance-memory"
 
 
 class AutoscalerError(ValueError):
@@ -66,6 +68,17 @@ class InstanceType:
 
     def holds(self, used: Mapping[str, int]) -> bool:
         return used.get("cpu", 0) <= self.cpu and used.get("memory", 0) <= self.memory
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The kwok provider's instance labels on its nodes (cpu in cores, memory in MiB)."""
+        return {CPU_LABEL: f"{self.cpu / 1000:g}", MEMORY_LABEL: str(self.memory // 2**20)}
+
+    def excluded_by(self, avoid: Iterable[Requirement]) -> bool:
+        """Whether a pod whose node affinity has `avoid` (`NotIn` on instance labels, what
+        lockgate adds to a pod it releases onto headroom) may not run on this type."""
+        labels = self.labels
+        return any(r.operator == "NotIn" and labels.get(r.key) in r.values for r in avoid)
 
 
 @dataclass(frozen=True)
@@ -102,10 +115,10 @@ class NodePoolSpec:
         """The pool's `spec.template.spec.requirements` on the kwok provider's instance labels
         (cpu in cores, memory in MiB, as AWS's are): which sizes it may launch."""
         kinds = self.by_size
-        return (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
-                            values=tuple(dict.fromkeys(f"{t.cpu / 1000:g}" for t in kinds))),
-                Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
-                            values=tuple(dict.fromkeys(str(t.memory // 2**20) for t in kinds))))
+        return (Requirement(key=CPU_LABEL, operator="In",
+                            values=tuple(dict.fromkeys(t.labels[CPU_LABEL] for t in kinds))),
+                Requirement(key=MEMORY_LABEL, operator="In",
+                            values=tuple(dict.fromkeys(t.labels[MEMORY_LABEL] for t in kinds))))
 
     @property
     def by_size(self) -> list[InstanceType]:
@@ -161,6 +174,7 @@ class _Node:
     pods: int = 0
     pool: bool = False
     empty_since: float | None = None
+    instance: InstanceType | None = None  # a pool node's type (None: a fixed node)
 
     def fits(self, requests: Mapping[str, int]) -> bool:
         return all(self.used[r] + requests.get(r, 0) <= self.allocatable.get(r, 0)
@@ -187,10 +201,13 @@ class SimCluster:
         # Released pods bound nowhere (kube-scheduler's unschedulable queue), oldest first.
         self.waiting: dict[str, float] = {}  # pod -> since
         self._nominated: dict[str, str] = {}  # waiting pod -> the claim in flight it waits for
+        # Pods whose node affinity rules instance types out (lockgate's `avoid`), and what.
+        self._avoid: dict[str, tuple[Requirement, ...]] = {}
         self._window: tuple[float, float] | None = None  # (opened, last pod) of the batch
         self._count = 0
         self.now = 0.0
         self.created = 0  # NodeClaims made
+        self.created_by_type: dict[str, int] = {}  # NodeClaims made, by instance type
         self.consolidated = 0  # pool nodes deleted empty
         self.delays: list[float] = []  # each NodeClaim's provisioning delay
         self._by_size = pool.by_size
@@ -200,13 +217,18 @@ class SimCluster:
     # ---- kube-scheduler ------------------------------------------------------------------
 
     def release(self, pod: str, requests: Mapping[str, int], hint: str | None,
-                at: float) -> str | None:
+                at: float, *, avoid: Iterable[Requirement] = ()) -> str | None:
         """A pod lockgate released (ungated): bound to `hint` if it has room, else to the
-        first node with room; None when no node has room (it is then provisionable)."""
+        first node with room; None when no node has room (it is then provisionable).
+        `avoid`: `NotIn` requirements on the instance labels its node affinity has (no node
+        of, and no NodeClaim made as, a type they rule out is its)."""
         self._tick(at)
         if pod in self.requests:
             raise AutoscalerError(f"{self.name}: pod {pod} released twice")
         self.requests[pod] = {r: int(requests.get(r, 0)) for r in RESOURCES}
+        avoid = tuple(avoid)
+        if avoid:
+            self._avoid[pod] = avoid
         node = self._fit(pod, hint)
         if node is not None:
             self._bind(pod, node, at)
@@ -221,6 +243,7 @@ class SimCluster:
         requests = self.requests.pop(pod, None)
         if requests is None:
             raise AutoscalerError(f"{self.name}: pod {pod} is not in this cluster")
+        self._avoid.pop(pod, None)
         if self.waiting.pop(pod, None) is not None:
             self._unnominate(pod)
             return []
@@ -236,9 +259,15 @@ class SimCluster:
 
     def _fit(self, pod: str, hint: str | None) -> str | None:
         requests = self.requests[pod]
-        if hint is not None and hint in self.nodes and self.nodes[hint].fits(requests):
+        avoid = self._avoid.get(pod, ())
+
+        def allowed(node: _Node) -> bool:
+            return node.fits(requests) and not (
+                avoid and node.instance is not None and node.instance.excluded_by(avoid))
+
+        if hint is not None and hint in self.nodes and allowed(self.nodes[hint]):
             return hint
-        return next((name for name, node in self.nodes.items() if node.fits(requests)), None)
+        return next((name for name, node in self.nodes.items() if allowed(node)), None)
 
     def _bind(self, pod: str, node_name: str, at: float) -> None:
         node = self.nodes[node_name]
@@ -324,8 +353,10 @@ class SimCluster:
         reserved = self.in_use()
         for pod in batch:
             requests = self.requests[pod]
+            avoid = self._avoid.get(pod, ())
             home = next((c for c in in_flight if c.instance.holds(
-                _plus(packed[c.name], requests))), None)
+                _plus(packed[c.name], requests)) and not (
+                    avoid and c.instance.excluded_by(avoid))), None)
             if home is not None:
                 home.nominated.add(pod)
                 self._nominated[pod] = home.name
@@ -333,7 +364,8 @@ class SimCluster:
                 continue
             for index, (pods, holding, instance) in enumerate(new):
                 grown = _plus(holding, requests)
-                kind = self._smallest_holding(grown)
+                kind = self._smallest_holding(grown, (
+                    *avoid, *(r for p in pods for r in self._avoid.get(p, ()))))
                 if kind is None:
                     continue
                 after = _plus(_minus(reserved, instance.resources), kind.resources)
@@ -343,7 +375,7 @@ class SimCluster:
                     reserved = after
                     break
             else:
-                alone = self._smallest_holding(requests)
+                alone = self._smallest_holding(requests, avoid)
                 if alone is not None and self._within_limits(_plus(reserved, alone.resources)):
                     new.append(([pod], dict(requests), alone))
                     reserved = _plus(reserved, alone.resources)
@@ -359,6 +391,7 @@ class SimCluster:
             self._in_flight[claim.name] = claim
             self._nominated.update(dict.fromkeys(pods, claim.name))
             self.created += 1
+            self.created_by_type[instance.name] = self.created_by_type.get(instance.name, 0) + 1
             self.delays.append(delay)
 
     def _packed(self, claim: NodeClaim) -> dict[str, int]:
@@ -367,8 +400,11 @@ class SimCluster:
             total = _plus(total, self.requests[pod])
         return total
 
-    def _smallest_holding(self, holding: Mapping[str, int]) -> InstanceType | None:
-        return next((t for t in self._by_size if t.holds(holding)), None)
+    def _smallest_holding(self, holding: Mapping[str, int],
+                          avoid: tuple[Requirement, ...] = ()) -> InstanceType | None:
+        """The cheapest type that holds `holding` and that no pod's affinity rules out."""
+        return next((t for t in self._by_size if t.holds(holding) and not (
+            avoid and t.excluded_by(avoid))), None)
 
     def _within_limits(self, usage: Mapping[str, int]) -> bool:
         return all(usage.get(r, 0) <= limit for r, limit in self.pool.limits.items())
@@ -379,7 +415,8 @@ class SimCluster:
         for pod in claim.nominated:
             self._nominated.pop(pod, None)
         claim.nominated.clear()
-        node = _Node(dict(claim.instance.resources), pool=True, empty_since=at)
+        node = _Node(dict(claim.instance.resources), pool=True, empty_since=at,
+                     instance=claim.instance)
         self.nodes[claim.node_name] = node
         self._empty.add(claim.node_name)
         events = [SimEvent(at=at, node=claim.node_name, allocatable=dict(node.allocatable))]

@@ -32,7 +32,7 @@ from decimal import Decimal
 
 from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
 from lockgate.node_groups import NodeGroup, check_node_groups
-from lockgate.placement import Taint
+from lockgate.placement import Requirement, Taint
 from lockgate.resources import InvalidQuantityError, parse_quantity
 
 # The label Karpenter puts on every node (and NodeClaim) a NodePool makes.
@@ -129,6 +129,11 @@ class VirtualNode:
     # The Node the claim names (its `status.nodeName`), when the scheduler does not have it
     # yet: pods bound there are charged to this virtual node until it does.
     node_name: str = ""
+    # The node affinity a pod released onto it needs so that Karpenter makes an instance of
+    # this size for it, not a smaller one (`smaller_instances`): for headroom, and for a
+    # launched claim of a pool sized by its requirements (should the pod not fit it after all,
+    # the claim made for it is of that size); None: nothing smaller to rule out.
+    avoid: Requirement | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +213,15 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
         if claim.name not in unnamed:
             continue  # its Node is (very likely) one the scheduler has, not yet named by it
         claim_pool = pools.get(claim.node_pool)
-        allocatable: Mapping[str, int] | None = claim.allocatable or shapes.get(
-            claim.node_pool, (None, ""))[0]
+        shape, source = shapes.get(claim.node_pool, (None, ""))
+        if claim.allocatable and claim_pool is not None and shape is not None \
+                and source == _FROM_REQUIREMENTS:
+            # Its allocatable already excludes what the instance keeps back (kubelet and
+            # system reserve); the overhead is counted from the instance's capacity, as for
+            # headroom: subtracting it from allocatable took the reserve off twice.
+            nodes.append(_claim_of_instance(claim, claim_pool, shape, policy))
+            continue
+        allocatable: Mapping[str, int] | None = claim.allocatable or shape
         if allocatable is None:
             continue  # its size is unknown until it launches: no room promised on it yet
         nodes.append(_virtual(f"{VIRTUAL_PREFIX}{claim.node_pool}/claim/{claim.name}",
@@ -231,9 +243,11 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
             for resource, amount in size.items():
                 if resource in caps:
                     caps[resource] -= amount * count
+            avoid = smaller_instances(pool, size)
+            labels = instance_labels(pool, size)
             for _ in range(count):
                 nodes.append(_virtual(f"{VIRTUAL_PREFIX}{pool.name}/{index}", pool.name, size,
-                                      pool, policy))
+                                      pool, policy, avoid=avoid, sized=labels))
                 index += 1
     marker = (frozenset(c.name for c in growth.node_claims),
               tuple(sorted((p.name, tuple(sorted(p.in_use.items())))
@@ -241,6 +255,37 @@ def plan_growth(growth: ClusterGrowth, *, policy: GrowthPolicy,
     return GrowthPlan(cluster=cluster, pools=tuple(sorted(headrooms, key=lambda h: h.pool)),
                       nodes=tuple(nodes), claims_in_flight=tuple(in_flight),
                       failed_claim=failed, marker=marker)
+
+
+def _claim_of_instance(claim: NodeClaimStatus, pool: NodePoolStatus, shape: Mapping[str, int],
+                       policy: GrowthPolicy) -> VirtualNode:
+    """The virtual node of a launched NodeClaim of a pool whose requirements name its instance
+    sizes: per resource, the least of its `status.allocatable` and its instance's capacity
+    less `GrowthPolicy.node_overhead` (the instance: the smallest of the pool's sizes that
+    holds its allocatable; none: its allocatable less the overhead, as before it launched).
+
+    Why: the overhead is what a node loses of its *instance's capacity* to what lockgate does
+    not manage, system reserve included (a kwok c-8x node: 8 cpu, 7900m allocatable, overhead
+    100m), and headroom is counted from capacity. A claim's allocatable already lost the
+    reserve, so its capacity less the overhead is the node it becomes; its allocatable less the
+    overhead was 100m short (7800m), one 1975m pod fewer on a claim in flight than its node
+    holds."""
+    allocatable = claim.allocatable
+    instance = next((size for size in reversed(instance_sizes(pool, shape))
+                     if all(size.get(r, 0) >= amount for r, amount in allocatable.items()
+                            if r in size)), None)
+    name = f"{VIRTUAL_PREFIX}{claim.node_pool}/claim/{claim.name}"
+    if instance is None:
+        return _virtual(name, claim.node_pool, allocatable, pool, policy, claim=claim)
+    overhead = policy.node_overhead
+    room = {resource: (min(amount, instance[resource] - overhead.get(resource, 0))
+                       if resource in instance else amount - overhead.get(resource, 0))
+            for resource, amount in allocatable.items()}
+    # A pod released onto it that Karpenter cannot pack onto it after all (kube-scheduler bound
+    # others there first, or Karpenter packed the batch its own way) makes a new claim: of this
+    # size, not the cheapest that holds the pod alone.
+    return _virtual(name, claim.node_pool, room, pool, policy, claim=claim,
+                    overhead_counted=True, avoid=smaller_instances(pool, instance))
 
 
 def _claims_left_within_limits(growth: ClusterGrowth,
@@ -399,6 +444,48 @@ def instance_sizes(pool: NodePoolStatus, shape: Mapping[str, int]) -> tuple[dict
     return tuple(sizes)
 
 
+def smaller_instances(pool: NodePoolStatus, size: Mapping[str, int]) -> Requirement | None:
+    """The requirement (`NotIn`, on the pool's instance-cpu label) that rules out the instance
+    types the pool allows that are smaller in cpu than `size`, or None when it allows none
+    (or names no instance cpu).
+
+    Why: Karpenter launches the cheapest type that holds the pods of a batch, and lockgate's
+    releases for growth come a few pods at a time (what is owed trickles), so a pool of 4, 8
+    and 16-cpu types made mostly small nodes where the headroom lockgate counted was in
+    16-cpu instances (BENCHMARKS.md, scenario (d): 2-3x the nodes the fair split needs). A pod
+    released onto headroom of one size, with this added to its node affinity, makes Karpenter
+    make that size; the next pods owed room go onto the claim in flight, then onto its node.
+    `NotIn` matches a node without the label, so the pod may still bind to the cluster's other
+    nodes (those no NodePool made)."""
+    cpu = size.get("cpu", 0)
+    for requirement in pool.requirements:
+        if requirement.operator != "In" or not requirement.key.endswith("/instance-cpu"):
+            continue
+        smaller = tuple(value for value in requirement.values
+                        if (amount := _label_amount("cpu", value)) is not None and amount < cpu)
+        return Requirement(key=requirement.key, operator="NotIn", values=smaller) \
+            if smaller else None
+    return None
+
+
+def instance_labels(pool: NodePoolStatus, size: Mapping[str, int]) -> dict[str, str]:
+    """The pool's instance-size labels (cpu, memory) an instance of `size` carries, where its
+    requirements allow a value of exactly that size: so that a pod whose own affinity names
+    an instance size is placed only on virtual nodes of that size (and is never told to avoid
+    the size it asks for, `smaller_instances`)."""
+    labels: dict[str, str] = {}
+    for requirement in pool.requirements:
+        resource = next((name for suffix, name in _INSTANCE_LABELS[:2]
+                         if requirement.key.endswith(suffix)), None)
+        if resource is None or requirement.operator != "In":
+            continue
+        value = next((v for v in requirement.values
+                      if _label_amount(resource, v) == size.get(resource)), None)
+        if value is not None:
+            labels[requirement.key] = value
+    return labels
+
+
 def instance_shape(pool: NodePoolStatus, *, cluster: str, policy: GrowthPolicy,
                    largest_node_of: LargestNodeOf) -> tuple[dict[str, int] | None, str]:
     """One node's capacity for the pool, and where it came from: the policy's shape for the
@@ -478,14 +565,18 @@ def _label_amount(resource: str, value: str) -> int | None:
 
 def _virtual(name: str, pool_name: str, capacity: Mapping[str, int],
              pool: NodePoolStatus | None, policy: GrowthPolicy, *,
-             claim: NodeClaimStatus | None = None) -> VirtualNode:
-    """A virtual node of the pool: its capacity less the per-node overhead, the pool's
-    template labels, the values its requirements fix (single-valued `In`) and the pool label,
-    and its taints."""
-    overhead = policy.node_overhead
+             claim: NodeClaimStatus | None = None,
+             avoid: Requirement | None = None,
+             sized: Mapping[str, str] | None = None,
+             overhead_counted: bool = False) -> VirtualNode:
+    """A virtual node of the pool: its capacity less the per-node overhead (unless
+    `overhead_counted`: the caller did), its instance-size
+    labels (`sized`, headroom only), the pool's template labels, the values its requirements
+    fix (single-valued `In`) and the pool label, and its taints."""
+    overhead = {} if overhead_counted else policy.node_overhead
     allocatable = {resource: max(0, amount - overhead.get(resource, 0))
                    for resource, amount in capacity.items()}
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = dict(sized or {})
     taints: tuple[Taint, ...] = ()
     if pool is not None:
         for requirement in pool.requirements:
@@ -496,7 +587,7 @@ def _virtual(name: str, pool_name: str, capacity: Mapping[str, int],
     labels[NODE_POOL_LABEL] = pool_name
     return VirtualNode(name=name, pool=pool_name, allocatable=allocatable, labels=labels,
                        taints=taints, claim="" if claim is None else claim.name,
-                       node_name="" if claim is None else claim.node_name)
+                       node_name="" if claim is None else claim.node_name, avoid=avoid)
 
 
 def is_virtual(node_name: str) -> bool:

@@ -131,3 +131,45 @@ def test_scenario_d_is_scenario_a_with_its_last_half_of_clusters_autoscaled() ->
 def test_bad_autoscaling_is_refused_with_a_reason(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         Scenario.from_mapping(small_autoscaled(autoscaling={**AUTOSCALING, **change}))
+
+
+def test_pods_that_avoid_smaller_types_make_the_nodes_lockgate_counted() -> None:
+    # The pool's headroom is two 16-cpu instances. Released as they come, a few 1-cpu pods at a
+    # time, the pods make 4-cpu nodes (Karpenter launches the cheapest type that holds a
+    # batch); with the node affinity lockgate asks for (`GrowthNote.avoid`), 16-cpu ones.
+    def run(steer: bool) -> Report:
+        return simulate(Scenario.from_mapping(small_autoscaled(autoscaling={
+            **AUTOSCALING, "steer_instance_size": steer, "gather_seconds": 0})))
+
+    plain, steered = run(False), run(True)
+    ((_, plain_side),) = plain.autoscaled.items()
+    ((_, steered_side),) = steered.autoscaled.items()
+    assert plain_side.created_by_type.get("m-4x", 0) > 0, plain_side.created_by_type
+    assert set(steered_side.created_by_type) == {"m-16x"}, steered_side.created_by_type
+    summary = steered.summary()
+    assert summary["nodes_provisioned_by_type"] == {"m-16x": steered_side.created}
+    assert 1.0 <= summary["nodes_provisioned_ratio"] < plain.summary()["nodes_provisioned_ratio"]
+    # Every pod released for growth waited: from its first round owed a node to its binding.
+    assert len(steered.growth_waits) > 0 and min(steered.growth_waits) >= 0
+    assert summary["growth_wait_seconds_p99"] >= summary["growth_wait_seconds_p50"] > 0
+    # The scenario's keys are read (and a wrong one refused).
+    scenario = Scenario.from_mapping(small_autoscaled(autoscaling={
+        **AUTOSCALING, "steer_instance_size": True, "gather_seconds": 0}))
+    assert scenario.autoscaling is not None
+    assert (scenario.autoscaling.steer_instance_size, scenario.autoscaling.gather_seconds) == (
+        True, 0.0)
+    with pytest.raises(ScenarioError, match="gather_seconds"):
+        Scenario.from_mapping(small_autoscaled(autoscaling={**AUTOSCALING,
+                                                            "gather_seconds": -1}))
+
+
+def test_scenario_d_sized_is_scenario_d_with_its_pods_sized_and_nothing_gathered() -> None:
+    fleet_d = Scenario.load(SCENARIOS / "d_fleet_day_autoscaled.yaml")
+    sized = Scenario.load(SCENARIOS / "d_fleet_day_autoscaled_sized.yaml")
+    assert fleet_d.autoscaling is not None and sized.autoscaling is not None
+    assert not fleet_d.autoscaling.steer_instance_size
+    assert fleet_d.autoscaling.gather_seconds is None  # the leader's default
+    assert (sized.autoscaling.steer_instance_size, sized.autoscaling.gather_seconds) == (
+        True, 0.0)
+    assert replace(sized, name=fleet_d.name, autoscaling=replace(
+        sized.autoscaling, steer_instance_size=False, gather_seconds=None)) == fleet_d

@@ -363,3 +363,74 @@ def test_a_shape_from_the_policy_is_the_only_type() -> None:
                 policy=policy).headroom("default")
     assert pool is not None and pool.nodes == 1
     assert [size["cpu"] for size, _ in pool.instances] == [16_000]
+
+
+def test_headroom_nodes_say_which_smaller_types_a_pod_released_onto_them_must_avoid() -> None:
+    # 28 cpu left of 4, 8 and 16-cpu types: one 16 (avoid 4 and 8), one 8 (avoid 4), one 4
+    # (nothing smaller). Karpenter launches the cheapest type that holds a batch, so without
+    # this a pod or two released onto the 16 would make a 4.
+    result = plan(a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=28_000).build())
+    cpu_label = "karpenter.kwok.sh/instance-cpu"
+    by_size = {n.allocatable["cpu"]: n for n in result.nodes}
+    assert by_size[16_000].avoid == Requirement(key=cpu_label, operator="NotIn",
+                                                values=("4", "8"))
+    assert by_size[8000].avoid == Requirement(key=cpu_label, operator="NotIn", values=("4",))
+    assert by_size[4000].avoid is None
+    # Each carries its own size's labels, so a pod that names a size lands on that size only.
+    assert {n.allocatable["cpu"]: (n.labels[cpu_label],
+                                   n.labels["karpenter.kwok.sh/instance-memory"])
+            for n in result.nodes} == {16_000: ("16", "65536"), 8000: ("8", "32768"),
+                                       4000: ("4", "16384")}
+
+
+def test_a_launched_claim_avoids_smaller_types_and_one_size_has_nothing_to_avoid() -> None:
+    pool = a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=64_000).using(cpu=16_000).build()
+    claim = NodeClaimStatus(name="default-a", node_pool="default", created_at=T0,
+                            allocatable={"cpu": 16_000, "memory": 64 * GI})
+    result = plan(pool, claims=(claim,))
+    (in_flight,) = [n for n in result.nodes if n.claim]
+    # A pod released onto it that Karpenter cannot pack there after all makes a 16, not a 4.
+    assert in_flight.avoid == Requirement(key="karpenter.kwok.sh/instance-cpu",
+                                          operator="NotIn", values=("4", "8"))
+    assert all(n.avoid is not None for n in result.nodes if not n.claim)
+    # Before it launches its size is not known: nothing to avoid.
+    unlaunched = plan(pool, claims=(claim.model_copy(update={"allocatable": {}}),))
+    assert [n.avoid for n in unlaunched.nodes if n.claim] == [None]
+    # One instance size (KWOK_4X16): nothing smaller to rule out.
+    single = plan(a_pool().limited_to(cpu=16_000).build())
+    assert single.nodes and all(n.avoid is None for n in single.nodes)
+    # A shape from the policy, with no instance-cpu requirement: nothing to name.
+    stated = plan(a_pool().requiring().limited_to(cpu=16_000).build(),
+                  policy=GrowthPolicy(instance_shapes={"default": {"cpu": 4000,
+                                                                   "memory": 16 * GI}}))
+    assert stated.nodes and all(n.avoid is None for n in stated.nodes)
+
+
+KWOK_C_8X = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In", values=("8",)),
+             Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                         values=("16Gi",)))
+
+
+def test_a_claims_allocatable_loses_the_overhead_once_not_twice() -> None:
+    # The stack's kwok c-8x: 8 cpu / 16Gi instance, allocatable 7900m / 16374Mi (100m and 10Mi
+    # kept back), `node_overhead` 100m / 10Mi. Headroom: 8000 - 100 = 7900m. A launched claim
+    # says allocatable 7900m: its node has 7900m, not 7900 - 100.
+    policy = GrowthPolicy(node_overhead={"cpu": 100, "memory": 10 << 20})
+    pool = a_pool().requiring(*KWOK_C_8X).limited_to(cpu=16_000).using(cpu=8000).build()
+    claim = NodeClaimStatus(name="default-a", node_pool="default", created_at=T0,
+                            allocatable={"cpu": 7900, "memory": 16374 << 20, "pods": 110})
+    result = plan(pool, claims=(claim,), policy=policy)
+    (in_flight,) = [n for n in result.nodes if n.claim]
+    (headroom,) = [n for n in result.nodes if not n.claim]
+    assert in_flight.allocatable == {"cpu": 7900, "memory": 16374 << 20, "pods": 110}
+    assert headroom.allocatable == {"cpu": 7900, "memory": (16 * GI) - (10 << 20)}
+    # A claim whose allocatable is its whole capacity (no reserve): the overhead is taken once.
+    whole = claim.model_copy(update={"allocatable": {"cpu": 8000, "memory": 16 * GI}})
+    (node,) = [n for n in plan(pool, claims=(whole,), policy=policy).nodes if n.claim]
+    assert node.allocatable == {"cpu": 7900, "memory": (16 * GI) - (10 << 20)}
+    # A pool sized by the policy (its nodes' allocatable): the overhead is subtracted as before.
+    stated = GrowthPolicy(node_overhead={"cpu": 100},
+                          instance_shapes={"default": {"cpu": 7900, "memory": 16 * GI}})
+    (node,) = [n for n in plan(pool.model_copy(update={"requirements": ()}), claims=(claim,),
+                               policy=stated).nodes if n.claim]
+    assert node.allocatable["cpu"] == 7800

@@ -19,7 +19,7 @@ from builders import a_job, a_node, a_queue, a_state
 from lockgate.events import ClusterGrowth, NodeClaimStatus, NodePoolStatus
 from lockgate.growth import GrowthPolicy
 from lockgate.jobs import JobState
-from lockgate.placement import Requirement
+from lockgate.placement import Label, PodPlacement, Requirement
 from lockgate.scheduler import RoundResult, SchedulerState, schedule_round
 from lockgate.scheduler.explain import OVER_SHARE_FOR_GROWTH, GrowthStanding
 from lockgate.scheduler.report import ExplainSettings, growth_json, report_round, short_reason
@@ -402,3 +402,37 @@ def test_explain_says_why_a_cluster_with_no_node_cannot_grow_for_a_pod() -> None
     assert said is not None
     assert "its cluster cannot grow for it: NodePool default: the size of its nodes is unknown" \
         in said.message, said.message
+
+
+KWOK_M_FAMILY = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In",
+                             values=("4", "8", "16")),
+                 Requirement(key="karpenter.kwok.sh/instance-memory", operator="In",
+                             values=("16Gi", "32Gi", "64Gi")))
+
+
+def test_a_release_onto_headroom_says_which_smaller_types_its_pod_must_avoid() -> None:
+    # 24 cpu of headroom in 4, 8 and 16-cpu types: one 16 and one 8. A 1-cpu pod goes onto the
+    # 16 and is told to avoid 4 and 8, so that Karpenter makes the 16 lockgate counted.
+    plain = a_job("a").in_cluster("b").requesting(cpu="1", memory="1Gi").build()
+    # A pod that asks for the 8-cpu size itself lands on the 8, and avoids only the 4.
+    on_eight = replace(
+        a_job("a").in_cluster("b").requesting(cpu="1", memory="1Gi").named("eight").build(),
+        placement=PodPlacement(node_selector=(
+            Label(key="karpenter.kwok.sh/instance-cpu", value="8"),)))
+    state = (a_state().with_queues("a").with_cluster("b", {})
+             .with_jobs([plain, on_eight]).build())
+    state.set_growth_policy(replace(NO_PACING, gather_seconds=0))
+    state.set_growth("b", ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True,
+                                        node_pools=[NodePoolStatus(
+                                            name="default", limits={"cpu": 24_000},
+                                            requirements=KWOK_M_FAMILY)]))
+    result = run(state)
+    notes = {d.job_id: (d.node_hint, d.growth) for d in result.decisions}
+    hint, note = notes[plain.job_id]
+    assert hint == "growth:default/0" and note is not None
+    assert note.avoid == Requirement(key="karpenter.kwok.sh/instance-cpu", operator="NotIn",
+                                     values=("4", "8"))
+    hint, note = notes["eight"]
+    assert hint == "growth:default/1" and note is not None
+    assert note.avoid == Requirement(key="karpenter.kwok.sh/instance-cpu", operator="NotIn",
+                                     values=("4",))

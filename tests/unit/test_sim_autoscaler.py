@@ -16,6 +16,7 @@ from devstack.sim_autoscaler import (
     SimEvent,
     fewest_nodes,
 )
+from lockgate.placement import Requirement
 
 GI = 2**30
 SMALL = InstanceType("m-4x", 4000, 16 * GI)
@@ -264,3 +265,42 @@ def test_time_never_goes_back_and_unknown_pods_are_refused() -> None:
     side.release("p", cpu(1), None, at=10.0)
     with pytest.raises(AutoscalerError, match="released twice"):
         side.release("p", cpu(1), None, at=10.0)
+
+
+NOT_SMALLER_THAN_16 = Requirement(key="karpenter.kwok.sh/instance-cpu", operator="NotIn",
+                                  values=("4", "8"))
+
+
+def test_a_pod_that_avoids_smaller_types_makes_the_type_it_allows() -> None:
+    side = cluster()
+    # Alone, 2 cpu makes a 4-cpu node (the cheapest that holds it)...
+    side.release("plain", cpu(2), None, at=0.0)
+    side.advance(1.0)
+    assert [c.instance for c in side.claims.values()] == [SMALL]
+    # ...but a pod whose affinity rules out 4 and 8 makes a 16, and is not packed onto the
+    # 4-cpu claim in flight, though it would fit there.
+    side.release("steered", cpu(1), None, at=2.0, avoid=(NOT_SMALLER_THAN_16,))
+    side.advance(3.0)
+    by_pod = {p: c.instance for c in side.claims.values() for p in c.nominated}
+    assert by_pod == {"plain": SMALL, "steered": LARGE}
+    # The next batch: the steered pod joins the 16-cpu claim in flight, the plain one the
+    # first claim in flight that holds it (the 4-cpu one); no new claim.
+    side.release("steered-2", cpu(1), None, at=4.0, avoid=(NOT_SMALLER_THAN_16,))
+    side.release("plain-2", cpu(2), None, at=4.0)
+    side.advance(5.0)
+    assert side.created == 2
+    by_pod = {p: c.instance for c in side.claims.values() for p in c.nominated}
+    assert by_pod == {"plain": SMALL, "plain-2": SMALL, "steered": LARGE, "steered-2": LARGE}
+
+
+def test_a_pod_that_avoids_a_type_never_binds_to_a_node_of_it_but_binds_to_fixed_nodes() -> None:
+    side = cluster(fixed=1)
+    side.release("fill", cpu(4), "c1-n0", at=0.0)  # the fixed node is full
+    side.release("small", cpu(1), None, at=0.0)
+    side.advance(200.0)  # a 4-cpu node registered, 3 cpu free on it
+    small_node = side.bound["small"]
+    assert side.nodes[small_node].instance == SMALL
+    assert side.release("steered", cpu(1), small_node, at=200.0,
+                        avoid=(NOT_SMALLER_THAN_16,)) is None
+    side.finish("fill", at=201.0)  # room on the fixed node (no instance label): it binds there
+    assert side.bound["steered"] == "c1-n0"

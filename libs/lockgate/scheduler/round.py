@@ -33,6 +33,7 @@ from enum import StrEnum
 
 from lockgate.growth import GrowthPlan, PoolHeadroom, describe_amounts, wave_answered
 from lockgate.jobs import JobState
+from lockgate.placement import Requirement
 from lockgate.scheduler.costs import (
     FairShare,
     cost_after,
@@ -129,6 +130,9 @@ class GrowthNote:
     node: str  # the virtual node it is charged to
     claim: str  # the NodeClaim in flight it waits for ("": a node the pool may still add)
     headroom: PoolHeadroom | None  # the pool's headroom when released
+    # The node affinity that makes the pool make the size of node counted (headroom only,
+    # `lockgate.growth.smaller_instances`); None: nothing to add.
+    avoid: Requirement | None = None
 
     def words(self, cluster: str) -> str:
         """"released so that cluster-b grows (NodePool default: headroom cpu=48)"."""
@@ -1305,7 +1309,7 @@ class _Round:
         name = cluster.names[node]
         virtual = next(v for v in gate.plan.nodes if v.name == name)
         note = GrowthNote(pool=virtual.pool, node=name, claim=virtual.claim,
-                          headroom=gate.plan.headroom(virtual.pool))
+                          headroom=gate.plan.headroom(virtual.pool), avoid=virtual.avoid)
         return note, GrowthRelease(cluster=cluster_name, pool=virtual.pool, node=name,
                                    claim=virtual.claim, at=self.now,
                                    round=self.transaction.number, marker=gate.plan.marker)
