@@ -144,8 +144,22 @@ def test_the_fairness_answer_is_encoded_once_per_round_and_never_outlives_the_le
     first = fairness.encoded()
     assert fairness.encoded() is first  # the same round: the same bytes
     assert json.loads(first) == fairness.as_json()
+    # By default each queue's figures alone; per cluster only at /api/v1/fairness/clusters,
+    # encoded once per round too, and otherwise the same answer.
+    per_cluster = fairness.encoded_per_cluster()
+    assert fairness.encoded_per_cluster() is per_cluster
+    wide = json.loads(per_cluster)
+    assert wide == fairness.as_json(per_cluster=True)
+    state_cluster_keys = {"cluster_targets", "cluster_shares", "clusters"}
+    assert all(not state_cluster_keys & set(q) for q in json.loads(first)["queues"])
+    assert all(state_cluster_keys <= set(q) for q in wide["queues"]
+               if q["name"] in ("heavy", "light"))
+    assert any(q["cluster_targets"] for q in wide["queues"])
+    assert [{k: v for k, v in q.items() if k not in state_cluster_keys}
+            for q in wide["queues"]] == json.loads(first)["queues"]
     fairness.record_round(_report(state), seconds=0.01, decisions=0)
     assert fairness.encoded() is not first  # a new round
+    assert fairness.encoded_per_cluster() is not per_cluster
     fairness.set_leader(False)
     assert json.loads(fairness.encoded())["queues"] == []
 

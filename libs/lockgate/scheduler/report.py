@@ -233,12 +233,16 @@ def growth_json(status: ClusterGrowthStatus) -> dict[str, Any]:
         "waiting": status.waiting}
 
 
-def status_json(status: QueueStatus) -> dict[str, Any]:
+def status_json(status: QueueStatus, *, per_cluster: bool = True) -> dict[str, Any]:
     """A queue's standing as `lockgate status` and the UI read it (field by field, not
-    `asdict`, whose deep copies were most of the leader's answer at 1,000 queues)."""
-    return {name: getattr(status, name) for name in _STATUS_FIELDS} | {
-        "cluster_targets": dict(status.cluster_targets),
-        "cluster_shares": dict(status.cluster_shares)}
+    `asdict`, whose deep copies were most of the leader's answer at 1,000 queues);
+    `per_cluster`: with its target and share in each cluster (`-o wide`), which at fleet scale
+    (50 clusters) are nearly all of it."""
+    body = {name: getattr(status, name) for name in _STATUS_FIELDS}
+    if per_cluster:
+        body["cluster_targets"] = dict(status.cluster_targets)
+        body["cluster_shares"] = dict(status.cluster_shares)
+    return body
 
 
 _STATUS_FIELDS = tuple(f.name for f in fields(QueueStatus)
