@@ -21,8 +21,12 @@ The four calls ask about the same pod (and page) again and again, as a page refr
 `explain` run again does: the leader answers those from its last round's picture on its HTTP
 thread, never waiting for the round in progress (`fair_scheduler.reporting`). A fifth,
 `explain_first_ask`, asks about a different pod each time, one nobody asked about before: the
-leader works it out on its loop, after the round in progress, so its figure is about a round's
-length (reported beside it as `leader_round_mean_ms`). Only Postgres and Kafka are started.
+leader answers at once with the round's own reason when the last round passed the pod over
+(counted as `first_asks_answered_from_the_rounds_record`), and otherwise works it out on its
+loop, after the round in progress, so its figure is about a round's length (reported beside it
+as `leader_round_mean_ms`). A probe, `probe_leader_fairness_direct`, asks the leader's fairness
+answer directly (no queue-store, no Postgres): the leader's HTTP thread getting the GIL from a
+round. Only Postgres and Kafka are started.
 """
 
 from __future__ import annotations
