@@ -21,8 +21,12 @@ The four calls ask about the same pod (and page) again and again, as a page refr
 `explain` run again does: the leader answers those from its last round's picture on its HTTP
 thread, never waiting for the round in progress (`fair_scheduler.reporting`). A fifth,
 `explain_first_ask`, asks about a different pod each time, one nobody asked about before: the
-leader works it out on its loop, after the round in progress, so its figure is about a round's
-length (reported beside it as `leader_round_mean_ms`). Only Postgres and Kafka are started.
+leader answers at once with the round's own reason when the last round passed the pod over
+(counted as `first_asks_answered_from_the_rounds_record`), and otherwise works it out on its
+loop, after the round in progress, so its figure is about a round's length (reported beside it
+as `leader_round_mean_ms`). A probe, `probe_leader_fairness_direct`, asks the leader's fairness
+answer directly (no queue-store, no Postgres): the leader's HTTP thread getting the GIL from a
+round. Only Postgres and Kafka are started.
 """
 
 from __future__ import annotations
@@ -270,6 +274,7 @@ async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, toke
                 aiohttp.ClientSession(f"http://127.0.0.1:{admin_port}",
                                       headers={"Authorization": f"Bearer {token}"}) as session:
             rounds_before = await round_seconds(port)
+            partial: set[int] = set()  # first asks answered with the round's reason alone
             for name, path_of in calls(run, queued).items():
                 async def get(request: int, path_of: Callable[[int], str] = path_of,
                               name: str = name) -> None:
@@ -279,7 +284,19 @@ async def _timed_calls(pool: asyncpg.Pool, dsn: str, run: str, queued: int, toke
                         body = orjson.loads(await response.read())
                     if name == "explain":  # an answer from the leader, not "unavailable"
                         assert body["explanation"] is not None, body
+                    if name == "explain_first_ask" and body.get("partial"):
+                        partial.add(request)  # the round's reason, given off the loop
                 found[name] = await timings(get)
+            facts["first_asks_answered_from_the_rounds_record"] = len(partial - {REQUESTS})
+            # A probe, not a call a user makes: the leader's fairness answer asked directly
+            # (encoded once per round, no Postgres, no queue-store): what is left is the
+            # leader's HTTP thread getting the GIL from a round, and the box.
+            async with aiohttp.ClientSession() as direct:
+                async def leader_direct(_: int) -> None:
+                    async with direct.get(f"http://127.0.0.1:{port}/api/v1/fairness") as answer:
+                        assert answer.status == 200
+                        await answer.read()
+                found["probe_leader_fairness_direct"] = await timings(leader_direct)
             rounds_after = await round_seconds(port)
             count = rounds_after[1] - rounds_before[1]
             facts["leader_round_mean_ms"] = (

@@ -33,6 +33,7 @@ from lockgate_adapters.service import Loop, ServiceContext
 log = logging.getLogger(__name__)
 
 FAIRNESS_PATH = "/api/v1/fairness"
+FAIRNESS_PER_CLUSTER_PATH = "/api/v1/fairness/clusters"
 EXPLAIN_PATH = "/api/v1/explain"
 # What ends a term of leadership (or prevents one): Postgres unreachable or the session lost.
 # A client error on the leader connection (e.g. "another operation is in progress" after an
@@ -81,6 +82,7 @@ def serve_views(health: HealthServer, report: FairnessReport) -> None:
     explanation the last round's picture already gave (reporting.FairnessReport.answered);
     the others are worked out on the loop."""
     health.add_json_view(FAIRNESS_PATH, report.encoded, off_loop=True)
+    health.add_json_view(FAIRNESS_PER_CLUSTER_PATH, report.encoded_per_cluster, off_loop=True)
     health.add_json_query(EXPLAIN_PATH, lambda body: report.explain_json(body, now=time.time()),
                           off_loop=report.answered)
 

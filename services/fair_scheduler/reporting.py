@@ -8,6 +8,10 @@ jobs wait. It is the only picture: queue-store's `status`, `explain` and web UI 
     GET  /api/v1/fairness   every queue after the last round ({"leader": false} on a standby),
                             and each autoscaled cluster's growth ("growth": nodes, capacity,
                             headroom per NodePool, NodeClaims in flight, stall or wait)
+    GET  /api/v1/fairness/clusters   the same, each queue with its target and share in every
+                            cluster too ("cluster_targets", "cluster_shares", "clusters"):
+                            queues x clusters numbers (100,000 at 1,000 queues in 50 clusters),
+                            so only `status -o wide`, `-o json` and a queue's page ask it
     POST /api/v1/explain    {"jobs": [{"id": "CLUSTER/UID", "place": [P, N] | null}, ...]}
                             -> {"leader": ..., "round": ..., "explanations": {id: ... | null}}
 """
@@ -31,6 +35,7 @@ from lockgate.scheduler.report import (
     explanation_json,
     growth_json,
     short_reason,
+    skip_json,
     status_json,
 )
 from lockgate.scheduler.tree_status import tree_node_json
@@ -119,9 +124,12 @@ class FairnessReport:
     # release benchmark, most of them to the value the gauge already had). The report owns its
     # queues' gauges: one report per process, as the leader keeps.
     _values: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    _queues_cache: tuple[RoundReport, list[dict[str, Any]]] | None = None
+    # Each picture's queues as JSON, by whether each carries its per-cluster figures.
+    _queues_cache: dict[bool, tuple[RoundReport, list[dict[str, Any]]]] = field(
+        default_factory=dict)
     _shown: _Shown = field(default_factory=lambda: _Shown(leader=False, picture=None))
-    _encoded: tuple[_Shown, bytes] | None = None
+    # The last encoded answer of each kind (per cluster or not), with the `_Shown` it is of.
+    _encoded: dict[bool, tuple[_Shown, bytes]] = field(default_factory=dict)
     _encoding: threading.Lock = field(default_factory=threading.Lock)
     _explained: _Explained = field(default_factory=lambda: _Explained(None, {}))
     # Pods asked about, with the place they were asked at and when (monotonic seconds): the
@@ -190,13 +198,16 @@ class FairnessReport:
                 "decisions": shown.decisions,
                 "duration_ms": round(shown.seconds * 1000, 3)}
 
-    def as_json(self, shown: _Shown | None = None) -> dict[str, Any]:
-        """GET /api/v1/fairness: every queue's standing and its part in the last round.
+    def as_json(self, shown: _Shown | None = None, *, per_cluster: bool = False
+                ) -> dict[str, Any]:
+        """GET /api/v1/fairness: every queue's standing and its part in the last round
+        (`per_cluster`: with its target and share in each cluster, /api/v1/fairness/clusters).
         Reads only `shown` (by default the latest): safe on the health server's thread."""
         shown = shown or self._shown
         picture = shown.picture if shown.leader else None
         body = {"instance_id": self.instance_id, "leader": shown.leader,
-                "last_round": self._round_json(shown), "queues": self._queues_json(picture),
+                "last_round": self._round_json(shown),
+                "queues": self._queues_json(picture, per_cluster=per_cluster),
                 # The queue tree (lockgate.scheduler.tree_status), parents before children.
                 "tree": [] if picture is None else [tree_node_json(node)
                                                     for node in picture.tree()],
@@ -210,48 +221,62 @@ class FairnessReport:
         return body
 
     def encoded(self) -> bytes:
-        """`as_json` encoded, once per round: queue-store asks it for every status, overview
-        and explain, and at fleet scale (1,000 queues) encoding it was most of answering.
+        """`as_json` without the per-cluster figures, encoded once per round: queue-store
+        asks it for every status, overview and explain, and at fleet scale (1,000 queues in
+        50 clusters) the per-cluster figures were nearly all of the answer and of its cost,
+        encoded here and decoded and encoded again by queue-store and its client.
 
         Called on the health server's own thread (`off_loop`), while the loop may be running
         the next round: it reads only the last `_Shown`, never the live state, so it never
         waits for the round and never shows half of one."""
+        return self._encoded_as(per_cluster=False)
+
+    def encoded_per_cluster(self) -> bytes:
+        """GET /api/v1/fairness/clusters: `as_json` with every queue's target and share in
+        each cluster, encoded once per round when asked (as `encoded`)."""
+        return self._encoded_as(per_cluster=True)
+
+    def _encoded_as(self, *, per_cluster: bool) -> bytes:
         shown = self._shown
-        cached = self._encoded
+        cached = self._encoded.get(per_cluster)
         if cached is not None and cached[0] is shown:
             return cached[1]
         with self._encoding:  # two requests at once encode it once
-            cached = self._encoded
+            cached = self._encoded.get(per_cluster)
             if cached is None or cached[0] is not shown:
                 # orjson: a tenth of json's time, which on this thread is time the round
                 # in progress does not hold the GIL.
-                cached = self._encoded = (shown, orjson.dumps(self.as_json(shown)))
+                cached = self._encoded[per_cluster] = (
+                    shown, orjson.dumps(self.as_json(shown, per_cluster=per_cluster)))
         return cached[1]
 
-    def _queues_json(self, picture: RoundReport | None) -> list[dict[str, Any]]:
-        """The queues of a picture as JSON, built once per round: every status, the UI's
-        overview and queue-store's samples ask for them (1,000 queues at fleet scale)."""
+    def _queues_json(self, picture: RoundReport | None, *, per_cluster: bool
+                     ) -> list[dict[str, Any]]:
+        """The queues of a picture as JSON, built once per round and kind: every status,
+        the UI's overview and queue-store's samples ask for them (1,000 queues at fleet
+        scale). Read on the health server's thread too: built whole, then kept."""
         if picture is None:
             return []
-        cached = self._queues_cache
+        cached = self._queues_cache.get(per_cluster)
         if cached is not None and cached[0] is picture:
             return cached[1]
         queues: list[dict[str, Any]] = []
         if picture is not None:
             for status in picture.queues:
-                entry = status_json(status)
+                entry = status_json(status, per_cluster=per_cluster)
                 entry["name"] = status.queue
                 part = picture.rounds.get(status.queue)
                 if part is not None:
-                    entry.update({
-                        "demand_share": part.demand_share,
-                        # The constrained fair target (docs/scheduling.md, "Fair targets"): per
-                        # cluster, beside what the queue holds there.
-                        "clusters": {cluster: {
+                    if per_cluster:
+                        # The constrained fair target (docs/scheduling.md, "Fair targets"):
+                        # per cluster, beside what the queue holds there.
+                        entry["clusters"] = {cluster: {
                             "target": status.cluster_targets.get(cluster, 0.0),
                             "actual": status.cluster_shares.get(cluster, 0.0)}
                             for cluster in sorted({*status.cluster_targets,
-                                                   *status.cluster_shares})},
+                                                   *status.cluster_shares})}
+                    entry.update({
+                        "demand_share": part.demand_share,
                         "allocated": part.allocated,
                         "released_last_round": part.released,
                         "outcome_last_round": part.outcome,
@@ -261,28 +286,38 @@ class FairnessReport:
                         "clusters_set_aside_last_round": list(part.set_aside),
                     })
                 queues.append(entry)
-        self._queues_cache = (picture, queues)
+        self._queues_cache[per_cluster] = (picture, queues)
         return queues
 
     def answered(self, body: object) -> dict[str, Any] | None:
         """POST /api/v1/explain on the health server's own thread: the answer when the last
         round's picture already explained every asked pod at the place asked (each asked
-        again within WATCH_SECONDS is explained again after every round), else None and the
-        loop explains them (`explain_json`, waiting for the round in progress). So an answer
-        is always of the last round reported, never older, and never made up here."""
+        again within WATCH_SECONDS is explained again after every round) or the round
+        recorded why it passed the pod over (`skip_json`, "partial": the round's reason
+        only), else None and the loop explains them (`explain_json`, waiting for the round
+        in progress). So an answer is always of the last round reported, never older, and
+        never made up here."""
         jobs = _explain_request(body)
         shown = self._shown
-        if not jobs or not shown.leader or shown.picture is None:
+        picture = shown.picture
+        if not jobs or not shown.leader or picture is None:
             return None
         explained = self._explained
-        if explained.picture is not shown.picture:  # the next round reported meanwhile
-            return None
-        entries = explained.entries
+        # Explanations of an earlier picture are older than the last round: none of them.
+        entries = explained.entries if explained.picture is picture else {}
         found: dict[str, Any] = {}
         for key in jobs:
-            if key not in entries:
+            if key in entries:
+                found[key[0]] = entries[key]
+                continue
+            # Asked for the first time: the round's own record of a pod it looked at and
+            # passed over answers at once (the round's reason, not the explainer's whole
+            # answer, which the loop gives if it is asked again); of a pod the round did not
+            # look at, only the loop knows anything.
+            skip = picture.skipped.get(key[0])
+            if skip is None:
                 return None
-            found[key[0]] = entries[key]
+            found[key[0]] = skip_json(skip)
         self._watch(jobs)
         return {"instance_id": self.instance_id, "leader": True,
                 "round": self._round_json(shown), "explanations": found}

@@ -24,6 +24,9 @@ import orjson
 log = logging.getLogger(__name__)
 
 FAIRNESS_PATH = "/api/v1/fairness"
+# The same, each queue with its target and share in every cluster: queues x clusters numbers,
+# asked only where they are shown (`status -o wide`/`-o json`, a queue's page).
+FAIRNESS_PER_CLUSTER_PATH = "/api/v1/fairness/clusters"
 EXPLAIN_PATH = "/api/v1/explain"
 NO_LEADER = ("no fair-scheduler leader answers with a picture of the queues (none is "
              "reachable, or a new one is still loading), so why pods wait is unavailable; "
@@ -58,10 +61,12 @@ class SchedulerLeader:
             await self._session.close()
             self._session = None
 
-    async def fairness(self) -> dict[str, Any] | None:
-        """The leader's report of every queue after its last round, or None."""
+    async def fairness(self, *, per_cluster: bool = False) -> dict[str, Any] | None:
+        """The leader's report of every queue after its last round, or None; `per_cluster`:
+        each queue with its target and share in every cluster too."""
+        path = FAIRNESS_PER_CLUSTER_PATH if per_cluster else FAIRNESS_PATH
         for url in self._candidates():
-            body = await self._call("GET", url + FAIRNESS_PATH)
+            body = await self._call("GET", url + path)
             if body is not None and body.get("leader"):
                 self._leader = url
                 # A leader before its first round has no picture yet: no answer either.
@@ -101,9 +106,9 @@ class SchedulerLeader:
                 if response.status != 200:
                     log.debug("%s %s answered %s", method, url, response.status)
                     return None
-                # orjson: the fairness answer holds every queue's share in every cluster (about
-                # 100,000 numbers at 1,000 queues and 50 clusters): json decoded it in most of
-                # a `status`'s time.
+                # orjson: the fairness answer per cluster holds every queue's share in every
+                # cluster (about 100,000 numbers at 1,000 queues and 50 clusters): json
+                # decoded it in most of a `status -o wide`'s time.
                 body = orjson.loads(await response.read())
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.debug("%s %s failed: %r", method, url, error)

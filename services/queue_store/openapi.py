@@ -148,7 +148,9 @@ _OPERATIONS: list[tuple[str, str, str, list[dict[str, Any]], dict[str, Any] | No
          "reason": {"type": ["string", "null"]}}}]}, hints=_array(_STR), total=_INT,
               unfinished_only={"type": "boolean"},
               reasons_unavailable={"type": ["string", "null"]})),
-    ("get", "/api/v1/status", "Every queue's standing and pods by phase", [], None, 200,
+    ("get", "/api/v1/status", "Every queue's standing and pods by phase",
+     [_query("clusters", "1: each queue's target and share in every cluster too "
+             "(cluster_targets, cluster_shares, clusters)")], None, 200,
      _wrapped("queues", _ANY_OBJECT, at=_STR)),
     ("get", "/api/v1/explain/{cluster}/{namespace}/{pod}", "Why a pod waits", [], None, 200,
      {"type": "object", "properties": {"pod": _ANY_OBJECT, "explanation": _ref("Explanation"),
@@ -194,9 +196,10 @@ _OPERATIONS: list[tuple[str, str, str, list[dict[str, Any]], dict[str, Any] | No
      {"type": "object", "properties": {"name": _STR, "role": {"enum": ["read-only", "admin"]},
                                        "may_act": {"type": "boolean"}}}),
     ("get", "/api/v1/fairness",
-     "The fair-scheduler leader's newest report (per queue, and per cluster where the "
-     "scheduler gives it; report.tree: the queue tree, as `lockgate status --tree`)",
-     [], None, 200,
+     "The fair-scheduler leader's newest report (per queue; per cluster too with "
+     "clusters=1; report.tree: the queue tree, as `lockgate status --tree`)",
+     [_query("clusters", "1: each queue's target and share in every cluster too"),
+      _query("queue", "only this queue's entry (a queue's page)")], None, 200,
      {"type": "object", "properties": {"source": _STR, "sampled_at": _STR,
                                        "report": _ANY_OBJECT}}),
     ("get", "/api/v1/fairness/history", "Samples of every queue's fair and actual shares",

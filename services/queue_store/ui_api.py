@@ -54,6 +54,7 @@ from queue_store.admin_views import (
     growth_of,
     large_json_response,
     leader_json,
+    per_cluster_asked,
     queue_standings,
 )
 from queue_store.leader import SchedulerLeader
@@ -137,10 +138,16 @@ class UiApi:
         return web.json_response({"name": holder.name, "role": holder.role.value,
                                   "may_act": holder.role.may_write})
 
-    async def fairness(self, _: web.Request) -> web.Response:
+    async def fairness(self, request: web.Request) -> web.Response:
         """The leader's report, asked now (a sample could be the report of a leader that has
-        since stopped); without a leader, Postgres's counts and no shares."""
-        queues, report = await queue_standings(self.pool, self.leader)
+        since stopped); without a leader, Postgres's counts and no shares. `?clusters=1`:
+        each queue's figures in every cluster too; `?queue=NAME`: that queue alone (a queue's
+        page, its per-cluster figures a page's worth)."""
+        queues, report = await queue_standings(self.pool, self.leader,
+                                               per_cluster=per_cluster_asked(request))
+        only = request.query.get("queue")
+        if only:
+            queues = [q for q in queues if q.get("queue") == only]
         return large_json_response({
             "source": "leader" if report is not None else "postgres",
             "sampled_at": datetime.now(UTC).isoformat(),

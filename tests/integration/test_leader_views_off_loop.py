@@ -127,3 +127,45 @@ async def test_the_picture_and_explanations_given_answer_while_a_round_runs() ->
     assert finished["explain_never_asked"] >= round_ended
     assert answers["explain_never_asked"]["explanations"][never_asked] is not None
     assert finished["healthz"] >= round_ended and answers["healthz"] == {"alive": True}
+
+
+async def test_a_first_ask_about_a_pod_the_round_passed_over_answers_while_a_round_runs(
+        ) -> None:
+    """Asked about for the first time, a pod the last round looked at and passed over is
+    answered from the round's record while the next round holds the loop; the answer is the
+    round's reason, marked partial. (The test above: one the round did not look at waits.)"""
+    state = _state()  # its pods' cluster has no node: the first round passes each over
+    report = FairnessReport("leader")
+    report.set_leader(True)
+    health = HealthServer(Readiness(), host="127.0.0.1", port=0, own_thread=True)
+    serve_views(health, report)
+    await health.start()
+    try:
+        port = health.bound_port
+        assert port is not None
+        _record(report, state, number=1)
+        picture = report.picture
+        assert picture is not None and picture.skipped, "the round must pass pods over"
+        passed_over = sorted(picture.skipped)[0]
+        finished: dict[str, float] = {}
+        answers: dict[str, dict[str, Any]] = {}
+
+        def client() -> None:
+            time.sleep(0.3)  # the round is under way
+            answers["explain"] = _call(port, "/api/v1/explain",
+                                       {"jobs": [{"id": passed_over, "place": [1, 12]}]})
+            finished["explain"] = time.monotonic()
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        round_ended = _hold_the_loop(ROUND_SECONDS)
+        await asyncio.to_thread(thread.join)
+    finally:
+        await health.stop()
+
+    assert finished["explain"] < round_ended, (finished, round_ended)
+    said = answers["explain"]
+    assert said["round"]["number"] == 1
+    entry = said["explanations"][passed_over]
+    assert entry["partial"] is True
+    assert entry["round_skip"] == picture.skipped[passed_over].value

@@ -208,3 +208,29 @@ async def test_a_read_only_token_reads_every_list(served: QueueStoreUnderTest) -
     await eventually(sampled, within=30, what="the first fairness sample")
     for path in lists:
         await get(served, path, token=reader)  # every list answers a read-only token
+
+
+async def test_the_overview_leaves_out_each_queues_clusters_and_a_queues_page_asks_for_its_own(
+        served: QueueStoreUnderTest) -> None:
+    """Every queue in every cluster is queues x clusters numbers (100,000 at fleet scale): the
+    overview and `status` carry each queue's own figures; `?clusters=1` (`status -o wide`, a
+    queue's page with `?queue=`) adds its target and share in each cluster, the leader's."""
+    async def from_leader() -> Any:
+        answer = await get(served, "/api/v1/fairness")
+        return answer if answer["source"] == "leader" else None
+    overview = await eventually(from_leader, within=30, every=0.2, what="the leader's report")
+    per_cluster_keys = {"cluster_targets", "cluster_shares", "clusters"}
+    queues = overview["report"]["queues"]
+    assert QUEUE in {q["queue"] for q in queues}
+    assert all(not per_cluster_keys & set(q) for q in queues), queues[0]
+    status = await get(served, "/api/v1/status")
+    assert all(not per_cluster_keys & set(q) for q in status["queues"])
+
+    page = await get(served, f"/api/v1/fairness?clusters=1&queue={QUEUE}")
+    (mine,) = page["report"]["queues"]
+    assert mine["queue"] == QUEUE and {"cluster_targets", "cluster_shares"} <= set(mine)
+    wide = await get(served, "/api/v1/status?clusters=1")
+    assert all({"cluster_targets", "cluster_shares"} <= set(q) for q in wide["queues"])
+    # Otherwise the same standing.
+    assert {q["queue"]: q["weight"] for q in wide["queues"]} == {
+        q["queue"]: q["weight"] for q in status["queues"]}

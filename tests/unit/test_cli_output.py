@@ -73,6 +73,8 @@ def test_status_shows_shares_as_percentages_and_the_oldest_wait_as_a_duration() 
     recorded = RecordedApi().on("GET", "/api/v1/status", STATUS)
     ran = recorded.run("status")
     assert [(s.method, s.path) for s in ran.sent] == [("GET", "/api/v1/status")]
+    # The table shows no cluster's figures, so it does not ask for them (queues x clusters).
+    assert ran.sent[0].query == {}
     header, team_a, b = ran.out.splitlines()
     assert header.split() == ["QUEUE", "WEIGHT", "FAIR", "ADJUSTED", "ACTUAL", "TARGET",
                               "QUEUED", "RELEASED", "RUNNING", "OLDEST-WAIT", "NOTE"]
@@ -80,7 +82,10 @@ def test_status_shows_shares_as_percentages_and_the_oldest_wait_as_a_duration() 
                                    "2", "30", "3m12s"]
     assert "1 fit no node" in team_a and "max queued 1h" in team_a
     assert b.split()[5] == "-" and b.split()[9:] == ["-", "cordoned"]
-    assert yaml.safe_load(recorded.run("status", "-o", "yaml").out) == STATUS
+    as_yaml = recorded.run("status", "-o", "yaml")
+    assert yaml.safe_load(as_yaml.out) == STATUS
+    # The structured outputs' contract carries each queue's per-cluster figures: asked for.
+    assert as_yaml.sent[-1].query == {"clusters": "1"}
     assert recorded.run("status", "-o", "name").out == "queue/team-a\nqueue/b\n"
     assert recorded.run("status", "-o", "jsonpath={.queues[0].queued}").out == "12\n"
 
@@ -92,7 +97,9 @@ def test_status_wide_adds_each_clusters_share_of_the_target_and_the_schedulers_f
         {"name": "b", "demand_share": 0.1, "released_last_round": 0}]}
     recorded = (RecordedApi().on("GET", "/api/v1/status", STATUS)
                 .on("GET", "/api/v1/fairness", report))
-    header, team_a, b = recorded.run("status", "-o", "wide").out.splitlines()
+    wide = recorded.run("status", "-o", "wide")
+    header, team_a, b = wide.out.splitlines()
+    assert wide.sent[0].path == "/api/v1/status" and wide.sent[0].query == {"clusters": "1"}
     assert header.split()[-5:] == ["BY-CLUSTER", "DEMAND", "RELEASED-LAST-ROUND",
                                    "DECAYED-USAGE", "EFF-WEIGHT"]
     # Usage history off: its two columns say "-".

@@ -233,12 +233,16 @@ def growth_json(status: ClusterGrowthStatus) -> dict[str, Any]:
         "waiting": status.waiting}
 
 
-def status_json(status: QueueStatus) -> dict[str, Any]:
+def status_json(status: QueueStatus, *, per_cluster: bool = True) -> dict[str, Any]:
     """A queue's standing as `lockgate status` and the UI read it (field by field, not
-    `asdict`, whose deep copies were most of the leader's answer at 1,000 queues)."""
-    return {name: getattr(status, name) for name in _STATUS_FIELDS} | {
-        "cluster_targets": dict(status.cluster_targets),
-        "cluster_shares": dict(status.cluster_shares)}
+    `asdict`, whose deep copies were most of the leader's answer at 1,000 queues);
+    `per_cluster`: with its target and share in each cluster (`-o wide`), which at fleet scale
+    (50 clusters) are nearly all of it."""
+    body = {name: getattr(status, name) for name in _STATUS_FIELDS}
+    if per_cluster:
+        body["cluster_targets"] = dict(status.cluster_targets)
+        body["cluster_shares"] = dict(status.cluster_shares)
+    return body
 
 
 _STATUS_FIELDS = tuple(f.name for f in fields(QueueStatus)
@@ -288,4 +292,51 @@ _SHORT: dict[WaitReason, str] = {
     WaitReason.BACKING_OFF: "its controller backs off",
     WaitReason.GROUP_INCOMPLETE: "waiting for its group",
     WaitReason.NEXT_ROUND: "next round",
+}
+
+
+def skip_json(reason: SkipReason) -> dict[str, Any]:
+    """What the last round recorded of a pod it looked at and passed over (`skipped`), as an
+    explain answer given before the pod is explained in full: the round's own reason, in a
+    few words and a sentence, and nothing the round did not record (no cluster's room, no
+    competing queue, no estimate: those take the leader's explainer, on its loop)."""
+    summary, why = _SKIP_WORDS[reason]
+    return {"explanation": None, "summary": summary, "round_skip": reason.value,
+            "message": f"queued; the last round looked at it and passed it over: {why}",
+            "partial": True}
+
+
+_SKIP_WORDS: dict[SkipReason, tuple[str, str]] = {
+    SkipReason.NO_NODE_WITH_ROOM: ("no node with room",
+                                   "no node of its cluster has room for it right now"),
+    SkipReason.QUEUE_LIMIT: ("at its queue's limit",
+                             "it would take its queue over the queue's resource limits"),
+    SkipReason.CLUSTER_OVERCOMMITTED: ("cluster overcommitted",
+                                       "pods released there before fit on no node yet"),
+    SkipReason.TOO_BIG_FOR_ANY_NODE: ("fits no node",
+                                      "it is bigger than any node of its cluster"),
+    SkipReason.NO_SCHEDULABLE_NODES: ("no schedulable node",
+                                      "its cluster has no schedulable node"),
+    SkipReason.NO_MATCHING_NODE: ("no matching node",
+                                  "its taints, nodeSelector or node affinity let it on no node"),
+    SkipReason.GROUP_INCOMPLETE: ("group incomplete", "not every member of its group exists"),
+    SkipReason.GROUP_TOO_BIG: ("group too big",
+                               "its group's members fit no empty cluster together"),
+    SkipReason.RESERVED_FOR_GROUP: ("room held for a group",
+                                    "its cluster's room is held for a pod group to fit"),
+    SkipReason.GROUP_AT_MAX: ("group at its maximum",
+                              "its group holds as many members as its maximum allows"),
+    SkipReason.BACKING_OFF: ("release failed: retrying",
+                             "its controller backs off after lockgate gave up on its pods"),
+    SkipReason.OVER_SHARE_FOR_GROWTH: (
+        "over its share for growth",
+        "no room on its cluster's nodes, and its queue is not below its fair target there, "
+        "so the cluster does not grow for it"),
+    SkipReason.WAITING_FOR_GROWTH: (
+        "waiting for growth",
+        "no room on its cluster's nodes; the cluster grows, and the next wave waits for the "
+        "last wave's nodes"),
+    SkipReason.GATHERING_FOR_GROWTH: (
+        "gathering for growth",
+        "owed room on a node that may exist, held until a node's worth of pods is owed"),
 }
