@@ -120,6 +120,18 @@ async def test_karpenter_makes_the_size_lockgate_counted_not_the_cheapest_for_a_
             except AssertionError as error:
                 raise AssertionError(f"{error}; NodeClaims: {await claims_now()}") from None
 
+            claims = await list_node_claims(admin, pool)
+            made = {c["metadata"]["name"]: c["metadata"].get("labels", {}).get(
+                INSTANCE_TYPE_LABEL) for c in claims}
+            # The pods (4 cpu in all) fit one node of the biggest type: one claim, of that type.
+            # Left to choose, Karpenter makes c-4x for the first pod (the cheapest holding it).
+            assert list(made.values()) == [SIZES[BIGGEST][0]], (
+                f"NodeClaims {made}: wanted one {SIZES[BIGGEST][0]}")
+            nodes = {node.metadata.name: node.metadata.labels.get(INSTANCE_TYPE_LABEL)
+                     for node in await list_nodes(admin, pool)}
+            assert {pod.spec.node_name for pod in pods} <= set(nodes), (pods, nodes)
+            assert set(nodes.values()) == {SIZES[BIGGEST][0]}, nodes
+
             avoid = {"key": CPU_KEY, "operator": "NotIn",
                      "values": sorted(v for v in SIZES if v != BIGGEST)}
             for pod in pods:
@@ -137,15 +149,3 @@ async def test_karpenter_makes_the_size_lockgate_counted_not_the_cheapest_for_a_
                 terms = required_expressions(pod)
                 assert not terms or all(avoid in term for term in terms), (
                     pod.metadata.name, terms)
-
-            claims = await list_node_claims(admin, pool)
-            made = {c["metadata"]["name"]: c["metadata"].get("labels", {}).get(
-                INSTANCE_TYPE_LABEL) for c in claims}
-            # The pods (4 cpu in all) fit one node of the biggest type: one claim, of that type.
-            # Left to choose, Karpenter makes c-4x for the first pod (the cheapest holding it).
-            assert list(made.values()) == [SIZES[BIGGEST][0]], (
-                f"NodeClaims {made}: wanted one {SIZES[BIGGEST][0]}")
-            nodes = {node.metadata.name: node.metadata.labels.get(INSTANCE_TYPE_LABEL)
-                     for node in await list_nodes(admin, pool)}
-            assert {pod.spec.node_name for pod in pods} <= set(nodes), (pods, nodes)
-            assert set(nodes.values()) == {SIZES[BIGGEST][0]}, nodes
