@@ -19,7 +19,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from lockgate.events import RELEASE_OUTCOMES, ReleaseCommand, ReleaseOutcomeKind
-from lockgate.noticing import event_for, growth_release_notice
+from lockgate.noticing import event_for, growth_release_notice, not_narrowed_notice
 from lockgate.releasing import (
     FailureKind,
     JsonPatch,
@@ -126,6 +126,8 @@ class ClusterReleaser:
                         plan = planned
                     await self._patch(command, plan.patch)
                     if refused:
+                        await self.tell_not_narrowed(command, refused=refused,
+                                                     at=datetime.now(UTC))
                         return Settled(ReleaseOutcomeKind.UNGATED,
                                        f"gate removed; node affinity not narrowed: {refused}")
                     return Settled(ReleaseOutcomeKind.UNGATED,
@@ -194,6 +196,19 @@ class ClusterReleaser:
             finally:
                 IN_FLIGHT.labels(self.cluster).dec()
         self._mark_reachable(True, "apiserver answering")
+
+    async def tell_not_narrowed(self, command: ReleaseCommand, *, refused: str,
+                                at: datetime) -> None:
+        """A Warning Event on a pod released without the node affinity its command asked for.
+        Best effort, like the growth Event: the release is done whatever becomes of it."""
+        notice = not_narrowed_notice(command, refused=refused, at=at)
+        try:
+            async with self._slots:
+                await self._pods.create_event(namespace=command.namespace,
+                                              body=event_for(notice))
+        except KubeCallError as error:
+            log.info("no Event on %s/%s/%s: %s", command.cluster, command.namespace,
+                     command.name, error)
 
     async def tell_growth(self, command: ReleaseCommand, *, at: datetime) -> None:
         """Write a release for growth's words on its pod (a Normal Event), once it is ungated.

@@ -341,6 +341,12 @@ async def test_a_pod_whose_affinity_cannot_be_narrowed_is_released_as_it_came(
     assert outcome.reason.startswith("gate removed; node affinity not narrowed: "), outcome
     assert await gates_now(api, namespace, name) == []
     assert await required_terms(api, namespace, name) == [{"matchExpressions": [ZONE_JSON]}]
+    told = [event for event in await pod_events(api, namespace, name)
+            if event.reason == "LockgateNodeAffinityNotNarrowed"]
+    assert [event.type for event in told] == ["Warning"], told
+    assert told[0].message.startswith(
+        "released without the node affinity karpenter.kwok.sh/instance-cpu NotIn []: the "
+        "apiserver refused it ("), told[0].message
 
 
 async def test_missing_or_replaced_pod_is_reported_gone(
