@@ -214,6 +214,12 @@ class ReleaseCommand(Event):
     # again (the words live in the leader's round, not in Postgres). Events forbid unknown
     # fields, so upgrade the ungater before the fair-scheduler.
     growth: str = ""
+    # Added in place (optional, defaulted) the same way: node affinity requirements the ungater
+    # ANDs into each term of the pod's required node affinity while the pod is still gated (a
+    # release for growth onto a node of a given size: `GrowthNote.avoid`, so that Karpenter
+    # makes that size). Empty for any other release and for a command published again. Same
+    # upgrade order: the ungater first, then the fair-scheduler.
+    node_requirements: tuple[Requirement, ...] = ()
 
 
 class ReleaseOutcomeKind(StrEnum):

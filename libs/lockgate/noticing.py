@@ -50,6 +50,9 @@ class NoticeReason(StrEnum):
     # Written by the ungater as it ungates a pod released for growth (ReleaseCommand.growth): a
     # Normal Event saying which NodePool lockgate expects to grow for it.
     RELEASED_FOR_GROWTH = "LockgateReleasedForGrowth"
+    # Written by the ungater when the apiserver refused the node affinity a release asked for
+    # (ReleaseCommand.node_requirements): a Warning Event; the pod was released without it.
+    NOT_NARROWED = "LockgateNodeAffinityNotNarrowed"
 
 
 # Notices about pods lockgate already released: written whether or not the pod is still gated.
@@ -129,6 +132,19 @@ def growth_release_notice(command: ReleaseCommand, *, at: datetime) -> PodNotice
                      uid=command.uid, queue=command.queue,
                      reason=NoticeReason.RELEASED_FOR_GROWTH.value, message=command.growth,
                      at=at, event_type="Normal", series=command.decision_id)
+
+
+def not_narrowed_notice(command: ReleaseCommand, *, refused: str, at: datetime) -> PodNotice:
+    """What a pod is told when the node affinity its release asked for was refused: it was
+    released as it came (so Karpenter may make a smaller node for it than lockgate counted)."""
+    asked = "; ".join(f"{r.key} {r.operator} [{', '.join(r.values)}]"
+                      for r in command.node_requirements)
+    return PodNotice(cluster=command.cluster, namespace=command.namespace, name=command.name,
+                     uid=command.uid, queue=command.queue,
+                     reason=NoticeReason.NOT_NARROWED.value,
+                     message=f"released without the node affinity {asked}: the apiserver "
+                             f"refused it ({refused})"[:1000],
+                     at=at, event_type="Warning", series=command.decision_id)
 
 
 def event_for(notice: PodNotice) -> dict[str, Any]:

@@ -9,6 +9,16 @@ the name at that index. The apiserver applies the operations atomically against 
 object, so a patch built from a stale read (another controller removed its own gate first, the
 pod was replaced under the same name, a duplicate command already removed ours) fails as a whole
 instead of removing somebody else's gate. The caller then re-reads and plans again.
+
+A release may also narrow the pod's required node affinity (`ReleaseCommand.node_requirements`:
+a release for growth names the size of node its pool is to make). Kubernetes lets a pod that
+still has scheduling gates gain node affinity requirements ANDed into each existing term (or
+gain required node affinity when it has none; KEP-3838), and it judges that against the pod as
+it was, gate on, so the narrowing and the gate's removal go in one patch, guarded by the pod's
+resourceVersion too (the affinity read is the one extended). A requirement a term already holds
+is not added again, and a pod whose gate is gone is settled before any narrowing: a command
+consumed twice adds nothing twice. If the apiserver refuses the narrowing (the pod unchanged,
+the same patch refused), the pod is released without it: never left gated for its sake.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from typing import Any
 
 from lockgate.events import ReleaseCommand, ReleaseOutcome, ReleaseOutcomeKind
 from lockgate.labels import SCHEDULING_GATE
+from lockgate.placement import Requirement
 
 JsonPatch = list[dict[str, Any]]
 
@@ -34,6 +45,8 @@ class PodGates:
     being_deleted: bool = False
     resource_version: str = ""
     node_name: str = ""  # set once the pod is bound
+    # spec.affinity as read (None: absent); only a release that narrows it looks inside.
+    affinity: Mapping[str, Any] | None = None
 
     @classmethod
     def from_json(cls, pod: Mapping[str, Any]) -> PodGates:
@@ -46,6 +59,7 @@ class PodGates:
             being_deleted=metadata.get("deletionTimestamp") is not None,
             resource_version=str(metadata.get("resourceVersion", "")),
             node_name=str(spec.get("nodeName") or ""),
+            affinity=spec.get("affinity") or None,
         )
 
 
@@ -66,6 +80,65 @@ def ungate_patch(*, uid: str, index: int, gate: str = SCHEDULING_GATE) -> JsonPa
     ]
 
 
+def requirement_json(requirement: Requirement) -> dict[str, Any]:
+    """A matchExpressions entry as the apiserver writes it."""
+    entry: dict[str, Any] = {"key": requirement.key, "operator": requirement.operator}
+    if requirement.values:
+        entry["values"] = list(requirement.values)
+    return entry
+
+
+def describe_requirements(requirements: Sequence[Requirement]) -> str:
+    """"karpenter.kwok.sh/instance-cpu NotIn [4, 8]", for logs and reasons."""
+    return "; ".join(f"{r.key} {r.operator} [{', '.join(r.values)}]" for r in requirements)
+
+
+def _holds(expressions: Sequence[Mapping[str, Any]], requirement: Requirement) -> bool:
+    """Whether a term's matchExpressions already hold `requirement` (values in any order)."""
+    return any(
+        expression.get("key") == requirement.key
+        and expression.get("operator") == requirement.operator
+        and sorted(str(v) for v in expression.get("values") or ()) == sorted(requirement.values)
+        for expression in expressions)
+
+
+def narrow_affinity_ops(affinity: Mapping[str, Any] | None,
+                        requirements: Sequence[Requirement]) -> JsonPatch:
+    """JSON patch operations that AND `requirements` into every term of the pod's required node
+    affinity (or give it one term of them when it has none); [] when every term holds them."""
+    if not requirements:
+        return []
+    wanted = [requirement_json(requirement) for requirement in requirements]
+    if affinity is None:
+        return [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": wanted}]}}}}]
+    node_affinity = affinity.get("nodeAffinity")
+    if node_affinity is None:
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": wanted}]}}}]
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = (required or {}).get("nodeSelectorTerms") or []
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+    if not terms:
+        return [{"op": "add", "path": base,
+                 "value": {"nodeSelectorTerms": [{"matchExpressions": wanted}]}}]
+    ops: JsonPatch = []
+    for index, term in enumerate(terms):
+        expressions = term.get("matchExpressions")
+        missing = [entry for requirement, entry in zip(requirements, wanted, strict=True)
+                   if not _holds(expressions or (), requirement)]
+        if not missing:
+            continue
+        path = f"{base}/nodeSelectorTerms/{index}/matchExpressions"
+        if expressions is None:
+            ops.append({"op": "add", "path": path, "value": missing})
+        else:
+            ops.extend({"op": "add", "path": f"{path}/-", "value": entry} for entry in missing)
+    return ops
+
+
 @dataclass(frozen=True)
 class Settled:
     """The release needs no (more) patching: this is its outcome."""
@@ -79,11 +152,17 @@ class PatchNeeded:
     """Send this patch; a test failure means the pod changed since it was read."""
 
     patch: JsonPatch
+    # The pod's resourceVersion when the patch narrows its node affinity ("": it does not).
+    narrows_at: str = ""
 
 
-def plan_release(*, uid: str, pod: PodGates | None, gate: str = SCHEDULING_GATE
+def plan_release(*, uid: str, pod: PodGates | None, gate: str = SCHEDULING_GATE,
+                 requirements: Sequence[Requirement] = (), narrowing_refused: bool = False,
                  ) -> Settled | PatchNeeded:
-    """What to do for a release command of pod `uid`, given the pod as just read (None: 404)."""
+    """What to do for a release command of pod `uid`, given the pod as just read (None: 404).
+
+    `requirements`: node affinity to AND in while the gate is removed; `narrowing_refused`:
+    the apiserver refused that narrowing of this very pod, so release it without."""
     if pod is None:
         return Settled(ReleaseOutcomeKind.POD_GONE, "pod not found")
     if pod.uid != uid:
@@ -95,7 +174,21 @@ def plan_release(*, uid: str, pod: PodGates | None, gate: str = SCHEDULING_GATE
         return Settled(ReleaseOutcomeKind.UNGATED, "gate already absent")
     if pod.being_deleted:
         return Settled(ReleaseOutcomeKind.POD_GONE, "pod is being deleted")
-    return PatchNeeded(ungate_patch(uid=uid, index=index, gate=gate))
+    ungate = ungate_patch(uid=uid, index=index, gate=gate)
+    narrowing = [] if narrowing_refused else narrow_affinity_ops(pod.affinity, requirements)
+    if not narrowing:
+        return PatchNeeded(ungate)
+    guard = {"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}
+    return PatchNeeded([*ungate[:2], guard, *narrowing, ungate[2]],
+                       narrows_at=pod.resource_version)
+
+
+def narrowing_was_refused(planned: PatchNeeded, *, uid: str, pod: PodGates | None) -> bool:
+    """After a 409/422 on `planned`: the pod as re-read is the one the patch was planned from
+    (same uid and resourceVersion), so its tests held and the apiserver refused the narrowing
+    itself (validation), not a change meanwhile."""
+    return (bool(planned.narrows_at) and pod is not None and pod.uid == uid
+            and pod.resource_version == planned.narrows_at)
 
 
 class FailureKind(StrEnum):

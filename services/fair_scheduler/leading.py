@@ -37,6 +37,7 @@ from lockgate import jobs
 from lockgate.change_feed import START
 from lockgate.events import POD_NOTICES, RELEASE_COMMANDS, PodNotice, ReleaseCommand
 from lockgate.noticing import NoticeReason
+from lockgate.placement import Requirement
 from lockgate.queue_tree import QueueTree
 from lockgate.scheduler import (
     Explainer,
@@ -397,7 +398,11 @@ class Leader:
                 # the pod (docs/autoscaling.md, "Words").
                 growth = {decision.job_id: decision.growth.words(decision.cluster)
                           for decision in result.decisions if decision.growth is not None}
-                await self._publish(recorded, growth=growth)
+                # And the node affinity that makes the pool make the size of node counted.
+                narrowing = {decision.job_id: (decision.growth.avoid,)
+                             for decision in result.decisions
+                             if decision.growth is not None and decision.growth.avoid is not None}
+                await self._publish(recorded, growth=growth, narrowing=narrowing)
             await self._remove(result, decided_at)
             seconds = time.perf_counter() - started
             # Inside the span, so the record carries the round's trace and span ids.
@@ -762,10 +767,12 @@ class Leader:
         return True
 
     async def _publish(self, releases: list[store.RecordedRelease], *,
-                       growth: Mapping[str, str] | None = None) -> None:
+                       growth: Mapping[str, str] | None = None,
+                       narrowing: Mapping[str, tuple[Requirement, ...]] | None = None) -> None:
         """Publish release commands, retrying while Kafka is down; then note them published.
         `growth`: the words of the releases for growth, by job id (a command published again
-        has none: only the round that decided knows them).
+        has none: only the round that decided knows them); `narrowing`: the node affinity
+        requirements the ungater adds to those pods, by job id (likewise only this round's).
 
         If we stop (or lose the lead) before Kafka takes them, they stay unpublished in
         Postgres and the next leader publishes them.
@@ -773,7 +780,9 @@ class Leader:
         commands = [
             ReleaseCommand(decision_id=r.decision_id, cluster=r.cluster, namespace=r.namespace,
                            name=r.name, uid=r.uid, queue=r.queue, decided_at=r.decided_at,
-                           growth=(growth or {}).get(jobs.job_id(r.cluster, r.uid), ""))
+                           growth=(growth or {}).get(jobs.job_id(r.cluster, r.uid), ""),
+                           node_requirements=(narrowing or {}).get(
+                               jobs.job_id(r.cluster, r.uid), ()))
             for r in releases
         ]
         headers = [_release_span_headers(command) for command in commands]

@@ -19,7 +19,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from lockgate.events import RELEASE_OUTCOMES, ReleaseCommand, ReleaseOutcomeKind
-from lockgate.noticing import event_for, growth_release_notice
+from lockgate.noticing import event_for, growth_release_notice, not_narrowed_notice
 from lockgate.releasing import (
     FailureKind,
     JsonPatch,
@@ -27,6 +27,8 @@ from lockgate.releasing import (
     PodGates,
     Settled,
     classify_failure,
+    describe_requirements,
+    narrowing_was_refused,
     outcome_of,
     plan_release,
     ungate_patch,
@@ -59,6 +61,10 @@ IN_FLIGHT = Gauge("lockgate_ungater_apiserver_calls_in_flight",
 GROWTH_EVENTS = Counter("lockgate_ungater_growth_events",
                         "Events on pods released for growth, by cluster and result",
                         ["cluster", "result"])
+NARROWING_REFUSED = Counter(
+    "lockgate_ungater_narrowing_refused",
+    "Pods released without the node affinity their command asked for (the apiserver refused "
+    "it), by cluster", ["cluster"])
 SKIPPED = Counter("lockgate_ungater_commands_skipped",
                   "Commands for clusters this ungater does not serve")
 
@@ -93,27 +99,40 @@ class ClusterReleaser:
         self._reachable = True
 
     async def settle(self, command: ReleaseCommand) -> Settled:
-        """Remove lockgate's gate from the command's pod, or say why that is not possible."""
+        """Remove lockgate's gate from the command's pod (narrowing its node affinity first when
+        the command asks, in the same patch), or say why that is not possible."""
         rereads = 0
+        narrowing = command.node_requirements
         # Guessing index 0 saves the read in the common case; the patch's tests make a wrong
-        # guess fail harmlessly (422), and then the pod is read.
-        patch: JsonPatch | None = (
-            ungate_patch(uid=command.uid, index=0) if self._optimistic else None
+        # guess fail harmlessly (422), and then the pod is read. A narrowing needs the pod's
+        # affinity, so it is always read first.
+        plan: PatchNeeded | None = (
+            PatchNeeded(ungate_patch(uid=command.uid, index=0))
+            if self._optimistic and not narrowing else None
         )
+        refused = ""  # why the apiserver refused the narrowing ("": it did not)
 
         async def attempt() -> Settled:
             """Settled, or a retryable KubeCallError (the apiserver down or busy)."""
-            nonlocal patch, rereads
+            nonlocal plan, rereads, refused
             while True:
                 try:
-                    if patch is None:
-                        plan = plan_release(uid=command.uid, pod=await self._read(command))
-                        if isinstance(plan, Settled):
-                            return plan
-                        assert isinstance(plan, PatchNeeded)
-                        patch = plan.patch
-                    await self._patch(command, patch)
-                    return Settled(ReleaseOutcomeKind.UNGATED, "gate removed")
+                    if plan is None:
+                        planned = plan_release(uid=command.uid, pod=await self._read(command),
+                                               requirements=narrowing,
+                                               narrowing_refused=bool(refused))
+                        if isinstance(planned, Settled):
+                            return planned
+                        plan = planned
+                    await self._patch(command, plan.patch)
+                    if refused:
+                        await self.tell_not_narrowed(command, refused=refused,
+                                                     at=datetime.now(UTC))
+                        return Settled(ReleaseOutcomeKind.UNGATED,
+                                       f"gate removed; node affinity not narrowed: {refused}")
+                    return Settled(ReleaseOutcomeKind.UNGATED,
+                                   "gate removed, node affinity narrowed" if plan.narrows_at
+                                   else "gate removed")
                 except KubeCallError as error:
                     kind = classify_failure(error.status, reading=error.reading)
                     APISERVER_FAILURES.labels(self.cluster, kind.value).inc()
@@ -126,7 +145,18 @@ class ClusterReleaser:
                         if rereads > self._max_rereads:
                             return Settled(ReleaseOutcomeKind.FAILED,
                                            f"patch rejected {rereads} times; last: {error}")
-                        patch = None
+                        if plan is not None and plan.narrows_at and not refused:
+                            pod = await self._read(command)
+                            if narrowing_was_refused(plan, uid=command.uid, pod=pod):
+                                # The pod is as planned from: the narrowing itself was
+                                # refused. Release it anyway; the pod goes as it came.
+                                refused = error.detail
+                                NARROWING_REFUSED.labels(self.cluster).inc()
+                                log.warning(
+                                    "%s: %s/%s: node affinity not narrowed (%s), releasing "
+                                    "without it: %s", self.cluster, command.namespace,
+                                    command.name, describe_requirements(narrowing), error)
+                        plan = None
                         continue
                     # Retryable. Keep the same patch: if the lost attempt did apply, the retry
                     # fails its test and the re-read finds the gate gone.
@@ -166,6 +196,19 @@ class ClusterReleaser:
             finally:
                 IN_FLIGHT.labels(self.cluster).dec()
         self._mark_reachable(True, "apiserver answering")
+
+    async def tell_not_narrowed(self, command: ReleaseCommand, *, refused: str,
+                                at: datetime) -> None:
+        """A Warning Event on a pod released without the node affinity its command asked for.
+        Best effort, like the growth Event: the release is done whatever becomes of it."""
+        notice = not_narrowed_notice(command, refused=refused, at=at)
+        try:
+            async with self._slots:
+                await self._pods.create_event(namespace=command.namespace,
+                                              body=event_for(notice))
+        except KubeCallError as error:
+            log.info("no Event on %s/%s/%s: %s", command.cluster, command.namespace,
+                     command.name, error)
 
     async def tell_growth(self, command: ReleaseCommand, *, at: datetime) -> None:
         """Write a release for growth's words on its pod (a Normal Event), once it is ungated.

@@ -52,6 +52,7 @@ from lockgate.events import (
     ReleaseOutcomeKind,
 )
 from lockgate.labels import SCHEDULING_GATE
+from lockgate.placement import Requirement
 from lockgate_adapters.kafka import commit_group_at_end, ensure_topics, make_producer, publish
 from lockgate_adapters.service import ServiceContext
 from ungater.app import compose
@@ -99,12 +100,13 @@ class RunningUngater:
     group: str  # its consumer group of release commands
 
     async def command(self, *, cluster: str, namespace: str, name: str, uid: str,
-                      decision_id: str | None = None, growth: str = "") -> ReleaseCommand:
+                      decision_id: str | None = None, growth: str = "",
+                      node_requirements: tuple[Requirement, ...] = ()) -> ReleaseCommand:
         """Publish one release command for `cluster` (a real cluster's module alias)."""
         command = ReleaseCommand(
             decision_id=decision_id or f"d-{uuid.uuid4().hex}", cluster=cluster,
             namespace=namespace, name=name, uid=uid, queue="q", decided_at=datetime.now(UTC),
-            growth=growth)
+            growth=growth, node_requirements=node_requirements)
         await publish(self.producer, RELEASE_COMMANDS, command)
         return command
 
@@ -165,11 +167,14 @@ async def ungater(served_clusters: dict[str, str], kafka_bootstrap: str,
 # ---------------------------------------------------------------- pods
 
 
-async def create_pod(api: client.ApiClient, namespace: str, gates: list[str]) -> tuple[str, str]:
-    """(name, uid) of a new pod with `gates`, in that order."""
+async def create_pod(api: client.ApiClient, namespace: str, gates: list[str], *,
+                     affinity: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(name, uid) of a new pod with `gates`, in that order (and `affinity`, when given)."""
     name = f"p-{uuid.uuid4().hex[:8]}"
     manifest = (a_pod(name).in_queue("q").in_jobset("js").gated(*gates)
                 .requesting(cpu="10m", memory="16Mi").manifest())
+    if affinity is not None:
+        manifest["spec"]["affinity"] = affinity
     created = await client.CoreV1Api(api).create_namespaced_pod(namespace, manifest)
     return name, created.metadata.uid
 
@@ -263,6 +268,85 @@ async def test_a_release_for_growth_is_said_on_the_pod_once_and_others_are_not(
     assert told[0].involved_object.uid == grown_uid
     assert not [event for event in await pod_events(api, namespace, plain)
                 if event.reason == "LockgateReleasedForGrowth"]
+
+
+AVOID = Requirement(key="karpenter.kwok.sh/instance-cpu", operator="NotIn", values=("4", "8"))
+AVOID_JSON = {"key": "karpenter.kwok.sh/instance-cpu", "operator": "NotIn", "values": ["4", "8"]}
+ZONE_JSON = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1", "z2"]}
+
+
+async def required_terms(api: client.ApiClient, namespace: str, name: str
+                         ) -> list[dict[str, Any]] | None:
+    """The pod's required node affinity terms as the apiserver keeps them (None: none)."""
+    pod = await client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+    if pod.spec.affinity is None or pod.spec.affinity.node_affinity is None:
+        return None
+    required = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    if required is None:
+        return None
+    return [api.sanitize_for_serialization(term) for term in required.node_selector_terms]
+
+
+async def test_a_release_narrows_the_pods_node_affinity_once_and_removes_the_gate(
+        ungater: RunningUngater, kube_clients: Mapping[str, client.ApiClient],
+        namespaces: dict[str, str]) -> None:
+    api, namespace = kube_clients["cluster-a"], namespaces["cluster-a"]
+    bare, bare_uid = await create_pod(api, namespace, [SCHEDULING_GATE])
+    two_terms = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [ZONE_JSON]},
+                              {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                "values": ["n1"]}]}]}}}
+    narrowed, narrowed_uid = await create_pod(api, namespace, [OTHER_GATE, SCHEDULING_GATE],
+                                              affinity=two_terms)
+    commands = [
+        await ungater.command(cluster=ALIAS["cluster-a"], namespace=namespace, name=name,
+                              uid=uid, node_requirements=(AVOID,))
+        for name, uid in ((bare, bare_uid), (narrowed, narrowed_uid))]
+    for command in commands:
+        outcome, _ = await ungater.tail.outcome_of(command.decision_id)
+        assert (outcome.outcome, outcome.reason) == (
+            ReleaseOutcomeKind.UNGATED, "gate removed, node affinity narrowed"), outcome
+    assert await gates_now(api, namespace, bare) == []
+    assert await required_terms(api, namespace, bare) == [{"matchExpressions": [AVOID_JSON]}]
+    assert await gates_now(api, namespace, narrowed) == [OTHER_GATE]
+    assert await required_terms(api, namespace, narrowed) == [
+        {"matchExpressions": [ZONE_JSON, AVOID_JSON]},
+        {"matchExpressions": [AVOID_JSON],
+         "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
+
+    # Consumed again (redelivered): settled from the pod as it is, nothing added twice.
+    version = (await client.CoreV1Api(api).read_namespaced_pod(
+        narrowed, namespace)).metadata.resource_version
+    await publish(ungater.producer, RELEASE_COMMANDS, commands[1])
+    await ungater.tail.wait_for_message(
+        lambda outcome: outcome.decision_id == commands[1].decision_id
+        and outcome.reason == "gate already absent", within=30, what="the repeat's outcome")
+    pod = await client.CoreV1Api(api).read_namespaced_pod(narrowed, namespace)
+    assert pod.metadata.resource_version == version, "the repeat wrote to the pod"
+
+
+async def test_a_pod_whose_affinity_cannot_be_narrowed_is_released_as_it_came(
+        ungater: RunningUngater, kube_clients: Mapping[str, client.ApiClient],
+        namespaces: dict[str, str]) -> None:
+    api, namespace = kube_clients["cluster-b"], namespaces["cluster-b"]
+    name, uid = await create_pod(api, namespace, [SCHEDULING_GATE], affinity={
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [ZONE_JSON]}]}}})
+    # NotIn without values: the apiserver's validation refuses it, whatever the pod.
+    invalid = Requirement(key="karpenter.kwok.sh/instance-cpu", operator="NotIn")
+    command = await ungater.command(cluster=ALIAS["cluster-b"], namespace=namespace, name=name,
+                                    uid=uid, node_requirements=(invalid,))
+    outcome, _ = await ungater.tail.outcome_of(command.decision_id)
+    assert outcome.outcome is ReleaseOutcomeKind.UNGATED, outcome
+    assert outcome.reason.startswith("gate removed; node affinity not narrowed: "), outcome
+    assert await gates_now(api, namespace, name) == []
+    assert await required_terms(api, namespace, name) == [{"matchExpressions": [ZONE_JSON]}]
+    told = [event for event in await pod_events(api, namespace, name)
+            if event.reason == "LockgateNodeAffinityNotNarrowed"]
+    assert [event.type for event in told] == ["Warning"], told
+    assert told[0].message.startswith(
+        "released without the node affinity karpenter.kwok.sh/instance-cpu NotIn []: the "
+        "apiserver refused it ("), told[0].message
 
 
 async def test_missing_or_replaced_pod_is_reported_gone(
