@@ -736,9 +736,19 @@ async def test_deleting_the_configuration_switches_the_webhook_off(
         assert gated_of(gated)
 
         assert await delete_webhook_configuration(kube_clients["cluster-a"], configuration)
-        free = await core.create_namespaced_pod(
-            namespace, user_pod("switched-off").in_queue(queue).manifest())
-        assert gates_of(free) == []
+        # The apiserver learns of the deletion from its own watch, a moment later (a pod made
+        # at once on a busy machine still went to the webhook): new pods go ungated from then.
+        made: list[str] = []
+
+        async def created_ungated() -> bool:
+            name = f"switched-off-{len(made)}"
+            made.append(name)
+            free = await core.create_namespaced_pod(
+                namespace, user_pod(name).in_queue(queue).manifest())
+            return gates_of(free) == []
+
+        await eventually(created_ungated, within=30, every=0.5,
+                         what="a pod created after the deletion to be left ungated")
         assert running.process.alive()
         with pytest.raises(ApiException) as absent:
             await client.AdmissionregistrationV1Api(
