@@ -373,6 +373,22 @@ async def test_queue_page_lists_waiting_pods_in_order_with_their_reason(
     assert "fits no node of cluster" in await summary.inner_text()
     assert "cpu 1000" in await text_of(page, "[data-field=limits]")
     assert await page.locator(f'[data-table=jobsets] tr[data-jobset="{DOOMED}"]').count() == 1
+
+    # Its share and fair target in each cluster (the leader's, asked for this queue alone):
+    # B's pods run in cluster A only (some bound there by now), so it holds a part of A and
+    # is owed one there, and holds nothing of cluster B.
+    async def per_cluster() -> dict[str, tuple[float, float]] | None:
+        rows = page.locator("[data-table=per-cluster] tr[data-cluster]")
+        found = {}
+        for row in await rows.all():
+            cells = [c.strip().rstrip("%") for c in await row.locator("td").all_inner_texts()]
+            found[await row.get_attribute("data-cluster")] = (float(cells[1]), float(cells[2]))
+        bound = len(await _bound(scene.core[ALIAS_A], QB))
+        return found if bound and ALIAS_A in found and found[ALIAS_A][0] > 0 else None
+    shown = await eventually(per_cluster, within=60, every=0.5,
+                             what=f"queue {QB}'s share of {ALIAS_A} on its page")
+    assert shown[ALIAS_A][1] > 0, shown
+    assert shown.get(ALIAS_B, (0.0, 0.0))[0] == 0, shown
     await screenshot(page, "queue")
 
 

@@ -11,8 +11,6 @@
 const POLL_MS = 3000;
 const PAGE = 50;
 const JOBSETS_PAGE = 20;
-// Where a queue's entry in the fairness report may carry per-cluster figures.
-const PER_CLUSTER_KEYS = ["clusters", "per_cluster", "by_cluster", "cluster_targets", "targets"];
 const TOKEN_KEY = "lockgate.token";
 
 let me = null;          // {name, role, may_act} of the signed-in token
@@ -251,9 +249,6 @@ async function overviewPage(view) {
     waitingByQueue[q.queue] = (waitingByQueue[q.queue] || 0) + q.queued;
   }
   const defined = new Map(queues.queues.map((q) => [q.name, q]));
-  // Per-cluster figures, when the scheduler gives them (fair targets per cluster).
-  const perClusterOf = (r) => PER_CLUSTER_KEYS.map((k) => r[k]).find((v) => v && typeof v === "object") || null;
-  const anyPerCluster = [...reported.values()].some((r) => perClusterOf(r));
   // The headline is what matters: each queue's fair target against what it holds, overall and
   // per cluster. The fair and adjusted shares are in the detail below, with what each means.
   // The queue tree, from the leader's picture (the same as `lockgate status --tree`). A flat
@@ -271,7 +266,6 @@ async function overviewPage(view) {
   const rows = shownLeaves.map((name) => {
     const r = reported.get(name) || {};
     const spec = defined.get(name);
-    const perCluster = perClusterOf(r);
     return el("tr", { "data-queue": name },
       el("td", {}, el("i", { class: "swatch" }), link(`#/queues/${enc(name)}`, name),
         spec ? (spec.cordoned ? el("span", { class: "pill state-failed" }, " cordoned") : null)
@@ -282,8 +276,7 @@ async function overviewPage(view) {
       el("td", { class: "num", "data-target": r.fair_target ?? "" }, pct(r.fair_target)),
       el("td", { class: "num", "data-actual": r.actual_share ?? "" }, pct(r.actual_share)),
       el("td", {}, targetBar(r.actual_share, r.fair_target)),
-      el("td", { class: "num", "data-waiting": "" }, String(r.queued ?? waitingByQueue[name] ?? 0)), num(r.released), num(r.running),
-      anyPerCluster ? el("td", { class: "small", "data-per-cluster": "" }, perCluster ? clusterTargets(perCluster) : "") : null);
+      el("td", { class: "num", "data-waiting": "" }, String(r.queued ?? waitingByQueue[name] ?? 0)), num(r.released), num(r.running));
   });
   const detailRows = shownLeaves.map((name) => {
     const r = reported.get(name) || {};
@@ -304,8 +297,7 @@ async function overviewPage(view) {
     el("h2", {}, tree.inner ? `Queues under ${selected || "the root"}` : "Queues"),
     tree.inner && leafNames.length > shownLeaves.length ? el("p", { class: "small muted", "data-leaves-shown": shownLeaves.length },
       `${shownLeaves.length} of ${leafNames.length} leaves shown: pick a node in the tree above to narrow.`) : null,
-    table(["Queue", "#Weight", "#Fair target", "#Holds", "Holds / target", "#Waiting", "#Released", "#Running",
-      ...(anyPerCluster ? ["Per cluster: holds / target"] : [])], rows, { "data-table": "queues" }),
+    table(["Queue", "#Weight", "#Fair target", "#Holds", "Holds / target", "#Waiting", "#Released", "#Running"], rows, { "data-table": "queues" }),
     el("p", { class: fairness.source === "leader" ? "small muted" : "small error", "data-source": fairness.source || "error" }, source),
     el("details", { "data-detail": "shares" }, el("summary", { class: "small" }, "Fair and adjusted shares, and what each means"),
       el("dl", { class: "facts small" },
@@ -383,20 +375,6 @@ function growthTable(clusters, unavailable) {
   return el("div", { class: "growth" }, el("h2", {}, "Clusters that grow"),
     table(["Cluster", "#Nodes", "Capacity", "Headroom (what its NodePools may still add)",
       "NodeClaims in flight", "#Released, waiting for a node", "Growth"], rows, { "data-table": "growth" }));
-}
-function clusterTargets(perCluster) {
-  const entries = Array.isArray(perCluster) ? perCluster.map((c) => [c.cluster || c.name, c])
-    : Object.entries(perCluster);
-  return entries.map(([name, c]) => {
-    if (typeof c !== "object" || c === null) return `${name}: ${c}`;
-    if ("target" in c || "actual" in c) return `${name} ${pct(c.actual)} / ${pct(c.target)}`;
-    const parts = [];
-    for (const [k, v] of Object.entries(c)) {
-      if (k === "cluster" || k === "name") continue;
-      parts.push(`${k.replace(/_share$/, "")} ${typeof v === "number" && v <= 1 ? pct(v) : v}`);
-    }
-    return `${name}: ${parts.join(", ")}`;
-  }).join(" · ");
 }
 // What a queue holds against its fair target: the fill is what it holds, the tick its target
 // (each scaled to the larger of the two, so a queue owed 0.7% reads as clearly as one owed 40%).
@@ -636,6 +614,7 @@ async function queuePage(view, name) {
   if (!view.root.querySelector("h1")) {
     view.root.append(el("h1", {}, "Queue ", el("span", { "data-name": name }, name)));
     region(view, "spec");
+    region(view, "per-cluster");
     const waiting = region(view, "waiting-card");
     waiting.append(el("div", { class: "card" }, el("h2", {}, "Waiting pods"),
       el("div", { class: "filters" }, filterInput(view, "cluster", "cluster", view.refresh),
@@ -645,11 +624,15 @@ async function queuePage(view, name) {
   }
   // Job sets page by JOBSETS_PAGE, asked for one more to know whether a next page exists.
   const jobsetOffset = st.jobsetOffset || 0;
-  const [spec, jobsets, waiting] = await Promise.all([
+  const [spec, jobsets, waiting, fairness] = await Promise.all([
     api(`/api/v1/queues/${enc(name)}`).catch((e) => (e.status === 404 ? null : Promise.reject(e))),
     api(`/api/v1/jobsets${query({ queue: name, limit: JOBSETS_PAGE + 1, offset: jobsetOffset })}`),
     api(`/api/v1/queues/${enc(name)}/waiting${query({ cluster: st.cluster, namespace: st.namespace, offset: st.offset || 0, limit: PAGE })}`),
+    // Its target and share in each cluster: the leader's, asked for this queue alone (the
+    // overview leaves them out: every queue in every cluster is queues x clusters numbers).
+    api(`/api/v1/fairness${query({ clusters: 1, queue: name })}`).catch((e) => ({ error: e.message })),
   ]);
+  region(view, "per-cluster").replaceChildren(...kids(perClusterCard(fairness)));
   const more = jobsets.jobsets.length > JOBSETS_PAGE;
   jobsets.jobsets = jobsets.jobsets.slice(0, JOBSETS_PAGE);
   const moveJobsets = (to) => () => { st.jobsetOffset = Math.max(0, to); view.refresh(); };
@@ -686,6 +669,22 @@ async function queuePage(view, name) {
           : el("span", { "data-reason": p.reason || "" }, p.summary || p.reason || "–")))),
       { "data-table": "waiting", class: "oneline" }),
     pager(view, waiting.total, view.refresh)));
+}
+function perClusterCard(fairness) {
+  const card = (...body) => el("div", { class: "card" }, el("h2", {}, "In each cluster: holds / fair target"), ...body);
+  if (fairness.error) return card(el("p", { class: "error" }, `no fairness report: ${fairness.error}`));
+  if (fairness.source !== "leader") {
+    return card(el("p", { class: "error", "data-source": fairness.source }, `no shares: ${fairness.reasons_unavailable}`));
+  }
+  const mine = (fairness.report.queues || [])[0];
+  const clusters = mine && mine.clusters ? Object.entries(mine.clusters) : [];
+  if (!clusters.length) return card(el("p", { class: "muted" }, "Nothing held or owed in any cluster."));
+  return card(table(["Cluster", "#Holds", "#Fair target", ""],
+    clusters.map(([cluster, c]) => el("tr", { "data-cluster": cluster },
+      el("td", {}, cluster), el("td", { class: "num" }, pct(c.actual)), el("td", { class: "num" }, pct(c.target)),
+      el("td", { class: "small muted" }, c.actual + 1e-9 < c.target ? "below its target" : c.actual > c.target + 1e-9 ? "above its target" : "at its target"))),
+    { "data-table": "per-cluster" }),
+  el("p", { class: "small muted" }, "Shares of each cluster's pool (dominant resource), from the scheduler leader's last round."));
 }
 function queueFacts(spec) {
   const ns = spec.namespaces.length ? spec.namespaces.map((n) => el("div", {},
