@@ -35,7 +35,6 @@ from lockgate.scheduler.report import (
     explanation_json,
     growth_json,
     short_reason,
-    skip_json,
     status_json,
 )
 from lockgate.scheduler.tree_status import tree_node_json
@@ -292,32 +291,22 @@ class FairnessReport:
     def answered(self, body: object) -> dict[str, Any] | None:
         """POST /api/v1/explain on the health server's own thread: the answer when the last
         round's picture already explained every asked pod at the place asked (each asked
-        again within WATCH_SECONDS is explained again after every round) or the round
-        recorded why it passed the pod over (`skip_json`, "partial": the round's reason
-        only), else None and the loop explains them (`explain_json`, waiting for the round
-        in progress). So an answer is always of the last round reported, never older, and
-        never made up here."""
+        again within WATCH_SECONDS is explained again after every round), else None and the
+        loop explains them (`explain_json`, waiting for the round in progress). So an answer
+        is always of the last round reported, never older, and never made up here."""
         jobs = _explain_request(body)
         shown = self._shown
-        picture = shown.picture
-        if not jobs or not shown.leader or picture is None:
+        if not jobs or not shown.leader or shown.picture is None:
             return None
         explained = self._explained
-        # Explanations of an earlier picture are older than the last round: none of them.
-        entries = explained.entries if explained.picture is picture else {}
+        if explained.picture is not shown.picture:  # the next round reported meanwhile
+            return None
+        entries = explained.entries
         found: dict[str, Any] = {}
         for key in jobs:
-            if key in entries:
-                found[key[0]] = entries[key]
-                continue
-            # Asked for the first time: the round's own record of a pod it looked at and
-            # passed over answers at once (the round's reason, not the explainer's whole
-            # answer, which the loop gives if it is asked again); of a pod the round did not
-            # look at, only the loop knows anything.
-            skip = picture.skipped.get(key[0])
-            if skip is None:
+            if key not in entries:
                 return None
-            found[key[0]] = skip_json(skip)
+            found[key[0]] = entries[key]
         self._watch(jobs)
         return {"instance_id": self.instance_id, "leader": True,
                 "round": self._round_json(shown), "explanations": found}

@@ -251,15 +251,6 @@ async def explain_rows(leader: SchedulerLeader,
                               "message": explanation.get("message"),
                               "estimate": said.get("estimate"),
                               "round_skip": said.get("round_skip")})
-            elif isinstance(said, dict) and said.get("round_skip") and said.get("message"):
-                # Asked for the first time and passed over by the last round: the leader
-                # answers with the round's own reason at once ("partial"); asked again, it
-                # explains the pod in full.
-                where = "" if place is None else f"{_ordinal(place[0])} of {place[1]} in line; "
-                entry.update({"summary": said.get("summary"),
-                              "message": str(said["message"]).replace("queued; ",
-                                                                      f"queued, {where}", 1),
-                              "round_skip": said["round_skip"], "partial": True})
             else:
                 held_out = None if not isinstance(said, dict) else said.get("held_out")
                 entry["held_out"] = held_out

@@ -203,35 +203,6 @@ def test_a_pod_asked_about_again_is_answered_off_the_loop_from_the_last_round_on
         fairness.answered({"jobs": "x"})
 
 
-def test_a_pod_the_round_passed_over_is_answered_at_first_ask_with_the_rounds_reason_only(
-        ) -> None:
-    """Asked for the first time, a pod the last round looked at and passed over is answered
-    off the loop with what the round recorded of it (`RoundReport.skipped`), marked partial;
-    a pod the round did not look at is not (the loop must explain it)."""
-    state = _contested()
-    fairness = FairnessReport("leader")
-    fairness.set_leader(True)
-    # Releasing all it may, the round finds no room for heavy's last pods in cluster-a.
-    picture = report_round(state, schedule_round(state, max_decisions=50,
-                                                 max_lookback_per_queue=10, now=NOW),
-                           number=3, at=NOW, phases=_phases(state), settings=SETTINGS)
-    fairness.record_round(picture, seconds=0.01, decisions=20)
-    assert picture.skipped, "the contested round must pass some pod over"
-    passed_over, reason = next(iter(picture.skipped.items()))
-    not_looked_at = next(job_id for job_id, job in state.job_records.items()
-                         if job.state.value == "queued" and job_id not in picture.skipped)
-    answer = fairness.answered({"jobs": [{"id": passed_over, "place": [3, 7]}]})
-    assert answer is not None and answer["round"]["number"] == 3
-    said = answer["explanations"][passed_over]
-    assert said["round_skip"] == reason.value and said["partial"] is True
-    assert said["explanation"] is None and "passed it over" in said["message"]
-    # Together with a pod the round did not look at: the loop answers both.
-    assert fairness.answered({"jobs": [{"id": passed_over, "place": None},
-                                       {"id": not_looked_at, "place": None}]}) is None
-    fairness.set_leader(False)  # stepped down: nothing off the loop
-    assert fairness.answered({"jobs": [{"id": passed_over, "place": None}]}) is None
-
-
 def test_the_fairness_answer_reads_only_the_picture_of_the_last_round() -> None:
     """The health server's thread encodes the answer while the next round may run on the
     loop: what it encodes must not move with the live state (the tree included)."""
