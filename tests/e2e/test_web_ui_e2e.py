@@ -378,11 +378,12 @@ async def test_queue_page_lists_waiting_pods_in_order_with_their_reason(
     # B's pods run in cluster A only (some bound there by now), so it holds a part of A and
     # is owed one there, and holds nothing of cluster B.
     async def per_cluster() -> dict[str, tuple[float, float]] | None:
-        rows = page.locator("[data-table=per-cluster] tr[data-cluster]")
+        spans = page.locator("[data-field=per-cluster] [data-cluster]")
         found = {}
-        for row in await rows.all():
-            cells = [c.strip().rstrip("%") for c in await row.locator("td").all_inner_texts()]
-            found[await row.get_attribute("data-cluster")] = (float(cells[1]), float(cells[2]))
+        for span in await spans.all():
+            found[await span.get_attribute("data-cluster")] = (
+                float(await span.get_attribute("data-actual") or "nan"),
+                float(await span.get_attribute("data-target") or "nan"))
         bound = len(await _bound(scene.core[ALIAS_A], QB))
         return found if bound and ALIAS_A in found and found[ALIAS_A][0] > 0 else None
     shown = await eventually(per_cluster, within=60, every=0.5,

@@ -614,7 +614,6 @@ async function queuePage(view, name) {
   if (!view.root.querySelector("h1")) {
     view.root.append(el("h1", {}, "Queue ", el("span", { "data-name": name }, name)));
     region(view, "spec");
-    region(view, "per-cluster");
     const waiting = region(view, "waiting-card");
     waiting.append(el("div", { class: "card" }, el("h2", {}, "Waiting pods"),
       el("div", { class: "filters" }, filterInput(view, "cluster", "cluster", view.refresh),
@@ -632,12 +631,14 @@ async function queuePage(view, name) {
     // overview leaves them out: every queue in every cluster is queues x clusters numbers).
     api(`/api/v1/fairness${query({ clusters: 1, queue: name })}`).catch((e) => ({ error: e.message })),
   ]);
-  region(view, "per-cluster").replaceChildren(...kids(perClusterCard(fairness)));
   const more = jobsets.jobsets.length > JOBSETS_PAGE;
   jobsets.jobsets = jobsets.jobsets.slice(0, JOBSETS_PAGE);
   const moveJobsets = (to) => () => { st.jobsetOffset = Math.max(0, to); view.refresh(); };
-  region(view, "spec").replaceChildren(...kids(el("div", { class: "card" }, spec ? queueFacts(spec)
-    : el("p", { class: "error" }, `Queue ${name} is not defined: its pods wait until it is created.`))));
+  // The per-cluster line goes in the same list as the queue's facts (one grid, one column).
+  const facts = spec ? queueFacts(spec) : el("dl", { class: "facts" });
+  facts.append(...perClusterFacts(fairness));
+  region(view, "spec").replaceChildren(...kids(el("div", { class: "card" }, spec ? null
+    : el("p", { class: "error" }, `Queue ${name} is not defined: its pods wait until it is created.`), facts)));
   region(view, "jobsets").replaceChildren(...kids(el("div", { class: "card" }, el("h2", {}, "Job sets with unfinished pods"),
     jobsets.jobsets.length || jobsetOffset ? table(["Job set", "Clusters", "#Pods", "#Unfinished", "By state", "Oldest queued"],
       jobsets.jobsets.map((j) => el("tr", { "data-jobset": j.jobset },
@@ -670,21 +671,19 @@ async function queuePage(view, name) {
       { "data-table": "waiting", class: "oneline" }),
     pager(view, waiting.total, view.refresh)));
 }
-function perClusterCard(fairness) {
-  const card = (...body) => el("div", { class: "card" }, el("h2", {}, "In each cluster: holds / fair target"), ...body);
-  if (fairness.error) return card(el("p", { class: "error" }, `no fairness report: ${fairness.error}`));
-  if (fairness.source !== "leader") {
-    return card(el("p", { class: "error", "data-source": fairness.source }, `no shares: ${fairness.reasons_unavailable}`));
-  }
+// Its share and fair target in each cluster, one line of the facts (a card of its own pushed
+// the page of a crowded queue past a screen's height): "cluster 25.0% of 25.0%" per cluster.
+function perClusterFacts(fairness) {
+  const facts = (...body) => [el("dt", {}, "In each cluster"), el("dd", { "data-field": "per-cluster" }, ...body)];
+  if (fairness.error) return facts(el("span", { class: "error" }, `no fairness report: ${fairness.error}`));
+  if (fairness.source !== "leader") return facts(el("span", { class: "error" }, `no shares: ${fairness.reasons_unavailable}`));
   const mine = (fairness.report.queues || [])[0];
   const clusters = mine && mine.clusters ? Object.entries(mine.clusters) : [];
-  if (!clusters.length) return card(el("p", { class: "muted" }, "Nothing held or owed in any cluster."));
-  return card(table(["Cluster", "#Holds", "#Fair target", ""],
-    clusters.map(([cluster, c]) => el("tr", { "data-cluster": cluster },
-      el("td", {}, cluster), el("td", { class: "num" }, pct(c.actual)), el("td", { class: "num" }, pct(c.target)),
-      el("td", { class: "small muted" }, c.actual + 1e-9 < c.target ? "below its target" : c.actual > c.target + 1e-9 ? "above its target" : "at its target"))),
-    { "data-table": "per-cluster" }),
-  el("p", { class: "small muted" }, "Shares of each cluster's pool (dominant resource), from the scheduler leader's last round."));
+  if (!clusters.length) return facts(el("span", { class: "muted" }, "nothing held or owed"));
+  return facts(...clusters.map(([cluster, c], i) => el("span", {
+    "data-cluster": cluster, "data-actual": c.actual, "data-target": c.target,
+    title: "its share of the cluster's pool (dominant resource) / its fair target there, from the leader's last round" },
+  i ? " · " : "", `${cluster} holds ${pct(c.actual)} of a fair ${pct(c.target)}`)));
 }
 function queueFacts(spec) {
   const ns = spec.namespaces.length ? spec.namespaces.map((n) => el("div", {},
