@@ -515,13 +515,4 @@ def _insecure_https_ok(port: int, path: str) -> str | None:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    conn = http.client.HTTPSConnection(HOST, port, context=ctx, timeout=2.0)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
-    return None if resp.status == 200 else f"{path} -> {resp.status}"
+    return http_ok(port, path, tls=ctx)

@@ -16,6 +16,7 @@ import os
 import pwd
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -442,9 +443,11 @@ async def terminate(process: asyncio.subprocess.Process, grace_seconds: float) -
     return process.returncode
 
 
-def http_ok(port: int, path: str) -> str | None:
-    """None once GET `path` on a loopback port answers 200; else what went wrong."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
+def http_ok(port: int, path: str, *, tls: ssl.SSLContext | None = None) -> str | None:
+    """None once GET `path` on a loopback port answers 200 (over TLS with `tls`); else what
+    went wrong."""
+    conn = (http.client.HTTPConnection(HOST, port, timeout=2.0) if tls is None
+            else http.client.HTTPSConnection(HOST, port, context=tls, timeout=2.0))
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
