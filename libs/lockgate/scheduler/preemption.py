@@ -145,7 +145,6 @@ class _Unit:
     job_id: str
     group: GroupKey | None
     candidate: bool
-    request: list[int]  # the pod's requests, or the sum of the group's queued members
 
 
 def is_preemptible(job: JobRecord, policy: PreemptionPolicy) -> bool:
@@ -195,9 +194,12 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
         if queue is None:
             continue
         entries = []
-        for pending in queue.pending.values():
-            # Stale entries are filtered below; twice the limit leaves room for them.
-            entries += pending.smallest(2 * limit + 16)
+        for cluster_name, pending in queue.pending.items():
+            # A unit in a cluster outside `where` is no candidate, and only candidates count
+            # (towards the limit, and for the plan): its cluster's entries are not read.
+            if cluster_name in where:
+                # Stale entries are filtered below; twice the limit leaves room for them.
+                entries += pending.smallest(2 * limit + 16)
         units = _units(state, result, name, sorted(entries), where, limit)
         if any(unit.candidate for unit in units):
             waiting[name] = units
@@ -225,17 +227,13 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
             # A single pod, or a member of a started group, which joins alone (unless the
             # group holds its maximum: no room helps it).
             candidate = job.cluster in where and (key is None or not state.groups().at_max(key))
-            units.append(_Unit(job_id, None, candidate, _plus([0] * len(state.pool_vector),
-                                                              job.shape)))
+            units.append(_Unit(job_id, None, candidate))
         else:
             if key in seen_groups:
                 continue  # a later member of a group already listed
             seen_groups.add(key)
             candidate = job.cluster in where and _waits_for_room_only(state, result, key)
-            request = [0] * len(state.pool_vector)
-            for member in state.groups().gang(key):
-                _add(request, jobs[member].shape)
-            units.append(_Unit(job_id, key, candidate, request))
+            units.append(_Unit(job_id, key, candidate))
         candidates += candidate
         if candidates >= limit:
             break
@@ -307,6 +305,15 @@ class _Planner:
         self.tree = state.queue_tree
         self.node_targets = dict(targets.node_shares)
         self._branch_costs: dict[str, tuple[float, ...]] | None = None
+        # Answers that stand until an allocation changes (`allocations_changed`): rule 1 per
+        # (queue, cluster), asked for each of thousands of waiting pods at saturation.
+        self._owed: dict[tuple[str, str], bool] = {}
+        # Answers that stand for the whole plan (they read the state only, which the plan does
+        # not change): each queue's smallest pod per cluster, and the running pods per cluster,
+        # found in one pass over the jobs (`_running_in`).
+        self._smallest_pod: dict[tuple[str, str], float] = {}
+        self._running: dict[str, list[tuple[str, JobRecord]]] | None = None
+        self._minimum_nodes: dict[str, set[str]] = {}  # per cluster (`_holds_minimums`)
 
     def branch_costs(self, queue: str) -> tuple[float, ...]:
         """With a queue tree, the costs (actual share / fair target) of the queue's branch from
@@ -337,8 +344,9 @@ class _Planner:
         return costs.get(queue, ())
 
     def allocations_changed(self) -> None:
-        """The branches' costs are recounted when next asked."""
+        """The branches' costs and rule 1's answers are recounted when next asked."""
         self._branch_costs = None
+        self._owed.clear()
 
     def share(self, queue: str, vector: list[int] | None = None) -> float:
         vector = self.alloc[queue] if vector is None else vector
@@ -380,16 +388,26 @@ class _Planner:
         target. A pod the round ranks by cost (the room is nobody's due) is never preempted
         for: the round could give the room freed to another queue, and preemption would free
         it again."""
+        known = self._owed.get((queue, cluster))
+        if known is None:
+            known = self._owed[(queue, cluster)] = self._owed_now(queue, cluster)
+        return known
+
+    def _owed_now(self, queue: str, cluster: str) -> bool:
         return owed(before=self.share(queue, self.in_cluster(queue, cluster)),
                     target=self.fair_in.get((queue, cluster), 0.0),
                     overall_before=fraction(self.share(queue), self.fair.get(queue, 0.0)))
 
     def smallest_pod(self, queue: str, cluster: str) -> float:
         """The dominant share of the queue's smallest pod in the cluster, running or waiting."""
-        return min((dominant_of(shape, self.inverse)
-                    for shapes in (self.state.queue_records[queue].alloc_shapes.get(cluster, {}),
-                                   self._waiting_shapes(queue, cluster))
-                    for shape in shapes), default=0.0)
+        known = self._smallest_pod.get((queue, cluster))
+        if known is None:
+            known = self._smallest_pod[(queue, cluster)] = min(
+                (dominant_of(shape, self.inverse)
+                 for shapes in (self.state.queue_records[queue].alloc_shapes.get(cluster, {}),
+                                self._waiting_shapes(queue, cluster))
+                 for shape in shapes), default=0.0)
+        return known
 
     def may_fall_short(self, victim: str, cluster: str, without_in: list[int],
                        held_in: dict[str, list[int]]) -> bool:
@@ -529,12 +547,15 @@ class _Planner:
                                     _plus(self.in_cluster(queue, job.cluster), shape)) or (
             within_target(self.share(queue, _plus(self.alloc[queue], shape)),
                           self.fair.get(queue, 0.0)))
+        first_picks: dict[tuple[str, Shape], bool] = {}  # one search: see `_victims_on`
         for spare_minimums in (True, False):  # break no group's minimum while room exists without
             for node in nodes:
+                if not spare_minimums and not self._holds_minimums(job.cluster, node):
+                    continue  # the same victims as the first pass: it found nothing here
                 room = rooms[node]
                 chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
                                           self.alloc, (), None, spare_minimums=spare_minimums,
-                                          short_by_a_pod=within)
+                                          short_by_a_pod=within, first_picks=first_picks)
                 if chosen is None or len(chosen) > budget:
                     continue
                 evictions = self._record(
@@ -586,12 +607,16 @@ class _Planner:
             nodes = self._nodes_for(cluster, shape, trial_rooms)
             node = next((node for node in nodes if fits(trial_rooms[node], shape)), None)
             if node is None:
+                first_picks: dict[tuple[str, Shape], bool] = {}  # this member's search
                 for spare_minimums, candidate in [(spare, node) for spare in (True, False)
                                                   for node in nodes]:
+                    if not spare_minimums and not self._holds_minimums(cluster, candidate):
+                        continue  # the same victims as the first pass: it found nothing here
                     victims = self._victims_on(cluster, candidate, queue, shape,
                                                trial_rooms[candidate], preemptor_cost,
                                                trial_alloc, taken, trial_in,
-                                               spare_minimums=spare_minimums)
+                                               spare_minimums=spare_minimums,
+                                               first_picks=first_picks)
                     if victims is None or len(chosen) + len(victims) > budget:
                         continue
                     for victim_id, victim in victims:
@@ -650,15 +675,21 @@ class _Planner:
     def _victims_on(self, cluster: str, node: str, queue: str, shape: Shape,
                     room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
                     taken: Collection[str], alloc_in: dict[str, list[int]] | None, *,
-                    spare_minimums: bool = False,
-                    short_by_a_pod: bool = False) -> list[tuple[str, JobRecord]] | None:
+                    spare_minimums: bool = False, short_by_a_pod: bool = False,
+                    first_picks: dict[tuple[str, Shape], bool] | None = None,
+                    ) -> list[tuple[str, JobRecord]] | None:
         """The fewest-first greedy choice of victims on `node` that the rule allows, given the
         allocations `alloc` (victims chosen before for the same unit already taken out), and
         that make room for `shape`; None if they cannot. With `spare_minimums`, no member
         within its group's minimum is taken; without, they are taken last. With
         `short_by_a_pod` (for a single pod), rule 2's exception applies (`may_fall_short`):
         then rule 3 is judged by the whole targets, and the round must rank the pod before
-        any the victim's queue would then have waiting there."""
+        any the victim's queue would then have waiting there.
+
+        `first_picks` remembers, across the nodes of one search (the same unit, `alloc`,
+        `alloc_in` and planner state), whether the rule lets a pod of (queue, shape) go when
+        nothing was chosen before it on its node: that answer reads nothing node-specific, and
+        at saturation it is no on most nodes, which are then passed over without sorting."""
         within_min = self.within_min
         candidates = [(victim_id, victim) for victim_id, victim
                       in self.victims[cluster].get(node, ())
@@ -667,16 +698,62 @@ class _Planner:
                       and not (spare_minimums and victim_id in within_min)]
         if not candidates:
             return None
-        # Take from the most over-served queue first (with a tree: from the subtree furthest
-        # over its own share, level by level, `branch_costs`), its lowest priority and newest
-        # pods first.
+
         def held_in(name: str) -> list[int]:
             return alloc_in[name] if alloc_in is not None else self.in_cluster(name, cluster)
 
-        candidates.sort(key=lambda item: (item[0] in within_min,
-                                          tuple(-c for c in self.branch_costs(item[1].queue)),
-                                          -self.cost_in(item[1].queue, cluster,
-                                                        held_in(item[1].queue)),
+        def may_take(victim: JobRecord, trial: dict[str, list[int]],
+                     trial_in: dict[str, list[int]]) -> bool:
+            """Rules 2 and 3 for `victim`, its queue holding `trial` / `trial_in` (where a
+            victim of it was chosen before on this node) or else `alloc` / `held_in`."""
+            without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
+            without_in = _minus(trial_in.get(victim.queue, held_in(victim.queue)), victim.shape)
+            if self.at_or_above_target(victim.queue, cluster, without_in):
+                # rule 3: the preemptor must not end up further towards its target
+                return not cost_below(self.cost_in(victim.queue, cluster, without_in),
+                                      preemptor_cost)
+            if not short_by_a_pod or not self.may_fall_short(
+                    victim.queue, cluster, without_in,
+                    {**trial_in, victim.queue: without_in,
+                     queue: _plus(self.in_cluster(queue, cluster), shape)}):
+                return False  # rule 2: never below its own fair target
+            if cost_below(self.cost(victim.queue, without),
+                          self.cost(queue, _plus(alloc[queue], shape))):
+                return False  # rule 3, by the whole targets (the round's order, `costs.owed`)
+            # else the round would give the room back to the victim
+            return self.ranks_first(queue, cluster, shape, alloc[queue], victim, without_in,
+                                    without)
+
+        picks = {} if first_picks is None else first_picks
+
+        def may_take_first(victim: JobRecord) -> bool:
+            key = (victim.queue, victim.shape)
+            known = picks.get(key)
+            if known is None:
+                known = picks[key] = may_take(victim, {}, {})
+            return known
+
+        def helps(victim: JobRecord, short: list[int]) -> bool:
+            return any(axis in short for axis, _ in victim.shape.pairs)
+
+        # Until a victim is chosen each is judged as the first pick: if none may be taken first
+        # and help, none is ever taken here, whatever the order.
+        short = [axis for axis, amount in shape.pairs if room[axis] < amount]
+        if not any(helps(victim, short) and may_take_first(victim) for _, victim in candidates):
+            return [] if fits(room, shape) else None
+        # Take from the most over-served queue first (with a tree: from the subtree furthest
+        # over its own share, level by level, `branch_costs`), its lowest priority and newest
+        # pods first.
+        queue_order: dict[str, tuple[tuple[float, ...], float]] = {}
+
+        def order_of(name: str) -> tuple[tuple[float, ...], float]:
+            known = queue_order.get(name)
+            if known is None:
+                known = queue_order[name] = (tuple(-c for c in self.branch_costs(name)),
+                                             -self.cost_in(name, cluster, held_in(name)))
+            return known
+
+        candidates.sort(key=lambda item: (item[0] in within_min, *order_of(item[1].queue),
                                           item[1].priority, -item[1].created_at, item[0]))
         freed = room[:]
         trial: dict[str, list[int]] = {}  # the victims' queues' allocations, as chosen so far
@@ -686,29 +763,27 @@ class _Planner:
             if fits(freed, shape):
                 break
             short = [axis for axis, amount in shape.pairs if freed[axis] < amount]
-            if not any(axis in short for axis, _ in victim.shape.pairs):
+            if not helps(victim, short):
                 continue  # would not help
-            without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
-            without_in = _minus(trial_in.get(victim.queue, held_in(victim.queue)), victim.shape)
-            if self.at_or_above_target(victim.queue, cluster, without_in):
-                if cost_below(self.cost_in(victim.queue, cluster, without_in), preemptor_cost):
-                    continue  # rule 3: the preemptor would end up further towards its target
-            elif not short_by_a_pod or not self.may_fall_short(
-                    victim.queue, cluster, without_in,
-                    {**trial_in, victim.queue: without_in,
-                     queue: _plus(self.in_cluster(queue, cluster), shape)}):
-                continue  # rule 2: never below its own fair target
-            elif cost_below(self.cost(victim.queue, without),
-                            self.cost(queue, _plus(alloc[queue], shape))):
-                continue  # rule 3, by the whole targets (the round's order, `costs.owed`)
-            elif not self.ranks_first(queue, cluster, shape, alloc[queue], victim,
-                                      without_in, without):
-                continue  # the round would give the room back to the victim
-            trial[victim.queue] = without
-            trial_in[victim.queue] = without_in
+            if not (may_take(victim, trial, trial_in) if chosen else may_take_first(victim)):
+                continue
+            trial[victim.queue] = _minus(trial.get(victim.queue, alloc[victim.queue]),
+                                         victim.shape)
+            trial_in[victim.queue] = _minus(trial_in.get(victim.queue, held_in(victim.queue)),
+                                            victim.shape)
             _add(freed, victim.shape)
             chosen.append((victim_id, victim))
         return chosen if fits(freed, shape) else None
+
+    def _holds_minimums(self, cluster: str, node: str) -> bool:
+        """Whether a running member within its group's minimum is a victim on the node."""
+        nodes = self._minimum_nodes.get(cluster)
+        if nodes is None:
+            within_min = self.within_min
+            nodes = self._minimum_nodes[cluster] = {
+                name for name, victims in self.victims.get(cluster, {}).items()
+                if any(victim_id in within_min for victim_id, _ in victims)}
+        return node in nodes
 
     def _rooms(self, cluster_name: str) -> dict[str, list[int]] | None:
         """Free room per schedulable node of a cluster, counting evictions in flight as done;
@@ -723,9 +798,8 @@ class _Planner:
                      if not is_virtual(name)}
             victims: dict[str, list[tuple[str, JobRecord]]] = {}
             members: dict[GroupKey, list[tuple[float, str]]] = {}
-            for job_id, job in self.state.job_records.items():
-                if (job.cluster != cluster_name or job.state is JobState.QUEUED
-                        or job.node_name not in rooms):
+            for job_id, job in self._running_in(cluster_name):
+                if job.node_name not in rooms:
                     continue
                 if job_id in self.evicting:
                     _add(rooms[job.node_name], job.shape)
@@ -748,6 +822,17 @@ class _Planner:
                     take(rooms[hold.node], held.shape)
         self.free[cluster_name] = rooms
         return rooms
+
+    def _running_in(self, cluster_name: str) -> list[tuple[str, JobRecord]]:
+        """The jobs holding a node in the cluster (released and bound), in the state's order;
+        one pass over the jobs finds them for every cluster."""
+        running = self._running
+        if running is None:
+            running = self._running = {}
+            for job_id, job in self.state.job_records.items():
+                if job.state is not JobState.QUEUED and job.node_name is not None:
+                    running.setdefault(job.cluster, []).append((job_id, job))
+        return running.get(cluster_name, [])
 
 
 def _add(room: list[int], shape: Shape) -> None:
