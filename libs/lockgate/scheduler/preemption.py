@@ -61,7 +61,9 @@ on the state is those reservations.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import heapq
+import itertools
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from lockgate.growth import is_virtual
@@ -168,10 +170,20 @@ def plan_evictions(state: SchedulerState, result: RoundResult, *, policy: Preemp
     return _Planner(state, policy, evicting).plan(waiting)
 
 
+@dataclass(slots=True)
+class _Waiting:
+    """A queue's units in release order from its first candidate on (`_units`, read as the plan
+    goes), and the clusters where they may be candidates."""
+
+    where: set[str]
+    units: Iterator[_Unit]
+
+
 def _waiting_for_room(state: SchedulerState, result: RoundResult,
-                      limit: int) -> dict[str, list[_Unit]]:
+                      limit: int) -> dict[str, _Waiting]:
     """Per queue that has a unit waiting for room, its units in release order over all its
-    clusters, up to its `limit`-th candidate.
+    clusters, from its first candidate up to its `limit`-th, found as the plan reads them (it
+    may stop early: `_Planner.plan`).
 
     A unit is a candidate when it waits in a cluster where the round found no room for one of
     the queue's pods (or set the cluster aside for it, or the cluster is reserved for one of its
@@ -188,32 +200,34 @@ def _waiting_for_room(state: SchedulerState, result: RoundResult,
             clusters.setdefault(name, set()).update(report.set_aside)
     for cluster_name, key in state.groups().reserved.items():
         clusters.setdefault(key[1], set()).add(cluster_name)
-    waiting: dict[str, list[_Unit]] = {}
+    waiting: dict[str, _Waiting] = {}
     for name, where in clusters.items():
         queue = state.queue_records.get(name)
         if queue is None:
             continue
-        entries = []
-        for cluster_name, pending in queue.pending.items():
-            # A unit in a cluster outside `where` is no candidate, and only candidates count
-            # (towards the limit, and for the plan): its cluster's entries are not read.
-            if cluster_name in where:
-                # Stale entries are filtered below; twice the limit leaves room for them.
-                entries += pending.smallest(2 * limit + 16)
-        units = _units(state, result, name, sorted(entries), where, limit)
-        if any(unit.candidate for unit in units):
-            waiting[name] = units
+        # A unit in a cluster outside `where` is no candidate, and only candidates count
+        # (towards the limit, and for the plan): those clusters' entries are not read. Stale
+        # entries are filtered in `_units`; twice the limit leaves room for them.
+        entries = heapq.merge(*(pending.smallest(2 * limit + 16)
+                                for cluster_name, pending in queue.pending.items()
+                                if cluster_name in where))
+        units = _units(state, result, name, entries, where, limit)
+        # The plan skips every unit before the first candidate: they are dropped here.
+        first = next((unit for unit in units if unit.candidate), None)
+        if first is not None:
+            waiting[name] = _Waiting(where, itertools.chain((first,), units))
     return waiting
 
 
 def _units(state: SchedulerState, result: RoundResult, queue: str,
-           entries: list[tuple[int, float, str]], where: set[str], limit: int) -> list[_Unit]:
+           entries: Iterable[tuple[int, float, str]], where: set[str],
+           limit: int) -> Iterator[_Unit]:
     """The queue's units in the heap entries given (sorted: release order), fresh entries only,
-    up to the `limit`-th candidate."""
+    up to the `limit`-th candidate. Read lazily while the plan runs: what it reads (the jobs,
+    the groups' members, the round's result) the plan does not change."""
     jobs = state.job_records
     seen: set[str] = set()
     seen_groups: set[GroupKey] = set()
-    units: list[_Unit] = []
     candidates = 0
     for priority, created_at, job_id in entries:
         job = jobs.get(job_id)
@@ -227,17 +241,16 @@ def _units(state: SchedulerState, result: RoundResult, queue: str,
             # A single pod, or a member of a started group, which joins alone (unless the
             # group holds its maximum: no room helps it).
             candidate = job.cluster in where and (key is None or not state.groups().at_max(key))
-            units.append(_Unit(job_id, None, candidate))
+            yield _Unit(job_id, None, candidate)
         else:
             if key in seen_groups:
                 continue  # a later member of a group already listed
             seen_groups.add(key)
             candidate = job.cluster in where and _waits_for_room_only(state, result, key)
-            units.append(_Unit(job_id, key, candidate))
+            yield _Unit(job_id, key, candidate)
         candidates += candidate
         if candidates >= limit:
-            break
-    return units
+            return
 
 
 def _waits_for_room_only(state: SchedulerState, result: RoundResult, key: GroupKey) -> bool:
@@ -473,7 +486,7 @@ class _Planner:
         return not below_target(self.share(queue, vector_in),
                                 self.fair_in.get((queue, cluster), 0.0))
 
-    def plan(self, waiting: dict[str, list[_Unit]]) -> list[Eviction]:
+    def plan(self, waiting: dict[str, _Waiting]) -> list[Eviction]:
         state = self.state
         preemptors = [name for name in waiting if state.queue_records[name].schedulable]
         preemptors.sort(key=lambda name: (self.cost(name), name))
@@ -484,13 +497,24 @@ class _Planner:
         # gets taken, so its queue's later pods of that shape there are not tried again (they
         # cost O(nodes x pods) each, seconds per round with thousands waiting).
         unfreeable: set[tuple[str, str, Shape]] = set()
+        with_groups = self._queues_with_groups()
         for name in preemptors:
-            for unit in waiting[name]:
+            # The clusters where the queue's single pods may still be preempted for. One where
+            # rule 1 fails, or a group of another queue holds the reservation, stays so while
+            # this queue's units are planned: its allocation only grows, its pods are nobody's
+            # victims here, and only its own groups reserve. When none is left and it has no
+            # group waiting in them, its later units would all be passed over: they are not
+            # read (at saturation, thousands a round).
+            open_to_singles = set(waiting[name].where)
+            groups_in = {cluster for cluster in open_to_singles if (cluster, name) in with_groups}
+            for unit in waiting[name].units:
                 if len(evictions) >= limit:
                     return evictions
                 if not unit.candidate:
                     continue
                 cluster = state.job_records[unit.job_id].cluster
+                if unit.group is None and cluster not in open_to_singles:
+                    continue
                 if unit.group is not None:
                     # Its cluster is reserved for it once room is planned. One too large for
                     # its queue's target there is passed over (it can never be preempted for);
@@ -500,12 +524,15 @@ class _Planner:
                     if found is not None:
                         evictions.extend(found)
                     continue
-                if not self.owed(name, cluster):
-                    continue  # rule 1: nothing to free for it (as the round ranks it)
                 job = state.job_records[unit.job_id]
                 holder = self.reserved.get(job.cluster)
-                if holder is not None and holder[1] != name:
-                    continue  # room freed there would go to that group
+                # rule 1: nothing to free for it (as the round ranks it); or room freed there
+                # would go to that group
+                if not self.owed(name, cluster) or (holder is not None and holder[1] != name):
+                    open_to_singles.discard(cluster)
+                    if not open_to_singles and not groups_in:
+                        break
+                    continue
                 # A pod with room held for it has that room besides: it is always tried.
                 tried_alike = self.state.room_holds().of(unit.job_id) is None
                 if tried_alike and (name, cluster, job.shape) in unfreeable:
@@ -521,6 +548,12 @@ class _Planner:
                 self.allocations_changed()
                 evictions.extend(found)
         return evictions
+
+    def _queues_with_groups(self) -> set[tuple[str, str]]:
+        """(cluster, queue) of every group with a member unfinished (a superset of those with
+        one waiting: enough to know where no group can be a unit)."""
+        unfinished = self.state.groups().keys()
+        return {(cluster, queue) for cluster, queue, _ in unfinished}
 
     def _make_room(self, queue: str, job_id: str, job: JobRecord, budget: int,
                    preemptor_cost: float) -> list[Eviction] | None:
