@@ -561,3 +561,54 @@ def test_random_pinned_fleets_settle_at_their_targets_without_thrash(seed: int) 
             vector = None if record is None else record.alloc_in.get(cluster)
             held = 0 if vector is None else vector[state.axis_names.index("cpu")]
             assert abs(held - want) / 1000 <= 1.0 + 1e-6, (seed, queue, cluster, held, want)
+
+
+# The plan stops reading a queue's waiting pods once none of the rest could be preempted for
+# (`_Planner.plan`): rule 1 failing in one cluster, or no node freeable for one shape, must not
+# stop it where the rest still may be.
+
+
+def test_a_queue_owed_nothing_in_its_first_cluster_is_still_preempted_for_in_its_next() -> None:
+    # The targets split a's and b's halves of the 8 cpu as 1 : 3 in x and 3 : 1 in y. b holds
+    # its 3 in x and waits there first; in y it holds nothing, and its pods there come later in
+    # its release order.
+    nodes_x = a_node(cpu="4").times(1, prefix="x")
+    nodes_y = a_node(cpu="4").times(1, prefix="y")
+    running = [a_job("a").in_cluster("x").preemptible().running_on("x-1").build()]
+    running += [a_job("b").in_cluster("x").preemptible().running_on("x-1").build()
+                for _ in range(3)]
+    running += [a_job("a").in_cluster("y").preemptible().running_on("y-1").build()
+                for _ in range(4)]
+    waiting = [a_job("b").in_cluster("x").created_at(i).build() for i in range(4)]
+    waiting += [a_job("b").in_cluster("y").created_at(100 + i).build() for i in range(4)]
+    state = (a_state().with_queues("a", "b").with_cluster("x", nodes_x)
+             .with_cluster("y", nodes_y).with_jobs(running, waiting).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    targets = state.fair_targets(latest=True).queues["b"].cluster_shares
+    assert (targets["x"], targets["y"]) == (3 / 8, 1 / 8)
+    evictions = plan_evictions(state, result, policy=POLICY, evicting=())
+    assert [(e.queue, e.cluster, e.for_queue) for e in evictions] == [("a", "y", "b")]
+    assert evictions[0].for_job == waiting[4].job_id
+    carry_out(state, evictions)
+    assert [(d.queue, d.node_hint) for d in run_round(state).decisions] == [("b", "y-1")]
+
+
+def test_a_shape_no_node_can_be_freed_for_does_not_stop_the_queues_other_shapes() -> None:
+    # b's first pods may land on node-1 only (ssd), whose pods are not preemptible: no room can
+    # be freed for that shape. Its later pods, without the selector, may go on node-2.
+    ssd = placement_of_pod({"nodeSelector": {"disk": "ssd"}})
+    nodes = {"node-1": replace(a_node(cpu="4").build(), labels={"disk": "ssd"}),
+             "node-2": a_node(cpu="4").build()}
+    running = [a_job("a").running_on("node-1").build() for _ in range(4)]
+    running += [a_job("a").preemptible().running_on("node-2").build() for _ in range(4)]
+    waiting = [replace(a_job("b").created_at(i).build(), placement=ssd) for i in range(2)]
+    waiting += [a_job("b").created_at(100 + i).build() for i in range(2)]
+    state = (a_state().with_queues("a", "b").with_cluster("cluster-a", nodes)
+             .with_jobs(running, waiting).build())
+    result = run_round(state)
+    assert result.decisions == ()
+    evictions = plan_evictions(state, result, policy=POLICY, evicting=())
+    plain = {job.job_id for job in waiting[2:]}
+    assert len(evictions) == 2
+    assert {e.node for e in evictions} == {"node-2"} and {e.for_job for e in evictions} == plain

@@ -542,12 +542,33 @@ class _Planner:
                 if found is None:
                     if tried_alike:
                         unfreeable.add((name, cluster, job.shape))
+                        if self._tried_every_shape(name, cluster, unfreeable):
+                            open_to_singles.discard(cluster)
+                            if not open_to_singles and not groups_in:
+                                break
                     continue
                 _add(self.alloc[name], job.shape)
                 _add(self.in_cluster(name, cluster), job.shape)
                 self.allocations_changed()
                 evictions.extend(found)
         return evictions
+
+    def _tried_every_shape(self, queue: str, cluster: str,
+                           unfreeable: set[tuple[str, str, Shape]]) -> bool:
+        """Whether no node can be freed for any shape the queue has waiting in the cluster
+        (its pending record's shapes: every job of it queued there, unless parked or held back,
+        and none is held back), and none of its pods there has room held (those are always
+        tried): then none of its later pods there is tried."""
+        record = self.state.queue_records[queue]
+        pending = record.pending.get(cluster)
+        if pending is None or record.held:
+            return False
+        if any(n and (queue, cluster, shape) not in unfreeable
+               for shape, n in pending.shapes.items()):
+            return False
+        jobs = self.state.job_records
+        return not any((job := jobs.get(hold.job_id)) is not None and job.queue == queue
+                       for hold in self.state.room_holds().in_cluster(cluster))
 
     def _queues_with_groups(self) -> set[tuple[str, str]]:
         """(cluster, queue) of every group with a member unfinished (a superset of those with
