@@ -64,7 +64,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lockgate.growth import is_virtual
 from lockgate.jobs import JobState
@@ -277,6 +277,28 @@ def _waits_for_room_only(state: SchedulerState, result: RoundResult, key: GroupK
     return True
 
 
+@dataclass(slots=True)
+class _Search:
+    """One search for room for a pod (or a group's member) in a cluster, over its nodes: what
+    the rule's answer for a victim depends on besides the victim and the victims chosen before
+    it on the same node. `first_picks` remembers the answers for victims chosen first on their
+    node (`_Planner._may_take_first`); it is valid while the planner's state stands, that is for
+    the search (nothing changes until it has chosen)."""
+
+    cluster: str
+    queue: str  # the preemptor's
+    shape: Shape
+    preemptor_cost: float
+    alloc: dict[str, list[int]]  # per queue, as the search counts it
+    alloc_in: dict[str, list[int]] | None  # per queue in the cluster; None: the planner's
+    short_by_a_pod: bool
+    first_picks: dict[tuple[str, Shape], bool] = field(default_factory=dict)
+
+    def held_in(self, planner: _Planner, queue: str) -> list[int]:
+        return self.alloc_in[queue] if self.alloc_in is not None else planner.in_cluster(
+            queue, self.cluster)
+
+
 class _Planner:
     def __init__(self, state: SchedulerState, policy: PreemptionPolicy,
                  evicting: Collection[str]) -> None:
@@ -303,6 +325,8 @@ class _Planner:
         self.evicting = set(evicting)
         self.free: dict[str, dict[str, list[int]] | None] = {}
         self.victims: dict[str, dict[str, list[tuple[str, JobRecord]]]] = {}
+        # Per cluster, per (queue, shape) of its victims, the nodes they run on (`_worth_trying`).
+        self.victim_kinds: dict[str, dict[tuple[str, Shape], set[str]]] = {}
         # Running group members within their group's minimum: taken only when nothing else
         # will do (see the module docstring), filled in per cluster with its victims.
         self.within_min: set[str] = set()
@@ -469,13 +493,14 @@ class _Planner:
             by_cost=self._uncontested(cluster), top_cost=self.top_cost), queue)
 
     def ranks_first(self, queue: str, cluster: str, shape: Shape, held: list[int],
-                    victim: JobRecord, without_in: list[int], without: list[int]) -> bool:
+                    victim_queue: str, victim_shape: Shape, without_in: list[int],
+                    without: list[int]) -> bool:
         """Whether the round ranks the preemptor's pod (`shape`, its queue holding `held`)
         before every pod its victim's queue would then have waiting in the cluster (the
         victim's replacement, and its other waiting shapes)."""
         mine = self.round_rank(queue, cluster, self.in_cluster(queue, cluster), held, shape)
-        return all(mine < self.round_rank(victim.queue, cluster, without_in, without, theirs)
-                   for theirs in {victim.shape, *self._waiting_shapes(victim.queue, cluster)})
+        return all(mine < self.round_rank(victim_queue, cluster, without_in, without, theirs)
+                   for theirs in {victim_shape, *self._waiting_shapes(victim_queue, cluster)})
 
     def _waiting_shapes(self, queue: str, cluster: str) -> list[Shape]:
         pending = self.state.queue_records[queue].pending.get(cluster)
@@ -601,15 +626,18 @@ class _Planner:
                                     _plus(self.in_cluster(queue, job.cluster), shape)) or (
             within_target(self.share(queue, _plus(self.alloc[queue], shape)),
                           self.fair.get(queue, 0.0)))
-        first_picks: dict[tuple[str, Shape], bool] = {}  # one search: see `_victims_on`
+        search = _Search(job.cluster, queue, shape, preemptor_cost, self.alloc, None,
+                         short_by_a_pod=within)
+        worth_trying = self._worth_trying(search)
         for spare_minimums in (True, False):  # break no group's minimum while room exists without
             for node in nodes:
+                if node not in worth_trying:
+                    continue  # no room there, and no pod there may go first
                 if not spare_minimums and not self._holds_minimums(job.cluster, node):
                     continue  # the same victims as the first pass: it found nothing here
                 room = rooms[node]
-                chosen = self._victims_on(job.cluster, node, queue, shape, room, preemptor_cost,
-                                          self.alloc, (), None, spare_minimums=spare_minimums,
-                                          short_by_a_pod=within, first_picks=first_picks)
+                chosen = self._victims_on(search, node, room, (),
+                                          spare_minimums=spare_minimums)
                 if chosen is None or len(chosen) > budget:
                     continue
                 evictions = self._record(
@@ -661,16 +689,17 @@ class _Planner:
             nodes = self._nodes_for(cluster, shape, trial_rooms)
             node = next((node for node in nodes if fits(trial_rooms[node], shape)), None)
             if node is None:
-                first_picks: dict[tuple[str, Shape], bool] = {}  # this member's search
+                search = _Search(cluster, queue, shape, preemptor_cost, trial_alloc, trial_in,
+                                 short_by_a_pod=False)
+                worth_trying = self._worth_trying(search)
                 for spare_minimums, candidate in [(spare, node) for spare in (True, False)
                                                   for node in nodes]:
+                    if candidate not in worth_trying:
+                        continue  # no room there, and no pod there may go first
                     if not spare_minimums and not self._holds_minimums(cluster, candidate):
                         continue  # the same victims as the first pass: it found nothing here
-                    victims = self._victims_on(cluster, candidate, queue, shape,
-                                               trial_rooms[candidate], preemptor_cost,
-                                               trial_alloc, taken, trial_in,
-                                               spare_minimums=spare_minimums,
-                                               first_picks=first_picks)
+                    victims = self._victims_on(search, candidate, trial_rooms[candidate], taken,
+                                               spare_minimums=spare_minimums)
                     if victims is None or len(chosen) + len(victims) > budget:
                         continue
                     for victim_id, victim in victims:
@@ -726,24 +755,16 @@ class _Planner:
         nodes = self.state.cluster_records[cluster].nodes
         return [name for name in rooms if can_land(shape.placement, nodes[name].traits)]
 
-    def _victims_on(self, cluster: str, node: str, queue: str, shape: Shape,
-                    room: list[int], preemptor_cost: float, alloc: dict[str, list[int]],
-                    taken: Collection[str], alloc_in: dict[str, list[int]] | None, *,
-                    spare_minimums: bool = False, short_by_a_pod: bool = False,
-                    first_picks: dict[tuple[str, Shape], bool] | None = None,
-                    ) -> list[tuple[str, JobRecord]] | None:
+    def _victims_on(self, search: _Search, node: str, room: list[int], taken: Collection[str],
+                    *, spare_minimums: bool = False) -> list[tuple[str, JobRecord]] | None:
         """The fewest-first greedy choice of victims on `node` that the rule allows, given the
-        allocations `alloc` (victims chosen before for the same unit already taken out), and
-        that make room for `shape`; None if they cannot. With `spare_minimums`, no member
-        within its group's minimum is taken; without, they are taken last. With
-        `short_by_a_pod` (for a single pod), rule 2's exception applies (`may_fall_short`):
-        then rule 3 is judged by the whole targets, and the round must rank the pod before
-        any the victim's queue would then have waiting there.
-
-        `first_picks` remembers, across the nodes of one search (the same unit, `alloc`,
-        `alloc_in` and planner state), whether the rule lets a pod of (queue, shape) go when
-        nothing was chosen before it on its node: that answer reads nothing node-specific, and
-        at saturation it is no on most nodes, which are then passed over without sorting."""
+        allocations `search.alloc` (victims chosen before for the same unit already taken out),
+        and that make room for `search.shape`; None if they cannot. With `spare_minimums`, no
+        member within its group's minimum is taken; without, they are taken last. With
+        `search.short_by_a_pod` (for a single pod), rule 2's exception applies
+        (`may_fall_short`): then rule 3 is judged by the whole targets, and the round must rank
+        the pod before any the victim's queue would then have waiting there."""
+        cluster, queue, shape = search.cluster, search.queue, search.shape
         within_min = self.within_min
         candidates = [(victim_id, victim) for victim_id, victim
                       in self.victims[cluster].get(node, ())
@@ -753,47 +774,15 @@ class _Planner:
         if not candidates:
             return None
 
-        def held_in(name: str) -> list[int]:
-            return alloc_in[name] if alloc_in is not None else self.in_cluster(name, cluster)
-
-        def may_take(victim: JobRecord, trial: dict[str, list[int]],
-                     trial_in: dict[str, list[int]]) -> bool:
-            """Rules 2 and 3 for `victim`, its queue holding `trial` / `trial_in` (where a
-            victim of it was chosen before on this node) or else `alloc` / `held_in`."""
-            without = _minus(trial.get(victim.queue, alloc[victim.queue]), victim.shape)
-            without_in = _minus(trial_in.get(victim.queue, held_in(victim.queue)), victim.shape)
-            if self.at_or_above_target(victim.queue, cluster, without_in):
-                # rule 3: the preemptor must not end up further towards its target
-                return not cost_below(self.cost_in(victim.queue, cluster, without_in),
-                                      preemptor_cost)
-            if not short_by_a_pod or not self.may_fall_short(
-                    victim.queue, cluster, without_in,
-                    {**trial_in, victim.queue: without_in,
-                     queue: _plus(self.in_cluster(queue, cluster), shape)}):
-                return False  # rule 2: never below its own fair target
-            if cost_below(self.cost(victim.queue, without),
-                          self.cost(queue, _plus(alloc[queue], shape))):
-                return False  # rule 3, by the whole targets (the round's order, `costs.owed`)
-            # else the round would give the room back to the victim
-            return self.ranks_first(queue, cluster, shape, alloc[queue], victim, without_in,
-                                    without)
-
-        picks = {} if first_picks is None else first_picks
-
-        def may_take_first(victim: JobRecord) -> bool:
-            key = (victim.queue, victim.shape)
-            known = picks.get(key)
-            if known is None:
-                known = picks[key] = may_take(victim, {}, {})
-            return known
-
         def helps(victim: JobRecord, short: list[int]) -> bool:
             return any(axis in short for axis, _ in victim.shape.pairs)
 
         # Until a victim is chosen each is judged as the first pick: if none may be taken first
         # and help, none is ever taken here, whatever the order.
         short = [axis for axis, amount in shape.pairs if room[axis] < amount]
-        if not any(helps(victim, short) and may_take_first(victim) for _, victim in candidates):
+        if not any(helps(victim, short) and self._may_take_first(search, victim.queue,
+                                                                  victim.shape)
+                   for _, victim in candidates):
             return [] if fits(room, shape) else None
         # Take from the most over-served queue first (with a tree: from the subtree furthest
         # over its own share, level by level, `branch_costs`), its lowest priority and newest
@@ -804,7 +793,8 @@ class _Planner:
             known = queue_order.get(name)
             if known is None:
                 known = queue_order[name] = (tuple(-c for c in self.branch_costs(name)),
-                                             -self.cost_in(name, cluster, held_in(name)))
+                                             -self.cost_in(name, cluster, search.held_in(self,
+                                                                                         name)))
             return known
 
         candidates.sort(key=lambda item: (item[0] in within_min, *order_of(item[1].queue),
@@ -819,15 +809,63 @@ class _Planner:
             short = [axis for axis, amount in shape.pairs if freed[axis] < amount]
             if not helps(victim, short):
                 continue  # would not help
-            if not (may_take(victim, trial, trial_in) if chosen else may_take_first(victim)):
+            if not (self._may_take(search, victim.queue, victim.shape, trial, trial_in)
+                    if chosen else self._may_take_first(search, victim.queue, victim.shape)):
                 continue
-            trial[victim.queue] = _minus(trial.get(victim.queue, alloc[victim.queue]),
+            trial[victim.queue] = _minus(trial.get(victim.queue, search.alloc[victim.queue]),
                                          victim.shape)
-            trial_in[victim.queue] = _minus(trial_in.get(victim.queue, held_in(victim.queue)),
-                                            victim.shape)
+            trial_in[victim.queue] = _minus(
+                trial_in.get(victim.queue, search.held_in(self, victim.queue)), victim.shape)
             _add(freed, victim.shape)
             chosen.append((victim_id, victim))
         return chosen if fits(freed, shape) else None
+
+    def _may_take(self, search: _Search, victim_queue: str, victim_shape: Shape,
+                  trial: dict[str, list[int]], trial_in: dict[str, list[int]]) -> bool:
+        """Rules 2 and 3 for a pod of `victim_shape` of `victim_queue`, that queue holding
+        `trial` / `trial_in` (where a victim of it was chosen before on the node) or else what
+        the search gives (`alloc`, `held_in`)."""
+        cluster, queue, shape, alloc = search.cluster, search.queue, search.shape, search.alloc
+        without = _minus(trial.get(victim_queue, alloc[victim_queue]), victim_shape)
+        without_in = _minus(trial_in.get(victim_queue, search.held_in(self, victim_queue)),
+                            victim_shape)
+        if self.at_or_above_target(victim_queue, cluster, without_in):
+            # rule 3: the preemptor must not end up further towards its target
+            return not cost_below(self.cost_in(victim_queue, cluster, without_in),
+                                  search.preemptor_cost)
+        if not search.short_by_a_pod or not self.may_fall_short(
+                victim_queue, cluster, without_in,
+                {**trial_in, victim_queue: without_in,
+                 queue: _plus(self.in_cluster(queue, cluster), shape)}):
+            return False  # rule 2: never below its own fair target
+        if cost_below(self.cost(victim_queue, without), self.cost(queue, _plus(alloc[queue],
+                                                                               shape))):
+            return False  # rule 3, by the whole targets (the round's order, `costs.owed`)
+        # else the round would give the room back to the victim
+        return self.ranks_first(queue, cluster, shape, alloc[queue], victim_queue, victim_shape,
+                                without_in, without)
+
+    def _may_take_first(self, search: _Search, victim_queue: str, victim_shape: Shape) -> bool:
+        """`_may_take` for a pod chosen first on its node (nothing chosen before it there): the
+        answer reads nothing node-specific, so the search remembers it."""
+        key = (victim_queue, victim_shape)
+        known = search.first_picks.get(key)
+        if known is None:
+            known = search.first_picks[key] = self._may_take(search, victim_queue, victim_shape,
+                                                             {}, {})
+        return known
+
+    def _worth_trying(self, search: _Search) -> set[str]:
+        """The nodes of the search's cluster with a victim of a (queue, shape) that may go
+        first. On the others, where the search has found no free room already, no victim is
+        ever chosen (`_victims_on`): at saturation that is most nodes for most searches, passed
+        over without looking at their pods."""
+        nodes: set[str] = set()
+        for (victim_queue, victim_shape), where in self.victim_kinds[search.cluster].items():
+            if victim_queue != search.queue and not where <= nodes and self._may_take_first(
+                    search, victim_queue, victim_shape):
+                nodes |= where
+        return nodes
 
     def _holds_minimums(self, cluster: str, node: str) -> bool:
         """Whether a running member within its group's minimum is a victim on the node."""
@@ -864,6 +902,11 @@ class _Planner:
                     members.setdefault((cluster_name, job.queue, job.group), []).append(
                         (job.created_at, job_id))
             self.victims[cluster_name] = victims
+            kinds: dict[tuple[str, Shape], set[str]] = {}
+            for node_name, on_node in victims.items():
+                for _, victim in on_node:
+                    kinds.setdefault((victim.queue, victim.shape), set()).add(node_name)
+            self.victim_kinds[cluster_name] = kinds
             # A group's oldest `size` running members are its minimum; newer ones are above it.
             for key, running in members.items():
                 running.sort()
