@@ -532,6 +532,7 @@ class _Planner:
             # read (at saturation, thousands a round).
             open_to_singles = set(waiting[name].where)
             groups_in = {cluster for cluster in open_to_singles if (cluster, name) in with_groups}
+            holds_ahead: dict[str, set[str]] = {}  # per cluster (`_holds_ahead`)
             for unit in waiting[name].units:
                 if len(evictions) >= limit:
                     return evictions
@@ -560,40 +561,49 @@ class _Planner:
                     continue
                 # A pod with room held for it has that room besides: it is always tried.
                 tried_alike = self.state.room_holds().of(unit.job_id) is None
-                if tried_alike and (name, cluster, job.shape) in unfreeable:
+                if not tried_alike:
+                    self._holds_ahead(name, cluster, holds_ahead).discard(unit.job_id)
+                elif (name, cluster, job.shape) in unfreeable:
                     continue
                 found = self._make_room(name, unit.job_id, job, limit - len(evictions),
                                         self.cost_in(name, cluster))
-                if found is None:
-                    if tried_alike:
-                        unfreeable.add((name, cluster, job.shape))
-                        if self._tried_every_shape(name, cluster, unfreeable):
-                            open_to_singles.discard(cluster)
-                            if not open_to_singles and not groups_in:
-                                break
-                    continue
-                _add(self.alloc[name], job.shape)
-                _add(self.in_cluster(name, cluster), job.shape)
-                self.allocations_changed()
-                evictions.extend(found)
+                if found is None and tried_alike:
+                    unfreeable.add((name, cluster, job.shape))
+                if found is not None:
+                    _add(self.alloc[name], job.shape)
+                    _add(self.in_cluster(name, cluster), job.shape)
+                    self.allocations_changed()
+                    evictions.extend(found)
+                if (found is None or not tried_alike) and self._tried_every_shape(
+                        name, cluster, unfreeable, self._holds_ahead(name, cluster, holds_ahead)):
+                    open_to_singles.discard(cluster)
+                    if not open_to_singles and not groups_in:
+                        break
         return evictions
 
+    def _holds_ahead(self, queue: str, cluster: str, known: dict[str, set[str]]) -> set[str]:
+        """The queue's pods in the cluster with room held for them (always tried), less those
+        the plan has read (it discards them): found once per cluster and queue."""
+        ahead = known.get(cluster)
+        if ahead is None:
+            jobs = self.state.job_records
+            ahead = known[cluster] = {
+                hold.job_id for hold in self.state.room_holds().in_cluster(cluster)
+                if (job := jobs.get(hold.job_id)) is not None and job.queue == queue}
+        return ahead
+
     def _tried_every_shape(self, queue: str, cluster: str,
-                           unfreeable: set[tuple[str, str, Shape]]) -> bool:
+                           unfreeable: set[tuple[str, str, Shape]], holds_ahead: set[str]) -> bool:
         """Whether no node can be freed for any shape the queue has waiting in the cluster
         (its pending record's shapes: every job of it queued there, unless parked or held back,
-        and none is held back), and none of its pods there has room held (those are always
-        tried): then none of its later pods there is tried."""
+        and none is held back), and none of its pods there not read yet has room held (those
+        are always tried): then none of its later pods there is tried."""
         record = self.state.queue_records[queue]
         pending = record.pending.get(cluster)
-        if pending is None or record.held:
+        if pending is None or record.held or holds_ahead:
             return False
-        if any(n and (queue, cluster, shape) not in unfreeable
-               for shape, n in pending.shapes.items()):
-            return False
-        jobs = self.state.job_records
-        return not any((job := jobs.get(hold.job_id)) is not None and job.queue == queue
-                       for hold in self.state.room_holds().in_cluster(cluster))
+        return not any(n and (queue, cluster, shape) not in unfreeable
+                       for shape, n in pending.shapes.items())
 
     def _queues_with_groups(self) -> set[tuple[str, str]]:
         """(cluster, queue) of every group with a member unfinished (a superset of those with
