@@ -183,8 +183,8 @@ class TreeSpec:
     idle_until: float = 0.25
     burst_times_guarantee: float = 1.5
     # How long after the burst evictions are planned (None: all day, as `preemption` alone
-    # says). Every pod is preemptible all day; planning is what costs: at saturation
-    # `plan_evictions` took about 0.5 s a round at scale 0.01 (BENCHMARKS.md, "Scenario (e)").
+    # says). Every pod is preemptible all day; a window keeps a long run short where planning
+    # is what costs (scenario (e) had 2 h while `plan_evictions` took 0.5 s a round at 0.01).
     preempt_for_seconds: float | None = None
 
     def scaled(self, scale: float) -> TreeSpec:
