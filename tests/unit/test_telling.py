@@ -122,6 +122,17 @@ def test_a_pod_whose_name_is_not_known_is_forgotten_not_told() -> None:
     assert feed.waiting.due(T0 + 3600, limit=10) == []
 
 
+def test_a_pod_due_without_a_place_in_line_is_not_told_now_nor_forgotten() -> None:
+    """Postgres gives the places; a pod it no longer holds queued (released since) has none:
+    it is not told now, and stays on the waiting list until the feed hears of it."""
+    feed = a_feed(a_queue("a").build())
+    feed.apply_job(waiting("cluster-a/u1", created=T0 - 30), now=T0)
+    told = waiting_notices(feed, due=[("cluster-a/u1", True)], expired=[], kept={}, places={},
+                           rates=ReleaseRates(), explainer=Explainer(feed.state, now=T0), at=AT)
+    assert (told.told, told.waiting) == ([], [])
+    assert feed.waiting.due(T0 + 1, limit=10) == [("cluster-a/u1", True)]
+
+
 def test_a_pod_past_its_maximum_is_told_what_happens_and_leaves_the_state() -> None:
     feed = a_feed(a_queue("a").build().model_copy(
         update={"max_queued": MaxQueued(seconds=60, action="fail")}))
