@@ -166,8 +166,8 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             max_queued_seconds=None if spec is None or spec.max_queued is None
             else spec.max_queued.seconds,
             backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
-            cluster_targets=dict(share.cluster_targets),
-            cluster_shares=dict(share.cluster_shares),
+            cluster_targets=share.cluster_targets,  # neither changes once given
+            cluster_shares=share.cluster_shares,
             **_history_fields(history, name)))
         rounds[name] = QueueRound(
             demand_share=share.demand_share, allocated=report.allocated,
