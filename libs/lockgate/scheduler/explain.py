@@ -306,6 +306,7 @@ class Explainer:
         # gaps that open go to it). The same for every pod of the cluster explained.
         self._heads_fit: dict[str, dict[str, bool]] = {}
         self._room_stats: dict[str, _RoomStats] = {}
+        self._above_in: dict[str, tuple[str, ...]] = {}  # per cluster, queues above target
         self._growth_gates: dict[str, GrowthGate] = {}  # per autoscaled cluster asked about
         self._tree_nodes: dict[str, TreeNodeStatus] | None = None  # the queue tree, once asked
         # Per queue, how usage history holds it back (the leader sets it; empty: history off).
@@ -349,7 +350,7 @@ class Explainer:
                                self.now, ranks, self.preemption, self.group_reserve_after,
                                self._gangs, holds=self.holds,
                                heads_fit=self._heads_fit.setdefault(job.cluster, {}),
-                               cluster_stats=self._room_stats)
+                               cluster_stats=self._room_stats, above_in=self._above_in)
         if (state.queue_tree is not None and explanation.reason in (
                 WaitReason.FAIR_SHARE, WaitReason.CLUSTER_ROOM)):
             # Which level of the queue tree holds it back (lockgate.scheduler.tree_status).
@@ -469,7 +470,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
              preemption: bool | None, reserve_after: float | None = None,
              gangs: dict[GroupKey, _Gang | None] | None = None, *,
              holds: bool = True, heads_fit: dict[str, bool] | None = None,
-             cluster_stats: dict[str, _RoomStats] | None = None) -> Explanation:
+             cluster_stats: dict[str, _RoomStats] | None = None,
+             above_in: dict[str, tuple[str, ...]] | None = None) -> Explanation:
     job_id = job.job_id
     spec = state.queue_spec(job.queue)
     share = shares.get(job.queue)
@@ -548,10 +550,17 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     competing = () if mine is None else tuple(sorted(
         name for name, rank in ranks.items()
         if name != job.queue and (rank, name) < (mine, job.queue)))
-    above = tuple(sorted(
-        name for name, other in shares.items()
-        if name != job.queue and not within_target(other.cluster_shares.get(job.cluster, 0.0),
-                                                   other.cluster_targets.get(job.cluster, 0.0))))
+    # Every queue above its target in the cluster: the same for each pod explained there (a
+    # pass over every queue, once per cluster in `above_in`), less the pod's own queue.
+    over = None if above_in is None else above_in.get(job.cluster)
+    if over is None:
+        over = tuple(sorted(
+            name for name, other in shares.items()
+            if not within_target(other.cluster_shares.get(job.cluster, 0.0),
+                                 other.cluster_targets.get(job.cluster, 0.0))))
+        if above_in is not None:
+            above_in[job.cluster] = over
+    above = tuple(name for name in over if name != job.queue)
     hold = state.controller_hold(job_id)
     reason = choose_reason(WaitFacts(
         queue_defined=spec is not None,
