@@ -10,7 +10,7 @@ asks it; this module gives what Postgres alone can say (states, places in line, 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -45,6 +45,31 @@ async def queued_place(connection: AnyConnection, row: JobRow) -> tuple[int, int
         row.queue, row.priority, in_line, row.cluster, row.uid)
     assert record is not None
     return int(record["ahead"]) + 1, int(record["total"])
+
+
+async def queued_places(connection: AnyConnection, keys: Sequence[tuple[str, str]]
+                        ) -> dict[tuple[str, str], tuple[int, int]]:
+    """`queued_place` of many pods at once, by (cluster, uid); pods not queued are missing.
+
+    One walk of each asked queue's line in index jobs_queued_in_line (the release order
+    above), whatever the number of pods asked in it: the leader asks it for the pods it tells
+    why they wait, at most a notice round's worth, spread over a few queues."""
+    if not keys:
+        return {}
+    rows = await connection.fetch(
+        "WITH asked AS (SELECT j.queue, j.cluster, j.uid FROM jobs j"
+        "  JOIN unnest($1::text[], $2::text[]) AS k(cluster, uid) USING (cluster, uid)"
+        "  WHERE j.state = 'queued'),"
+        " line AS (SELECT cluster, uid,"
+        # RELEASE_ORDER, written out (the integration test holds the two places equal).
+        "  row_number() OVER (PARTITION BY queue ORDER BY priority DESC,"
+        "   COALESCE(queued_since, created_at), cluster, uid) AS place,"
+        "  count(*) OVER (PARTITION BY queue) AS total"
+        "  FROM jobs WHERE state = 'queued' AND queue IN (SELECT queue FROM asked))"
+        " SELECT line.cluster, line.uid, line.place, line.total"
+        " FROM line JOIN asked USING (cluster, uid)",
+        [cluster for cluster, _ in keys], [uid for _, uid in keys])
+    return {(r["cluster"], r["uid"]): (int(r["place"]), int(r["total"])) for r in rows}
 
 
 async def oldest_in_line(connection: AnyConnection, queues: Iterable[str]) -> dict[str, datetime]:

@@ -61,7 +61,7 @@ from lockgate.scheduler.telling import (
     waiting_notices,
 )
 from lockgate.wait_estimates import ReleaseRates
-from lockgate_adapters import eviction_store, usage_store
+from lockgate_adapters import eviction_store, job_views, usage_store
 from lockgate_adapters import scheduler_store as store
 from lockgate_adapters.health import Readiness
 from lockgate_adapters.kafka import is_retryable_kafka_error, publish_many
@@ -98,6 +98,10 @@ REMOVALS = MetricCounter("lockgate_scheduler_pod_removals",
 # How stale the decayed usage in status may be (the weights in force are always current).
 HISTORY_REPORT_EVERY_SECONDS = 2.0
 
+
+# Pods told why they wait per turn of the loop (`_tell_waiting`): each is explained, and a
+# first `explain` waits for the loop's turn.
+TELL_SLICE = 20
 
 class LeadershipLostError(Exception):
     """The leader's connection (and with it the leader lock) is gone."""
@@ -417,9 +421,13 @@ class Leader:
                          at=decided_at.timestamp(), phases=self._feed.phases,
                          settings=self._explain_settings, history=self._history_report),
             seconds=seconds, decisions=len(recorded))
+        # The loop is given back between the steps after a round (here and below): a first
+        # `explain` waits for the loop's turn, and is answered from the new picture at once.
+        await asyncio.sleep(0)
         # The pods asked about lately, explained from the new picture at once: asked again,
         # they are answered without waiting for the next round (reporting.answered).
         self._report.explain_again(now=self._now().timestamp())
+        await asyncio.sleep(0)
         self._collector.after_round()
         self._hand_over_targets()
         return len(result.decisions) >= settings.max_decisions_per_round
@@ -726,24 +734,42 @@ class Leader:
             return
         kept = await store.kept_places(
             self._connection, [jobs.split_job_id(told) for told, first in due if first])
+        # Each pod's place in line as `explain` gives it, from Postgres's index of the line
+        # (not a pass over every job the leader holds).
+        in_line = await job_views.queued_places(
+            self._connection, [jobs.split_job_id(job_id)
+                               for job_id in [*(told for told, _ in due),
+                                              *(job_id for job_id, _ in expired)]])
+        places = {jobs.job_id(cluster, uid): place for (cluster, uid), place in in_line.items()}
+        kept_by_job = {jobs.job_id(cluster, uid): pod for (cluster, uid), pod in kept.items()}
         # The last round's picture: what the Events say is what status and explain say.
         picture = self._report.picture
         explainer = (picture.explainer(now=now) if picture is not None else Explainer(
             self._state, now=now, preemption=settings.preemption_enabled,
             group_reserve_after=settings.group_reserve_after_seconds,
             holds=settings.room_hold_seconds > 0))
-        decided = waiting_notices(
-            self._feed, due=due, expired=expired,
-            kept={jobs.job_id(cluster, uid): pod for (cluster, uid), pod in kept.items()},
-            rates=self._release_rates, explainer=explainer, at=at)
-        expiries = self._unsent_expiries + decided.expiries
+        told: list[str] = []
+        notices: list[PodNotice] = []
+        expiries = self._unsent_expiries
         self._unsent_expiries = []
-        notices = decided.waiting + expiries
+        # A slice at a time, giving the loop back in between: explaining pods of many clusters
+        # costs each cluster's room and ranks, and a first `explain` waits for the loop.
+        for start in range(0, max(len(due), 1), TELL_SLICE):
+            decided = waiting_notices(
+                self._feed, due=due[start:start + TELL_SLICE],
+                expired=expired if start == 0 else [],
+                kept=kept_by_job, places=places, rates=self._release_rates,
+                explainer=explainer, at=at)
+            told += decided.told
+            notices += decided.waiting
+            expiries += decided.expiries
+            await asyncio.sleep(0)
+        notices += expiries
         if not await self._publish_notices(notices, "pod notices"):
-            waiting.untold(decided.told, now)
+            waiting.untold(told, now)
             self._unsent_expiries = expiries
             return
-        waiting.told(decided.told, now)
+        waiting.told(told, now)
         for notice in notices:
             NOTICES.labels(notice.reason).inc()
         if expiries:

@@ -22,6 +22,7 @@ from helpers.postgres import fresh_database
 from helpers.queue_store import QueueStoreUnderTest
 from helpers.services import scheduler_process, scheduler_urls
 from helpers.waiting import eventually
+from lockgate_adapters import job_views
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -234,3 +235,26 @@ async def test_the_overview_leaves_out_each_queues_clusters_and_a_queues_page_as
     # Otherwise the same standing.
     assert {q["queue"]: q["weight"] for q in wide["queues"]} == {
         q["queue"]: q["weight"] for q in status["queues"]}
+
+
+async def test_places_asked_many_at_once_are_each_pods_place_in_release_order(
+        served: QueueStoreUnderTest) -> None:
+    """`job_views.queued_places` (the leader's places for the pods it tells why they wait)
+    against the model and against `queued_place`, which `explain` and the pod page read: one
+    place in line, whoever asks. Pods not queued are missing."""
+    expected = release_order()
+    by_name = {r[2]: r for r in ROWS}
+    asked = [by_name[name] for name in expected[::7]] + [
+        r for r in ROWS if r[6] != "queued"][:5]
+    connection = await asyncpg.connect(served.postgres_dsn)
+    try:
+        places = await job_views.queued_places(
+            connection, [(r[0], r[1]) for r in asked] + [(CLUSTERS[0], "no-such-uid")])
+        assert places == {(r[0], r[1]): (expected.index(r[2]) + 1, len(expected))
+                          for r in asked if r[6] == "queued"}
+        for r in asked[:6]:
+            row = await job_views.find_job(connection, cluster=r[0], namespace="ns", name=r[2])
+            assert row is not None
+            assert await job_views.queued_place(connection, row) == places[(r[0], r[1])]
+    finally:
+        await connection.close()

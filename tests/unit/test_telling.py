@@ -94,7 +94,8 @@ def test_a_waiting_pod_is_told_why_first_as_queued_then_as_still_waiting() -> No
     def tell(first: bool, at: datetime) -> str:
         told = waiting_notices(
             feed, due=[("cluster-a/u1", first)], expired=[],
-            kept={"cluster-a/u1": "pod-0"}, rates=ReleaseRates(),
+            kept={"cluster-a/u1": "pod-0"}, places={"cluster-a/u1": (1, 1)},
+            rates=ReleaseRates(),
             explainer=Explainer(feed.state, now=at.timestamp()), at=at)
         assert told.told == ["cluster-a/u1"] and told.expiries == []
         [notice] = told.waiting
@@ -115,10 +116,21 @@ def test_a_pod_whose_name_is_not_known_is_forgotten_not_told() -> None:
     feed.apply_job(replace(waiting("cluster-a/u1", created=T0 - 30), namespace="", name=""),
                    now=T0)
     told = waiting_notices(feed, due=[("cluster-a/u1", True)], expired=[],
-                           kept={}, rates=ReleaseRates(),
+                           kept={}, places={"cluster-a/u1": (1, 1)}, rates=ReleaseRates(),
                            explainer=Explainer(feed.state, now=T0), at=AT)
     assert (told.told, told.waiting) == ([], [])
     assert feed.waiting.due(T0 + 3600, limit=10) == []
+
+
+def test_a_pod_due_without_a_place_in_line_is_not_told_now_nor_forgotten() -> None:
+    """Postgres gives the places; a pod it no longer holds queued (released since) has none:
+    it is not told now, and stays on the waiting list until the feed hears of it."""
+    feed = a_feed(a_queue("a").build())
+    feed.apply_job(waiting("cluster-a/u1", created=T0 - 30), now=T0)
+    told = waiting_notices(feed, due=[("cluster-a/u1", True)], expired=[], kept={}, places={},
+                           rates=ReleaseRates(), explainer=Explainer(feed.state, now=T0), at=AT)
+    assert (told.told, told.waiting) == ([], [])
+    assert feed.waiting.due(T0 + 1, limit=10) == [("cluster-a/u1", True)]
 
 
 def test_a_pod_past_its_maximum_is_told_what_happens_and_leaves_the_state() -> None:
@@ -128,7 +140,8 @@ def test_a_pod_past_its_maximum_is_told_what_happens_and_leaves_the_state() -> N
     expired = feed.expired_due(T0)
     assert [job_id for job_id, _ in expired] == ["cluster-a/u1"]
     told = waiting_notices(feed, due=[], expired=expired, kept={},
-                           rates=ReleaseRates(), explainer=Explainer(feed.state, now=T0), at=AT)
+                           places={"cluster-a/u1": (1, 1)}, rates=ReleaseRates(),
+                           explainer=Explainer(feed.state, now=T0), at=AT)
     [notice] = told.expiries
     assert (notice.action, notice.reason, notice.event_type) == (
         "fail", "LockgateMaxQueuedTimeExceeded", "Warning")

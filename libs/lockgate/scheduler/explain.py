@@ -284,17 +284,19 @@ class Explainer:
 
     def __init__(self, state: SchedulerState, *, now: float,
                  preemption: bool | None = None, group_reserve_after: float | None = None,
-                 holds: bool = True) -> None:
+                 holds: bool = True, shares: Mapping[str, FairShare] | None = None) -> None:
         """`group_reserve_after`: the leader's group ageing (None: not known, so explain says
         nothing of when a group reserves). `holds`: whether the leader holds room
-        (`room_hold_seconds` above 0, its default). Only the leader's state, which its rounds
-        ran on, is explained: its reservations and holds are in it."""
+        (`room_hold_seconds` above 0, its default). `shares`: every queue's fair share as the
+        last round reported them (None: worked out from the state, a pass over every queue in
+        every cluster). Only the leader's state, which its rounds ran on, is explained: its
+        reservations and holds are in it."""
         self.state = state
         self.holds = holds
         self.now = now
         self.preemption = preemption
         self.group_reserve_after = group_reserve_after
-        self.shares = fair_shares(state)
+        self.shares = fair_shares(state) if shares is None else shares
         self.inverse = state.fairness_inverse()
         self._rounds: dict[str, ClusterRoom] = {}
         self._ranks: dict[str, dict[str, Rank]] = {}  # per cluster, per queue waiting there
@@ -304,6 +306,7 @@ class Explainer:
         # gaps that open go to it). The same for every pod of the cluster explained.
         self._heads_fit: dict[str, dict[str, bool]] = {}
         self._room_stats: dict[str, _RoomStats] = {}
+        self._above_in: dict[str, tuple[str, ...]] = {}  # per cluster, queues above target
         self._growth_gates: dict[str, GrowthGate] = {}  # per autoscaled cluster asked about
         self._tree_nodes: dict[str, TreeNodeStatus] | None = None  # the queue tree, once asked
         # Per queue, how usage history holds it back (the leader sets it; empty: history off).
@@ -347,7 +350,7 @@ class Explainer:
                                self.now, ranks, self.preemption, self.group_reserve_after,
                                self._gangs, holds=self.holds,
                                heads_fit=self._heads_fit.setdefault(job.cluster, {}),
-                               cluster_stats=self._room_stats)
+                               cluster_stats=self._room_stats, above_in=self._above_in)
         if (state.queue_tree is not None and explanation.reason in (
                 WaitReason.FAIR_SHARE, WaitReason.CLUSTER_ROOM)):
             # Which level of the queue tree holds it back (lockgate.scheduler.tree_status).
@@ -467,7 +470,8 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
              preemption: bool | None, reserve_after: float | None = None,
              gangs: dict[GroupKey, _Gang | None] | None = None, *,
              holds: bool = True, heads_fit: dict[str, bool] | None = None,
-             cluster_stats: dict[str, _RoomStats] | None = None) -> Explanation:
+             cluster_stats: dict[str, _RoomStats] | None = None,
+             above_in: dict[str, tuple[str, ...]] | None = None) -> Explanation:
     job_id = job.job_id
     spec = state.queue_spec(job.queue)
     share = shares.get(job.queue)
@@ -546,10 +550,17 @@ def _explain(state: SchedulerState, job: SchedJob, place: tuple[int, int],
     competing = () if mine is None else tuple(sorted(
         name for name, rank in ranks.items()
         if name != job.queue and (rank, name) < (mine, job.queue)))
-    above = tuple(sorted(
-        name for name, other in shares.items()
-        if name != job.queue and not within_target(other.cluster_shares.get(job.cluster, 0.0),
-                                                   other.cluster_targets.get(job.cluster, 0.0))))
+    # Every queue above its target in the cluster: the same for each pod explained there (a
+    # pass over every queue, once per cluster in `above_in`), less the pod's own queue.
+    over = None if above_in is None else above_in.get(job.cluster)
+    if over is None:
+        over = tuple(sorted(
+            name for name, other in shares.items()
+            if not within_target(other.cluster_shares.get(job.cluster, 0.0),
+                                 other.cluster_targets.get(job.cluster, 0.0))))
+        if above_in is not None:
+            above_in[job.cluster] = over
+    above = tuple(name for name in over if name != job.queue)
     hold = state.controller_hold(job_id)
     reason = choose_reason(WaitFacts(
         queue_defined=spec is not None,
@@ -836,7 +847,8 @@ def _room_for_holder(rounds: ClusterRoom, job: SchedJob,
 def _position(state: SchedulerState, job: SchedJob) -> tuple[int, int]:
     """Its 1-based place among its queue's queued pods in release order, and how many there are.
 
-    O(queued pods of the queue): for explaining one pod; `positions` serves many at once.
+    O(every job the state holds): only for a pod whose place nobody knew (the leader's callers
+    pass the place Postgres's index of the line gives).
     """
     mine = (-job.priority, job.created_at, job.job_id)
     ahead = count = 0
@@ -847,30 +859,6 @@ def _position(state: SchedulerState, job: SchedJob) -> tuple[int, int]:
         if (-other.priority, other.created_at, other_id) < mine:
             ahead += 1
     return ahead + 1, count
-
-
-def positions(state: SchedulerState, job_ids: Iterable[str]) -> dict[str, tuple[int, int]]:
-    """`_position` for many pods, one pass over the jobs for all of them."""
-    wanted: dict[str, list[tuple[tuple[int, float, str], str]]] = {}
-    for job_id in job_ids:
-        record = state.job_records.get(job_id)
-        if record is not None and record.state is JobState.QUEUED:
-            wanted.setdefault(record.queue, []).append(
-                ((-record.priority, record.created_at, job_id), job_id))
-    if not wanted:
-        return {}
-    keys: dict[str, list[tuple[int, float, str]]] = {queue: [] for queue in wanted}
-    for other_id, other in state.job_records.items():
-        bucket = keys.get(other.queue)
-        if bucket is not None and other.state is JobState.QUEUED:
-            bucket.append((-other.priority, other.created_at, other_id))
-    found: dict[str, tuple[int, int]] = {}
-    for queue, mine in wanted.items():
-        ordered = sorted(keys[queue])
-        rank = {key: index for index, key in enumerate(ordered)}
-        for key, job_id in mine:
-            found[job_id] = (rank[key] + 1, len(ordered))
-    return found
 
 
 def _percent(share: float) -> str:

@@ -32,7 +32,7 @@ from lockgate.scheduler.explain import (
     WaitReason,
 )
 from lockgate.scheduler.history import HistoryReport
-from lockgate.scheduler.round import RoundResult, SkipReason, growth_gate
+from lockgate.scheduler.round import RoundResult, RoundShares, SkipReason, growth_gate
 from lockgate.scheduler.state import SchedulerState
 from lockgate.scheduler.tree_status import TreeNodeStatus, tree_statuses
 
@@ -92,6 +92,9 @@ class RoundReport:
     tree_problem: str | None = None
     # Usage history after the round (lockgate.scheduler.history); None when it is off.
     history: HistoryReport | None = None
+    # Every queue's fair share as the round reported it, for its explainer (None: the
+    # explainer works them out from the state).
+    _shares: RoundShares | None = None
 
     def explain(self, jobs: Iterable[tuple[str, tuple[int, int] | None]], *,
                 now: float) -> dict[str, Explanation | None]:
@@ -109,7 +112,8 @@ class RoundReport:
             settings = self._settings
             explainer = self._explainer = Explainer(
                 self._state, now=now, preemption=settings.preemption,
-                group_reserve_after=settings.group_reserve_after, holds=settings.holds)
+                group_reserve_after=settings.group_reserve_after, holds=settings.holds,
+                shares=None if self._shares is None else self._shares.every())
             if self.history is not None:
                 explainer.history_words = self.history.words
         explainer.now = now
@@ -162,8 +166,8 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
             max_queued_seconds=None if spec is None or spec.max_queued is None
             else spec.max_queued.seconds,
             backing_off=usage.backing_off_jobs, fair_target=share.fair_target,
-            cluster_targets=dict(share.cluster_targets),
-            cluster_shares=dict(share.cluster_shares),
+            cluster_targets=share.cluster_targets,  # neither changes once given
+            cluster_shares=share.cluster_shares,
             **_history_fields(history, name)))
         rounds[name] = QueueRound(
             demand_share=share.demand_share, allocated=report.allocated,
@@ -174,7 +178,7 @@ def report_round(state: SchedulerState, result: RoundResult, *, number: int, at:
     return RoundReport(number=number, at=at, queues=tuple(queues), rounds=rounds,
                        skipped=result.skipped_jobs, _state=state, _settings=settings,
                        growth=growth_statuses(state, now=at), history=history,
-                       tree_problem=state.queue_tree_problem())
+                       tree_problem=state.queue_tree_problem(), _shares=result.shares)
 
 
 def _history_fields(history: HistoryReport | None, queue: str) -> dict[str, Any]:

@@ -218,9 +218,13 @@ class RoundShares:
         self._shares: dict[str, FairShare] | None = None
 
     def of(self, queue: str) -> FairShare:
+        return self.every()[queue]
+
+    def every(self) -> Mapping[str, FairShare]:
+        """Every queue's share (those the state holds), worked out once."""
         if self._shares is None:
             self._shares = fair_shares_over(self._state, self._inverse, self._targets)
-        return self._shares[queue]
+        return self._shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +267,9 @@ class RoundResult:
     skipped_jobs: Mapping[str, SkipReason]  # every job the round looked at and did not release
     # Clusters that got no releases because released jobs there fit on no node: job counts.
     overcommitted_clusters: Mapping[str, int]
+    # Every queue's share after the round (what its reports read): the explainer of the round's
+    # report reads them too, rather than working them out again.
+    shares: RoundShares | None = None
 
 
 def schedule_round(
@@ -1456,6 +1463,7 @@ class _Round:
             )
         return RoundResult(
             decisions=tuple(decisions),
+            shares=shares,
             queues=reports,
             skipped=totals,
             skipped_jobs=self.skipped_jobs,

@@ -205,6 +205,7 @@ _KIND_CACHE = 1 << 16
 
 class QueueRecord:
     __slots__ = (
+        "alloc_changes",
         "alloc_in",
         "alloc_shapes",
         "allocated",
@@ -217,6 +218,7 @@ class QueueRecord:
         "pending",
         "priority_factor",
         "queued",
+        "shares_in_cache",
         "spec",
     )
 
@@ -235,6 +237,10 @@ class QueueRecord:
         # The same per cluster, and how many jobs of each shape hold it there (fair targets).
         self.alloc_in: dict[str, list[int]] = {}
         self.alloc_shapes: dict[str, dict[Shape, int]] = {}
+        # Changes to `alloc_in` so far, and what `costs.shares_in` last worked out of it (the
+        # count it was worked out at, the pool's inverse, the shares): kept here for costs.
+        self.alloc_changes = 0
+        self.shares_in_cache: tuple[int, list[float], Mapping[str, float]] | None = None
 
     @property
     def weight(self) -> float:
@@ -1120,6 +1126,7 @@ class SchedulerState:
             self._slot_remove(kind.queue, kind.cluster, shape, True)
             subtract_pairs(queue.allocation, shape.pairs)
             subtract_pairs(queue.alloc_in[kind.cluster], shape.pairs)
+            queue.alloc_changes += 1
             counts = queue.alloc_shapes[kind.cluster]
             if counts[shape] == 1:
                 del counts[shape]
@@ -1199,6 +1206,7 @@ class SchedulerState:
                 alloc_in = queue.alloc_in[kind.cluster] = [0] * len(self._axis_names)
                 queue.alloc_shapes[kind.cluster] = {}
             add_pairs(alloc_in, shape.pairs)
+            queue.alloc_changes += 1
             counts = queue.alloc_shapes[kind.cluster]
             counts[shape] = counts.get(shape, 0) + 1
             self._slot_add(kind.queue, kind.cluster, shape, True)
