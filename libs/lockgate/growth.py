@@ -135,6 +135,16 @@ class VirtualNode:
     # the claim made for it is of that size); None: nothing smaller to rule out.
     avoid: Requirement | None = None
 
+    @property
+    def size_named(self) -> bool:
+        """Whether a pod released onto it makes Karpenter launch this node's size, not the
+        cheapest that holds the pod alone: it carries the pool's instance-cpu label (its own
+        size of a pool of several, whose smaller sizes `avoid` rules out, or the one size a
+        pool allows). Then gathering a node's worth before releasing (`GrowthPolicy.
+        gather_seconds`) gains no node and only delays the pods owed room
+        (`lockgate.scheduler.round`)."""
+        return any(key.endswith("/instance-cpu") for key in self.labels)
+
 
 @dataclass(frozen=True, slots=True)
 class PoolHeadroom:

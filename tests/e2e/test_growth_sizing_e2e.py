@@ -85,9 +85,10 @@ async def test_karpenter_makes_the_size_lockgate_counted_not_the_cheapest_for_a_
                                     "LOCKGATE_SCHEDULER_SAFETY_ROUND_SECONDS": "1",
                                     "LOCKGATE_SCHEDULER_GROWTH_NODE_OVERHEAD": json.dumps(
                                         NODE_OVERHEAD),
-                                    # Nothing held to gather a node's worth: each pod owed
-                                    # room goes at once, the trickle that made small nodes.
-                                    "LOCKGATE_SCHEDULER_GROWTH_GATHER_SECONDS": "0",
+                                    # Gathering at its default (12 s): a release onto a size
+                                    # Karpenter will make is not held for it, so each pod
+                                    # owed room goes at once, the trickle that made small
+                                    # nodes before lockgate named the size.
                                 }) as run:
             alias = run.alias(AUTOSCALED_CLUSTER)
             queue, namespace = run.name("small"), run.name("ns-small")
@@ -97,11 +98,20 @@ async def test_karpenter_makes_the_size_lockgate_counted_not_the_cheapest_for_a_
             assert await list_nodes(admin) == [], "the autoscaled cluster must start with no node"
 
             names = [f"small-{i}" for i in range(PODS)]
-            for name in names:
+            first_gates: list[str] = []
+            for index, name in enumerate(names):
                 await core.create_namespaced_pod(namespace, a_pod(name).in_queue(queue)
                                                  .requesting(cpu=POD_CPU, memory="64Mi")
                                                  .manifest())
                 await asyncio.sleep(SECONDS_APART)
+                if index == PODS - 2:
+                    # 9 s after the first pod: gathered, it would still be gated (held until
+                    # a node's worth, 16 cpu, is owed or 12 s pass; 3 cpu are owed).
+                    first = await core.read_namespaced_pod(names[0], namespace)
+                    first_gates = [g.name for g in first.spec.scheduling_gates or ()]
+            assert SCHEDULING_GATE not in first_gates, (
+                f"{names[0]} still gated {PODS - 1} pods later: held to gather a node's worth "
+                "although Karpenter makes the size lockgate named")
 
             async def all_bound() -> list[client.V1Pod] | None:
                 pods = [await core.read_namespaced_pod(name, namespace) for name in names]

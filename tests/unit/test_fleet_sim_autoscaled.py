@@ -163,13 +163,26 @@ def test_pods_that_avoid_smaller_types_make_the_nodes_lockgate_counted() -> None
                                                             "gather_seconds": -1}))
 
 
-def test_scenario_d_sized_is_scenario_d_with_its_pods_sized_and_nothing_gathered() -> None:
+def test_scenario_d_sized_is_scenario_d_with_its_pods_sized_at_the_leaders_defaults() -> None:
     fleet_d = Scenario.load(SCENARIOS / "d_fleet_day_autoscaled.yaml")
     sized = Scenario.load(SCENARIOS / "d_fleet_day_autoscaled_sized.yaml")
     assert fleet_d.autoscaling is not None and sized.autoscaling is not None
     assert not fleet_d.autoscaling.steer_instance_size
-    assert fleet_d.autoscaling.gather_seconds is None  # the leader's default
-    assert (sized.autoscaling.steer_instance_size, sized.autoscaling.gather_seconds) == (
-        True, 0.0)
+    # Both at the leader's default gathering: the sized one models the product.
+    assert fleet_d.autoscaling.gather_seconds is None and sized.autoscaling.gather_seconds is None
+    assert sized.autoscaling.steer_instance_size
     assert replace(sized, name=fleet_d.name, autoscaling=replace(
-        sized.autoscaling, steer_instance_size=False, gather_seconds=None)) == fleet_d
+        sized.autoscaling, steer_instance_size=False)) == fleet_d
+
+
+def test_with_sized_pods_the_default_gathering_holds_nothing() -> None:
+    # A release onto a size the pool names is never held to gather (lockgate.scheduler.round):
+    # with the leader's default gathering (12 s) the sized fleet decides exactly as with none.
+    def summary(**gathering: float) -> dict[str, Any]:
+        return simulate(Scenario.from_mapping(small_autoscaled(autoscaling={
+            **AUTOSCALING, "steer_instance_size": True, **gathering}))).summary()
+
+    default, none = summary(), summary(gather_seconds=0)
+    assert default["released_unschedulable"] > 0  # it did grow for pods
+    assert (default["decisions_digest"], default["skipped_digest"]) == (
+        none["decisions_digest"], none["skipped_digest"])

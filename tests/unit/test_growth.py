@@ -434,3 +434,17 @@ def test_a_claims_allocatable_loses_the_overhead_once_not_twice() -> None:
     (node,) = [n for n in plan(pool.model_copy(update={"requirements": ()}), claims=(claim,),
                                policy=stated).nodes if n.claim]
     assert node.allocatable["cpu"] == 7800
+
+
+def test_a_node_names_its_size_when_the_pool_lets_karpenter_make_only_that_size() -> None:
+    # Of 4, 8 and 16-cpu types, each headroom node carries its instance cpu (and the smaller
+    # are avoided); a pool of one size carries it too. A pool whose size comes from lockgate's
+    # setting alone names none: Karpenter chooses, and releases there may gather a node's worth.
+    family = plan(a_pool().requiring(*KWOK_M_FAMILY).limited_to(cpu=28_000).build())
+    assert [(n.allocatable["cpu"], n.size_named) for n in family.nodes] == [
+        (16_000, True), (8000, True), (4000, True)]
+    one = plan(a_pool().requiring(*KWOK_4X16).limited_to(cpu=8000).build())
+    assert [n.size_named for n in one.nodes] == [True, True]
+    unnamed = plan(a_pool().requiring().limited_to(cpu=32_000).build(), policy=GrowthPolicy(
+        instance_shapes={"default": {"cpu": 16_000, "memory": 64 * GI}}))
+    assert [n.size_named for n in unnamed.nodes] == [False, False]

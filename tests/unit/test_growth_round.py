@@ -274,11 +274,19 @@ KWOK_16X64 = (Requirement(key="karpenter.kwok.sh/instance-cpu", operator="In", v
                           values=("64Gi",)))
 
 
-def a_big_picture(*, cpu_limit: int) -> ClusterGrowth:
-    """Cluster b's NodePool "default" of 16-core, 64Gi nodes."""
+# Gathering is for pools whose size lockgate cannot name to Karpenter: their requirements
+# name no instance size, and lockgate's setting says what one node holds.
+GATHERING = GrowthPolicy(wave_wait_seconds=0, gather_seconds=12, instance_shapes={
+    "default": {"cpu": 16_000, "memory": 64 * (1 << 30)}})
+
+
+def a_big_picture(*, cpu_limit: int,
+                  requirements: tuple[Requirement, ...] = ()) -> ClusterGrowth:
+    """Cluster b's NodePool "default" of 16-core, 64Gi nodes (by `GATHERING`'s setting; with
+    `requirements`, as they say)."""
     return ClusterGrowth(cluster="b", observed_at=T0, autoscaled=True, node_pools=[
         NodePoolStatus(name="default", limits={"cpu": cpu_limit}, in_use={},
-                       requirements=KWOK_16X64)], node_claims=[])
+                       requirements=requirements)], node_claims=[])
 
 
 def explained(state: SchedulerState, result: RoundResult, job_id: str, now: float) -> str:
@@ -296,7 +304,7 @@ def explained(state: SchedulerState, result: RoundResult, job_id: str, now: floa
 def test_releases_for_growth_are_gathered_until_they_fill_a_node_of_the_pool() -> None:
     first = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
     state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(first).build()
-    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth_policy(GATHERING)
     state.set_growth("b", a_big_picture(cpu_limit=64_000))
     held = run(state)
     # 4 of 16 cores owed: held, owed, still queued, and said so.
@@ -318,7 +326,7 @@ def test_releases_for_growth_are_gathered_until_they_fill_a_node_of_the_pool() -
 def test_gathered_releases_go_once_the_bound_passes_whatever_is_owed() -> None:
     jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(2)
     state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth_policy(GATHERING)
     state.set_growth("b", a_big_picture(cpu_limit=64_000))
     assert run(state).decisions == ()
     assert run(state, now=NOW + 11).decisions == ()  # the clock runs from the first hold
@@ -326,8 +334,7 @@ def test_gathered_releases_go_once_the_bound_passes_whatever_is_owed() -> None:
 
 
 def test_without_gathering_or_a_clock_releases_for_growth_go_at_once() -> None:
-    for policy, now in ((GrowthPolicy(wave_wait_seconds=0, gather_seconds=0), NOW),
-                        (GrowthPolicy(wave_wait_seconds=0), None)):
+    for policy, now in ((replace(GATHERING, gather_seconds=0), NOW), (GATHERING, None)):
         jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
         state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
         state.set_growth_policy(policy)
@@ -341,7 +348,7 @@ def test_a_gang_gathered_for_growth_waits_whole_on_the_real_nodes_too() -> None:
     gang = a_job("a").in_cluster("b").requesting(cpu="4").in_group("train", 2).times(2)
     state = (a_state().with_queues("a").with_cluster("b", {"real": a_node(cpu="4").build()})
              .with_jobs(gang).build())
-    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth_policy(GATHERING)
     state.set_growth("b", a_big_picture(cpu_limit=64_000))
     held = run(state)
     # One member fit the real node, one needed growth (4 of 16 cpu): both wait.
@@ -357,7 +364,7 @@ def test_a_gang_gathered_for_growth_waits_whole_on_the_real_nodes_too() -> None:
 def test_releases_onto_node_claims_in_flight_are_never_gathered() -> None:
     jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
     state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth_policy(GATHERING)
     claim = NodeClaimStatus(name="c1", node_pool="default", created_at=T0,
                             allocatable={"cpu": 16_000, "memory": 64 * (1 << 30)})
     state.set_growth("b", ClusterGrowth(
@@ -368,12 +375,38 @@ def test_releases_onto_node_claims_in_flight_are_never_gathered() -> None:
     assert [d.growth.claim for d in result.decisions if d.growth is not None] == ["c1"]
 
 
+def test_releases_onto_a_size_karpenter_will_make_are_never_gathered() -> None:
+    # A pool that names its sizes: one size (16 cpu), or several (4, 8, 16) of which the pod
+    # is told to avoid the smaller. Karpenter makes the node counted for the first pod owed
+    # room, and the next go onto its claim: gathering 16 cpu first would make the same node
+    # later, so one 4-cpu pod goes at once, gathering on.
+    for requirements in (KWOK_16X64, KWOK_M_FAMILY):
+        jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
+        state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+        state.set_growth_policy(GATHERING)
+        state.set_growth("b", a_big_picture(cpu_limit=64_000, requirements=requirements))
+        result = run(state)
+        notes = [d.growth for d in result.decisions if d.growth is not None]
+        assert len(notes) == 1 and notes[0].size_named, requirements
+        assert notes[0].node == "growth:default/0"
+        assert not state.growth_gathering
+    # The same pool with its size from lockgate's setting alone (not on its requirements):
+    # Karpenter chooses the size, so the pod is held to gather.
+    jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+    state.set_growth_policy(GATHERING)
+    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    held = run(state)
+    assert held.decisions == ()
+    assert held.skipped_jobs[jobs[0].job_id] is SkipReason.GATHERING_FOR_GROWTH
+
+
 def test_whole_nodes_worth_go_and_the_remainder_is_gathered_anew() -> None:
     # 5 pods of 4 cores: 20 of 16 owed -> one node's worth (the first four) goes, the fifth
     # (4 of 16) waits for more, its clock starting now.
     jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(5)
     state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-    state.set_growth_policy(GrowthPolicy(wave_wait_seconds=0, gather_seconds=12))
+    state.set_growth_policy(GATHERING)
     state.set_growth("b", a_big_picture(cpu_limit=64_000))
     result = run(state)
     assert [d.job_id for d in result.decisions] == [j.job_id for j in jobs[:4]]

@@ -133,6 +133,9 @@ class GrowthNote:
     # The node affinity that makes the pool make the size of node counted (headroom only,
     # `lockgate.growth.smaller_instances`); None: nothing to add.
     avoid: Requirement | None = None
+    # Karpenter makes the size of the node it is charged to (`VirtualNode.size_named`): never
+    # held to gather a node's worth.
+    size_named: bool = False
 
     def words(self, cluster: str) -> str:
         """"released so that cluster-b grows (NodePool default: headroom cpu=48)"."""
@@ -736,7 +739,8 @@ class _Round:
         policy = state.growth_policy
         by_cluster: dict[str, list[Decision]] = {}
         for decision in decisions:
-            if decision.growth is not None and not decision.growth.claim:
+            if decision.growth is not None and not decision.growth.claim \
+                    and not decision.growth.size_named:
                 by_cluster.setdefault(decision.cluster, []).append(decision)
         for cluster_name in [c for c in gathering if c not in by_cluster]:
             del gathering[cluster_name]  # nothing owed for growth there this round
@@ -1316,7 +1320,8 @@ class _Round:
         name = cluster.names[node]
         virtual = next(v for v in gate.plan.nodes if v.name == name)
         note = GrowthNote(pool=virtual.pool, node=name, claim=virtual.claim,
-                          headroom=gate.plan.headroom(virtual.pool), avoid=virtual.avoid)
+                          headroom=gate.plan.headroom(virtual.pool), avoid=virtual.avoid,
+                          size_named=virtual.size_named)
         return note, GrowthRelease(cluster=cluster_name, pool=virtual.pool, node=name,
                                    claim=virtual.claim, at=self.now,
                                    round=self.transaction.number, marker=gate.plan.marker)
