@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from builders import a_job, a_node, a_queue, a_state
 
@@ -24,6 +25,7 @@ from lockgate.scheduler import RoundResult, SchedulerState, schedule_round
 from lockgate.scheduler.explain import OVER_SHARE_FOR_GROWTH, GrowthStanding
 from lockgate.scheduler.report import ExplainSettings, growth_json, report_round, short_reason
 from lockgate.scheduler.round import SkipReason, growth_gate
+from lockgate.scheduler.state import SchedJob
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 NOW = 1_800_000_000.0
@@ -301,11 +303,18 @@ def explained(state: SchedulerState, result: RoundResult, job_id: str, now: floa
     return said.growth
 
 
+
+def gathering_state(jobs: list[SchedJob], **picture: Any) -> SchedulerState:
+    """Queue a's jobs in cluster b, which grows under a pool of 64 cpu (a big picture), with
+    releases for growth gathered into a node's worth."""
+    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
+    state.set_growth_policy(GATHERING)
+    state.set_growth("b", a_big_picture(cpu_limit=64_000, **picture))
+    return state
+
 def test_releases_for_growth_are_gathered_until_they_fill_a_node_of_the_pool() -> None:
     first = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
-    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(first).build()
-    state.set_growth_policy(GATHERING)
-    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    state = gathering_state(first)
     held = run(state)
     # 4 of 16 cores owed: held, owed, still queued, and said so.
     assert held.decisions == ()
@@ -325,9 +334,7 @@ def test_releases_for_growth_are_gathered_until_they_fill_a_node_of_the_pool() -
 
 def test_gathered_releases_go_once_the_bound_passes_whatever_is_owed() -> None:
     jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(2)
-    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-    state.set_growth_policy(GATHERING)
-    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    state = gathering_state(jobs)
     assert run(state).decisions == ()
     assert run(state, now=NOW + 11).decisions == ()  # the clock runs from the first hold
     assert len(grown(run(state, now=NOW + 12))) == 2
@@ -382,9 +389,7 @@ def test_releases_onto_a_size_karpenter_will_make_are_never_gathered() -> None:
     # later, so one 4-cpu pod goes at once, gathering on.
     for requirements in (KWOK_16X64, KWOK_M_FAMILY):
         jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
-        state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-        state.set_growth_policy(GATHERING)
-        state.set_growth("b", a_big_picture(cpu_limit=64_000, requirements=requirements))
+        state = gathering_state(jobs, requirements=requirements)
         result = run(state)
         notes = [d.growth for d in result.decisions if d.growth is not None]
         assert len(notes) == 1 and notes[0].size_named, requirements
@@ -393,9 +398,7 @@ def test_releases_onto_a_size_karpenter_will_make_are_never_gathered() -> None:
     # The same pool with its size from lockgate's setting alone (not on its requirements):
     # Karpenter chooses the size, so the pod is held to gather.
     jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(1)
-    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-    state.set_growth_policy(GATHERING)
-    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    state = gathering_state(jobs)
     held = run(state)
     assert held.decisions == ()
     assert held.skipped_jobs[jobs[0].job_id] is SkipReason.GATHERING_FOR_GROWTH
@@ -405,9 +408,7 @@ def test_whole_nodes_worth_go_and_the_remainder_is_gathered_anew() -> None:
     # 5 pods of 4 cores: 20 of 16 owed -> one node's worth (the first four) goes, the fifth
     # (4 of 16) waits for more, its clock starting now.
     jobs = a_job("a").in_cluster("b").requesting(cpu="4").times(5)
-    state = a_state().with_queues("a").with_cluster("b", {}).with_jobs(jobs).build()
-    state.set_growth_policy(GATHERING)
-    state.set_growth("b", a_big_picture(cpu_limit=64_000))
+    state = gathering_state(jobs)
     result = run(state)
     assert [d.job_id for d in result.decisions] == [j.job_id for j in jobs[:4]]
     assert result.skipped_jobs[jobs[4].job_id] is SkipReason.GATHERING_FOR_GROWTH
