@@ -902,11 +902,11 @@ class _Planner:
             # the running pods of the clusters it reads, not a pass over every job. Their order
             # decides nothing: victims are sorted on keys ending with the job id, and a
             # group's members on (created_at, job id).
-            for node_name, on_node in self.state.bound_jobs(cluster_name).items():
+            for node_name, bound_there in self.state.bound_jobs(cluster_name).items():
                 room = rooms.get(node_name)
                 if room is None:
                     continue
-                for job_id, job in on_node.items():
+                for job_id, job in bound_there.items():
                     if job_id in self.evicting:
                         _add(room, job.shape)
                         continue
