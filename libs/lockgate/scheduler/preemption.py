@@ -159,8 +159,9 @@ def plan_evictions(state: SchedulerState, result: RoundResult, *, policy: Preemp
     """Evictions that would let queues below their fair share run their waiting pods and
     groups; reserves the cluster of each group it plans room for (see the module docstring).
 
-    Costs O(jobs) when some queue below its fair share has a unit that found no room (to index
-    running pods by node), nothing otherwise.
+    When some queue below its fair share has a unit that found no room, costs the running pods
+    of the clusters it reads (from the state's index, `SchedulerState.bound_jobs`) and the
+    units it reads; nothing otherwise. No pass over every job: most of them are queued.
     """
     if policy.max_evictions_per_round <= 0:
         return []

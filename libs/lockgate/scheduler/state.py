@@ -18,8 +18,10 @@ each, in step.
 It mirrors what it is told and judges nothing: callers fold events through
 `lockgate.jobs.advance` first. The rest of the package (`round`, `room`, `preemption`,
 `explain`) reads the records below (`JobRecord`, `QueueRecord`, `ClusterRecord`, ...) through
-the state's read-only views (`job_records`, `queue_records`, `cluster_records`); only the round
-changes them, through its transaction (`begin_round`, `RoundTransaction`) and `park`.
+the state's read-only views (`job_records`, `queue_records`, `cluster_records`, and
+`bound_jobs`: the jobs bound to each node of a cluster, an index kept with the allocation);
+only the round changes them, through its transaction (`begin_round`, `RoundTransaction`) and
+`park`.
 `lockgate.scheduler.invariants` checks that every aggregate agrees with the records.
 
 Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
