@@ -254,6 +254,7 @@ def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> No
             unbound.setdefault(record.cluster, {})[job_id] = record
         else:
             bound.setdefault((record.cluster, record.node_name), []).append((job_id, record))
+    _check_bound_index(state, bound, problems)
     for name, cluster in state.cluster_records.items():
         where = f"cluster {name!r}"
         problems.check(cluster.name == name, f"{where} is recorded as {cluster.name!r}")
@@ -304,6 +305,27 @@ def _check_clusters(state: SchedulerState, problems: _Problems, axes: int) -> No
             sizes_now = () if home is None else tuple(home.node_sizes)
             problems.check(not any(fits_node_class(record.shape, size) for size in sizes_now),
                            f"job {job_id} is parked though a node class of its cluster fits it")
+
+
+def _check_bound_index(state: SchedulerState,
+                       bound: dict[tuple[str, str], list[tuple[str, JobRecord]]],
+                       problems: _Problems) -> None:
+    """The state's index of jobs bound to nodes (`SchedulerState.bound_jobs`) holds exactly
+    the jobs a recount finds bound there, as the records the state holds (not copies)."""
+    recount: dict[str, dict[str, dict[str, int]]] = {}
+    for (cluster_name, node), jobs in bound.items():
+        recount.setdefault(cluster_name, {})[node] = {job_id: id(record)
+                                                      for job_id, record in jobs}
+    names = set(recount) | set(state.cluster_records)
+    for cluster_name in sorted(names):
+        indexed = {node: {job_id: id(record) for job_id, record in on_node.items()}
+                   for node, on_node in state.bound_jobs(cluster_name).items()}
+        expected = recount.get(cluster_name, {})
+        problems.check(indexed == expected,
+                       f"cluster {cluster_name!r}'s index of bound jobs has "
+                       f"{sum(map(len, indexed.values()))} jobs on nodes {sorted(indexed)[:5]}, "
+                       f"a recount finds {sum(map(len, expected.values()))} on "
+                       f"{sorted(expected)[:5]}")
 
 
 def _check_usage(cluster: ClusterRecord, bound: dict[tuple[str, str], list[tuple[str, JobRecord]]],

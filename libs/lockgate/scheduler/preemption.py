@@ -159,8 +159,9 @@ def plan_evictions(state: SchedulerState, result: RoundResult, *, policy: Preemp
     """Evictions that would let queues below their fair share run their waiting pods and
     groups; reserves the cluster of each group it plans room for (see the module docstring).
 
-    Costs O(jobs) when some queue below its fair share has a unit that found no room (to index
-    running pods by node), nothing otherwise.
+    When some queue below its fair share has a unit that found no room, costs the running pods
+    of the clusters it reads (from the state's index, `SchedulerState.bound_jobs`) and the
+    units it reads; nothing otherwise. No pass over every job: most of them are queued.
     """
     if policy.max_evictions_per_round <= 0:
         return []
@@ -346,10 +347,8 @@ class _Planner:
         # (queue, cluster), asked for each of thousands of waiting pods at saturation.
         self._owed: dict[tuple[str, str], bool] = {}
         # Answers that stand for the whole plan (they read the state only, which the plan does
-        # not change): each queue's smallest pod per cluster, and the running pods per cluster,
-        # found in one pass over the jobs (`_running_in`).
+        # not change): each queue's smallest pod per cluster.
         self._smallest_pod: dict[tuple[str, str], float] = {}
-        self._running: dict[str, list[tuple[str, JobRecord]]] | None = None
         self._minimum_nodes: dict[str, set[str]] = {}  # per cluster (`_holds_minimums`)
 
     def branch_costs(self, queue: str) -> tuple[float, ...]:
@@ -900,17 +899,23 @@ class _Planner:
                      if not is_virtual(name)}
             victims: dict[str, list[tuple[str, JobRecord]]] = {}
             members: dict[GroupKey, list[tuple[float, str]]] = {}
-            for job_id, job in self._running_in(cluster_name):
-                if job.node_name not in rooms:
+            # The pods holding a node, from the state's index (`bound_jobs`): the plan costs
+            # the running pods of the clusters it reads, not a pass over every job. Their order
+            # decides nothing: victims are sorted on keys ending with the job id, and a
+            # group's members on (created_at, job id).
+            for node_name, bound_there in self.state.bound_jobs(cluster_name).items():
+                room = rooms.get(node_name)
+                if room is None:
                     continue
-                if job_id in self.evicting:
-                    _add(rooms[job.node_name], job.shape)
-                    continue
-                if is_preemptible(job, self.policy):
-                    victims.setdefault(job.node_name, []).append((job_id, job))
-                if job.group is not None:
-                    members.setdefault((cluster_name, job.queue, job.group), []).append(
-                        (job.created_at, job_id))
+                for job_id, job in bound_there.items():
+                    if job_id in self.evicting:
+                        _add(room, job.shape)
+                        continue
+                    if is_preemptible(job, self.policy):
+                        victims.setdefault(node_name, []).append((job_id, job))
+                    if job.group is not None:
+                        members.setdefault((cluster_name, job.queue, job.group), []).append(
+                            (job.created_at, job_id))
             self.victims[cluster_name] = victims
             kinds: dict[tuple[str, Shape], set[str]] = {}
             for node_name, on_node in victims.items():
@@ -929,17 +934,6 @@ class _Planner:
                     take(rooms[hold.node], held.shape)
         self.free[cluster_name] = rooms
         return rooms
-
-    def _running_in(self, cluster_name: str) -> list[tuple[str, JobRecord]]:
-        """The jobs holding a node in the cluster (released and bound), in the state's order;
-        one pass over the jobs finds them for every cluster."""
-        running = self._running
-        if running is None:
-            running = self._running = {}
-            for job_id, job in self.state.job_records.items():
-                if job.state is not JobState.QUEUED and job.node_name is not None:
-                    running.setdefault(job.cluster, []).append((job_id, job))
-        return running.get(cluster_name, [])
 
 
 def _add(room: list[int], shape: Shape) -> None:

@@ -18,8 +18,10 @@ each, in step.
 It mirrors what it is told and judges nothing: callers fold events through
 `lockgate.jobs.advance` first. The rest of the package (`round`, `room`, `preemption`,
 `explain`) reads the records below (`JobRecord`, `QueueRecord`, `ClusterRecord`, ...) through
-the state's read-only views (`job_records`, `queue_records`, `cluster_records`); only the round
-changes them, through its transaction (`begin_round`, `RoundTransaction`) and `park`.
+the state's read-only views (`job_records`, `queue_records`, `cluster_records`, and
+`bound_jobs`: the jobs bound to each node of a cluster, an index kept with the allocation);
+only the round changes them, through its transaction (`begin_round`, `RoundTransaction`) and
+`park`.
 `lockgate.scheduler.invariants` checks that every aggregate agrees with the records.
 
 Internally, resource vectors are dense lists of ints indexed by an axis number assigned to each
@@ -36,6 +38,7 @@ import bisect
 import functools
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from lockgate.backoff import ControllerBackoff, ControllerKey
 from lockgate.events import ClusterGrowth
@@ -278,6 +281,10 @@ class SchedulerState:
         self._kinds: dict[tuple[object, ...], JobKind] = {}
         self._queues: dict[str, QueueRecord] = {}
         self._clusters: dict[str, ClusterRecord] = {}
+        # The jobs bound to a node, per cluster and node (`bound_jobs`): kept where their
+        # allocation is added and taken away (`_apply`, `_retract`), so a reader of the running
+        # pods (preemption's plan) reads them without a pass over every job, most of them queued.
+        self._bound: dict[str, dict[str, dict[str, JobRecord]]] = {}
         self._pool_total: list[int] = []
         self._groups = GroupIndex()
         # Controllers backing off (lockgate.backoff), and every queued job with a controller,
@@ -587,6 +594,12 @@ class SchedulerState:
     @property
     def cluster_records(self) -> Mapping[str, ClusterRecord]:
         return self._clusters
+
+    def bound_jobs(self, cluster: str) -> Mapping[str, Mapping[str, JobRecord]]:
+        """The cluster's jobs that hold capacity on a node (released and bound to it: ungated,
+        bound, running), per node and job id; its released jobs without a node yet are its
+        `ClusterRecord.held_unbound`. Read-only: the state changes it as jobs change."""
+        return self._bound.get(cluster, _NO_BOUND_JOBS)
 
     @property
     def axis_names(self) -> list[str]:
@@ -1151,6 +1164,13 @@ class SchedulerState:
                 if cluster.jobs_on_node[node] == 0:
                     del cluster.jobs_on_node[node]
                     del cluster.used_by_node[node]
+                bound_in = self._bound[kind.cluster]
+                bound_on = bound_in[node]
+                del bound_on[job_id]
+                if not bound_on:
+                    del bound_in[node]
+                    if not bound_in:
+                        del self._bound[kind.cluster]
         return hint
 
     def _apply(self, job_id: str, record: JobRecord, hint: str | None) -> None:
@@ -1226,6 +1246,13 @@ class SchedulerState:
                     subtract_pairs(record_on.free, shape.pairs)
                     cluster.note_free(node, record_on.free)
                 cluster.jobs_on_node[node] += 1
+                bound_in = self._bound.get(kind.cluster)
+                if bound_in is None:
+                    bound_in = self._bound[kind.cluster] = {}
+                bound_on = bound_in.get(node)
+                if bound_on is None:
+                    bound_on = bound_in[node] = {}
+                bound_on[job_id] = record
 
     @staticmethod
     def _forget_shape(pending: PendingJobs, shape: Shape) -> None:
@@ -1479,6 +1506,9 @@ class RoundTransaction:
     def rollback(self) -> list[str]:
         """Take every release back (the caller recorded none)."""
         return self.commit(kept=())
+
+
+_NO_BOUND_JOBS: Mapping[str, Mapping[str, JobRecord]] = MappingProxyType({})
 
 
 def _controller_key(job: SchedJob) -> ControllerKey | None:
