@@ -103,6 +103,7 @@ HISTORY_REPORT_EVERY_SECONDS = 2.0
 # first `explain` waits for the loop's turn.
 TELL_SLICE = 20
 
+
 class LeadershipLostError(Exception):
     """The leader's connection (and with it the leader lock) is gone."""
 
